@@ -1,0 +1,33 @@
+# The two commands: `make demo` and `make test`. Both create .venv if absent and install.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+
+.PHONY: demo test lint typecheck bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	# Pinned here, not in pyproject: on a CPU machine an unpinned torch pulls a multi-GB CUDA build.
+	$(PY) -m pip install --quiet torch==2.13.0
+	$(PY) -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/infersight demo
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+
+# mypy does not follow setuptools' editable finder: give it the installed layout as links.
+typecheck: $(STAMP)
+	rm -rf build/typecheck && mkdir -p build/typecheck/infersight
+	for d in engine collectors monitor alerts dashboards; do ln -s ../../../$$d build/typecheck/infersight/$$d; done
+	cd build/typecheck && ../../$(VENV)/bin/mypy --config-file ../../pyproject.toml -p infersight
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,115 @@
+"""What the serving runtime tells its subscribers.
+
+The monitor observes the engine through these events and nothing else: the engine
+never imports the monitor. A subscriber is any `Callable[[EngineEvent], None]`
+registered with `Runtime.subscribe`; it is called on the engine's loop thread, so it
+must be quick (append to a queue, observe a histogram). An exception raised by a
+subscriber is counted and swallowed, never propagated into serving.
+
+Timestamps `at` are wall-clock seconds since the epoch (`time.time()`); durations are
+measured with a monotonic clock and given in seconds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+__all__ = [
+    "DeployFailed",
+    "EngineEvent",
+    "FinishReason",
+    "RequestFailed",
+    "RequestFinished",
+    "RequestQueued",
+    "RequestStarted",
+    "TokenEmitted",
+    "VersionDeployed",
+]
+
+FinishReason = Literal["stop", "length", "cancelled"]
+
+
+@dataclass(frozen=True, slots=True)
+class RequestQueued:
+    request_id: str
+    model_version: str
+    at: float
+    prompt_tokens: int
+    priority: int
+
+
+@dataclass(frozen=True, slots=True)
+class RequestStarted:
+    """The request left the queue and joined the running batch (prefill begins)."""
+
+    request_id: str
+    model_version: str
+    at: float
+    queue_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class TokenEmitted:
+    """One output token. `index` 0 is the first token; `since_start_s` is measured from
+    arrival (so for index 0 it is the time to first token)."""
+
+    request_id: str
+    model_version: str
+    at: float
+    index: int
+    token_id: int
+    since_start_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class RequestFinished:
+    request_id: str
+    model_version: str
+    at: float
+    prompt_tokens: int
+    output_tokens: int
+    queue_s: float
+    ttft_s: float | None  # None when no token was produced (cancelled before the first)
+    duration_s: float  # arrival to last token
+    finish_reason: FinishReason
+
+
+@dataclass(frozen=True, slots=True)
+class RequestFailed:
+    request_id: str
+    model_version: str
+    at: float
+    error_type: str  # the exception's class name, e.g. "PromptTooLong"
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class VersionDeployed:
+    """The serving version changed (a deploy, a failover or a rollback completed)."""
+
+    from_version: str | None
+    to_version: str
+    at: float
+    reason: str  # "deploy", "rollback", "failover", "start"
+
+
+@dataclass(frozen=True, slots=True)
+class DeployFailed:
+    """A deploy was refused; `serving_version` kept serving throughout."""
+
+    version: str
+    serving_version: str | None
+    at: float
+    reason: str
+
+
+EngineEvent = (
+    RequestQueued
+    | RequestStarted
+    | TokenEmitted
+    | RequestFinished
+    | RequestFailed
+    | VersionDeployed
+    | DeployFailed
+)

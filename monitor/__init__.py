@@ -1,0 +1,1 @@
+"""infersight's monitor: the SDK decorator, drift scoring, storage, scheduling, HTTP API and CLI."""
