@@ -1,8 +1,32 @@
-"""Storage: SQLAlchemy 2.x over SQLite (WAL) by default or PostgreSQL by URL."""
+"""Storage: SQLAlchemy 2.x over SQLite (WAL) by default or PostgreSQL by URL.
+
+`metadata` holds every table (import `infersight.monitor.store.schema` to load all
+areas' tables); `upgrade(engine)` migrates a database with the bundled Alembic
+revisions; `enforce_retention` deletes what the retention policy lets go.
+"""
 
 from __future__ import annotations
 
 from .database import connect, sqlite_url
+from .errors import DatabaseUnavailable, MigrationFailed, SchemaTooNew, StoreError
 from .metadata import UTCDateTime, metadata
+from .migrate import current_revision, head_revision, schema_diff, upgrade
+from .retention import RetentionPolicy, RetentionResult, enforce_retention
 
-__all__ = ["UTCDateTime", "connect", "metadata", "sqlite_url"]
+__all__ = [
+    "DatabaseUnavailable",
+    "MigrationFailed",
+    "RetentionPolicy",
+    "RetentionResult",
+    "SchemaTooNew",
+    "StoreError",
+    "UTCDateTime",
+    "connect",
+    "current_revision",
+    "enforce_retention",
+    "head_revision",
+    "metadata",
+    "schema_diff",
+    "sqlite_url",
+    "upgrade",
+]

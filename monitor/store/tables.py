@@ -2,15 +2,16 @@
 
 `requests` is a contract shared with drift (references from a time range of traffic)
 and alerts (snapshots of the last N requests): change it only with docs/architecture.md.
+`snapshots` is written by the snapshot action (alerts) and by `POST /api/v1/snapshots`;
+`model_versions` and `deploys` by the service's engine supervisor.
 """
 
 from __future__ import annotations
 
+from infersight.monitor.store.metadata import UTCDateTime, metadata
 from sqlalchemy import Column, Float, Index, Integer, String, Table, Text
 
-from infersight.monitor.store.metadata import UTCDateTime, metadata
-
-__all__ = ["requests"]
+__all__ = ["deploys", "model_versions", "requests", "snapshots"]
 
 # One observed inference call (an InferenceRecord). Every call's timings are kept;
 # `prompt`/`response` only for calls whose text was sampled.
@@ -35,4 +36,53 @@ requests = Table(
     Column("relevance", Float),  # prompt-response cosine, filled in by the drift module
     Index("ix_requests_version_time", "model_version", "started_at"),
     Index("ix_requests_started_at", "started_at"),
+)
+
+# A version the service knows of (mirrors the engine registry's VersionInfo).
+model_versions = Table(
+    "model_versions",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("name", String(256), nullable=False, unique=True),
+    Column("arch", String(64), nullable=False),
+    Column("dataset", String(64), nullable=False),
+    Column("quant", String(32), nullable=False),
+    Column("major", Integer, nullable=False),
+    Column("minor", Integer, nullable=False),
+    Column("created_at", UTCDateTime(), nullable=False),
+    Column("sha256", String(64), nullable=False),
+    Column("parent", String(256)),
+    Column("path", Text, nullable=False),
+    Column("registered_at", UTCDateTime(), nullable=False),  # first seen by the service
+)
+
+# Every change of the serving version, and every refused deploy.
+deploys = Table(
+    "deploys",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("at", UTCDateTime(), nullable=False),
+    Column("from_version", String(256)),
+    Column("to_version", String(256), nullable=False),
+    Column("reason", String(64), nullable=False),  # start, deploy, rollback, failover, auto_rollback
+    Column("outcome", String(32), nullable=False),  # deployed, refused, rolled_back
+    Column("detail", Text),  # why (refusal reason, post-deploy evidence), free text
+    Index("ix_deploys_at", "at"),
+)
+
+# An inference snapshot: the last N requests, metrics, drift report and version, kept
+# as a row (its JSON in `content`) and as a file a person can open (`path`).
+snapshots = Table(
+    "snapshots",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("snapshot_id", String(64), nullable=False, unique=True),
+    Column("taken_at", UTCDateTime(), nullable=False),
+    Column("trigger", String(64), nullable=False),  # manual, alert, post_deploy
+    Column("reason", Text, nullable=False),
+    Column("model_version", String(256)),
+    Column("request_count", Integer, nullable=False),
+    Column("path", Text),
+    Column("content", Text, nullable=False),  # JSON
+    Index("ix_snapshots_taken_at", "taken_at"),
 )

@@ -1,0 +1,1 @@
+"""Alembic revisions of infersight's schema (package data; alembic skips this file)."""
