@@ -1,0 +1,199 @@
+"""Builders for Grafana panel JSON (classic dashboard model). Ids and gridPos are set by `_layout`."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["DATASOURCE", "Target", "heatmap", "row", "stat", "state_timeline", "timeseries", "value_text"]
+
+DATASOURCE: dict[str, str] = {"type": "prometheus", "uid": "${datasource}"}
+
+Json = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Target:
+    """One PromQL query of a panel; `legend` uses Grafana's `{{label}}` templating."""
+
+    expr: str
+    legend: str = ""
+    fmt: str = "time_series"  # "heatmap" for bucket series drawn as a heatmap
+
+    def to_json(self, ref_id: str) -> Json:
+        return {
+            "datasource": dict(DATASOURCE),
+            "editorMode": "code",
+            "expr": self.expr,
+            "format": self.fmt,
+            "legendFormat": self.legend or "__auto",
+            "range": True,
+            "refId": ref_id,
+        }
+
+
+def _targets(targets: Sequence[Target]) -> list[Json]:
+    return [t.to_json(chr(ord("A") + i)) for i, t in enumerate(targets)]
+
+
+def _base(
+    kind: str, title: str, description: str, targets: Sequence[Target], width: int, height: int
+) -> Json:
+    return {
+        "type": kind,
+        "title": title,
+        "description": description,
+        "datasource": dict(DATASOURCE),
+        "targets": _targets(targets),
+        "gridPos": {"h": height, "w": width, "x": 0, "y": 0},
+    }
+
+
+def _thresholds(steps: Sequence[tuple[float | None, str]]) -> Json:
+    return {"mode": "absolute", "steps": [{"color": color, "value": value} for value, color in steps]}
+
+
+def timeseries(
+    title: str,
+    targets: Sequence[Target],
+    *,
+    unit: str,
+    description: str = "",
+    width: int = 12,
+    height: int = 8,
+    min_value: float | None = None,
+    max_value: float | None = None,
+    log_scale: bool = False,
+    threshold: float | None = None,
+    stack: bool = False,
+) -> Json:
+    """A line chart. `threshold` draws a dashed red line at that value (an SLA, alpha)."""
+    custom: Json = {
+        "drawStyle": "line",
+        "lineWidth": 2,
+        "fillOpacity": 10,
+        "showPoints": "never",
+        "spanNulls": False,
+        "axisSoftMin": min_value,
+        "scaleDistribution": {"type": "log", "log": 10} if log_scale else {"type": "linear"},
+        "stacking": {"mode": "normal" if stack else "none", "group": "A"},
+        "thresholdsStyle": {"mode": "dashed" if threshold is not None else "off"},
+    }
+    defaults: Json = {"unit": unit, "custom": custom, "color": {"mode": "palette-classic"}}
+    steps: list[tuple[float | None, str]] = [(None, "green")]
+    if threshold is not None:
+        steps.append((threshold, "red"))
+    defaults["thresholds"] = _thresholds(steps)
+    if min_value is not None:
+        defaults["min"] = min_value
+    if max_value is not None:
+        defaults["max"] = max_value
+    panel = _base("timeseries", title, description, targets, width, height)
+    panel["fieldConfig"] = {"defaults": defaults, "overrides": []}
+    panel["options"] = {
+        "legend": {
+            "displayMode": "table",
+            "placement": "bottom",
+            "showLegend": True,
+            "calcs": ["lastNotNull", "max"],
+        },
+        "tooltip": {"mode": "multi", "sort": "desc"},
+    }
+    return panel
+
+
+def stat(
+    title: str,
+    targets: Sequence[Target],
+    *,
+    unit: str,
+    description: str = "",
+    width: int = 4,
+    height: int = 4,
+    text_mode: str = "value",
+    steps: Sequence[tuple[float | None, str]] = ((None, "green"),),
+    mappings: Sequence[Json] = (),
+) -> Json:
+    """A single big number (or, with text_mode="name", the series name: e.g. the serving version)."""
+    panel = _base("stat", title, description, targets, width, height)
+    panel["fieldConfig"] = {
+        "defaults": {"unit": unit, "thresholds": _thresholds(steps), "mappings": list(mappings)},
+        "overrides": [],
+    }
+    panel["options"] = {
+        "reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
+        "colorMode": "background" if len(steps) > 1 else "value",
+        "graphMode": "none",
+        "textMode": text_mode,
+        "justifyMode": "auto",
+        "orientation": "auto",
+    }
+    return panel
+
+
+def heatmap(
+    title: str, target: Target, *, unit: str, description: str = "", width: int = 12, height: int = 8
+) -> Json:
+    """A heatmap of pre-bucketed Prometheus histogram series (`format: heatmap`, no re-bucketing)."""
+    panel = _base("heatmap", title, description, [target], width, height)
+    panel["fieldConfig"] = {
+        "defaults": {"unit": unit, "custom": {"hideFrom": {"legend": False}}},
+        "overrides": [],
+    }
+    panel["options"] = {
+        "calculate": False,
+        "cellGap": 1,
+        "color": {"mode": "scheme", "scheme": "Oranges", "steps": 64, "exponent": 0.5, "fill": "dark-orange"},
+        "yAxis": {"axisPlacement": "left", "unit": unit},
+        "rowsFrame": {"layout": "auto"},
+        "tooltip": {"mode": "single", "yHistogram": True, "showColorScale": True},
+        "legend": {"show": True},
+        "filterValues": {"le": 1e-9},
+    }
+    return panel
+
+
+def state_timeline(
+    title: str,
+    targets: Sequence[Target],
+    *,
+    description: str = "",
+    width: int = 12,
+    height: int = 6,
+    mappings: Sequence[Json] = (),
+) -> Json:
+    """Discrete states over time (e.g. drift detected 0/1), coloured through value mappings."""
+    panel = _base("state-timeline", title, description, targets, width, height)
+    panel["fieldConfig"] = {
+        "defaults": {
+            "unit": "none",
+            "mappings": list(mappings),
+            "custom": {"fillOpacity": 80, "lineWidth": 0},
+        },
+        "overrides": [],
+    }
+    panel["options"] = {"showValue": "never", "mergeValues": True, "rowHeight": 0.8, "alignValue": "left"}
+    return panel
+
+
+def row(title: str) -> Json:
+    """A row header; rows are never collapsed so every panel sits at the top level of `panels`."""
+    return {
+        "type": "row",
+        "title": title,
+        "collapsed": False,
+        "panels": [],
+        "gridPos": {"h": 1, "w": 24, "x": 0, "y": 0},
+    }
+
+
+def value_text(mapping: dict[str, tuple[str, str]]) -> Json:
+    """A value mapping {"0": ("off", "red")} shown as text with a colour."""
+    return {
+        "type": "value",
+        "options": {
+            value: {"text": text, "color": color, "index": i}
+            for i, (value, (text, color)) in enumerate(mapping.items())
+        },
+    }

@@ -1,0 +1,151 @@
+"""Dashboard rows about serving: headline stats, latency, traffic and request shape."""
+
+from __future__ import annotations
+
+from ._layout import Section
+from ._panels import Target, heatmap, stat, timeseries, value_text
+from ._queries import RATE, quantile, rate, serving
+
+__all__ = ["headline", "latency", "traffic"]
+
+_DURATION = "gen_ai_server_request_duration_seconds"
+_TTFT = "gen_ai_server_time_to_first_token_seconds"
+_TPOT = "gen_ai_server_time_per_output_token_seconds"
+_QUEUE = "gen_ai_server_request_queue_time_seconds"
+_TOKENS = "gen_ai_server_token_usage"
+_ERRORS = "gen_ai_server_request_errors_total"
+
+
+def _percentiles(histogram: str) -> list[Target]:
+    return [
+        Target(quantile(q, histogram, serving()), f"p{round(q * 100)} {{{{model_version}}}}")
+        for q in (0.5, 0.95, 0.99)
+    ]
+
+
+def headline() -> Section:
+    s = serving()
+    requests = rate(f"{_DURATION}_count", s, by="")
+    return Section(
+        "Serving now",
+        [
+            stat(
+                "Serving version",
+                [Target('infersight_model_info{model=~"$model"} == 1', "{{model_version}}")],
+                unit="none",
+                text_mode="name",
+                width=6,
+                description="The model version the runtime serves (infersight_model_info).",
+            ),
+            stat("Requests", [Target(requests, "req/s")], unit="reqps", width=4),
+            stat(
+                "Error ratio",
+                [Target(f"{rate(_ERRORS, s, by='')} / {requests}", "errors")],
+                unit="percentunit",
+                width=4,
+                steps=((None, "green"), (0.01, "orange"), (0.05, "red")),
+            ),
+            stat(
+                "p99 latency",
+                [Target(quantile(0.99, _DURATION, s, by="model"), "p99")],
+                unit="s",
+                width=4,
+            ),
+            stat(
+                "Alerts firing",
+                [Target("sum(infersight_alerts_firing) or vector(0)", "firing")],
+                unit="none",
+                width=3,
+                steps=((None, "green"), (1, "red")),
+            ),
+            stat(
+                "GPU collector",
+                [Target("max(infersight_gpu_collector_enabled)", "enabled")],
+                unit="none",
+                width=3,
+                mappings=[value_text({"0": ("no GPU", "orange"), "1": ("on", "green")})],
+                description="Off when NVML is not usable; see infersight_gpu_collector_disabled_info for why.",
+            ),
+        ],
+    )
+
+
+def latency() -> Section:
+    return Section(
+        "Latency",
+        [
+            timeseries(
+                "End-to-end latency p50 / p95 / p99",
+                _percentiles(_DURATION),
+                unit="s",
+                description="histogram_quantile over rate(gen_ai_server_request_duration_seconds_bucket).",
+            ),
+            timeseries("Time to first token p50 / p95 / p99", _percentiles(_TTFT), unit="s"),
+            timeseries(
+                "Time per output token p50 / p95 / p99",
+                _percentiles(_TPOT),
+                unit="s",
+                description="Mean inter-token time after the first token.",
+            ),
+            timeseries(
+                "Queue time p50 / p95 / p99",
+                _percentiles(_QUEUE),
+                unit="s",
+                description="Time a request waited before it was scheduled.",
+            ),
+        ],
+    )
+
+
+def traffic() -> Section:
+    s = serving()
+    inp = serving('gen_ai_token_type="input"')
+    out = serving('gen_ai_token_type="output"')
+    return Section(
+        "Traffic and request shape",
+        [
+            timeseries(
+                "Throughput",
+                [
+                    Target(rate(f"{_DURATION}_count", s), "requests/s {{model_version}}"),
+                    Target(rate(f"{_TOKENS}_sum", out), "output tokens/s {{model_version}}"),
+                ],
+                unit="short",
+                width=8,
+            ),
+            timeseries(
+                "Queue depth",
+                [
+                    Target(
+                        f"sum by (model_version) (gen_ai_server_requests_waiting{s})",
+                        "waiting {{model_version}}",
+                    ),
+                    Target(
+                        f"sum by (model_version) (gen_ai_server_requests_in_flight{s})",
+                        "in flight {{model_version}}",
+                    ),
+                ],
+                unit="short",
+                width=8,
+                min_value=0,
+            ),
+            timeseries(
+                "Errors by type",
+                [Target(rate(_ERRORS, s, by="error_type"), "{{error_type}}")],
+                unit="reqps",
+                width=8,
+                min_value=0,
+                stack=True,
+            ),
+            heatmap(
+                "Prompt length (input tokens)",
+                Target(f"sum by (le) (increase({_TOKENS}_bucket{inp}[{RATE}]))", "{{le}}", fmt="heatmap"),
+                unit="short",
+            ),
+            heatmap(
+                "Output length (output tokens)",
+                Target(f"sum by (le) (increase({_TOKENS}_bucket{out}[{RATE}]))", "{{le}}", fmt="heatmap"),
+                unit="short",
+            ),
+        ],
+    )
