@@ -1,0 +1,212 @@
+"""Parsing the `groups:` part of a rule file into `RuleGroup`s, refusing bad input with its line."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from ._duration import parse_duration
+from ._yaml import MarkedMap, Source, iter_items
+from .rules import ACTION_TYPES, OPS, ActionSpec, Condition, Rule, RuleGroup
+from .signals import DRIFT_FIELDS, LATENCY_METRICS, MEMORY_RESOURCES, SIGNAL_KINDS, Signal
+from .templating import check_template
+
+__all__ = ["parse_groups"]
+
+_RULE_KEYS = {
+    "alert",
+    "signal",
+    "op",
+    "threshold",
+    "by",
+    "while",
+    "for",
+    "keep_firing_for",
+    "labels",
+    "annotations",
+    "actions",
+}
+_ACTION_KEYS = {"type", "requests", "version", "backup", "cooldown", "daily_cap", "dry_run"}
+_ACTION_PARAMS = {
+    "snapshot": {"requests"},
+    "hot_reload": {"version"},
+    "failover": {"backup"},
+    "rollback": set(),
+}
+
+
+def _duration(src: Source, m: MarkedMap, key: str, what: str, default: float) -> float:
+    if key not in m or m[key] is None:
+        return default
+    try:
+        return parse_duration(str(m[key]))
+    except ValueError as exc:
+        src.fail(m.key_lines[key], f"{what}.{key}: {exc}")
+
+
+def _number(src: Source, m: MarkedMap, key: str, what: str) -> float:
+    value = src.require(m, key, what)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        src.fail(m.key_lines[key], f"{what}.{key} must be a finite number, got {value!r}")
+    return float(value)
+
+
+def _signal(src: Source, raw: Any, line: int, what: str) -> Signal:
+    m = src.mapping(raw, line, what)
+    kind = src.string(m, "kind", what)
+    if kind not in SIGNAL_KINDS:
+        src.fail(m.key_lines["kind"], f"unknown signal kind {kind!r}; valid kinds: {', '.join(SIGNAL_KINDS)}")
+    spec = SIGNAL_KINDS[kind]
+    src.only_keys(m, {"kind", *spec.params}, f"{what} ({kind})")
+    for need in spec.required:
+        src.require(m, need, f"{what} ({kind})")
+    values: dict[str, Any] = {"kind": kind}
+    if "metric" in m:
+        if m["metric"] not in LATENCY_METRICS:
+            src.fail(m.key_lines["metric"], f"metric must be one of {', '.join(LATENCY_METRICS)}")
+        values["metric"] = m["metric"]
+    if "quantile" in m:
+        q = _number(src, m, "quantile", what)
+        if not 0 < q < 1:
+            src.fail(m.key_lines["quantile"], f"quantile must be in (0, 1), got {q}")
+        values["quantile"] = q
+    if "window" in m:
+        values["window_s"] = _duration(src, m, "window", what, 0.0)
+        if values["window_s"] <= 0:
+            src.fail(m.key_lines["window"], "window must be positive")
+    if "field" in m:
+        if m["field"] not in DRIFT_FIELDS:
+            src.fail(m.key_lines["field"], f"field must be one of {', '.join(DRIFT_FIELDS)}")
+        values["field"] = m["field"]
+    if "resource" in m:
+        if m["resource"] not in MEMORY_RESOURCES:
+            src.fail(m.key_lines["resource"], f"resource must be one of {', '.join(MEMORY_RESOURCES)}")
+        values["resource"] = m["resource"]
+    if "min_requests" in m:
+        n = m["min_requests"]
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            src.fail(m.key_lines["min_requests"], "min_requests must be a positive integer")
+        values["min_requests"] = n
+    return Signal(**values)
+
+
+def _condition(src: Source, m: MarkedMap, what: str) -> Condition:
+    signal = _signal(src, src.require(m, "signal", what), m.key_lines.get("signal", m.line), f"{what}.signal")
+    op = src.string(m, "op", what)
+    if op not in OPS:
+        src.fail(m.key_lines["op"], f"op must be one of {' '.join(OPS)}, got {op!r}")
+    return Condition(signal, op, _number(src, m, "threshold", what))  # type: ignore[arg-type]
+
+
+def _actions(src: Source, m: MarkedMap, what: str) -> tuple[ActionSpec, ...]:
+    if m.get("actions") is None:
+        return ()
+    out = []
+    for i, line, raw in iter_items(src.sequence(m["actions"], m.key_lines["actions"], f"{what}.actions")):
+        a = src.mapping(raw, line, f"{what}.actions[{i}]")
+        src.only_keys(a, _ACTION_KEYS, f"{what}.actions[{i}]")
+        kind = src.string(a, "type", f"{what}.actions[{i}]")
+        if kind not in ACTION_TYPES:
+            src.fail(
+                a.key_lines["type"], f"unknown action {kind!r}; valid actions: {', '.join(ACTION_TYPES)}"
+            )
+        params: list[tuple[str, str | int]] = []
+        for key in sorted(
+            _ACTION_PARAMS["snapshot"] | _ACTION_PARAMS["hot_reload"] | _ACTION_PARAMS["failover"]
+        ):
+            if key in a and key not in _ACTION_PARAMS[kind]:
+                src.fail(a.key_lines[key], f"action {kind} takes no {key!r}")
+        for key in _ACTION_PARAMS[kind]:
+            if key == "requests":
+                n = a.get(key, 50)
+                if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= 10_000:
+                    src.fail(a.key_lines.get(key, a.line), "requests must be an integer in 1..10000")
+                params.append((key, n))
+            elif key in a or kind == "hot_reload":  # failover's backup may come from the runner
+                params.append((key, src.string(a, key, f"{what}.actions[{i}] ({kind})")))
+        cap = a.get("daily_cap", 3)
+        if isinstance(cap, bool) or not isinstance(cap, int) or cap < 1:
+            src.fail(a.key_lines.get("daily_cap", a.line), "daily_cap must be a positive integer")
+        dry = a.get("dry_run", False)
+        if not isinstance(dry, bool):
+            src.fail(a.key_lines["dry_run"], "dry_run must be true or false")
+        cooldown = _duration(src, a, "cooldown", f"{what}.actions[{i}]", 600.0)
+        out.append(ActionSpec(kind, tuple(sorted(params)), cooldown, cap, dry))
+    return tuple(out)
+
+
+def _rule(src: Source, m: MarkedMap, group: str, what: str) -> Rule:
+    src.only_keys(m, _RULE_KEYS, what)
+    name = src.string(m, "alert", what)
+    if not name.replace("_", "a").isalnum() or name[0].isdigit():
+        src.fail(
+            m.key_lines["alert"],
+            f"alert name {name!r} must be letters, digits and _ (a Prometheus label value)",
+        )
+    what = f"rule {name!r}"
+    condition = _condition(src, m, what)
+    by: tuple[str, ...] = ()
+    if m.get("by") is not None:
+        seq = src.sequence(m["by"], m.key_lines["by"], f"{what}.by")
+        allowed = condition.signal.spec.labels
+        for _, line, label in iter_items(seq):
+            if label not in allowed:
+                src.fail(
+                    line,
+                    f"{condition.signal.kind} cannot be split by {label!r} (it has: {', '.join(allowed) or 'no labels'})",
+                )
+        by = tuple(seq)
+    guards = []
+    if m.get("while") is not None:
+        for i, line, raw in iter_items(src.sequence(m["while"], m.key_lines["while"], f"{what}.while")):
+            guards.append(_condition(src, src.mapping(raw, line, f"{what}.while[{i}]"), f"{what}.while[{i}]"))
+    labels = src.labels(m, "labels", what)
+    if "alertname" in labels:
+        src.fail(m.key_lines["labels"], "labels may not set alertname (it is the rule's alert name)")
+    annotations = src.labels(m, "annotations", what)
+    for key, text in annotations.items():
+        try:
+            check_template(text)
+        except ValueError as exc:
+            src.fail(m["annotations"].key_lines[key], f"annotation {key!r}: {exc}")
+    return Rule(
+        name=name,
+        condition=condition,
+        by=by,
+        while_=tuple(guards),
+        for_s=_duration(src, m, "for", what, 0.0),
+        keep_firing_for_s=_duration(src, m, "keep_firing_for", what, 0.0),
+        labels=tuple(sorted(labels.items())),
+        annotations=tuple(sorted(annotations.items())),
+        actions=_actions(src, m, what),
+        group=group,
+        line=m.line,
+    )
+
+
+def parse_groups(src: Source, root: MarkedMap) -> tuple[RuleGroup, ...]:
+    seq = src.sequence(src.require(root, "groups", "the rule file"), root.key_lines["groups"], "groups")
+    groups, seen_groups, seen_rules = [], set(), {}
+    for i, line, raw in iter_items(seq):
+        g = src.mapping(raw, line, f"groups[{i}]")
+        src.only_keys(g, {"name", "interval", "rules"}, f"groups[{i}]")
+        name = src.string(g, "name", f"groups[{i}]")
+        if name in seen_groups:
+            src.fail(g.key_lines["name"], f"duplicate group name {name!r}")
+        seen_groups.add(name)
+        interval = _duration(src, g, "interval", f"group {name!r}", 15.0)
+        if interval <= 0:
+            src.fail(g.key_lines["interval"], "interval must be positive")
+        rules = []
+        rule_seq = src.sequence(src.require(g, "rules", f"group {name!r}"), g.key_lines["rules"], "rules")
+        for j, rline, rraw in iter_items(rule_seq):
+            rule = _rule(src, src.mapping(rraw, rline, f"rule {j}"), name, f"group {name!r} rule {j}")
+            if rule.key in seen_rules:
+                src.fail(
+                    rline,
+                    f"duplicate rule {rule.name!r} with the same labels (first at line {seen_rules[rule.key]})",
+                )
+            seen_rules[rule.key] = rline
+            rules.append(rule)
+        groups.append(RuleGroup(name, interval, tuple(rules)))
+    return tuple(groups)

@@ -1,0 +1,136 @@
+"""YAML with line numbers: mappings and sequences remember where each entry was written,
+so a bad rule file is refused with its file, line and reason."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, NoReturn
+
+import yaml
+
+from .errors import RuleParseError
+
+__all__ = ["MarkedList", "MarkedMap", "Source", "load_marked"]
+
+
+class MarkedMap(dict[str, Any]):
+    """A mapping whose `line` is where it starts and `key_lines[k]` where key `k` is."""
+
+    line: int
+    key_lines: dict[str, int]
+
+
+class MarkedList(list[Any]):
+    """A sequence whose `line` is where it starts and `item_lines[i]` where item `i` is."""
+
+    line: int
+    item_lines: list[int]
+
+
+@dataclass(frozen=True)
+class Source:
+    """The file being parsed: raises `RuleParseError` at a line."""
+
+    file: str
+
+    def fail(self, line: int | None, reason: str) -> NoReturn:
+        raise RuleParseError(self.file, line, reason)
+
+    def mapping(self, value: Any, line: int, what: str) -> MarkedMap:
+        if not isinstance(value, MarkedMap):
+            self.fail(line, f"{what} must be a mapping")
+        return value
+
+    def sequence(self, value: Any, line: int, what: str) -> MarkedList:
+        if not isinstance(value, MarkedList):
+            self.fail(line, f"{what} must be a list")
+        return value
+
+    def only_keys(self, m: MarkedMap, allowed: set[str], what: str) -> None:
+        for key in m:
+            if key not in allowed:
+                self.fail(
+                    m.key_lines[key], f"unknown key {key!r} in {what} (allowed: {', '.join(sorted(allowed))})"
+                )
+
+    def require(self, m: MarkedMap, key: str, what: str) -> Any:
+        if key not in m or m[key] is None:
+            self.fail(m.line, f"{what} needs {key!r}")
+        return m[key]
+
+    def string(self, m: MarkedMap, key: str, what: str, *, default: str | None = None) -> str:
+        if key not in m or m[key] is None:
+            if default is None:
+                self.fail(m.line, f"{what} needs {key!r}")
+            return default
+        value = m[key]
+        if not isinstance(value, str) or not value:
+            self.fail(m.key_lines[key], f"{what}.{key} must be a non-empty string")
+        return value
+
+    def labels(self, m: MarkedMap, key: str, what: str) -> dict[str, str]:
+        if key not in m or m[key] is None:
+            return {}
+        raw = self.mapping(m[key], m.key_lines[key], f"{what}.{key}")
+        out = {}
+        for k, v in raw.items():
+            if isinstance(v, bool) or not isinstance(v, str | int | float):
+                self.fail(raw.key_lines[k], f"{what}.{key}.{k} must be a string")
+            out[str(k)] = str(v)
+        return out
+
+
+def _mark(node: yaml.Node) -> int:
+    return int(node.start_mark.line) + 1
+
+
+def _convert(node: yaml.Node, src: Source, ctor: yaml.constructor.SafeConstructor) -> Any:
+    if isinstance(node, yaml.MappingNode):
+        out = MarkedMap()
+        out.line, out.key_lines = _mark(node), {}
+        for key_node, value_node in node.value:
+            key = ctor.construct_object(key_node) if isinstance(key_node, yaml.ScalarNode) else None
+            if not isinstance(key, str | int | float) or isinstance(key, bool):
+                src.fail(_mark(key_node), "mapping keys must be plain strings")
+            key = str(key)
+            if key in out:
+                src.fail(_mark(key_node), f"duplicate key {key!r} (first at line {out.key_lines[key]})")
+            out[key] = _convert(value_node, src, ctor)
+            out.key_lines[key] = _mark(key_node)
+        return out
+    if isinstance(node, yaml.SequenceNode):
+        seq = MarkedList()
+        seq.line, seq.item_lines = _mark(node), []
+        for item in node.value:
+            seq.append(_convert(item, src, ctor))
+            seq.item_lines.append(_mark(item))
+        return seq
+    return ctor.construct_object(node)
+
+
+def load_marked(text: str, file: str) -> Any:
+    """Parse one YAML document into MarkedMap / MarkedList / scalars; syntax errors carry the line."""
+    src = Source(file)
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        line = int(mark.line) + 1 if mark is not None else None
+        src.fail(line, f"invalid YAML: {exc.problem or exc}")
+    except yaml.YAMLError as exc:
+        src.fail(None, f"invalid YAML: {exc}")
+    if node is None:
+        src.fail(1, "the file is empty")
+    ctor = yaml.constructor.SafeConstructor()
+    try:
+        return _convert(node, src, ctor)
+    except yaml.constructor.ConstructorError as exc:
+        line = int(exc.problem_mark.line) + 1 if exc.problem_mark is not None else None
+        src.fail(line, f"invalid YAML value: {exc.problem}")
+
+
+def iter_items(seq: MarkedList) -> Iterator[tuple[int, int, Any]]:
+    """(index, line, item) over a marked list."""
+    for i, item in enumerate(seq):
+        yield i, seq.item_lines[i], item

@@ -1,0 +1,134 @@
+"""Delivering the outbox: claim due rows, render each for its receiver, send, record.
+
+Failures are retried with full-jitter backoff (429, 5xx, timeouts, connection errors;
+`Retry-After` honoured); other 4xx, an unknown receiver, or too many attempts make a
+dead letter, which the `dead_letters` signal turns into an alert of its own.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import random
+import threading
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from sqlalchemy import Engine
+
+from .backoff import RetryPolicy
+from .errors import DeliveryFailed
+from .outbox import OutboxEntry, claim, finish
+from .receivers import Receiver
+from .transport import HttpSender, classify
+
+__all__ = ["DeliveryResult", "Dispatcher"]
+
+Clock = Callable[[], float]
+
+
+@dataclass(frozen=True)
+class DeliveryResult:
+    outbox_id: int
+    idempotency_key: str
+    receiver: str
+    outcome: str  # delivered, retried, dead, lost_lease
+    status: int | None
+    error: str | None
+    next_attempt_in_s: float | None
+
+
+class Dispatcher:
+    def __init__(
+        self,
+        engine: Engine,
+        receivers: Mapping[str, Receiver],
+        sender: HttpSender,
+        *,
+        policy: RetryPolicy | None = None,
+        clock: Clock = time.time,
+        rng: random.Random | None = None,
+        owner: str | None = None,
+        on_result: Callable[[DeliveryResult], None] | None = None,
+    ) -> None:
+        self.engine = engine
+        self.receivers = dict(receivers)
+        self.sender = sender
+        self.policy = policy or RetryPolicy()
+        self.clock = clock
+        self.rng = rng or random.Random()
+        self.owner = owner or f"dispatcher-{uuid.uuid4().hex[:12]}"
+        self.on_result = on_result
+
+    def _now(self) -> dt.datetime:
+        return dt.datetime.fromtimestamp(self.clock(), dt.UTC)
+
+    def run_once(self, limit: int = 20) -> list[DeliveryResult]:
+        """Claim up to `limit` due notifications and attempt each once."""
+        entries = claim(self.engine, self.owner, now=self._now(), lease_s=self.policy.lease_s, limit=limit)
+        results = [self._deliver(e) for e in entries]
+        if self.on_result is not None:
+            for r in results:
+                self.on_result(r)
+        return results
+
+    def run(self, stop: threading.Event, *, poll_s: float = 0.25) -> None:
+        """Deliver until `stop` is set; sleeps `poll_s` when nothing is due."""
+        while not stop.is_set():
+            if not self.run_once():
+                stop.wait(poll_s)
+
+    def _deliver(self, entry: OutboxEntry) -> DeliveryResult:
+        started = time.monotonic()
+        receiver = self.receivers.get(entry.receiver)
+        status: int | None = None
+        try:
+            if receiver is None:
+                raise DeliveryFailed(
+                    f"receiver {entry.receiver!r} is not configured (or disabled)", retryable=False
+                )
+            request = receiver.render(entry.notification, sent_at=self.clock())
+            response = self.sender.send(request)
+            status = response.status
+            classify(response, self._now())
+        except DeliveryFailed as exc:
+            return self._failed(entry, exc, time.monotonic() - started)
+        ok = finish(
+            self.engine,
+            entry,
+            "delivered",
+            now=self._now(),
+            duration_s=time.monotonic() - started,
+            status=status,
+        )
+        return DeliveryResult(
+            entry.id,
+            entry.idempotency_key,
+            entry.receiver,
+            "delivered" if ok else "lost_lease",
+            status,
+            None,
+            None,
+        )
+
+    def _failed(self, entry: OutboxEntry, exc: DeliveryFailed, duration_s: float) -> DeliveryResult:
+        now = self._now()
+        attempts = entry.attempts + 1
+        age = (now - entry.created_at).total_seconds()
+        dead = not exc.retryable or attempts >= self.policy.max_attempts or age >= self.policy.max_age_s
+        delay = None if dead else self.policy.delay(attempts, self.rng, exc.retry_after)
+        ok = finish(
+            self.engine,
+            entry,
+            "dead" if dead else "retried",
+            now=now,
+            duration_s=duration_s,
+            status=exc.status,
+            error=exc.reason[:1000],
+            next_attempt_at=None if delay is None else now + dt.timedelta(seconds=delay),
+        )
+        outcome = ("dead" if dead else "retried") if ok else "lost_lease"
+        return DeliveryResult(
+            entry.id, entry.idempotency_key, entry.receiver, outcome, exc.status, exc.reason, delay
+        )

@@ -1,0 +1,67 @@
+"""Label matchers as Alertmanager writes them: `severity="critical"`, `team!=ml`,
+`alertname=~"GPU.*"`, `model!~"test-.*"` (regular expressions are fully anchored)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+from .errors import InvalidMatcher
+
+__all__ = ["Matcher", "matches_all", "parse_matcher"]
+
+MatchOp = Literal["=", "!=", "=~", "!~"]
+_FORM = re.compile(r"^\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*(=~|!~|!=|=)\s*(.*?)\s*$")
+
+
+@dataclass(frozen=True)
+class Matcher:
+    name: str
+    op: MatchOp
+    value: str
+
+    def __post_init__(self) -> None:
+        if self.op in ("=~", "!~"):
+            try:
+                re.compile(self.value)
+            except re.error as exc:
+                raise InvalidMatcher(f"{self}: bad regular expression: {exc}") from exc
+
+    def matches(self, labels: Mapping[str, str]) -> bool:
+        actual = labels.get(self.name, "")
+        if self.op == "=":
+            return actual == self.value
+        if self.op == "!=":
+            return actual != self.value
+        hit = re.fullmatch(self.value, actual) is not None
+        return hit if self.op == "=~" else not hit
+
+    def __str__(self) -> str:
+        return f'{self.name}{self.op}"{self.value}"'
+
+    def to_json(self) -> dict[str, str]:
+        return {"name": self.name, "op": self.op, "value": self.value}
+
+    @classmethod
+    def from_json(cls, obj: Mapping[str, str]) -> Matcher:
+        op = obj.get("op", "=")
+        if op not in ("=", "!=", "=~", "!~"):
+            raise InvalidMatcher(f"unknown matcher operator {op!r}")
+        return cls(str(obj["name"]), op, str(obj["value"]))
+
+
+def parse_matcher(text: str) -> Matcher:
+    """`name op value`, value optionally in double quotes."""
+    m = _FORM.match(text)
+    if m is None:
+        raise InvalidMatcher(f'not a matcher: {text!r} (expected e.g. severity="critical")')
+    name, op, value = m.groups()
+    if len(value) >= 2 and value[0] == value[-1] == '"':
+        value = value[1:-1]
+    return Matcher(name, op, value)  # type: ignore[arg-type]
+
+
+def matches_all(matchers: Iterable[Matcher], labels: Mapping[str, str]) -> bool:
+    return all(m.matches(labels) for m in matchers)
