@@ -1,1 +1,61 @@
-"""(package docstring to be written by its owner)"""
+"""infersight.collectors: what the sidecar samples and exports to Prometheus.
+
+- `InferenceStats`: per-(model, model_version) latency, TTFT, TPOT, queue time, token
+  and error statistics, as Prometheus histograms (OpenTelemetry GenAI names) and as
+  sliding-window DDSketches the alert engine queries in process.
+- `GPUCollector`: NVML readings per device (GPM SM activity and occupancy on Hopper+,
+  time-busy fallback, memory, the supervised process's GPU memory, clock, temperature,
+  power, memory slope); disabled with a reason where there is no GPU.
+- `ProcessCollector`: CPU seconds, RSS, threads and the RSS slope of one process.
+- `EngineAdapter`: a subscriber for the embedded runtime's events.
+- `serve_metrics`, `render_metrics`, `metrics_asgi_app`, `metrics_wsgi_app`: /metrics.
+
+Every collector registers into the `CollectorRegistry` it is given, never the global one.
+"""
+
+from ._buckets import DURATION_BUCKETS, QUEUE_TIME_BUCKETS, TOKEN_BUCKETS, TPOT_BUCKETS, TTFT_BUCKETS
+from ._engine_adapter import EngineAdapter
+from ._exposition import MetricsServer, metrics_asgi_app, metrics_wsgi_app, render_metrics, serve_metrics
+from ._gpm import MIN_GPM_INTERVAL_S
+from ._gpu import GPUCollector
+from ._gpu_sample import GPUSample
+from ._inference import InferenceStats
+from ._process import ProcessCollector, ProcessSample
+from ._series import Series
+from ._window import LATENCY_METRICS
+from .errors import (
+    CollectorError,
+    InvalidObservation,
+    InvalidQuery,
+    NVMLUnavailable,
+    UnknownMetric,
+    WindowTooLong,
+)
+
+__all__ = [
+    "DURATION_BUCKETS",
+    "LATENCY_METRICS",
+    "MIN_GPM_INTERVAL_S",
+    "QUEUE_TIME_BUCKETS",
+    "TOKEN_BUCKETS",
+    "TPOT_BUCKETS",
+    "TTFT_BUCKETS",
+    "CollectorError",
+    "EngineAdapter",
+    "GPUCollector",
+    "GPUSample",
+    "InferenceStats",
+    "InvalidObservation",
+    "InvalidQuery",
+    "MetricsServer",
+    "NVMLUnavailable",
+    "ProcessCollector",
+    "ProcessSample",
+    "Series",
+    "UnknownMetric",
+    "WindowTooLong",
+    "metrics_asgi_app",
+    "metrics_wsgi_app",
+    "render_metrics",
+    "serve_metrics",
+]

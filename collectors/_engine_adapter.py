@@ -1,0 +1,161 @@
+"""EngineAdapter: observe the embedded runtime through its events (engine/events.py).
+
+`runtime.subscribe(EngineAdapter(stats, model="mixtral"))` feeds InferenceStats
+(queue time, TTFT from the first TokenEmitted, TPOT from the token timestamps,
+errors, in-flight and waiting) and hands one `InferenceRecord` (source "engine") per
+finished or failed request to `on_record`. Runs on the engine's loop thread, so it
+only does dictionary work and appends; it never raises into the engine (a failure is
+counted in `failures`).
+
+Events are dispatched on their class name, so this module imports nothing from
+`infersight.engine` at run time: whatever `infersight/engine/__init__.py` imports
+(torch), observing the engine never pulls it in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from infersight.monitor.records import InferenceRecord
+
+from ._inference import InferenceStats
+
+if TYPE_CHECKING:
+    from infersight.engine.events import EngineEvent
+
+__all__ = ["EngineAdapter"]
+
+
+@dataclass
+class _Request:
+    model_version: str
+    arrived_at: float  # wall clock
+    prompt_tokens: int | None = None
+    started: bool = False
+    queued: bool = False
+    queue_s: float | None = None
+    first_token_s: float | None = None  # since arrival
+    last_token_s: float | None = None
+    tokens: int = 0
+
+
+class EngineAdapter:
+    def __init__(
+        self,
+        stats: InferenceStats,
+        *,
+        model: str,
+        on_record: Callable[[InferenceRecord], None] | None = None,
+        max_tracked: int = 100_000,
+    ) -> None:
+        self._stats = stats
+        self._model = model
+        self._on_record = on_record
+        self._max_tracked = max_tracked
+        self._requests: dict[str, _Request] = {}
+        self.failures = 0  # events this adapter could not handle
+        self.evicted = 0  # requests forgotten because more than max_tracked were open
+
+    def __call__(self, event: EngineEvent) -> None:
+        """The subscriber: one engine event (see engine/events.py)."""
+        try:
+            self._handle(event)
+        except Exception:  # never into the engine's loop
+            self.failures += 1
+
+    def _handle(self, event: Any) -> None:
+        kind = type(event).__name__
+        if kind == "RequestQueued":
+            self._track(event.request_id, event.model_version, event.at).prompt_tokens = event.prompt_tokens
+            self._requests[event.request_id].queued = True
+            self._stats.series(self._model, event.model_version).add_waiting(1)
+        elif kind == "RequestStarted":
+            req = self._track(event.request_id, event.model_version, event.at - event.queue_s)
+            series = self._stats.series(self._model, event.model_version)
+            if req.queued:
+                series.add_waiting(-1)
+                req.queued = False
+            req.started = True
+            req.queue_s = event.queue_s
+            series.enter()
+        elif kind == "TokenEmitted":
+            req = self._requests.get(event.request_id)
+            if req is not None:
+                if req.first_token_s is None or event.index == 0:
+                    req.first_token_s = event.since_start_s
+                req.last_token_s = event.since_start_s
+                req.tokens = max(req.tokens, event.index + 1)
+        elif kind == "RequestFinished":
+            self._finish(event)
+        elif kind == "RequestFailed":
+            self._fail(event)
+
+    def _track(self, request_id: str, version: str, arrived_at: float) -> _Request:
+        req = self._requests.get(request_id)
+        if req is None:
+            if len(self._requests) >= self._max_tracked:
+                self._forget(next(iter(self._requests)))
+                self.evicted += 1
+            req = self._requests[request_id] = _Request(version, arrived_at)
+        return req
+
+    def _forget(self, request_id: str) -> _Request | None:
+        req = self._requests.pop(request_id, None)
+        if req is not None:
+            series = self._stats.series(self._model, req.model_version)
+            if req.queued:
+                series.add_waiting(-1)
+            if req.started:
+                series.leave()
+        return req
+
+    def _finish(self, e: Any) -> None:
+        req = self._forget(e.request_id)
+        ttft = e.ttft_s
+        tpot = None
+        if req is not None and req.first_token_s is not None:
+            ttft = req.first_token_s
+            if req.tokens > 1 and req.last_token_s is not None:
+                tpot = max(0.0, (req.last_token_s - req.first_token_s) / (req.tokens - 1))
+        if tpot is None and ttft is not None and e.output_tokens > 1:
+            tpot = max(0.0, (e.duration_s - ttft) / (e.output_tokens - 1))
+        self._emit(
+            InferenceRecord(
+                request_id=e.request_id,
+                model=self._model,
+                model_version=e.model_version,
+                started_at=max(0.0, e.at - e.duration_s),
+                duration_s=e.duration_s,
+                ttft_s=ttft,
+                tpot_s=tpot,
+                queue_s=e.queue_s,
+                prompt_tokens=e.prompt_tokens,
+                output_tokens=e.output_tokens,
+                source="engine",
+            )
+        )
+
+    def _fail(self, e: Any) -> None:
+        req = self._forget(e.request_id)
+        arrived = e.at if req is None else req.arrived_at
+        self._emit(
+            InferenceRecord(
+                request_id=e.request_id,
+                model=self._model,
+                model_version=e.model_version,
+                started_at=max(0.0, arrived),
+                duration_s=max(0.0, e.at - arrived),
+                queue_s=None if req is None else req.queue_s,
+                prompt_tokens=None if req is None else req.prompt_tokens,
+                output_tokens=None if req is None else req.tokens,
+                error_type=e.error_type,
+                source="engine",
+            )
+        )
+
+    def _emit(self, record: InferenceRecord) -> None:
+        self._stats.observe(record)
+        if self._on_record is not None:
+            self._on_record(record)

@@ -1,0 +1,234 @@
+"""InferenceStats: per-(model, model_version) request statistics for Prometheus and for
+the alert engine.
+
+Two views of the same observations:
+- Prometheus histograms and counters (names in docs/architecture.md), served by this
+  object's `collect()` from the registry it was given;
+- sliding-window DDSketches with a stated relative accuracy, queried in process:
+  `quantile("request_duration", 0.99, window_s=300)`, `count(300, errors_only=True)`.
+
+Recording is a lock and an append (`Series.exit`); folding happens at scrape or
+query time, so the cost of the sketches is paid off the caller's path.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterable
+
+from ddsketch import DDSketch
+from infersight.monitor.records import InferenceRecord
+from prometheus_client.registry import Collector, CollectorRegistry
+
+from . import _forksafe
+from ._exposition_inference import describe_families, inference_families
+from ._fold import fold_batch
+from ._series import Pending, Series
+from ._validate import check_count, check_label, check_seconds
+from ._window import LATENCY_METRICS, WindowedSketches
+from .errors import InvalidQuery, UnknownMetric, WindowTooLong
+
+__all__ = ["InferenceStats"]
+
+
+class InferenceStats(Collector):
+    """Inference statistics; registers itself into `registry` (never the global one)."""
+
+    def __init__(
+        self,
+        registry: CollectorRegistry | None = None,
+        *,
+        window_s: float = 3600.0,
+        interval_s: float = 10.0,
+        relative_accuracy: float = 0.01,
+        max_pending: int = 4096,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        if not 0 < relative_accuracy < 1:
+            raise InvalidQuery(f"relative_accuracy must be in (0, 1), got {relative_accuracy!r}")
+        if not 0 < interval_s <= window_s:
+            raise InvalidQuery(f"need 0 < interval_s <= window_s, got {interval_s!r}, {window_s!r}")
+        self._window_s = float(window_s)
+        self._interval_s = float(interval_s)
+        self._alpha = float(relative_accuracy)
+        self._max_pending = max_pending
+        self.clock = clock
+        self._series: dict[tuple[str, str], Series] = {}
+        self._series_lock = threading.Lock()
+        self._fold_lock = threading.Lock()
+        _forksafe.register(self)
+        if registry is not None:
+            registry.register(self)
+
+    @property
+    def relative_accuracy(self) -> float:
+        """The sketches' guarantee: a quantile is within this fraction of the exact value."""
+        return self._alpha
+
+    @property
+    def window_s(self) -> float:
+        """The longest window a query may ask for."""
+        return self._window_s
+
+    # -- recording ------------------------------------------------------------------
+    def series(self, model: str, model_version: str) -> Series:
+        """The handle for one label set (created on first use, then exported with zeros)."""
+        key = (model, model_version)
+        found = self._series.get(key)
+        if found is not None:
+            return found
+        check_label("model", model)
+        check_label("model_version", model_version)
+        with self._series_lock:
+            found = self._series.get(key)
+            if found is None:
+                windows = WindowedSketches(
+                    relative_accuracy=self._alpha, interval_s=self._interval_s, window_s=self._window_s
+                )
+                found = Series(
+                    model, model_version, windows=windows, max_pending=self._max_pending, fold=self._fold_one
+                )
+                self._series[key] = found
+        return found
+
+    def observe(self, record: InferenceRecord) -> None:
+        """Add one finished request (the engine adapter, the ingest endpoint)."""
+        self.add(
+            model=record.model,
+            model_version=record.model_version,
+            duration_s=record.duration_s,
+            ttft_s=record.ttft_s,
+            tpot_s=record.tpot_s,
+            queue_s=record.queue_s,
+            prompt_tokens=record.prompt_tokens,
+            output_tokens=record.output_tokens,
+            error_type=record.error_type,
+        )
+
+    def add(
+        self,
+        *,
+        model: str,
+        model_version: str,
+        duration_s: float,
+        ttft_s: float | None = None,
+        tpot_s: float | None = None,
+        queue_s: float | None = None,
+        prompt_tokens: int | None = None,
+        output_tokens: int | None = None,
+        error_type: str | None = None,
+    ) -> None:
+        """Validated manual observation; raises `InvalidObservation` naming the field."""
+        observation: Pending = (
+            self.clock(),
+            check_seconds("duration_s", duration_s, required=True),  # type: ignore[arg-type]
+            check_seconds("ttft_s", ttft_s),
+            check_seconds("tpot_s", tpot_s),
+            check_seconds("queue_s", queue_s),
+            check_count("prompt_tokens", prompt_tokens),
+            check_count("output_tokens", output_tokens),
+            None if error_type is None else check_label("error_type", error_type),
+        )
+        self.series(model, model_version).add(observation)
+
+    # -- queries (the alert engine) ---------------------------------------------------
+    def quantile(
+        self,
+        metric: str,
+        q: float,
+        window_s: float,
+        *,
+        model: str | None = None,
+        model_version: str | None = None,
+    ) -> float | None:
+        """The q-quantile (seconds) of `metric` over the last `window_s`; None: no data."""
+        if metric not in LATENCY_METRICS:
+            raise UnknownMetric(f"unknown metric {metric!r}; valid: {', '.join(LATENCY_METRICS)}")
+        if not 0.0 <= q <= 1.0:
+            raise InvalidQuery(f"quantile must be in [0, 1], got {q!r}")
+        self._check_window(window_s)
+        merged = DDSketch(self._alpha)
+        with self._fold_lock:
+            now = self.clock()
+            for series in self._fold_matching(model, model_version, now):
+                series.windows.merged(metric, now, window_s, merged)
+        value = merged.get_quantile_value(q)
+        return None if value is None else float(value)
+
+    def count(
+        self,
+        window_s: float,
+        *,
+        model: str | None = None,
+        model_version: str | None = None,
+        errors_only: bool = False,
+    ) -> int:
+        """Requests (or failed requests) that finished in the last `window_s`."""
+        self._check_window(window_s)
+        total = 0
+        with self._fold_lock:
+            now = self.clock()
+            for series in self._fold_matching(model, model_version, now):
+                for slot in series.windows.recent(now, window_s):
+                    total += slot.errors if errors_only else slot.total
+        return total
+
+    def labels(self) -> list[tuple[str, str]]:
+        """Every (model, model_version) seen, in creation order."""
+        return list(self._series)
+
+    def in_flight(self, *, model: str | None = None, model_version: str | None = None) -> int:
+        with self._fold_lock:
+            return sum(_in_flight(s) for s in self._matching(model, model_version))
+
+    def waiting(self, *, model: str | None = None, model_version: str | None = None) -> int:
+        return sum(s.waiting for s in self._matching(model, model_version))
+
+    # -- Prometheus -------------------------------------------------------------------
+    def describe(self) -> Iterable:  # type: ignore[override]
+        return describe_families()
+
+    def collect(self) -> Iterable:  # type: ignore[override]
+        with self._fold_lock:
+            now = self.clock()
+            series = list(self._fold_matching(None, None, now))
+            in_flight = {id(s): _in_flight(s) for s in series}
+            return inference_families(series, in_flight)
+
+    # -- internals ---------------------------------------------------------------------
+    def _check_window(self, window_s: float) -> None:
+        if not window_s > 0:
+            raise InvalidQuery(f"window_s must be > 0, got {window_s!r}")
+        if window_s > self._window_s:
+            raise WindowTooLong(f"window {window_s:g}s is longer than the {self._window_s:g}s kept")
+
+    def _matching(self, model: str | None, model_version: str | None) -> list[Series]:
+        return [
+            s
+            for (m, v), s in list(self._series.items())
+            if (model is None or m == model) and (model_version is None or v == model_version)
+        ]
+
+    def _fold_matching(self, model: str | None, model_version: str | None, now: float) -> list[Series]:
+        matching = self._matching(model, model_version)
+        for series in matching:
+            fold_batch(series, series.take_pending(), self._interval_s)
+            series.windows.evict(now)
+        return matching
+
+    def _fold_one(self, series: Series) -> None:
+        with self._fold_lock:
+            fold_batch(series, series.take_pending(), self._interval_s)
+            series.windows.evict(self.clock())
+
+    def _after_fork_in_child(self) -> None:
+        self._series_lock = threading.Lock()
+        self._fold_lock = threading.Lock()
+        for series in self._series.values():
+            series.reinit_lock()
+
+
+def _in_flight(series: Series) -> int:
+    left = series.left.value()
+    return max(0, series.entered.value() - left)
