@@ -60,8 +60,8 @@ _RULES = (
     _Rule("snapshots_days", "snapshots", "taken_at"),
     _Rule("drift_reports_days", "drift_reports", "created_at"),
     _Rule("alert_history_days", "alert_history", "at"),
-    _Rule("notifications_days", "outbox", "created_at", ("state", ("delivered",))),
-    _Rule("notifications_days", "notification_log", "at"),
+    _Rule("notifications_days", "alert_outbox", "created_at", ("state", ("delivered",))),
+    _Rule("notifications_days", "alert_notification_log", "at"),
 )
 
 

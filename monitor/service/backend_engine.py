@@ -1,0 +1,301 @@
+"""Serving `/v1` with the embedded runtime (`infersight.engine.Runtime`).
+
+Prompts are tokenized with the serving version's tokenizer (chat through the documented
+template of chat_template.py), generated with the runtime's continuous batching, and
+streamed as SSE. Every call becomes an `InferenceRecord` (source "engine") with its
+measured latency, time to first token, token counts and, sampled, its text.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any
+
+from fastapi import HTTPException
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from . import openai_format as fmt
+from .chat_template import render_chat
+from .detokenize import TextStream
+from .errors import BackendUnavailable
+from .observe import CallTimer, make_record
+from .openai_schema import ChatRequest, CompletionRequest
+
+if TYPE_CHECKING:
+    from .service import Service
+
+__all__ = ["EngineBackend"]
+
+log = logging.getLogger(__name__)
+_FINISH = {"stop": "stop", "length": "length", "cancelled": "stop"}
+
+
+class EngineBackend:
+    def __init__(self, service: Service, runtime: Any, *, owned: bool) -> None:
+        self.service = service
+        self.runtime = runtime
+        self._owned = owned
+        cfg = service.config.engine
+        self.max_tokens_limit = cfg.max_tokens_limit if cfg is not None else 1024
+
+    @classmethod
+    def start(cls, service: Service) -> EngineBackend:
+        if service._runtime_seam is not None:
+            return cls(service, service._runtime_seam, owned=False)
+        from infersight.engine import Registry, Runtime
+        from infersight.engine.errors import EngineError
+
+        cfg = service.config.engine
+        assert cfg is not None
+        try:
+            registry = Registry(cfg.registry)
+            runtime = Runtime(
+                registry, max_batch_size=cfg.max_batch_size, max_prompt_tokens=cfg.max_prompt_tokens,
+                max_seq_len=cfg.max_seq_len, device=cfg.device,
+            )  # fmt: skip
+            version = cfg.version or registry.history.last_good()
+            if version is None:
+                versions = registry.versions()
+                if not versions:
+                    raise BackendUnavailable(f"no model version registered in {registry.root}")
+                version = versions[-1].name
+            runtime.start(version)
+        except EngineError as exc:
+            raise BackendUnavailable(f"the embedded runtime did not start: {exc}") from exc
+        return cls(service, runtime, owned=True)
+
+    def close(self) -> None:
+        if self._owned:
+            self.runtime.stop(drain=False)
+
+    def not_ready(self) -> str | None:
+        if not self.runtime.is_running or self.runtime.serving_version is None:
+            return "the embedded runtime is not serving"
+        if self.runtime.tokenizer is None:
+            return "the serving version has no tokenizer"
+        return None
+
+    @property
+    def model_name(self) -> str:
+        if self.service.config.model:
+            return self.service.config.model
+        version = self.runtime.serving_version or "unknown"
+        return version.split("-v", 1)[0]
+
+    async def models(self) -> dict[str, Any]:
+        serving = self.runtime.serving_version
+        data = [{"id": serving, "object": "model", "created": 0, "owned_by": "infersight"}] if serving else []
+        return {"object": "list", "data": data}
+
+    # -- requests ------------------------------------------------------------------------
+    async def completion(self, req: CompletionRequest, raw: bytes, headers: Any) -> Response:
+        if not isinstance(req.prompt, str) and len(req.prompt) > 1:
+            raise HTTPException(
+                422, {"field": "body.prompt", "reason": "the embedded runtime takes one prompt per request"}
+            )
+        return await self._serve(req, req.prompt_text(), req.prompt_text(), req.max_tokens, chat=False)
+
+    async def chat(self, req: ChatRequest, raw: bytes, headers: Any) -> Response:
+        return await self._serve(
+            req, render_chat(req.messages), req.last_user_text(), req.token_budget(), chat=True
+        )
+
+    async def _serve(
+        self,
+        req: CompletionRequest | ChatRequest,
+        text: str,
+        observed_prompt: str,
+        max_tokens: int | None,
+        *,
+        chat: bool,
+    ) -> Response:
+        from infersight.engine.errors import InvalidRequest, PromptTooLong, RuntimeNotRunning
+
+        if req.n != 1:
+            raise HTTPException(422, {"field": "body.n", "reason": "the embedded runtime serves n=1 only"})
+        if max_tokens is not None and max_tokens > self.max_tokens_limit:
+            field = (
+                "body.max_completion_tokens"
+                if chat and getattr(req, "max_completion_tokens", None)
+                else "body.max_tokens"
+            )
+            raise HTTPException(422, {"field": field, "reason": f"at most {self.max_tokens_limit}"})
+        serving = self.runtime.serving_version
+        if req.model is not None and serving is not None and req.model not in (serving, self.model_name):
+            raise HTTPException(
+                404,
+                {
+                    "field": "body.model",
+                    "reason": f"model {req.model!r} is not served here (serving {serving})",
+                },
+            )
+        tokenizer = self.runtime.tokenizer
+        if tokenizer is None:
+            raise BackendUnavailable("the serving version has no tokenizer")
+        prompt_ids = tokenizer.encode(text, add_special_tokens=False).ids
+        if not prompt_ids:
+            raise HTTPException(
+                422, {"field": "body.messages" if chat else "body.prompt", "reason": "the prompt is empty"}
+            )
+        budget = max_tokens if max_tokens is not None else self.max_tokens_limit
+        budget = max(1, min(budget, self.runtime.max_seq_len - len(prompt_ids)))
+        timer = CallTimer()
+        request_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+        try:
+            handle = self.runtime.submit(
+                prompt_ids, max_new_tokens=budget, temperature=req.temperature, top_p=req.top_p, seed=req.seed,
+                request_id=request_id,
+            )  # fmt: skip
+        except PromptTooLong as exc:
+            self._record(
+                request_id,
+                serving,
+                timer,
+                len(prompt_ids),
+                0,
+                None,
+                type(exc).__name__,
+                observed_prompt,
+                None,
+            )
+            field = "body.messages" if chat else "body.prompt"
+            return JSONResponse(fmt_error(400, str(exc), field, "context_length_exceeded"), status_code=400)
+        except InvalidRequest as exc:
+            raise HTTPException(422, {"field": "body", "reason": str(exc)}) from None
+        except RuntimeNotRunning as exc:
+            raise BackendUnavailable(str(exc)) from None
+        stream = TextStream(lambda ids: tokenizer.decode(ids, skip_special_tokens=True), req.stop_list())
+        if req.stream:
+            include_usage = bool(req.stream_options and req.stream_options.include_usage)
+            return StreamingResponse(
+                self._sse(handle, stream, timer, chat, include_usage, observed_prompt, len(prompt_ids)),
+                media_type="text/event-stream",
+                headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+            )
+        return await self._whole(handle, stream, timer, chat, observed_prompt, len(prompt_ids))
+
+    async def _whole(
+        self, handle: Any, stream: TextStream, timer: CallTimer, chat: bool, prompt: str, n_prompt: int
+    ) -> Response:
+        from infersight.engine.errors import GenerationFailed
+
+        try:
+            async for token in handle:
+                timer.first()
+                stream.push(token)
+                if stream.stopped:
+                    handle.cancel()
+                    break
+            completion = await handle.aresult()
+        except GenerationFailed as exc:
+            self._record(handle.request_id, handle.model_version, timer, n_prompt, stream.token_count, None,
+                         type(exc).__name__, prompt, None)  # fmt: skip
+            raise BackendUnavailable(f"generation failed: {exc}") from None
+        except asyncio.CancelledError:  # the client went away: stop generating for it
+            handle.cancel()
+            self._record(handle.request_id, handle.model_version, timer, n_prompt, stream.token_count, None,
+                         "ClientDisconnected", prompt, None)  # fmt: skip
+            raise
+        stream.flush()
+        finish = "stop" if stream.stopped else _FINISH.get(completion.finish_reason, "stop")
+        n_out = stream.token_count
+        self._record(handle.request_id, completion.model_version, timer, n_prompt, n_out, completion.queue_s, None,
+                     prompt, stream.text)  # fmt: skip
+        u = fmt.usage(n_prompt, n_out)
+        body = (fmt.chat_response if chat else fmt.completion_response)(
+            handle.request_id, completion.model_version, stream.text, finish, u
+        )
+        return JSONResponse(body)
+
+    async def _sse(
+        self, handle: Any, stream: TextStream, timer: CallTimer, chat: bool, include_usage: bool, prompt: str,
+        n_prompt: int,
+    ) -> AsyncIterator[bytes]:  # fmt: skip
+        from infersight.engine.errors import GenerationFailed
+
+        rid, version = handle.request_id, handle.model_version
+        error: str | None = None
+        completion = None
+        finished = False
+        try:
+            if chat:
+                yield fmt.sse(fmt.chat_chunk(rid, version, {"role": "assistant", "content": ""}, None))
+            async for token in handle:
+                timer.first()
+                piece = stream.push(token)
+                if piece:
+                    yield fmt.sse(_piece(rid, version, piece, chat))
+                if stream.stopped:
+                    handle.cancel()
+                    break
+            completion = await handle.aresult()
+            rest = stream.flush()
+            if rest:
+                yield fmt.sse(_piece(rid, version, rest, chat))
+            finish = "stop" if stream.stopped else _FINISH.get(completion.finish_reason, "stop")
+            last = (
+                fmt.chat_chunk(rid, version, {}, finish)
+                if chat
+                else fmt.completion_chunk(rid, version, "", finish)
+            )
+            yield fmt.sse(last)
+            if include_usage:
+                obj = "chat.completion.chunk" if chat else "text_completion"
+                yield fmt.sse(fmt.usage_chunk(rid, version, obj, fmt.usage(n_prompt, stream.token_count)))
+            yield fmt.SSE_DONE
+            finished = True
+        except GenerationFailed as exc:
+            error = type(exc).__name__
+            yield fmt.sse(fmt_error(503, f"generation failed: {exc}", None, None))
+            yield fmt.SSE_DONE
+        finally:
+            if not finished and error is None:
+                error = "ClientDisconnected"
+                handle.cancel()
+            version = completion.model_version if completion is not None else version
+            queue_s = completion.queue_s if completion is not None else None
+            self._record(
+                rid, version, timer, n_prompt, stream.token_count, queue_s, error, prompt, stream.text
+            )
+
+    def _record(
+        self, request_id: str, version: str | None, timer: CallTimer, prompt_tokens: int, output_tokens: int,
+        queue_s: float | None, error: str | None, prompt: str | None, response: str | None,
+    ) -> None:  # fmt: skip
+        record = make_record(
+            request_id=request_id, model=self.model_name, model_version=version or "unknown", timer=timer,
+            source="engine", prompt_tokens=prompt_tokens, output_tokens=output_tokens, queue_s=queue_s,
+            error_type=error, prompt=prompt, response=response if error is None else None,
+            text_sample_rate=self.service.config.text_sample_rate,
+        )  # fmt: skip
+        submit_record(self.service, record)
+
+
+def _piece(rid: str, version: str, text: str, chat: bool) -> dict[str, Any]:
+    if chat:
+        return fmt.chat_chunk(rid, version, {"content": text}, None)
+    return fmt.completion_chunk(rid, version, text, None)
+
+
+def fmt_error(status: int, message: str, field: str | None, code: str | None) -> dict[str, Any]:
+    from .errors_http import error_body
+
+    body = error_body(status, message, field)
+    body["error"]["code"] = code
+    return body
+
+
+def submit_record(service: Service, record: Any) -> None:
+    """Hand one observed call to the pipeline; a full store queue drops it (counted)."""
+    from .errors import IngestOverloaded
+
+    pipeline = service.pipeline
+    if pipeline is None:
+        return
+    try:
+        pipeline.submit([record])
+    except IngestOverloaded:
+        service.metrics.ingest_events.labels("dropped").inc()

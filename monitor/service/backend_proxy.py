@@ -1,0 +1,249 @@
+"""Serving `/v1` by proxying to an existing OpenAI-compatible server (vLLM, TGI,
+llama.cpp's server) with httpx, observing every request.
+
+The client's body goes upstream byte for byte and the upstream's answer comes back
+untouched (status, body, SSE stream as it arrives). Beside it the proxy measures latency
+and time to first token (the first chunk that carries text), takes token counts from the
+`usage` field (or, in a stream without usage, counts the chunks that carried text, one
+per token as vLLM and llama.cpp send them), and keeps the prompt and answer text
+(sampled) for drift. Every call becomes an `InferenceRecord` with source "proxy".
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any
+
+import httpx
+import orjson
+from fastapi.responses import Response, StreamingResponse
+
+from .backend_engine import submit_record
+from .config import UpstreamConfig
+from .errors import UpstreamUnreachable
+from .observe import CallTimer, make_record
+from .openai_schema import ChatRequest, CompletionRequest
+
+if TYPE_CHECKING:
+    from .service import Service
+
+__all__ = ["ProxyBackend", "SSEObserver"]
+
+_FORWARDED = ("content-type", "accept", "authorization", "openai-organization", "openai-project")
+
+
+class SSEObserver:
+    """Reads an OpenAI SSE stream as it passes: text, first-text time, usage, model."""
+
+    def __init__(self, timer: CallTimer, chat: bool) -> None:
+        self.timer = timer
+        self.chat = chat
+        self.parts: list[str] = []
+        self.text_chunks = 0
+        self.usage: dict[str, Any] | None = None
+        self.model: str | None = None
+        self.error: str | None = None
+        self._buffer = b""
+
+    def feed(self, data: bytes) -> None:
+        self._buffer += data
+        while b"\n" in self._buffer:
+            line, self._buffer = self._buffer.split(b"\n", 1)
+            self._line(line.rstrip(b"\r"))
+
+    def _line(self, line: bytes) -> None:
+        if not line.startswith(b"data:"):
+            return
+        payload = line[5:].strip()
+        if not payload or payload == b"[DONE]":
+            return
+        try:
+            obj = orjson.loads(payload)
+        except orjson.JSONDecodeError:
+            return
+        if not isinstance(obj, dict):
+            return
+        if isinstance(obj.get("model"), str):
+            self.model = obj["model"]
+        if isinstance(obj.get("usage"), dict):
+            self.usage = obj["usage"]
+        if isinstance(obj.get("error"), dict):
+            self.error = "UpstreamStreamError"
+        choices = obj.get("choices")
+        if isinstance(choices, list) and choices and isinstance(choices[0], dict):
+            text = _choice_text(choices[0], self.chat)
+            if text:
+                self.timer.first()
+                self.parts.append(text)
+                self.text_chunks += 1
+
+    @property
+    def text(self) -> str:
+        return "".join(self.parts)
+
+
+def _choice_text(choice: dict[str, Any], chat: bool) -> str:
+    if chat:
+        holder = choice.get("delta") if isinstance(choice.get("delta"), dict) else choice.get("message")
+        content = holder.get("content") if isinstance(holder, dict) else None
+    else:
+        content = choice.get("text")
+    return content if isinstance(content, str) else ""
+
+
+class ProxyBackend:
+    def __init__(self, service: Service, config: UpstreamConfig, *, transport: Any = None) -> None:
+        self.service = service
+        self.config = config
+        self.client = httpx.AsyncClient(
+            base_url=config.url.rstrip("/"),
+            timeout=httpx.Timeout(config.timeout_s, connect=min(10.0, config.timeout_s)),
+            transport=transport,
+        )
+
+    async def aclose(self) -> None:
+        await self.client.aclose()
+
+    def close(self) -> None:
+        if not self.client.is_closed:  # not closed on its event loop (aclose): let it go with the process
+            pass
+
+    def not_ready(self) -> str | None:
+        return None
+
+    async def models(self) -> Any:
+        try:
+            resp = await self.client.get("/v1/models", headers=self._headers({}))
+        except httpx.HTTPError as exc:
+            raise UpstreamUnreachable(
+                f"upstream {self.config.url} did not answer: {type(exc).__name__}"
+            ) from None
+        return Response(
+            resp.content, status_code=resp.status_code, media_type=resp.headers.get("content-type")
+        )
+
+    def _headers(self, incoming: Any) -> dict[str, str]:
+        headers = {k: v for k in _FORWARDED if (v := incoming.get(k)) is not None}
+        if "authorization" not in headers and self.config.api_key:
+            headers["authorization"] = f"Bearer {self.config.api_key}"
+        return headers
+
+    async def completion(self, req: CompletionRequest, raw: bytes, headers: Any) -> Response:
+        return await self._forward("/v1/completions", req, req.prompt_text(), raw, headers, chat=False)
+
+    async def chat(self, req: ChatRequest, raw: bytes, headers: Any) -> Response:
+        return await self._forward("/v1/chat/completions", req, req.last_user_text(), raw, headers, chat=True)
+
+    async def _forward(
+        self,
+        path: str,
+        req: CompletionRequest | ChatRequest,
+        prompt: str,
+        raw: bytes,
+        headers: Any,
+        *,
+        chat: bool,
+    ) -> Response:
+        timer = CallTimer()
+        rid = f"proxy-{uuid.uuid4().hex}"
+        request = self.client.build_request("POST", path, content=raw, headers=self._headers(headers))
+        try:
+            upstream = await self.client.send(request, stream=True)
+        except httpx.HTTPError as exc:
+            kind = "UpstreamTimeout" if isinstance(exc, httpx.TimeoutException) else "UpstreamUnreachable"
+            self.service.metrics.proxy_errors.labels(kind).inc()
+            self._record(rid, req.model, timer, None, None, kind, prompt, None)
+            raise UpstreamUnreachable(
+                f"upstream {self.config.url} did not answer: {type(exc).__name__}"
+            ) from None
+        content_type = upstream.headers.get("content-type", "application/json")
+        if upstream.status_code != 200 or not content_type.startswith("text/event-stream"):
+            try:
+                body = await upstream.aread()
+            except httpx.HTTPError as exc:
+                self._record(rid, req.model, timer, None, None, "UpstreamUnreachable", prompt, None)
+                raise UpstreamUnreachable(
+                    f"upstream {self.config.url} broke off: {type(exc).__name__}"
+                ) from None
+            finally:
+                await upstream.aclose()
+            self._observe_whole(rid, req, timer, prompt, upstream.status_code, body, chat)
+            return Response(body, status_code=upstream.status_code, media_type=content_type)
+        return StreamingResponse(
+            self._relay(upstream, rid, req, timer, prompt, chat),
+            status_code=200,
+            media_type=content_type,
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
+
+    async def _relay(
+        self, upstream: httpx.Response, rid: str, req: Any, timer: CallTimer, prompt: str, chat: bool
+    ) -> AsyncIterator[bytes]:
+        observer = SSEObserver(timer, chat)
+        error: str | None = None
+        try:
+            async for chunk in upstream.aiter_raw():
+                observer.feed(chunk)
+                yield chunk
+        except httpx.HTTPError as exc:
+            error = "UpstreamStreamBroken"
+            self.service.metrics.proxy_errors.labels(error).inc()
+            yield (
+                b'data: {"error":{"type":"upstream_error","message":"upstream stream broke off: '
+                + type(exc).__name__.encode()
+                + b'"}}\n\n'
+            )
+        except BaseException:
+            error = "ClientDisconnected"
+            raise
+        finally:
+            await upstream.aclose()
+            usage = observer.usage or {}
+            self._record(
+                rid, observer.model or req.model, timer, _int(usage.get("prompt_tokens")),
+                _int(usage.get("completion_tokens")) if observer.usage else observer.text_chunks,
+                error or observer.error, prompt, observer.text,
+            )  # fmt: skip
+
+    def _observe_whole(
+        self, rid: str, req: Any, timer: CallTimer, prompt: str, status: int, body: bytes, chat: bool
+    ) -> None:
+        timer.finish()
+        if status != 200:
+            self.service.metrics.proxy_errors.labels(f"http_{status}").inc()
+            self._record(rid, req.model, timer, None, None, f"http_{status}", prompt, None)
+            return
+        try:
+            obj = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            obj = None
+        if not isinstance(obj, dict):
+            self._record(rid, req.model, timer, None, None, "UpstreamBadJSON", prompt, None)
+            return
+        usage = obj.get("usage") if isinstance(obj.get("usage"), dict) else {}
+        choices = obj.get("choices")
+        text = (
+            _choice_text(choices[0], chat)
+            if isinstance(choices, list) and choices and isinstance(choices[0], dict)
+            else ""
+        )
+        model = obj.get("model") if isinstance(obj.get("model"), str) else req.model
+        self._record(rid, model, timer, _int(usage.get("prompt_tokens")), _int(usage.get("completion_tokens")), None,
+                     prompt, text)  # fmt: skip
+
+    def _record(
+        self, rid: str, model_version: str | None, timer: CallTimer, prompt_tokens: int | None,
+        output_tokens: int | None, error: str | None, prompt: str, response: str | None,
+    ) -> None:  # fmt: skip
+        version = model_version or self.config.model or "unknown"
+        record = make_record(
+            request_id=rid, model=self.config.model or version, model_version=version, timer=timer, source="proxy",
+            prompt_tokens=prompt_tokens, output_tokens=output_tokens, error_type=error, prompt=prompt,
+            response=response if error is None else None, text_sample_rate=self.service.config.text_sample_rate,
+        )  # fmt: skip
+        submit_record(self.service, record)
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**31 else None

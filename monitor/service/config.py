@@ -1,0 +1,117 @@
+"""The service's configuration: frozen dataclasses, built from a YAML file plus the
+environment (`load_config`, in config_file.py) or directly in code and tests.
+
+Secrets never need to be in the file: `INFERSIGHT_TOKEN` (bearer token),
+`INFERSIGHT_DATABASE_URL`, `INFERSIGHT_UPSTREAM_API_KEY`; receivers' secrets are named by
+`*_env` keys in the rule file (e.g. `routing_key_env: INFERSIGHT_PAGERDUTY_ROUTING_KEY`).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from infersight.monitor.store.retention import RetentionPolicy
+
+__all__ = [
+    "AlertingConfig",
+    "DriftConfig",
+    "EngineConfig",
+    "LimitsConfig",
+    "ScheduleConfig",
+    "ServiceConfig",
+    "UpstreamConfig",
+    "is_loopback",
+]
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Serve with the embedded runtime from a registry directory."""
+
+    registry: Path
+    version: str | None = None  # None: the newest registered version
+    max_batch_size: int = 8
+    max_prompt_tokens: int = 1024
+    max_seq_len: int = 2048
+    device: str | None = None
+    max_tokens_limit: int = 1024  # the largest `max_tokens` a request may ask for
+
+
+@dataclass(frozen=True)
+class UpstreamConfig:
+    """Proxy /v1 to an existing OpenAI-compatible server, observing every request."""
+
+    url: str
+    model: str | None = None  # the `model` label when the upstream's answer names none
+    timeout_s: float = 300.0
+    api_key: str | None = None  # sent to the upstream when the client sends no Authorization
+
+
+@dataclass(frozen=True)
+class AlertingConfig:
+    rules: Path | None = None  # None: the default rule set shipped with infersight
+    enabled: bool = True
+
+
+@dataclass(frozen=True)
+class DriftConfig:
+    reference: Path | None = None  # a .jsonl/.csv/.txt file; None: the first window after a deploy
+    alpha: float = 0.05
+    window: int = 300  # texts in the current window
+    min_window: int = 50  # no verdict on fewer
+    reservoir: int = 2048  # texts kept for embedding per scheduler tick; the rest are counted as skipped
+    enabled: bool = True
+
+
+@dataclass(frozen=True)
+class ScheduleConfig:
+    """Job intervals in seconds."""
+
+    sample_s: float = 1.0
+    timeseries_s: float = 5.0
+    timeseries_window_s: float = 60.0  # latency quantiles of each point cover this window
+    embed_s: float = 2.0
+    drift_s: float = 60.0
+    rules_s: float = 10.0
+    outbox_s: float = 2.0
+    post_deploy_s: float = 5.0
+    retention_s: float = 3600.0
+
+
+@dataclass(frozen=True)
+class LimitsConfig:
+    max_body_bytes: int = 8 * 1024 * 1024
+    max_events_per_batch: int = 10_000
+    write_queue_rows: int = 200_000  # ingest answers 503 beyond this backlog
+    timeseries_points: int = 17_280  # 24 h at the default 5 s tick
+
+
+@dataclass(frozen=True)
+class ServiceConfig:
+    data_dir: Path = Path("var")
+    database_url: str | None = None  # None: SQLite in data_dir
+    host: str = "127.0.0.1"
+    port: int = 8000
+    token: str | None = None  # None on loopback: generated and kept in data_dir/api-token
+    model: str | None = None  # the model name reported in records (default: from the version)
+    engine: EngineConfig | None = None
+    upstream: UpstreamConfig | None = None
+    alerting: AlertingConfig = field(default_factory=AlertingConfig)
+    drift: DriftConfig = field(default_factory=DriftConfig)
+    retention: RetentionPolicy = field(default_factory=RetentionPolicy)
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    limits: LimitsConfig = field(default_factory=LimitsConfig)
+    text_sample_rate: float = 1.0  # share of proxied/served requests whose text is kept
+    leader_election: bool = True  # one replica runs rules, drift, outbox and retention
+    log_level: str = "info"
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False

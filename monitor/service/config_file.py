@@ -1,0 +1,179 @@
+"""`load_config(path, env)`: the YAML config file of `infersight serve`, strictly checked.
+
+Every key is optional; an unknown key, a wrong type or a bad value raises `ConfigInvalid`
+naming its dotted path. Relative paths are resolved against the file's directory.
+Environment variables override the file for secrets and the database URL:
+`INFERSIGHT_TOKEN`, `INFERSIGHT_DATABASE_URL`, `INFERSIGHT_UPSTREAM_API_KEY`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+from infersight.monitor.store.retention import RetentionPolicy
+
+from .config import (
+    AlertingConfig,
+    DriftConfig,
+    EngineConfig,
+    LimitsConfig,
+    ScheduleConfig,
+    ServiceConfig,
+    UpstreamConfig,
+)
+from .errors import ConfigInvalid
+
+__all__ = ["config_from_mapping", "load_config"]
+
+ENV_TOKEN = "INFERSIGHT_TOKEN"
+ENV_DATABASE_URL = "INFERSIGHT_DATABASE_URL"
+ENV_UPSTREAM_API_KEY = "INFERSIGHT_UPSTREAM_API_KEY"
+_PATH_FIELDS = {"data_dir", "registry", "rules", "reference"}
+
+
+def load_config(path: str | Path | None, env: Mapping[str, str] | None = None) -> ServiceConfig:
+    """The config at `path` (None: all defaults), with the environment applied."""
+    env = env if env is not None else {}
+    if path is None:
+        return config_from_mapping({}, env=env)
+    source = str(path)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigInvalid("config", f"cannot read: {exc.strerror or exc}", source=source) from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigInvalid("config", "not UTF-8 text", source=source) from exc
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}" if mark is not None else "config"
+        raise ConfigInvalid(where, f"not valid YAML: {getattr(exc, 'problem', exc)}", source=source) from exc
+    return config_from_mapping(data or {}, env=env, base=Path(path).resolve().parent, source=source)
+
+
+def config_from_mapping(
+    data: Any, *, env: Mapping[str, str] | None = None, base: Path | None = None, source: str | None = None
+) -> ServiceConfig:
+    env = env or {}
+    reader = _Reader(base or Path.cwd(), source)
+    top = reader.section(data, "", ServiceConfig, nested={
+        "engine": EngineConfig, "upstream": UpstreamConfig, "alerting": AlertingConfig,
+        "drift": DriftConfig, "retention": RetentionPolicy, "schedule": ScheduleConfig,
+        "limits": LimitsConfig,
+    })  # fmt: skip
+    if env.get(ENV_TOKEN):
+        top["token"] = env[ENV_TOKEN]
+    if env.get(ENV_DATABASE_URL):
+        top["database_url"] = env[ENV_DATABASE_URL]
+    upstream = top.get("upstream")
+    if isinstance(upstream, UpstreamConfig) and env.get(ENV_UPSTREAM_API_KEY):
+        top["upstream"] = dataclasses.replace(upstream, api_key=env[ENV_UPSTREAM_API_KEY])
+    try:
+        config = ServiceConfig(**top)
+    except (TypeError, ValueError) as exc:
+        raise ConfigInvalid("config", str(exc), source=source) from exc
+    return check_config(config, source=source)
+
+
+def check_config(config: ServiceConfig, *, source: str | None = None) -> ServiceConfig:
+    """Cross-field rules; returns `config` unchanged when it is valid."""
+
+    def fail(field: str, reason: str) -> None:
+        raise ConfigInvalid(field, reason, source=source)
+
+    if config.engine is not None and config.upstream is not None:
+        fail("upstream", "give either engine (embedded runtime) or upstream (proxy), not both")
+    if config.upstream is not None and not config.upstream.url.startswith(("http://", "https://")):
+        fail("upstream.url", "must be an http:// or https:// URL")
+    if config.token is not None and len(config.token) < 16:
+        fail("token", "must be at least 16 characters")
+    if not 0.0 <= config.text_sample_rate <= 1.0:
+        fail("text_sample_rate", "must be between 0 and 1")
+    if not 0 < config.port < 65536:
+        fail("port", "must be between 1 and 65535")
+    if config.database_url is not None and not config.database_url.startswith(("sqlite", "postgres")):
+        fail("database_url", "must be a sqlite:/// or postgresql:// URL")
+    if not 0.0 < config.drift.alpha < 1.0:
+        fail("drift.alpha", "must be between 0 and 1")
+    if config.drift.min_window < 2 or config.drift.window < config.drift.min_window:
+        fail("drift.window", "must be at least drift.min_window, itself at least 2")
+    for f in dataclasses.fields(ScheduleConfig):
+        if not getattr(config.schedule, f.name) > 0:
+            fail(f"schedule.{f.name}", "must be a positive number of seconds")
+    for f in dataclasses.fields(LimitsConfig):
+        if not getattr(config.limits, f.name) > 0:
+            fail(f"limits.{f.name}", "must be positive")
+    if config.engine is not None:
+        for name in ("max_batch_size", "max_prompt_tokens", "max_seq_len", "max_tokens_limit"):
+            if not getattr(config.engine, name) > 0:
+                fail(f"engine.{name}", "must be positive")
+    return config
+
+
+class _Reader:
+    def __init__(self, base: Path, source: str | None) -> None:
+        self.base = base
+        self.source = source
+
+    def fail(self, field: str, reason: str) -> None:
+        raise ConfigInvalid(field, reason, source=self.source)
+
+    def section(
+        self, data: Any, prefix: str, cls: type, nested: Mapping[str, type] | None = None
+    ) -> dict[str, Any]:
+        if not isinstance(data, dict):
+            self.fail(prefix.rstrip(".") or "config", "must be a mapping")
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        out: dict[str, Any] = {}
+        for key, value in data.items():
+            path = f"{prefix}{key}"
+            if not isinstance(key, str) or key not in fields:
+                self.fail(path, f"unknown key (known: {', '.join(sorted(fields))})")
+            if nested and key in nested:
+                if value is None:
+                    out[key] = None
+                    continue
+                sub = self.section(value, f"{path}.", nested[key])
+                try:
+                    out[key] = nested[key](**sub)
+                except TypeError as exc:
+                    self.fail(path, f"incomplete: {exc}")
+                except ValueError as exc:
+                    self.fail(path, str(exc))
+                continue
+            out[key] = self.value(path, key, value, fields[key].type)
+        return out
+
+    def value(self, path: str, key: str, value: Any, annotation: Any) -> Any:
+        kind = str(annotation)
+        if value is None:
+            if "None" not in kind:
+                self.fail(path, "must not be null")
+            return None
+        if key in _PATH_FIELDS:
+            if not isinstance(value, str) or not value:
+                self.fail(path, "must be a path")
+            p = Path(value).expanduser()
+            return p if p.is_absolute() else (self.base / p)
+        if kind.startswith("bool"):
+            if not isinstance(value, bool):
+                self.fail(path, "must be true or false")
+            return value
+        if kind.startswith("int"):
+            if isinstance(value, bool) or not isinstance(value, int):
+                self.fail(path, "must be an integer")
+            return value
+        if kind.startswith("float"):
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                self.fail(path, "must be a number")
+            return float(value)
+        if kind.startswith("str"):
+            if not isinstance(value, str | int | float) or isinstance(value, bool):
+                self.fail(path, "must be a string")
+            return str(value)
+        return value

@@ -1,0 +1,67 @@
+"""Errors of the service.
+
+    ServiceError
+    ├── ConfigInvalid          the config file or an environment variable is wrong (names the field)
+    ├── InsecureBind           a non-loopback address was asked for without a token
+    ├── BackendUnavailable     no embedded runtime and no upstream: /v1 cannot be served
+    │   └── UpstreamUnreachable   the upstream server did not answer (connection, timeout)
+    ├── NoRuntime              a model operation needs the embedded runtime (proxy mode has none)
+    └── IngestOverloaded       the store's write queue is full: the client should retry later
+
+HTTP mapping (routers): ConfigInvalid never reaches HTTP; BackendUnavailable 503,
+UpstreamUnreachable 502, NoRuntime 409, IngestOverloaded 503 with Retry-After.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "BackendUnavailable",
+    "ConfigInvalid",
+    "IngestOverloaded",
+    "InsecureBind",
+    "NoRuntime",
+    "ServiceError",
+    "UpstreamUnreachable",
+]
+
+
+class ServiceError(Exception):
+    """Base class of the service's errors."""
+
+
+class ConfigInvalid(ServiceError):
+    """`field` is the dotted path in the config file (or the environment variable)."""
+
+    def __init__(self, field: str, reason: str, *, source: str | None = None) -> None:
+        where = f"{source}: " if source else ""
+        super().__init__(f"{where}{field}: {reason}")
+        self.field = field
+        self.reason = reason
+        self.source = source
+
+
+class InsecureBind(ServiceError):
+    """Binding beyond loopback needs a bearer token (INFERSIGHT_TOKEN or `token:`)."""
+
+    def __init__(self, host: str) -> None:
+        super().__init__(
+            f"refusing to listen on {host!r} without a token: set INFERSIGHT_TOKEN (or `token:` in "
+            "the config file), or bind 127.0.0.1"
+        )
+        self.host = host
+
+
+class BackendUnavailable(ServiceError):
+    """Neither an embedded runtime nor an upstream server is configured or running."""
+
+
+class UpstreamUnreachable(BackendUnavailable):
+    """The upstream OpenAI-compatible server did not answer."""
+
+
+class NoRuntime(ServiceError):
+    """A model operation (deploy, rollback) needs the embedded runtime."""
+
+
+class IngestOverloaded(ServiceError):
+    """The store's write queue is full; nothing of the batch was accepted."""

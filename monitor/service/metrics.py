@@ -1,0 +1,91 @@
+"""The service's own Prometheus metrics (ingest, store writes, scheduler, drift backlog),
+registered in the registry the service owns; `/metrics` exposes it with the collectors'."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
+
+__all__ = ["CombinedRegistry", "ServiceMetrics"]
+
+
+class ServiceMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.ingest_events = Counter(
+            "infersight_ingest_events", "Events received at /api/v1/events", ["outcome"], registry=registry
+        )
+        self.ingest_batches = Counter(
+            "infersight_ingest_batches", "Batches received at /api/v1/events", ["outcome"], registry=registry
+        )
+        self.store_rows_written = Counter(
+            "infersight_store_requests_written", "Request rows committed to the store", registry=registry
+        )
+        self.store_write_errors = Counter(
+            "infersight_store_write_errors", "Failed group commits of request rows", registry=registry
+        )
+        self.store_write_queue = Gauge(
+            "infersight_store_write_queue_rows", "Request rows waiting to be written", registry=registry
+        )
+        self.observer_errors = Counter(
+            "infersight_record_observer_errors", "Exceptions raised by a record observer", ["observer"],
+            registry=registry,
+        )  # fmt: skip
+        self.texts_offered = Counter(
+            "infersight_drift_texts_offered", "Sampled texts offered for embedding", registry=registry
+        )
+        self.texts_skipped = Counter(
+            "infersight_drift_texts_skipped",
+            "Sampled texts not embedded because the reservoir was full (embedding is reservoir-sampled)",
+            registry=registry,
+        )
+        self.job_runs = Counter(
+            "infersight_scheduler_job_runs", "Scheduled job runs", ["job", "outcome"], registry=registry
+        )
+        self.job_skipped = Counter(
+            "infersight_scheduler_job_skipped",
+            "Runs skipped because the previous run of the job was still going (max_instances=1)",
+            ["job"],
+            registry=registry,
+        )
+        self.job_duration = Histogram(
+            "infersight_scheduler_job_duration_seconds", "Duration of scheduled job runs", ["job"],
+            buckets=(0.001, 0.01, 0.05, 0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 300), registry=registry,
+        )  # fmt: skip
+        self.leader = Gauge(
+            "infersight_leader", "1 when this replica runs the leader-only jobs (rules, drift, outbox, retention)",
+            registry=registry,
+        )  # fmt: skip
+        self.proxy_errors = Counter(
+            "infersight_upstream_errors",
+            "Upstream failures seen by the proxy",
+            ["error_type"],
+            registry=registry,
+        )
+
+
+class CombinedRegistry(Collector):
+    """Collects from several registries (the service's, the collectors', drift's, alerts'),
+    so that one `/metrics` exposes them all; a name exported twice is exposed once."""
+
+    def __init__(self, registries: Sequence[CollectorRegistry]) -> None:
+        self._registries = list(registries)
+
+    def add(self, registry: CollectorRegistry) -> None:
+        if all(registry is not r for r in self._registries):
+            self._registries.append(registry)
+
+    def collect(self) -> Iterator[Metric]:
+        seen: set[str] = set()
+        for registry in self._registries:
+            for metric in _collect(registry):
+                if metric.name in seen:
+                    continue
+                seen.add(metric.name)
+                yield metric
+
+
+def _collect(registry: CollectorRegistry) -> Iterable[Metric]:
+    return registry.collect()

@@ -1,0 +1,141 @@
+"""`POST /api/v1/events`: batched ingest of `InferenceRecord`s from remote SDKs.
+
+Body `{"events": [record, ...]}`; answer `200 {"accepted": n, "rejected": [{"index", "field",
+"reason"}]}`. Each record is validated by `InferenceRecord.from_json`; bad ones are listed
+and the good ones kept. The answer comes once the accepted rows are committed (group
+commit: concurrent batches share one transaction). A full write queue answers 503 with
+Retry-After and accepts nothing. Parsing is orjson on the raw body: no per-event
+pydantic model on the hot path; the schema below is for clients and the OpenAPI document.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import fields
+from typing import Any
+
+import orjson
+from fastapi import APIRouter, Depends, HTTPException, Request
+from fastapi.responses import Response
+from infersight.monitor.records import InferenceRecord, InvalidRecord
+from pydantic import BaseModel
+
+from ..security import require_token
+from ._deps import get_service
+
+__all__ = ["router"]
+
+router = APIRouter(tags=["ingest"])
+
+_NUMBER = {"type": ["number", "null"], "minimum": 0}
+_RECORD_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["request_id", "model", "model_version", "started_at", "duration_s"],
+    "properties": {
+        "request_id": {"type": "string", "minLength": 1, "maxLength": 256},
+        "model": {"type": "string", "minLength": 1, "maxLength": 256},
+        "model_version": {"type": "string", "minLength": 1, "maxLength": 256},
+        "started_at": {"type": "number", "minimum": 0},
+        "duration_s": {"type": "number", "minimum": 0},
+        "ttft_s": _NUMBER,
+        "tpot_s": _NUMBER,
+        "queue_s": _NUMBER,
+        "prompt_tokens": {"type": ["integer", "null"], "minimum": 0},
+        "output_tokens": {"type": ["integer", "null"], "minimum": 0},
+        "error_type": {"type": ["string", "null"], "minLength": 1, "maxLength": 256},
+        "prompt": {"type": ["string", "null"]},
+        "response": {"type": ["string", "null"]},
+        "source": {"type": "string", "enum": ["sdk", "engine", "proxy"]},
+    },
+}
+assert set(_RECORD_SCHEMA["properties"]) == {f.name for f in fields(InferenceRecord)}
+_BODY_SCHEMA = {
+    "type": "object",
+    "required": ["events"],
+    "properties": {"events": {"type": "array", "items": _RECORD_SCHEMA}},
+}
+
+
+class Rejection(BaseModel):
+    index: int
+    field: str
+    reason: str
+
+
+class IngestResult(BaseModel):
+    accepted: int
+    rejected: list[Rejection]
+
+
+_MAX_EPOCH_S = 253_402_300_799.0  # 9999-12-31T23:59:59Z, the last instant a datetime holds
+_MAX_TOKENS = 2**31 - 1  # the store's INTEGER
+
+
+def _check_storable(record: InferenceRecord) -> None:
+    """Limits of the store beyond `from_json`'s checks (a valid record that cannot be kept)."""
+    if record.started_at > _MAX_EPOCH_S:
+        raise InvalidRecord("started_at", "after the year 9999")
+    for name in ("prompt_tokens", "output_tokens"):
+        value = getattr(record, name)
+        if value is not None and value > _MAX_TOKENS:
+            raise InvalidRecord(name, f"larger than {_MAX_TOKENS}")
+
+
+def _unprocessable(field: str, reason: str) -> HTTPException:
+    return HTTPException(status_code=422, detail={"field": field, "reason": reason})
+
+
+@router.post(
+    "/api/v1/events",
+    summary="Ingest a batch of observed inference calls",
+    response_model=IngestResult,
+    dependencies=[Depends(require_token)],
+    openapi_extra={"requestBody": {"required": True, "content": {"application/json": {"schema": _BODY_SCHEMA}}}},
+    responses={401: {"description": "missing or wrong token"}, 413: {"description": "body too large"},
+               422: {"description": "not a batch"}, 503: {"description": "store behind; retry"}},
+)  # fmt: skip
+async def ingest(request: Request) -> Response:
+    service = get_service(request)
+    body = await request.body()
+    try:
+        payload = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise _unprocessable("body", f"not valid JSON: {exc}") from None
+    if not isinstance(payload, dict):
+        raise _unprocessable("body", 'must be a JSON object {"events": [...]}')
+    events = payload.get("events")
+    if not isinstance(events, list):
+        raise _unprocessable("body.events", "must be a list of events")
+    extra = sorted(k for k in payload if k != "events")
+    if extra:
+        raise _unprocessable(f"body.{extra[0]}", "unknown field")
+    limit = service.config.limits.max_events_per_batch
+    if len(events) > limit:
+        raise _unprocessable("body.events", f"at most {limit} events per batch")
+    records: list[InferenceRecord] = []
+    rejected: list[dict[str, Any]] = []
+    from_json = InferenceRecord.from_json
+    for i, event in enumerate(events):
+        try:
+            record = from_json(event)
+            _check_storable(record)
+        except InvalidRecord as exc:
+            rejected.append({"index": i, "field": exc.field, "reason": exc.reason})
+        else:
+            records.append(record)
+    metrics = service.metrics
+    assert service.pipeline is not None
+    future = service.pipeline.submit(records)  # IngestOverloaded -> 503, nothing accepted
+    try:
+        await asyncio.wrap_future(future)
+    except Exception:
+        metrics.ingest_batches.labels("error").inc()
+        raise
+    metrics.ingest_batches.labels("ok").inc()
+    metrics.ingest_events.labels("accepted").inc(len(records))
+    if rejected:
+        metrics.ingest_events.labels("rejected").inc(len(rejected))
+    return Response(
+        orjson.dumps({"accepted": len(records), "rejected": rejected}), media_type="application/json"
+    )

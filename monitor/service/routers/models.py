@@ -1,0 +1,135 @@
+"""`/api/v1/models`: the versions known, the serving one and the deploy history;
+`POST /api/v1/models/deploy` and `POST /api/v1/models/rollback` (bearer token) drive the
+embedded runtime (409 in proxy mode: the upstream deploys its own models)."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from fastapi import APIRouter, Depends, HTTPException, Request
+from infersight.monitor.store.tables import deploys
+from pydantic import BaseModel, Field
+from sqlalchemy import select
+from starlette.concurrency import run_in_threadpool
+
+from ..errors import NoRuntime
+from ..security import require_token
+from ._deps import component, get_service
+
+__all__ = ["recent_deploys", "router"]
+
+router = APIRouter(tags=["models"])
+_VERSION = r"^[a-z][a-z0-9]*_[a-z][a-z0-9]*_[a-z0-9]+-v(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)$"
+
+
+class DeployRequest(BaseModel):
+    version: str = Field(
+        max_length=256, pattern=_VERSION, description="[arch]_[dataset]_[quant]-v[major].[minor]"
+    )
+
+
+class DeployResult(BaseModel):
+    outcome: str
+    from_version: str | None
+    to_version: str
+    reason: str
+    at: float
+    verify_s: float
+    load_s: float
+    warmup_s: float
+
+
+def _iso(value: dt.datetime) -> str:
+    return value.astimezone(dt.UTC).isoformat().replace("+00:00", "Z")
+
+
+def recent_deploys(db: Any, limit: int = 20) -> list[dict[str, Any]]:
+    with db.connect() as conn:
+        rows = conn.execute(
+            select(deploys).order_by(deploys.c.at.desc(), deploys.c.id.desc()).limit(limit)
+        ).all()
+    return [{"at": _iso(r.at), "from_version": r.from_version, "to_version": r.to_version, "reason": r.reason,
+             "outcome": r.outcome, "detail": r.detail} for r in rows]  # fmt: skip
+
+
+def _runtime(request: Request) -> Any:
+    backend = component(request, "backend")
+    runtime = getattr(backend, "runtime", None)
+    if runtime is None:
+        raise NoRuntime("no embedded runtime here (proxy mode): deploy on the upstream server")
+    return runtime
+
+
+@router.get("/api/v1/models", summary="Versions, the serving one, and the deploy history")
+async def list_versions(request: Request) -> dict[str, Any]:
+    service = get_service(request)
+    backend = component(request, "backend")
+    runtime = getattr(backend, "runtime", None)
+    versions: list[dict[str, Any]] = []
+    serving = None
+    if runtime is not None:
+        serving = runtime.serving_version
+        infos = await run_in_threadpool(runtime.registry.versions)
+        for v in infos:
+            item = v.to_json()
+            item.pop("files", None)
+            item["serving"] = v.name == serving
+            versions.append(item)
+    history = await run_in_threadpool(recent_deploys, service.db)
+    return {"model": getattr(backend, "model_name", None), "serving_version": serving, "versions": versions,
+            "deploys": history}  # fmt: skip
+
+
+def _outcome(outcome: Any, label: str) -> DeployResult:
+    return DeployResult(
+        outcome=label, from_version=outcome.from_version, to_version=outcome.to_version, reason=outcome.reason,
+        at=outcome.at, verify_s=outcome.verify_s, load_s=outcome.load_s, warmup_s=outcome.warmup_s,
+    )  # fmt: skip
+
+
+def _flush_log(request: Request) -> None:
+    log = component(request, "deploy_log")
+    if log is not None:
+        log.flush()
+
+
+@router.post(
+    "/api/v1/models/deploy", summary="Deploy a registered version (validated, warmed, swapped live)",
+    dependencies=[Depends(require_token)], response_model=DeployResult,
+    responses={401: {"description": "token"}, 404: {"description": "unknown version"},
+               409: {"description": "refused; the serving version keeps serving"}},
+)  # fmt: skip
+async def deploy(body: DeployRequest, request: Request) -> DeployResult:
+    from infersight.engine.errors import DeployRefused
+
+    runtime = _runtime(request)
+    if body.version not in runtime.registry:
+        raise HTTPException(
+            404, {"field": "body.version", "reason": f"version {body.version!r} is not registered"}
+        )
+    try:
+        outcome = await run_in_threadpool(runtime.deploy, body.version)
+    except DeployRefused as exc:
+        await run_in_threadpool(_flush_log, request)
+        raise HTTPException(409, {"field": "body.version", "reason": f"deploy refused: {exc}"}) from None
+    await run_in_threadpool(_flush_log, request)
+    return _outcome(outcome, "deployed")
+
+
+@router.post(
+    "/api/v1/models/rollback", summary="Roll back to the previous good version",
+    dependencies=[Depends(require_token)], response_model=DeployResult,
+    responses={401: {"description": "token"}, 409: {"description": "nothing to roll back to, or refused"}},
+)  # fmt: skip
+async def rollback(request: Request) -> DeployResult:
+    from infersight.engine.errors import DeployRefused
+
+    runtime = _runtime(request)
+    try:
+        outcome = await run_in_threadpool(runtime.rollback)
+    except DeployRefused as exc:
+        await run_in_threadpool(_flush_log, request)
+        raise HTTPException(409, {"field": None, "reason": f"rollback refused: {exc}"}) from None
+    await run_in_threadpool(_flush_log, request)
+    return _outcome(outcome, "rolled_back")

@@ -1,0 +1,130 @@
+"""`Service`: the composition root. It owns the database, the metrics registry, the
+record pipeline, the scheduler and whatever serves `/v1` (embedded runtime or upstream
+proxy), and wires the collectors, drift and alerts packages to them. Nothing here is
+module-level state: two services in one process (tests) share nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from infersight.monitor.store import connect, current_revision, head_revision, sqlite_url, upgrade
+from infersight.monitor.store.retention import enforce_retention
+from prometheus_client import CollectorRegistry
+from sqlalchemy import Engine, text
+
+from .config import ServiceConfig, is_loopback
+from .errors import InsecureBind
+from .jobs import ServiceScheduler
+from .leader import LeaderLock, leader_lock_for
+from .metrics import CombinedRegistry, ServiceMetrics
+from .pipeline import RecordPipeline
+from .reservoir import TextReservoir
+from .security import load_or_create_token
+from .timeseries import Timeseries
+from .writer import RequestWriter
+
+__all__ = ["Service"]
+
+log = logging.getLogger(__name__)
+
+
+class Service:
+    """Build with a config; `start()` migrates the store and starts the jobs; `stop()`."""
+
+    def __init__(
+        self,
+        config: ServiceConfig,
+        *,
+        runtime: Any = None,
+        upstream_transport: Any = None,
+        leader: LeaderLock | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        if not is_loopback(config.host) and not config.token:
+            raise InsecureBind(config.host)
+        self.config = config
+        self.clock = clock
+        self.data_dir = Path(config.data_dir).expanduser().resolve()
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.token = config.token or load_or_create_token(self.data_dir)
+        self.database_url = config.database_url or sqlite_url(self.data_dir)
+        self.db: Engine = connect(self.database_url)
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.metrics = ServiceMetrics(self.registry)
+        self.exposition = CombinedRegistry([self.registry])
+        self.reservoir = TextReservoir(config.drift.reservoir, on_skip=self.metrics.texts_skipped.inc)
+        self.writer: RequestWriter | None = None
+        self.pipeline: RecordPipeline | None = None
+        self.timeseries = Timeseries(config.limits.timeseries_points)
+        self.scheduler = ServiceScheduler(
+            self.metrics, leader or leader_lock_for(self.db, enabled=config.leader_election)
+        )
+        self._runtime_seam = runtime
+        self._upstream_transport = upstream_transport
+        self.components: dict[str, Any] = {}  # wired parts by name (stats, backend, alerts, drift, ...)
+        self.started_at: float | None = None
+        self._started_mono: float | None = None
+        self.schema_revision: str | None = None
+
+    # -- lifecycle -------------------------------------------------------------------
+    def start(self) -> None:
+        self.schema_revision = upgrade(self.db)
+        self.writer = RequestWriter(
+            self.db,
+            max_queued_rows=self.config.limits.write_queue_rows,
+            on_written=self.metrics.store_rows_written.inc,
+            on_error=lambda exc: self.metrics.store_write_errors.inc(),
+        )
+        self.pipeline = RecordPipeline(self.writer, self.metrics, reservoir=self.reservoir)
+        from .wiring import wire_components
+
+        wire_components(self)
+        self.scheduler.add(
+            "retention",
+            lambda: enforce_retention(self.db, self.config.retention),
+            self.config.schedule.retention_s,
+            leader_only=True,
+        )
+        self.scheduler.start()
+        self.started_at = self.clock()
+        self._started_mono = time.monotonic()
+        log.info("infersight service started (schema %s, database %s)", self.schema_revision,
+                 self.db.url.render_as_string(hide_password=True))  # fmt: skip
+
+    def stop(self) -> None:
+        self.scheduler.shutdown(wait=True)
+        from .wiring import unwire_components
+
+        unwire_components(self)
+        if self.writer is not None:
+            self.writer.close()
+        self.db.dispose()
+
+    # -- state the routers read ------------------------------------------------------
+    @property
+    def uptime_s(self) -> float:
+        return 0.0 if self._started_mono is None else time.monotonic() - self._started_mono
+
+    def readiness(self) -> dict[str, str]:
+        """Each check's problem; empty when ready."""
+        problems: dict[str, str] = {}
+        try:
+            with self.db.connect() as conn:
+                conn.execute(text("SELECT 1"))
+            if current_revision(self.db) != head_revision():
+                problems["database"] = "schema is not at the newest revision"
+        except Exception as exc:  # any failure to reach the database means not ready
+            problems["database"] = f"unreachable: {type(exc).__name__}"
+        if self.pipeline is None or not self.scheduler.running:
+            problems["service"] = "not started"
+        backend = self.components.get("backend")
+        if backend is not None:
+            why = backend.not_ready()
+            if why:
+                problems["backend"] = why
+        return problems

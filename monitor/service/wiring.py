@@ -1,0 +1,71 @@
+"""Wiring the other packages into a started `Service`: the collectors (live statistics,
+GPU and process samplers), the `/v1` backend, drift and alerts. Each part is stored in
+`service.components` under its name; the routers read them from there."""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from .sampling import sample_timeseries
+
+if TYPE_CHECKING:
+    from .service import Service
+
+__all__ = ["unwire_components", "wire_components"]
+
+log = logging.getLogger(__name__)
+
+
+def wire_components(service: Service) -> None:
+    _wire_collectors(service)
+    _wire_backend(service)
+    schedule = service.config.schedule
+    service.scheduler.add("timeseries", lambda: sample_timeseries(service), schedule.timeseries_s)
+
+
+def unwire_components(service: Service) -> None:
+    deploy_log = service.components.pop("deploy_log", None)
+    if deploy_log is not None:
+        deploy_log.close()
+    backend = service.components.pop("backend", None)
+    if backend is not None:
+        backend.close()
+    for name in ("gpu", "process"):
+        collector = service.components.pop(name, None)
+        close = getattr(collector, "close", None)
+        if close is not None:
+            close()
+
+
+def _wire_collectors(service: Service) -> None:
+    from infersight.collectors import InferenceStats
+
+    stats = InferenceStats(service.registry)
+    service.components["stats"] = stats
+    assert service.pipeline is not None
+    service.pipeline.add_observer(stats)
+
+
+def _wire_backend(service: Service) -> None:
+    config = service.config
+    if config.upstream is not None:
+        from .backend_proxy import ProxyBackend
+
+        service.components["backend"] = ProxyBackend(
+            service, config.upstream, transport=service._upstream_transport
+        )
+    elif config.engine is not None or service._runtime_seam is not None:
+        from .backend_engine import EngineBackend
+        from .deploy_log import DeployLog
+
+        backend = EngineBackend.start(service)
+        service.components["backend"] = backend
+        deploy_log = DeployLog(service.db, backend.runtime)
+        service.components["deploy_log"] = deploy_log
+        deploy_log.flush()
+        service.scheduler.add("deploy_log", deploy_log.flush, 1.0)
+
+
+def component(service: Service, name: str) -> Any:
+    return service.components.get(name)
