@@ -1,1 +1,145 @@
-"""(package docstring to be written by its owner)"""
+"""infersight's alert engine: rules over the project's own signals, Alertmanager-style
+notifications that are never lost, and automated remediation.
+
+- Rules: `load_config(path)` reads a reviewable YAML rule file (`default_rules.yaml`
+  ships with the package); `export_prometheus(config)` writes the PromQL equivalent.
+- Evaluation: `Evaluator(engine, config, signals).tick()` steps every alert through
+  inactive → pending → firing → resolved and, in the same transaction, writes the
+  history, the queued actions and the notifications (`Notifier`) to the outbox.
+- Delivery: `Dispatcher(engine, build_receivers(config.receivers), HttpxSender()).run_once()`
+  delivers the outbox with backoff and full jitter; dead letters raise their own alert.
+- Actions: `ActionRunner` (snapshot, rollback, hot_reload, failover), `DeployAnalyzer`
+  (post-deploy checks and automatic rollback), `alertmanager_router` (inbound webhooks).
+- Seams: `SignalSource`, `ModelControl`, `SnapshotSource`, `HttpSender`, and a clock.
+"""
+
+from __future__ import annotations
+
+from .actions import (
+    FAILURE_ALERT,
+    ActionOutcome,
+    ActionRunner,
+    ModelControl,
+    RuntimeControl,
+    SnapshotResult,
+    SnapshotSource,
+    take_snapshot,
+)
+from .alertmanager import ACTION_LABEL, AlertmanagerHandler, InboundResult, parse_payload
+from .analysis import (
+    REGRESSION_ALERT,
+    AnalysisPolicy,
+    CheckResult,
+    DeployAnalyzer,
+    StoreVersionMetrics,
+    VersionMetrics,
+    VersionStats,
+)
+from .backoff import RetryPolicy
+from .config import AlertConfig, InhibitRule, ReceiverConfig, Route
+from .dispatcher import DeliveryResult, Dispatcher
+from .errors import (
+    ActionFailed,
+    ActionRefused,
+    AlertsError,
+    DeliveryFailed,
+    InvalidAlertmanagerPayload,
+    InvalidMatcher,
+    RuleParseError,
+    UnknownSignal,
+)
+from .evaluator import EvaluationResult, Evaluator
+from .live_signals import LiveSignals, QualitySource
+from .loader import load_config, parse_config
+from .matchers import Matcher, parse_matcher
+from .notification import Notification, NotifiedAlert
+from .notifier import FlushResult, Notifier
+from .outbox import OutboxEntry
+from .promql import PrometheusExport, export_prometheus, signal_promql
+from .receivers import PagerDutyReceiver, Receiver, SlackReceiver, WebhookReceiver, build_receivers
+from .rules import ActionSpec, Condition, Rule, RuleGroup
+from .signals import SIGNAL_KINDS, Sample, Signal, SignalSource
+from .silences import Silence, create_silence, expire_silence, list_silences
+from .state import ActiveAlert, Transition
+from .static_signals import StaticSignals
+from .store_signals import CompositeSignals, StoreSignals
+from .transport import HttpRequest, HttpResponse, HttpSender, HttpxSender
+
+__all__ = [
+    "ACTION_LABEL",
+    "FAILURE_ALERT",
+    "REGRESSION_ALERT",
+    "SIGNAL_KINDS",
+    "ActionFailed",
+    "ActionOutcome",
+    "ActionRefused",
+    "ActionRunner",
+    "ActionSpec",
+    "ActiveAlert",
+    "AlertConfig",
+    "AlertmanagerHandler",
+    "AlertsError",
+    "AnalysisPolicy",
+    "CheckResult",
+    "CompositeSignals",
+    "Condition",
+    "DeliveryFailed",
+    "DeliveryResult",
+    "DeployAnalyzer",
+    "Dispatcher",
+    "EvaluationResult",
+    "Evaluator",
+    "FlushResult",
+    "HttpRequest",
+    "HttpResponse",
+    "HttpSender",
+    "HttpxSender",
+    "InboundResult",
+    "InhibitRule",
+    "InvalidAlertmanagerPayload",
+    "InvalidMatcher",
+    "LiveSignals",
+    "Matcher",
+    "ModelControl",
+    "Notification",
+    "NotifiedAlert",
+    "Notifier",
+    "OutboxEntry",
+    "PagerDutyReceiver",
+    "PrometheusExport",
+    "QualitySource",
+    "Receiver",
+    "ReceiverConfig",
+    "RetryPolicy",
+    "Route",
+    "Rule",
+    "RuleGroup",
+    "RuleParseError",
+    "RuntimeControl",
+    "Sample",
+    "Signal",
+    "SignalSource",
+    "Silence",
+    "SlackReceiver",
+    "SnapshotResult",
+    "SnapshotSource",
+    "StaticSignals",
+    "StoreSignals",
+    "StoreVersionMetrics",
+    "Transition",
+    "UnknownSignal",
+    "VersionMetrics",
+    "VersionStats",
+    "WebhookReceiver",
+    "build_receivers",
+    "create_silence",
+    "expire_silence",
+    "export_prometheus",
+    "list_silences",
+    "load_config",
+    "parse_config",
+    "parse_matcher",
+    "parse_payload",
+    "signal_promql",
+    "take_snapshot",
+]

@@ -1,0 +1,19 @@
+"""Actions attached to rules and callable by hand: snapshot, rollback, hot_reload, failover."""
+
+from __future__ import annotations
+
+from .control import ModelControl, RuntimeControl
+from .runner import FAILURE_ALERT, ActionOutcome, ActionRunner
+from .snapshot import SnapshotResult, SnapshotSource, render_html, take_snapshot
+
+__all__ = [
+    "FAILURE_ALERT",
+    "ActionOutcome",
+    "ActionRunner",
+    "ModelControl",
+    "RuntimeControl",
+    "SnapshotResult",
+    "SnapshotSource",
+    "render_html",
+    "take_snapshot",
+]

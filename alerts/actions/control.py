@@ -1,0 +1,52 @@
+"""`ModelControl`: what actions need of the serving engine, and the adapter for the engine's
+`Runtime` (duck-typed: alerts/ does not import the engine)."""
+
+from __future__ import annotations
+
+from typing import Any, Protocol, runtime_checkable
+
+from ..errors import ActionFailed
+
+__all__ = ["ModelControl", "RuntimeControl"]
+
+
+@runtime_checkable
+class ModelControl(Protocol):
+    """Each method either completes or raises `ActionFailed`, and on failure the engine
+    keeps serving the version it served before (the actions verify this)."""
+
+    def serving_version(self) -> str | None: ...
+
+    def deploy(self, version: str) -> None: ...
+
+    def rollback(self) -> None: ...
+
+    def failover(self, version: str) -> None: ...
+
+
+class RuntimeControl:
+    """`ModelControl` over `infersight.engine.Runtime`: engine errors (DeployRefused and
+    its subclasses, RuntimeNotRunning, VersionNotFound) become `ActionFailed`."""
+
+    def __init__(self, runtime: Any) -> None:
+        self.runtime = runtime
+
+    def serving_version(self) -> str | None:
+        return self.runtime.serving_version  # type: ignore[no-any-return]
+
+    def _call(self, action: str, fn: Any, *args: str) -> None:
+        try:
+            fn(*args)
+        except Exception as exc:  # the engine's typed errors, re-raised as ours
+            raise ActionFailed(
+                action, f"{type(exc).__name__}: {exc}", serving_version=self.runtime.serving_version
+            ) from exc
+
+    def deploy(self, version: str) -> None:
+        self._call("hot_reload", self.runtime.deploy, version)
+
+    def rollback(self) -> None:
+        self._call("rollback", self.runtime.rollback)
+
+    def failover(self, version: str) -> None:
+        self._call("failover", self.runtime.failover, version)

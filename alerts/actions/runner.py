@@ -1,0 +1,319 @@
+"""Running actions: once per alert episode (a unique run key), within a cooldown and a
+daily cap, optionally as a dry run. Runs queued by the evaluator (in the transaction that
+made the alert fire) and runs asked for by hand, by Alertmanager or by the post-deploy
+analysis all go through the same `alert_action_runs` row, leased like the outbox, so two
+workers never run the same row. A failed rollback, reload or failover is verified to have
+left the serving version as it was, and raises the `RemediationFailed` alert."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Connection, Engine, and_, func, insert, or_, select, update
+from sqlalchemy.exc import IntegrityError
+
+from .._alert_rows import push_alert
+from ..errors import ActionFailed, ActionRefused
+from ..rules import ActionSpec
+from ..tables import action_runs
+from .control import ModelControl
+from .snapshot import SnapshotSource, take_snapshot
+
+__all__ = ["FAILURE_ALERT", "ActionOutcome", "ActionRunner"]
+
+FAILURE_ALERT = "RemediationFailed"
+_SNAPSHOT_TRIGGER = {"rule": "alert", "alertmanager": "alert", "analysis": "post_deploy", "manual": "manual"}
+_COUNTED = ("succeeded", "failed")  # dry runs and refusals do not use up the cap
+
+
+@dataclass(frozen=True)
+class ActionOutcome:
+    run_id: int
+    run_key: str
+    action: str
+    state: str  # pending, succeeded, failed, refused, dry_run
+    trigger: str
+    before_version: str | None
+    after_version: str | None
+    detail: Mapping[str, Any] = field(default_factory=dict)
+    duplicate: bool = False  # this key had run (or been queued) before: nothing ran again
+
+    def to_json(self) -> dict[str, Any]:
+        return {**self.__dict__, "detail": dict(self.detail)}
+
+
+def _outcome(row: Any, *, duplicate: bool = False) -> ActionOutcome:
+    return ActionOutcome(
+        row.id,
+        row.run_key,
+        row.action,
+        row.state,
+        row.trigger,
+        row.before_version,
+        row.after_version,
+        json.loads(row.detail),
+        duplicate,
+    )
+
+
+class ActionRunner:
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        data_dir: str | Path,
+        control: ModelControl | None = None,
+        snapshots: SnapshotSource | None = None,
+        backup_version: str | None = None,
+        clock: Callable[[], float] = time.time,
+        lease_s: float = 600.0,
+        failure_alert_for_s: float = 3600.0,
+        owner: str | None = None,
+    ) -> None:
+        self.engine = engine
+        self.data_dir = Path(data_dir)
+        self.control = control
+        self.snapshots = snapshots
+        self.backup_version = backup_version
+        self.clock = clock
+        self.lease_s = lease_s
+        self.failure_alert_for_s = failure_alert_for_s
+        self.owner = owner or f"actions-{uuid.uuid4().hex[:12]}"
+
+    def _now(self) -> dt.datetime:
+        return dt.datetime.fromtimestamp(self.clock(), dt.UTC)
+
+    # -- entry points -----------------------------------------------------------------
+    def run(
+        self,
+        spec: ActionSpec,
+        *,
+        trigger: str = "manual",
+        key: str | None = None,
+        alertname: str | None = None,
+        labels: Mapping[str, str] | None = None,
+    ) -> ActionOutcome:
+        """Run `spec` now. `key` makes it idempotent (default: a fresh key, i.e. always
+        runs); a key seen before returns that run's outcome with `duplicate=True`."""
+        run_key = f"{spec.type}:{key or 'manual-' + uuid.uuid4().hex}"
+        row_id, created = self._submit(spec, run_key, trigger, alertname, labels or {})
+        claimed = self._claim(and_(action_runs.c.id == row_id))
+        if not claimed:
+            with self.engine.connect() as conn:
+                return _outcome(
+                    conn.execute(select(action_runs).where(action_runs.c.id == row_id)).one(), duplicate=True
+                )
+        outcome = self._execute(claimed[0])
+        return outcome if created else ActionOutcome(**{**outcome.__dict__, "duplicate": True})
+
+    def run_pending(self, limit: int = 10) -> list[ActionOutcome]:
+        """Run the actions the evaluator queued (oldest first)."""
+        return [self._execute(row) for row in self._claim(None, limit=limit)]
+
+    # -- rows -------------------------------------------------------------------------
+    def _submit(
+        self, spec: ActionSpec, run_key: str, trigger: str, alertname: str | None, labels: Mapping[str, str]
+    ) -> tuple[int, bool]:
+        try:
+            return self._insert(spec, run_key, trigger, alertname, labels), True
+        except IntegrityError:  # the key exists (maybe inserted concurrently by an HA peer's request)
+            with self.engine.connect() as conn:
+                found = conn.execute(select(action_runs.c.id).where(action_runs.c.run_key == run_key)).one()
+            return int(found.id), False
+
+    def _insert(
+        self, spec: ActionSpec, run_key: str, trigger: str, alertname: str | None, labels: Mapping[str, str]
+    ) -> int:
+        with self.engine.begin() as conn:
+            result = conn.execute(
+                insert(action_runs).values(
+                    run_key=run_key,
+                    action=spec.type,
+                    spec=json.dumps(spec.to_json()),
+                    trigger=trigger,
+                    alertname=alertname,
+                    labels=json.dumps(dict(labels), sort_keys=True),
+                    state="pending",
+                    created_at=self._now(),
+                    detail="{}",
+                )
+            )
+            pk = result.inserted_primary_key
+            assert pk is not None
+            return int(pk[0])
+
+    def _claim(self, extra: Any, limit: int = 1) -> list[Any]:
+        now = self._now()
+        free = and_(
+            action_runs.c.state == "pending",
+            or_(action_runs.c.lease_until.is_(None), action_runs.c.lease_until < now),
+        )
+        cond = free if extra is None else and_(free, extra)
+        due = (
+            select(action_runs.c.id)
+            .where(cond)
+            .order_by(action_runs.c.id)
+            .limit(limit)
+            .with_for_update(skip_locked=True)
+        )
+        stmt = (
+            update(action_runs)
+            .where(action_runs.c.id.in_(due.scalar_subquery()), cond)
+            .values(lease_owner=self.owner, lease_until=now + dt.timedelta(seconds=self.lease_s))
+            .returning(*action_runs.c)
+        )
+        with self.engine.begin() as conn:
+            return sorted(conn.execute(stmt).all(), key=lambda r: r.id)
+
+    # -- execution --------------------------------------------------------------------
+    def _policy(self, conn: Connection, spec: ActionSpec, row_id: int, now: dt.datetime) -> None:
+        recent = select(func.max(action_runs.c.started_at), func.count()).where(
+            action_runs.c.action == spec.type,
+            action_runs.c.state.in_(_COUNTED),
+            action_runs.c.id != row_id,
+            action_runs.c.started_at >= now - dt.timedelta(days=1),
+        )
+        last, count = conn.execute(recent).one()
+        if last is not None and (now - last).total_seconds() < spec.cooldown_s:
+            wait = spec.cooldown_s - (now - last).total_seconds()
+            raise ActionRefused(spec.type, "cooldown", f"last run {last.isoformat()}, {wait:.0f}s left")
+        if count >= spec.daily_cap:
+            raise ActionRefused(spec.type, "daily_cap", f"{count} runs in the last 24h, cap {spec.daily_cap}")
+
+    def _execute(self, row: Any) -> ActionOutcome:
+        spec = ActionSpec.from_json(json.loads(row.spec))
+        now = self._now()
+        before = self.control.serving_version() if self.control is not None else None
+        detail: dict[str, Any] = dict(json.loads(row.detail))
+        state, after, failure = "succeeded", before, None
+        try:
+            with self.engine.connect() as conn:
+                self._policy(conn, spec, row.id, now)
+            target = self._target(spec, before)
+            if spec.dry_run:
+                state, detail["would"] = "dry_run", self._describe(spec, before, target)
+            else:
+                detail.update(self._act(spec, row, before, target, now))
+                after = self.control.serving_version() if self.control is not None else None
+                if spec.type != "snapshot" and target is not None and after != target:
+                    raise ActionFailed(
+                        spec.type, f"serving {after} after the switch to {target}", serving_version=after
+                    )
+        except ActionRefused as exc:
+            state, detail["refused"], detail["reason"] = "refused", exc.reason, str(exc)
+        except ActionFailed as exc:
+            after = self.control.serving_version() if self.control is not None else None
+            state, failure = "failed", exc
+            detail.update(error=exc.reason, serving_version_kept=after == before)
+        with self.engine.begin() as conn:
+            conn.execute(
+                update(action_runs)
+                .where(action_runs.c.id == row.id)
+                .values(
+                    state=state,
+                    started_at=now,
+                    finished_at=self._now(),
+                    before_version=before,
+                    after_version=after,
+                    detail=json.dumps(detail, default=str),
+                    lease_owner=None,
+                    lease_until=None,
+                )
+            )
+            if failure is not None:
+                self._raise_failure_alert(conn, spec, row, before, after, failure)
+            final = conn.execute(select(action_runs).where(action_runs.c.id == row.id)).one()
+        return _outcome(final)
+
+    def _target(self, spec: ActionSpec, before: str | None) -> str | None:
+        """The version a model action switches to (None: rollback's, decided by the engine)."""
+        if spec.type == "snapshot":
+            return None
+        if self.control is None:
+            raise ActionRefused(spec.type, "unavailable", "no engine is under control")
+        if spec.type == "hot_reload":
+            version = spec.param("version")
+            if not version:
+                raise ActionRefused(spec.type, "bad_parameters", "hot_reload needs a version")
+            return str(version)
+        if spec.type == "failover":
+            backup = spec.param("backup") or self.backup_version
+            if not backup:
+                raise ActionRefused(spec.type, "bad_parameters", "no backup version designated")
+            return str(backup)
+        return None
+
+    def _describe(self, spec: ActionSpec, before: str | None, target: str | None) -> str:
+        if spec.type == "snapshot":
+            return f"snapshot of the last {spec.param('requests') or 50} requests"
+        if spec.type == "rollback":
+            return f"roll back from {before} to the previous good version"
+        return f"{spec.type} from {before} to {target}"
+
+    def _act(
+        self, spec: ActionSpec, row: Any, before: str | None, target: str | None, now: dt.datetime
+    ) -> dict[str, Any]:
+        if spec.type == "snapshot":
+            snap = take_snapshot(
+                self.engine,
+                data_dir=self.data_dir,
+                requests_n=int(spec.param("requests") or 50),
+                trigger=_SNAPSHOT_TRIGGER.get(row.trigger, "manual"),
+                reason=row.alertname or row.trigger,
+                now=now,
+                model_version=before,
+                source=self.snapshots,
+            )
+            return {
+                "snapshot_id": snap.snapshot_id,
+                "path": str(snap.html_path),
+                "requests": snap.request_count,
+            }
+        assert self.control is not None
+        if target is not None and target == before:
+            return {"noop": f"already serving {target}"}
+        if spec.type == "rollback":
+            self.control.rollback()
+        elif spec.type == "hot_reload":
+            assert target is not None
+            self.control.deploy(target)
+        else:
+            assert target is not None
+            self.control.failover(target)
+        return {"from": before, "to": self.control.serving_version()}
+
+    def _raise_failure_alert(
+        self,
+        conn: Connection,
+        spec: ActionSpec,
+        row: Any,
+        before: str | None,
+        after: str | None,
+        exc: ActionFailed,
+    ) -> None:
+        now = self._now()
+        kept = "kept serving" if after == before else "NOW serving"
+        push_alert(
+            conn,
+            FAILURE_ALERT,
+            {
+                "severity": "critical",
+                "action": spec.type,
+                "trigger": row.trigger,
+                "source_alert": row.alertname or "",
+                "model_version": before or "",
+            },
+            {
+                "summary": f"{spec.type} failed ({exc.reason}); {kept} {after}",
+                "runbook_url": "https://runbooks.example.org/infersight#remediation-failed",
+            },
+            now=now,
+            ends_at=now + dt.timedelta(seconds=self.failure_alert_for_s),
+        )

@@ -1,0 +1,154 @@
+"""Inference snapshots: the last N requests (prompts, responses, timings) from the shared
+`requests` table, the current metrics text, the latest drift report, and the serving
+version with its config, kept in the store's `snapshots` table and written as JSON and as
+a self-contained HTML page a person can open."""
+
+from __future__ import annotations
+
+import datetime as dt
+import html
+import json
+import os
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+from infersight.monitor.store.tables import requests, snapshots
+from sqlalchemy import Engine, insert, select
+
+__all__ = ["SnapshotResult", "SnapshotSource", "render_html", "take_snapshot"]
+
+
+@runtime_checkable
+class SnapshotSource(Protocol):
+    """What the service knows beyond the `requests` table. Each may return empty/None."""
+
+    def metrics_text(self) -> str: ...
+
+    def latest_drift_report(self) -> Mapping[str, Any] | None: ...
+
+    def version_config(self, version: str | None) -> Mapping[str, Any] | None: ...
+
+
+@dataclass(frozen=True)
+class SnapshotResult:
+    snapshot_id: str
+    row_id: int
+    html_path: Path
+    json_path: Path
+    request_count: int
+    model_version: str | None
+
+
+def _iso(t: dt.datetime | None) -> str | None:
+    return None if t is None else t.isoformat()
+
+
+def recent_requests(engine: Engine, n: int) -> list[dict[str, Any]]:
+    q = select(requests).order_by(requests.c.started_at.desc(), requests.c.id.desc()).limit(n)
+    with engine.connect() as conn:
+        rows = conn.execute(q).mappings().all()
+    return [
+        {k: (_iso(v) if isinstance(v, dt.datetime) else v) for k, v in r.items() if k != "id"} for r in rows
+    ]
+
+
+def render_html(content: Mapping[str, Any]) -> str:
+    """A page with no scripts and no remote resources; every value escaped."""
+    e = html.escape
+    rows = "".join(
+        "<tr>"
+        + "".join(f"<td>{e(str(r.get(k, '')) if r.get(k) is not None else '')}</td>" for k in _COLS)
+        + "</tr>"
+        for r in content["requests"]
+    )
+    head = "".join(f"<th>{e(k)}</th>" for k in _COLS)
+    meta = json.dumps(
+        {k: content[k] for k in ("snapshot_id", "taken_at", "trigger", "reason", "model_version")}, indent=2
+    )
+    return f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>infersight snapshot {e(content["snapshot_id"])}</title>
+<style>body{{font-family:system-ui,sans-serif;margin:2em}}table{{border-collapse:collapse;font-size:13px}}
+td,th{{border:1px solid #ccc;padding:4px;vertical-align:top;max-width:40em;overflow-wrap:anywhere}}
+pre{{background:#f6f6f6;padding:1em;overflow:auto;max-height:30em}}</style></head><body>
+<h1>Inference snapshot</h1><pre>{e(meta)}</pre>
+<h2>Last {len(content["requests"])} requests</h2><table><tr>{head}</tr>{rows}</table>
+<h2>Model version config</h2><pre>{e(json.dumps(content["version_config"], indent=2))}</pre>
+<h2>Latest drift report</h2><pre>{e(json.dumps(content["drift_report"], indent=2))}</pre>
+<h2>Metrics</h2><pre>{e(content["metrics"])}</pre>
+</body></html>
+"""
+
+
+_COLS = (
+    "started_at",
+    "model_version",
+    "request_id",
+    "duration_s",
+    "ttft_s",
+    "tpot_s",
+    "queue_s",
+    "prompt_tokens",
+    "output_tokens",
+    "error_type",
+    "relevance",
+    "prompt",
+    "response",
+)
+
+
+def _write(path: Path, text: str) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def take_snapshot(
+    engine: Engine,
+    *,
+    data_dir: Path,
+    requests_n: int,
+    trigger: str,
+    reason: str,
+    now: dt.datetime,
+    model_version: str | None,
+    source: SnapshotSource | None = None,
+) -> SnapshotResult:
+    snapshot_id = f"{now.strftime('%Y%m%dT%H%M%SZ')}-{uuid.uuid4().hex[:8]}"
+    content = {
+        "snapshot_id": snapshot_id,
+        "taken_at": now.isoformat(),
+        "trigger": trigger,
+        "reason": reason,
+        "model_version": model_version,
+        "version_config": dict(source.version_config(model_version) or {}) if source else None,
+        "requests": recent_requests(engine, requests_n),
+        "metrics": source.metrics_text() if source else "",
+        "drift_report": dict(source.latest_drift_report() or {}) if source else None,
+    }
+    folder = Path(data_dir) / "snapshots"
+    folder.mkdir(parents=True, exist_ok=True)
+    json_path, html_path = folder / f"{snapshot_id}.json", folder / f"{snapshot_id}.html"
+    text = json.dumps(content, indent=2, default=str)
+    _write(json_path, text)
+    _write(html_path, render_html(content))
+    with engine.begin() as conn:
+        result = conn.execute(
+            insert(snapshots).values(
+                snapshot_id=snapshot_id,
+                taken_at=now,
+                trigger=trigger,
+                reason=reason,
+                model_version=model_version,
+                request_count=len(content["requests"]),
+                path=str(html_path),
+                content=text,
+            )
+        )
+        pk = result.inserted_primary_key
+    assert pk is not None
+    return SnapshotResult(
+        snapshot_id, int(pk[0]), html_path, json_path, len(content["requests"]), model_version
+    )

@@ -1,0 +1,205 @@
+"""The adapter from the collectors' query API (docs/architecture.md, "Live signals") to
+`SignalSource`: latency quantiles and error rates from `InferenceStats`' sliding-window
+sketches, GPU activity and memory from `GPUCollector.latest()`, RSS from
+`ProcessCollector.latest()`, and drift / relevance from a `QualitySource` the service
+wires to the drift module. Memory slopes are least squares over the signal's own window
+of the readings this adapter has seen (the same thing PromQL's `deriv` computes)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import defaultdict, deque
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, Protocol
+
+from .errors import UnknownSignal
+from .signals import Sample, Signal
+
+__all__ = ["InferenceStatsLike", "LiveSignals", "QualitySource", "least_squares_slope"]
+
+
+class InferenceStatsLike(Protocol):
+    def quantile(
+        self,
+        metric: str,
+        q: float,
+        window_s: float,
+        *,
+        model: str | None = None,
+        model_version: str | None = None,
+    ) -> float | None: ...
+
+    def count(
+        self,
+        window_s: float,
+        *,
+        model: str | None = None,
+        model_version: str | None = None,
+        errors_only: bool = False,
+    ) -> int: ...
+
+    def labels(self) -> list[tuple[str, str]]: ...
+
+    def waiting(self, *, model: str | None = None, model_version: str | None = None) -> int: ...
+
+
+class QualitySource(Protocol):
+    """Latest drift p-values and windowed mean relevance per (model, model_version)."""
+
+    def drift_p_values(self, field: str) -> Mapping[tuple[str, str], float]: ...
+
+    def relevance_means(self) -> Mapping[tuple[str, str], float]: ...
+
+
+def least_squares_slope(points: Sequence[tuple[float, float]]) -> float | None:
+    """Slope (value per second) of the least-squares line through (t, value) points."""
+    if len(points) < 2:
+        return None
+    n = len(points)
+    mt = sum(t for t, _ in points) / n
+    mv = sum(v for _, v in points) / n
+    den = sum((t - mt) ** 2 for t, _ in points)
+    if den == 0:
+        return None
+    return sum((t - mt) * (v - mv) for t, v in points) / den
+
+
+def _keys(by: Sequence[str], labels: Iterable[tuple[str, str]]) -> set[tuple[str | None, str | None]]:
+    """(model, version) label filters for `by`: None aggregates over that label."""
+    keep_model, keep_version = "model" in by, "model_version" in by
+    return {(m if keep_model else None, v if keep_version else None) for m, v in labels}
+
+
+def _labels(by: Sequence[str], model: str | None, version: str | None) -> dict[str, str]:
+    out = {}
+    if "model" in by and model is not None:
+        out["model"] = model
+    if "model_version" in by and version is not None:
+        out["model_version"] = version
+    return out
+
+
+class LiveSignals:
+    def __init__(
+        self,
+        stats: InferenceStatsLike | None = None,
+        *,
+        gpu: Any = None,  # GPUCollector: .latest() -> Mapping[int, GPUSample]
+        process: Any = None,  # ProcessCollector: .latest() -> ProcessSample | None
+        quality: QualitySource | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        history_s: float = 7200.0,
+    ) -> None:
+        self.stats = stats
+        self.gpu = gpu
+        self.process = process
+        self.quality = quality
+        self.clock = clock
+        self.history_s = history_s
+        self._lock = threading.Lock()
+        self._memory: dict[tuple[str, ...], deque[tuple[float, float]]] = defaultdict(deque)
+
+    def read(self, signal: Signal, by: Sequence[str]) -> Sequence[Sample]:
+        kind = signal.kind
+        if kind in ("latency_quantile", "error_rate", "request_rate", "queue_depth"):
+            return self._inference(signal, by)
+        if kind in ("gpu_sm_activity", "gpu_memory_ratio"):
+            return self._gpu(signal, by)
+        if kind == "memory_slope":
+            return self._slope(signal, by)
+        if kind in ("drift_p_value", "relevance"):
+            return self._quality(signal, by)
+        raise UnknownSignal(f"LiveSignals does not serve {kind!r} (a StoreSignals does)")
+
+    def _inference(self, s: Signal, by: Sequence[str]) -> list[Sample]:
+        if self.stats is None:
+            return []
+        out = []
+        for model, version in sorted(_keys(by, self.stats.labels()), key=str):
+            value: float | None
+            if s.kind == "latency_quantile":
+                assert s.metric is not None and s.quantile is not None and s.window_s is not None
+                value = self.stats.quantile(
+                    s.metric, s.quantile, s.window_s, model=model, model_version=version
+                )
+            elif s.kind == "queue_depth":
+                value = float(self.stats.waiting(model=model, model_version=version))
+            else:
+                assert s.window_s is not None
+                total = self.stats.count(s.window_s, model=model, model_version=version)
+                if s.kind == "request_rate":
+                    value = total / s.window_s
+                elif total == 0 or total < (s.min_requests or 1):
+                    value = None
+                else:
+                    errors = self.stats.count(
+                        s.window_s, model=model, model_version=version, errors_only=True
+                    )
+                    value = errors / total
+            if value is not None:
+                out.append(Sample.of(value, **_labels(by, model, version)))
+        return out
+
+    def _gpu(self, s: Signal, by: Sequence[str]) -> list[Sample]:
+        if self.gpu is None:
+            return []
+        groups: dict[tuple[tuple[str, str], ...], list[float]] = defaultdict(list)
+        for index, g in sorted(self.gpu.latest().items()):
+            if s.kind == "gpu_sm_activity":
+                value = g.sm_activity
+            elif g.memory_used_bytes is None or not g.memory_total_bytes:
+                value = None
+            else:
+                value = g.memory_used_bytes / g.memory_total_bytes
+            if value is not None:
+                labels = {"gpu": str(index), "uuid": g.uuid}
+                groups[tuple((k, v) for k, v in sorted(labels.items()) if k in by)].append(float(value))
+        return [Sample(k, sum(v) / len(v)) for k, v in sorted(groups.items())]
+
+    def _remember(self, key: tuple[str, ...], value: float) -> list[tuple[float, float]]:
+        now = self.clock()
+        with self._lock:
+            points = self._memory[key]
+            if not points or points[-1][0] < now:
+                points.append((now, value))
+            while points and points[0][0] < now - self.history_s:
+                points.popleft()
+            return list(points)
+
+    def _slope(self, s: Signal, by: Sequence[str]) -> list[Sample]:
+        assert s.window_s is not None
+        readings: list[tuple[dict[str, str], float]] = []
+        if s.resource == "gpu" and self.gpu is not None:
+            for index, g in sorted(self.gpu.latest().items()):
+                if g.memory_used_bytes is not None:
+                    readings.append(({"gpu": str(index), "uuid": g.uuid}, float(g.memory_used_bytes)))
+        elif s.resource == "process" and self.process is not None:
+            p = self.process.latest()
+            if p is not None:
+                readings.append(({"pid": str(p.pid)}, float(p.rss_bytes)))
+        out = []
+        for labels, value in readings:
+            points = self._remember((s.resource or "", *sorted(labels.items())), value)  # type: ignore[arg-type]
+            now = points[-1][0]
+            recent = [p for p in points if p[0] >= now - s.window_s]
+            slope = least_squares_slope(recent)
+            if slope is not None and len(recent) >= 3:
+                out.append(Sample(tuple((k, v) for k, v in sorted(labels.items()) if k in by), slope * 60.0))
+        return out
+
+    def _quality(self, s: Signal, by: Sequence[str]) -> list[Sample]:
+        if self.quality is None:
+            return []
+        if s.kind == "drift_p_value":
+            assert s.field is not None
+            values = self.quality.drift_p_values(s.field)
+            pick = min  # the strongest evidence of drift among merged versions
+        else:
+            values = self.quality.relevance_means()
+            pick = min
+        merged: dict[tuple[tuple[str, str], ...], float] = {}
+        for (model, version), value in values.items():
+            key = tuple(sorted(_labels(by, model, version).items()))
+            merged[key] = pick(value, merged.get(key, value))
+        return [Sample(k, v) for k, v in sorted(merged.items())]

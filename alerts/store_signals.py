@@ -1,0 +1,97 @@
+"""Signals read from the database: the outbox's dead letters, and — for deployments that
+run without the collectors' live sketches — latency quantiles, error rates and mean
+relevance computed exactly from the shared `requests` table over the window."""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+import time
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+
+from infersight.monitor.store.tables import requests
+from sqlalchemy import Engine, func, select
+
+from .errors import UnknownSignal
+from .signals import Sample, Signal
+from .tables import outbox
+
+__all__ = ["CompositeSignals", "StoreSignals", "quantile"]
+
+_COLUMNS = {"request_duration": "duration_s", "ttft": "ttft_s", "tpot": "tpot_s", "queue_time": "queue_s"}
+
+
+def quantile(values: Sequence[float], q: float) -> float:
+    """Linear interpolation between closest ranks (numpy's default)."""
+    xs = sorted(values)
+    pos = (len(xs) - 1) * q
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+class StoreSignals:
+    KINDS = ("dead_letters", "latency_quantile", "error_rate", "request_rate", "relevance")
+
+    def __init__(
+        self, engine: Engine, *, clock: Callable[[], float] = time.time, relevance_window_s: float = 900.0
+    ):
+        self.engine = engine
+        self.clock = clock
+        self.relevance_window_s = relevance_window_s
+
+    def read(self, signal: Signal, by: Sequence[str]) -> Sequence[Sample]:
+        if signal.kind == "dead_letters":
+            with self.engine.connect() as conn:
+                n = conn.execute(
+                    select(func.count()).select_from(outbox).where(outbox.c.state == "dead")
+                ).scalar()
+            return [Sample((), float(n or 0))]
+        if signal.kind not in self.KINDS:
+            raise UnknownSignal(
+                f"StoreSignals does not serve {signal.kind!r}; it serves {', '.join(self.KINDS)}"
+            )
+        window = signal.window_s or self.relevance_window_s
+        since = dt.datetime.fromtimestamp(self.clock() - window, dt.UTC)
+        if signal.kind == "latency_quantile":
+            assert signal.metric is not None
+            value_col = requests.c[_COLUMNS[signal.metric]]
+        elif signal.kind == "relevance":
+            value_col = requests.c.relevance
+        else:
+            value_col = requests.c.error_type
+        q = select(requests.c.model, requests.c.model_version, value_col).where(
+            requests.c.started_at >= since
+        )
+        groups: dict[tuple[tuple[str, str], ...], list[object]] = defaultdict(list)
+        with self.engine.connect() as conn:
+            for model, version, value in conn.execute(q):
+                labels = {"model": model, "model_version": version}
+                groups[tuple((k, v) for k, v in sorted(labels.items()) if k in by)].append(value)
+        out = []
+        for key, values in sorted(groups.items()):
+            if signal.kind == "latency_quantile":
+                xs = [float(v) for v in values if v is not None]  # type: ignore[arg-type]
+                if xs:
+                    out.append(Sample(key, quantile(xs, signal.quantile or 0.5)))
+            elif signal.kind == "relevance":
+                xs = [float(v) for v in values if v is not None]  # type: ignore[arg-type]
+                if xs:
+                    out.append(Sample(key, sum(xs) / len(xs)))
+            elif signal.kind == "request_rate":
+                out.append(Sample(key, len(values) / window))
+            elif len(values) >= (signal.min_requests or 1):
+                out.append(Sample(key, sum(v is not None for v in values) / len(values)))
+        return out
+
+
+class CompositeSignals:
+    """Serves each signal kind from the source named for it, others from `default`."""
+
+    def __init__(self, default: object, **by_kind: object) -> None:
+        self.default = default
+        self.by_kind = by_kind
+
+    def read(self, signal: Signal, by: Sequence[str]) -> Sequence[Sample]:
+        source = self.by_kind.get(signal.kind, self.default)
+        return source.read(signal, by)  # type: ignore[attr-defined,no-any-return]
