@@ -8,6 +8,7 @@ builds each collector with its own registry per the contract and reads `registry
 from __future__ import annotations
 
 import importlib
+import os
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -157,8 +158,44 @@ def _inference_registry() -> CollectorRegistry | None:
     return registry
 
 
+def _gpu_registry() -> CollectorRegistry | None:
+    """GPUCollector over the collectors' fake NVML (a GPM device and a pre-Hopper one, for the fallback)."""
+    try:
+        collectors = importlib.import_module("infersight.collectors")
+        fake = importlib.import_module("infersight.collectors.fake_nvml")
+    except ImportError:
+        return None
+    registry = CollectorRegistry()
+    now = [100.0]
+    nvml = fake.FakeNVML(
+        [fake.FakeDevice(processes={os.getpid(): 1 << 30}), fake.FakeDevice(uuid="GPU-2", gpm=False)]
+    )
+    nvml.devices[1].fail["nvmlDeviceGetPowerUsage"] = fake.pynvml.NVML_ERROR_UNKNOWN  # counted, by function
+    gpu = collectors.GPUCollector(registry, nvml=nvml, clock=lambda: now[0])
+    for _ in range(3):  # GPM metrics need two samples; slopes need a trend
+        gpu.sample_once()
+        now[0] += 1.0
+    return registry
+
+
+def _process_registry() -> CollectorRegistry | None:
+    try:
+        collectors = importlib.import_module("infersight.collectors")
+    except ImportError:
+        return None
+    registry = CollectorRegistry()
+    now = [100.0]
+    process = collectors.ProcessCollector(registry, clock=lambda: now[0])
+    for _ in range(3):
+        process.sample_once()
+        now[0] += 1.0
+    return registry
+
+
 _PROBES: dict[str, tuple[tuple[str, ...], Callable[[], CollectorRegistry | None]]] = {
     "collectors.InferenceStats": (("gen_ai_server_",), _inference_registry),
+    "collectors.GPUCollector": (("infersight_gpu_", "infersight_nvml_"), _gpu_registry),
+    "collectors.ProcessCollector": (("infersight_process_",), _process_registry),
 }
 
 
@@ -173,3 +210,43 @@ def test_dashboard_metrics_exist_in_the_collectors_registries(probe: str) -> Non
     assert wanted, f"dashboard reads no metric with prefixes {prefixes}"
     missing = sorted(wanted - exported)
     assert not missing, f"{probe} does not export {missing} (it exports {sorted(exported)})"
+
+
+_GROUPING = re.compile(r"\b(?:by|without)\s*\(([^()]*)\)")
+_LEGEND_LABEL = re.compile(r"\{\{\s*(\w+)\s*\}\}")
+
+
+def _labels(registry: CollectorRegistry) -> dict[str, set[str]]:
+    out: dict[str, set[str]] = {}
+    for family in registry.collect():
+        for sample in family.samples:
+            out.setdefault(sample.name, set()).update(sample.labels)
+    return out
+
+
+@pytest.mark.parametrize("probe", sorted(_PROBES))
+def test_dashboard_groups_and_legends_by_labels_the_metrics_carry(probe: str) -> None:
+    prefixes, build = _PROBES[probe]
+    registry = build()
+    if registry is None:
+        pytest.skip(f"{probe} has not landed yet")
+    labels = _labels(registry)
+    checked = 0
+    for panel in build_dashboard()["panels"]:
+        for target in panel.get("targets", []):
+            names = metric_names(target["expr"])
+            if not names or not all(n.startswith(prefixes) for n in names):
+                continue
+            carried = set().union(*(labels.get(n, set()) for n in names)) | {"le"}
+            used = {
+                lab.strip()
+                for group in _GROUPING.findall(target["expr"])
+                for lab in group.split(",")
+                if lab.strip()
+            }
+            used |= set(_LEGEND_LABEL.findall(target["legendFormat"]))
+            assert used <= carried, (
+                f"{panel['title']!r}: {sorted(used - carried)} not labels of {sorted(names)}"
+            )
+            checked += 1
+    assert checked, f"no dashboard query reads only {probe}'s metrics"
