@@ -16,12 +16,14 @@ Every collector registers into the `CollectorRegistry` it is given, never the gl
 from ._buckets import DURATION_BUCKETS, QUEUE_TIME_BUCKETS, TOKEN_BUCKETS, TPOT_BUCKETS, TTFT_BUCKETS
 from ._engine_adapter import EngineAdapter
 from ._exposition import MetricsServer, metrics_asgi_app, metrics_wsgi_app, render_metrics, serve_metrics
+from ._forksafe import register as register_fork_handler
 from ._gpm import MIN_GPM_INTERVAL_S
 from ._gpu import GPUCollector
 from ._gpu_sample import GPUSample
 from ._inference import InferenceStats
 from ._process import ProcessCollector, ProcessSample
 from ._series import Series
+from ._tally import Tally
 from ._window import LATENCY_METRICS
 from .errors import (
     CollectorError,
@@ -52,10 +54,12 @@ __all__ = [
     "ProcessCollector",
     "ProcessSample",
     "Series",
+    "Tally",
     "UnknownMetric",
     "WindowTooLong",
     "metrics_asgi_app",
     "metrics_wsgi_app",
+    "register_fork_handler",
     "render_metrics",
     "serve_metrics",
 ]

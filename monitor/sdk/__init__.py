@@ -1,1 +1,49 @@
-"""(package docstring to be written by its owner)"""
+"""infersight.monitor.sdk: the `@track` decorator that wraps a user's own inference call.
+
+```python
+from infersight.monitor import track, configure, default_monitor
+from infersight.monitor.sdk import HttpSink
+
+configure(sink=HttpSink("http://127.0.0.1:8000/api/v1/events", token="..."), sample_rate=0.05)
+
+@track(model="fraud-triage", model_version="v3")
+async def answer(prompt: str) -> str: ...
+
+default_monitor().serve_metrics(port=9400)     # /metrics, without the sidecar
+```
+
+Sync functions, coroutines, generators and async generators; also `with track(...) as
+call:`. Latency, TTFT, TPOT, tokens, in-flight and errors go to the monitor's
+InferenceStats (Prometheus + sliding-window sketches); a sample of calls, with their
+prompt and response text (truncated, optionally redacted), is delivered in batches to
+the sink from a background thread. The decorator never raises an exception of its own
+into the call; the user's exceptions are re-raised unchanged.
+"""
+
+from ._call import Call
+from ._config import SDKConfig, Sink
+from ._default import configure, default_monitor, track
+from ._http_sink import HttpSink
+from ._monitor import Monitor
+from ._payload import default_prompt, default_response
+from ._tracker import Tracker
+from .errors import SDKConfigError, SDKError, SinkError, SinkRejected, SinkUnavailable
+
+__all__ = [
+    "Call",
+    "HttpSink",
+    "Monitor",
+    "SDKConfig",
+    "SDKConfigError",
+    "SDKError",
+    "Sink",
+    "SinkError",
+    "SinkRejected",
+    "SinkUnavailable",
+    "Tracker",
+    "configure",
+    "default_monitor",
+    "default_prompt",
+    "default_response",
+    "track",
+]

@@ -1,0 +1,259 @@
+"""Monitor: one registry, one InferenceStats, one outbox of sampled records, one sink.
+
+```python
+monitor = Monitor(sink=HttpSink("http://127.0.0.1:8000/api/v1/events", token=...), sample_rate=0.05)
+
+@monitor.track(model="fraud-triage", model_version="v3")
+def answer(prompt: str) -> str: ...
+
+monitor.serve_metrics(port=9400)   # or mount monitor.registry in your own app
+```
+
+Nothing here touches prometheus_client's global REGISTRY. The delivery thread
+starts with the first sampled record, not before. Pending records are flushed at
+interpreter exit (at most `exit_timeout_s`), and a forked child gets fresh locks, an
+empty queue and its own delivery thread.
+"""
+
+from __future__ import annotations
+
+import atexit
+import random
+import threading
+import time
+import uuid
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+from infersight.collectors import (
+    InferenceStats,
+    InvalidObservation,
+    MetricsServer,
+    register_fork_handler,
+    serve_metrics,
+)
+from infersight.monitor.records import InferenceRecord
+from prometheus_client.registry import CollectorRegistry
+
+from ._config import SDKConfig, check_sample_rate
+from ._counters import SDKCounters
+from ._outbox import Outbox
+from ._payload import prepare_text
+from ._tracker import Tracker
+from .errors import SDKConfigError
+
+__all__ = ["Monitor"]
+
+DEFAULT_MODEL_VERSION = "unknown"
+
+
+class Monitor:
+    def __init__(
+        self,
+        registry: CollectorRegistry | None = None,
+        *,
+        clock: Callable[[], float] = time.perf_counter,
+        window_s: float = 3600.0,
+        interval_s: float = 10.0,
+        relative_accuracy: float = 0.01,
+        **options: Any,
+    ) -> None:
+        """`options`: the fields of SDKConfig (sink, sample_rate, extract_prompt,
+        extract_response, redact, max_text_chars, max_payload_chars, queue_size,
+        batch_size, flush_interval_s, exit_timeout_s)."""
+        self.config = SDKConfig().with_changes(**options)
+        self.registry = registry if registry is not None else CollectorRegistry()
+        self.clock = clock
+        self.stats = InferenceStats(
+            self.registry,
+            window_s=window_s,
+            interval_s=interval_s,
+            relative_accuracy=relative_accuracy,
+            clock=clock,
+        )
+        self._outbox: Outbox
+        self.counters = SDKCounters(self.registry, queue_depth=lambda: len(self._outbox))
+        self._outbox = Outbox(lambda: self.config, self.counters, self._to_record)
+        self._closed = False
+        register_fork_handler(self)
+        _at_exit.add(self)
+
+    # -- set-up ---------------------------------------------------------------------------
+    def configure(self, **options: Any) -> Monitor:
+        """Replace options (validated whole; raises SDKConfigError, keeps the old ones)."""
+        self.config = self.config.with_changes(**options)
+        return self
+
+    def track(
+        self,
+        fn: Callable[..., Any] | None = None,
+        *,
+        model: str | None = None,
+        model_version: str = DEFAULT_MODEL_VERSION,
+        sample_rate: float | None = None,
+        extract_prompt: Callable[[tuple[Any, ...], dict[str, Any]], Any] | None = None,
+        extract_response: Callable[[Any], Any] | None = None,
+    ) -> Any:
+        """`@monitor.track(model=...)`, bare `@monitor.track` (model: the function's
+        qualified name), or `with monitor.track(model=...) as call:`."""
+        if fn is not None and not callable(fn):
+            raise SDKConfigError("track() takes the function to wrap, or keyword options only")
+        if sample_rate is not None:
+            check_sample_rate(sample_rate)
+        name = model if model is not None else (getattr(fn, "__qualname__", None) if fn else None)
+        if not isinstance(name, str) or not name:
+            raise SDKConfigError("track() needs model=<non-empty name> (or decorate a named function)")
+        try:
+            tracker = Tracker(
+                self,
+                model=name,
+                model_version=model_version,
+                sample_rate=sample_rate,
+                extract_prompt=extract_prompt,
+                extract_response=extract_response,
+            )
+        except InvalidObservation as exc:
+            raise SDKConfigError(
+                f"track(): {exc.field} must be a non-empty string of at most 256 characters"
+            ) from exc
+        return tracker(fn) if fn is not None else tracker
+
+    # -- the manual API ---------------------------------------------------------------------
+    def record(
+        self,
+        *,
+        model: str,
+        model_version: str = DEFAULT_MODEL_VERSION,
+        duration_s: float,
+        ttft_s: float | None = None,
+        tpot_s: float | None = None,
+        queue_s: float | None = None,
+        prompt_tokens: int | None = None,
+        output_tokens: int | None = None,
+        error_type: str | None = None,
+        prompt: Any = None,
+        response: Any = None,
+    ) -> bool:
+        """Record a call measured elsewhere. Bad values (NaN, negative, non-numeric) are
+        refused and counted in infersight_sdk_records_rejected_total{reason}; returns
+        whether the call was recorded. Never raises."""
+        try:
+            self.stats.add(
+                model=model,
+                model_version=model_version,
+                duration_s=duration_s,
+                ttft_s=ttft_s,
+                tpot_s=tpot_s,
+                queue_s=queue_s,
+                prompt_tokens=prompt_tokens,
+                output_tokens=output_tokens,
+                error_type=error_type,
+            )
+        except InvalidObservation as exc:
+            self.counters.count("rejected", exc.reason)
+            return False
+        except Exception:
+            self.counters.count("internal", "record")
+            return False
+        try:
+            rate = self.config.sample_rate
+            if rate and (rate >= 1.0 or random.random() < rate):
+                texts = []
+                for text in (prompt, response):
+                    if text is not None and not isinstance(text, str):
+                        self.counters.count("rejected", "non_string_payload")
+                        text = None
+                    texts.append(text)
+                started_at = time.time() - float(duration_s)
+                self.enqueue(
+                    (model, model_version, started_at, float(duration_s), ttft_s, tpot_s, queue_s,
+                     prompt_tokens, output_tokens, error_type, texts[0], texts[1])
+                )  # fmt: skip
+        except Exception:
+            self.counters.count("internal", "sample")
+        return True
+
+    # -- delivery --------------------------------------------------------------------------------
+    def enqueue(self, item: tuple[Any, ...]) -> None:
+        self._outbox.put(item)
+
+    def _to_record(self, item: tuple[Any, ...]) -> InferenceRecord:
+        (model, version, started_at, duration, ttft, tpot, queue, ptok, otok, error, prompt, response) = item
+        return InferenceRecord(
+            request_id=uuid.uuid4().hex,
+            model=model,
+            model_version=version,
+            started_at=max(0.0, started_at),
+            duration_s=max(0.0, duration),
+            ttft_s=ttft,
+            tpot_s=tpot,
+            queue_s=queue,
+            prompt_tokens=ptok,
+            output_tokens=otok,
+            error_type=error,
+            prompt=self._text("prompt", prompt),
+            response=self._text("response", response),
+            source="sdk",
+        )
+
+    def _text(self, field: str, text: str | None) -> str | None:
+        if text is None:
+            return None
+        cfg = self.config
+        out, reason = prepare_text(
+            text,
+            max_text_chars=cfg.max_text_chars,
+            max_payload_chars=cfg.max_payload_chars,
+            redact=cfg.redact,
+        )
+        if reason == "truncated":
+            self.counters.count("truncated", field)
+        elif reason is not None:
+            self.counters.count("rejected", reason)
+        return out
+
+    def flush(self, timeout: float = 5.0) -> bool:
+        """Deliver every queued record; True when done within `timeout` seconds."""
+        return self._outbox.flush(timeout)
+
+    def close(self, timeout: float | None = None) -> bool:
+        """Flush (at most `timeout`, default exit_timeout_s) and stop the delivery thread."""
+        if self._closed:
+            return True
+        self._closed = True
+        return self._outbox.stop(self.config.exit_timeout_s if timeout is None else timeout)
+
+    # -- exposition ------------------------------------------------------------------------------
+    def serve_metrics(self, *, port: int = 0, host: str = "127.0.0.1") -> MetricsServer:
+        """Serve this monitor's registry at http://host:port/metrics (port 0: a free one)."""
+        return serve_metrics(self.registry, port=port, host=host)
+
+    def _after_fork_in_child(self) -> None:
+        self._outbox.after_fork_in_child()
+
+
+class _AtExit:
+    """Closes (flushes) every live monitor at interpreter exit; installed with the first."""
+
+    def __init__(self) -> None:
+        self.monitors: weakref.WeakSet[Monitor] = weakref.WeakSet()
+        self.installed = False
+        self.lock = threading.Lock()
+
+    def add(self, monitor: Monitor) -> None:
+        self.monitors.add(monitor)
+        with self.lock:
+            if not self.installed:
+                atexit.register(self.close_all)
+                self.installed = True
+
+    def close_all(self) -> None:
+        for monitor in list(self.monitors):
+            try:
+                monitor.close()
+            except Exception:
+                continue
+
+
+_at_exit = _AtExit()

@@ -1,0 +1,149 @@
+"""The bounded queue of sampled records and the thread that delivers them in batches.
+
+`put()` is the only part on a caller's path: a lock, a length check and an append.
+A full queue drops the record and counts it; it never blocks. Records are turned
+into `InferenceRecord`s (ids, redaction, truncation) on the delivery thread, which
+wakes every `flush_interval_s` or as soon as a batch is waiting. A stalled sink
+stalls only that thread.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from infersight.monitor.records import InferenceRecord
+
+from ._config import SDKConfig
+from ._counters import SDKCounters
+
+__all__ = ["Outbox"]
+
+
+class Outbox:
+    def __init__(
+        self,
+        get_config: Callable[[], SDKConfig],
+        counters: SDKCounters,
+        to_record: Callable[[Any], InferenceRecord | None],
+    ) -> None:
+        self._config = get_config
+        self._counters = counters
+        self._to_record = to_record
+        self._queue_full = counters.tally("dropped", "queue_full").incr
+        self._reset()
+
+    def _reset(self) -> None:
+        self._queue: deque[Any] = deque()
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._idle = threading.Condition(threading.Lock())
+        self._busy = 0  # batches taken off the queue and not yet delivered
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+
+    def __len__(self) -> int:
+        return len(self._queue)
+
+    # -- the caller's side ------------------------------------------------------------
+    def put(self, item: Any) -> None:
+        config = self._config()
+        with self._lock:
+            if len(self._queue) >= config.queue_size:
+                depth = -1
+            else:
+                self._queue.append(item)
+                depth = len(self._queue)
+        if depth < 0:
+            self._queue_full()
+            return
+        if self._thread is None:
+            self._start()
+        if depth >= config.batch_size:
+            self._wake.set()
+
+    def _start(self) -> None:
+        with self._lock:
+            if self._thread is not None:
+                return
+            self._thread = threading.Thread(target=self._run, name="infersight-sdk-outbox", daemon=True)
+        self._thread.start()
+
+    # -- the delivery thread ------------------------------------------------------------
+    def _run(self) -> None:
+        while not self._stopping:
+            self._wake.wait(self._config().flush_interval_s)
+            self._wake.clear()
+            self._drain()
+
+    def _drain(self) -> None:
+        while True:
+            config = self._config()
+            with self._lock:
+                n = min(len(self._queue), config.batch_size)
+                items = [self._queue.popleft() for _ in range(n)]
+                if n:
+                    self._busy += 1
+            if not items:
+                break
+            try:
+                self._deliver(items, config)
+            finally:
+                with self._lock:
+                    self._busy -= 1
+        with self._idle:
+            self._idle.notify_all()
+
+    def _deliver(self, items: list[Any], config: SDKConfig) -> None:
+        records = []
+        for item in items:
+            try:
+                record = self._to_record(item)
+            except Exception:
+                self._counters.count("internal", "make_record")
+                continue
+            if record is not None:
+                records.append(record)
+        if not records or config.sink is None:
+            return
+        try:
+            refused = config.sink(records)
+        except Exception:  # SinkError, or anything a user's callable raises
+            self._counters.count("dropped", "sink_error", len(records))
+            return
+        refused = refused if isinstance(refused, int) and 0 < refused <= len(records) else 0
+        self._counters.count("dropped", "server_rejected", refused)
+        for _ in range(len(records) - refused):
+            self._counters.sent.incr()
+
+    # -- flushing -------------------------------------------------------------------------
+    def flush(self, timeout: float) -> bool:
+        """Deliver what is queued now; True when the queue emptied within `timeout`."""
+        deadline = time.monotonic() + timeout
+        if self._thread is None or not self._thread.is_alive():
+            self._thread = None
+            if not self._queue:
+                return True
+            self._start()
+        self._wake.set()
+        with self._idle:
+            while self._queue or self._busy:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._wake.set()
+                self._idle.wait(min(left, 0.05))
+        return True
+
+    def stop(self, timeout: float) -> bool:
+        flushed = self.flush(timeout)
+        self._stopping = True
+        self._wake.set()
+        return flushed
+
+    def after_fork_in_child(self) -> None:
+        """The parent delivers what it had queued; the child starts empty, thread-less."""
+        self._reset()
