@@ -67,7 +67,18 @@ class EngineBackend:
             raise BackendUnavailable(f"the embedded runtime did not start: {exc}") from exc
         return cls(service, runtime, owned=True)
 
+    def observe_events(self) -> None:
+        """Feed the live statistics from the runtime's events (queue, in flight, timings)."""
+        from infersight.collectors import EngineAdapter
+
+        stats = self.service.components.get("stats")
+        if stats is not None:
+            self._unsubscribe = self.runtime.subscribe(EngineAdapter(stats, model=self.model_name))
+
     def close(self) -> None:
+        unsubscribe = getattr(self, "_unsubscribe", None)
+        if unsubscribe is not None:
+            unsubscribe()
         if self._owned:
             self.runtime.stop(drain=False)
 
@@ -271,7 +282,7 @@ class EngineBackend:
             error_type=error, prompt=prompt, response=response if error is None else None,
             text_sample_rate=self.service.config.text_sample_rate,
         )  # fmt: skip
-        submit_record(self.service, record)
+        submit_record(self.service, record, observe=False)  # the EngineAdapter fed the statistics
 
 
 def _piece(rid: str, version: str, text: str, chat: bool) -> dict[str, Any]:
@@ -288,7 +299,7 @@ def fmt_error(status: int, message: str, field: str | None, code: str | None) ->
     return body
 
 
-def submit_record(service: Service, record: Any) -> None:
+def submit_record(service: Service, record: Any, *, observe: bool = True) -> None:
     """Hand one observed call to the pipeline; a full store queue drops it (counted)."""
     from .errors import IngestOverloaded
 
@@ -296,6 +307,6 @@ def submit_record(service: Service, record: Any) -> None:
     if pipeline is None:
         return
     try:
-        pipeline.submit([record])
+        pipeline.submit([record], observe=observe)
     except IngestOverloaded:
         service.metrics.ingest_events.labels("dropped").inc()

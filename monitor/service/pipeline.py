@@ -47,9 +47,11 @@ class RecordPipeline:
     def add_observer(self, observer: RecordObserver) -> None:
         self.observers.append(observer)
 
-    def submit(self, records: Sequence[InferenceRecord]) -> Future[int]:
+    def submit(self, records: Sequence[InferenceRecord], *, observe: bool = True) -> Future[int]:
+        """Store, observe and offer `records`. `observe=False` when the live statistics
+        already saw these calls (the embedded runtime's events feed them directly)."""
         future = self.writer.submit(records)  # may raise IngestOverloaded: nothing else happened
-        for observer in self.observers:
+        for observer in self.observers if observe else ():
             try:
                 for record in records:
                     observer.observe(record)

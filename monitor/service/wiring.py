@@ -33,18 +33,30 @@ def unwire_components(service: Service) -> None:
         backend.close()
     for name in ("gpu", "process"):
         collector = service.components.pop(name, None)
-        close = getattr(collector, "close", None)
+        close = getattr(collector, "close", None) or getattr(collector, "stop", None)
         if close is not None:
             close()
 
 
 def _wire_collectors(service: Service) -> None:
-    from infersight.collectors import InferenceStats
+    from infersight.collectors import GPUCollector, InferenceStats, ProcessCollector
 
     stats = InferenceStats(service.registry)
     service.components["stats"] = stats
     assert service.pipeline is not None
     service.pipeline.add_observer(stats)
+    gpu = GPUCollector(service.registry)
+    process = ProcessCollector(service.registry)
+    service.components["gpu"] = gpu
+    service.components["process"] = process
+
+    def sample() -> None:  # on the scheduler, not on threads of their own
+        if gpu.enabled:
+            gpu.sample_once()
+        process.sample_once()
+
+    sample()
+    service.scheduler.add("sample_collectors", sample, service.config.schedule.sample_s)
 
 
 def _wire_backend(service: Service) -> None:
@@ -61,6 +73,7 @@ def _wire_backend(service: Service) -> None:
 
         backend = EngineBackend.start(service)
         service.components["backend"] = backend
+        backend.observe_events()
         deploy_log = DeployLog(service.db, backend.runtime)
         service.components["deploy_log"] = deploy_log
         deploy_log.flush()
