@@ -1,1 +1,90 @@
-"""(package docstring to be written by its owner)"""
+"""infersight.engine: an embedded Mixture-of-Experts (Mixtral) inference runtime in plain PyTorch.
+
+    from infersight.engine import load
+    model = load("path/to/mixtral-checkpoint", quantize="int8")
+    tokens = model.generate(prompt_ids, max_new_tokens=32)   # [B, T] -> [B, 32]
+
+Imports only torch, safetensors and tokenizers, and knows nothing of the monitor, which
+observes the serving runtime through `infersight.engine.events`. Exports are resolved lazily
+(PEP 562) so that the torch-free leaves (`events`, `errors`) import without torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .cache import KVCache
+    from .config import ModelConfig
+    from .errors import (
+        CacheCapacityExceeded,
+        CheckpointCorrupt,
+        CheckpointError,
+        CheckpointMismatch,
+        CheckpointNotFound,
+        EngineError,
+        InvalidInput,
+        InvalidSamplingParams,
+        NonFiniteWeights,
+        TokenizerInvalid,
+        UnsupportedConfig,
+        UnsupportedQuantization,
+    )
+    from .loading import load
+    from .model import MoEModel
+    from .sampling import sample
+
+# public name -> the module defining it
+_EXPORTS: dict[str, str] = {
+    "CacheCapacityExceeded": ".errors",
+    "CheckpointCorrupt": ".errors",
+    "CheckpointError": ".errors",
+    "CheckpointMismatch": ".errors",
+    "CheckpointNotFound": ".errors",
+    "EngineError": ".errors",
+    "InvalidInput": ".errors",
+    "InvalidSamplingParams": ".errors",
+    "NonFiniteWeights": ".errors",
+    "TokenizerInvalid": ".errors",
+    "UnsupportedConfig": ".errors",
+    "UnsupportedQuantization": ".errors",
+    "KVCache": ".cache",
+    "ModelConfig": ".config",
+    "MoEModel": ".model",
+    "load": ".loading",
+    "sample": ".sampling",
+}
+
+__all__ = [
+    "CacheCapacityExceeded",
+    "CheckpointCorrupt",
+    "CheckpointError",
+    "CheckpointMismatch",
+    "CheckpointNotFound",
+    "EngineError",
+    "InvalidInput",
+    "InvalidSamplingParams",
+    "KVCache",
+    "MoEModel",
+    "ModelConfig",
+    "NonFiniteWeights",
+    "TokenizerInvalid",
+    "UnsupportedConfig",
+    "UnsupportedQuantization",
+    "load",
+    "sample",
+]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

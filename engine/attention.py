@@ -1,0 +1,87 @@
+"""Grouped-query self-attention with a fused QKV projection and an optional KV cache.
+
+Three ways in (`AttentionStep`): a full causal forward over fresh tokens (no cache), a prefill
+that also writes its keys and values into cache rows starting at position 0, and a decode
+step (one token per row, each row at its own position) that writes one position per row and
+attends over the cache masked to that row's own length.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .rope import apply_rope
+
+__all__ = ["Attention", "AttentionStep"]
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class AttentionStep:
+    """What one forward pass does with the cache; shared by every layer of that pass."""
+
+    cache_k: torch.Tensor | None = None  # [layers, max_batch, kv_heads, S, hd]
+    cache_v: torch.Tensor | None = None
+    rows: slice | None = None  # prefill: the cache rows written; decode: `slots` when contiguous
+    slots: torch.Tensor | None = None  # decode: the cache row of each batch row [B]
+    positions: torch.Tensor | None = None  # decode: the position each row writes [B]
+    kv_len: int = 0  # decode: cache positions attended (> every position)
+    mask: torch.Tensor | None = None  # additive [B, 1, T|1, L]; None: causal over the new tokens
+
+
+class Attention(nn.Module):
+    def __init__(self, dim: int, heads: int, kv_heads: int, head_dim: int) -> None:
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
+        self.wqkv: nn.Module = nn.Linear(dim, (heads + 2 * kv_heads) * head_dim, bias=False)
+        self.wo: nn.Module = nn.Linear(heads * head_dim, dim, bias=False)
+
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, step: AttentionStep, layer: int
+    ) -> torch.Tensor:
+        B, T, _ = x.shape
+        H, Hkv, hd = self.heads, self.kv_heads, self.head_dim
+        q, k, v = self.wqkv(x).split([H * hd, Hkv * hd, Hkv * hd], dim=-1)
+        q = apply_rope(q.view(B, T, H, hd).transpose(1, 2), cos, sin)  # [B, H, T, hd]
+        k = apply_rope(k.view(B, T, Hkv, hd).transpose(1, 2), cos, sin)  # [B, Hkv, T, hd]
+        v = v.view(B, T, Hkv, hd).transpose(1, 2)
+
+        if step.positions is not None:
+            y = self._decode(q, k, v, step, layer)
+        else:
+            if step.cache_k is not None and step.cache_v is not None and step.rows is not None:
+                step.cache_k[layer, step.rows, :, :T] = k
+                step.cache_v[layer, step.rows, :, :T] = v
+            y = F.scaled_dot_product_attention(
+                q,
+                k,
+                v,
+                attn_mask=step.mask,
+                is_causal=step.mask is None and T > 1,
+                enable_gqa=self.kv_heads != self.heads,
+            )
+        return self.wo(y.transpose(1, 2).reshape(B, T, H * hd))
+
+    def _decode(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, step: AttentionStep, layer: int
+    ) -> torch.Tensor:
+        assert step.cache_k is not None and step.cache_v is not None and step.slots is not None
+        B, H, hd = q.shape[0], self.heads, self.head_dim
+        kc, vc = step.cache_k[layer], step.cache_v[layer]  # [max_batch, Hkv, S, hd]
+        kc[step.slots, :, step.positions] = k[:, :, 0]
+        vc[step.slots, :, step.positions] = v[:, :, 0]
+        if step.rows is not None:  # slots known to be contiguous: read views, no copy
+            keys, values = kc[step.rows, :, : step.kv_len], vc[step.rows, :, : step.kv_len]
+        else:  # arbitrary slots: gather only the attended prefix [B, Hkv, L, hd]
+            keys = kc[:, :, : step.kv_len].index_select(0, step.slots)
+            values = vc[:, :, : step.kv_len].index_select(0, step.slots)
+        # One query per row: fold each kv head's query group into the query axis,
+        # [B, H, 1, hd] -> [B, Hkv, H/Hkv, hd]. On CPU this beats enable_gqa (no K/V repeat)
+        # and the row mask [B, 1, 1, L] broadcasts over the group.
+        y = F.scaled_dot_product_attention(
+            q.view(B, self.kv_heads, H // self.kv_heads, hd), keys, values, attn_mask=step.mask
+        )
+        return y.reshape(B, H, 1, hd)

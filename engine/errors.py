@@ -1,0 +1,213 @@
+"""Errors raised by the engine.
+
+    EngineError
+     ├── CheckpointError                 a checkpoint directory cannot be served as it is
+     │    ├── CheckpointNotFound         a directory, config.json or weight file is missing
+     │    ├── CheckpointCorrupt          a weight or index file cannot be parsed
+     │    ├── CheckpointMismatch         a tensor is missing, unexpected or has the wrong shape/dtype
+     │    ├── NonFiniteWeights           a tensor holds NaN or Inf
+     │    ├── UnsupportedConfig          config.json asks for something the engine does not implement
+     │    └── TokenizerInvalid           tokenizer.json is present but cannot be read
+     ├── UnsupportedQuantization         `quantize=` names a scheme the engine does not have
+     ├── InvalidSamplingParams           temperature < 0, top_p outside (0, 1]
+     ├── InvalidInput                    token ids of the wrong shape, type or range
+     ├── CacheCapacityExceeded           a sequence or slot does not fit the KV cache
+     ├── PromptTooLong                   serving: a request over the runtime's length limits (at submit)
+     ├── InvalidRequest                  serving: empty prompt, max_new_tokens < 1, bad sampling values
+     ├── RuntimeNotRunning               serving: submit/deploy before start() or while stopping
+     ├── GenerationFailed                serving: the model raised on a request (re-raised by result())
+     ├── RegistryError                   the version registry
+     │    ├── InvalidVersionName         breaks [arch]_[dataset]_[quant]-v[major].[minor]
+     │    ├── VersionNotFound            no version of that name
+     │    ├── VersionExists              versions are immutable: a name registers once
+     │    ├── NotACheckpoint             register() given a directory without config.json/safetensors
+     │    └── RegistryCorrupt            a metadata or deploy-history file cannot be read
+     └── DeployRefused                   a deploy/failover/rollback did not happen; serving went on
+          ├── ChecksumMismatch           weight files no longer hash to the registry's sha256
+          ├── CheckpointRejected         loading raised (a CheckpointError, ...)
+          ├── WarmupFailed               non-finite logits (or an error) on the warm-up batch
+          └── NoPreviousVersion          rollback() with no earlier good version
+
+Every checkpoint error is raised before any weight is assigned, so `load` either returns a
+whole model or nothing. Argument errors also derive from `ValueError`.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "CacheCapacityExceeded",
+    "CheckpointCorrupt",
+    "CheckpointError",
+    "CheckpointMismatch",
+    "CheckpointNotFound",
+    "CheckpointRejected",
+    "ChecksumMismatch",
+    "DeployRefused",
+    "EngineError",
+    "GenerationFailed",
+    "InvalidInput",
+    "InvalidRequest",
+    "InvalidSamplingParams",
+    "InvalidVersionName",
+    "NoPreviousVersion",
+    "NonFiniteWeights",
+    "NotACheckpoint",
+    "PromptTooLong",
+    "RegistryCorrupt",
+    "RegistryError",
+    "RuntimeNotRunning",
+    "TokenizerInvalid",
+    "UnsupportedConfig",
+    "UnsupportedQuantization",
+    "VersionExists",
+    "VersionNotFound",
+    "WarmupFailed",
+]
+
+
+class EngineError(Exception):
+    """Base of every error the engine raises on purpose."""
+
+
+class CheckpointError(EngineError):
+    """A checkpoint directory cannot be loaded as it is."""
+
+
+class CheckpointNotFound(CheckpointError):
+    def __init__(self, path: str, reason: str) -> None:
+        self.path = path
+        self.reason = reason
+        super().__init__(f"{path}: {reason}")
+
+
+class CheckpointCorrupt(CheckpointError):
+    def __init__(self, path: str, reason: str) -> None:
+        self.path = path
+        self.reason = reason
+        super().__init__(f"{path}: {reason}")
+
+
+class CheckpointMismatch(CheckpointError):
+    """`tensor` is the checkpoint key (or the name the engine expected)."""
+
+    def __init__(self, tensor: str, reason: str) -> None:
+        self.tensor = tensor
+        self.reason = reason
+        super().__init__(f"tensor {tensor!r}: {reason}")
+
+
+class NonFiniteWeights(CheckpointError):
+    def __init__(self, tensor: str, count: int) -> None:
+        self.tensor = tensor
+        self.count = count
+        super().__init__(f"tensor {tensor!r} holds {count} NaN or Inf value(s)")
+
+
+class UnsupportedConfig(CheckpointError):
+    """`field` is the config.json key, dotted for nested ones (`rope_parameters.rope_type`)."""
+
+    def __init__(self, field: str, reason: str) -> None:
+        self.field = field
+        self.reason = reason
+        super().__init__(f"config field {field!r}: {reason}")
+
+
+class TokenizerInvalid(CheckpointError):
+    def __init__(self, path: str, reason: str) -> None:
+        self.path = path
+        self.reason = reason
+        super().__init__(f"{path}: {reason}")
+
+
+class UnsupportedQuantization(EngineError, ValueError):
+    def __init__(self, scheme: object, supported: tuple[str, ...]) -> None:
+        self.scheme = scheme
+        super().__init__(
+            f"quantize={scheme!r} is not supported; choose one of {', '.join(supported)} or None"
+        )
+
+
+class InvalidSamplingParams(EngineError, ValueError):
+    pass
+
+
+class InvalidInput(EngineError, ValueError):
+    pass
+
+
+class CacheCapacityExceeded(EngineError, ValueError):
+    pass
+
+
+# --- serving: runtime, registry, deploys (engine/runtime.py, registry.py, deploy.py) ---
+
+
+class PromptTooLong(EngineError, ValueError):
+    """A request over the runtime's length limits, refused in `submit` before the model."""
+
+    def __init__(self, message: str, *, limit_name: str, limit: int, got: int) -> None:
+        super().__init__(message)
+        self.limit_name = limit_name
+        self.limit = limit
+        self.got = got
+
+
+class InvalidRequest(EngineError, ValueError):
+    """A request with a bad parameter (empty prompt, max_new_tokens < 1, top_p out of range...)."""
+
+
+class RuntimeNotRunning(EngineError, RuntimeError):
+    """`submit`/`deploy` on a runtime that is not started, or is stopping."""
+
+
+class GenerationFailed(EngineError, RuntimeError):
+    """The model raised while serving a request; `result()` re-raises it as this."""
+
+
+class RegistryError(EngineError):
+    """Something wrong with the version registry."""
+
+
+class InvalidVersionName(RegistryError, ValueError):
+    """A version name that breaks `[arch]_[dataset]_[quant]-v[major].[minor]` (the rule is in the message)."""
+
+
+class VersionNotFound(RegistryError, LookupError):
+    """No version of that name in the registry."""
+
+
+class VersionExists(RegistryError):
+    """A version of that name is already registered (versions are immutable)."""
+
+
+class NotACheckpoint(RegistryError):
+    """The directory given to `register` has no config.json or no safetensors weights."""
+
+
+class RegistryCorrupt(RegistryError):
+    """A metadata or history file in the registry cannot be read."""
+
+
+class DeployRefused(EngineError):
+    """A deploy, failover or rollback did not happen; the serving version kept serving."""
+
+    def __init__(self, message: str, *, version: str, reason: str) -> None:
+        super().__init__(message)
+        self.version = version
+        self.reason = reason
+
+
+class ChecksumMismatch(DeployRefused):
+    """The weight files on disk no longer hash to the registry's sha256."""
+
+
+class CheckpointRejected(DeployRefused):
+    """Loading the version raised (bad tensors, NaN weights, unsupported config...)."""
+
+
+class WarmupFailed(DeployRefused):
+    """The warm-up batch produced non-finite logits or raised."""
+
+
+class NoPreviousVersion(DeployRefused):
+    """`rollback()` with no earlier good version in the deploy history."""

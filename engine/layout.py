@@ -1,0 +1,123 @@
+"""Hugging Face Mixtral tensor names, and how they become the engine's fused parameters.
+
+transformers (v4, and v5.24 still) saves one tensor per expert projection:
+`model.layers.N.block_sparse_moe.experts.E.w1|w2|w3.weight`. The engine keeps them stacked
+(`w13` [E, 2I, D], `w2` [E, D, I]) and fuses q/k/v into one `wqkv`. Those fused tensors are
+the only copies made while loading: each is written once, straight from the memory map into
+its final place (dtype conversion folded into the same copy). Every other tensor is the map
+itself when device and dtype already match.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from .checkpoint import Checkpoint
+from .config import ModelConfig
+
+__all__ = ["build_state", "expected_tensors"]
+
+Shape = tuple[int, ...]
+# Turns one stored row-major weight [..., N, K] into the entries a module stores, e.g.
+# {"weight": int8, "scales": ...} for int8; None keeps the full-precision weight.
+Quantizer = Callable[[torch.Tensor], dict[str, torch.Tensor]]
+
+
+def expected_tensors(c: ModelConfig) -> tuple[dict[str, Shape], set[str]]:
+    """Checkpoint key -> shape for every required tensor, and the keys that may be present."""
+    D, inter, E, hd = c.hidden_size, c.intermediate_size, c.num_local_experts, c.head_dim
+    H, Hkv = c.num_attention_heads, c.num_key_value_heads
+    expected: dict[str, Shape] = {"model.embed_tokens.weight": (c.vocab_size, D), "model.norm.weight": (D,)}
+    optional: set[str] = set()
+    if c.tie_word_embeddings:
+        optional.add("lm_head.weight")  # some exporters store the tied copy anyway; it is ignored
+    else:
+        expected["lm_head.weight"] = (c.vocab_size, D)
+    for n in range(c.num_hidden_layers):
+        p = f"model.layers.{n}."
+        expected |= {
+            p + "self_attn.q_proj.weight": (H * hd, D),
+            p + "self_attn.k_proj.weight": (Hkv * hd, D),
+            p + "self_attn.v_proj.weight": (Hkv * hd, D),
+            p + "self_attn.o_proj.weight": (D, H * hd),
+            p + "input_layernorm.weight": (D,),
+            p + "post_attention_layernorm.weight": (D,),
+            p + "block_sparse_moe.gate.weight": (E, D),
+        }
+        for e in range(E):
+            q = f"{p}block_sparse_moe.experts.{e}."
+            expected |= {
+                q + "w1.weight": (inter, D),
+                q + "w3.weight": (inter, D),
+                q + "w2.weight": (D, inter),
+            }
+    return expected, optional
+
+
+def _fused(
+    ckpt: Checkpoint, groups: list[list[str]], device: torch.device, dtype: torch.dtype
+) -> torch.Tensor:
+    """Stack groups of row-concatenated tensors into one new [G, sum(rows), K] tensor: one copy."""
+    first = ckpt.infos[groups[0][0]].shape
+    rows = sum(ckpt.infos[k].shape[0] for k in groups[0])
+    out = torch.empty((len(groups), rows, first[1]), dtype=dtype, device=device)
+    for g, keys in enumerate(groups):
+        start = 0
+        for key in keys:
+            src = ckpt.tensor(key)
+            out[g, start : start + src.shape[0]].copy_(src)
+            start += src.shape[0]
+    return out
+
+
+def build_state(
+    ckpt: Checkpoint,
+    c: ModelConfig,
+    *,
+    device: torch.device,
+    dtype: torch.dtype,
+    quantizer: Quantizer | None = None,
+) -> dict[str, torch.Tensor]:
+    """The engine's state dict (module names of transformer.py) from a checked checkpoint."""
+
+    def plain(key: str) -> torch.Tensor:
+        t = ckpt.tensor(key)
+        return t if (t.device, t.dtype) == (device, dtype) else t.to(device=device, dtype=dtype)
+
+    def linear(name: str, keys: list[str]) -> dict[str, torch.Tensor]:
+        if quantizer is None:
+            w = plain(keys[0]) if len(keys) == 1 else _fused(ckpt, [keys], device, dtype)[0]
+            return {f"{name}.weight": w}
+        parts = quantizer(_fused(ckpt, [keys], device, torch.float32)[0])
+        return {f"{name}.{k}": v for k, v in parts.items()}
+
+    state: dict[str, torch.Tensor] = {
+        "tok_embeddings.weight": plain("model.embed_tokens.weight"),
+        "norm.weight": plain("model.norm.weight"),
+    }
+    head = "model.embed_tokens.weight" if c.tie_word_embeddings else "lm_head.weight"
+    state |= linear("output", [head])
+    for n in range(c.num_hidden_layers):
+        p, m = f"model.layers.{n}.", f"layers.{n}."
+        a = p + "self_attn."
+        state |= linear(m + "attention.wqkv", [a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight"])
+        state |= linear(m + "attention.wo", [a + "o_proj.weight"])
+        state[m + "attention_norm.weight"] = plain(p + "input_layernorm.weight")
+        state[m + "ffn_norm.weight"] = plain(p + "post_attention_layernorm.weight")
+        state[m + "moe.gate.weight"] = ckpt.tensor(p + "block_sparse_moe.gate.weight").to(
+            device=device, dtype=torch.float32 if quantizer is not None else dtype
+        )
+        x = p + "block_sparse_moe.experts."
+        experts = range(c.num_local_experts)
+        w13 = [[f"{x}{e}.w1.weight", f"{x}{e}.w3.weight"] for e in experts]
+        w2 = [[f"{x}{e}.w2.weight"] for e in experts]
+        if quantizer is None:
+            state[m + "moe.experts.w13"] = _fused(ckpt, w13, device, dtype)
+            state[m + "moe.experts.w2"] = _fused(ckpt, w2, device, dtype)
+        else:
+            for name, groups in (("w13", w13), ("w2", w2)):
+                parts = quantizer(_fused(ckpt, groups, device, torch.float32))
+                state |= {f"{m}moe.experts.{name}_{k}": v for k, v in parts.items()}
+    return state

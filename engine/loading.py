@@ -1,0 +1,93 @@
+"""`load`: a Hugging Face Mixtral checkpoint directory -> a ready `MoEModel`, or a typed error.
+
+Order matters: config, files, names and shapes, NaN/Inf, tokenizer are all checked before a
+single weight is assigned, so a bad checkpoint raises and leaves nothing half-built. The
+network is built on the meta device and receives its tensors with
+`load_state_dict(assign=True)`: tensors used as stored stay views of the memory map.
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+
+from .checkpoint import Checkpoint
+from .config import ModelConfig
+from .errors import CheckpointNotFound, TokenizerInvalid, UnsupportedQuantization
+from .layout import build_state, expected_tensors
+from .model import MoEModel
+from .moe import grouped_mm_supported
+from .quant import QUANTIZERS, quantize_network
+from .transformer import Transformer
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
+
+__all__ = ["load"]
+
+
+def load(
+    path: str | Path,
+    *,
+    quantize: str | None = None,
+    device: str | torch.device | None = None,
+    dtype: torch.dtype | None = None,
+) -> MoEModel:
+    """Load a Mixtral checkpoint directory (config.json, safetensors weights, tokenizer.json).
+
+    device: default CUDA when available, else CPU. dtype (activations and unquantized
+    weights): default fp32 on CPU, bf16 elsewhere; with `quantize="int8"` on CPU, bf16,
+    because the int8 CPU kernel is only fast with bf16 activations.
+    """
+    if quantize is not None and quantize not in QUANTIZERS:
+        raise UnsupportedQuantization(quantize, tuple(QUANTIZERS))
+    directory = Path(path)
+    if not directory.is_dir():
+        raise CheckpointNotFound(str(directory), "is not a directory")
+    target = torch.device(device) if device is not None else _default_device()
+    if dtype is None:
+        dtype = torch.float32 if target.type == "cpu" and quantize is None else torch.bfloat16
+
+    config = ModelConfig.from_file(directory / "config.json")
+    ckpt = Checkpoint.open(directory)
+    expected, optional = expected_tensors(config)
+    ckpt.check(expected, optional)
+    ckpt.check_finite(expected)
+    tokenizer = _tokenizer(directory)
+
+    grouped = grouped_mm_supported(config.hidden_size, config.intermediate_size, dtype)
+    quantizer = None
+    if quantize is not None:
+        scheme = QUANTIZERS[quantize]
+        quantizer = functools.partial(scheme, scale_dtype=dtype)
+    state = build_state(ckpt, config, device=target, dtype=dtype, quantizer=quantizer)
+    with torch.device("meta"):
+        network = Transformer(config, grouped_experts=grouped)
+        if quantize is not None:
+            quantize_network(network, quantize, activation_dtype=dtype)
+    network.load_state_dict(state, strict=True, assign=True)
+    if config.tie_word_embeddings and quantize is None:
+        network.output.weight = network.tok_embeddings.weight  # one tensor, as in the checkpoint
+    network.init_buffers(target)
+    return MoEModel(
+        network, config, tokenizer=tokenizer, quantize=quantize, device=target, dtype=dtype, path=directory
+    )
+
+
+def _default_device() -> torch.device:
+    return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+
+
+def _tokenizer(directory: Path) -> Tokenizer | None:
+    path = directory / "tokenizer.json"
+    if not path.is_file():
+        return None
+    from tokenizers import Tokenizer
+
+    try:
+        return Tokenizer.from_file(str(path))
+    except Exception as exc:  # tokenizers raises bare Exception subclasses from Rust
+        raise TokenizerInvalid(str(path), f"cannot be read by tokenizers: {exc}") from exc

@@ -1,0 +1,82 @@
+"""The Mixtral network as plain modules: embeddings, decoder blocks, final norm, lm head.
+
+Built on the meta device and filled by `load_state_dict(assign=True)` (see loading.py); the
+only buffer it computes itself is RoPE's inverse frequencies (`init_buffers`).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .attention import Attention, AttentionStep
+from .config import ModelConfig
+from .moe import GroupedExperts, MoEFeedForward
+from .rope import inverse_frequencies, rope_tables
+
+__all__ = ["RMSNorm", "Transformer"]
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim), requires_grad=False)
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype == torch.float32:
+            return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+        # normalise in fp32, scale in the model dtype, as transformers does
+        return self.weight * F.rms_norm(x.float(), (x.shape[-1],), None, self.eps).to(x.dtype)
+
+
+class Block(nn.Module):
+    def __init__(self, config: ModelConfig, experts: nn.Module) -> None:
+        super().__init__()
+        c = config
+        self.attention_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.attention = Attention(c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim)
+        self.ffn_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.moe = MoEFeedForward(experts, c.hidden_size, c.num_local_experts, c.num_experts_per_tok)
+
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, step: AttentionStep, layer: int
+    ) -> torch.Tensor:
+        h = x + self.attention(self.attention_norm(x), cos, sin, step, layer)
+        return h + self.moe(self.ffn_norm(h))
+
+
+class Transformer(nn.Module):
+    def __init__(self, config: ModelConfig, *, grouped_experts: bool = True) -> None:
+        super().__init__()
+        c = config
+        self.config = c
+        self.tok_embeddings = nn.Embedding(c.vocab_size, c.hidden_size)
+        self.layers = nn.ModuleList(
+            Block(
+                c,
+                GroupedExperts(
+                    c.num_local_experts, c.hidden_size, c.intermediate_size, grouped=grouped_experts
+                ),
+            )
+            for _ in range(c.num_hidden_layers)
+        )
+        self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.output: nn.Module = nn.Linear(c.hidden_size, c.vocab_size, bias=False)
+        self.register_buffer("inv_freq", torch.empty(c.head_dim // 2), persistent=False)
+
+    def init_buffers(self, device: torch.device) -> None:
+        self.inv_freq = inverse_frequencies(self.config.head_dim, self.config.rope_theta, device)
+
+    def forward(
+        self, tokens: torch.Tensor, positions: torch.Tensor, step: AttentionStep, *, last_only: bool
+    ) -> torch.Tensor:
+        """tokens, positions [B, T] -> fp32 logits [B, T, V] ([B, V] when `last_only`)."""
+        x = self.tok_embeddings(tokens)  # [B, T, D]
+        cos, sin = rope_tables(positions, self.inv_freq, x.dtype)
+        for i, layer in enumerate(self.layers):
+            x = layer(x, cos, sin, step, i)
+        if last_only:
+            x = x[:, -1]
+        return self.output(self.norm(x)).float()
