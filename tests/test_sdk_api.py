@@ -1,0 +1,79 @@
+"""The SDK's public surface, and the promise that nothing lands in prometheus_client's global REGISTRY."""
+
+from __future__ import annotations
+
+import inspect
+import subprocess
+import sys
+import textwrap
+
+import infersight.monitor as monitor
+import infersight.monitor.sdk as sdk
+from infersight.monitor.sdk import errors
+
+
+def test_all_lists_every_public_name() -> None:
+    public = {n for n in vars(sdk) if not n.startswith("_") and not inspect.ismodule(getattr(sdk, n))}
+    public -= {"annotations"}
+    assert set(sdk.__all__) == public
+
+
+def test_monitor_package_exports_the_decorator_lazily() -> None:
+    for name in ("track", "Monitor", "configure", "default_monitor"):
+        assert name in monitor.__all__
+        assert getattr(monitor, name) is getattr(sdk, name)
+
+
+def test_errors_module_draws_every_exception_in_its_tree() -> None:
+    for name in errors.__all__:
+        assert issubclass(getattr(errors, name), errors.SDKError)
+        assert name in (errors.__doc__ or "")
+
+
+def test_importing_and_using_everything_leaves_the_global_registry_untouched() -> None:
+    code = textwrap.dedent(
+        """
+        import asyncio
+        from prometheus_client import REGISTRY
+        before = sorted(m.name for m in REGISTRY.collect())
+        import infersight.monitor
+        from infersight.monitor import track, Monitor, configure, default_monitor
+        from infersight.collectors import (
+            EngineAdapter, GPUCollector, InferenceStats, ProcessCollector, serve_metrics,
+        )
+        from infersight.collectors.fake_nvml import FakeNVML
+        configure(sink=lambda records: None, sample_rate=1.0)
+
+        @track(model="m")
+        def f(prompt):
+            return prompt
+
+        @track(model="m")
+        async def g(prompt):
+            return prompt
+
+        f("x"); asyncio.run(g("y"))
+        with track(model="m") as call:
+            call.token()
+        Monitor().track(model="other")(f)("z")
+        GPUCollector(nvml=FakeNVML()).sample_once(); GPUCollector()
+        ProcessCollector().sample_once()
+        EngineAdapter(InferenceStats(), model="m")
+        default_monitor().flush(2)
+        server = serve_metrics(default_monitor().registry)
+        server.close()
+        after = sorted(m.name for m in REGISTRY.collect())
+        assert before == after, (before, after)
+        assert "torch" not in __import__("sys").modules
+        print("untouched")
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "untouched"
+
+
+def test_importing_infersight_monitor_loads_neither_prometheus_nor_torch() -> None:
+    code = "import sys, infersight.monitor; print(sorted({'prometheus_client', 'torch', 'numpy'} & set(sys.modules)))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
+    assert out.stdout.strip() == "[]"
