@@ -94,6 +94,12 @@ function renderDeploys(deploys) {
       td.textContent = text;
       if (cls) td.className = cls;
     }
+    if (d.detail) {  // why: refusal reason, post-deploy evidence
+      const why = document.createElement("div");
+      why.className = "muted";
+      why.textContent = d.detail;
+      tr.cells[4].appendChild(why);
+    }
   }
 }
 
