@@ -174,6 +174,15 @@ class InferenceStats(Collector):
                     total += slot.errors if errors_only else slot.total
         return total
 
+    def error_counts(self, *, model: str | None = None, model_version: str | None = None) -> dict[str, int]:
+        """Failed requests by error type since start (the Prometheus counter's values)."""
+        totals: dict[str, int] = {}
+        with self._fold_lock:
+            for series in self._fold_matching(model, model_version, self.clock()):
+                for error_type, n in series.errors.items():
+                    totals[error_type] = totals.get(error_type, 0) + n
+        return totals
+
     def labels(self) -> list[tuple[str, str]]:
         """Every (model, model_version) seen, in creation order."""
         return list(self._series)
