@@ -4,13 +4,15 @@ per episode, and the state change and its notification committed together or not
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from infersight.alerts import Evaluator, StaticSignals, parse_config
 from infersight.alerts import notifier as notifier_module
 from infersight.alerts.tables import action_runs, alert_history, alerts, outbox
 from sqlalchemy import Engine, func, select
-from test_alerts_support import Clock, sqlite_db  # noqa: F401
+from test_alerts_support import Clock, database
 
 RULES = """
 groups:
@@ -38,6 +40,12 @@ receivers:
     webhook: {url: "http://127.0.0.1:9/hook", secret: "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"}
 route: {receiver: hook, group_by: [alertname, model_version], group_wait: 0s, group_interval: 10s, repeat_interval: 4h}
 """
+
+
+@pytest.fixture
+def sqlite_db(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Engine]:
+    with database("sqlite", tmp_path, request) as engine:
+        yield engine
 
 
 def _setup(

@@ -9,8 +9,10 @@ import json
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -46,24 +48,18 @@ def make_engine(url: str) -> Engine:
     return engine
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
-def db(request: pytest.FixtureRequest, tmp_path: Any) -> Iterator[Engine]:
-    """A fresh schema on SQLite (a file) and on the real PostgreSQL."""
+@contextmanager
+def database(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Engine]:
+    """A fresh schema on SQLite (a file) or on the real PostgreSQL (`postgres_url` fixture).
+    Test modules wrap this in their own fixture (`yield from`-style via `with`)."""
     url = (
-        f"sqlite:///{tmp_path}/alerts.sqlite"
-        if request.param == "sqlite"
-        else request.getfixturevalue("postgres_url")
+        f"sqlite:///{tmp_path}/alerts.sqlite" if kind == "sqlite" else request.getfixturevalue("postgres_url")
     )
     engine = make_engine(url)
-    yield engine
-    engine.dispose()
-
-
-@pytest.fixture
-def sqlite_db(tmp_path: Any) -> Iterator[Engine]:
-    engine = make_engine(f"sqlite:///{tmp_path}/alerts.sqlite")
-    yield engine
-    engine.dispose()
+    try:
+        yield engine
+    finally:
+        engine.dispose()
 
 
 def pagerduty_errors(event: Any) -> list[str]:
