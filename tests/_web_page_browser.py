@@ -8,8 +8,11 @@ from __future__ import annotations
 import base64
 import json
 import subprocess
+import threading
 import time
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -139,6 +142,12 @@ class Browser:
                 "Input.dispatchMouseEvent", type=kind, x=box["x"], y=box["y"], button="left", clickCount=1
             )
 
+    def visible(self, selector: str) -> bool:
+        """Rendered with a box (not display:none, not inside a hidden ancestor)."""
+        return bool(self.evaluate(
+            f"(e => !!e && e.getClientRects().length > 0)(document.querySelector({json.dumps(selector)}))"
+        ))  # fmt: skip
+
     def type_text(self, text: str) -> None:
         self.send("Input.insertText", text=text)
 
@@ -170,3 +179,23 @@ class Browser:
             except subprocess.TimeoutExpired:
                 self._proc.kill()
                 self._proc.wait(timeout=10)
+
+
+@contextmanager
+def serve(app: Any, port: int) -> Iterator[str]:
+    """Run an ASGI app under uvicorn on 127.0.0.1:port in a thread; yields its base URL."""
+    import uvicorn
+
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, name="web-page-server", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started and thread.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    try:
+        if not server.started:
+            raise BrowserError("the page's server did not start")
+        yield f"http://127.0.0.1:{port}/"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=15)

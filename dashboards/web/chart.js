@@ -58,7 +58,8 @@ export function drawLineChart(container, spec) {
       const ti = t0 + ((t1 - t0) * i) / ticks;
       const anchor = i === 0 ? "start" : i === ticks ? "end" : "middle";
       const label = el("text", { x: x(ti), y: HEIGHT - 6, "text-anchor": anchor, class: "tick" }, axes);
-      label.textContent = new Date(ti * 1000).toLocaleTimeString([], { hour: "2-digit", minute: "2-digit" });
+      const opts = t1 - t0 < 600 ? { hour: "2-digit", minute: "2-digit", second: "2-digit" } : { hour: "2-digit", minute: "2-digit" };
+      label.textContent = new Date(ti * 1000).toLocaleTimeString([], opts);
     }
   }
 
