@@ -147,6 +147,8 @@ class LocalReceiver:
     secret: str | None = WHSEC
     script: Callable[[int], tuple[int, dict[str, str]]] | None = None
     delay_s: Callable[[int], float] | None = None
+    hold_s: Callable[[int], float] | None = None  # after recording an accepted request, before answering
+    holding: threading.Event = field(default_factory=threading.Event)
     clock: Callable[[], float] | None = None
     requests: list[Received] = field(default_factory=list)
     accepted: Counter[str] = field(default_factory=Counter)  # key -> times accepted as new
@@ -197,11 +199,16 @@ class LocalReceiver:
                 status, extra, reply, key = outer._answer(headers, body)
                 with outer.lock:
                     outer.requests.append(Received(self.path, headers, body, key, status))
+                    n = len(outer.requests) - 1
                     if 200 <= status < 300 and key is not None:
                         if key in outer.accepted:
                             outer.duplicates[key] += 1
                         else:
                             outer.accepted[key] += 1
+                hold = outer.hold_s(n) if outer.hold_s is not None else 0.0
+                if hold > 0:
+                    outer.holding.set()
+                    threading.Event().wait(hold)
                 self.send_response(status)
                 for k, v in extra.items():
                     self.send_header(k, v)
