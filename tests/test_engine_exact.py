@@ -1,0 +1,126 @@
+"""The engine in fp32 on CPU computes what transformers' MixtralForCausalLM computes.
+
+Logits within 1e-4 max abs difference and identical greedy tokens, across top-k, expert
+counts, GQA ratios, an explicit head_dim, a sliding window, tied embeddings, odd sizes
+(the gather fallback) and the serving hooks (each decode row at its own position).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from infersight.engine import load
+
+from tests._engine_checkpoints import greedy_reference, save_checkpoint
+
+TOL = 1e-4
+
+
+def _compare(
+    tmp_path: Path, *, steps: int = 8, prompt_len: int = 7, seed: int = 0, **overrides: object
+) -> None:
+    ref = save_checkpoint(tmp_path, seed, **overrides)
+    model = load(tmp_path, device="cpu")
+    assert model.dtype == torch.float32
+    ids = torch.randint(
+        0, ref.config.vocab_size, (2, prompt_len), generator=torch.Generator().manual_seed(seed)
+    )
+    with torch.no_grad():
+        expected = ref(ids).logits
+    got = model.logits(ids)
+    assert got.shape == expected.shape
+    assert (got - expected).abs().max().item() < TOL
+    assert torch.equal(model.generate(ids, steps), greedy_reference(ref, ids, steps))
+
+
+@pytest.mark.parametrize(
+    ("top_k", "experts", "heads", "kv_heads"),
+    [(1, 4, 4, 4), (2, 4, 4, 2), (3, 8, 8, 2), (2, 3, 4, 1), (3, 5, 8, 8)],
+    ids=["top1-e4-mha", "top2-e4-gqa2", "top3-e8-gqa4", "top2-e3-mqa", "top3-e5-mha8"],
+)
+def test_logits_and_greedy_tokens_match_transformers(
+    tmp_path: Path, top_k: int, experts: int, heads: int, kv_heads: int
+) -> None:
+    _compare(
+        tmp_path,
+        num_experts_per_tok=top_k,
+        num_local_experts=experts,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        seed=top_k * 10 + experts,
+    )
+
+
+def test_greedy_tokens_match_transformers_generate(tmp_path: Path) -> None:
+    ref = save_checkpoint(tmp_path, 3, eos_token_id=None)
+    model = load(tmp_path, device="cpu")
+    ids = torch.randint(0, 96, (3, 5), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        mask = torch.ones_like(ids)  # explicit: transformers would read token 0 as padding
+        expected = ref.generate(ids, attention_mask=mask, max_new_tokens=12, do_sample=False, pad_token_id=0)[
+            :, 5:
+        ]
+    assert torch.equal(model.generate(ids, 12), expected)
+
+
+def test_explicit_head_dim_wider_than_hidden_over_heads_matches(tmp_path: Path) -> None:
+    _compare(tmp_path, head_dim=32, num_attention_heads=4, num_key_value_heads=2)
+
+
+def test_sliding_window_shorter_than_the_sequence_matches(tmp_path: Path) -> None:
+    _compare(tmp_path, sliding_window=4, prompt_len=9, steps=6)
+
+
+def test_tied_embeddings_share_one_tensor_and_match(tmp_path: Path) -> None:
+    _compare(tmp_path, tie_word_embeddings=True)
+    model = load(tmp_path, device="cpu")
+    assert model.network.output.weight is model.network.tok_embeddings.weight
+
+
+def test_sizes_grouped_mm_cannot_take_fall_back_and_still_match(tmp_path: Path) -> None:
+    # intermediate 50 fp32 = 200-byte rows: not a multiple of 16, so _grouped_mm refuses them
+    _compare(tmp_path, hidden_size=72, intermediate_size=50)
+    model = load(tmp_path, device="cpu")
+    assert not model.network.layers[0].moe.experts.grouped
+
+
+def test_decode_rows_at_their_own_positions_match_full_recompute(tmp_path: Path) -> None:
+    ref = save_checkpoint(tmp_path, 5)
+    model = load(tmp_path, device="cpu")
+    gen = torch.Generator().manual_seed(5)
+    prompts = {3: torch.randint(0, 96, (6,), generator=gen), 0: torch.randint(0, 96, (2,), generator=gen)}
+    prompts[5] = torch.randint(0, 96, (11,), generator=gen)
+    cache = model.new_cache(max_batch=6, max_seq_len=32)
+    seqs = {}
+    for slot, prompt in prompts.items():
+        last = model.prefill(cache, slot, prompt)
+        with torch.no_grad():
+            expected = ref(prompt[None]).logits[0, -1]
+        assert (last - expected).abs().max().item() < TOL
+        seqs[slot] = torch.cat([prompt, last.argmax()[None]])
+    for _ in range(4):  # rows at positions 2, 6 and 11 and onwards, in a shuffled slot order
+        slots = torch.tensor([5, 0, 3])
+        tokens = torch.stack([seqs[int(s)][-1] for s in slots])
+        positions = torch.tensor([len(seqs[int(s)]) - 1 for s in slots])
+        logits = model.decode(cache, slots, tokens, positions)
+        assert logits.shape == (3, 96)
+        for row, slot in enumerate(slots.tolist()):
+            with torch.no_grad():
+                expected = ref(seqs[slot][None]).logits[0, -1]
+            assert (logits[row] - expected).abs().max().item() < TOL
+            seqs[slot] = torch.cat([seqs[slot], logits[row].argmax()[None]])
+
+
+def test_reusing_a_slot_for_a_shorter_prompt_ignores_the_old_keys(tmp_path: Path) -> None:
+    ref = save_checkpoint(tmp_path, 6)
+    model = load(tmp_path, device="cpu")
+    cache = model.new_cache(max_batch=1, max_seq_len=16)
+    model.prefill(cache, 0, torch.arange(12))  # a long earlier occupant of slot 0
+    short = torch.tensor([5, 9, 1])
+    model.prefill(cache, 0, short)
+    logits = model.decode(cache, torch.tensor([0]), torch.tensor([7]), torch.tensor([3]))
+    with torch.no_grad():
+        expected = ref(torch.tensor([[5, 9, 1, 7]])).logits[0, -1]
+    assert (logits[0] - expected).abs().max().item() < TOL
