@@ -45,8 +45,9 @@ class EngineBackend:
     def start(cls, service: Service) -> EngineBackend:
         if service._runtime_seam is not None:
             return cls(service, service._runtime_seam, owned=False)
-        from infersight.engine import Registry, Runtime
         from infersight.engine.errors import EngineError
+        from infersight.engine.registry import Registry
+        from infersight.engine.runtime import Runtime
 
         cfg = service.config.engine
         assert cfg is not None
@@ -93,8 +94,7 @@ class EngineBackend:
     def model_name(self) -> str:
         if self.service.config.model:
             return self.service.config.model
-        version = self.runtime.serving_version or "unknown"
-        return version.split("-v", 1)[0]
+        return model_of(self.runtime.serving_version)
 
     async def models(self) -> dict[str, Any]:
         serving = self.runtime.serving_version
@@ -283,6 +283,15 @@ class EngineBackend:
             text_sample_rate=self.service.config.text_sample_rate,
         )  # fmt: skip
         submit_record(self.service, record, observe=False)  # the EngineAdapter fed the statistics
+
+
+def model_of(version: str | None) -> str:
+    """The model a version belongs to: `mixtral_banking_int8-v1.2` -> `mixtral_banking`."""
+    if not version:
+        return "unknown"
+    base = version.split("-v", 1)[0]
+    parts = base.split("_")
+    return "_".join(parts[:-1]) if len(parts) >= 3 else base
 
 
 def _piece(rid: str, version: str, text: str, chat: bool) -> dict[str, Any]:
