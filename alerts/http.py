@@ -9,8 +9,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from fastapi import APIRouter, HTTPException, Request
-from starlette.concurrency import run_in_threadpool
 from fastapi.params import Depends
+from starlette.concurrency import run_in_threadpool
 
 from .alertmanager import AlertmanagerHandler
 from .errors import InvalidAlertmanagerPayload

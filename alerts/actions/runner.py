@@ -194,9 +194,9 @@ class ActionRunner:
         detail: dict[str, Any] = dict(json.loads(row.detail))
         state, after, failure = "succeeded", before, None
         try:
+            target = self._target(spec, before)  # bad parameters are reported before any cooldown
             with self.engine.connect() as conn:
                 self._policy(conn, spec, row.id, now)
-            target = self._target(spec, before)
             if spec.dry_run:
                 state, detail["would"] = "dry_run", self._describe(spec, before, target)
             else:
