@@ -28,6 +28,11 @@ def build_demo_registry(root: Path) -> Path:
     return registry.root
 
 
-@pytest.fixture(scope="session")
-def demo_registry(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_demo_registry(tmp_path_factory.mktemp("demo"))
+_BUILT: dict[str, Path] = {}
+
+
+def shared_demo_registry(factory: pytest.TempPathFactory) -> Path:
+    """The demo registry, built once per test session (building it takes a while)."""
+    if "root" not in _BUILT:
+        _BUILT["root"] = build_demo_registry(factory.mktemp("demo"))
+    return _BUILT["root"]

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import shutil
 from collections.abc import Iterator
-from pathlib import Path
 
 import orjson
 import pytest
-from _demo_registry import BAD, GOOD, demo_registry  # noqa: F401  (fixture)
+from _demo_registry import BAD, GOOD, shared_demo_registry
 from _service_support import auth, config, wait_for
 from fastapi.testclient import TestClient
 from infersight.monitor.service import EngineConfig, create_app
@@ -17,9 +16,8 @@ from sqlalchemy import select
 
 
 @pytest.fixture(scope="module")
-def served(
-    demo_registry: Path, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[tuple[object, TestClient]]:  # noqa: F811
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[object, TestClient]]:
+    demo_registry = shared_demo_registry(tmp_path_factory)
     tmp = tmp_path_factory.mktemp("served")
     registry = tmp / "registry"
     shutil.copytree(demo_registry, registry)  # deploys write the history beside the versions
