@@ -9,11 +9,13 @@ tested against the real service in test_web_page.py.
 
 from __future__ import annotations
 
+import datetime as dt
 import random
 import statistics
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from infersight.dashboards import web_assets_dir
@@ -32,6 +34,89 @@ TOKEN = "s3cret-token"
 XSS = '<img src=x onerror="window.__xss = 1">'
 
 
+def _drift_report(hotel: list[str], bank: list[str]) -> Any:
+    """A DriftReport built from the drift module's own result dataclasses (their `to_json()` is
+    the shape the page reads), with real hotel utterances as what appeared."""
+    from infersight.monitor.drift import (
+        ClusterShare,
+        DriftReport,
+        ExampleText,
+        FieldExplanation,
+        FieldVerdict,
+        Novelty,
+        NoveltyExample,
+        Projection,
+        ReportContext,
+        TestResult,
+    )
+
+    rng = random.Random(11)
+
+    def test(name: str, method: str, score: float, p: float, floor: float) -> TestResult:
+        return TestResult(
+            "prompt",
+            name,
+            method,
+            score,
+            score,
+            floor,
+            p,
+            min(1.0, 2 * p),
+            0.05,
+            2 * p < 0.05,
+            200,
+            200,
+            1000,
+        )
+
+    novel = [NoveltyExample(t, 0.8 - i * 0.02, bank[i]) for i, t in enumerate(hotel[20:24])]
+    clusters = (
+        ClusterShare(-1, "(new: farther from the reference than its own 1% tail)", 2, 40, 0.01, 0.2, 0.19, 5e-7,
+                     2.4e-6, True, (), tuple(hotel[10:13])),
+        ClusterShare(3, bank[100], 40, 31, 0.2, 0.155, -0.045, 0.21, 0.63, False, tuple(bank[100:103]), ()),
+    )  # fmt: skip
+    projection = Projection(
+        "pca",
+        (0.21, 0.12),
+        tuple((rng.gauss(0, 1), rng.gauss(0, 1)) for _ in range(60)),
+        tuple(
+            (rng.gauss(1.5 if i < 12 else 0, 0.6), rng.gauss(1.0 if i < 12 else 0, 0.8)) for i in range(60)
+        ),
+        tuple(i < 12 for i in range(60)),
+    )
+    explanation = FieldExplanation(
+        "prompt",
+        appeared=tuple(ExampleText(t, 0.011 - i * 0.001) for i, t in enumerate([*hotel[:5], XSS])),
+        typical=tuple(ExampleText(t, -0.002) for t in bank[200:203]),
+        disappeared=tuple(ExampleText(t, -0.004 + i * 0.001) for i, t in enumerate(bank[:4])),
+        clusters=clusters,
+        novelty=Novelty(0.2, 0.01, 0.99, 0.57, 40, tuple(novel)),
+        projection=projection,
+    )
+    tests = (
+        test("mmd", "mmd2_permutation_exact", 0.0022, 0.006, 1e-4),
+        test("novelty", "nn_novelty_conformal_hypergeometric", 0.19, 0.0019, 0.02),
+    )
+    return DriftReport(
+        drifted=True,
+        p_value=0.0038,
+        score=0.19,
+        threshold=0.05,
+        method="nn_novelty_conformal_hypergeometric",
+        correction="holm(2)",
+        n_reference=200,
+        n_current=200,
+        tests=tests,
+        fields=(FieldVerdict("prompt", True, 0.0038, 0.0022, 0.2),),
+        relevance=None,
+        explanations=(explanation,),
+        context=ReportContext(
+            created_at=dt.datetime.now(dt.UTC).isoformat(), model="mixtral-demo",
+            model_version="mixtral_banking_int8-v1.2", reference_name="banking-validation", reference_version=1,
+        ),
+    )  # fmt: skip
+
+
 class ContractApp:
     """The web page's JSON endpoints, from real records; every timeseries poll adds one tick."""
 
@@ -43,44 +128,8 @@ class ContractApp:
         hotel = [u.text for u in hotels()]
         bank = [u.text for u in banking77()]
         self.hotel_witness = hotel[:5]
-        self.report = {
-            "id": 7,
-            "created_at": time.time() - 60,
-            "model_version": "mixtral_banking_int8-v1.2",
-            "field": "prompt",
-            "drift": True,
-            "p_value": 0.0009,
-            "score": 0.041,
-            "threshold": 0.05,
-            "method": "mmd+novelty (Holm)",
-            "n_reference": 300,
-            "n_current": 300,
-            "explanation": {
-                "top_witness": [
-                    {"text": t, "witness": 0.3 - i * 0.02} for i, t in enumerate([*self.hotel_witness, XSS])
-                ],
-                "bottom_witness": [{"text": t, "witness": -0.1 + i * 0.01} for i, t in enumerate(bank[:4])],
-                "clusters": [
-                    {
-                        "label": 3,
-                        "examples": hotel[10:13],
-                        "reference_share": 0.01,
-                        "current_share": 0.11,
-                        "p_value": 0.0002,
-                        "significant": True,
-                    },
-                    {
-                        "label": 0,
-                        "examples": bank[100:103],
-                        "reference_share": 0.2,
-                        "current_share": 0.17,
-                        "p_value": 0.6,
-                        "significant": False,
-                    },
-                ],
-                "novelty": {"rate": 0.1, "examples": hotel[20:24]},
-            },
-        }
+        self.hotel_novel = hotel[20:24]
+        self.report = {"id": 7, **_drift_report(hotel, bank).to_json()}
         for _ in range(40):
             self._tick()
 
@@ -123,7 +172,8 @@ class ContractApp:
         )
 
     async def overview(self, request: Request) -> JSONResponse:
-        summary = {k: v for k, v in self.report.items() if k != "explanation"}
+        drop = {"explanation", "tests", "relevance", "embedder", "seed"}
+        summary = {k: v for k, v in self.report.items() if k not in drop}
         return JSONResponse(
             {
                 "model": "mixtral-demo",
@@ -265,7 +315,16 @@ def test_drift_verdict_clicks_through_to_its_explanation(
     )
     for text in contract.hotel_witness:
         assert text in body
-    assert "Clusters of the reference" in body and "11%" in body and "Novelty rate: 10%" in body
+    assert "Clusters of the reference" in body and "20%" in body  # the new cluster's current share
+    assert "Novelty" in body and "nearest reference" in body
+    for text in contract.hotel_novel:
+        assert text in body
+    scatter = browser.wait_for(
+        "document.querySelector('#drift-body .scatter-svg')?.getAttribute('aria-label')",
+        what="the projection scatter",
+    )
+    assert "60 reference texts, 60 current texts of which 12 novel" in scatter
+    assert browser.evaluate("document.querySelectorAll('#drift-body .pts-novel circle').length") == 12
     assert XSS in body and browser.evaluate("window.__xss === undefined")  # shown as text, never as markup
     assert (
         browser.visible("#drift-detail")

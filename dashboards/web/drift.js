@@ -1,60 +1,70 @@
-// Renders a drift report summary and its explanation (DriftReport.to_json()) with DOM nodes only:
-// every text from the report goes through textContent, never innerHTML (prompts are user input).
+// Renders a drift report (DriftReport.to_json(), schema infersight.drift.report/1) and its
+// summary. Every text from a report goes through textContent, never innerHTML: prompts are
+// user input.
 
+import { drawScatter } from "./scatter.js";
 import { number, percent, when } from "./format.js";
 
-function h(tag, props = {}, ...children) {
+export function h(tag, props = {}, ...children) {
   const node = document.createElement(tag);
   for (const [k, v] of Object.entries(props)) {
     if (k === "class") node.className = v;
     else if (k === "text") node.textContent = v;
     else node.setAttribute(k, v);
   }
-  for (const c of children) if (c !== null && c !== undefined) node.append(c);
+  for (const c of children) if (c !== null && c !== undefined && c !== false) node.append(c);
   return node;
 }
 
-const first = (obj, ...keys) => {
-  for (const k of keys) if (obj && obj[k] !== undefined && obj[k] !== null) return obj[k];
-  return undefined;
-};
+export const reportId = (summary) => summary?.id ?? summary?.report_id ?? null;
+const drifted = (r) => (typeof r?.drift === "boolean" ? r.drift : typeof r?.drifted === "boolean" ? r.drifted : null);
+const FIELD_NAMES = { prompt: "Prompts", response: "Responses", relevance: "Relevance" };
 
-export function reportId(summary) {
-  return first(summary, "id", "report_id");
-}
-
-export function verdict(report) {
-  const v = first(report, "drift", "drifted", "detected");
-  if (typeof v === "boolean") return v;
-  const nested = report && typeof report.verdict === "object" ? verdict(report.verdict) : undefined;
-  if (typeof nested === "boolean") return nested;
-  if (typeof report?.verdict === "string") return /drift/i.test(report.verdict) && !/no/i.test(report.verdict);
-  return undefined;
-}
-
-function badge(drifted) {
-  if (drifted === true) return h("span", { class: "pill pill-bad", text: "Drift detected" });
-  if (drifted === false) return h("span", { class: "pill pill-ok", text: "No drift" });
+function badge(value, yes = "Drift detected", no = "No drift") {
+  if (value === true) return h("span", { class: "pill pill-bad", text: yes });
+  if (value === false) return h("span", { class: "pill pill-ok", text: no });
   return h("span", { class: "pill pill-unknown", text: "Unknown" });
 }
 
-function facts(report) {
+function facts(r) {
+  const span = r.window && (r.window.since || r.window.until) ? `${when(r.window.since)} → ${when(r.window.until)}` : null;
+  const ref = r.reference ? `${r.reference.name}${r.reference.version != null ? ` v${r.reference.version}` : ""}` : null;
   const rows = [
-    ["When", when(first(report, "created_at", "at", "finished_at", "evaluated_at"))],
-    ["Field", first(report, "field")],
-    ["Model version", first(report, "model_version")],
-    ["p-value", number(first(report, "p_value"))],
-    ["Effect size", number(first(report, "score", "effect_size"))],
-    ["Threshold", number(first(report, "threshold", "alpha"))],
-    ["Method", first(report, "method")],
-    ["Windows", report.n_reference !== undefined ? `${report.n_reference} reference / ${report.n_current ?? "?"} current` : undefined],
+    ["Evaluated", when(r.created_at)],
+    ["Model version", r.model_version],
+    ["Reference", ref],
+    ["Current window", span],
+    ["p-value (adjusted)", number(r.p_value)],
+    ["Alpha", number(r.threshold ?? r.alpha)],
+    ["Effect size", number(r.score)],
+    ["Deciding test", r.method],
+    ["Correction", r.correction],
+    ["Texts", r.n_reference != null ? `${r.n_reference} reference / ${r.n_current} current` : null],
   ];
   const dl = h("dl", { class: "kv" });
-  for (const [k, v] of rows) {
-    if (v === undefined || v === null || v === "—") continue;
-    dl.append(h("div", {}, h("dt", { text: k }), h("dd", { text: String(v) })));
-  }
+  for (const [k, v] of rows) if (v != null && v !== "—") dl.append(h("div", {}, h("dt", { text: k }), h("dd", { text: String(v) })));
   return dl;
+}
+
+function table(caption, headers, rows) {
+  const t = h("table", {}, h("caption", { class: "visually-hidden", text: caption }));
+  t.append(h("thead", {}, h("tr", {}, ...headers.map((x) => h("th", { scope: "col", text: x })))));
+  const body = h("tbody");
+  for (const cells of rows) body.append(h("tr", {}, ...cells.map((c) => (c instanceof Node ? h("td", {}, c) : h("td", { text: String(c ?? "—") })))));
+  t.append(body);
+  return h("div", { class: "table-wrap" }, t);
+}
+
+function verdictCell(v) {
+  return h("span", { class: v ? "bad" : "", text: v === true ? "drift" : v === false ? "no drift" : "—" });
+}
+
+function fieldTable(fields) {
+  return table(
+    "Verdict per field",
+    ["Field", "Verdict", "p (adjusted)", "Effect", "Novelty rate"],
+    fields.map((f) => [FIELD_NAMES[f.field] ?? f.field, verdictCell(f.drifted), number(f.p_value), number(f.score), percent(f.novelty_rate)]),
+  );
 }
 
 export function renderSummary(container, summary) {
@@ -63,145 +73,91 @@ export function renderSummary(container, summary) {
     container.append(h("p", { class: "empty", text: "No drift report yet." }));
     return;
   }
-  container.append(h("p", { class: "verdict" }, badge(verdict(summary))), facts(summary));
+  container.append(h("p", { class: "verdict" }, badge(drifted(summary))), facts(summary));
+  if (Array.isArray(summary.fields) && summary.fields.length) container.append(fieldTable(summary.fields));
 }
 
-// ---- explanation -----------------------------------------------------------------------------------
+// ---- the explanation of one field -------------------------------------------------------------
 
-const textOf = (item) =>
-  typeof item === "string" ? item : first(item, "text", "prompt", "example", "utterance", "response") ?? JSON.stringify(item);
-const scoreOf = (item) => (typeof item === "object" ? first(item, "witness", "value", "score", "distance") : undefined);
-
-function examples(items, label) {
+function texts(items, label, valueOf, extra = null) {
   const list = h("ol", { class: "examples", "aria-label": label });
-  for (const item of items.slice(0, 20)) {
-    const s = scoreOf(item);
-    list.append(h("li", {}, h("q", { text: textOf(item) }), s !== undefined ? h("span", { class: "muted", text: ` ${number(s)}` }) : null));
+  for (const item of items.slice(0, 12)) {
+    const text = typeof item === "string" ? item : item.text;
+    const v = typeof item === "string" ? undefined : valueOf(item);
+    list.append(h("li", {}, h("q", { text }), v !== undefined ? h("span", { class: "muted", text: ` ${v}` }) : null, extra ? extra(item) : null));
   }
   return list;
 }
 
-function witnessTitle(key) {
-  if (/top|high|max|appear|over|gain/i.test(key)) return "Appeared: current texts most unlike the reference (highest witness)";
-  if (/bottom|low|min|disappear|under|loss/i.test(key)) return "Disappeared: current texts most like what the reference had more of (lowest witness)";
-  return humanize(key);
-}
-
 function shareBar(value, cls) {
-  const v = typeof value === "number" ? value : null;
-  const wrap = h("div", { class: "share" });
   const bar = h("span", { class: `bar ${cls}` });
-  bar.style.width = `${Math.max(0, Math.min(1, v ?? 0)) * 100}%`;
-  wrap.append(bar, h("span", { class: "share-num", text: percent(v) }));
-  return wrap;
+  bar.style.width = `${Math.max(0, Math.min(1, value ?? 0)) * 100}%`;
+  return h("div", { class: "share" }, h("span", { class: "track" }, bar), h("span", { class: "share-num", text: percent(value) }));
 }
 
 function clusterTable(clusters) {
-  const table = h("table", { class: "clusters" });
-  table.append(h("caption", { class: "visually-hidden", text: "Reference clusters and their share in each window" }));
-  table.append(h("thead", {}, h("tr", {},
-    h("th", { scope: "col", text: "Cluster (example texts)" }),
-    h("th", { scope: "col", text: "Reference" }),
-    h("th", { scope: "col", text: "Current" }),
-    h("th", { scope: "col", text: "Significance" }))));
-  const body = h("tbody");
-  for (const c of clusters) {
-    const ex = first(c, "examples", "texts", "example_texts") ?? [];
-    const label = first(c, "label", "name", "id", "cluster");
-    const cell = h("td", {}, label !== undefined ? h("strong", { text: `#${label} ` }) : null);
-    for (const e of (Array.isArray(ex) ? ex : [ex]).slice(0, 3)) cell.append(h("q", { class: "ex", text: textOf(e) }));
-    const p = first(c, "p_value", "adjusted_p_value", "q_value");
-    const sig = first(c, "significant", "drifted");
-    const sigText = `${sig === true ? "significant" : sig === false ? "not significant" : ""}${p !== undefined ? ` (p ${number(p)})` : ""}`.trim();
-    body.append(h("tr", {}, cell,
-      h("td", {}, shareBar(first(c, "reference_share", "share_reference", "ref_share"), "ref")),
-      h("td", {}, shareBar(first(c, "current_share", "share_current", "cur_share"), "cur")),
-      h("td", { class: sig === true ? "bad" : "", text: sigText || "—" })));
-  }
-  table.append(body);
-  return h("div", { class: "table-wrap" }, table);
-}
-
-function humanize(key) {
-  const s = key.replace(/_/g, " ");
-  return s.charAt(0).toUpperCase() + s.slice(1);
-}
-
-function generic(value, depth = 0) {
-  if (value === null || value === undefined) return h("span", { class: "muted", text: "—" });
-  if (typeof value === "number") return h("span", { text: number(value) });
-  if (typeof value !== "object") return h("span", { text: String(value) });
-  if (Array.isArray(value)) {
-    if (value.every((v) => typeof v !== "object" || v === null || textOf(v) !== JSON.stringify(v))) return examples(value, "examples");
-    return h("pre", { class: "json", text: JSON.stringify(value, null, 2).slice(0, 4000) });
-  }
-  if (depth > 2) return h("pre", { class: "json", text: JSON.stringify(value, null, 2).slice(0, 4000) });
-  const dl = h("dl", { class: "kv" });
-  for (const [k, v] of Object.entries(value)) dl.append(h("div", {}, h("dt", { text: humanize(k) }), h("dd", {}, generic(v, depth + 1))));
-  return dl;
+  return table(
+    "Reference clusters and their share in each window",
+    ["Cluster", "Reference", "Current", "Change", "p (Holm)"],
+    clusters.map((c) => {
+      const cell = h("div", {}, h("strong", { text: c.cluster === -1 ? "New" : `#${c.cluster}` }), h("span", { class: "cluster-label", text: ` ${c.label}` }));
+      const ex = (c.current_examples?.length ? c.current_examples : c.reference_examples) ?? [];
+      for (const e of ex.slice(0, 3)) cell.append(h("q", { class: "ex", text: e }));
+      const change = h("span", { class: c.significant ? "bad" : "", text: `${c.change >= 0 ? "+" : ""}${(c.change * 100).toFixed(1)} pt` });
+      const p = h("span", { class: c.significant ? "bad" : "", text: `${number(c.p_adjusted)}${c.significant ? " significant" : ""}` });
+      return [cell, shareBar(c.reference_share, "ref"), shareBar(c.current_share, "cur"), change, p];
+    }),
+  );
 }
 
 function section(title, ...content) {
-  return h("section", { class: "explain" }, h("h3", { text: title }), ...content);
+  return h("section", { class: "explain" }, h("h4", { text: title }), ...content);
 }
 
-function testsTable(tests) {
-  const table = h("table", {});
-  table.append(h("thead", {}, h("tr", {}, ...["Test", "Field", "p-value", "Statistic", "Verdict"].map((t) => h("th", { scope: "col", text: t })))));
-  const body = h("tbody");
-  for (const t of tests) {
-    const v = verdict(t);
-    body.append(h("tr", {},
-      h("td", { text: String(first(t, "name", "test", "method") ?? "—") }),
-      h("td", { text: String(first(t, "field") ?? "—") }),
-      h("td", { text: number(first(t, "p_value")) }),
-      h("td", { text: number(first(t, "score", "statistic", "effect_size")) }),
-      h("td", { class: v ? "bad" : "", text: v === true ? "drift" : v === false ? "no drift" : "—" })));
+function fieldExplanation(e) {
+  const name = FIELD_NAMES[e.field] ?? e.field;
+  const box = h("section", { class: "field-explain", "aria-label": `${name}: explanation` }, h("h3", { text: name }));
+  const witness = (x) => `witness ${number(x.value)}`;
+  const cols = h("div", { class: "two-col" });
+  if (e.appeared?.length) cols.append(section("Appeared: current texts most unlike the reference", texts(e.appeared, "Appeared", witness)));
+  if (e.disappeared?.length) cols.append(section("Disappeared: reference texts the current window lacks", texts(e.disappeared, "Disappeared", witness)));
+  box.append(cols);
+  if (e.clusters?.length) box.append(section("Clusters of the reference: share in each window (largest increase first)", clusterTable(e.clusters)));
+  const n = e.novelty;
+  if (n) {
+    const head = h("p", { text: `${percent(n.rate)} of current texts (${n.count}) are farther from every reference text than the reference's own ${percent(1 - n.quantile)} tail (held-out reference: ${percent(n.reference_rate)}).` });
+    const nearest = (x) => h("span", { class: "nearest", text: `nearest reference: “${x.nearest_reference}”` });
+    box.append(section("Novelty", head, n.examples?.length ? texts(n.examples, "Novel texts", (x) => `distance ${number(x.distance)}`, nearest) : null));
   }
-  table.append(body);
-  return h("div", { class: "table-wrap" }, table);
+  if (e.projection?.reference?.length) {
+    const plot = h("div", { class: "scatter" });
+    box.append(section(`Both windows in 2-D (${e.projection.method})`, plot));
+    requestAnimationFrame(() => drawScatter(plot, e.projection));
+  }
+  if (e.typical?.length) {
+    const more = h("details", {}, h("summary", { text: "Typical current texts (lowest witness)" }), texts(e.typical, "Typical", witness));
+    box.append(more);
+  }
+  return box;
+}
+
+function relevanceSection(rel) {
+  const row = (name, s) => [name, s.n, number(s.mean), number(s.p05), number(s.p50), number(s.p95)];
+  return section("Prompt–response relevance (cosine)",
+    table("Relevance in each window", ["Window", "Requests", "Mean", "p5", "Median", "p95"],
+      [row("Reference", rel.reference), row("Current", rel.current)]));
 }
 
 export function renderExplanation(container, report) {
   container.replaceChildren();
-  container.append(h("p", { class: "verdict" }, badge(verdict(report))), facts(report));
-  const tests = first(report, "tests", "results");
-  if (Array.isArray(tests) && tests.length) container.append(section("Tests", testsTable(tests)));
-  const explanation = first(report, "explanation", "explain") ?? {};
-  const seen = new Set();
-  const entries = Object.entries(explanation);
-  for (const [k, v] of entries) {
-    if (/witness/i.test(k) && Array.isArray(v)) {
-      container.append(section(witnessTitle(k), examples(v, witnessTitle(k))));
-      seen.add(k);
-    } else if (/witness/i.test(k) && v && typeof v === "object") {
-      for (const [sub, items] of Object.entries(v)) if (Array.isArray(items)) container.append(section(witnessTitle(sub), examples(items, witnessTitle(sub))));
-      seen.add(k);
-    }
+  container.append(h("p", { class: "verdict" }, badge(drifted(report))), facts(report));
+  if (Array.isArray(report.fields) && report.fields.length) container.append(section("Verdict per field", fieldTable(report.fields)));
+  if (Array.isArray(report.tests) && report.tests.length) {
+    container.append(section("Tests (Holm-corrected together)", table("Tests", ["Field", "Test", "Method", "Effect (floor)", "p", "p (Holm)", "Verdict"],
+      report.tests.map((t) => [FIELD_NAMES[t.field] ?? t.field, t.test, t.method, `${number(t.score)} (${number(t.effect_floor)})`, number(t.p_value), number(t.p_adjusted), verdictCell(t.drifted)]))));
   }
-  for (const [k, v] of entries) {
-    if (/cluster/i.test(k) && Array.isArray(v)) {
-      container.append(section("Clusters of the reference: share in each window", clusterTable(v)));
-      seen.add(k);
-    }
-  }
-  const novelty = entries.filter(([k]) => /novel/i.test(k));
-  if (novelty.length) {
-    const parts = [];
-    for (const [k, v] of novelty) {
-      seen.add(k);
-      if (typeof v === "number") parts.push(h("p", { text: `${humanize(k)}: ${percent(v)}` }));
-      else if (Array.isArray(v)) parts.push(examples(v, "Novel texts"));
-      else if (v && typeof v === "object") {
-        const r = first(v, "rate", "novelty_rate");
-        if (r !== undefined) parts.push(h("p", { text: `Novelty rate: ${percent(r)}` }));
-        const ex = first(v, "examples", "texts");
-        if (Array.isArray(ex)) parts.push(examples(ex, "Novel texts"));
-      }
-    }
-    container.append(section("Novelty: texts farther from every reference text than the reference's own tail", ...parts));
-  }
-  const rest = entries.filter(([k]) => !seen.has(k));
-  if (rest.length) container.append(section("More", generic(Object.fromEntries(rest))));
-  if (!entries.length) container.append(h("p", { class: "empty", text: "This report carries no explanation." }));
+  const explanations = Object.values(report.explanation ?? {}).filter((e) => e && typeof e === "object");
+  for (const e of explanations) container.append(fieldExplanation(e));
+  if (report.relevance?.reference && report.relevance?.current) container.append(relevanceSection(report.relevance));
+  if (!explanations.length) container.append(h("p", { class: "empty", text: "This report carries no explanation." }));
 }
