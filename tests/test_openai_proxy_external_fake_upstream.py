@@ -1,0 +1,187 @@
+"""The upstream proxy against a local fake OpenAI-compatible server.
+
+The upstream (vLLM, TGI, llama.cpp's server) is an external boundary we do not run here,
+so a small real HTTP server on loopback stands in for it: it checks what it receives as
+those servers would (JSON body, model, Authorization) and answers in their wire format,
+streaming one SSE chunk per token with a delay, so time to first token is measurable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+import uvicorn
+from _service_support import config, wait_for
+from conftest import free_port
+from fastapi.testclient import TestClient
+from infersight.monitor.service import UpstreamConfig, create_app
+from infersight.monitor.store.tables import requests
+from sqlalchemy import select
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+MODEL = "meta-llama/Llama-3.1-8B-Instruct"
+WORDS = ["you", " can", " top", " up", " in", " the", " app"]
+TOKEN_DELAY_S = 0.05
+FIRST_TOKEN_DELAY_S = 0.2
+
+
+def _fake_upstream() -> Starlette:
+    seen: list[dict[str, Any]] = []
+
+    async def completions(request: Request) -> Response:
+        body = orjson.loads(await request.body())
+        seen.append({"path": request.url.path, "body": body, "auth": request.headers.get("authorization")})
+        if body.get("model") != MODEL:
+            return JSONResponse({"object": "error", "message": f"The model `{body.get('model')}` does not exist.",
+                                 "type": "NotFoundError", "code": 404}, status_code=404)  # fmt: skip
+        chat = request.url.path.endswith("/chat/completions")
+        if chat:
+            assert isinstance(body["messages"], list) and body["messages"][-1]["role"] == "user"
+        if not body.get("stream"):
+            await asyncio.sleep(FIRST_TOKEN_DELAY_S)
+            text = "".join(WORDS)
+            choice = {"index": 0, "finish_reason": "stop",
+                      **({"message": {"role": "assistant", "content": text}} if chat else {"text": text})}  # fmt: skip
+            return JSONResponse({"id": "cmpl-1", "object": "chat.completion" if chat else "text_completion",
+                                 "model": MODEL, "choices": [choice],
+                                 "usage": {"prompt_tokens": 11, "completion_tokens": len(WORDS), "total_tokens": 18}})  # fmt: skip
+
+        async def stream() -> AsyncIterator[bytes]:
+            await asyncio.sleep(FIRST_TOKEN_DELAY_S)
+            if chat:
+                yield (
+                    b'data: {"id":"c","object":"chat.completion.chunk","model":"%s","choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}\n\n'
+                    % MODEL.encode()
+                )
+            for w in WORDS:
+                delta = {"content": w} if chat else None
+                chunk = {"id": "c", "object": "chat.completion.chunk" if chat else "text_completion", "model": MODEL,
+                         "choices": [{"index": 0, **({"delta": delta} if chat else {"text": w}), "finish_reason": None}]}  # fmt: skip
+                yield b"data: " + orjson.dumps(chunk) + b"\n\n"
+                await asyncio.sleep(TOKEN_DELAY_S)
+            if (body.get("stream_options") or {}).get("include_usage"):
+                yield b"data: " + orjson.dumps({"id": "c", "model": MODEL, "choices": [], "usage": {
+                    "prompt_tokens": 11, "completion_tokens": len(WORDS), "total_tokens": 18}}) + b"\n\n"  # fmt: skip
+            yield b"data: [DONE]\n\n"
+
+        return StreamingResponse(stream(), media_type="text/event-stream")
+
+    async def models(request: Request) -> Response:
+        return JSONResponse({"object": "list", "data": [{"id": MODEL, "object": "model"}]})
+
+    app = Starlette(routes=[Route("/v1/completions", completions, methods=["POST"]),
+                            Route("/v1/chat/completions", completions, methods=["POST"]),
+                            Route("/v1/models", models)])  # fmt: skip
+    app.state.seen = seen
+    return app
+
+
+@pytest.fixture(scope="module")
+def upstream() -> Iterator[tuple[str, list[dict[str, Any]]]]:
+    app = _fake_upstream()
+    port = free_port()
+    server = uvicorn.Server(
+        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off")
+    )
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    wait_for(lambda: server.started, timeout=10)
+    yield f"http://127.0.0.1:{port}", app.state.seen
+    server.should_exit = True
+    thread.join(10)
+
+
+@pytest.fixture
+def proxy(upstream, tmp_path: Path) -> Iterator[tuple[Any, TestClient]]:  # type: ignore[no-untyped-def]
+    url, _ = upstream
+    cfg = config(tmp_path, upstream=UpstreamConfig(url=url, model="llama-8b", timeout_s=10))
+    app = create_app(cfg)
+    with TestClient(app, raise_server_exceptions=False) as client:
+        yield app, client
+
+
+def _rows(app: Any) -> list[Any]:
+    service = app.state.service
+    service.writer.flush()
+    with service.db.connect() as conn:
+        return list(conn.execute(select(requests).order_by(requests.c.id)).all())
+
+
+def test_a_streamed_chat_passes_through_untouched_and_is_observed(proxy, upstream) -> None:  # type: ignore[no-untyped-def]
+    app, client = proxy
+    _, seen = upstream
+    req = {"model": MODEL, "stream": True, "messages": [{"role": "user", "content": "how do I top up?"}]}
+    t0 = time.perf_counter()
+    with client.stream(
+        "POST", "/v1/chat/completions", json=req, headers={"Authorization": "Bearer sk-user"}
+    ) as r:
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+        lines = [line for line in r.iter_lines() if line]
+    elapsed = time.perf_counter() - t0
+    assert lines[-1] == "data: [DONE]"
+    text = "".join(orjson.loads(x[6:])["choices"][0]["delta"].get("content", "") for x in lines[:-1])
+    assert text == "".join(WORDS)
+    assert seen[-1]["auth"] == "Bearer sk-user" and seen[-1]["body"] == req  # forwarded as sent
+    (row,) = wait_for(lambda: _rows(app))
+    assert row.source == "proxy" and row.model == "llama-8b" and row.model_version == MODEL
+    assert row.prompt == "how do I top up?" and row.response == "".join(WORDS)
+    assert row.output_tokens == len(WORDS)  # counted from the chunks: no usage in this stream
+    assert FIRST_TOKEN_DELAY_S * 0.9 <= row.ttft_s < row.duration_s <= elapsed + 0.05
+    assert row.duration_s >= FIRST_TOKEN_DELAY_S + (len(WORDS) - 1) * TOKEN_DELAY_S * 0.9
+    assert row.tpot_s == pytest.approx((row.duration_s - row.ttft_s) / (len(WORDS) - 1), rel=0.3)
+    metrics = client.get("/metrics").text
+    assert (
+        f'gen_ai_server_time_to_first_token_seconds_count{{model="llama-8b",model_version="{MODEL}"}} 1.0'
+        in metrics
+    )
+
+
+def test_usage_from_the_upstream_gives_the_token_counts(proxy) -> None:  # type: ignore[no-untyped-def]
+    app, client = proxy
+    r = client.post("/v1/completions", json={"model": MODEL, "prompt": "card declined"})
+    assert r.status_code == 200 and r.json()["choices"][0]["text"] == "".join(WORDS)
+    req = {
+        "model": MODEL,
+        "prompt": "card declined",
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    with client.stream("POST", "/v1/completions", json=req) as s:
+        list(s.iter_lines())
+    whole, streamed = wait_for(lambda: rows if len(rows := _rows(app)) == 2 else None)
+    assert (whole.prompt_tokens, whole.output_tokens) == (11, len(WORDS))
+    assert whole.ttft_s is None  # not observable in a non-streamed answer
+    assert (streamed.prompt_tokens, streamed.output_tokens) == (11, len(WORDS))
+    assert streamed.ttft_s is not None
+
+
+def test_an_upstream_error_is_passed_through_and_counted(proxy) -> None:  # type: ignore[no-untyped-def]
+    app, client = proxy
+    r = client.post("/v1/completions", json={"model": "nope", "prompt": "x"})
+    assert r.status_code == 404 and "does not exist" in r.json()["message"]
+    (row,) = wait_for(lambda: _rows(app))
+    assert row.error_type == "http_404"
+    assert 'infersight_upstream_errors_total{error_type="http_404"} 1.0' in client.get("/metrics").text
+    assert client.get("/v1/models").json()["data"][0]["id"] == MODEL
+
+
+def test_an_unreachable_upstream_is_502_and_recorded(tmp_path: Path) -> None:
+    cfg = config(tmp_path, upstream=UpstreamConfig(url=f"http://127.0.0.1:{free_port()}", timeout_s=2))
+    with TestClient(create_app(cfg), raise_server_exceptions=False) as client:
+        r = client.post(
+            "/v1/chat/completions", json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
+        )
+        assert r.status_code == 502
+        assert r.json()["error"]["type"] == "upstream_error"
+        (row,) = wait_for(lambda: _rows(client.app))
+        assert row.error_type == "UpstreamUnreachable"
