@@ -1,4 +1,4 @@
-"""The drift explanation click-through and a successful rollback, in real headless Chromium.
+"""The drift explanation click-through and successful rollback and snapshot, in real headless Chromium.
 
 The service's drift router and an embedded runtime that can roll back are not in the app
 yet, so these two flows are served by a small ASGI app written here: the page's real assets
@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from infersight.dashboards import web_assets_dir
 from infersight.monitor.data import banking77, hotels
@@ -46,8 +47,10 @@ def _drift_report(hotel: list[str], bank: list[str]) -> Any:
         Novelty,
         NoveltyExample,
         Projection,
+        RelevanceComparison,
         ReportContext,
         TestResult,
+        summarize_relevance,
     )
 
     rng = random.Random(11)
@@ -108,7 +111,10 @@ def _drift_report(hotel: list[str], bank: list[str]) -> Any:
         n_current=200,
         tests=tests,
         fields=(FieldVerdict("prompt", True, 0.0038, 0.0022, 0.2),),
-        relevance=None,
+        relevance=RelevanceComparison(
+            summarize_relevance(np.array([rng.uniform(0.5, 0.8) for _ in range(200)])),
+            summarize_relevance(np.array([rng.uniform(0.2, 0.6) for _ in range(200)])),
+        ),
         explanations=(explanation,),
         context=ReportContext(
             created_at=dt.datetime.now(dt.UTC).isoformat(), model="mixtral-demo",
@@ -231,6 +237,17 @@ class ContractApp:
             }
         )
 
+    async def snapshot(self, request: Request) -> JSONResponse:
+        auth = request.headers.get("authorization")
+        self.actions.append(("snapshot", auth))
+        if auth != f"Bearer {TOKEN}":
+            return JSONResponse(
+                {"error": {"type": "unauthorized", "message": "bad token", "field": None}}, 401
+            )
+        return JSONResponse(
+            {"snapshot_id": "snap-20261129-0001", "request_count": 200, "path": "/var/snap-1.json"}
+        )
+
     def asgi(self) -> Starlette:
         return Starlette(
             routes=[
@@ -238,6 +255,7 @@ class ContractApp:
                 Route("/api/v1/timeseries", self.timeseries),
                 Route("/api/v1/drift/{report_id}", self.drift_report),
                 Route("/api/v1/models/rollback", self.rollback, methods=["POST"]),
+                Route("/api/v1/snapshots", self.snapshot, methods=["POST"]),
                 Mount("/", StaticFiles(directory=web_assets_dir(), html=True)),
             ]
         )
@@ -317,6 +335,7 @@ def test_drift_verdict_clicks_through_to_its_explanation(
         assert text in body
     assert "Clusters of the reference" in body and "20%" in body  # the new cluster's current share
     assert "Novelty" in body and "nearest reference" in body
+    assert "Prompt–response relevance" in body  # the relevance comparison's table
     for text in contract.hotel_novel:
         assert text in body
     scatter = browser.wait_for(
@@ -336,7 +355,7 @@ def test_drift_verdict_clicks_through_to_its_explanation(
     assert not browser.page_errors()
 
 
-def test_rollback_asks_for_the_token_and_shows_the_outcome(
+def test_rollback_and_snapshot_ask_for_the_token_and_show_the_outcome(
     served: tuple[str, ContractApp], browser: Browser
 ) -> None:
     url, contract = served
@@ -365,4 +384,18 @@ def test_rollback_asks_for_the_token_and_shows_the_outcome(
     assert "Done: roll back" in toast and "rolled_back" in toast and "mixtral_banking_int8-v1.1" in toast
     assert contract.actions[-2:] == [("rollback", "Bearer wrong"), ("rollback", f"Bearer {TOKEN}")]
     assert browser.evaluate("sessionStorage.getItem('infersight.token')") == TOKEN
+    assert not browser.page_errors()
+
+    # the token is remembered for this tab: a snapshot only needs a confirmation
+    browser.click("#action-result .btn")  # dismiss
+    browser.click("#snapshot-button")
+    browser.wait_for("document.getElementById('token-dialog').open", what="the confirmation dialog")
+    assert browser.evaluate("document.getElementById('token-input').value") == TOKEN
+    browser.click("#token-submit")
+    toast = browser.wait_for(
+        "!document.getElementById('action-result').hidden && document.getElementById('action-result').textContent",
+        what="the snapshot result",
+    )
+    assert "Done: take a snapshot" in toast and "snap-20261129-0001" in toast
+    assert contract.actions[-1] == ("snapshot", f"Bearer {TOKEN}")
     assert not browser.page_errors()
