@@ -244,3 +244,92 @@ def test_actions_queued_by_a_firing_rule_run_once(sqlite_db: Engine, tmp_path: P
     with sqlite_db.connect() as conn:
         [run] = conn.execute(select(action_runs)).all()
     assert (run.state, run.trigger, run.alertname) == ("succeeded", "rule", "Drift")
+
+
+# -- post-deploy analysis, rolling back the REAL runtime ---------------------------------
+
+
+def _traffic(
+    engine: Engine, version: str, start: dt.datetime, n: int, *, errors: int, duration_s: float
+) -> None:
+    with engine.begin() as conn:
+        conn.execute(
+            insert(requests),
+            [
+                {
+                    "request_id": f"{version}-{start.timestamp()}-{i}",
+                    "model": "tiny",
+                    "model_version": version,
+                    "started_at": start + dt.timedelta(seconds=i),
+                    "duration_s": duration_s,
+                    "error_type": "GenerationFailed" if i < errors else None,
+                    "source": "engine",
+                    "relevance": 0.6,
+                }
+                for i in range(n)
+            ],
+        )
+
+
+def _analyzer(engine: Engine, tmp_path: Path, rt: Any, clock: Clock) -> Any:
+    from infersight.alerts import AnalysisPolicy, DeployAnalyzer, StoreVersionMetrics
+
+    policy = AnalysisPolicy(window_s=600, interval_s=60, baseline_s=600, max_failed_checks=3, min_requests=20)
+    return DeployAnalyzer(
+        engine, StoreVersionMetrics(engine), runner(engine, tmp_path, rt, clock), policy=policy, clock=clock
+    )
+
+
+def test_regressed_deploy_on_real_runtime_is_rolled_back_with_evidence(
+    runtime: Any, sqlite_db: Engine, tmp_path: Path
+) -> None:
+    from infersight.alerts import REGRESSION_ALERT
+
+    serve(runtime, V0)
+    events: list[Any] = []
+    unsubscribe = runtime.subscribe(events.append)
+    runtime.deploy(V1)
+    unsubscribe()
+    [deployed] = [e for e in events if type(e).__name__ == "VersionDeployed"]
+    clock = Clock(deployed.at)
+    at = dt.datetime.fromtimestamp(deployed.at, dt.UTC)
+    analyzer = _analyzer(sqlite_db, tmp_path, runtime, clock)
+    _traffic(sqlite_db, V0, at - dt.timedelta(seconds=300), 60, errors=0, duration_s=0.1)
+    analyzer.observe(deployed)  # the engine's VersionDeployed starts the analysis
+    _traffic(sqlite_db, V1, at + dt.timedelta(seconds=1), 60, errors=15, duration_s=0.4)
+    verdicts = []
+    for _ in range(3):
+        clock.advance(61)
+        verdicts += analyzer.tick()
+    assert [v.verdict for v in verdicts] == ["failed"] * 3
+    assert any("error rate 25.0%" in f for f in verdicts[0].failures)
+    assert any("p99 latency" in f for f in verdicts[0].failures)
+    rollback = verdicts[-1].rollback
+    assert rollback is not None and (rollback.state, rollback.after_version) == ("succeeded", V0)
+    assert runtime.serving_version == V0
+    with sqlite_db.connect() as conn:
+        page = conn.execute(select(alerts).where(alerts.c.alertname == REGRESSION_ALERT)).one()
+    annotations = json.loads(page.annotations)
+    assert page.state == "firing" and "rolled back to " + V0 in annotations["summary"]
+    assert len(json.loads(annotations["evidence"])) == 3
+    assert analyzer.tick() == []  # the analysis is over
+
+
+def test_healthy_deploy_passes_and_thin_traffic_is_inconclusive(
+    runtime: Any, sqlite_db: Engine, tmp_path: Path
+) -> None:
+    serve(runtime, V0)
+    clock = Clock()
+    analyzer = _analyzer(sqlite_db, tmp_path, runtime, clock)
+    at = clock.now
+    _traffic(sqlite_db, V0, at - dt.timedelta(seconds=300), 60, errors=1, duration_s=0.1)
+    analyzer.on_deploy(V1, V0, at)
+    clock.advance(61)
+    assert [v.verdict for v in analyzer.tick()] == ["inconclusive"]  # no traffic on the new version yet
+    _traffic(sqlite_db, V1, at + dt.timedelta(seconds=62), 60, errors=1, duration_s=0.11)
+    verdicts = []
+    for _ in range(10):
+        clock.advance(61)
+        verdicts += analyzer.tick()
+    assert {v.verdict for v in verdicts} == {"passed"} and all(v.rollback is None for v in verdicts)
+    assert runtime.serving_version == V0  # untouched: this test never deployed V1 on the engine
