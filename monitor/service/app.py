@@ -61,3 +61,8 @@ def create_app(config: ServiceConfig, *, service: Service | None = None, **servi
 
 def _include_optional_routers(app: FastAPI, svc: Service) -> None:
     """Alerts, silences, drift, snapshots and the Alertmanager receiver."""
+    from .routers import alerting, snapshots
+
+    app.include_router(alerting.router)
+    alerting.mount_alertmanager(app)
+    app.include_router(snapshots.router)

@@ -74,7 +74,7 @@ class ScheduleConfig:
     timeseries_window_s: float = 60.0  # latency quantiles of each point cover this window
     embed_s: float = 2.0
     drift_s: float = 60.0
-    rules_s: float = 10.0
+    rules_s: float = 1.0  # each rule group keeps its own `interval`; this is how often they are checked
     outbox_s: float = 2.0
     post_deploy_s: float = 5.0
     retention_s: float = 3600.0

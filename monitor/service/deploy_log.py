@@ -10,15 +10,20 @@ recorded alike.
 from __future__ import annotations
 
 import datetime as dt
+import logging
 import threading
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 from infersight.engine.events import DeployFailed, EngineEvent, VersionDeployed
 from infersight.monitor.store.tables import deploys, model_versions
+from prometheus_client import CollectorRegistry, Counter, Gauge
 from sqlalchemy import Engine, insert, select
 
 __all__ = ["DeployLog"]
+
+log = logging.getLogger(__name__)
 
 
 def _at(ts: float) -> dt.datetime:
@@ -26,11 +31,23 @@ def _at(ts: float) -> dt.datetime:
 
 
 class DeployLog:
-    def __init__(self, db: Engine, runtime: Any) -> None:
+    def __init__(self, db: Engine, runtime: Any, registry: CollectorRegistry, *, model: str) -> None:
         self.db = db
         self.runtime = runtime
+        self.model = model
         self._events: deque[VersionDeployed | DeployFailed] = deque(maxlen=10_000)
         self._lock = threading.Lock()
+        self.listeners: list[Callable[[VersionDeployed | DeployFailed], None]] = []
+        self.deploys_total = Counter(
+            "infersight_deploys", "Version changes of the embedded runtime", ["outcome"], registry=registry
+        )
+        self.model_info = Gauge(
+            "infersight_model_info",
+            "1 for the serving version",
+            ["model", "model_version"],
+            registry=registry,
+        )
+        self._serving: str | None = None
         self._unsubscribe = runtime.subscribe(self._on_event)
 
     def _on_event(self, event: EngineEvent) -> None:
@@ -44,8 +61,10 @@ class DeployLog:
     def flush(self) -> int:
         with self._lock:
             rows: list[dict[str, Any]] = []
+            events: list[VersionDeployed | DeployFailed] = []
             while self._events:
                 event = self._events.popleft()
+                events.append(event)
                 if isinstance(event, VersionDeployed):
                     rows.append({"at": _at(event.at), "from_version": event.from_version,
                                  "to_version": event.to_version, "reason": event.reason,
@@ -58,8 +77,26 @@ class DeployLog:
             if rows:
                 with self.db.begin() as conn:
                     conn.execute(insert(deploys), rows)
+                for row in rows:
+                    self.deploys_total.labels(row["outcome"]).inc()
+            self._set_serving(self.runtime.serving_version)
             self.sync_versions()
-            return len(rows)
+        for event in events:
+            for listener in self.listeners:
+                try:
+                    listener(event)
+                except Exception:  # a listener never blocks the deploy log
+                    log.exception("deploy listener failed")
+        return len(rows)
+
+    def _set_serving(self, version: str | None) -> None:
+        if version == self._serving:
+            return
+        if self._serving is not None:
+            self.model_info.remove(self.model, self._serving)
+        if version is not None:
+            self.model_info.labels(self.model, version).set(1)
+        self._serving = version
 
     def sync_versions(self) -> None:
         """Insert the registry's versions the store does not know yet."""

@@ -18,8 +18,11 @@ log = logging.getLogger(__name__)
 
 
 def wire_components(service: Service) -> None:
+    from .wiring_alerts import wire_alerts
+
     _wire_collectors(service)
     _wire_backend(service)
+    wire_alerts(service)
     schedule = service.config.schedule
     service.scheduler.add("timeseries", lambda: sample_timeseries(service), schedule.timeseries_s)
 
@@ -74,7 +77,7 @@ def _wire_backend(service: Service) -> None:
         backend = EngineBackend.start(service)
         service.components["backend"] = backend
         backend.observe_events()
-        deploy_log = DeployLog(service.db, backend.runtime)
+        deploy_log = DeployLog(service.db, backend.runtime, service.registry, model=backend.model_name)
         service.components["deploy_log"] = deploy_log
         deploy_log.flush()
         service.scheduler.add("deploy_log", deploy_log.flush, 1.0)

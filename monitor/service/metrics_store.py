@@ -1,0 +1,54 @@
+"""Metrics read from the shared store at scrape time (so every replica exports the same
+figures): firing alerts by name and severity, outbox backlog and dead letters."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections import Counter
+from collections.abc import Iterator
+
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
+from sqlalchemy import Engine, func, select
+from sqlalchemy.exc import SQLAlchemyError
+
+__all__ = ["AlertStoreCollector"]
+
+log = logging.getLogger(__name__)
+
+
+class AlertStoreCollector(Collector):
+    def __init__(self, db: Engine) -> None:
+        self.db = db
+
+    def collect(self) -> Iterator[Metric]:
+        from infersight.alerts.tables import alerts, outbox
+
+        firing = GaugeMetricFamily(
+            "infersight_alerts_firing", "Alerts firing now", labels=["alertname", "severity"]
+        )
+        pending = GaugeMetricFamily("infersight_outbox_pending", "Notifications waiting to be delivered")
+        dead = GaugeMetricFamily(
+            "infersight_outbox_dead_letters", "Notifications that exhausted their retries"
+        )
+        try:
+            with self.db.connect() as conn:
+                rows = conn.execute(
+                    select(alerts.c.alertname, alerts.c.labels).where(alerts.c.state == "firing")
+                ).all()
+                states = dict(
+                    conn.execute(select(outbox.c.state, func.count()).group_by(outbox.c.state)).all()
+                )
+        except SQLAlchemyError as exc:  # a scrape never fails because the database is away
+            log.warning("alert metrics unavailable: %s", exc)
+            return
+        counts = Counter((name, str(json.loads(labels).get("severity", ""))) for name, labels in rows)
+        for (name, severity), n in sorted(counts.items()):
+            firing.add_metric([name, severity], n)
+        pending.add_metric([], states.get("pending", 0))
+        dead.add_metric([], states.get("dead", 0))
+        yield firing
+        yield pending
+        yield dead

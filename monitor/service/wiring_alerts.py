@@ -1,0 +1,162 @@
+"""Wiring the alert engine (infersight.alerts) into a started service.
+
+- Rules: `Evaluator` over the live statistics (`LiveSignals`: latency, errors, queue, GPU,
+  memory slopes, drift p-values) and the store (`StoreSignals`: relevance of sampled
+  requests, dead letters), as the leader-only job `rules`, followed by the actions it queued.
+- Delivery: `Dispatcher` over the outbox, leader-only job `outbox`.
+- Actions: an `ActionRunner` controlling the embedded runtime (none in proxy mode) and
+  taking snapshots with what the service knows (metrics, latest drift report, version config).
+- Post-deploy analysis: `DeployAnalyzer`, started by each deploy the runtime reports.
+- Inbound Alertmanager webhooks: the alerts package's router, mounted behind the token.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+import os
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client import Counter, generate_latest
+
+from .errors import ConfigInvalid
+
+if TYPE_CHECKING:
+    from .service import Service
+
+__all__ = ["AlertsWiring", "ServiceSnapshotSource"]
+
+log = logging.getLogger(__name__)
+
+
+class ServiceSnapshotSource:
+    """What a snapshot holds beyond the `requests` table."""
+
+    def __init__(self, service: Service) -> None:
+        self.service = service
+
+    def metrics_text(self) -> str:
+        from prometheus_client import CollectorRegistry
+
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(self.service.exposition)
+        return generate_latest(registry).decode("utf-8", "replace")
+
+    def latest_drift_report(self) -> Mapping[str, Any] | None:
+        drift = self.service.components.get("drift")
+        return drift.latest_report_json() if drift is not None else None
+
+    def version_config(self, version: str | None) -> Mapping[str, Any] | None:
+        runtime = getattr(self.service.components.get("backend"), "runtime", None)
+        if runtime is None or version is None or version not in runtime.registry:
+            return None
+        info = runtime.registry.get(version)
+        out: dict[str, Any] = info.to_json()
+        try:
+            out["config.json"] = json.loads((info.path / "config.json").read_text())
+        except (OSError, ValueError):
+            out["config.json"] = None
+        return out
+
+
+class AlertsWiring:
+    def __init__(self, service: Service) -> None:
+        from infersight import alerts as a
+
+        self.service = service
+        cfg = service.config.alerting
+        try:
+            self.config = a.load_config(cfg.rules, env=os.environ)
+        except a.RuleParseError as exc:
+            raise ConfigInvalid("alerting.rules", str(exc)) from exc
+        db = service.db
+        runtime = getattr(service.components.get("backend"), "runtime", None)
+        self.control = a.RuntimeControl(runtime) if runtime is not None else None
+        self.snapshot_source = ServiceSnapshotSource(service)
+        self.runner = a.ActionRunner(db, data_dir=service.data_dir, control=self.control,
+                                     snapshots=self.snapshot_source)  # fmt: skip
+        live = a.LiveSignals(
+            service.components.get("stats"),
+            gpu=service.components.get("gpu"),
+            process=service.components.get("process"),
+            quality=service.components.get("drift"),
+        )
+        store = a.StoreSignals(db)
+        self.signals = a.CompositeSignals(live, dead_letters=store, relevance=store)
+        self.evaluator = a.Evaluator(db, self.config, self.signals)
+        self.notifications = Counter(
+            "infersight_notifications", "Notification delivery attempts", ["receiver", "outcome"],
+            registry=service.registry,
+        )  # fmt: skip
+        self.dispatcher = a.Dispatcher(
+            db, a.build_receivers(self.config.receivers), a.HttpxSender(), on_result=self._count
+        )
+        policy = service.components.get("analysis_policy") or a.AnalysisPolicy()
+        drift = service.components.get("drift")
+        metrics = a.StoreVersionMetrics(db, output_drift=getattr(drift, "output_drift_p_value", None))
+        self.analyzer = a.DeployAnalyzer(db, metrics, self.runner, policy=policy)
+        self.alertmanager = a.AlertmanagerHandler(db, self.runner)
+
+    def _count(self, result: Any) -> None:
+        if result.outcome in ("delivered", "retried", "dead"):
+            self.notifications.labels(result.receiver, result.outcome).inc()
+
+    # -- jobs ----------------------------------------------------------------------------
+    def evaluate(self) -> None:
+        self.evaluator.tick()
+        self.runner.run_pending()
+
+    def dispatch(self) -> None:
+        while len(self.dispatcher.run_once()) >= 20:
+            pass
+
+    def on_version_deployed(self, event: Any) -> None:
+        """From the deploy log (off the engine's thread): a deploy starts an analysis."""
+        self.analyzer.observe(event)
+
+    def analyze(self) -> None:
+        self.analyzer.tick()
+
+    # -- for the routers ------------------------------------------------------------------
+    def firing_summary(self) -> list[dict[str, Any]]:
+        from infersight.alerts.tables import alerts
+        from sqlalchemy import select
+
+        with self.service.db.connect() as conn:
+            rows = conn.execute(
+                select(alerts).where(alerts.c.state == "firing").order_by(alerts.c.fired_at.desc())
+            ).all()
+        out = []
+        for r in rows:
+            labels = json.loads(r.labels)
+            annotations = json.loads(r.annotations)
+            out.append({
+                "alertname": r.alertname, "severity": labels.get("severity"),
+                "summary": annotations.get("summary", ""), "active_since": _iso(r.fired_at or r.active_at),
+                "labels": labels,
+            })  # fmt: skip
+        return out
+
+
+def _iso(value: dt.datetime | None) -> str | None:
+    return None if value is None else value.astimezone(dt.UTC).isoformat().replace("+00:00", "Z")
+
+
+def wire_alerts(service: Service) -> AlertsWiring | None:
+    if not service.config.alerting.enabled:
+        return None
+    from .metrics_store import AlertStoreCollector
+
+    wiring = AlertsWiring(service)
+    service.components["alerts"] = wiring
+    service.registry.register(AlertStoreCollector(service.db))
+    schedule = service.config.schedule
+    service.scheduler.add("rules", wiring.evaluate, schedule.rules_s, leader_only=True)
+    service.scheduler.add("outbox", wiring.dispatch, schedule.outbox_s, leader_only=True)
+    service.scheduler.add("post_deploy", wiring.analyze, schedule.post_deploy_s)
+    deploy_log = service.components.get("deploy_log")
+    if deploy_log is not None:
+        deploy_log.listeners.append(wiring.on_version_deployed)
+    return wiring
