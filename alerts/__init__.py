@@ -25,7 +25,7 @@ from .actions import (
     SnapshotSource,
     take_snapshot,
 )
-from .alertmanager import ACTION_LABEL, AlertmanagerHandler, InboundResult, parse_payload
+from .alertmanager import ACTION_LABEL, AlertmanagerHandler, InboundAlert, InboundResult, parse_payload
 from .analysis import (
     REGRESSION_ALERT,
     AnalysisPolicy,
@@ -49,16 +49,16 @@ from .errors import (
     UnknownSignal,
 )
 from .evaluator import EvaluationResult, Evaluator
-from .live_signals import LiveSignals, QualitySource
-from .loader import load_config, parse_config
+from .live_signals import InferenceStatsLike, LiveSignals, QualitySource
+from .loader import DEFAULT_RULES, load_config, parse_config
 from .matchers import Matcher, parse_matcher
 from .notification import Notification, NotifiedAlert
 from .notifier import FlushResult, Notifier
-from .outbox import OutboxEntry
+from .outbox import OutboxEntry, requeue_dead
 from .promql import PrometheusExport, export_prometheus, signal_promql
 from .receivers import PagerDutyReceiver, Receiver, SlackReceiver, WebhookReceiver, build_receivers
-from .rules import ActionSpec, Condition, Rule, RuleGroup
-from .signals import SIGNAL_KINDS, Sample, Signal, SignalSource
+from .rules import ACTION_TYPES, ActionSpec, Condition, Rule, RuleGroup
+from .signals import SIGNAL_KINDS, Sample, Signal, SignalKind, SignalSource
 from .silences import Silence, create_silence, expire_silence, list_silences
 from .state import ActiveAlert, Transition
 from .static_signals import StaticSignals
@@ -67,6 +67,8 @@ from .transport import HttpRequest, HttpResponse, HttpSender, HttpxSender
 
 __all__ = [
     "ACTION_LABEL",
+    "ACTION_TYPES",
+    "DEFAULT_RULES",
     "FAILURE_ALERT",
     "REGRESSION_ALERT",
     "SIGNAL_KINDS",
@@ -94,7 +96,9 @@ __all__ = [
     "HttpResponse",
     "HttpSender",
     "HttpxSender",
+    "InboundAlert",
     "InboundResult",
+    "InferenceStatsLike",
     "InhibitRule",
     "InvalidAlertmanagerPayload",
     "InvalidMatcher",
@@ -118,6 +122,7 @@ __all__ = [
     "RuntimeControl",
     "Sample",
     "Signal",
+    "SignalKind",
     "SignalSource",
     "Silence",
     "SlackReceiver",
@@ -140,6 +145,7 @@ __all__ = [
     "parse_config",
     "parse_matcher",
     "parse_payload",
+    "requeue_dead",
     "signal_promql",
     "take_snapshot",
 ]

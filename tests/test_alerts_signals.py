@@ -1,0 +1,149 @@
+"""Signal adapters: LiveSignals over the real collectors (InferenceStats' sliding-window
+sketches, GPUCollector on the fake pynvml boundary, ProcessCollector), StoreSignals over
+the shared `requests` table and the outbox, and a default rule firing from live data."""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from infersight.alerts import Evaluator, LiveSignals, Signal, StoreSignals, load_config
+from infersight.alerts.live_signals import least_squares_slope
+from infersight.collectors import GPUCollector, InferenceStats, ProcessCollector
+from infersight.collectors.fake_nvml import FakeDevice, FakeNVML
+from infersight.monitor.records import InferenceRecord
+from infersight.monitor.store.tables import requests
+from sqlalchemy import Engine, insert
+from test_alerts_support import Clock, database
+
+P99 = Signal("latency_quantile", metric="request_duration", quantile=0.99, window_s=60)
+ERRORS = Signal("error_rate", window_s=60, min_requests=10)
+
+
+@pytest.fixture
+def sqlite_db(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Engine]:
+    with database("sqlite", tmp_path, request) as engine:
+        yield engine
+
+
+def _stats() -> InferenceStats:
+    stats = InferenceStats(window_s=600, interval_s=1)
+    now = time.time()
+    for i in range(200):  # v1: 1..200 ms (1% fail); v2: 10x slower, 20% fail
+        for version, scale, every in (("v1", 1, 100), ("v2", 10, 5)):
+            stats.observe(
+                InferenceRecord(
+                    request_id=f"{version}-{i}",
+                    model="bank",
+                    model_version=version,
+                    started_at=now,
+                    duration_s=(i + 1) * 0.001 * scale,
+                    error_type="Boom" if i % every == 0 else None,
+                )
+            )
+    return stats
+
+
+def test_latency_quantile_and_error_rate_per_version_from_the_real_sketches() -> None:
+    stats = _stats()
+    live = LiveSignals(stats)
+    p99 = {dict(s.labels)["model_version"]: s.value for s in live.read(P99, ["model", "model_version"])}
+    assert p99["v1"] == pytest.approx(0.199, rel=0.03) and p99["v2"] == pytest.approx(1.99, rel=0.03)
+    errors = {dict(s.labels)["model_version"]: s.value for s in live.read(ERRORS, ["model_version"])}
+    assert errors == {"v1": pytest.approx(0.01), "v2": pytest.approx(0.2)}
+    [merged] = live.read(P99, [])
+    assert merged.labels == () and 0.199 < merged.value < 2.0
+    assert live.read(Signal("error_rate", window_s=60, min_requests=1000), ["model_version"]) == []
+
+
+def test_gpu_activity_memory_and_slope_from_the_fake_nvml_boundary() -> None:
+    device = FakeDevice(sm_activity_pct=41.5, memory_used=10 << 30, memory_total=80 << 30)
+    clock = Clock(0.0)
+    gpu = GPUCollector(nvml=FakeNVML([device]), clock=clock)
+    live = LiveSignals(gpu=gpu, clock=clock)
+    for _ in range(6):  # 100 MB more every minute
+        gpu.sample_once()
+        live.read(Signal("memory_slope", resource="gpu", window_s=600), ["gpu"])
+        device.memory_used += 100_000_000
+        clock.advance(60)
+    gpu.sample_once()
+    [slope] = live.read(Signal("memory_slope", resource="gpu", window_s=600), ["gpu", "uuid"])
+    assert slope.value == pytest.approx(1e8) and dict(slope.labels) == {"gpu": "0", "uuid": device.uuid}
+    [activity] = live.read(Signal("gpu_sm_activity"), ["gpu"])
+    assert activity.value == pytest.approx(0.415)
+    [ratio] = live.read(Signal("gpu_memory_ratio"), [])
+    assert ratio.value == pytest.approx(device.memory_used / (80 << 30))
+
+
+def test_process_rss_slope() -> None:
+    rss = [500 << 20]
+    fake = SimpleNamespace(
+        cpu_times=lambda: SimpleNamespace(user=1.0, system=0.5),
+        memory_info=lambda: SimpleNamespace(rss=rss[0]),
+        num_threads=lambda: 4,
+        oneshot=lambda: __import__("contextlib").nullcontext(),
+    )
+    collector, clock = ProcessCollector(pid=4242, process=fake), Clock(0.0)
+    live = LiveSignals(process=collector, clock=clock)
+    for _ in range(5):
+        collector.sample_once()
+        live.read(Signal("memory_slope", resource="process", window_s=600), ["pid"])
+        rss[0] += 50 << 20
+        clock.advance(30)
+    collector.sample_once()
+    [slope] = live.read(Signal("memory_slope", resource="process", window_s=600), ["pid"])
+    assert dict(slope.labels) == {"pid": "4242"} and slope.value == pytest.approx(100 << 20)
+
+
+def test_least_squares_slope_is_exact_on_a_line() -> None:
+    assert least_squares_slope([(t, 3 * t + 1) for t in range(10)]) == pytest.approx(3)
+    assert least_squares_slope([(1, 5)]) is None
+
+
+def test_default_latency_rule_fires_from_live_inference_stats(sqlite_db: Engine) -> None:
+    stats = _stats()
+    ev = Evaluator(sqlite_db, load_config(env={}), LiveSignals(stats), clock=Clock(time.time()))
+    ev.evaluate()
+    ev.clock.advance(121)  # type: ignore[attr-defined]
+    fired = [t for t in ev.evaluate().transitions if t.to_state == "firing"]
+    # v2's p99 is ~2 s: over the 1 s warning and (just) under or over 2 s critical, depending on the sketch
+    assert {(t.alertname, dict(t.labels)["model_version"]) for t in fired} >= {("TailLatencyOverSLA", "v2")}
+    assert all(dict(t.labels)["model_version"] == "v2" for t in fired)
+
+
+def test_store_signals_compute_exact_figures_from_the_requests_table(sqlite_db: Engine) -> None:
+    clock = Clock()
+    with sqlite_db.begin() as conn:
+        conn.execute(
+            insert(requests),
+            [
+                {
+                    "request_id": f"r{i}",
+                    "model": "bank",
+                    "model_version": "v1",
+                    "source": "sdk",
+                    "started_at": clock.now - dt.timedelta(seconds=i),
+                    "duration_s": float(i + 1),
+                    "error_type": "Boom" if i < 10 else None,
+                    "relevance": 0.5,
+                }
+                for i in range(100)
+            ],
+        )
+    store = StoreSignals(sqlite_db, clock=clock)
+    [p99] = store.read(
+        Signal("latency_quantile", metric="request_duration", quantile=0.99, window_s=1000), ["model_version"]
+    )
+    assert p99.value == pytest.approx(99.01)
+    [rate] = store.read(Signal("error_rate", window_s=1000, min_requests=10), [])
+    assert rate.value == pytest.approx(0.1)
+    [recent] = store.read(Signal("error_rate", window_s=5), [])  # only the last 5 s: all errors
+    assert recent.value == 1.0
+    [relevance] = store.read(Signal("relevance"), ["model", "model_version"])
+    assert relevance.value == pytest.approx(0.5)
+    assert store.read(Signal("dead_letters"), []) == [store.read(Signal("dead_letters"), [])[0]]
+    assert store.read(Signal("dead_letters"), [])[0].value == 0.0
