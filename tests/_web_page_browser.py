@@ -107,7 +107,7 @@ class Browser:
             raise BrowserError(f"JS error in {expression!r}: {result['exceptionDetails']}")
         return result["result"].get("value")
 
-    def wait_for(self, expression: str, *, timeout_s: float = 15.0, what: str = "") -> Any:
+    def wait_for(self, expression: str, *, timeout_s: float = 30.0, what: str = "") -> Any:
         """Poll a JS expression until it is truthy; return its value."""
         deadline = time.monotonic() + timeout_s
         guarded = f"(() => {{ try {{ return ({expression}); }} catch (e) {{ return false; }} }})()"  # page may be loading
@@ -116,7 +116,11 @@ class Browser:
             if value:
                 return value
             time.sleep(0.1)
-        raise BrowserError(f"timed out after {timeout_s}s waiting for {what or expression}")
+        banner = self.evaluate("document.getElementById('connection')?.textContent || ''")
+        raise BrowserError(
+            f"timed out after {timeout_s}s waiting for {what or expression}; "
+            f"page banner: {banner!r}; page errors: {self.page_errors()[:3]}"
+        )
 
     def navigate(self, url: str, *, width: int = 1366, height: int = 900) -> None:
         self.send(

@@ -180,7 +180,7 @@ def test_rollback_sends_the_token_and_shows_the_services_refusal(live: Live, bro
         what="the rollback outcome",
     )
     # no embedded runtime in this service: the real endpoint refuses with 409 and says why
-    assert "Failed to roll back (409)" in toast and "no embedded runtime" in toast
+    assert "Failed to roll back (409)" in toast and "no embedded runtime" in toast and "{" not in toast
     assert browser.evaluate("sessionStorage.getItem('infersight.token')") == TOKEN
     assert not browser.page_errors()
 

@@ -241,7 +241,9 @@ function showResult(ok, title, detail) {
 
 function describe(body) {
   if (body === null || typeof body !== "object") return String(body ?? "");
-  const detail = body.detail ?? body.error ?? body.message;
+  const err = body.error;
+  if (err && typeof err === "object" && err.message) return err.field ? `${err.message} (field: ${err.field})` : err.message;
+  const detail = body.detail ?? err ?? body.message;
   if (detail !== undefined) return typeof detail === "string" ? detail : JSON.stringify(detail);
   return Object.entries(body)
     .filter(([, v]) => v === null || typeof v !== "object")
