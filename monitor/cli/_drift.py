@@ -1,16 +1,121 @@
-"""`infersight drift`: PLACEHOLDER until its owner replaces this module."""
+"""`infersight drift REFERENCE CURRENT`: is the current window still like the reference?
+
+Reads .jsonl (`prompt`, optional `response`), .csv (`text` or `prompt` column, optional
+`response`) or plain text (one per line); embeds with all-MiniLM-L6-v2 (or `--model DIR`)
+with a progress bar on stderr; prints the verdict, or one JSON object with `--json`;
+`--report FILE.html` writes a self-contained HTML report.
+"""
 
 from __future__ import annotations
 
 import argparse
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ._errors import CommandError
 
+if TYPE_CHECKING:
+    from infersight.monitor.drift import DriftReport
 
-def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    p = sub.add_parser("drift", help="(not built yet)")
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "drift",
+        help="test whether a window of prompts/responses drifted from a reference",
+        description="Semantic drift between two windows of texts (Sentence-BERT embeddings, "
+        "MMD and nearest-neighbour novelty tests, Holm-corrected).",
+    )
+    p.add_argument("reference", help="reference window: .jsonl, .csv or .txt")
+    p.add_argument("current", help="current window: .jsonl, .csv or .txt")
+    p.add_argument("--json", action="store_true", help="print one JSON object (the full report)")
+    p.add_argument("--alpha", type=float, default=0.05, help="family-wise false-alarm rate (default 0.05)")
+    p.add_argument("--report", metavar="FILE.html", help="write a self-contained HTML report")
+    p.add_argument(
+        "--model", metavar="DIR", help="a Sentence-BERT model directory (default: all-MiniLM-L6-v2)"
+    )
+    p.add_argument(
+        "--permutations", type=int, default=1000, help="permutations of the MMD test (default 1000)"
+    )
+    p.add_argument("--seed", type=int, default=0, help="seed of every random choice (default 0)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar while embedding")
+    p.add_argument("--fail-on-drift", action="store_true", help="exit with status 1 when drift is detected")
     p.set_defaults(handler=_run)
 
 
 def _run(args: argparse.Namespace) -> int:
-    raise CommandError("not built yet")
+    from infersight.monitor.drift import (
+        CachedEmbedder,
+        DriftConfig,
+        DriftDetector,
+        DriftError,
+        SentenceTransformerEmbedder,
+        TestOptions,
+        read_window,
+        render_html,
+    )
+
+    if not 0.0 < args.alpha < 1.0:
+        raise CommandError(f"--alpha must be between 0 and 1, got {args.alpha}")
+    if args.permutations < 1:
+        raise CommandError(f"--permutations must be at least 1, got {args.permutations}")
+    if args.model is not None and not Path(args.model).is_dir():
+        raise CommandError(f"--model {args.model}: not a directory")
+    report_path = Path(args.report) if args.report else None
+    if report_path is not None and not report_path.parent.is_dir():
+        raise CommandError(f"--report {args.report}: directory {report_path.parent} does not exist")
+    try:
+        reference = read_window(args.reference, "reference")
+        current = read_window(args.current, "current")
+        config = DriftConfig(
+            alpha=args.alpha, options=TestOptions(permutations=args.permutations, seed=args.seed)
+        )
+        embedder = CachedEmbedder(SentenceTransformerEmbedder(args.model, progress=not args.no_progress))
+        report = DriftDetector(embedder, config).score(reference, current)
+    except DriftError as exc:
+        raise CommandError(str(exc)) from exc
+    if report_path is not None:
+        try:
+            report_path.write_text(render_html(report), encoding="utf-8")
+        except OSError as exc:
+            raise CommandError(f"--report {args.report}: {exc.strerror or exc}") from exc
+    if args.json:
+        print(report.dumps())
+    else:
+        _print_verdict(report, report_path)
+    return 1 if (args.fail_on_drift and report.drifted) else 0
+
+
+def _print_verdict(report: DriftReport, report_path: Path | None) -> None:
+    out = sys.stdout
+    head = "DRIFT" if report.drifted else "no drift"
+    print(
+        f"{head}: p={report.p_value:.3g} (Holm over {len(report.tests)} tests, alpha={report.threshold:g}), "
+        f"effect {report.score:.3g} by {report.method}; {report.n_reference} reference vs "
+        f"{report.n_current} current texts",
+        file=out,
+    )
+    for t in report.tests:
+        mark = "DRIFT" if t.drifted else "ok"
+        print(
+            f"  {t.field:<9} {t.test:<15} effect {t.score:<10.3g} (floor {t.effect_floor:g})  "
+            f"p={t.p_value:.3g}  adjusted={t.p_adjusted:.3g}  {mark}  [{t.method}]",
+            file=out,
+        )
+    for e in report.explanations:
+        n = e.novelty
+        print(
+            f"{e.field}: novelty rate {100 * n.rate:.1f}% (reference {100 * n.reference_rate:.1f}%)", file=out
+        )
+        for x in n.examples[:3]:
+            print(f"  new: {x.text!r}  (nearest reference: {x.nearest_reference!r})", file=out)
+        for w in e.appeared[:3]:
+            print(f"  appeared: {w.text!r}", file=out)
+        top = e.clusters[0] if e.clusters else None
+        if top is not None and top.significant:
+            print(
+                f"  cluster {top.label!r}: {100 * top.reference_share:.1f}% -> {100 * top.current_share:.1f}%",
+                file=out,
+            )
+    if report_path is not None:
+        print(f"report: {report_path}", file=out)

