@@ -61,8 +61,9 @@ def create_app(config: ServiceConfig, *, service: Service | None = None, **servi
 
 def _include_optional_routers(app: FastAPI, svc: Service) -> None:
     """Alerts, silences, drift, snapshots and the Alertmanager receiver."""
-    from .routers import alerting, snapshots
+    from .routers import alerting, drift, snapshots
 
     app.include_router(alerting.router)
+    app.include_router(drift.router)
     alerting.mount_alertmanager(app)
     app.include_router(snapshots.router)

@@ -19,9 +19,11 @@ log = logging.getLogger(__name__)
 
 def wire_components(service: Service) -> None:
     from .wiring_alerts import wire_alerts
+    from .wiring_drift import wire_drift
 
     _wire_collectors(service)
     _wire_backend(service)
+    wire_drift(service)
     wire_alerts(service)
     schedule = service.config.schedule
     service.scheduler.add("timeseries", lambda: sample_timeseries(service), schedule.timeseries_s)

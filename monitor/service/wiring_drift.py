@@ -1,0 +1,273 @@
+"""Wiring drift scoring (infersight.monitor.drift) into a started service.
+
+- Reference: `drift.reference` (a .jsonl/.csv/.txt file) is stored at start as reference
+  "configured" (a new version only when its texts changed). Without one, each model
+  version gets a reference from its first `drift.window` sampled requests ("deploy").
+- Batch test (leader-only job `drift`): for each model version with enough new sampled
+  texts, the newest `drift.window` of them against the reference (`evaluate_window`:
+  report stored, relevance of those requests written back, gauges set).
+- Streaming (job `embed`): texts offered to the reservoir (a bounded, uniform sample:
+  what does not fit is counted in `infersight_drift_texts_skipped_total`) are embedded in
+  one batch per tick, their relevance stored and observed, and fed to a CUSUM chart per
+  version; an alarm runs the batch test at once rather than at its next interval.
+- Quality signals for the alert rules (`drift_p_values`, `relevance_means`) and the
+  post-deploy analysis's output-drift check come from here.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import threading
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from infersight.monitor.store.tables import requests
+from prometheus_client import Counter
+from sqlalchemy import bindparam, func, select, update
+
+from .reservoir import SampledText
+
+if TYPE_CHECKING:
+    from .service import Service
+
+__all__ = ["DriftWiring", "wire_drift"]
+
+log = logging.getLogger(__name__)
+CONFIGURED = "configured"
+_LOOKBACK = dt.timedelta(hours=24)
+
+
+class DriftWiring:
+    def __init__(self, service: Service, *, detector: Any = None) -> None:
+        from infersight.monitor import drift as d
+
+        self.d = d
+        self.service = service
+        self.config = service.config.drift
+        self.detector = detector or d.DriftDetector(config=d.DriftConfig(alpha=self.config.alpha))
+        self.metrics = d.DriftMetrics(service.registry)
+        self.alarms = Counter(
+            "infersight_drift_stream_alarms", "Streaming (CUSUM) drift alarms", ["model_version", "signal"],
+            registry=service.registry,
+        )  # fmt: skip
+        self._lock = threading.Lock()
+        self._p_values: dict[str, dict[tuple[str, str], float]] = {"prompt": {}, "response": {}}
+        self._relevance: dict[tuple[str, str], float] = {}
+        self._last_count: dict[str, int] = {}
+        self._streams: dict[str, Any] = {}
+        self.configured_reference: str | None = None
+
+    # -- references ---------------------------------------------------------------------
+    def store_configured_reference(self) -> None:
+        path = self.config.reference
+        if path is None:
+            return
+        window = self.d.read_window(path, "reference")
+        db = self.service.db
+        try:
+            current = self.d.load_reference(db, CONFIGURED)
+            if current.window.prompts == window.prompts and current.window.responses == window.responses:
+                self.configured_reference = CONFIGURED
+                return
+        except self.d.ReferenceNotFound:
+            pass
+        (embedded,) = self.detector.embed(window)
+        self.d.save_reference(db, CONFIGURED, window, model_version="*", source="file", source_detail=str(path),
+                              embedded=embedded, embedder=self.detector.embedder_name)  # fmt: skip
+        self.configured_reference = CONFIGURED
+
+    def _reference_for(self, model_version: str) -> Any:
+        db = self.service.db
+        if self.configured_reference is not None:
+            return self.d.load_reference(db, CONFIGURED, embedder=self.detector.embedder_name)
+        try:
+            return self.d.load_reference(
+                db, model_version=model_version, embedder=self.detector.embedder_name
+            )
+        except self.d.ReferenceNotFound:
+            pass
+        first = self._first_seen(model_version)
+        if first is None:
+            return None
+        window = self.d.first_requests_after(
+            db, model_version=model_version, after=first, n=self.config.window
+        )
+        if len(window.prompts) < self.config.window:
+            return None  # still collecting the reference
+        (embedded,) = self.detector.embed(window)
+        self.d.save_reference(db, f"{model_version}-baseline", window, model_version=model_version, source="deploy",
+                              source_detail=f"first {len(window.prompts)} requests after {first.isoformat()}",
+                              embedded=embedded, embedder=self.detector.embedder_name)  # fmt: skip
+        return self.d.load_reference(db, model_version=model_version, embedder=self.detector.embedder_name)
+
+    def _first_seen(self, model_version: str) -> dt.datetime | None:
+        with self.service.db.connect() as conn:
+            value = conn.execute(
+                select(func.min(requests.c.started_at)).where(
+                    requests.c.model_version == model_version, requests.c.prompt.is_not(None)
+                )
+            ).scalar()
+        return value if isinstance(value, dt.datetime) else None
+
+    # -- the batch test -----------------------------------------------------------------
+    def evaluate(self, *, force: bool = False) -> list[Any]:
+        now = dt.datetime.now(dt.UTC)
+        since = now - _LOOKBACK
+        reports = []
+        for model, version, count in self._active_versions(since):
+            new = count - self._last_count.get(version, 0)
+            if not force and new < max(self.config.min_window, self.config.window // 2):
+                continue
+            if count < self.config.min_window:
+                continue
+            stored = self._reference_for(version)
+            if stored is None:
+                continue
+            # a reference built from a version's first requests is compared with what came after
+            since_v = max(since, stored.info.created_at) if stored.info.source == "deploy" else since
+            try:
+                report = self.d.evaluate_window(
+                    self.service.db, detector=self.detector, model_version=version, reference=stored,
+                    since=since_v, until=now + dt.timedelta(seconds=1), model=model, metrics=self.metrics,
+                    max_current=self.config.window,
+                )  # fmt: skip
+            except self.d.WindowError as exc:
+                log.info("no drift verdict for %s yet: %s", version, exc)
+                continue
+            self._last_count[version] = count
+            self._remember(model, version, report)
+            reports.append(report)
+        return reports
+
+    def _active_versions(self, since: dt.datetime) -> list[tuple[str, str, int]]:
+        r = requests.c
+        with self.service.db.connect() as conn:
+            rows = conn.execute(
+                select(r.model, r.model_version, func.count())
+                .where(r.prompt.is_not(None), r.started_at >= since)
+                .group_by(r.model, r.model_version)
+            ).all()
+        return [(m, v, int(n)) for m, v, n in rows]
+
+    def _remember(self, model: str, version: str, report: Any) -> None:
+        with self._lock:
+            for f in report.fields:
+                if f.field in self._p_values:
+                    self._p_values[f.field][(model, version)] = float(f.p_value)
+            if report.relevance is not None and report.relevance.current.mean is not None:
+                self._relevance[(model, version)] = float(report.relevance.current.mean)
+
+    # -- streaming ----------------------------------------------------------------------
+    def embed(self) -> int:
+        items = self.service.reservoir.drain()
+        items = [i for i in items if i.prompt]
+        if not items:
+            return 0
+        window = self.d.TextWindow.of([i.prompt or "" for i in items], [i.response for i in items])
+        (embedded,) = self.detector.embed(window)
+        with_response = [i for i in items if i.response is not None]
+        self._store_relevance(with_response, embedded.relevance)
+        by_version: dict[tuple[str, str], list[float]] = {}
+        for item, value in zip(with_response, embedded.relevance, strict=True):
+            by_version.setdefault((item.model, item.model_version), []).append(float(value))
+        for (model, version), values in by_version.items():
+            self.metrics.observe_relevance(values, model=model, model_version=version)
+        self._stream(items, embedded)
+        return len(items)
+
+    def _store_relevance(self, items: list[SampledText], values: Any) -> None:
+        if not items:
+            return
+        if self.service.writer is not None:
+            self.service.writer.flush(10.0)  # the rows must exist before their relevance is set
+        with self.service.db.begin() as conn:
+            conn.execute(
+                update(requests)
+                .where(requests.c.request_id == bindparam("rid"))
+                .values(relevance=bindparam("rel")),
+                [{"rid": i.request_id, "rel": float(v)} for i, v in zip(items, values, strict=True)],
+            )
+
+    def _stream(self, items: list[SampledText], embedded: Any) -> None:
+        response_rows = {id(i): k for k, i in enumerate(i for i in items if i.response is not None)}
+        alarmed: set[str] = set()
+        for k, item in enumerate(items):
+            detector = self._stream_for(item.model_version)
+            if detector is None:
+                continue
+            r = response_rows.get(id(item))
+            update_ = detector.observe(
+                embedded.prompt_embeddings[k], embedded.response_embeddings[r] if r is not None else None
+            )
+            for signal in update_.signals:
+                self.alarms.labels(item.model_version, signal).inc()
+                alarmed.add(item.model_version)
+        if alarmed:
+            self.service.scheduler.run_now("drift")
+
+    def _stream_for(self, version: str) -> Any:
+        if version in self._streams:
+            return self._streams[version]
+        stored = None
+        try:
+            stored = (
+                self.d.load_reference(self.service.db, CONFIGURED, embedder=self.detector.embedder_name)
+                if self.configured_reference is not None
+                else self.d.load_reference(
+                    self.service.db, model_version=version, embedder=self.detector.embedder_name
+                )
+            )
+        except self.d.ReferenceNotFound:
+            return None  # no chart until the version has a reference
+        fitted = stored.embedded if stored.embedded is not None else self.detector.embed(stored.window)[0]
+        try:
+            self._streams[version] = self.d.StreamingDetector(fitted)
+        except (ValueError, self.d.DriftError) as exc:
+            log.info("no streaming chart for %s: %s", version, exc)
+            self._streams[version] = None
+        return self._streams[version]
+
+    # -- what the alert rules, the analysis and the page read -----------------------------
+    def drift_p_values(self, field: str) -> Mapping[tuple[str, str], float]:
+        with self._lock:
+            return dict(self._p_values.get(field, {}))
+
+    def relevance_means(self) -> Mapping[tuple[str, str], float]:
+        with self._lock:
+            return dict(self._relevance)
+
+    def output_drift_p_value(self, new: str, old: str, since: dt.datetime) -> float | None:
+        """Responses of `new` since the deploy against `old`'s before it (post-deploy check)."""
+        db, n = self.service.db, self.config.window
+        before = self.d.traffic_window(db, model_version=old, since=since - _LOOKBACK, until=since, limit=n)
+        after = self.d.traffic_window(
+            db, model_version=new, since=since, until=dt.datetime.now(dt.UTC), limit=n
+        )
+        if min(len(before.prompts), len(after.prompts)) < self.config.min_window:
+            return None
+        if not before.responses or not after.responses:
+            return None
+        report = self.detector.score(before, after)
+        fields = [f for f in report.fields if f.field == "response"]
+        return float(fields[0].p_value) if fields else None
+
+    def latest_summary(self) -> dict[str, Any] | None:
+        found = self.d.list_reports(self.service.db, limit=1)
+        return found[0] if found else None
+
+    def latest_report_json(self) -> dict[str, Any] | None:
+        summary = self.latest_summary()
+        return None if summary is None else self.d.load_report(self.service.db, int(summary["id"]))
+
+
+def wire_drift(service: Service) -> DriftWiring | None:
+    if not service.config.drift.enabled:
+        return None
+    wiring = DriftWiring(service, detector=service.components.get("drift_detector"))
+    wiring.store_configured_reference()
+    service.components["drift"] = wiring
+    schedule = service.config.schedule
+    service.scheduler.add("drift", wiring.evaluate, schedule.drift_s, leader_only=True)
+    service.scheduler.add("embed", wiring.embed, schedule.embed_s)
+    return wiring
