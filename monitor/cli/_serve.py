@@ -1,16 +1,109 @@
-"""`infersight serve`: PLACEHOLDER until its owner replaces this module."""
+"""`infersight serve`: the sidecar service (HTTP API, OpenAI-compatible endpoints, ingest,
+the page at /), configured by a YAML file, flags and environment variables.
+
+    infersight serve --config infersight.yaml
+    infersight serve --upstream http://127.0.0.1:8001        # beside vLLM / TGI / llama.cpp
+    infersight serve --registry ./models --version mixtral_banking_int8-v1.2
+
+Flags override the file; secrets come from the environment (INFERSIGHT_TOKEN,
+INFERSIGHT_DATABASE_URL, INFERSIGHT_UPSTREAM_API_KEY, and the `*_env` names of the rule file).
+"""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import logging
+import os
+from pathlib import Path
+from typing import Any
 
 from ._errors import CommandError
 
+__all__ = ["register"]
+
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    p = sub.add_parser("serve", help="(not built yet)")
+    p = sub.add_parser("serve", help="run the sidecar service", description=__doc__,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    p.add_argument("--config", type=Path, help="YAML config file (see docs; every key optional)")
+    p.add_argument("--host", help="bind address (default 127.0.0.1; others need a token)")
+    p.add_argument("--port", type=int, help="port (default 8000)")
+    p.add_argument("--data-dir", type=Path, help="data directory (SQLite database, snapshots, token)")
+    p.add_argument("--database-url", help="postgresql://... to share one database between replicas")
+    p.add_argument("--upstream", metavar="URL", help="proxy /v1 to this OpenAI-compatible server")
+    p.add_argument("--upstream-model", help="model name to record for the upstream's requests")
+    p.add_argument("--registry", type=Path, help="serve with the embedded runtime from this model registry")
+    p.add_argument("--version", help="version of the registry to serve (default: the last good one)")
+    p.add_argument("--rules", type=Path, help="alert rule file (default: the shipped rules)")
+    p.add_argument("--drift-reference", type=Path, help="reference texts (.jsonl, .csv or .txt) for drift")
+    p.add_argument("--log-level", default=None, choices=["debug", "info", "warning", "error"])
     p.set_defaults(handler=_run)
 
 
+def build_config(args: argparse.Namespace, env: dict[str, str]) -> Any:
+    from infersight.monitor.service import ConfigInvalid, EngineConfig, UpstreamConfig, load_config
+    from infersight.monitor.service.config_file import check_config
+
+    try:
+        cfg = load_config(args.config, env)
+        changes: dict[str, Any] = {}
+        for flag, key in (("host", "host"), ("port", "port"), ("data_dir", "data_dir"),
+                          ("database_url", "database_url"), ("log_level", "log_level")):  # fmt: skip
+            value = getattr(args, flag)
+            if value is not None:
+                changes[key] = value
+        if args.upstream:
+            changes["upstream"] = UpstreamConfig(url=args.upstream, model=args.upstream_model,
+                                                 api_key=env.get("INFERSIGHT_UPSTREAM_API_KEY"))  # fmt: skip
+            changes["engine"] = None
+        if args.registry:
+            base = cfg.engine or EngineConfig(registry=args.registry)
+            changes["engine"] = dataclasses.replace(
+                base, registry=args.registry, version=args.version or base.version
+            )
+            changes["upstream"] = None
+        elif args.version:
+            if cfg.engine is None:
+                raise ConfigInvalid("--version", "needs --registry (or engine: in the config file)")
+            changes["engine"] = dataclasses.replace(cfg.engine, version=args.version)
+        if args.rules:
+            changes["alerting"] = dataclasses.replace(cfg.alerting, rules=args.rules)
+        if args.drift_reference:
+            changes["drift"] = dataclasses.replace(cfg.drift, reference=args.drift_reference)
+        return check_config(dataclasses.replace(cfg, **changes))
+    except ConfigInvalid as exc:
+        raise CommandError(str(exc)) from None
+
+
 def _run(args: argparse.Namespace) -> int:
-    raise CommandError("not built yet")
+    import uvicorn
+    from infersight.monitor.service import Service, ServiceError, create_app
+    from infersight.monitor.store import StoreError
+
+    cfg = build_config(args, dict(os.environ))
+    logging.basicConfig(level=cfg.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("apscheduler").setLevel(logging.ERROR)  # skipped runs are counted in /metrics
+    try:
+        service = Service(cfg)
+        service.start()
+    except (ServiceError, StoreError) as exc:
+        raise CommandError(str(exc)) from None
+    app = create_app(cfg, service=service)
+    where = f"http://{cfg.host}:{cfg.port}"
+    token_note = "from INFERSIGHT_TOKEN" if cfg.token else f"in {service.data_dir / 'api-token'}"
+    print(f"infersight serving on {where} (page /, API docs /docs, metrics /metrics); bearer token {token_note}",
+          flush=True)  # fmt: skip
+    try:
+        uvicorn.run(app, host=cfg.host, port=cfg.port, log_level=cfg.log_level, http="httptools",
+                    loop="uvloop" if _has("uvloop") else "asyncio", access_log=False)  # fmt: skip
+    finally:
+        if service.started:
+            service.stop()
+    return 0
+
+
+def _has(module: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(module) is not None

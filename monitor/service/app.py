@@ -33,7 +33,8 @@ def create_app(config: ServiceConfig, *, service: Service | None = None, **servi
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        await run_in_threadpool(svc.start)
+        if not svc.started:  # `infersight serve` starts it first, to report errors as one line
+            await run_in_threadpool(svc.start)
         try:
             yield
         finally:

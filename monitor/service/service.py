@@ -97,13 +97,22 @@ class Service:
                  self.db.url.render_as_string(hide_password=True))  # fmt: skip
 
     def stop(self) -> None:
+        """Stop the jobs, the backend and the writer (everything queued is written). Idempotent."""
+        if self.started_at is None and self.writer is None:
+            return
+        self.started_at = None
         self.scheduler.shutdown(wait=True)
         from .wiring import unwire_components
 
         unwire_components(self)
         if self.writer is not None:
             self.writer.close()
+            self.writer = None
         self.db.dispose()
+
+    @property
+    def started(self) -> bool:
+        return self.started_at is not None
 
     # -- state the routers read ------------------------------------------------------
     @property

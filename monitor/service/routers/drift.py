@@ -44,7 +44,9 @@ async def drift_overview(
     return await run_in_threadpool(read)
 
 
-@router.get("/api/v1/drift/{report_id}", summary="One drift report in full", responses={404: {"description": "none"}})
+@router.get(
+    "/api/v1/drift/{report_id}", summary="One drift report in full", responses={404: {"description": "none"}}
+)
 async def drift_report(request: Request, report_id: int = Path(ge=1, le=2**31 - 1)) -> Any:
     from infersight.monitor.drift import load_report
 
