@@ -81,12 +81,12 @@ class EngineAdapter:
             req.queue_s = event.queue_s
             series.enter()
         elif kind == "TokenEmitted":
-            req = self._requests.get(event.request_id)
-            if req is not None:
-                if req.first_token_s is None or event.index == 0:
-                    req.first_token_s = event.since_start_s
-                req.last_token_s = event.since_start_s
-                req.tokens = max(req.tokens, event.index + 1)
+            streaming = self._requests.get(event.request_id)
+            if streaming is not None:
+                if streaming.first_token_s is None or event.index == 0:
+                    streaming.first_token_s = event.since_start_s
+                streaming.last_token_s = event.since_start_s
+                streaming.tokens = max(streaming.tokens, event.index + 1)
         elif kind == "RequestFinished":
             self._finish(event)
         elif kind == "RequestFailed":

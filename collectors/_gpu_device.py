@@ -22,7 +22,7 @@ class Device:
         support = calls("nvmlGpmQueryDeviceSupport", self.handle, device=index)
         self.gpm = (
             GPMSampler(calls, self.handle, index)
-            if support is not None and getattr(support, "isSupportedDevice", 0)
+            if support is not None and bool(getattr(support, "isSupportedDevice", False))
             else None
         )
         self.trend = Trend(trend_window_s)

@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterable
 
 from ddsketch import DDSketch
 from infersight.monitor.records import InferenceRecord
+from prometheus_client.core import Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from . import _forksafe
@@ -120,9 +121,11 @@ class InferenceStats(Collector):
         error_type: str | None = None,
     ) -> None:
         """Validated manual observation; raises `InvalidObservation` naming the field."""
+        duration = check_seconds("duration_s", duration_s, required=True)
+        assert duration is not None  # required=True raises instead
         observation: Pending = (
             self.clock(),
-            check_seconds("duration_s", duration_s, required=True),  # type: ignore[arg-type]
+            duration,
             check_seconds("ttft_s", ttft_s),
             check_seconds("tpot_s", tpot_s),
             check_seconds("queue_s", queue_s),
@@ -195,10 +198,10 @@ class InferenceStats(Collector):
         return sum(s.waiting for s in self._matching(model, model_version))
 
     # -- Prometheus -------------------------------------------------------------------
-    def describe(self) -> Iterable:  # type: ignore[override]
+    def describe(self) -> Iterable[Metric]:
         return describe_families()
 
-    def collect(self) -> Iterable:  # type: ignore[override]
+    def collect(self) -> Iterable[Metric]:
         with self._fold_lock:
             now = self.clock()
             series = list(self._fold_matching(None, None, now))

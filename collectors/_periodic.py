@@ -12,7 +12,7 @@ class Periodic:
     """Calls `fn()` every `interval_s` on a daemon thread; `fn` must not raise
     (the collectors count their own failures); if it does, the loop goes on."""
 
-    def __init__(self, fn: Callable[[], None], interval_s: float, *, name: str) -> None:
+    def __init__(self, fn: Callable[[], object], interval_s: float, *, name: str) -> None:
         self._fn = fn
         self._interval_s = interval_s
         self._name = name

@@ -100,7 +100,7 @@ class ProcessCollector(Collector):
         with self._lock:
             return self._trend.slope_per_minute(window_s)
 
-    def _fail(self, reason: str) -> None:
+    def _fail(self, reason: str) -> ProcessSample | None:
         with self._lock:
             self._errors[reason] = self._errors.get(reason, 0) + 1
             self._latest = None

@@ -180,5 +180,5 @@ class FakeNVML:
         return request
 
 
-def _address(buffer: Any) -> int | None:
-    return ctypes.cast(buffer, ctypes.c_void_p).value
+def _address(buffer: Any) -> int:
+    return ctypes.cast(buffer, ctypes.c_void_p).value or 0

@@ -45,8 +45,8 @@ def wrap_generator(fn: Callable[..., Any], tracker: Tracker) -> Callable[..., An
                 if thrown is None:
                     value = gen.send(sent)
                 else:
-                    exc, thrown = thrown, None
-                    value = gen.throw(exc)
+                    error, thrown = thrown, None
+                    value = gen.throw(error)
             except StopIteration as stop:
                 call.finish(None)
                 return stop.value
@@ -82,8 +82,8 @@ def wrap_async_generator(fn: Callable[..., Any], tracker: Tracker) -> Callable[.
                 if thrown is None:
                     value = await agen.asend(sent)
                 else:
-                    exc, thrown = thrown, None
-                    value = await agen.athrow(exc)
+                    error, thrown = thrown, None
+                    value = await agen.athrow(error)
             except StopAsyncIteration:
                 call.finish(None)
                 return
