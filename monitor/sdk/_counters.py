@@ -9,7 +9,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterable
 
-from infersight.collectors import Tally
+from infersight.collectors import Tally, register_fork_handler
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
@@ -60,6 +60,7 @@ class SDKCounters(Collector):
             self.tally("truncated", field)
         self.sent = Tally()
         self._queue_depth = queue_depth
+        register_fork_handler(self)
         if registry is not None:
             registry.register(self)
 

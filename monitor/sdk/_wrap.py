@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Callable
+from random import random as rand
 from typing import TYPE_CHECKING, Any
 
 from ._stream import wrap_async_generator, wrap_generator
@@ -38,7 +39,7 @@ def _wrap_plain(fn: Callable[..., Any], tracker: Tracker) -> Callable[..., Any]:
     clock = tracker.clock
     enter = tracker.series.enter
     exit_ = tracker.series.exit
-    decide = tracker.decide_sample
+    monitor = tracker.monitor
 
     @functools.wraps(fn)
     def tracked(*args: Any, **kwargs: Any) -> Any:
@@ -58,7 +59,8 @@ def _wrap_plain(fn: Callable[..., Any], tracker: Tracker) -> Callable[..., Any]:
         try:
             end = clock()
             exit_(end, end - start)
-            if decide():
+            rate = tracker.rate if tracker.rate is not None else monitor.config.sample_rate
+            if rate and (rate >= 1.0 or rand() < rate):
                 tracker.sample_call(start, end, args, kwargs, result, None)
         except Exception:
             tracker.internal("finish")
@@ -71,7 +73,7 @@ def _wrap_coroutine(fn: Callable[..., Any], tracker: Tracker) -> Callable[..., A
     clock = tracker.clock
     enter = tracker.series.enter
     exit_ = tracker.series.exit
-    decide = tracker.decide_sample
+    monitor = tracker.monitor
 
     @functools.wraps(fn)
     async def tracked(*args: Any, **kwargs: Any) -> Any:
@@ -91,7 +93,8 @@ def _wrap_coroutine(fn: Callable[..., Any], tracker: Tracker) -> Callable[..., A
         try:
             end = clock()
             exit_(end, end - start)
-            if decide():
+            rate = tracker.rate if tracker.rate is not None else monitor.config.sample_rate
+            if rate and (rate >= 1.0 or rand() < rate):
                 tracker.sample_call(start, end, args, kwargs, result, None)
         except Exception:
             tracker.internal("finish")
