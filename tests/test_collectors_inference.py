@@ -7,6 +7,8 @@ import math
 import random
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from infersight.collectors import (
     DURATION_BUCKETS,
     InferenceStats,
@@ -203,3 +205,19 @@ def test_series_are_exported_with_zeros_from_creation() -> None:
     s = _samples(registry)
     assert s[("gen_ai_server_request_duration_seconds_count", (("model", "m"), ("model_version", "v")))] == 0
     assert stats.labels() == [("m", "v")]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    values=st.lists(st.floats(min_value=1e-4, max_value=1e3), min_size=1, max_size=300),
+    q=st.floats(min_value=0.0, max_value=1.0),
+)
+def test_any_quantile_of_any_data_is_within_the_relative_accuracy(values: list[float], q: float) -> None:
+    clock = Clock()
+    stats = InferenceStats(clock=clock, relative_accuracy=0.02, interval_s=1.0, window_s=600)
+    for i, v in enumerate(values):
+        clock.t = 1000.0 + i % 50  # spread over many intervals, merged at query time
+        stats.add(model="m", model_version="v", duration_s=v)
+    got = stats.quantile("request_duration", q, 600)
+    exact = _exact(values, q)
+    assert got is not None and abs(got - exact) <= 0.02 * exact * (1 + 1e-9)

@@ -110,6 +110,7 @@ def test_bookkeeping_failures_never_reach_the_caller() -> None:
         call.token()
         call.set_response("fine")
     assert monitor.counters.value("internal", "start") == 2
+    assert monitor.stats.in_flight() == 0  # nothing left counted as running
 
 
 def test_failing_statistics_or_extractors_never_reach_the_caller(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -54,8 +54,8 @@ class Call:
         try:
             self.sampled = tracker.decide_sample()
             self._chunks = [] if (self.sampled and keep_chunks) else None
-            tracker.series.enter()
             self._start = tracker.clock()
+            tracker.series.enter()
             self._done = False
         except Exception:
             tracker.internal("start")

@@ -44,8 +44,8 @@ def _wrap_plain(fn: Callable[..., Any], tracker: Tracker) -> Callable[..., Any]:
     @functools.wraps(fn)
     def tracked(*args: Any, **kwargs: Any) -> Any:
         try:
-            enter()
             start = clock()
+            enter()
         except Exception:
             start = None
             tracker.internal("start")
@@ -78,8 +78,8 @@ def _wrap_coroutine(fn: Callable[..., Any], tracker: Tracker) -> Callable[..., A
     @functools.wraps(fn)
     async def tracked(*args: Any, **kwargs: Any) -> Any:
         try:
-            enter()
             start = clock()
+            enter()
         except Exception:
             start = None
             tracker.internal("start")
