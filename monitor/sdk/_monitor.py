@@ -18,10 +18,11 @@ empty queue and its own delivery thread.
 from __future__ import annotations
 
 import atexit
+import itertools
 import random
+import secrets
 import threading
 import time
-import uuid
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -76,6 +77,7 @@ class Monitor:
         self.counters = SDKCounters(self.registry, queue_depth=lambda: len(self._outbox))
         self._outbox = Outbox(lambda: self.config, self.counters, self._to_record)
         self._closed = False
+        self._new_ids()
         register_fork_handler(self)
         _at_exit.add(self)
 
@@ -178,10 +180,15 @@ class Monitor:
     def enqueue(self, item: tuple[Any, ...]) -> None:
         self._outbox.put(item)
 
+    def _new_ids(self) -> None:
+        """Request ids: 64 random bits per process, then a counter (cheaper than uuid4)."""
+        self._id_prefix = secrets.token_hex(8)
+        self._id_counter = itertools.count(1)
+
     def _to_record(self, item: tuple[Any, ...]) -> InferenceRecord:
         (model, version, started_at, duration, ttft, tpot, queue, ptok, otok, error, prompt, response) = item
         return InferenceRecord(
-            request_id=uuid.uuid4().hex,
+            request_id=f"{self._id_prefix}-{next(self._id_counter):x}",
             model=model,
             model_version=version,
             started_at=max(0.0, started_at),
@@ -201,6 +208,8 @@ class Monitor:
         if text is None:
             return None
         cfg = self.config
+        if cfg.redact is None and len(text) <= cfg.max_text_chars:
+            return text
         out, reason = prepare_text(
             text,
             max_text_chars=cfg.max_text_chars,
@@ -230,6 +239,7 @@ class Monitor:
         return serve_metrics(self.registry, port=port, host=host)
 
     def _after_fork_in_child(self) -> None:
+        self._new_ids()
         self._outbox.after_fork_in_child()
 
 

@@ -51,18 +51,17 @@ class Outbox:
     # -- the caller's side ------------------------------------------------------------
     def put(self, item: Any) -> None:
         config = self._config()
+        queue = self._queue
         with self._lock:
-            if len(self._queue) >= config.queue_size:
-                depth = -1
-            else:
-                self._queue.append(item)
-                depth = len(self._queue)
-        if depth < 0:
+            depth = len(queue)
+            if depth < config.queue_size:
+                queue.append(item)
+        if depth >= config.queue_size:
             self._queue_full()
             return
         if self._thread is None:
             self._start()
-        if depth >= config.batch_size:
+        if depth + 1 == config.batch_size:
             self._wake.set()
 
     def _start(self) -> None:

@@ -109,19 +109,19 @@ class Tracker:
 
     def extract_prompt(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
         try:
-            fn = self._extract_prompt or self.monitor.config.extract_prompt
-            return self.check_text(fn(args, kwargs))
+            text = (self._extract_prompt or self.monitor.config.extract_prompt)(args, kwargs)
         except Exception:
             self.internal("extract_prompt")
             return None
+        return text if text is None or isinstance(text, str) else self.check_text(text)
 
     def extract_response(self, result: Any) -> str | None:
         try:
-            fn = self._extract_response or self.monitor.config.extract_response
-            return self.check_text(fn(result))
+            text = (self._extract_response or self.monitor.config.extract_response)(result)
         except Exception:
             self.internal("extract_response")
             return None
+        return text if text is None or isinstance(text, str) else self.check_text(text)
 
     def failed(self, start: float, exc: BaseException, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         """A plain call raised: record it with its error type (the caller re-raises)."""
@@ -166,13 +166,13 @@ class Tracker:
         response: str | None = None,
     ) -> None:
         try:
-            started_at = time.time() - (end - start)
+            duration = end - start
             self.monitor.enqueue(
                 (
                     self.model,
                     self.model_version,
-                    started_at,
-                    end - start,
+                    time.time() - duration,
+                    duration,
                     ttft,
                     tpot,
                     queue,
