@@ -2,8 +2,11 @@
 
 A feeder thread sends InferenceRecords to the service's ingest endpoint while the page is
 open; the service's scheduler turns them into timeseries points and the page draws them.
-Deploy history comes from rows in the service's own store. Rollback goes through the real
-endpoint (this service has no embedded runtime, so the page must show its 409 refusal).
+Deploy history is rows in the service's store; the drift report is a `DriftReport` (built
+from the drift module's dataclasses, with real hotel utterances) stored with the drift
+module's `save_report`, so overview and `/api/v1/drift/{id}` serve it as in production.
+Rollback and snapshot go through the real endpoints (no embedded runtime here: the page
+must show rollback's 409 refusal; a successful rollback is in test_web_page_rollback.py).
 """
 
 from __future__ import annotations
@@ -18,8 +21,10 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import numpy as np
 import pytest
 from infersight.dashboards import web_assets_dir
+from infersight.monitor.data import banking77, hotels
 from infersight.monitor.records import InferenceRecord
 from infersight.monitor.service import ServiceConfig, create_app
 from infersight.monitor.service.config import ScheduleConfig
@@ -30,6 +35,9 @@ from tests.conftest import free_port, require_executable
 
 TOKEN = "page-test-token-0123456789"
 MODEL = "mixtral-demo"
+XSS = '<img src=x onerror="window.__xss = 1">'
+HOTEL = [u.text for u in hotels()]
+BANK = [u.text for u in banking77()]
 
 
 @dataclass
@@ -37,6 +45,95 @@ class Live:
     url: str
     app: Any
     sent: list[int]
+    report_id: int
+
+
+def _drift_report(hotel: list[str], bank: list[str]) -> Any:
+    """A DriftReport built from the drift module's own result dataclasses (their `to_json()` is
+    the shape the page reads), with real hotel utterances as what appeared."""
+    from infersight.monitor.drift import (
+        ClusterShare,
+        DriftReport,
+        ExampleText,
+        FieldExplanation,
+        FieldVerdict,
+        Novelty,
+        NoveltyExample,
+        Projection,
+        RelevanceComparison,
+        ReportContext,
+        TestResult,
+        summarize_relevance,
+    )
+
+    rng = random.Random(11)
+
+    def test(name: str, method: str, score: float, p: float, floor: float) -> TestResult:
+        return TestResult(
+            "prompt",
+            name,
+            method,
+            score,
+            score,
+            floor,
+            p,
+            min(1.0, 2 * p),
+            0.05,
+            2 * p < 0.05,
+            200,
+            200,
+            1000,
+        )
+
+    novel = [NoveltyExample(t, 0.8 - i * 0.02, bank[i]) for i, t in enumerate(hotel[20:24])]
+    clusters = (
+        ClusterShare(-1, "(new: farther from the reference than its own 1% tail)", 2, 40, 0.01, 0.2, 0.19, 5e-7,
+                     2.4e-6, True, (), tuple(hotel[10:13])),
+        ClusterShare(3, bank[100], 40, 31, 0.2, 0.155, -0.045, 0.21, 0.63, False, tuple(bank[100:103]), ()),
+    )  # fmt: skip
+    projection = Projection(
+        "pca",
+        (0.21, 0.12),
+        tuple((rng.gauss(0, 1), rng.gauss(0, 1)) for _ in range(60)),
+        tuple(
+            (rng.gauss(1.5 if i < 12 else 0, 0.6), rng.gauss(1.0 if i < 12 else 0, 0.8)) for i in range(60)
+        ),
+        tuple(i < 12 for i in range(60)),
+    )
+    explanation = FieldExplanation(
+        "prompt",
+        appeared=tuple(ExampleText(t, 0.011 - i * 0.001) for i, t in enumerate([*hotel[:5], XSS])),
+        typical=tuple(ExampleText(t, -0.002) for t in bank[200:203]),
+        disappeared=tuple(ExampleText(t, -0.004 + i * 0.001) for i, t in enumerate(bank[:4])),
+        clusters=clusters,
+        novelty=Novelty(0.2, 0.01, 0.99, 0.57, 40, tuple(novel)),
+        projection=projection,
+    )
+    tests = (
+        test("mmd", "mmd2_permutation_exact", 0.0022, 0.006, 1e-4),
+        test("novelty", "nn_novelty_conformal_hypergeometric", 0.19, 0.0019, 0.02),
+    )
+    return DriftReport(
+        drifted=True,
+        p_value=0.0038,
+        score=0.19,
+        threshold=0.05,
+        method="nn_novelty_conformal_hypergeometric",
+        correction="holm(2)",
+        n_reference=200,
+        n_current=200,
+        tests=tests,
+        fields=(FieldVerdict("prompt", True, 0.0038, 0.0022, 0.2),),
+        relevance=RelevanceComparison(
+            summarize_relevance(np.array([rng.uniform(0.5, 0.8) for _ in range(200)])),
+            summarize_relevance(np.array([rng.uniform(0.2, 0.6) for _ in range(200)])),
+        ),
+        explanations=(explanation,),
+        context=ReportContext(
+            created_at=dt.datetime.now(dt.UTC).isoformat(), model="mixtral-demo",
+            model_version="mixtral_banking_int8-v1.2", reference_name="banking-validation", reference_version=1,
+        ),
+    )  # fmt: skip
 
 
 def _feed(url: str, stop: threading.Event, sent: list[int]) -> None:
@@ -89,10 +186,13 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
     sent = [0]
     with serve(app, free_port()) as url:
         _record_deploys(app)
+        from infersight.monitor.drift import save_report
+
+        report_id = save_report(app.state.service.db, _drift_report(HOTEL, BANK))
         feeder = threading.Thread(target=_feed, args=(url, stop, sent), name="page-feeder", daemon=True)
         feeder.start()
         try:
-            yield Live(url, app, sent)
+            yield Live(url, app, sent, report_id)
         finally:
             stop.set()
             feeder.join(timeout=10)
@@ -159,7 +259,6 @@ def test_page_draws_live_latency_and_memory_from_the_service(
             "document.getElementById('no-gpu').textContent"
         )
         assert not browser.visible("#chart-gpu-sm") and not browser.visible("#chart-gpu-mem")
-    assert not browser.visible("#drift-detail") and not browser.visible("#drift-open")  # no report yet
     assert browser.evaluate("document.getElementById('alerts').textContent").strip() == "No alert is firing."
 
     png = browser.screenshot(tmp_path / "web_page_service.png")
@@ -167,21 +266,83 @@ def test_page_draws_live_latency_and_memory_from_the_service(
     assert not browser.page_errors()
 
 
-def test_rollback_sends_the_token_and_shows_the_services_refusal(live: Live, browser: Browser) -> None:
+def test_drift_verdict_clicks_through_to_its_explanation(
+    live: Live, browser: Browser, tmp_path: Path
+) -> None:
+    _open(browser, live.url)
+    browser.wait_for("document.getElementById('drift-summary').textContent.includes('Drift detected')",
+                     what="the latest drift verdict")  # fmt: skip
+    assert "banking-validation v1" in browser.evaluate("document.getElementById('drift-summary').textContent")
+    assert not browser.visible("#drift-detail")
+
+    browser.click("#drift-open")
+    body = browser.wait_for(
+        f"document.getElementById('drift-detail').dataset.reportId === '{live.report_id}'"
+        " && document.getElementById('drift-body').textContent",
+        what="the drift explanation",
+    )
+    for text in HOTEL[:5] + HOTEL[20:24] + HOTEL[10:13]:  # appeared, novel, the new cluster's texts
+        assert text in body
+    assert "Clusters of the reference" in body and "20%" in body and "nearest reference" in body
+    assert "mmd2_permutation_exact" in body and "Prompt–response relevance" in body
+    assert XSS in body and browser.evaluate("window.__xss === undefined")  # shown as text, never as markup
+    scatter = browser.wait_for("document.querySelector('#drift-body .scatter-svg')?.getAttribute('aria-label')",
+                               what="the projection scatter")  # fmt: skip
+    assert "60 reference texts, 60 current texts of which 12 novel" in scatter
+    assert (
+        browser.visible("#drift-detail")
+        and browser.evaluate("document.activeElement.id") == "drift-detail-title"
+    )
+
+    png = browser.screenshot(tmp_path / "web_page_drift.png")
+    assert png.startswith(b"\x89PNG") and len(png) > 20_000
+    assert not browser.page_errors()
+
+
+def _toast(browser: Browser, what: str) -> str:
+    return str(browser.wait_for(
+        "!document.getElementById('action-result').hidden && document.getElementById('action-result').textContent",
+        what=what,
+    ))  # fmt: skip
+
+
+def test_rollback_asks_for_the_token_and_shows_the_services_refusal(live: Live, browser: Browser) -> None:
     _open(browser, live.url)
     browser.evaluate("sessionStorage.clear()")
     browser.click("#rollback-button")
     browser.wait_for("document.getElementById('token-dialog').open", what="the token dialog")
     browser.click("#token-input")
+    browser.type_text("wrong-token")
+    browser.click("#token-submit")
+    error = browser.wait_for(
+        "!document.getElementById('token-error').hidden && document.getElementById('token-error').textContent",
+        what="the refused-token message",
+    )
+    assert "refused the token (401)" in error
+    assert browser.evaluate("sessionStorage.getItem('infersight.token')") is None
+    browser.evaluate("document.getElementById('token-input').value = ''")
+    browser.click("#token-input")
     browser.type_text(TOKEN)
     browser.click("#token-submit")
-    toast = browser.wait_for(
-        "!document.getElementById('action-result').hidden && document.getElementById('action-result').textContent",
-        what="the rollback outcome",
-    )
+    toast = _toast(browser, "the rollback outcome")
     # no embedded runtime in this service: the real endpoint refuses with 409 and says why
     assert "Failed to roll back (409)" in toast and "no embedded runtime" in toast and "{" not in toast
     assert browser.evaluate("sessionStorage.getItem('infersight.token')") == TOKEN
+    assert not browser.page_errors()
+
+
+def test_snapshot_uses_the_remembered_token_and_is_stored(live: Live, browser: Browser) -> None:
+    _open(browser, live.url)
+    browser.evaluate(f"sessionStorage.setItem('infersight.token', '{TOKEN}')")
+    browser.click("#snapshot-button")
+    browser.wait_for("document.getElementById('token-dialog').open", what="the confirmation dialog")
+    assert browser.evaluate("document.getElementById('token-input').value") == TOKEN
+    browser.click("#token-submit")
+    toast = _toast(browser, "the snapshot outcome")
+    assert "Done: take a snapshot" in toast, toast
+    stored = httpx.get(live.url + "api/v1/snapshots", timeout=10).json()["snapshots"]
+    assert stored and stored[0]["reason"] == "taken from the web page" and stored[0]["trigger"] == "manual"
+    assert stored[0]["snapshot_id"] in toast
     assert not browser.page_errors()
 
 

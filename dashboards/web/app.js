@@ -219,6 +219,7 @@ const ACTIONS = {
     label: "take a snapshot",
     path: "api/v1/snapshots",
     explain: () => "Record an inference snapshot: recent requests, metrics and the serving version.",
+    body: { reason: "taken from the web page" },
   },
 };
 
@@ -274,7 +275,7 @@ async function perform(kind, token) {
     const res = await fetch(action.path, {
       method: "POST",
       headers: { Authorization: `Bearer ${token}`, "Content-Type": "application/json", Accept: "application/json" },
-      body: "{}",
+      body: JSON.stringify(action.body ?? {}),
     });
     let body = null;
     try { body = await res.json(); } catch { body = await res.text().catch(() => ""); }
