@@ -187,21 +187,22 @@ class Monitor:
 
     def _to_record(self, item: tuple[Any, ...]) -> InferenceRecord:
         (model, version, started_at, duration, ttft, tpot, queue, ptok, otok, error, prompt, response) = item
-        return InferenceRecord(
-            request_id=f"{self._id_prefix}-{next(self._id_counter):x}",
-            model=model,
-            model_version=version,
-            started_at=max(0.0, started_at),
-            duration_s=max(0.0, duration),
-            ttft_s=ttft,
-            tpot_s=tpot,
-            queue_s=queue,
-            prompt_tokens=ptok,
-            output_tokens=otok,
-            error_type=error,
-            prompt=self._text("prompt", prompt),
-            response=self._text("response", response),
-            source="sdk",
+        text = self._text
+        return InferenceRecord(  # positional: this runs once per sampled record
+            f"{self._id_prefix}-{next(self._id_counter):x}",
+            model,
+            version,
+            started_at if started_at > 0.0 else 0.0,
+            duration if duration > 0.0 else 0.0,
+            ttft,
+            tpot,
+            queue,
+            ptok,
+            otok,
+            error,
+            None if prompt is None else text("prompt", prompt),
+            None if response is None else text("response", response),
+            "sdk",
         )
 
     def _text(self, field: str, text: str | None) -> str | None:
