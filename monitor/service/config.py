@@ -53,6 +53,12 @@ class UpstreamConfig:
 class AlertingConfig:
     rules: Path | None = None  # None: the default rule set shipped with infersight
     enabled: bool = True
+    # post-deploy analysis: the new version against the previous one, then rollback
+    analysis_window_s: float = 1800.0  # how long after a deploy the new version is watched
+    analysis_interval_s: float = 60.0  # between checks
+    analysis_failed_checks: int = 3  # failed checks before the automatic rollback
+    analysis_min_requests: int = 20  # fewer on either side: inconclusive
+    snapshot_requests: int = 100  # requests kept in the snapshot taken at an automatic rollback
 
 
 @dataclass(frozen=True)

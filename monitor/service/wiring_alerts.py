@@ -93,7 +93,10 @@ class AlertsWiring:
         self.dispatcher = a.Dispatcher(
             db, a.build_receivers(self.config.receivers), a.HttpxSender(), on_result=self._count
         )
-        policy = service.components.get("analysis_policy") or a.AnalysisPolicy()
+        policy = a.AnalysisPolicy(
+            window_s=cfg.analysis_window_s, interval_s=cfg.analysis_interval_s,
+            max_failed_checks=cfg.analysis_failed_checks, min_requests=cfg.analysis_min_requests,
+        )  # fmt: skip
         drift = service.components.get("drift")
         metrics = a.StoreVersionMetrics(db, output_drift=getattr(drift, "output_drift_p_value", None))
         self.analyzer = a.DeployAnalyzer(db, metrics, self.runner, policy=policy)
@@ -117,7 +120,22 @@ class AlertsWiring:
         self.analyzer.observe(event)
 
     def analyze(self) -> None:
-        self.analyzer.tick()
+        for check in self.analyzer.tick():
+            if check.rollback is not None and check.rollback.state == "succeeded":
+                self._snapshot_after_rollback(check)
+
+    def _snapshot_after_rollback(self, check: Any) -> None:
+        """The evidence of an automatic rollback, kept for whoever is paged."""
+        from infersight.alerts import take_snapshot
+
+        reason = f"automatic rollback after deploy: {'; '.join(check.failures)}"
+        result = take_snapshot(
+            self.service.db, data_dir=self.service.data_dir, requests_n=self.service.config.alerting.snapshot_requests,
+            trigger="post_deploy", reason=reason, now=dt.datetime.now(dt.UTC),
+            model_version=check.rollback.before_version, source=self.snapshot_source,
+        )  # fmt: skip
+        log.warning("post-deploy analysis rolled back %s; snapshot %s", check.rollback.before_version,
+                    result.html_path)  # fmt: skip
 
     # -- for the routers ------------------------------------------------------------------
     def firing_summary(self) -> list[dict[str, Any]]:

@@ -1,0 +1,343 @@
+"""The scripted incident of `infersight demo`.
+
+1. the demo model (the engine's `models init-demo`: a good release and a corrupted one);
+2. the service on SQLite with the embedded runtime, a Banking77 drift reference, rules
+   that page a local receiver checking Standard Webhooks signatures;
+3. baseline traffic (Banking77 test utterances through /v1/chat/completions): no drift;
+4. a topic shift (NLU++ hotel utterances mixed in): drift flagged, explained by hotel
+   texts, the PromptDrift alert delivered to the receiver signed;
+5. a bad release (the corrupted version, answers unrelated to the questions) deployed
+   through the API: the post-deploy analysis sees relevance fall, rolls back by itself,
+   takes a snapshot and pages (DeployRegression, signed webhook).
+Each step is checked; the first that did not happen ends the demo with its name.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import secrets
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+import httpx
+
+from ..config import AlertingConfig, DriftConfig, EngineConfig, ScheduleConfig, ServiceConfig
+from .receiver import WebhookReceiver, new_secret
+from .rules import demo_rules
+from .timeline import DemoFailed, Timeline, wait_until
+from .traffic import sample, send_chats
+
+__all__ = ["DemoOptions", "DemoResult", "run_demo"]
+
+GOOD = "mixtral_banking_fp32-v1.0"
+BAD = "mixtral_banking_fp32-v1.1"
+
+
+@dataclass(frozen=True)
+class DemoOptions:
+    data_dir: Path
+    fast: bool = False  # smaller windows (the test's mode); same steps
+    port: int | None = None
+    keep_running: bool = False
+
+
+@dataclass(frozen=True)
+class DemoResult:
+    ok: bool
+    failed_step: str | None
+    page_url: str
+    snapshot_path: str | None
+    steps: tuple[Any, ...]
+
+
+@dataclass(frozen=True)
+class _Sizes:
+    reference: int
+    window: int
+    bad_release: int
+
+
+def _sizes(fast: bool) -> _Sizes:
+    return _Sizes(reference=200, window=60, bad_release=60) if fast else _Sizes(300, 200, 160)
+
+
+def run_demo(options: DemoOptions, out: TextIO) -> DemoResult:
+    timeline = Timeline(out)
+    state: dict[str, Any] = {"page": "", "snapshot": None}
+    print(
+        "infersight demo: a customer-service model, a topic shift and a bad release\n", file=out, flush=True
+    )
+    try:
+        _play(options, timeline, state)
+        failed = None
+    except DemoFailed as exc:
+        failed = exc.step
+    ok = failed is None
+    _summary(out, timeline, state, failed)
+    return DemoResult(ok, failed, state["page"], state["snapshot"], tuple(timeline.steps))
+
+
+def _play(options: DemoOptions, tl: Timeline, state: dict[str, Any]) -> None:
+    from infersight.monitor import data
+
+    sizes = _sizes(options.fast)
+    root = options.data_dir.resolve()
+    registry = _demo_model(root / "registry", tl)
+    reference = _write_reference(root / "reference.jsonl", sample([u.text for u in data.banking77("train")],
+                                                                   sizes.reference, seed=1))  # fmt: skip
+    banking_test = sample(
+        [u.text for u in data.banking77("test")], 2 * sizes.window + sizes.bad_release, seed=2
+    )
+    hotels = sample([u.text for u in data.hotels()], sizes.window, seed=3)
+    tl.done("data", f"drift reference: {sizes.reference} Banking77 training utterances ({reference.name}); "
+                    f"traffic: Banking77 test utterances and {len(hotels)} NLU++ hotel utterances")  # fmt: skip
+    secret = new_secret()
+    with (
+        WebhookReceiver(secret) as hook,
+        _service(options, root, registry, reference, hook.url, secret, sizes) as base,
+    ):
+        state["page"] = base + "/"
+        tl.done(
+            "service", f"serving {GOOD} on {base} (SQLite in {root / 'service'}); webhook receiver {hook.url}"
+        )
+        client = httpx.Client(
+            base_url=base,
+            timeout=120.0,
+            headers={"Authorization": f"Bearer {state.setdefault('token', _token(root))}"},
+        )
+        with client:
+            _baseline(base, client, tl, banking_test[: sizes.window])
+            _topic_shift(base, client, tl, banking_test[sizes.window : 2 * sizes.window], hotels, hook)
+            _bad_release(base, client, tl, banking_test[2 * sizes.window :], hook, state)
+            if options.keep_running:
+                tl.note(f"the service keeps running at {base}/ (Ctrl-C to stop)")
+                with contextlib.suppress(KeyboardInterrupt):
+                    while True:
+                        time.sleep(1)
+
+
+def _token(root: Path) -> str:
+    return (root / "service" / "api-token").read_text().strip()
+
+
+def _demo_model(registry: Path, tl: Timeline) -> Path:
+    from infersight.monitor.cli import main
+
+    captured = io.StringIO()
+    with contextlib.redirect_stdout(captured), contextlib.redirect_stderr(captured):
+        rc = main(["models", "init-demo", str(registry)])
+    if rc != 0:
+        raise tl.fail(
+            "demo model", f"`infersight models init-demo` failed: {captured.getvalue().strip()[-300:]}"
+        )
+    tl.done("demo model", f"{GOOD} (good) and {BAD} (corrupted release) in {registry}")
+    return registry
+
+
+def _write_reference(path: Path, texts: list[str]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps({"prompt": t}) + "\n" for t in texts), encoding="utf-8")
+    return path
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextlib.contextmanager
+def _service(
+    options: DemoOptions,
+    root: Path,
+    registry: Path,
+    reference: Path,
+    hook_url: str,
+    secret: str,
+    sizes: _Sizes,
+) -> Iterator[str]:
+    import shutil
+
+    import uvicorn
+
+    from .. import Service, create_app
+
+    service_dir = root / "service"
+    if service_dir.exists():
+        shutil.rmtree(service_dir)  # every run replays the incident from an empty store
+    service_dir.mkdir(parents=True)
+    rules = service_dir / "rules.yaml"
+    rules.write_text(demo_rules(hook_url, secret), encoding="utf-8")
+    rules.chmod(0o600)
+    port = options.port or _free_port()
+    cfg = ServiceConfig(
+        data_dir=service_dir, port=port, token=secrets.token_urlsafe(24),
+        engine=EngineConfig(registry=registry, version=GOOD, max_batch_size=8, max_seq_len=512,
+                            max_prompt_tokens=256, max_tokens_limit=32),
+        alerting=AlertingConfig(rules=rules, analysis_window_s=900, analysis_interval_s=2,
+                                analysis_failed_checks=2, analysis_min_requests=max(10, sizes.bad_release // 4)),
+        drift=DriftConfig(reference=reference, alpha=0.01, window=sizes.window, min_window=sizes.window // 2),
+        schedule=ScheduleConfig(timeseries_s=1.0, timeseries_window_s=20.0, embed_s=1.0, drift_s=3600.0,
+                                rules_s=0.5, outbox_s=0.5, post_deploy_s=1.0),
+        text_sample_rate=1.0,
+    )  # fmt: skip
+    (service_dir / "api-token").write_text(cfg.token or "")
+    service = Service(cfg)
+    service.start()
+    app = create_app(cfg, service=service)
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
+                                           access_log=False))  # fmt: skip
+    thread = threading.Thread(target=server.run, name="demo-uvicorn", daemon=True)
+    thread.start()
+    base = f"http://127.0.0.1:{port}"
+    try:
+        if not wait_until(lambda: server.started, 30):
+            raise DemoFailed("service", "the HTTP server did not start")
+        yield base
+    finally:
+        server.should_exit = True
+        thread.join(30)
+        service.stop()
+
+
+def _evaluate(client: httpx.Client) -> dict[str, Any]:
+    """Run the batch test now; the newest report of the good version (with its id)."""
+    client.post("/api/v1/drift/evaluate").raise_for_status()
+    reports = client.get("/api/v1/drift", params={"model_version": GOOD, "limit": 1}).json()["reports"]
+    return dict(reports[0]) if reports else {}
+
+
+def _baseline(base: str, client: httpx.Client, tl: Timeline, utterances: list[str]) -> None:
+    result = send_chats(base, utterances)
+    if result.ok != result.sent:
+        raise tl.fail(
+            "baseline traffic", f"{result.sent - result.ok} of {result.sent} requests failed: {result.errors}"
+        )
+    tl.done("baseline traffic", f"{result.sent} Banking77 questions answered by {GOOD} (some streamed)")
+    report = _evaluate(client)
+    if not report:
+        raise tl.fail("baseline drift check", "no drift report was produced")
+    if report["drift"]:
+        raise tl.fail(
+            "baseline drift check", f"drift flagged on in-distribution traffic (p = {report['p_value']:.3g})"
+        )
+    tl.done("baseline drift check", f"no drift (p = {report['p_value']:.3g}, n = {report['n_current']})")
+
+
+def _topic_shift(
+    base: str,
+    client: httpx.Client,
+    tl: Timeline,
+    banking: list[str],
+    hotels: list[str],
+    hook: WebhookReceiver,
+) -> None:
+    half = len(banking) // 2
+    mixed = [t for pair in zip(banking[:half], hotels[:half], strict=False) for t in pair]
+    result = send_chats(base, mixed)
+    if result.ok != result.sent:
+        raise tl.fail("topic shift traffic", f"{result.sent - result.ok} requests failed: {result.errors}")
+    tl.done("topic shift traffic", f"{result.sent} requests, half of them hotel bookings")
+    report = _evaluate(client)
+    if not report.get("drift"):
+        raise tl.fail("drift flagged", f"the topic shift was not flagged: {report.get('p_value')}")
+    full = client.get(f"/api/v1/drift/{report['id']}").json()
+    prompt = (full.get("explanation") or {}).get("prompt") or {}
+    appeared = [t for t in _texts(prompt.get("appeared"))][:3]
+    examples = [t for t in appeared if t in set(hotels)]
+    if not examples:
+        raise tl.fail("drift explained", f"the texts that appeared most are not hotel utterances: {appeared}")
+    tl.done(
+        "drift flagged", f"prompts drifted (p = {report['p_value']:.2g}); report /api/v1/drift/{report['id']}"
+    )
+    tl.done("drift explained", f"e.g. {examples[0]!r} among the texts that appeared")
+    if not wait_until(lambda: "PromptDrift" in hook.alertnames(), 30):
+        raise tl.fail("drift alert", "no signed PromptDrift notification reached the webhook receiver")
+    tl.done("drift alert", "PromptDrift fired; signed webhook verified by the receiver")
+
+
+def _texts(obj: Any) -> Iterator[str]:
+    if isinstance(obj, dict):
+        for key, value in obj.items():
+            if key == "text" and isinstance(value, str):
+                yield value
+            else:
+                yield from _texts(value)
+    elif isinstance(obj, list):
+        for item in obj:
+            yield from _texts(item)
+
+
+def _bad_release(
+    base: str,
+    client: httpx.Client,
+    tl: Timeline,
+    utterances: list[str],
+    hook: WebhookReceiver,
+    state: dict[str, Any],
+) -> None:
+    r = client.post("/api/v1/models/deploy", json={"version": BAD})
+    if r.status_code != 200:
+        raise tl.fail("bad release deployed", f"deploy answered {r.status_code}: {r.text[:200]}")
+    tl.done("bad release deployed", f"{BAD} is serving (its answers no longer match the questions)")
+    stop = threading.Event()
+    sent: list[int] = []
+
+    def keep_sending() -> None:  # users keep asking while the analysis decides
+        i = 0
+        while not stop.is_set() and i < 20:
+            chunk = utterances[(i * 20) % len(utterances) :][:20] or utterances[:20]
+            sent.append(send_chats(base, chunk).sent)
+            i += 1
+
+    worker = threading.Thread(target=keep_sending, daemon=True)
+    worker.start()
+
+    def rolled_back() -> bool:
+        models = client.get("/api/v1/models").json()
+        return models["serving_version"] == GOOD and any(
+            d["reason"] == "rollback" and d["to_version"] == GOOD for d in models["deploys"]
+        )
+
+    done = wait_until(rolled_back, 120, 0.5)
+    stop.set()
+    worker.join(120)
+    if not done:
+        raise tl.fail("automatic rollback", f"{BAD} was still serving after {sum(sent)} requests")
+    tl.done(
+        "automatic rollback", f"the post-deploy analysis rolled back to {GOOD} after {sum(sent)} requests"
+    )
+    snaps = wait_until(
+        lambda: [
+            s for s in client.get("/api/v1/snapshots").json()["snapshots"] if s["trigger"] == "post_deploy"
+        ],
+        20,
+    )
+    if not snaps:
+        raise tl.fail("snapshot", "no snapshot was taken at the rollback")
+    snap = snaps[0]  # type: ignore[index]
+    state["snapshot"] = snap["path"]
+    tl.done("snapshot", f"{snap['request_count']} requests of {snap['model_version']} kept in {snap['path']}")
+    if not wait_until(lambda: "DeployRegression" in hook.alertnames(), 30):
+        raise tl.fail("page", "no signed DeployRegression notification reached the webhook receiver")
+    tl.done("page", f"DeployRegression delivered, signature verified ({len(hook.received)} webhooks received, "
+                    f"{hook.rejected} rejected)")  # fmt: skip
+
+
+def _summary(out: TextIO, tl: Timeline, state: dict[str, Any], failed: str | None) -> None:
+    print("", file=out)
+    if failed is None:
+        print(f"demo complete: every step happened in {tl.steps[-1].at_s:.0f} s.", file=out)
+    else:
+        print(f"demo FAILED at step {failed!r}.", file=out)
+    if state.get("snapshot"):
+        print(f"  snapshot of the bad release: {state['snapshot']}", file=out)
+    print("  to watch it on the page: infersight demo --keep-running, then open the URL it prints", file=out)
+    out.flush()
