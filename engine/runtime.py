@@ -1,0 +1,348 @@
+"""The serving runtime: one background loop thread serving many concurrent requests.
+
+Each iteration of the loop (a "step"):
+1. applies what other threads asked for: posted events, cancellations, a version swap;
+2. admits waiting requests, highest priority first, into free KV-cache slots of the
+   serving replica and prefills each (continuous batching: requests join at any step);
+3. runs one batched decode step per replica that has running requests (after a deploy
+   the old replica keeps decoding its own requests until it drains);
+4. samples every request's next token and reads them all with one device-to-host copy,
+   the only sync of the step; then streams them, and frees the slots of requests that
+   hit EOS, their token budget, or were cancelled (continuous batching: they leave).
+
+Deploys load and validate on the caller's thread (see deploy.py) and hand the loop a
+ready replica; the swap happens between two steps, so no request is dropped.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from typing import Any, Literal, NoReturn
+
+import torch
+
+from .deploy import DeployOutcome, prepare_replica
+from .deploy_history import DeployRecord
+from .errors import DeployRefused, InvalidRequest, NoPreviousVersion, PromptTooLong, RuntimeNotRunning
+from .events import DeployFailed, EngineEvent, RequestFailed, RequestQueued, VersionDeployed
+from .registry import Registry
+from .requests import RequestHandle
+from .runtime_loop import LoopState, Swap, run_loop
+from .runtime_replica import Replica
+from .scheduler import PendingQueue, Request
+
+__all__ = ["Runtime"]
+
+Subscriber = Callable[[EngineEvent], None]
+
+
+class Runtime:
+    """Serves the versions of `registry`, one at a time (two while a deploy drains)."""
+
+    def __init__(
+        self,
+        registry: Registry,
+        *,
+        max_batch_size: int = 8,
+        max_prompt_tokens: int = 1024,
+        max_seq_len: int = 2048,
+        device: str | torch.device | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        if max_batch_size < 1 or max_prompt_tokens < 1 or max_seq_len < 2:
+            raise InvalidRequest("max_batch_size and max_prompt_tokens must be >= 1, max_seq_len >= 2")
+        self.registry = registry
+        self.max_batch_size = max_batch_size
+        self.max_prompt_tokens = max_prompt_tokens
+        self.max_seq_len = max_seq_len
+        self.device = device
+        self.dtype = dtype
+        self._state = LoopState(queue=PendingQueue())
+        self._subscribers: tuple[Subscriber, ...] = ()
+        self._sub_lock = threading.Lock()
+        self._deploy_lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    # -- lifecycle -----------------------------------------------------------------------
+
+    def start(self, version: str | None = None) -> DeployOutcome:
+        """Load `version` (default: the last good version of the deploy history), validate
+        and warm it up, then start the loop thread. Raises DeployRefused on failure."""
+        with self._deploy_lock:
+            if self._thread is not None:
+                raise RuntimeNotRunning("runtime already started; use deploy() to change version")
+            name = version if version is not None else self.registry.history.last_good()
+            if name is None:
+                raise NoPreviousVersion(
+                    f"no version given and no deploy history in {self.registry.root}",
+                    version="",
+                    reason="start",
+                )
+            replica, outcome = self._prepare(name, "start", from_version=None)
+            state = self._state
+            state.current = replica
+            state.stopping = False
+            state.cancel_all = False
+            state.accepting = True
+            state.emit = self._emit
+            self._thread = threading.Thread(
+                target=run_loop, args=(state,), name="infersight-engine", daemon=True
+            )
+            self._thread.start()
+            state.post(VersionDeployed(from_version=None, to_version=name, at=outcome.at, reason="start"))
+            self._record(outcome, "deployed")
+            return outcome
+
+    def stop(self, *, drain: bool = True, timeout: float | None = 30.0) -> None:
+        """Stop accepting requests; finish (drain=True) or cancel those queued and running,
+        then end the loop thread. Requests still unfinished after `timeout` are cancelled."""
+        thread = self._thread
+        if thread is None:
+            return
+        state = self._state
+        state.accepting = False
+        state.stopping = True
+        if not drain:
+            state.cancel_all = True
+        state.wake.set()
+        thread.join(timeout)
+        if thread.is_alive():
+            state.cancel_all = True
+            state.wake.set()
+            thread.join()
+        self._thread = None
+        state.current = None
+
+    def __enter__(self) -> Runtime:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop(drain=False)
+
+    # -- requests ------------------------------------------------------------------------
+
+    def submit(
+        self,
+        prompt_ids: Sequence[int],
+        *,
+        max_new_tokens: int,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        seed: int | None = None,
+        priority: int = 0,
+        request_id: str | None = None,
+    ) -> RequestHandle:
+        """Queue a request; returns at once. Raises PromptTooLong (over max_prompt_tokens,
+        or prompt + max_new_tokens over max_seq_len) and InvalidRequest before the model
+        sees anything, and RuntimeNotRunning when the runtime does not accept requests."""
+        state = self._state
+        current = state.current
+        if not state.accepting or current is None:
+            raise RuntimeNotRunning("runtime is not serving: call start() first (or it is stopping)")
+        rid = request_id if request_id is not None else uuid.uuid4().hex
+        ids = [int(t) for t in prompt_ids]
+        try:
+            self._check(ids, max_new_tokens, temperature, top_p, current.vocab_size)
+        except (PromptTooLong, InvalidRequest) as exc:
+            state.post(RequestFailed(rid, current.version, time.time(), type(exc).__name__, str(exc)))
+            raise
+        handle = RequestHandle(rid, current.version, lambda _h: state.cancel(request))
+        request = Request(
+            request_id=rid,
+            prompt_ids=ids,
+            max_new_tokens=int(max_new_tokens),
+            temperature=float(temperature),
+            top_p=float(top_p),
+            seed=seed,
+            priority=int(priority),
+            handle=handle,
+            arrival=time.monotonic(),
+        )
+        with state.submit_lock:
+            if not state.accepting:
+                raise RuntimeNotRunning("runtime is stopping: no new requests")
+            state.post(RequestQueued(rid, current.version, time.time(), len(ids), request.priority))
+            state.queue.push(request)
+        state.wake.set()
+        return handle
+
+    def _check(
+        self, ids: list[int], max_new_tokens: int, temperature: float, top_p: float, vocab: int
+    ) -> None:
+        if not ids:
+            raise InvalidRequest("prompt_ids is empty")
+        if max_new_tokens < 1:
+            raise InvalidRequest(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        if not (temperature >= 0.0) or not (0.0 < top_p <= 1.0):
+            raise InvalidRequest(f"need temperature >= 0 and 0 < top_p <= 1, got {temperature}, {top_p}")
+        if min(ids) < 0 or max(ids) >= vocab:
+            raise InvalidRequest(f"prompt token ids must lie in [0, {vocab}), got {min(ids)}..{max(ids)}")
+        if len(ids) > self.max_prompt_tokens:
+            raise PromptTooLong(
+                f"prompt of {len(ids)} tokens is over max_prompt_tokens={self.max_prompt_tokens}",
+                limit_name="max_prompt_tokens",
+                limit=self.max_prompt_tokens,
+                got=len(ids),
+            )
+        if len(ids) + max_new_tokens > self.max_seq_len:
+            raise PromptTooLong(
+                f"prompt of {len(ids)} tokens + max_new_tokens={max_new_tokens} is over max_seq_len={self.max_seq_len}",
+                limit_name="max_seq_len",
+                limit=self.max_seq_len,
+                got=len(ids) + max_new_tokens,
+            )
+
+    # -- subscribers ---------------------------------------------------------------------
+
+    def subscribe(self, fn: Subscriber) -> Callable[[], None]:
+        """Call `fn` with every EngineEvent, on the loop thread. Returns unsubscribe."""
+        with self._sub_lock:
+            self._subscribers = (*self._subscribers, fn)
+
+        def unsubscribe() -> None:
+            with self._sub_lock:
+                self._subscribers = tuple(s for s in self._subscribers if s is not fn)
+
+        return unsubscribe
+
+    def _emit(self, event: EngineEvent) -> None:
+        for fn in self._subscribers:
+            try:
+                fn(event)
+            except Exception:  # a subscriber never breaks serving: counted and swallowed
+                self._state.subscriber_errors += 1
+
+    # -- versions ------------------------------------------------------------------------
+
+    def deploy(self, version: str, *, reason: str = "deploy") -> DeployOutcome:
+        """Load `version` beside the serving one, validate and warm it up, then swap between
+        two decode steps. Requests in flight finish on the version they started on. On any
+        failure raises DeployRefused (a subclass names the check) and keeps serving."""
+        with self._deploy_lock:
+            current = self._state.current
+            if self._thread is None or current is None:
+                raise RuntimeNotRunning("runtime is not serving: call start() first")
+            replica, outcome = self._prepare(version, reason, from_version=current.version)
+            swap = Swap(replica=replica, reason=reason)
+            self._state.request_swap(swap)
+            if not swap.done.wait(timeout=None) or not swap.applied:
+                raise RuntimeNotRunning(f"runtime stopped before version {version} could be swapped in")
+            outcome = DeployOutcome(
+                from_version=current.version,
+                to_version=version,
+                reason=reason,
+                at=swap.at,
+                verify_s=outcome.verify_s,
+                load_s=outcome.load_s,
+                warmup_s=outcome.warmup_s,
+            )
+            self._record(outcome, "deployed")
+            return outcome
+
+    def failover(self, version: str) -> DeployOutcome:
+        """A deploy of `version` recorded with reason "failover"."""
+        return self.deploy(version, reason="failover")
+
+    def rollback(self) -> DeployOutcome:
+        """Deploy the previous good version (the one beneath the serving one in the history)."""
+        target = self.registry.history.previous_good()
+        if target is None:
+            serving = self.serving_version
+            message = f"no good version before {serving} in the deploy history: nothing to roll back to"
+            self._refused(NoPreviousVersion(message, version="", reason="no previous version"), serving)
+        return self.deploy(target, reason="rollback")
+
+    def history(self) -> list[DeployRecord]:
+        """Deploy attempts, newest last (persisted in the registry root)."""
+        return self.registry.history.records()
+
+    def _prepare(
+        self, version: str, reason: str, *, from_version: str | None
+    ) -> tuple[Replica, DeployOutcome]:
+        try:
+            info = self.registry.get(version)
+            replica, timings = prepare_replica(
+                info,
+                max_batch=self.max_batch_size,
+                max_seq_len=self.max_seq_len,
+                device=self.device,
+                dtype=self.dtype,
+            )
+        except DeployRefused as exc:
+            self._refused(exc, from_version, to_version=version, reason=reason)
+        except Exception as exc:  # unknown version, corrupt registry: refused all the same
+            refusal = DeployRefused(
+                f"{type(exc).__name__}: {exc}", version=version, reason=type(exc).__name__
+            )
+            self._refused(refusal, from_version, to_version=version, reason=reason, cause=exc)
+        outcome = DeployOutcome(
+            from_version, version, reason, time.time(), timings.verify_s, timings.load_s, timings.warmup_s
+        )
+        return replica, outcome
+
+    def _refused(
+        self,
+        exc: DeployRefused,
+        serving: str | None,
+        *,
+        to_version: str | None = None,
+        reason: str = "rollback",
+        cause: BaseException | None = None,
+    ) -> NoReturn:
+        target = to_version if to_version is not None else exc.version
+        now = time.time()
+        self.registry.history.record(DeployRecord(now, serving, target, reason, "refused", str(exc)))
+        event = DeployFailed(version=target, serving_version=serving, at=now, reason=str(exc))
+        if self._thread is not None:
+            self._state.post(event)
+            self._state.wake.set()
+        else:
+            self._emit(event)
+        if cause is not None:
+            raise exc from cause
+        raise exc
+
+    def _record(self, outcome: DeployOutcome, result: Literal["deployed", "refused"]) -> None:
+        self.registry.history.record(
+            DeployRecord(outcome.at, outcome.from_version, outcome.to_version, outcome.reason, result)
+        )
+
+    # -- state ---------------------------------------------------------------------------
+
+    @property
+    def serving_version(self) -> str | None:
+        current = self._state.current
+        return current.version if current is not None else None
+
+    @property
+    def draining_versions(self) -> list[str]:
+        return [r.version for r in list(self._state.draining)]
+
+    @property
+    def tokenizer(self) -> Any:
+        current = self._state.current
+        return current.model.tokenizer if current is not None else None
+
+    @property
+    def eos_token_ids(self) -> frozenset[int]:
+        current = self._state.current
+        return current.eos_ids if current is not None else frozenset()
+
+    @property
+    def queue_depth(self) -> int:
+        return len(self._state.queue)
+
+    @property
+    def running(self) -> int:
+        return self._state.running_count
+
+    @property
+    def subscriber_errors(self) -> int:
+        return self._state.subscriber_errors
+
+    @property
+    def is_running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()

@@ -1,0 +1,265 @@
+"""The loop thread of `Runtime`: what it shares with callers (`LoopState`) and one step.
+
+Callers touch the shared state only through thread-safe hand-offs: the pending queue,
+deques of posted events, cancellations and swaps, and the `wake` event. Everything else
+(replicas, running requests, subscribers' calls) belongs to the loop thread.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from .errors import GenerationFailed
+from .events import (
+    EngineEvent,
+    FinishReason,
+    RequestFailed,
+    RequestFinished,
+    RequestStarted,
+    TokenEmitted,
+    VersionDeployed,
+)
+from .requests import Completion
+from .runtime_replica import Replica
+from .runtime_sampling import sample_requests
+from .scheduler import PendingQueue, Request
+
+__all__ = ["LoopState", "Swap", "run_loop"]
+
+_IDLE_WAIT_S = 1.0
+
+
+@dataclass(eq=False)
+class Swap:
+    """A validated replica waiting to become the serving one."""
+
+    replica: Replica
+    reason: str
+    done: threading.Event = field(default_factory=threading.Event)
+    applied: bool = False
+    at: float = 0.0
+
+
+@dataclass(eq=False)
+class LoopState:
+    queue: PendingQueue
+    current: Replica | None = None
+    draining: list[Replica] = field(default_factory=list)
+    wake: threading.Event = field(default_factory=threading.Event)
+    submit_lock: threading.Lock = field(default_factory=threading.Lock)
+    posted: collections.deque[EngineEvent] = field(default_factory=collections.deque)
+    cancels: collections.deque[Request] = field(default_factory=collections.deque)
+    swaps: collections.deque[Swap] = field(default_factory=collections.deque)
+    accepting: bool = False
+    stopping: bool = False
+    cancel_all: bool = False
+    emit: Callable[[EngineEvent], None] = lambda event: None
+    subscriber_errors: int = 0
+    running_count: int = 0
+    generators: dict[str, torch.Generator] = field(default_factory=dict)
+
+    def post(self, event: EngineEvent) -> None:
+        """Deliver `event` to subscribers from the loop thread, in posting order."""
+        self.posted.append(event)
+
+    def cancel(self, request: Request) -> None:
+        self.cancels.append(request)
+        self.wake.set()
+
+    def request_swap(self, swap: Swap) -> None:
+        self.swaps.append(swap)
+        self.wake.set()
+
+    def shared_generator(self, device: torch.device) -> torch.Generator:
+        key = str(device)
+        if key not in self.generators:
+            generator = torch.Generator(device=device)
+            generator.seed()
+            self.generators[key] = generator
+        return self.generators[key]
+
+
+def run_loop(state: LoopState) -> None:
+    with torch.inference_mode():
+        while True:
+            state.wake.clear()
+            _flush(state)
+            _apply_swaps(state)
+            _apply_cancels(state)
+            if state.cancel_all:
+                _cancel_everything(state)
+            worked = _step(state)
+            state.draining = [r for r in state.draining if r.running]
+            state.running_count = sum(len(r.running) for r in _replicas(state))
+            if state.stopping and not worked and not state.running_count and not len(state.queue):
+                break
+            if not worked:
+                state.wake.wait(_IDLE_WAIT_S)
+        with state.submit_lock:
+            state.accepting = False
+        _cancel_everything(state)
+        while state.swaps:
+            state.swaps.popleft().done.set()  # not applied: the deploy raises
+        _flush(state)
+
+
+def _step(state: LoopState) -> bool:
+    """Admit, prefill, decode and sample once. False when there was nothing to do."""
+    current = state.current
+    if current is None:
+        return False
+    groups: list[tuple[list[Request], torch.Tensor]] = []
+    admitted: list[Request] = []
+    prefilled: list[torch.Tensor] = []
+    while current.has_free_slot and not state.cancel_all:
+        _flush(state)  # RequestQueued goes out before RequestStarted
+        request = state.queue.pop()
+        if request is None:
+            break
+        if request.finished:
+            continue
+        _start(state, current, request)
+        try:
+            prefilled.append(current.prefill(request))
+        except Exception as exc:
+            _fail(state, request, exc)
+            continue
+        admitted.append(request)
+    if admitted:
+        groups.append((admitted, torch.stack(prefilled)))
+    for replica in (*state.draining, current):
+        batch = [r for r in replica.running.values() if r.tokens]
+        if not batch:
+            continue
+        try:
+            groups.append((batch, replica.decode(batch)))
+        except Exception as exc:
+            for request in batch:
+                _fail(state, request, exc)
+    if not groups:
+        return False
+    requests = [r for batch, _ in groups for r in batch]
+    try:
+        sampled = [
+            sample_requests(logits, batch, state.shared_generator(logits.device)) for batch, logits in groups
+        ]
+        tokens = torch.cat(sampled).tolist()  # the one device-to-host read of the step
+    except Exception as exc:
+        for request in requests:
+            _fail(state, request, exc)
+        return True
+    now, wall = time.monotonic(), time.time()
+    for request, token in zip(requests, tokens, strict=True):
+        _deliver(state, request, int(token), now, wall)
+    return True
+
+
+def _start(state: LoopState, replica: Replica, request: Request) -> None:
+    replica.admit(request)
+    request.replica = replica
+    request.started = time.monotonic()
+    request.handle._started(replica.version)
+    if request.seed is not None and request.temperature > 0.0:
+        request.generator = torch.Generator(device=replica.device).manual_seed(request.seed)
+    state.emit(
+        RequestStarted(request.request_id, replica.version, time.time(), request.started - request.arrival)
+    )
+
+
+def _deliver(state: LoopState, request: Request, token: int, now: float, wall: float) -> None:
+    if request.finished:
+        return
+    request.tokens.append(token)
+    if request.first_token is None:
+        request.first_token = now
+    request.last_token = now
+    version = request.version or ""
+    state.emit(
+        TokenEmitted(request.request_id, version, wall, len(request.tokens) - 1, token, now - request.arrival)
+    )
+    request.handle._push(token)
+    replica = request.replica
+    if replica is not None and token in replica.eos_ids:
+        _finish(state, request, "stop")
+    elif len(request.tokens) >= request.max_new_tokens:
+        _finish(state, request, "length")
+
+
+def _finish(state: LoopState, request: Request, reason: FinishReason) -> None:
+    now = time.monotonic()
+    request.finished = True
+    if request.replica is not None:
+        request.replica.release(request)
+    version = request.version or request.handle.model_version
+    queue_s = (request.started if request.started is not None else now) - request.arrival
+    ttft = None if request.first_token is None else request.first_token - request.arrival
+    duration = (request.last_token if request.last_token is not None else now) - request.arrival
+    prompt, output = len(request.prompt_ids), len(request.tokens)
+    state.emit(
+        RequestFinished(
+            request.request_id, version, time.time(), prompt, output, queue_s, ttft, duration, reason
+        )
+    )
+    request.handle._finish(
+        Completion(
+            request.request_id, version, prompt, tuple(request.tokens), reason, queue_s, ttft, duration
+        )
+    )
+
+
+def _fail(state: LoopState, request: Request, exc: Exception) -> None:
+    request.finished = True
+    if request.replica is not None:
+        request.replica.release(request)
+    version = request.version or request.handle.model_version
+    message = f"{type(exc).__name__}: {exc}"
+    state.emit(RequestFailed(request.request_id, version, time.time(), type(exc).__name__, message))
+    error = GenerationFailed(f"request {request.request_id} failed on {version}: {message}")
+    error.__cause__ = exc
+    request.handle._fail(error)
+
+
+def _flush(state: LoopState) -> None:
+    while state.posted:
+        state.emit(state.posted.popleft())
+
+
+def _apply_swaps(state: LoopState) -> None:
+    while state.swaps:
+        swap = state.swaps.popleft()
+        old = state.current
+        state.current = swap.replica
+        if old is not None and old.running:
+            state.draining.append(old)
+        swap.at = time.time()
+        swap.applied = True
+        state.emit(VersionDeployed(old.version if old else None, swap.replica.version, swap.at, swap.reason))
+        swap.done.set()
+
+
+def _apply_cancels(state: LoopState) -> None:
+    while state.cancels:
+        request = state.cancels.popleft()
+        if request.finished:
+            continue
+        if state.queue.remove(request) or request.replica is not None:
+            _finish(state, request, "cancelled")
+
+
+def _cancel_everything(state: LoopState) -> None:
+    for request in state.queue.drain():
+        if not request.finished:
+            _finish(state, request, "cancelled")
+    for replica in _replicas(state):
+        for request in list(replica.running.values()):
+            _finish(state, request, "cancelled")
+
+
+def _replicas(state: LoopState) -> list[Replica]:
+    return [*state.draining, *([state.current] if state.current is not None else [])]
