@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from infersight.collectors import DURATION_BUCKETS
 from infersight.monitor.sdk import Monitor
+
 from tests.conftest import free_port, require_executable
 
 N_REQUESTS = 1000
@@ -103,7 +103,9 @@ def test_prometheus_p99_and_sketch_p99_agree_with_the_exact_p99(prometheus: tupl
 
     server = monitor.serve_metrics(port=target)
     try:
-        _wait_for("Prometheus ready", lambda: urllib.request.urlopen(f"{base}/-/ready", timeout=2).status == 200)
+        _wait_for(
+            "Prometheus ready", lambda: urllib.request.urlopen(f"{base}/-/ready", timeout=2).status == 200
+        )
         count = "sum(gen_ai_server_request_duration_seconds_count)"
         _wait_for("the first scrape (series at zero)", lambda: _query(base, count))
 
