@@ -186,7 +186,9 @@ def _rule(src: Source, m: MarkedMap, group: str, what: str) -> Rule:
 
 def parse_groups(src: Source, root: MarkedMap) -> tuple[RuleGroup, ...]:
     seq = src.sequence(src.require(root, "groups", "the rule file"), root.key_lines["groups"], "groups")
-    groups, seen_groups, seen_rules = [], set(), {}
+    groups: list[RuleGroup] = []
+    seen_groups: set[str] = set()
+    seen_rules: dict[str, int] = {}
     for i, line, raw in iter_items(seq):
         g = src.mapping(raw, line, f"groups[{i}]")
         src.only_keys(g, {"name", "interval", "rules"}, f"groups[{i}]")

@@ -205,8 +205,9 @@ class DeployAnalyzer:
             if row.from_version
             else None
         )
+        failures: tuple[str, ...] = ()
         if new.requests < p.min_requests or old.requests < p.min_requests:
-            verdict, failures = "inconclusive", ()
+            verdict = "inconclusive"
         else:
             failures = _compare(p, new, old, drift)
             verdict = "failed" if failures else "passed"

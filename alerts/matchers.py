@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, cast
 
 from .errors import InvalidMatcher
 
@@ -49,7 +49,7 @@ class Matcher:
         op = obj.get("op", "=")
         if op not in ("=", "!=", "=~", "!~"):
             raise InvalidMatcher(f"unknown matcher operator {op!r}")
-        return cls(str(obj["name"]), op, str(obj["value"]))
+        return cls(str(obj["name"]), cast(MatchOp, op), str(obj["value"]))
 
 
 def parse_matcher(text: str) -> Matcher:
@@ -60,7 +60,7 @@ def parse_matcher(text: str) -> Matcher:
     name, op, value = m.groups()
     if len(value) >= 2 and value[0] == value[-1] == '"':
         value = value[1:-1]
-    return Matcher(name, op, value)  # type: ignore[arg-type]
+    return Matcher(name, cast(MatchOp, op), value)
 
 
 def matches_all(matchers: Iterable[Matcher], labels: Mapping[str, str]) -> bool:

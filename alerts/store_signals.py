@@ -14,7 +14,7 @@ from infersight.monitor.store.tables import requests
 from sqlalchemy import Engine, func, select
 
 from .errors import UnknownSignal
-from .signals import Sample, Signal
+from .signals import Sample, Signal, SignalSource
 from .tables import outbox
 
 __all__ = ["CompositeSignals", "StoreSignals", "quantile"]
@@ -88,10 +88,10 @@ class StoreSignals:
 class CompositeSignals:
     """Serves each signal kind from the source named for it, others from `default`."""
 
-    def __init__(self, default: object, **by_kind: object) -> None:
+    def __init__(self, default: SignalSource, **by_kind: SignalSource) -> None:
         self.default = default
         self.by_kind = by_kind
 
     def read(self, signal: Signal, by: Sequence[str]) -> Sequence[Sample]:
         source = self.by_kind.get(signal.kind, self.default)
-        return source.read(signal, by)  # type: ignore[attr-defined,no-any-return]
+        return source.read(signal, by)

@@ -32,7 +32,8 @@ class RuntimeControl:
         self.runtime = runtime
 
     def serving_version(self) -> str | None:
-        return self.runtime.serving_version  # type: ignore[no-any-return]
+        version = self.runtime.serving_version
+        return None if version is None else str(version)
 
     def _call(self, action: str, fn: Any, *args: str) -> None:
         try:

@@ -43,7 +43,7 @@ class ActionOutcome:
     before_version: str | None
     after_version: str | None
     detail: Mapping[str, Any] = field(default_factory=dict)
-    duplicate: bool = False  # this key had run (or been queued) before: nothing ran again
+    duplicate: bool = False  # this call did not run it: the key had run, or is running, elsewhere
 
     def to_json(self) -> dict[str, Any]:
         return {**self.__dict__, "detail": dict(self.detail)}
@@ -103,15 +103,14 @@ class ActionRunner:
         """Run `spec` now. `key` makes it idempotent (default: a fresh key, i.e. always
         runs); a key seen before returns that run's outcome with `duplicate=True`."""
         run_key = f"{spec.type}:{key or 'manual-' + uuid.uuid4().hex}"
-        row_id, created = self._submit(spec, run_key, trigger, alertname, labels or {})
+        row_id, _created = self._submit(spec, run_key, trigger, alertname, labels or {})
         claimed = self._claim(and_(action_runs.c.id == row_id))
         if not claimed:
             with self.engine.connect() as conn:
                 return _outcome(
                     conn.execute(select(action_runs).where(action_runs.c.id == row_id)).one(), duplicate=True
                 )
-        outcome = self._execute(claimed[0])
-        return outcome if created else ActionOutcome(**{**outcome.__dict__, "duplicate": True})
+        return self._execute(claimed[0])  # this call ran it (whoever inserted the row)
 
     def run_pending(self, limit: int = 10) -> list[ActionOutcome]:
         """Run the actions the evaluator queued (oldest first)."""

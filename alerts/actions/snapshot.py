@@ -117,14 +117,15 @@ def take_snapshot(
     source: SnapshotSource | None = None,
 ) -> SnapshotResult:
     snapshot_id = f"{now.strftime('%Y%m%dT%H%M%SZ')}-{uuid.uuid4().hex[:8]}"
-    content = {
+    reqs = recent_requests(engine, requests_n)
+    content: dict[str, Any] = {
         "snapshot_id": snapshot_id,
         "taken_at": now.isoformat(),
         "trigger": trigger,
         "reason": reason,
         "model_version": model_version,
         "version_config": dict(source.version_config(model_version) or {}) if source else None,
-        "requests": recent_requests(engine, requests_n),
+        "requests": reqs,
         "metrics": source.metrics_text() if source else "",
         "drift_report": dict(source.latest_drift_report() or {}) if source else None,
     }
@@ -142,13 +143,11 @@ def take_snapshot(
                 trigger=trigger,
                 reason=reason,
                 model_version=model_version,
-                request_count=len(content["requests"]),
+                request_count=len(reqs),
                 path=str(html_path),
                 content=text,
             )
         )
         pk = result.inserted_primary_key
     assert pk is not None
-    return SnapshotResult(
-        snapshot_id, int(pk[0]), html_path, json_path, len(content["requests"]), model_version
-    )
+    return SnapshotResult(snapshot_id, int(pk[0]), html_path, json_path, len(reqs), model_version)

@@ -46,7 +46,7 @@ def pagerduty_event(n: Notification, *, routing_key: str, source: str) -> dict[s
     if n.status != "firing":
         return event
     common = n.common_labels
-    links = []
+    links: list[dict[str, str]] = []
     for a in n.firing:
         url = dict(a.annotations).get("runbook_url")
         if url and all(link["href"] != url for link in links):

@@ -12,11 +12,15 @@ import argparse
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ._errors import CommandError
 
+if TYPE_CHECKING:
+    from infersight.alerts import AlertConfig
 
-def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("rules", help="check alerting rules, export them for Prometheus")
     verbs = p.add_subparsers(dest="verb", required=True, metavar="VERB")
     check = verbs.add_parser("check", help="validate a rule file and list its rules")
@@ -28,7 +32,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     export.set_defaults(handler=_export)
 
 
-def _load(path: str | None):  # type: ignore[no-untyped-def]
+def _load(path: str | None) -> AlertConfig:
     from infersight.alerts import RuleParseError, load_config
 
     try:
