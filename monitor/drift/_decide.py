@@ -5,18 +5,16 @@ This is the whole decision; the explanation never changes it.
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from ._config import DriftConfig
 from ._holm import holm_adjust
 from ._registry import get_test
 from ._relevance_drop import relevance_drop_test
 from ._results import TestResult
 from ._stat import StatResult
-from ._windows import EmbeddedWindow
+from ._windows import EmbeddedWindow, TextWindow
 from .errors import CurrentWindowEmpty, ReferenceWindowEmpty, WindowTooSmall
 
-__all__ = ["FIELDS", "run_tests", "tested_fields"]
+__all__ = ["FIELDS", "check_sizes", "deciding_test", "run_tests", "tested_fields"]
 
 FIELDS = ("prompt", "response")
 
@@ -29,7 +27,10 @@ def tested_fields(reference: EmbeddedWindow, current: EmbeddedWindow, config: Dr
     return tuple(fields)
 
 
-def check_sizes(reference: EmbeddedWindow, current: EmbeddedWindow, config: DriftConfig) -> None:
+def check_sizes(
+    reference: EmbeddedWindow | TextWindow, current: EmbeddedWindow | TextWindow, config: DriftConfig
+) -> None:
+    """Window sizes (checked before anything is embedded, and again before testing)."""
     if len(reference.prompts) == 0:
         raise ReferenceWindowEmpty()
     if len(current.prompts) == 0:
@@ -81,9 +82,3 @@ def deciding_test(tests: tuple[TestResult, ...]) -> TestResult:
     drifted = [t for t in tests if t.drifted]
     pool = drifted or list(tests)
     return min(pool, key=lambda t: (t.p_adjusted, -t.score))
-
-
-def with_threshold(test: TestResult, alpha: float) -> TestResult:
-    return replace(
-        test, threshold=alpha, drifted=bool(test.p_adjusted < alpha and test.score >= test.effect_floor)
-    )

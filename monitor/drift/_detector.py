@@ -110,6 +110,9 @@ class DriftDetector:
         context: ReportContext | None = None,
     ) -> DriftReport:
         """Embed what is not embedded yet (one encode call), test, explain."""
+        check_sizes(
+            reference.window if isinstance(reference, FittedReference) else reference, current, self.config
+        )
         if isinstance(reference, TextWindow) and isinstance(current, TextWindow):
             ref_window, cur_window = self.embed(reference, current)
             fitted = None

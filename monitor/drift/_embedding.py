@@ -75,6 +75,10 @@ class SentenceTransformerEmbedder:
             os.environ.setdefault("HF_HUB_OFFLINE", "1")
             os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
             try:
+                if not self.progress:
+                    from transformers.utils import logging as hf_logging
+
+                    hf_logging.disable_progress_bar()  # "Loading weights" bar on stderr
                 from sentence_transformers import SentenceTransformer
 
                 self._model = SentenceTransformer(str(path), device=self.device, local_files_only=True)
