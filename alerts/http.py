@@ -6,20 +6,26 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from fastapi import APIRouter, HTTPException, Request
 from fastapi.params import Depends
 from starlette.concurrency import run_in_threadpool
 
-from .alertmanager import AlertmanagerHandler
+from .alertmanager import InboundResult
 from .errors import InvalidAlertmanagerPayload
 
-__all__ = ["alertmanager_router"]
+__all__ = ["InboundHandler", "alertmanager_router"]
+
+
+class InboundHandler(Protocol):
+    """What the router calls: `AlertmanagerHandler`, or a service's lazy wrapper around one."""
+
+    def handle(self, body: Any) -> InboundResult: ...
 
 
 def alertmanager_router(
-    handler: AlertmanagerHandler,
+    handler: InboundHandler,
     *,
     path: str = "/api/v1/alertmanager",
     dependencies: Sequence[Depends] = (),

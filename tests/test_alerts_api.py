@@ -13,7 +13,10 @@ SUBMODULE_ONLY = {
     "infersight.alerts.actions.snapshot": {"render_html"},
     "infersight.alerts.config": {"DEFAULT_PAGERDUTY_URL", "ReceiverType"},
     "infersight.alerts.evaluator": {"action_run_key"},
-    "infersight.alerts.http": {"alertmanager_router"},  # needs FastAPI: imported from alerts.http
+    "infersight.alerts.http": {
+        "InboundHandler",
+        "alertmanager_router",
+    },  # needs FastAPI: imported from alerts.http
     "infersight.alerts.inhibit": {"inhibited"},
     "infersight.alerts.live_signals": {"least_squares_slope"},
     "infersight.alerts.matchers": {"matches_all"},

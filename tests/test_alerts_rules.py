@@ -140,3 +140,17 @@ def test_matchers_follow_alertmanager_syntax() -> None:
         parse_matcher("no operator")
     with pytest.raises(InvalidMatcher):
         parse_matcher("a=~(")
+
+
+def test_cli_check_lists_rules_and_refuses_a_bad_file_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from infersight.monitor.cli import main
+
+    assert main(["rules", "check"]) == 0
+    assert "default_rules.yaml: 9 rules OK" in capsys.readouterr().out
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(GOOD_RULE.replace("for: 1m", "for: 1 minute"))
+    assert main(["rules", "check", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"infersight rules: error: {bad}:9: for:")
