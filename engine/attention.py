@@ -27,6 +27,7 @@ class AttentionStep:
     cache_v: torch.Tensor | None = None
     rows: slice | None = None  # prefill: the cache rows written; decode: `slots` when contiguous
     slots: torch.Tensor | None = None  # decode: the cache row of each batch row [B]
+    write_at: int | None = None  # decode: the one position all rows write, when known on the host
     positions: torch.Tensor | None = None  # decode: the position each row writes [B]
     kv_len: int = 0  # decode: cache positions attended (> every position)
     mask: torch.Tensor | None = None  # additive [B, 1, T|1, L]; None: causal over the new tokens
@@ -44,19 +45,20 @@ class Attention(nn.Module):
     ) -> torch.Tensor:
         B, T, _ = x.shape
         H, Hkv, hd = self.heads, self.kv_heads, self.head_dim
-        q, k, v = self.wqkv(x).split([H * hd, Hkv * hd, Hkv * hd], dim=-1)
-        q = apply_rope(q.view(B, T, H, hd).transpose(1, 2), cos, sin)  # [B, H, T, hd]
-        k = apply_rope(k.view(B, T, Hkv, hd).transpose(1, 2), cos, sin)  # [B, Hkv, T, hd]
-        v = v.view(B, T, Hkv, hd).transpose(1, 2)
+        qkv = self.wqkv(x)  # [B, T, (H + 2 Hkv) hd]
+        qk = apply_rope(qkv[..., : (H + Hkv) * hd].view(B, T, H + Hkv, hd), cos, sin)  # q and k at once
+        v = qkv[..., (H + Hkv) * hd :].view(B, T, Hkv, hd)
 
         if step.positions is not None:
-            y = self._decode(q, k, v, step, layer)
+            y = self._decode(qk, v, step, layer)  # [B, H, 1, hd]
         else:
+            k = qk[:, :, H:].transpose(1, 2)  # [B, Hkv, T, hd]
+            v = v.transpose(1, 2)
             if step.cache_k is not None and step.cache_v is not None and step.rows is not None:
                 step.cache_k[layer, step.rows, :, :T] = k
                 step.cache_v[layer, step.rows, :, :T] = v
             y = F.scaled_dot_product_attention(
-                q,
+                qk[:, :, :H].transpose(1, 2),
                 k,
                 v,
                 attn_mask=step.mask,
@@ -65,23 +67,25 @@ class Attention(nn.Module):
             )
         return self.wo(y.transpose(1, 2).reshape(B, T, H * hd))
 
-    def _decode(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, step: AttentionStep, layer: int
-    ) -> torch.Tensor:
-        assert step.cache_k is not None and step.cache_v is not None and step.slots is not None
-        B, H, hd = q.shape[0], self.heads, self.head_dim
+    def _decode(self, qk: torch.Tensor, v: torch.Tensor, step: AttentionStep, layer: int) -> torch.Tensor:
+        assert step.cache_k is not None and step.cache_v is not None and step.positions is not None
+        B, H, Hkv, hd = qk.shape[0], self.heads, self.kv_heads, self.head_dim
         kc, vc = step.cache_k[layer], step.cache_v[layer]  # [max_batch, Hkv, S, hd]
-        kc[step.slots, :, step.positions] = k[:, :, 0]
-        vc[step.slots, :, step.positions] = v[:, :, 0]
+        k_new, v_new = qk[:, 0, H:], v[:, 0]  # [B, Hkv, hd]
+        if step.write_at is not None and step.rows is not None:  # every row at one position
+            kc[step.rows, :, step.write_at] = k_new
+            vc[step.rows, :, step.write_at] = v_new
+        else:
+            kc[step.slots, :, step.positions] = k_new
+            vc[step.slots, :, step.positions] = v_new
         if step.rows is not None:  # slots known to be contiguous: read views, no copy
             keys, values = kc[step.rows, :, : step.kv_len], vc[step.rows, :, : step.kv_len]
         else:  # arbitrary slots: gather only the attended prefix [B, Hkv, L, hd]
             keys = kc[:, :, : step.kv_len].index_select(0, step.slots)
             values = vc[:, :, : step.kv_len].index_select(0, step.slots)
         # One query per row: fold each kv head's query group into the query axis,
-        # [B, H, 1, hd] -> [B, Hkv, H/Hkv, hd]. On CPU this beats enable_gqa (no K/V repeat)
+        # [B, H, hd] -> [B, Hkv, H/Hkv, hd]. On CPU this beats enable_gqa (no K/V repeat)
         # and the row mask [B, 1, 1, L] broadcasts over the group.
-        y = F.scaled_dot_product_attention(
-            q.view(B, self.kv_heads, H // self.kv_heads, hd), keys, values, attn_mask=step.mask
-        )
+        q = qk[:, 0, :H].view(B, Hkv, H // Hkv, hd)
+        y = F.scaled_dot_product_attention(q, keys, values, attn_mask=step.mask)
         return y.reshape(B, H, 1, hd)

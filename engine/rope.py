@@ -16,14 +16,20 @@ def inverse_frequencies(head_dim: int, theta: float, device: torch.device | None
 def rope_tables(
     positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin for `positions` [B, T]: each [B, 1, T, hd], broadcast over heads."""
+    """cos and signed sin for `positions` [B, T]: each [B, T, 1, hd], broadcast over heads.
+
+    The sin table carries rotate-half's sign (-sin on the first half), so that applying the
+    rotation is one flip and one fused multiply-add (`apply_rope`).
+    """
     freqs = positions[..., None].float() * inv_freq  # [B, T, hd/2], computed in fp32
-    emb = torch.cat((freqs, freqs), dim=-1)  # [B, T, hd]
-    return emb.cos().to(dtype).unsqueeze(1), emb.sin().to(dtype).unsqueeze(1)
+    cos, sin = freqs.cos(), freqs.sin()
+    return torch.cat((cos, cos), dim=-1).to(dtype).unsqueeze(2), torch.cat((-sin, sin), dim=-1).to(
+        dtype
+    ).unsqueeze(2)
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [B, H, T, hd] rotated by the tables of `rope_tables`."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """x [B, T, heads, hd]: x*cos + rotate_half(x)*sin, rotate_half(x) = [-x2, x1]."""
+    B, T, heads, hd = x.shape
+    swapped = x.reshape(B, T, heads, 2, hd // 2).flip(-2).reshape(B, T, heads, hd)  # [x2, x1]
+    return torch.addcmul(x * cos, swapped, signed_sin)

@@ -25,10 +25,8 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dtype == torch.float32:
-            return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
-        # normalise in fp32, scale in the model dtype, as transformers does
-        return self.weight * F.rms_norm(x.float(), (x.shape[-1],), None, self.eps).to(x.dtype)
+        # one fused op; for bf16 it normalises in fp32 internally, like transformers' upcast
+        return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
 
 
 class Block(nn.Module):

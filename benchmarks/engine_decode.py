@@ -1,0 +1,190 @@
+"""Decode tokens/s: infersight.engine against transformers' MixtralForCausalLM.generate.
+
+Both sides run the same random weights (written by transformers' save_pretrained), in the
+same process, alternating run by run; each figure is the median over repeats. Decode time is
+isolated as time(generate N+1 tokens) - time(generate 1 token), so prefill is not counted.
+
+    .venv/bin/python benchmarks/engine_decode.py                 # CPU, fp32 (+ int8)
+    .venv/bin/python benchmarks/engine_decode.py --device cuda   # GPU, bf16
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+CONFIGS: dict[str, dict[str, Any]] = {
+    "small": {
+        "hidden_size": 256,
+        "intermediate_size": 512,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 2,
+        "vocab_size": 4096,
+    },
+    "medium": {
+        "hidden_size": 512,
+        "intermediate_size": 1024,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 2,
+        "vocab_size": 32000,
+    },
+}
+COMMON = {
+    "num_local_experts": 8,
+    "num_experts_per_tok": 2,
+    "max_position_embeddings": 4096,
+    "eos_token_id": None,
+}
+# (config, batch, target ratio engine/transformers) from the issue
+CASES = [("small", 1, 2.0), ("small", 8, None), ("medium", 1, 1.3), ("medium", 8, 1.5)]
+
+
+@dataclass(frozen=True)
+class Row:
+    config: str
+    batch: int
+    side: str
+    tokens_per_s: float
+    ratio: float | None  # against transformers (or, for int8, against the engine's fp32)
+    target: float | None
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _timed(fn: Callable[[], object], device: torch.device) -> float:
+    _sync(device)
+    start = time.perf_counter()
+    fn()
+    _sync(device)
+    return time.perf_counter() - start
+
+
+def _decode_rate(run: Callable[[int], object], batch: int, new: int, device: torch.device) -> float:
+    """Tokens/s of decode alone: (N+1 tokens) minus (1 token) removes prefill and set-up."""
+    full = _timed(lambda: run(new + 1), device)
+    first = _timed(lambda: run(1), device)
+    return batch * new / max(full - first, 1e-9)
+
+
+def bench_case(
+    name: str,
+    batch: int,
+    *,
+    device: torch.device,
+    dtype: torch.dtype,
+    prompt: int,
+    new: int,
+    repeats: int,
+    int8: bool,
+) -> dict[str, float]:
+    from infersight.engine import load
+    from transformers import MixtralConfig, MixtralForCausalLM
+
+    torch.manual_seed(0)
+    config = MixtralConfig(**CONFIGS[name], **COMMON)
+    reference = MixtralForCausalLM(config).eval()
+    with tempfile.TemporaryDirectory() as tmp:
+        reference.save_pretrained(tmp)
+        engine = load(tmp, device=device, dtype=dtype)
+        quantized = load(tmp, device=device, quantize="int8") if int8 else None
+        reference = reference.to(device=device, dtype=dtype)
+        ids = torch.randint(0, config.vocab_size, (batch, prompt), device=device)
+        mask = torch.ones_like(ids)
+
+        def hf(n: int) -> object:
+            with torch.inference_mode():
+                return reference.generate(
+                    ids,
+                    attention_mask=mask,
+                    max_new_tokens=n,
+                    min_new_tokens=n,
+                    do_sample=False,
+                    pad_token_id=0,
+                )
+
+        sides: dict[str, Callable[[int], object]] = {
+            "transformers": hf,
+            "engine": lambda n: engine.generate(ids, n),
+        }
+        if quantized is not None:
+            sides["engine int8"] = lambda n: quantized.generate(ids, n)
+        for run in sides.values():  # warm-up: allocator, kernels, lazy init
+            run(4)
+        rates: dict[str, list[float]] = {side: [] for side in sides}
+        for _ in range(repeats):  # alternate the sides, repeat by repeat
+            for side, run in sides.items():
+                rates[side].append(_decode_rate(run, batch, new, device))
+    return {side: statistics.median(values) for side, values in rates.items()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--prompt", type=int, default=16, help="prompt tokens per row")
+    parser.add_argument("--new", type=int, default=64, help="decode steps timed")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--only", choices=sorted(CONFIGS), help="run one config only")
+    parser.add_argument("--json", type=Path, help="also write the rows here")
+    parser.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's choice)")
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
+
+    rows: list[Row] = []
+    for name, batch, target in CASES:
+        if args.only and name != args.only:
+            continue
+        int8 = name == "medium" and batch == 1
+        rates = bench_case(
+            name,
+            batch,
+            device=device,
+            dtype=dtype,
+            prompt=args.prompt,
+            new=args.new,
+            repeats=args.repeats,
+            int8=int8,
+        )
+        hf, eng = rates["transformers"], rates["engine"]
+        rows.append(Row(name, batch, "transformers", hf, None, None))
+        rows.append(Row(name, batch, "engine", eng, eng / hf, target))
+        if "engine int8" in rates:
+            rows.append(
+                Row(name, batch, "engine int8", rates["engine int8"], rates["engine int8"] / eng, 1.5)
+            )
+        for row in rows[-len(rates) :]:
+            ratio = f"{row.ratio:5.2f}x" if row.ratio is not None else "      "
+            goal = f"(target >= {row.target}x)" if row.target is not None else ""
+            print(
+                f"{row.config:7s} batch {row.batch}  {row.side:13s} {row.tokens_per_s:9.1f} tok/s  {ratio} {goal}"
+            )
+
+    print(
+        f"\nmachine: {platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}, "
+        f"device {device}, dtype {dtype}; prompt {args.prompt}, {args.new} decode steps, median of {args.repeats}"
+    )
+    if args.json:
+        args.json.write_text(json.dumps([asdict(r) for r in rows], indent=2))
+
+
+if __name__ == "__main__":
+    main()
