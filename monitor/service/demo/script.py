@@ -325,9 +325,11 @@ def _bad_release(
     snap = snaps[0]  # type: ignore[index]
     state["snapshot"] = snap["path"]
     tl.done("snapshot", f"{snap['request_count']} requests of {snap['model_version']} kept in {snap['path']}")
-    if not wait_until(lambda: "DeployRegression" in hook.alertnames(), 30):
-        raise tl.fail("page", "no signed DeployRegression notification reached the webhook receiver")
-    tl.done("page", f"DeployRegression delivered, signature verified ({len(hook.received)} webhooks received, "
+    from infersight.alerts import REGRESSION_ALERT
+
+    if not wait_until(lambda: REGRESSION_ALERT in hook.alertnames(), 30):
+        raise tl.fail("page", f"no signed {REGRESSION_ALERT} notification reached the webhook receiver")
+    tl.done("page", f"{REGRESSION_ALERT} delivered, signature verified ({len(hook.received)} webhooks received, "
                     f"{hook.rejected} rejected)")  # fmt: skip
 
 
