@@ -15,8 +15,8 @@ import numpy as np
 from infersight.monitor.data import banking77, hotels
 from infersight.monitor.drift import CachedEmbedder, SentenceTransformerEmbedder
 
-N_BANKING = 2000
-N_HOTELS = 300
+N_BANKING = 1600
+N_HOTELS = 240
 
 
 @functools.cache

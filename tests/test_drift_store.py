@@ -120,7 +120,7 @@ def test_evaluate_window_stores_the_report_fills_relevance_and_sets_the_gauges(
     engine: Engine, pool: Pool
 ) -> None:
     detector = DriftDetector(TableEmbedder(pool), DriftConfig())
-    ref_window = TextWindow.of(pool.banking_texts[:600], pool.banking_texts[600:1200])
+    ref_window = TextWindow.of(pool.banking_texts[:500], pool.banking_texts[500:1000])
     stored = save_reference(
         engine,
         "banking",
@@ -130,8 +130,8 @@ def test_evaluate_window_stores_the_report_fills_relevance_and_sets_the_gauges(
         embedded=detector.embed(ref_window)[0],
         embedder=detector.embedder_name,
     )
-    prompts = list(pool.banking_texts[1200:1470]) + list(pool.hotel_texts[:30])
-    responses: list[str | None] = [*pool.banking_texts[1500:1770], *pool.hotel_texts[30:50], *([None] * 10)]
+    prompts = list(pool.banking_texts[1000:1270]) + list(pool.hotel_texts[:30])
+    responses: list[str | None] = [*pool.banking_texts[1270:1540], *pool.hotel_texts[30:50], *([None] * 10)]
     _insert_traffic(engine, prompts, responses, start=T0)
     registry = CollectorRegistry()
     metrics = DriftMetrics(registry)

@@ -54,7 +54,7 @@ def share_bars_svg(rows: Sequence[tuple[str, float, float, bool]], *, width: int
     """One row per (label, reference share, current share, significant)."""
     if not rows:
         return ""
-    row_h, label_w, pad = 34, 330, 8
+    row_h, label_w, pad = 34, 360, 8
     bar_w = width - label_w - 2 * pad - 60
     top = max(max(r[1], r[2]) for r in rows) or 1.0
     height = row_h * len(rows) + pad
@@ -64,7 +64,7 @@ def share_bars_svg(rows: Sequence[tuple[str, float, float, bool]], *, width: int
     ]
     for i, (label, ref, cur, significant) in enumerate(rows):
         y = pad + i * row_h
-        shown = label if len(label) <= 52 else label[:51] + "…"
+        shown = label if len(label) <= 46 else label[:45] + "…"
         weight = "bold" if significant else "normal"
         parts.append(
             f'<text x="{label_w - 6}" y="{y + 17}" text-anchor="end" font-size="12" font-weight="{weight}">'
