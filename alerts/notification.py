@@ -11,9 +11,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-__all__ = ["Notification", "NotifiedAlert"]
+__all__ = ["Notification", "NotifiedAlert", "Status"]
 
-Status = Literal["firing", "resolved"]
+Status = Literal["firing", "resolved", "acknowledged"]  # acknowledged: still firing, now muted
 _ZERO_TIME = "0001-01-01T00:00:00Z"  # Alertmanager's endsAt for alerts still firing
 
 
@@ -23,7 +23,7 @@ def _iso(t: dt.datetime | None) -> str:
 
 @dataclass(frozen=True)
 class NotifiedAlert:
-    status: Status
+    status: Literal["firing", "resolved"]
     labels: tuple[tuple[str, str], ...]
     annotations: tuple[tuple[str, str], ...]
     starts_at: dt.datetime

@@ -19,7 +19,7 @@ from sqlalchemy import Connection, delete, insert, select, update
 from ._alert_rows import delete_alert, load_alerts
 from .config import AlertConfig, Route
 from .inhibit import inhibited
-from .notification import Notification, NotifiedAlert
+from .notification import Notification, NotifiedAlert, Status
 from .outbox import enqueue
 from .silences import active_silences, silenced_by
 from .state import ActiveAlert
@@ -192,8 +192,15 @@ class Notifier:
             shown = [
                 a for a in visible if a.state == "firing" or (send_resolved and a.fingerprint in resolved)
             ]
-            n = self._notification(row, shown, firing, now)
-            if receiver is not None and receiver.enabled:
+            status = "firing" if firing else "resolved"
+            still = [a for a in members if a.state == "firing" and a.fingerprint in prev_firing]
+            if not firing and still:
+                # what was paged still fires but is now silenced or inhibited: somebody owns it.
+                # PagerDuty gets `acknowledge` (not `resolve`); other receivers have no such state.
+                status, shown = "acknowledged", still
+            n = self._notification(row, shown, status, now)
+            wants = status != "acknowledged" or (receiver is not None and receiver.type == "pagerduty")
+            if receiver is not None and receiver.enabled and wants:
                 outbox_id = enqueue(conn, n, now)
             seq += 1
             values.update(
@@ -224,7 +231,7 @@ class Notifier:
         )
 
     def _notification(
-        self, row: Any, shown: Iterable[ActiveAlert], firing: set[str], now: dt.datetime
+        self, row: Any, shown: Iterable[ActiveAlert], status: Status, now: dt.datetime
     ) -> Notification:
         items = tuple(
             NotifiedAlert(
@@ -243,7 +250,7 @@ class Notifier:
             idempotency_key=key,
             group_key=row.group_key,
             receiver=row.receiver,
-            status="firing" if firing else "resolved",
+            status=status,
             group_labels=tuple(sorted(json.loads(row.group_labels).items())),
             alerts=items,
             created_at=now,

@@ -20,6 +20,7 @@ SUBMODULE_ONLY = {
     "infersight.alerts.inhibit": {"inhibited"},
     "infersight.alerts.live_signals": {"least_squares_slope"},
     "infersight.alerts.matchers": {"matches_all"},
+    "infersight.alerts.notification": {"Status"},
     "infersight.alerts.outbox": {"claim", "counts", "enqueue", "finish"},  # the dispatcher's primitives
     "infersight.alerts.promql": {"LATENCY_HISTOGRAMS"},
     "infersight.alerts.receivers": {"build_receiver", "pagerduty_event", "sign", "slack_message", "verify"},

@@ -200,3 +200,27 @@ def test_silence_that_would_match_everything_is_refused(sqlite_db: Engine) -> No
         create_silence(
             sqlite_db, [parse_matcher("a=b")], starts_at=now, ends_at=now, created_by="x", comment="", now=now
         )
+
+
+def test_silencing_a_paged_alert_acknowledges_it_in_pagerduty_and_expiry_pages_again(
+    world: tuple, sqlite_db: Engine
+) -> None:
+    ev, signals, clock = world
+    signals.set("latency_quantile", 3.0, model_version="v1")
+    run(ev, clock, 10)
+    silence = create_silence(
+        sqlite_db,
+        [parse_matcher('alertname="Slow"'), parse_matcher('model_version="v1"')],
+        starts_at=clock.now,
+        ends_at=clock.now + dt.timedelta(hours=2),
+        created_by="oncall",
+        comment="on it",
+        now=clock.now,
+    )
+    run(ev, clock, 300)
+    assert [n["status"] for n in sent(sqlite_db, "pager")] == ["firing", "acknowledged"]
+    assert names(sent(sqlite_db, "pager")[1]) == [("Slow", "v1", "firing")]  # still firing, now owned
+    assert sent(sqlite_db, "team") == []  # its warning twin stays inhibited; webhooks get no acknowledge
+    expire_silence(sqlite_db, silence.id, now=clock.now)
+    run(ev, clock, 300)
+    assert [n["status"] for n in sent(sqlite_db, "pager")] == ["firing", "acknowledged", "firing"]

@@ -143,3 +143,19 @@ def test_slack_message_has_text_and_blocks(sqlite_db: Engine) -> None:
     assert body["text"].startswith(":red_circle: [FIRING:1] TailLatencyOverSLA")
     assert "p99 is 3.1s" in body["text"] and "<https://runbooks.example.org/x|runbook>" in body["text"]
     assert body["blocks"][0]["type"] == "header"
+
+
+def test_acknowledged_notification_is_a_pagerduty_acknowledge(sqlite_db: Engine) -> None:
+    note = notification("pd")
+    ack = Notification(
+        "n-3", note.group_key, "pd", "acknowledged", note.group_labels, note.alerts, note.created_at
+    )
+    with LocalReceiver(kind="pagerduty") as pd:
+        config = ReceiverConfig("pd", "pagerduty", pd.url, secret=ROUTING_KEY)
+        [result] = deliver(sqlite_db, config, ack)
+    assert result.outcome == "delivered"
+    assert pd.requests[0].json() == {
+        "routing_key": ROUTING_KEY,
+        "event_action": "acknowledge",
+        "dedup_key": "group-abc",
+    }

@@ -37,10 +37,12 @@ def _summary(n: Notification) -> str:
 
 
 def pagerduty_event(n: Notification, *, routing_key: str, source: str) -> dict[str, Any]:
-    """The Events API v2 body for `n`: trigger while any alert fires, else resolve."""
+    """The Events API v2 body for `n`: trigger while any alert fires, acknowledge when what
+    was paged is silenced or inhibited while still firing, resolve when it all resolved."""
+    action = {"firing": "trigger", "acknowledged": "acknowledge", "resolved": "resolve"}[n.status]
     event: dict[str, Any] = {
         "routing_key": routing_key,
-        "event_action": "trigger" if n.status == "firing" else "resolve",
+        "event_action": action,
         "dedup_key": n.group_key,
     }
     if n.status != "firing":
