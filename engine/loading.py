@@ -58,7 +58,7 @@ def load(
     ckpt.check_finite(expected)
     tokenizer = _tokenizer(directory)
 
-    grouped = grouped_mm_supported(config.hidden_size, config.intermediate_size, dtype)
+    grouped = grouped_mm_supported(config.hidden_size, config.intermediate_size, dtype, target)
     quantizer = None
     if quantize is not None:
         scheme = QUANTIZERS[quantize]

@@ -5,19 +5,20 @@ weights renormalised to sum to one. Dispatch has no Python loop over experts: th
 pairs are sorted by expert, the end offset of each expert's group comes from the sorted ids,
 and each projection is one `torch._grouped_mm` over the stacked weights.
 
-Why `_grouped_mm` (torch 2.13, CPU, fp32, E=8 D=512 I=1024 top-2, ms per MoE call, measured
-on the 2-core machine by the micro-benchmark quoted in docs/benchmarks.md):
+Why `_grouped_mm`: benchmarks/engine_moe_dispatch.py, torch 2.13, 1 thread of the shared
+2-core machine, E=8 top-2, fresh routing per call, ms per layer (median CPU time):
 
-    tokens             1       8      64
-    _grouped_mm      0.78    2.94   11.6
-    gather-per-token 3.80    67.8    577    (gpt-fast's w1[expert_indices], then einsum)
-    loop over active 0.83    3.63   13.3    (needs the group sizes on the host: a sync on GPU)
+    D=512 I=1024, tokens    1      8      64
+    _grouped_mm           1.91   8.03   15.5    <- this module
+    loop over active      2.08   8.23   16.2    (a Python loop; group sizes read on the host)
+    gather-per-token      8.38   139    911     (gpt-fast's w1[expert_indices] + bmm)
 
-Gathering copies each selected expert's weights once per token (k*3*I*D floats per token),
-which is what makes it 5-50x slower; `_grouped_mm` reads each active expert once per call and
-skips empty groups. Its constraints, handled here: offsets are int32, and every row stride
-must be a multiple of 16 bytes (hidden and intermediate sizes divisible by 16/element size);
-checkpoints with odd sizes fall back to the gather path, which is correct but slow.
+Gathering copies each selected expert's weights once per (token, k) pair, which is what
+makes it 4-60x slower; `_grouped_mm` reads each active expert once per call, is never slower
+than the loop, and needs no host sync (the group ends stay on the device). Its constraints,
+handled here: offsets are int32, rows must be 16-byte aligned (hidden and intermediate sizes
+times the element size divisible by 16), CPU takes fp32/bf16, CUDA bf16 on sm80+. Other
+cases use the gather path, which is correct but slow.
 """
 
 from __future__ import annotations
@@ -29,10 +30,17 @@ from torch import nn
 __all__ = ["GroupedExperts", "MoEFeedForward", "grouped_mm_supported"]
 
 
-def grouped_mm_supported(hidden: int, intermediate: int, dtype: torch.dtype) -> bool:
-    """Whether `torch._grouped_mm` accepts the stacked expert weights of these sizes."""
+def grouped_mm_supported(hidden: int, intermediate: int, dtype: torch.dtype, device: torch.device) -> bool:
+    """Whether `torch._grouped_mm` takes stacked expert weights of these sizes on `device`."""
+    if not hasattr(torch, "_grouped_mm"):
+        return False
+    if device.type == "cuda":  # bf16 kernels on Ampere (sm80) and later
+        if dtype != torch.bfloat16 or torch.cuda.get_device_capability(device) < (8, 0):
+            return False
+    elif device.type != "cpu" or dtype not in (torch.float32, torch.bfloat16):
+        return False
     size = torch.empty((), dtype=dtype).element_size()
-    return hasattr(torch, "_grouped_mm") and (hidden * size) % 16 == 0 and (intermediate * size) % 16 == 0
+    return (hidden * size) % 16 == 0 and (intermediate * size) % 16 == 0
 
 
 class GroupedExperts(nn.Module):
@@ -61,20 +69,27 @@ class MoEFeedForward(nn.Module):
         self.gate = nn.Linear(dim, num_experts, bias=False)  # router, always kept full precision
         self.experts = experts
         self.num_experts, self.top_k = num_experts, top_k
+        self._range: torch.Tensor | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         x = x.reshape(-1, shape[-1])  # [N, D]
-        logits = F.linear(x.to(self.gate.weight.dtype), self.gate.weight)  # [N, E]
+        gate = self.gate.weight  # full precision, also in int8 models
+        logits = F.linear(x if x.dtype == gate.dtype else x.to(gate.dtype), gate)  # [N, E]
         # softmax over all E, top-k, renormalise == softmax over the top-k logits (2 ops fewer)
         top, chosen = torch.topk(logits, self.top_k, dim=-1)  # [N, k]
-        weights = torch.softmax(top.float(), dim=-1)
+        weights = torch.softmax(top, dim=-1, dtype=torch.float32)
 
         expert_ids, order = torch.sort(chosen.view(-1), stable=True)  # [S = N k]
-        ends = torch.arange(self.num_experts, device=x.device, dtype=expert_ids.dtype)
-        offsets = torch.searchsorted(expert_ids, ends, right=True, out_int32=True)  # [E] group ends
+        offsets = torch.searchsorted(expert_ids, self._expert_range(x.device), right=True, out_int32=True)
         token = order // self.top_k  # the token of each sorted (token, k) pair
         ys = self.experts(x[token], expert_ids, offsets)  # [S, D], sorted by expert
         ys = ys * weights.view(-1)[order].unsqueeze(-1)  # fp32: weighted sums in fp32, as transformers
         out = torch.zeros((x.shape[0], shape[-1]), dtype=ys.dtype, device=x.device).index_add_(0, token, ys)
-        return out.to(x.dtype).view(shape)
+        return (out if out.dtype == x.dtype else out.to(x.dtype)).view(shape)
+
+    def _expert_range(self, device: torch.device) -> torch.Tensor:
+        """arange(E) on `device`, made once: the values whose group ends searchsorted finds."""
+        if self._range is None or self._range.device != device:
+            self._range = torch.arange(self.num_experts, device=device)
+        return self._range

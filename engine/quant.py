@@ -10,11 +10,12 @@ torch 2.13) when the reduction size is not a multiple of 16 and refuses empty in
 cases, and other devices, dequantize on the fly instead.
 
 Experts: the sorted (token, k) groups are contiguous, so each active expert is one
-`_weight_int8pack_mm` on its slice. Measured (2 cores, E=8 D=512 I=1024 top-2, bf16, ms per
-MoE call, 1 / 8 / 64 tokens): int8 per-group 0.31 / 1.65 / 6.5; bf16 `_grouped_mm` 1.08 /
-2.81 / 4.3; dequantize active experts then `_grouped_mm` 4.7 / 25 / 20; gather int8 per token
-3.1 / 52 / 446. Reading a quarter of the bytes wins at decode sizes; the loop runs over the
-active groups only (at most tokens*k), and reading their sizes is free on CPU.
+`_weight_int8pack_mm` on its slice (the loop runs over active groups only, at most tokens*k,
+and reading their sizes is free on CPU). benchmarks/engine_moe_dispatch.py, 1 thread, E=8
+D=512 I=1024 top-2, ms per layer at 1 / 8 / 64 tokens: int8 per-group 1.29 / 4.82 / 12.9;
+fp32 `_grouped_mm` 1.91 / 8.03 / 15.5; bf16 `_grouped_mm` 2.40 / 6.89 / 8.0. Dequantizing
+the active experts into a bf16 `_grouped_mm` was slower still (5-25 ms): the conversion
+costs more than the matmul it feeds. Reading a quarter of the bytes wins at decode sizes.
 """
 
 from __future__ import annotations
