@@ -192,7 +192,7 @@ class Notifier:
             shown = [
                 a for a in visible if a.state == "firing" or (send_resolved and a.fingerprint in resolved)
             ]
-            status = "firing" if firing else "resolved"
+            status: Status = "firing" if firing else "resolved"
             still = [a for a in members if a.state == "firing" and a.fingerprint in prev_firing]
             if not firing and still:
                 # what was paged still fires but is now silenced or inhibited: somebody owns it.
