@@ -221,7 +221,7 @@ class ProxyBackend:
         if not isinstance(obj, dict):
             self._record(rid, req.model, timer, None, None, "UpstreamBadJSON", prompt, None)
             return
-        usage = obj.get("usage") if isinstance(obj.get("usage"), dict) else {}
+        usage: dict[str, Any] = obj["usage"] if isinstance(obj.get("usage"), dict) else {}
         choices = obj.get("choices")
         text = (
             _choice_text(choices[0], chat)

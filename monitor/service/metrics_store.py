@@ -38,7 +38,7 @@ class AlertStoreCollector(Collector):
                 rows = conn.execute(
                     select(alerts.c.alertname, alerts.c.labels).where(alerts.c.state == "firing")
                 ).all()
-                states = dict(
+                states: dict[str, int] = dict(
                     conn.execute(select(outbox.c.state, func.count()).group_by(outbox.c.state)).all()
                 )
         except SQLAlchemyError as exc:  # a scrape never fails because the database is away

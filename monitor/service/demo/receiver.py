@@ -71,8 +71,8 @@ class WebhookReceiver:
     @property
     def url(self) -> str:
         assert self._server is not None
-        host, port = self._server.server_address[:2]
-        return f"http://{host}:{port}/hooks/infersight"
+        port = self._server.server_address[1]
+        return f"http://127.0.0.1:{port}/hooks/infersight"
 
     def __enter__(self) -> WebhookReceiver:
         receiver = self

@@ -160,6 +160,4 @@ class _LazyHandler:
 def mount_alertmanager(app: FastAPI) -> None:
     from infersight.alerts.http import alertmanager_router
 
-    app.include_router(
-        alertmanager_router(_LazyHandler(app), dependencies=[Depends(require_token)])  # type: ignore[arg-type]
-    )
+    app.include_router(alertmanager_router(_LazyHandler(app), dependencies=[Depends(require_token)]))

@@ -72,7 +72,7 @@ async def take(request: Request, body: SnapshotIn | None = None) -> dict[str, An
 
     service = get_service(request)
     wiring = component(request, "alerts")
-    body = body or SnapshotIn()
+    body = body or SnapshotIn(reason="taken by hand", requests=100)
     runtime = getattr(component(request, "backend"), "runtime", None)
     if wiring is None:
         raise BackendUnavailable("alerting is disabled: snapshots need the alert engine's action")

@@ -3,14 +3,14 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from alembic import context
 from infersight.monitor.store.metadata import UTCDateTime
 from infersight.monitor.store.schema import metadata
 
 
-def _render_item(type_: str, obj: Any, autogen_context: Any) -> str | bool:
+def _render_item(type_: str, obj: Any, autogen_context: Any) -> str | Literal[False]:
     if type_ == "type" and isinstance(obj, UTCDateTime):
         return "UTCDateTime()"
     return False
