@@ -177,3 +177,25 @@ def test_the_page_timeseries_fills_with_one_point_per_tick(tmp_path: Path) -> No
             "drift",
             "deploys",
         }
+
+
+def test_stored_requests_read_back_exactly_as_sent(tmp_path: Path) -> None:
+    import datetime as dt
+
+    sent = event(
+        7, started_at=1_764_400_000.123456, prompt="où est ma carte ?", response="dans l'app", queue_s=None
+    )
+    with running(config(tmp_path)) as (app, client):
+        client.post("/api/v1/events", json={"events": [sent]}, headers=auth())
+        with app.state.service.db.connect() as conn:
+            row = conn.execute(select(requests)).one()
+            since = dt.datetime.fromtimestamp(1_764_400_000.1234, dt.UTC)
+            later = conn.execute(select(func.count()).where(requests.c.started_at >= since)).scalar_one()
+    assert row.started_at == dt.datetime.fromtimestamp(1_764_400_000.123456, dt.UTC)
+    assert (row.prompt, row.response, row.queue_s, row.source) == (
+        "où est ma carte ?",
+        "dans l'app",
+        None,
+        "sdk",
+    )
+    assert later == 1

@@ -67,7 +67,7 @@ class DriftConfig:
     alpha: float = 0.05
     window: int = 300  # texts in the current window
     min_window: int = 50  # no verdict on fewer
-    reservoir: int = 2048  # texts kept for embedding per scheduler tick; the rest are counted as skipped
+    reservoir: int = 256  # at most this many texts embedded per `embed` tick; the rest counted as skipped
     enabled: bool = True
 
 

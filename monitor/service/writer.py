@@ -46,6 +46,23 @@ def _text(value: str | None) -> str | None:
     return value.replace("\x00", "\ufffd") if value is not None and "\x00" in value else value
 
 
+_COLUMNS = ("request_id", "model", "model_version", "started_at", "duration_s", "ttft_s", "tpot_s", "queue_s",
+            "prompt_tokens", "output_tokens", "error_type", "prompt", "response", "source")  # fmt: skip
+_SQLITE_INSERT = (
+    f"INSERT OR IGNORE INTO requests ({', '.join(_COLUMNS)}) VALUES ({', '.join('?' for _ in _COLUMNS)})"
+)
+_FROMTS = dt.datetime.fromtimestamp
+
+
+def _sqlite_row(r: InferenceRecord) -> tuple[Any, ...]:
+    # the text SQLAlchemy's SQLite DateTime stores (naive UTC, microseconds), made directly:
+    # the hot path skips the per-value bind processing of the ORM layer
+    started = _FROMTS(r.started_at, _UTC).strftime("%Y-%m-%d %H:%M:%S.%f")
+    return (_text(r.request_id), _text(r.model), _text(r.model_version), started, r.duration_s, r.ttft_s,
+            r.tpot_s, r.queue_s, r.prompt_tokens, r.output_tokens, _text(r.error_type), _text(r.prompt),
+            _text(r.response), r.source)  # fmt: skip
+
+
 def _row(r: InferenceRecord) -> dict[str, Any]:
     return {
         "request_id": _text(r.request_id),
@@ -76,6 +93,7 @@ class RequestWriter:
     ) -> None:
         self._engine = engine
         self._stmt = _insert_ignoring_duplicates(engine)
+        self._sqlite = engine.dialect.name == "sqlite"
         self._max = max_queued_rows
         self._queue: deque[tuple[Sequence[InferenceRecord], Future[int]]] = deque()
         self._queued_rows = 0
@@ -163,16 +181,21 @@ class RequestWriter:
         if not records:
             return None
         try:
-            rows = [_row(r) for r in records]
-            with self._engine.begin() as conn:
-                conn.execute(self._stmt, rows)
+            if self._sqlite:
+                tuples = [_sqlite_row(r) for r in records]
+                with self._engine.begin() as conn:
+                    conn.exec_driver_sql(_SQLITE_INSERT, tuples)
+            else:
+                rows = [_row(r) for r in records]
+                with self._engine.begin() as conn:
+                    conn.execute(self._stmt, rows)
         except (SQLAlchemyError, ValueError, OverflowError, OSError) as exc:
             log.warning("writing %d requests failed: %s", len(records), exc)
             if self._on_error is not None:
                 self._on_error(exc)
             return exc
         if self._on_written is not None:
-            self._on_written(len(rows))
+            self._on_written(len(records))
         return None
 
     @staticmethod

@@ -1,0 +1,157 @@
+"""Ingest throughput: events per second accepted by `POST /api/v1/events` from several
+concurrent SDK senders (the SDK's own `HttpSink`, one process each), 10% of events with
+prompt and response text, and the service's resident memory over the run.
+
+    .venv/bin/python benchmarks/ingest.py --duration 600 --senders 4 --batch 1000
+
+The service runs as `infersight serve` in its own process (SQLite in a temp dir, drift and
+alerts on, as deployed). Each sender builds `InferenceRecord`s and hands batches to
+`HttpSink` in a loop. Reported: accepted events/s (senders' count and the service's own
+counter), rows committed, texts offered to and skipped by the embedding reservoir, and the
+service's RSS every `--rss-every` seconds (first and last minute compared).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import random
+import re
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+
+TOKEN = "benchmark-token-" + "x" * 16
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _sender(url: str, batch: int, seconds: float, texts: list[str], seed: int, out: Any) -> None:
+    from infersight.monitor.records import InferenceRecord
+    from infersight.monitor.sdk._http_sink import HttpSink
+
+    sink = HttpSink(url, token=TOKEN, timeout_s=30.0, retries=5)
+    rng = random.Random(seed)
+    prefix = uuid.uuid4().hex[:12]
+    sent = refused = batches = 0
+    n = 0
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        now = time.time()
+        records = []
+        for _ in range(batch):
+            n += 1
+            text = rng.random() < 0.10
+            prompt = rng.choice(texts) if text else None
+            records.append(InferenceRecord(
+                request_id=f"{prefix}-{n}", model="mixtral_banking", model_version="mixtral_banking_int8-v1.2",
+                started_at=now, duration_s=rng.uniform(0.05, 2.0), ttft_s=rng.uniform(0.01, 0.2),
+                tpot_s=rng.uniform(0.005, 0.05), queue_s=rng.uniform(0, 0.05), prompt_tokens=rng.randint(5, 60),
+                output_tokens=rng.randint(1, 200), prompt=prompt,
+                response=("you can do that in the app under cards" if text else None), source="sdk",
+            ))  # fmt: skip
+        refused += sink(records)
+        sent += len(records)
+        batches += 1
+    sink.close()
+    out.put({"sent": sent, "refused": refused, "batches": batches})
+
+
+def _metric(text: str, name: str, labels: str = "") -> float:
+    pattern = re.escape(name) + (re.escape("{" + labels + "}") if labels else r"(?:\{\})?") + r" ([0-9.e+-]+)"
+    m = re.search(pattern, text)
+    return float(m.group(1)) if m else 0.0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--duration", type=float, default=60.0)
+    ap.add_argument("--senders", type=int, default=4)
+    ap.add_argument("--batch", type=int, default=1000)
+    ap.add_argument("--rss-every", type=float, default=10.0)
+    ap.add_argument("--json", type=Path, help="write the figures here too")
+    args = ap.parse_args()
+
+    from infersight.monitor import data
+
+    texts = [u.text for u in data.banking77("train")]
+    tmp = Path(tempfile.mkdtemp(prefix="infersight-ingest-"))
+    port = _free_port()
+    (tmp / "config.yaml").write_text(f"data_dir: {tmp / 'data'}\nport: {port}\n")
+    env = {**os.environ, "INFERSIGHT_TOKEN": TOKEN}
+    server = subprocess.Popen(
+        [sys.executable, "-m", "infersight.monitor.cli", "serve", "--config", str(tmp / "config.yaml"),
+         "--log-level", "warning"], env=env, stdout=subprocess.DEVNULL,
+    )  # fmt: skip
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(base + "/readyz", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.5)
+        else:
+            print("the service did not become ready", file=sys.stderr)
+            return 1
+        proc = psutil.Process(server.pid)
+        before = httpx.get(base + "/metrics").text
+        queue: mp.Queue[Any] = mp.Queue()
+        senders = [mp.Process(target=_sender, args=(base + "/api/v1/events", args.batch, args.duration, texts, i, queue))
+                   for i in range(args.senders)]  # fmt: skip
+        t0 = time.monotonic()
+        for s in senders:
+            s.start()
+        rss: list[tuple[float, int]] = []
+        cpu0 = proc.cpu_times()
+        while any(s.is_alive() for s in senders):
+            rss.append((round(time.monotonic() - t0, 1), proc.memory_info().rss))
+            time.sleep(min(args.rss_every, max(0.5, args.duration / 20)))
+        elapsed = time.monotonic() - t0
+        cpu1 = proc.cpu_times()
+        results = [queue.get(timeout=30) for _ in senders]
+        after = httpx.get(base + "/metrics").text
+    finally:
+        server.terminate()
+        server.wait(60)
+    sent = sum(r["sent"] for r in results)
+    accepted = _metric(after, "infersight_ingest_events_total", 'outcome="accepted"') - _metric(
+        before, "infersight_ingest_events_total", 'outcome="accepted"')  # fmt: skip
+    written = _metric(after, "infersight_store_requests_written_total")
+    offered = _metric(after, "infersight_drift_texts_offered_total")
+    skipped = _metric(after, "infersight_drift_texts_skipped_total")
+    first = [b for t, b in rss if t <= 60] or [rss[0][1]]
+    last = [b for t, b in rss if t >= elapsed - 60] or [rss[-1][1]]
+    figures = {
+        "duration_s": round(elapsed, 1), "senders": args.senders, "batch": args.batch,
+        "events_sent": sent, "events_accepted": int(accepted), "rows_written": int(written),
+        "accepted_per_s": round(accepted / elapsed), "refused": sum(r["refused"] for r in results),
+        "texts_offered": int(offered), "texts_skipped": int(skipped),
+        "service_cpu_s": round((cpu1.user + cpu1.system) - (cpu0.user + cpu0.system), 1),
+        "rss_mib_first_minute_max": round(max(first) / 2**20, 1), "rss_mib_last_minute_max": round(max(last) / 2**20, 1),
+        "rss_mib_series": [(t, round(b / 2**20, 1)) for t, b in rss],
+        "cores": os.cpu_count(),
+    }  # fmt: skip
+    print(json.dumps(figures, indent=1))
+    if args.json:
+        args.json.write_text(json.dumps(figures, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
