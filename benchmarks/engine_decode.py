@@ -66,12 +66,16 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+CLOCKS: dict[str, Callable[[], float]] = {"wall": time.perf_counter, "cpu": time.process_time}
+clock = time.perf_counter
+
+
 def _timed(fn: Callable[[], object], device: torch.device) -> float:
     _sync(device)
-    start = time.perf_counter()
+    start = clock()
     fn()
     _sync(device)
-    return time.perf_counter() - start
+    return clock() - start
 
 
 def _decode_rate(run: Callable[[int], object], batch: int, new: int, device: torch.device) -> float:
@@ -143,7 +147,16 @@ def main() -> None:
     parser.add_argument("--only", choices=sorted(CONFIGS), help="run one config only")
     parser.add_argument("--json", type=Path, help="also write the rows here")
     parser.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's choice)")
+    parser.add_argument(
+        "--clock",
+        choices=sorted(CLOCKS),
+        default="wall",
+        help="wall: elapsed time (quiet machine); cpu: this process's CPU time, which other "
+        "processes on a shared machine do not inflate (use with --threads 1, CPU only)",
+    )
     args = parser.parse_args()
+    global clock
+    clock = CLOCKS[args.clock]
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
@@ -180,7 +193,8 @@ def main() -> None:
 
     print(
         f"\nmachine: {platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}, "
-        f"device {device}, dtype {dtype}; prompt {args.prompt}, {args.new} decode steps, median of {args.repeats}"
+        f"device {device}, dtype {dtype}; prompt {args.prompt}, {args.new} decode steps, median of {args.repeats}, "
+        f"{args.clock} clock"
     )
     if args.json:
         args.json.write_text(json.dumps([asdict(r) for r in rows], indent=2))

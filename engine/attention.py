@@ -50,21 +50,21 @@ class Attention(nn.Module):
         v = qkv[..., (H + Hkv) * hd :].view(B, T, Hkv, hd)
 
         if step.positions is not None:
-            y = self._decode(qk, v, step, layer)  # [B, H, 1, hd]
-        else:
-            k = qk[:, :, H:].transpose(1, 2)  # [B, Hkv, T, hd]
-            v = v.transpose(1, 2)
-            if step.cache_k is not None and step.cache_v is not None and step.rows is not None:
-                step.cache_k[layer, step.rows, :, :T] = k
-                step.cache_v[layer, step.rows, :, :T] = v
-            y = F.scaled_dot_product_attention(
-                qk[:, :, :H].transpose(1, 2),
-                k,
-                v,
-                attn_mask=step.mask,
-                is_causal=step.mask is None and T > 1,
-                enable_gqa=self.kv_heads != self.heads,
-            )
+            return self.wo(self._decode(qk, v, step, layer).reshape(B, 1, H * hd))
+
+        k = qk[:, :, H:].transpose(1, 2)  # [B, Hkv, T, hd]
+        v = v.transpose(1, 2)
+        if step.cache_k is not None and step.cache_v is not None and step.rows is not None:
+            step.cache_k[layer, step.rows, :, :T] = k
+            step.cache_v[layer, step.rows, :, :T] = v
+        y = F.scaled_dot_product_attention(
+            qk[:, :, :H].transpose(1, 2),
+            k,
+            v,
+            attn_mask=step.mask,
+            is_causal=step.mask is None and T > 1,
+            enable_gqa=self.kv_heads != self.heads,
+        )  # [B, H, T, hd]
         return self.wo(y.transpose(1, 2).reshape(B, T, H * hd))
 
     def _decode(self, qk: torch.Tensor, v: torch.Tensor, step: AttentionStep, layer: int) -> torch.Tensor:
@@ -87,5 +87,4 @@ class Attention(nn.Module):
         # [B, H, hd] -> [B, Hkv, H/Hkv, hd]. On CPU this beats enable_gqa (no K/V repeat)
         # and the row mask [B, 1, 1, L] broadcasts over the group.
         q = qk[:, 0, :H].view(B, Hkv, H // Hkv, hd)
-        y = F.scaled_dot_product_attention(q, keys, values, attn_mask=step.mask)
-        return y.reshape(B, H, 1, hd)
+        return F.scaled_dot_product_attention(q, keys, values, attn_mask=step.mask)  # [B, Hkv, H/Hkv, hd]

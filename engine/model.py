@@ -62,7 +62,7 @@ class MoEModel:
         T = ids.shape[1]
         positions = torch.arange(T, device=self.device).expand_as(ids)
         step = AttentionStep(mask=self._window_mask(T))
-        return self.network(ids, positions, step, last_only=False)
+        return self.network(ids, positions, step, span=T, last_only=False)
 
     @torch.inference_mode()
     def generate(
@@ -166,7 +166,7 @@ class MoEModel:
         B, T = ids.shape
         positions = torch.arange(T, device=self.device).expand(B, T)
         step = AttentionStep(cache_k=cache.k, cache_v=cache.v, rows=rows, mask=self._window_mask(T))
-        return self.network(ids, positions, step, last_only=True)  # [B, V]
+        return self.network(ids, positions, step, span=T, last_only=True)  # [B, V]
 
     def _decode(
         self,
@@ -196,7 +196,7 @@ class MoEModel:
             kv_len=kv_len,
             mask=mask,
         )
-        return self.network(ids[:, None], positions[:, None], step, last_only=True)  # [B, V]
+        return self.network(ids[:, None], positions[:, None], step, span=kv_len, last_only=True)  # [B, V]
 
     def _window_mask(self, T: int) -> torch.Tensor | None:
         """None (plain causal) unless a sliding window cuts into T tokens."""

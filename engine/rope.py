@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["apply_rope", "inverse_frequencies", "rope_tables"]
+__all__ = ["RopeTable", "apply_rope", "inverse_frequencies", "rope_tables"]
 
 
 def inverse_frequencies(head_dim: int, theta: float, device: torch.device | None = None) -> torch.Tensor:
@@ -26,6 +26,28 @@ def rope_tables(
     return torch.cat((cos, cos), dim=-1).to(dtype).unsqueeze(2), torch.cat((-sin, sin), dim=-1).to(
         dtype
     ).unsqueeze(2)
+
+
+class RopeTable:
+    """`rope_tables` rows for positions 0..n-1, computed once and grown by doubling on demand.
+
+    A decode step then gathers its rows (one op each) instead of recomputing them (about ten
+    ops); the values are the same, computed by the same expression.
+    """
+
+    def __init__(self, inv_freq: torch.Tensor, dtype: torch.dtype) -> None:
+        self.inv_freq, self.dtype = inv_freq, dtype
+        self._tables: tuple[torch.Tensor, torch.Tensor] | None = None  # each [n, hd]
+
+    def lookup(self, positions: torch.Tensor, span: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, signed sin [B, T, 1, hd] for `positions` [B, T], all < `span` (known on the host)."""
+        tables = self._tables
+        if tables is None or tables[0].shape[0] < span:
+            size = max(span, 2 * tables[0].shape[0] if tables is not None else 256)
+            rows = torch.arange(size, device=self.inv_freq.device)[None]
+            cos, sin = rope_tables(rows, self.inv_freq, self.dtype)  # [1, n, 1, hd]
+            tables = self._tables = (cos[0, :, 0], sin[0, :, 0])
+        return tables[0][positions].unsqueeze(2), tables[1][positions].unsqueeze(2)
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:

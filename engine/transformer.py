@@ -13,7 +13,7 @@ from torch import nn
 from .attention import Attention, AttentionStep
 from .config import ModelConfig
 from .moe import GroupedExperts, MoEFeedForward
-from .rope import inverse_frequencies, rope_tables
+from .rope import RopeTable, inverse_frequencies
 
 __all__ = ["RMSNorm", "Transformer"]
 
@@ -62,17 +62,26 @@ class Transformer(nn.Module):
         )
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.output: nn.Module = nn.Linear(c.hidden_size, c.vocab_size, bias=False)
-        self.register_buffer("inv_freq", torch.empty(c.head_dim // 2), persistent=False)
+        self.rope: RopeTable | None = None  # made by init_buffers once the weights are real
 
     def init_buffers(self, device: torch.device) -> None:
-        self.inv_freq = inverse_frequencies(self.config.head_dim, self.config.rope_theta, device)
+        """Compute what the checkpoint does not store (RoPE tables), in the embeddings' dtype."""
+        inv_freq = inverse_frequencies(self.config.head_dim, self.config.rope_theta, device)
+        self.rope = RopeTable(inv_freq, self.tok_embeddings.weight.dtype)
 
     def forward(
-        self, tokens: torch.Tensor, positions: torch.Tensor, step: AttentionStep, *, last_only: bool
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        step: AttentionStep,
+        *,
+        span: int,
+        last_only: bool,
     ) -> torch.Tensor:
-        """tokens, positions [B, T] -> fp32 logits [B, T, V] ([B, V] when `last_only`)."""
+        """tokens, positions [B, T] (every position < span) -> fp32 logits [B, T, V] ([B, V] if last_only)."""
+        assert self.rope is not None, "init_buffers() first"
         x = self.tok_embeddings(tokens)  # [B, T, D]
-        cos, sin = rope_tables(positions, self.inv_freq, x.dtype)
+        cos, sin = self.rope.lookup(positions, span)
         for i, layer in enumerate(self.layers):
             x = layer(x, cos, sin, step, i)
         if last_only:
