@@ -68,7 +68,8 @@ class Attention(nn.Module):
         return self.wo(y.transpose(1, 2).reshape(B, T, H * hd))
 
     def _decode(self, qk: torch.Tensor, v: torch.Tensor, step: AttentionStep, layer: int) -> torch.Tensor:
-        assert step.cache_k is not None and step.cache_v is not None and step.positions is not None
+        assert step.cache_k is not None and step.cache_v is not None
+        assert step.positions is not None and step.slots is not None
         B, H, Hkv, hd = qk.shape[0], self.heads, self.kv_heads, self.head_dim
         kc, vc = step.cache_k[layer], step.cache_v[layer]  # [max_batch, Hkv, S, hd]
         k_new, v_new = qk[:, 0, H:], v[:, 0]  # [B, Hkv, hd]
