@@ -6,18 +6,22 @@ transformers (v4, and v5.24 still) saves one tensor per expert projection:
 the only copies made while loading: each is written once, straight from the memory map into
 its final place (dtype conversion folded into the same copy). Every other tensor is the map
 itself when device and dtype already match.
+
+transformers v5's in-memory layout (`model.layers.N.mlp.gate.weight`,
+`mlp.experts.gate_up_proj` [E, 2I, D], `mlp.experts.down_proj` [E, D, I]) is accepted too:
+there the experts are already stacked and are assigned without a copy.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 import torch
 
 from .checkpoint import Checkpoint
 from .config import ModelConfig
 
-__all__ = ["build_state", "expected_tensors"]
+__all__ = ["build_state", "expected_tensors", "stacked_experts"]
 
 Shape = tuple[int, ...]
 # Turns one stored row-major weight [..., N, K] into the entries a module stores, e.g.
@@ -25,7 +29,12 @@ Shape = tuple[int, ...]
 Quantizer = Callable[[torch.Tensor], dict[str, torch.Tensor]]
 
 
-def expected_tensors(c: ModelConfig) -> tuple[dict[str, Shape], set[str]]:
+def stacked_experts(keys: Collection[str]) -> bool:
+    """Whether a checkpoint stores its experts stacked (v5 layout) rather than one per tensor."""
+    return "model.layers.0.mlp.experts.gate_up_proj" in keys
+
+
+def expected_tensors(c: ModelConfig, *, stacked: bool = False) -> tuple[dict[str, Shape], set[str]]:
     """Checkpoint key -> shape for every required tensor, and the keys that may be present."""
     D, inter, E, hd = c.hidden_size, c.intermediate_size, c.num_local_experts, c.head_dim
     H, Hkv = c.num_attention_heads, c.num_key_value_heads
@@ -44,8 +53,15 @@ def expected_tensors(c: ModelConfig) -> tuple[dict[str, Shape], set[str]]:
             p + "self_attn.o_proj.weight": (D, H * hd),
             p + "input_layernorm.weight": (D,),
             p + "post_attention_layernorm.weight": (D,),
-            p + "block_sparse_moe.gate.weight": (E, D),
         }
+        if stacked:
+            expected |= {
+                p + "mlp.gate.weight": (E, D),
+                p + "mlp.experts.gate_up_proj": (E, 2 * inter, D),
+                p + "mlp.experts.down_proj": (E, D, inter),
+            }
+            continue
+        expected[p + "block_sparse_moe.gate.weight"] = (E, D)
         for e in range(E):
             q = f"{p}block_sparse_moe.experts.{e}."
             expected |= {
@@ -72,6 +88,14 @@ def _fused(
     return out
 
 
+def _aligned(t: torch.Tensor, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """`t` itself if usable as is (device, dtype, 16-byte aligned for _grouped_mm), else one copy."""
+    if (t.device, t.dtype) == (device, dtype) and t.data_ptr() % 16 == 0:
+        return t
+    out = torch.empty(t.shape, dtype=dtype, device=device)
+    return out.copy_(t)
+
+
 def build_state(
     ckpt: Checkpoint,
     c: ModelConfig,
@@ -81,6 +105,22 @@ def build_state(
     quantizer: Quantizer | None = None,
 ) -> dict[str, torch.Tensor]:
     """The engine's state dict (module names of transformer.py) from a checked checkpoint."""
+    stacked = stacked_experts(ckpt.infos)
+
+    def experts(moe: str) -> dict[str, Callable[[torch.dtype], torch.Tensor]]:
+        """w13 and w2, each a function of the dtype wanted: stacked once, or as stored."""
+        if stacked:
+            return {
+                "w13": lambda dt: _aligned(ckpt.tensor(moe + "experts.gate_up_proj"), device, dt),
+                "w2": lambda dt: _aligned(ckpt.tensor(moe + "experts.down_proj"), device, dt),
+            }
+        x, ids = moe + "experts.", range(c.num_local_experts)
+        w13 = [[f"{x}{e}.w1.weight", f"{x}{e}.w3.weight"] for e in ids]
+        w2 = [[f"{x}{e}.w2.weight"] for e in ids]
+        return {
+            "w13": lambda dt: _fused(ckpt, w13, device, dt),
+            "w2": lambda dt: _fused(ckpt, w2, device, dt),
+        }
 
     def plain(key: str) -> torch.Tensor:
         t = ckpt.tensor(key)
@@ -106,18 +146,13 @@ def build_state(
         state |= linear(m + "attention.wo", [a + "o_proj.weight"])
         state[m + "attention_norm.weight"] = plain(p + "input_layernorm.weight")
         state[m + "ffn_norm.weight"] = plain(p + "post_attention_layernorm.weight")
-        state[m + "moe.gate.weight"] = ckpt.tensor(p + "block_sparse_moe.gate.weight").to(
+        moe = p + ("mlp." if stacked else "block_sparse_moe.")
+        state[m + "moe.gate.weight"] = ckpt.tensor(moe + "gate.weight").to(
             device=device, dtype=torch.float32 if quantizer is not None else dtype
         )
-        x = p + "block_sparse_moe.experts."
-        experts = range(c.num_local_experts)
-        w13 = [[f"{x}{e}.w1.weight", f"{x}{e}.w3.weight"] for e in experts]
-        w2 = [[f"{x}{e}.w2.weight"] for e in experts]
-        if quantizer is None:
-            state[m + "moe.experts.w13"] = _fused(ckpt, w13, device, dtype)
-            state[m + "moe.experts.w2"] = _fused(ckpt, w2, device, dtype)
-        else:
-            for name, groups in (("w13", w13), ("w2", w2)):
-                parts = quantizer(_fused(ckpt, groups, device, torch.float32))
-                state |= {f"{m}moe.experts.{name}_{k}": v for k, v in parts.items()}
+        for name, make in experts(moe).items():
+            if quantizer is None:
+                state[f"{m}moe.experts.{name}"] = make(dtype)
+            else:
+                state |= {f"{m}moe.experts.{name}_{k}": v for k, v in quantizer(make(torch.float32)).items()}
     return state

@@ -17,7 +17,7 @@ import torch
 from .checkpoint import Checkpoint
 from .config import ModelConfig
 from .errors import CheckpointNotFound, TokenizerInvalid, UnsupportedQuantization
-from .layout import build_state, expected_tensors
+from .layout import build_state, expected_tensors, stacked_experts
 from .model import MoEModel
 from .moe import grouped_mm_supported
 from .quant import QUANTIZERS, quantize_network
@@ -53,7 +53,7 @@ def load(
 
     config = ModelConfig.from_file(directory / "config.json")
     ckpt = Checkpoint.open(directory)
-    expected, optional = expected_tensors(config)
+    expected, optional = expected_tensors(config, stacked=stacked_experts(ckpt.infos))
     ckpt.check(expected, optional)
     ckpt.check_finite(expected)
     tokenizer = _tokenizer(directory)

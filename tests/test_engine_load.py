@@ -229,3 +229,25 @@ def test_unreadable_tokenizer_is_tokenizer_invalid(ckpt: Path, never_builds: Non
 def test_unknown_quantization_is_refused_before_reading(ckpt: Path, never_builds: None) -> None:
     with pytest.raises(UnsupportedQuantization, match="int4"):
         load(ckpt, quantize="int4")
+
+
+def test_experts_stored_stacked_as_transformers_v5_holds_them_load_too(
+    ckpt: Path, pristine: tuple[Path, torch.Tensor]
+) -> None:
+    def stack(t: dict[str, torch.Tensor]) -> None:
+        for n in range(2):
+            old, new = f"model.layers.{n}.block_sparse_moe.", f"model.layers.{n}.mlp."
+            t[new + "gate.weight"] = t.pop(old + "gate.weight")
+            experts = [[t.pop(f"{old}experts.{e}.{w}.weight") for w in ("w1", "w3", "w2")] for e in range(4)]
+            t[new + "experts.gate_up_proj"] = torch.stack([torch.cat([w1, w3]) for w1, w3, _ in experts])
+            t[new + "experts.down_proj"] = torch.stack([w2 for _, _, w2 in experts])
+
+    _edit_weights(ckpt, stack)
+    got = load(ckpt, device="cpu").logits(torch.tensor([[4, 8, 15, 16, 23, 42]]))
+    assert (got - pristine[1]).abs().max().item() < 1e-4
+    int8 = load(ckpt, device="cpu", quantize="int8").logits(torch.tensor([[4, 8, 15, 16, 23, 42]]))
+    assert (int8 - pristine[1]).abs().max().item() < 0.15 * pristine[1].abs().max().item()
+    _edit_weights(ckpt, lambda t: t.pop("model.layers.1.mlp.experts.down_proj"))
+    with pytest.raises(CheckpointMismatch, match="missing") as info:
+        load(ckpt)
+    assert info.value.tensor == "model.layers.1.mlp.experts.down_proj"
