@@ -138,3 +138,15 @@ def test_deploy_and_rollback_through_the_api_are_recorded(served) -> None:  # ty
     assert [tuple(r) for r in rows][-3:] == [(GOOD, "start"), (BAD, "deploy"), (GOOD, "rollback")]
     overview = wait_for(lambda: (o := client.get("/api/v1/overview").json())["deploys"] and o)
     assert overview["serving_version"] == GOOD and overview["deploys"][0]["to_version"] == GOOD
+
+
+@pytest.mark.parametrize(
+    ("temperature", "top_p"), [(1e-300, 1.0), (5e-324, 0.5), (1.0, 1e-300), (2.0, 5e-324)]
+)
+def test_extreme_sampling_parameters_are_served_not_failed(served, temperature, top_p) -> None:  # type: ignore[no-untyped-def]
+    _, client = served
+    r = client.post(
+        "/v1/completions",
+        json={"prompt": "card", "max_tokens": 2, "temperature": temperature, "top_p": top_p},
+    )
+    assert r.status_code == 200, r.text

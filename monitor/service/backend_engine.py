@@ -31,6 +31,15 @@ __all__ = ["EngineBackend"]
 
 log = logging.getLogger(__name__)
 _FINISH = {"stop": "stop", "length": "length", "cancelled": "stop"}
+# Below these the sampling distribution is a point mass at float precision; dividing logits
+# by a subnormal temperature overflows and a top_p that underflows keeps no token, which
+# the sampler refuses (found by the API fuzz test): such requests are served greedily.
+_MIN_TEMPERATURE = 1e-4
+_MIN_TOP_P = 1e-6
+
+
+def _temperature(value: float) -> float:
+    return 0.0 if value < _MIN_TEMPERATURE else value
 
 
 class EngineBackend:
@@ -157,8 +166,8 @@ class EngineBackend:
         request_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
         try:
             handle = self.runtime.submit(
-                prompt_ids, max_new_tokens=budget, temperature=req.temperature, top_p=req.top_p, seed=req.seed,
-                request_id=request_id,
+                prompt_ids, max_new_tokens=budget, temperature=_temperature(req.temperature),
+                top_p=max(req.top_p, _MIN_TOP_P), seed=req.seed, request_id=request_id,
             )  # fmt: skip
         except PromptTooLong as exc:
             self._record(
