@@ -199,3 +199,11 @@ def test_stored_requests_read_back_exactly_as_sent(tmp_path: Path) -> None:
         "sdk",
     )
     assert later == 1
+
+
+def test_the_web_page_is_served_at_the_root(tmp_path: Path) -> None:
+    with running(config(tmp_path)) as (_app, client):
+        page = client.get("/")
+        assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+        assert "api/v1/overview" in client.get("/app.js").text  # the page reads the service's endpoints
+        assert client.get("/api/v1/overview").status_code == 200  # the API still wins over the static mount
