@@ -207,3 +207,18 @@ def test_the_web_page_is_served_at_the_root(tmp_path: Path) -> None:
         assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
         assert "api/v1/overview" in client.get("/app.js").text  # the page reads the service's endpoints
         assert client.get("/api/v1/overview").status_code == 200  # the API still wins over the static mount
+
+
+def test_ingest_on_a_shared_postgresql(tmp_path: Path, postgres_url: str) -> None:
+    import dataclasses
+
+    cfg = dataclasses.replace(config(tmp_path), database_url=postgres_url)
+    with running(cfg) as (app, client):
+        batch = [event(i, prompt="nul\x00inside" if i == 0 else None) for i in range(40)]
+        for _ in range(2):  # a retried batch is kept once
+            assert client.post("/api/v1/events", json={"events": batch}, headers=auth()).json()["accepted"] == 40
+        assert _stored(app) == 40
+        with app.state.service.db.connect() as conn:
+            prompt = conn.execute(select(requests.c.prompt).where(requests.c.request_id == "r-0")).scalar_one()
+        assert prompt == "nul\ufffdinside"
+        assert client.get("/readyz").json()["status"] == "ready"
