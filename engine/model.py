@@ -193,6 +193,7 @@ class MoEModel:
             rows=rows,
             slots=slots,
             positions=positions,
+            write_at=kv_len - 1 if uniform else None,  # generate: every row at the same position
             kv_len=kv_len,
             mask=mask,
         )
