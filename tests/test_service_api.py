@@ -216,9 +216,13 @@ def test_ingest_on_a_shared_postgresql(tmp_path: Path, postgres_url: str) -> Non
     with running(cfg) as (app, client):
         batch = [event(i, prompt="nul\x00inside" if i == 0 else None) for i in range(40)]
         for _ in range(2):  # a retried batch is kept once
-            assert client.post("/api/v1/events", json={"events": batch}, headers=auth()).json()["accepted"] == 40
+            assert (
+                client.post("/api/v1/events", json={"events": batch}, headers=auth()).json()["accepted"] == 40
+            )
         assert _stored(app) == 40
         with app.state.service.db.connect() as conn:
-            prompt = conn.execute(select(requests.c.prompt).where(requests.c.request_id == "r-0")).scalar_one()
+            prompt = conn.execute(
+                select(requests.c.prompt).where(requests.c.request_id == "r-0")
+            ).scalar_one()
         assert prompt == "nul\ufffdinside"
         assert client.get("/readyz").json()["status"] == "ready"
