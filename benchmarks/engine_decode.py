@@ -51,6 +51,33 @@ COMMON = {
 CASES = [("small", 1, 2.0), ("small", 8, None), ("medium", 1, 1.3), ("medium", 8, 1.5)]
 
 
+def weight_bytes_per_step(name: str, batch: int, bytes_per_weight: float = 4.0) -> float:
+    """Weight bytes one decode step must read: attention, the experts the batch routes to
+    (expected number under uniform routing), and the lm head."""
+    c = CONFIGS[name] | COMMON
+    D, inter, E, k = (
+        c["hidden_size"],
+        c["intermediate_size"],
+        c["num_local_experts"],
+        c["num_experts_per_tok"],
+    )
+    hd = D // c["num_attention_heads"]
+    attention = D * hd * (2 * c["num_attention_heads"] + 2 * c["num_key_value_heads"])
+    experts = E * (1 - ((E - k) / E) ** batch) * 3 * D * inter
+    per_layer = attention + experts + E * D  # + router
+    return bytes_per_weight * (c["num_hidden_layers"] * per_layer + c["vocab_size"] * D)
+
+
+def read_bandwidth(device: torch.device, dtype: torch.dtype) -> float:
+    """Bytes/s at which one matrix-vector product streams a 256 MiB weight (median of 5): the
+    speed of the memory floor, measured with the very kind of op that decoding is made of."""
+    weight = torch.randn(1 << 16, 1024, device=device).to(dtype)
+    x = torch.randn(1, 1024, device=device, dtype=dtype)
+    torch.nn.functional.linear(x, weight)
+    samples = [_timed(lambda: torch.nn.functional.linear(x, weight), device) for _ in range(5)]
+    return weight.numel() * weight.element_size() / statistics.median(samples)
+
+
 @dataclass(frozen=True)
 class Row:
     config: str
@@ -162,6 +189,10 @@ def main() -> None:
     device = torch.device(args.device)
     dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
 
+    bandwidth = read_bandwidth(device, dtype)
+    print(
+        f"matrix-vector streaming: {bandwidth / 1e9:.1f} GB/s ({args.clock} clock); floor = weight bytes / that"
+    )
     rows: list[Row] = []
     for name, batch, target in CASES:
         if args.only and name != args.only:
@@ -187,8 +218,13 @@ def main() -> None:
         for row in rows[-len(rates) :]:
             ratio = f"{row.ratio:5.2f}x" if row.ratio is not None else "      "
             goal = f"(target >= {row.target}x)" if row.target is not None else ""
+            wbytes = weight_bytes_per_step(
+                name, batch, 1.0 if row.side == "engine int8" else float(dtype.itemsize)
+            )
+            floor = batch * bandwidth / wbytes  # tok/s if reading the weights were all it took
             print(
-                f"{row.config:7s} batch {row.batch}  {row.side:13s} {row.tokens_per_s:9.1f} tok/s  {ratio} {goal}"
+                f"{row.config:7s} batch {row.batch}  {row.side:13s} {row.tokens_per_s:9.1f} tok/s  {ratio} "
+                f"{goal:20s} {row.tokens_per_s / floor:4.0%} of the floor ({floor:.0f} tok/s)"
             )
 
     print(

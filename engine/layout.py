@@ -88,6 +88,17 @@ def _fused(
     return out
 
 
+# HEAD_LAYOUT: on CPU (MKL, torch 2.13) the lm head runs faster from a column-major weight,
+# i.e. F.linear(x, Wt.t()) with Wt = W.t().contiguous(). fp32, V=32000 D=512, 1 thread, ms,
+# min of 10 (/tmp-style micro-benchmark, same machine as docs/benchmarks.md):
+#     rows M           1     2     3     6     8     12    16    32    128
+#     row-major W     8.6   6.7   9.1  19.6  27.9  39.0  15.8  17.6  74.2
+#     column-major    6.2   8.6  11.1  16.6  18.6  19.3  18.4  19.7  54.3
+# MKL's small-M GEMM on a row-major weight has a slow band (M 4..12) that a decode batch
+# falls into; the column-major layout costs one copy of the head at load time and is slower
+# only at M 2, 3 and 16..32. It is used for fp32/bf16 heads on CPU; CUDA keeps the map.
+
+
 def _aligned(t: torch.Tensor, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
     """`t` itself if usable as is (device, dtype, 16-byte aligned for _grouped_mm), else one copy."""
     if (t.device, t.dtype) == (device, dtype) and t.data_ptr() % 16 == 0:
@@ -103,6 +114,7 @@ def build_state(
     device: torch.device,
     dtype: torch.dtype,
     quantizer: Quantizer | None = None,
+    column_major_head: bool = False,
 ) -> dict[str, torch.Tensor]:
     """The engine's state dict (module names of transformer.py) from a checked checkpoint."""
     stacked = stacked_experts(ckpt.infos)
@@ -138,7 +150,14 @@ def build_state(
         "norm.weight": plain("model.norm.weight"),
     }
     head = "model.embed_tokens.weight" if c.tie_word_embeddings else "lm_head.weight"
-    state |= linear("output", [head])
+    if column_major_head and quantizer is None:
+        # the lm head as a [V, D] view of a contiguous [D, V] copy (see HEAD_LAYOUT below)
+        w = ckpt.tensor(head)
+        state["output.weight"] = (
+            torch.empty((w.shape[1], w.shape[0]), dtype=dtype, device=device).copy_(w.t()).t()
+        )
+    else:
+        state |= linear("output", [head])
     for n in range(c.num_hidden_layers):
         p, m = f"model.layers.{n}.", f"layers.{n}."
         a = p + "self_attn."

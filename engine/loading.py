@@ -63,13 +63,16 @@ def load(
     if quantize is not None:
         scheme = QUANTIZERS[quantize]
         quantizer = functools.partial(scheme, scale_dtype=dtype)
-    state = build_state(ckpt, config, device=target, dtype=dtype, quantizer=quantizer)
+    column_major_head = target.type == "cpu" and quantizer is None  # see layout.HEAD_LAYOUT
+    state = build_state(
+        ckpt, config, device=target, dtype=dtype, quantizer=quantizer, column_major_head=column_major_head
+    )
     with torch.device("meta"):
         network = Transformer(config, grouped_experts=grouped)
         if quantize is not None:
             quantize_network(network, quantize, activation_dtype=dtype)
     network.load_state_dict(state, strict=True, assign=True)
-    if config.tie_word_embeddings and quantize is None:
+    if config.tie_word_embeddings and quantize is None and not column_major_head:
         network.output.weight = network.tok_embeddings.weight  # one tensor, as in the checkpoint
     network.init_buffers(target)
     return MoEModel(
