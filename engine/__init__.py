@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from .cache import KVCache
     from .config import ModelConfig
+    from .deploy import DeployOutcome
+    from .deploy_history import DeployRecord
     from .errors import (
         CacheCapacityExceeded,
         CheckpointCorrupt,
@@ -48,7 +50,11 @@ if TYPE_CHECKING:
     )
     from .loading import load
     from .model import MoEModel
+    from .registry import Registry
+    from .requests import Completion, RequestHandle
+    from .runtime import Runtime
     from .sampling import sample
+    from .versions import VersionInfo, VersionName
 
 # public name -> the module defining it
 _EXPORTS: dict[str, str] = {
@@ -84,6 +90,15 @@ _EXPORTS: dict[str, str] = {
     "load": ".loading",
     "MoEModel": ".model",
     "sample": ".sampling",
+    # serving: runtime, requests, versions
+    "Completion": ".requests",
+    "DeployOutcome": ".deploy",
+    "DeployRecord": ".deploy_history",
+    "Registry": ".registry",
+    "RequestHandle": ".requests",
+    "Runtime": ".runtime",
+    "VersionInfo": ".versions",
+    "VersionName": ".versions",
 }
 
 __all__ = [
@@ -94,6 +109,9 @@ __all__ = [
     "CheckpointNotFound",
     "CheckpointRejected",
     "ChecksumMismatch",
+    "Completion",
+    "DeployOutcome",
+    "DeployRecord",
     "DeployRefused",
     "EngineError",
     "GenerationFailed",
@@ -108,13 +126,18 @@ __all__ = [
     "NonFiniteWeights",
     "NotACheckpoint",
     "PromptTooLong",
+    "Registry",
     "RegistryCorrupt",
     "RegistryError",
+    "RequestHandle",
+    "Runtime",
     "RuntimeNotRunning",
     "TokenizerInvalid",
     "UnsupportedConfig",
     "UnsupportedQuantization",
     "VersionExists",
+    "VersionInfo",
+    "VersionName",
     "VersionNotFound",
     "WarmupFailed",
     "load",
