@@ -8,6 +8,7 @@ draw); each baseline reads it and writes one JSON list of
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -16,17 +17,23 @@ from typing import Any
 import numpy as np
 
 
-def draws(path: str | Path) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
+def draws(path: str | Path, per_class: int | None = None) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
+    """Every draw, or the first `per_class` drifted and the first `per_class` null ones
+    (the file holds the drifted draws first, then as many null ones)."""
     data = np.load(path)
     n = int(data["n"])
     for i in range(n):
+        if per_class is not None and not (i < per_class or n // 2 <= i < n // 2 + per_class):
+            continue
         yield i, data[f"ref_{i}"], data[f"cur_{i}"]
 
 
 def main(run: Callable[[np.ndarray, np.ndarray], dict[str, Any]]) -> None:
+    """argv: WINDOWS.npz OUT.json [method options...]; env DRIFT_DRAWS_PER_CLASS limits the draws."""
     windows, out = sys.argv[1], sys.argv[2]
+    limit = os.environ.get("DRIFT_DRAWS_PER_CLASS")
     results = []
-    for i, ref, cur in draws(windows):
+    for i, ref, cur in draws(windows, int(limit) if limit else None):
         result = run(ref, cur)
         result["draw"] = i
         results.append(result)

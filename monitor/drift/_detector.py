@@ -110,25 +110,13 @@ class DriftDetector:
         context: ReportContext | None = None,
     ) -> DriftReport:
         """Embed what is not embedded yet (one encode call), test, explain."""
-        check_sizes(
-            reference.window if isinstance(reference, FittedReference) else reference, current, self.config
-        )
-        if isinstance(reference, TextWindow) and isinstance(current, TextWindow):
-            ref_window, cur_window = self.embed(reference, current)
-            fitted = None
-        else:
-            fitted = reference if isinstance(reference, FittedReference) else None
-            ref_window = (
-                reference.window
-                if isinstance(reference, FittedReference)
-                else self.embed(reference)[0]
-                if isinstance(reference, TextWindow)
-                else reference
-            )
-            cur_window = self.embed(current)[0] if isinstance(current, TextWindow) else current
-        check_sizes(ref_window, cur_window, self.config)
-        if fitted is None:
-            fitted = self._fit(ref_window, None, None)
+        ref_in = reference.window if isinstance(reference, FittedReference) else reference
+        check_sizes(ref_in, current, self.config)  # before anything is embedded
+        pending = [w for w in (ref_in, current) if isinstance(w, TextWindow)]
+        embedded = iter(self.embed(*pending))  # one encode call for everything new
+        ref_window = next(embedded) if isinstance(ref_in, TextWindow) else ref_in
+        cur_window = next(embedded) if isinstance(current, TextWindow) else current
+        fitted = reference if isinstance(reference, FittedReference) else self._fit(ref_window, None, None)
         return self.compare(fitted, cur_window, context=context)
 
     def compare(
@@ -147,18 +135,13 @@ class DriftDetector:
                 summarize_relevance(ref.relevance), summarize_relevance(current.relevance)
             )
         decider = deciding_test(tests)
-        if context is None:
-            context = ReportContext(created_at=_now())
-        if context.embedder is None or context.reference_name is None:
-            context = replace(
-                context,
-                embedder=context.embedder or self.embedder_name,
-                reference_name=context.reference_name or reference.name,
-                reference_version=context.reference_version
-                if context.reference_version is not None
-                else reference.version,
-                seed=cfg.options.seed,
-            )
+        context = replace(
+            context or ReportContext(created_at=_now()),
+            embedder=(context.embedder if context else None) or self.embedder_name,
+            reference_name=(context.reference_name if context else None) or reference.name,
+            reference_version=(context.reference_version if context else None) or reference.version,
+            seed=cfg.options.seed,
+        )
         return DriftReport(
             drifted=any(t.drifted for t in tests),
             p_value=min(t.p_adjusted for t in tests),

@@ -72,8 +72,8 @@ class SentenceTransformerEmbedder:
             path = self.model_path or default_model_path()
             if not path.is_dir():
                 raise EmbedderUnavailable(str(path), "not a directory")
-            os.environ.setdefault("HF_HUB_OFFLINE", "1")
-            os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+            os.environ["HF_HUB_OFFLINE"] = "1"  # nothing is ever fetched from a hub
+            os.environ["TRANSFORMERS_OFFLINE"] = "1"
             try:
                 if not self.progress:
                     from transformers.utils import logging as hf_logging
