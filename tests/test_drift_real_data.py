@@ -120,3 +120,26 @@ def test_a_window_of_only_banking_is_reported_without_drift_and_with_a_stable_js
         reference, replace(current, prompts=current.prompts[:270] + pool.hotel_texts[:30])
     )
     assert set(drifted.to_json()) == set(data)
+
+
+def test_answers_that_stop_matching_their_questions_are_caught_while_prompts_are_unchanged(
+    pool: Pool,
+) -> None:
+    sims = pool.banking @ pool.banking.T
+    np.fill_diagonal(sims, -1.0)
+    closest = sims.argmax(axis=1)  # a related text stands in for each prompt's good answer
+    texts = pool.banking_texts
+    rng = np.random.default_rng(14)
+    idx = rng.permutation(len(texts))
+    ref_rows, cur_rows = idx[:600], idx[600:900]
+    reference = TextWindow.of([texts[i] for i in ref_rows], [texts[closest[i]] for i in ref_rows])
+    unrelated = rng.permutation(idx[900:])[:300]  # the new release answers something else
+    current = TextWindow.of([texts[i] for i in cur_rows], [texts[j] for j in unrelated])
+    report = DriftDetector(TableEmbedder(pool), DriftConfig(alpha=ALPHA)).score(reference, current)
+    by_name = {(t.field, t.test): t for t in report.tests}
+    assert by_name[("relevance", "relevance_drop")].drifted
+    assert not by_name[("prompt", "mmd")].drifted and not by_name[("prompt", "novelty")].drifted
+    assert report.relevance is not None
+    assert report.relevance.reference.mean is not None and report.relevance.current.mean is not None
+    assert report.relevance.current.mean < report.relevance.reference.mean - 0.2
+    assert report.correction == "holm(5)" and report.explanation("response") is not None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import threading
 from collections import OrderedDict
 from dataclasses import dataclass, replace
 
@@ -52,6 +53,7 @@ class DriftDetector:
         )
         self.config = config or DriftConfig()
         self._fitted: OrderedDict[object, FittedReference] = OrderedDict()
+        self._fitted_lock = threading.Lock()
 
     @property
     def embedder_name(self) -> str:
@@ -80,15 +82,18 @@ class DriftDetector:
     ) -> FittedReference:
         """Embed (when given texts) and fit the reference's clusters. With `cache_key`, the
         result is kept (the 8 most recent keys) and returned again for the same key."""
-        if cache_key is not None and cache_key in self._fitted:
-            self._fitted.move_to_end(cache_key)
-            return self._fitted[cache_key]
+        if cache_key is not None:
+            with self._fitted_lock:
+                if cache_key in self._fitted:
+                    self._fitted.move_to_end(cache_key)
+                    return self._fitted[cache_key]
         window = self.embed(reference)[0] if isinstance(reference, TextWindow) else reference
         fitted = self._fit(window, name, version)
         if cache_key is not None:
-            self._fitted[cache_key] = fitted
-            while len(self._fitted) > 8:
-                self._fitted.popitem(last=False)
+            with self._fitted_lock:
+                self._fitted[cache_key] = fitted
+                while len(self._fitted) > 8:
+                    self._fitted.popitem(last=False)
         return fitted
 
     def _fit(self, window: EmbeddedWindow, name: str | None, version: int | None) -> FittedReference:

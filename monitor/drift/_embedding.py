@@ -7,6 +7,7 @@ product everywhere in this package.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import threading
 from collections.abc import Sequence
@@ -61,9 +62,18 @@ class SentenceTransformerEmbedder:
 
     @property
     def name(self) -> str:
-        """A stable identifier of the model (stored with references' embeddings)."""
+        """Identifies the model (stored with a reference's embeddings, which are reused only
+        by the same model): its directory name and a digest of its configuration files and
+        weight sizes."""
         path = self.model_path or default_model_path()
-        return path.name if path.name != "model" else f"{path.parent.name}"
+        label = path.parent.name if path.name == "model" else path.name
+        digest = hashlib.sha256()
+        for file in (
+            sorted(path.glob("*.json")) + sorted(path.glob("*.safetensors")) + sorted(path.glob("*.bin"))
+        ):
+            digest.update(file.name.encode())
+            digest.update(file.read_bytes() if file.suffix == ".json" else str(file.stat().st_size).encode())
+        return f"{label}:{digest.hexdigest()[:12]}"
 
     def _load(self) -> Any:
         with self._lock:
