@@ -228,7 +228,11 @@ class Runtime:
             replica, outcome = self._prepare(version, reason, from_version=current.version)
             swap = Swap(replica=replica, reason=reason)
             self._state.request_swap(swap)
-            if not swap.done.wait(timeout=None) or not swap.applied:
+            thread = self._thread
+            while not swap.done.wait(timeout=0.5):
+                if thread is None or not thread.is_alive():
+                    break
+            if not swap.applied:
                 raise RuntimeNotRunning(f"runtime stopped before version {version} could be swapped in")
             outcome = DeployOutcome(
                 from_version=current.version,

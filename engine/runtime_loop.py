@@ -63,6 +63,7 @@ class LoopState:
     subscriber_errors: int = 0
     running_count: int = 0
     generators: dict[str, torch.Generator] = field(default_factory=dict)
+    crashed: BaseException | None = None
 
     def post(self, event: EngineEvent) -> None:
         """Deliver `event` to subscribers from the loop thread, in posting order."""
@@ -87,26 +88,43 @@ class LoopState:
 
 def run_loop(state: LoopState) -> None:
     with torch.inference_mode():
-        while True:
-            state.wake.clear()
+        try:
+            _serve(state)
+        except Exception as exc:  # a bug here must fail the requests, not leave them hanging
+            state.crashed = exc
+            with state.submit_lock:
+                state.accepting = False
+            for request in [
+                *state.queue.drain(),
+                *(r for rep in _replicas(state) for r in rep.running.values()),
+            ]:
+                if not request.finished:
+                    _fail(state, request, exc)
+            raise
+        finally:
+            with state.submit_lock:
+                state.accepting = False
+            _cancel_everything(state)
+            while state.swaps:
+                state.swaps.popleft().done.set()  # not applied: the deploy raises
             _flush(state)
-            _apply_swaps(state)
-            _apply_cancels(state)
-            if state.cancel_all:
-                _cancel_everything(state)
-            worked = _step(state)
-            state.draining = [r for r in state.draining if r.running]
-            state.running_count = sum(len(r.running) for r in _replicas(state))
-            if state.stopping and not worked and not state.running_count and not len(state.queue):
-                break
-            if not worked:
-                state.wake.wait(_IDLE_WAIT_S)
-        with state.submit_lock:
-            state.accepting = False
-        _cancel_everything(state)
-        while state.swaps:
-            state.swaps.popleft().done.set()  # not applied: the deploy raises
+
+
+def _serve(state: LoopState) -> None:
+    while True:
+        state.wake.clear()
         _flush(state)
+        _apply_swaps(state)
+        _apply_cancels(state)
+        if state.cancel_all:
+            _cancel_everything(state)
+        worked = _step(state)
+        state.draining = [r for r in state.draining if r.running]
+        state.running_count = sum(len(r.running) for r in _replicas(state))
+        if state.stopping and not worked and not state.running_count and not len(state.queue):
+            return
+        if not worked:
+            state.wake.wait(_IDLE_WAIT_S)
 
 
 def _step(state: LoopState) -> bool:
