@@ -51,7 +51,7 @@ def test_higher_priority_is_scheduled_first_and_fifo_within_a_priority(registry:
     rt.subscribe(events)
     rt.start(V1)
     try:
-        blocker = rt.submit(prompt(0, 4), max_new_tokens=30, request_id="blocker")
+        blocker = rt.submit(prompt(0, 4), max_new_tokens=55, request_id="blocker")
         next(iter(blocker))  # it holds the only slot while the rest queue
         order = [("low", 0), ("high-a", 5), ("mid", 1), ("high-b", 5), ("neg", -3)]
         handles = [rt.submit(prompt(1, 4), max_new_tokens=2, priority=p, request_id=r) for r, p in order]
