@@ -72,8 +72,8 @@ class Runtime:
         """Load `version` (default: the last good version of the deploy history), validate
         and warm it up, then start the loop thread. Raises DeployRefused on failure."""
         with self._deploy_lock:
-            if self._thread is not None:
-                raise RuntimeNotRunning("runtime already started; use deploy() to change version")
+            if self.is_running:
+                raise InvalidRequest("runtime already started: use deploy() to change the version")
             name = version if version is not None else self.registry.history.last_good()
             if name is None:
                 raise NoPreviousVersion(
@@ -223,7 +223,7 @@ class Runtime:
         failure raises DeployRefused (a subclass names the check) and keeps serving."""
         with self._deploy_lock:
             current = self._state.current
-            if self._thread is None or current is None:
+            if not self.is_running or current is None:
                 raise RuntimeNotRunning("runtime is not serving: call start() first")
             replica, outcome = self._prepare(version, reason, from_version=current.version)
             swap = Swap(replica=replica, reason=reason)

@@ -248,9 +248,17 @@ def test_submit_before_start_and_after_stop_is_refused(registry: Registry) -> No
     with pytest.raises(RuntimeNotRunning):
         rt.submit([1, 2], max_new_tokens=2)
     rt.start(V1)
+    with pytest.raises(InvalidRequest, match="already started"):
+        rt.start(V1)
     pending = [rt.submit(prompt(30 + i, 4), max_new_tokens=6) for i in range(5)]
     rt.stop(drain=True)
     assert all(h.result(timeout=1).finish_reason == "length" for h in pending)  # drained, not dropped
     assert not rt.is_running
     with pytest.raises(RuntimeNotRunning):
         rt.submit([1, 2], max_new_tokens=2)
+    rt.start()  # again, from the history's last good version
+    try:
+        again = rt.submit(prompt(30, 4), max_new_tokens=6).result(timeout=60)
+        assert again.token_ids == pending[0].result().token_ids and again.model_version == V1
+    finally:
+        rt.stop(drain=False)
