@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .cache import KVCache
 from .rope import apply_rope
 
 __all__ = ["Attention", "AttentionStep"]
@@ -23,8 +24,7 @@ __all__ = ["Attention", "AttentionStep"]
 class AttentionStep:
     """What one forward pass does with the cache; shared by every layer of that pass."""
 
-    cache_k: torch.Tensor | None = None  # [layers, max_batch, kv_heads, S, hd]
-    cache_v: torch.Tensor | None = None
+    cache: KVCache | None = None
     rows: slice | None = None  # prefill: the cache rows written; decode: `slots` when contiguous
     slots: torch.Tensor | None = None  # decode: the cache row of each batch row [B]
     write_at: int | None = None  # decode: the one position all rows write, when known on the host
@@ -54,9 +54,9 @@ class Attention(nn.Module):
 
         k = qk[:, :, H:].transpose(1, 2)  # [B, Hkv, T, hd]
         v = v.transpose(1, 2)
-        if step.cache_k is not None and step.cache_v is not None and step.rows is not None:
-            step.cache_k[layer, step.rows, :, :T] = k
-            step.cache_v[layer, step.rows, :, :T] = v
+        if step.cache is not None and step.rows is not None:
+            step.cache.layer_k[layer][step.rows, :, :T] = k
+            step.cache.layer_v[layer][step.rows, :, :T] = v
         y = F.scaled_dot_product_attention(
             qk[:, :, :H].transpose(1, 2),
             k,
@@ -68,10 +68,10 @@ class Attention(nn.Module):
         return self.wo(y.transpose(1, 2).reshape(B, T, H * hd))
 
     def _decode(self, qk: torch.Tensor, v: torch.Tensor, step: AttentionStep, layer: int) -> torch.Tensor:
-        assert step.cache_k is not None and step.cache_v is not None
+        assert step.cache is not None
         assert step.positions is not None and step.slots is not None
         B, H, Hkv, hd = qk.shape[0], self.heads, self.kv_heads, self.head_dim
-        kc, vc = step.cache_k[layer], step.cache_v[layer]  # [max_batch, Hkv, S, hd]
+        kc, vc = step.cache.layer_k[layer], step.cache.layer_v[layer]  # [max_batch, Hkv, S, hd]
         k_new, v_new = qk[:, 0, H:], v[:, 0]  # [B, Hkv, hd]
         if step.write_at is not None and step.rows is not None:  # every row at one position
             kc[step.rows, :, step.write_at] = k_new

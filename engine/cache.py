@@ -8,7 +8,7 @@ context.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -19,6 +19,13 @@ __all__ = ["KVCache"]
 class KVCache:
     k: torch.Tensor  # [layers, max_batch, kv_heads, max_seq_len, head_dim]
     v: torch.Tensor  # same shape
+    # per-layer views k[i], v[i], made once (saves two indexing ops per layer per step)
+    layer_k: tuple[torch.Tensor, ...] = field(init=False)
+    layer_v: tuple[torch.Tensor, ...] = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "layer_k", tuple(self.k[i] for i in range(self.k.shape[0])))
+        object.__setattr__(self, "layer_v", tuple(self.v[i] for i in range(self.v.shape[0])))
 
     @classmethod
     def allocate(

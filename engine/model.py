@@ -165,7 +165,7 @@ class MoEModel:
     def _prefill(self, cache: KVCache, rows: slice, ids: torch.Tensor) -> torch.Tensor:
         B, T = ids.shape
         positions = torch.arange(T, device=self.device).expand(B, T)
-        step = AttentionStep(cache_k=cache.k, cache_v=cache.v, rows=rows, mask=self._window_mask(T))
+        step = AttentionStep(cache=cache, rows=rows, mask=self._window_mask(T))
         return self.network(ids, positions, step, span=T, last_only=True)  # [B, V]
 
     def _decode(
@@ -188,8 +188,7 @@ class MoEModel:
                 allowed &= keys[None, :] > positions[:, None] - window
             mask = self._additive(allowed[:, None, None, :])
         step = AttentionStep(
-            cache_k=cache.k,
-            cache_v=cache.v,
+            cache=cache,
             rows=rows,
             slots=slots,
             positions=positions,

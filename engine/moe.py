@@ -84,7 +84,7 @@ class MoEFeedForward(nn.Module):
         offsets = torch.searchsorted(expert_ids, self._expert_range(x.device), right=True, out_int32=True)
         token = order // self.top_k  # the token of each sorted (token, k) pair
         ys = self.experts(x[token], expert_ids, offsets)  # [S, D], sorted by expert
-        ys = ys * weights.view(-1)[order].unsqueeze(-1)  # fp32: weighted sums in fp32, as transformers
+        ys = ys * weights.view(-1, 1)[order]  # fp32: weighted sums in fp32, as transformers
         out = torch.zeros((x.shape[0], shape[-1]), dtype=ys.dtype, device=x.device).index_add_(0, token, ys)
         return (out if out.dtype == x.dtype else out.to(x.dtype)).view(shape)
 

@@ -52,6 +52,5 @@ class RopeTable:
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
     """x [B, T, heads, hd]: x*cos + rotate_half(x)*sin, rotate_half(x) = [-x2, x1]."""
-    B, T, heads, hd = x.shape
-    swapped = x.reshape(B, T, heads, 2, hd // 2).flip(-2).reshape(B, T, heads, hd)  # [x2, x1]
+    swapped = torch.roll(x, x.shape[-1] // 2, dims=-1)  # [x2, x1]
     return torch.addcmul(x * cos, swapped, signed_sin)
