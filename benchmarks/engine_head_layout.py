@@ -1,0 +1,49 @@
+"""Micro-benchmark: the lm head's GEMM on CPU from a row-major vs a column-major weight.
+
+The engine keeps its CPU lm head column-major (engine/layout.py, HEAD_LAYOUT) because MKL's
+small-M GEMM on a row-major [V, D] weight has a slow band at decode batch sizes. Timed in CPU
+time of the calling thread, minimum of `--repeats`.
+
+    .venv/bin/python benchmarks/engine_head_layout.py [--vocab 32000 --hidden 512 --threads 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+
+def fastest(fn: Callable[[], object], repeats: int) -> float:
+    fn()
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.thread_time()
+        fn()
+        best = min(best, time.thread_time() - start)
+    return best
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--vocab", type=int, default=32000)
+    parser.add_argument("--hidden", type=int, default=512)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--repeats", type=int, default=10)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    row_major = torch.randn(args.vocab, args.hidden) * 0.02
+    column_major = row_major.t().contiguous().t()  # same [V, D] values, strides (1, V)
+    print("rows M   row-major ms   column-major ms")
+    for m in (1, 2, 3, 4, 6, 8, 12, 16, 32, 128):
+        x = torch.randn(m, args.hidden)
+        a = fastest(lambda x=x: F.linear(x, row_major), args.repeats) * 1e3
+        b = fastest(lambda x=x: F.linear(x, column_major), args.repeats) * 1e3
+        print(f"{m:6d}   {a:12.2f}   {b:15.2f}")
+
+
+if __name__ == "__main__":
+    main()
