@@ -4,8 +4,9 @@ Novelty of a request is its prompt's distance (1 - cosine) to the nearest text o
 reference's bank part, the same score as the batch novelty test; the chart's in-control
 scores are the held-out reference texts' distances to the bank. Relevance (when the
 reference has responses) is charted on its negative, so a drop is the anomalous side.
-Each chart gets `2 × target_arl`, so the first false alarm of either comes on average no
-sooner than about `target_arl` requests (union bound on the alarm rates).
+With both charts each gets `2 × target_arl` (alone, the novelty chart gets `target_arl`),
+so false alarms of either come on average about `target_arl` requests apart (union bound
+on the alarm rates).
 """
 
 from __future__ import annotations
@@ -52,12 +53,13 @@ class StreamingDetector:
         )
         self._bank = reference.prompt_embeddings[bank_rows]
         cal_scores, _ = nearest(reference.prompt_embeddings[cal_rows], self._bank)
-        per_chart = 2.0 * target_arl
+        charts = 2 if len(reference.relevance) >= min_responses else 1
+        per_chart = charts * target_arl  # union bound: alarm rates add up across charts
         self.novelty_design: CusumDesign = design_cusum(
             cal_scores, tail=tail, factor=factor, target_arl=per_chart, seed=opts.seed
         )
         self.relevance_design: CusumDesign | None = None
-        if len(reference.relevance) >= min_responses:
+        if charts == 2:
             self.relevance_design = design_cusum(
                 -reference.relevance, tail=tail, factor=factor, target_arl=per_chart, seed=opts.seed + 1
             )
