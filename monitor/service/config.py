@@ -68,6 +68,7 @@ class DriftConfig:
     window: int = 300  # texts in the current window
     min_window: int = 50  # no verdict on fewer
     reservoir: int = 256  # at most this many texts embedded per `embed` tick; the rest counted as skipped
+    embedding_cache: int = 20_000  # texts whose embeddings are kept (about 1.6 KB each)
     enabled: bool = True
 
 

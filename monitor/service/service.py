@@ -21,6 +21,7 @@ from .config import ServiceConfig, is_loopback
 from .errors import InsecureBind
 from .jobs import ServiceScheduler
 from .leader import LeaderLock, leader_lock_for
+from .memory import limit_malloc_arenas, trim_heap
 from .metrics import CombinedRegistry, ServiceMetrics
 from .pipeline import RecordPipeline
 from .reservoir import TextReservoir
@@ -73,6 +74,7 @@ class Service:
 
     # -- lifecycle -------------------------------------------------------------------
     def start(self) -> None:
+        limit_malloc_arenas()  # before the service's threads exist: see memory.py
         self.schema_revision = upgrade(self.db)
         self.writer = RequestWriter(
             self.db,
@@ -90,6 +92,7 @@ class Service:
             self.config.schedule.retention_s,
             leader_only=True,
         )
+        self.scheduler.add("trim_heap", trim_heap, 30.0)
         self.scheduler.start()
         self.started_at = self.clock()
         self._started_mono = time.monotonic()

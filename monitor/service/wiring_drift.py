@@ -26,6 +26,7 @@ from infersight.monitor.store.tables import requests
 from prometheus_client import Counter
 from sqlalchemy import bindparam, func, select, update
 
+from .memory import trim_heap
 from .reservoir import SampledText
 
 if TYPE_CHECKING:
@@ -45,7 +46,8 @@ class DriftWiring:
         self.d = d
         self.service = service
         self.config = service.config.drift
-        self.detector = detector or d.DriftDetector(config=d.DriftConfig(alpha=self.config.alpha))
+        embedder = d.CachedEmbedder(d.SentenceTransformerEmbedder(), max_entries=self.config.embedding_cache)
+        self.detector = detector or d.DriftDetector(embedder, config=d.DriftConfig(alpha=self.config.alpha))
         self.metrics = d.DriftMetrics(service.registry)
         self.alarms = Counter(
             "infersight_drift_stream_alarms", "Streaming (CUSUM) drift alarms", ["model_version", "signal"],
@@ -174,6 +176,7 @@ class DriftWiring:
         for (model, version), values in by_version.items():
             self.metrics.observe_relevance(values, model=model, model_version=version)
         self._stream(items, embedded)
+        trim_heap()  # the model's buffers of this batch go back to the OS (memory.py)
         return len(items)
 
     def _store_relevance(self, items: list[SampledText], values: Any) -> None:
