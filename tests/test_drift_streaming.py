@@ -36,15 +36,19 @@ def test_simulated_threshold_gives_the_target_run_length_on_in_control_bits() ->
 
 def test_false_alarms_on_unseen_banking77_traffic_come_about_target_apart(pool: Pool) -> None:
     rng = np.random.default_rng(1)
-    idx = rng.permutation(len(pool.banking))
-    reference = EmbeddedWindow.from_arrays(pool.banking[idx[:800]])
-    detector = StreamingDetector(reference, target_arl=250)
-    held_out = pool.banking[idx[800:]]  # texts the reference never saw
-    stream = held_out[rng.integers(0, held_out.shape[0], 40_000)]
-    lengths = _run_lengths(detector, stream)
-    empirical = float(np.mean(lengths))
-    # the calibration cut is estimated from 400 held-out reference texts: within a factor 2
-    assert 0.5 * 250 <= empirical <= 2.0 * 250, (empirical, len(lengths))
+    means = []
+    for _ in range(4):
+        idx = rng.permutation(len(pool.banking))
+        reference = EmbeddedWindow.from_arrays(pool.banking[idx[:800]])
+        detector = StreamingDetector(reference, target_arl=250)
+        held_out = pool.banking[idx[800:]]  # texts the reference never saw
+        lengths = _run_lengths(detector, held_out[rng.integers(0, held_out.shape[0], 20_000)])
+        means.append(float(np.mean(lengths)))
+    # Each reference estimates its tail cut from 800 texts and each stream resamples 800
+    # others, so single run lengths scatter (measured 0.5x-1.2x of target); their mean
+    # over four references must be near the target, and none far off.
+    assert 0.6 * 250 <= float(np.mean(means)) <= 1.67 * 250, means
+    assert all(0.4 * 250 <= m <= 2.5 * 250 for m in means), means
 
 
 def test_hotel_utterances_entering_the_stream_are_flagged_within_a_bounded_delay(pool: Pool) -> None:

@@ -1,8 +1,9 @@
 """Streaming drift for the service: per-request novelty and relevance into CUSUM charts.
 
 Novelty of a request is its prompt's distance (1 - cosine) to the nearest text of the
-reference's bank part, the same score as the batch novelty test; the chart's in-control
-scores are the held-out reference texts' distances to the bank. Relevance (when the
+reference's bank half, the same score as the batch novelty test; the chart's in-control
+scores are the held-out half's distances to the bank and, cross-fitted, the bank's
+distances to the held-out half (same law, twice the sample for the tail cut). Relevance (when the
 reference has responses) is charted on its negative, so a drop is the anomalous side.
 With both charts each gets `2 × target_arl` (alone, the novelty chart gets `target_arl`),
 so false alarms of either come on average about `target_arl` requests apart (union bound
@@ -51,8 +52,13 @@ class StreamingDetector:
         bank_rows, cal_rows = split_reference(
             len(reference.prompts), opts.calibration_fraction, seed=opts.seed
         )
-        self._bank = reference.prompt_embeddings[bank_rows]
-        cal_scores, _ = nearest(reference.prompt_embeddings[cal_rows], self._bank)
+        rows = reference.prompt_embeddings
+        self._bank = rows[bank_rows]
+        cal_scores, _ = nearest(rows[cal_rows], self._bank)
+        if abs(len(bank_rows) - len(cal_rows)) <= 1:
+            # cross-fitting: the bank's texts scored against the held-out half have the same
+            # law as a new text scored against the bank, and double the calibration sample
+            cal_scores = np.concatenate([cal_scores, nearest(self._bank, rows[cal_rows])[0]])
         charts = 2 if len(reference.relevance) >= min_responses else 1
         per_chart = charts * target_arl  # union bound: alarm rates add up across charts
         self.novelty_design: CusumDesign = design_cusum(
