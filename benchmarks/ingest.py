@@ -71,6 +71,41 @@ def _sender(url: str, batch: int, seconds: float, texts: list[str], seed: int, o
     out.put({"sent": sent, "refused": refused, "batches": batches})
 
 
+def _raw_sender(url: str, batch: int, seconds: float, texts: list[str], seed: int, out: Any) -> None:
+    """The same wire format built with orjson and posted with httpx: measures the endpoint,
+    not the SDK's serialisation (`--raw`)."""
+    import orjson
+
+    rng = random.Random(seed)
+    prefix = uuid.uuid4().hex[:12]
+    sent = refused = batches = n = 0
+    deadline = time.monotonic() + seconds
+    with httpx.Client(timeout=30.0, headers={"Authorization": f"Bearer {TOKEN}"}) as client:
+        while time.monotonic() < deadline:
+            now = time.time()
+            events = []
+            for _ in range(batch):
+                n += 1
+                text = rng.random() < 0.10
+                events.append({
+                    "request_id": f"{prefix}-{n}", "model": "mixtral_banking", "model_version": "mixtral_banking_int8-v1.2",
+                    "started_at": now, "duration_s": rng.uniform(0.05, 2.0), "ttft_s": rng.uniform(0.01, 0.2),
+                    "tpot_s": rng.uniform(0.005, 0.05), "queue_s": rng.uniform(0, 0.05), "prompt_tokens": rng.randint(5, 60),
+                    "output_tokens": rng.randint(1, 200), "prompt": rng.choice(texts) if text else None,
+                    "response": "you can do that in the app under cards" if text else None, "source": "sdk",
+                })  # fmt: skip
+            r = client.post(
+                url, content=orjson.dumps({"events": events}), headers={"content-type": "application/json"}
+            )
+            if r.status_code == 200:
+                refused += len(r.json()["rejected"])
+                sent += batch
+                batches += 1
+            else:
+                time.sleep(0.2)
+    out.put({"sent": sent, "refused": refused, "batches": batches})
+
+
 def _metric(text: str, name: str, labels: str = "") -> float:
     pattern = re.escape(name) + (re.escape("{" + labels + "}") if labels else r"(?:\{\})?") + r" ([0-9.e+-]+)"
     m = re.search(pattern, text)
@@ -84,6 +119,11 @@ def main() -> int:
     ap.add_argument("--batch", type=int, default=1000)
     ap.add_argument("--rss-every", type=float, default=10.0)
     ap.add_argument("--json", type=Path, help="write the figures here too")
+    ap.add_argument(
+        "--raw",
+        action="store_true",
+        help="senders post orjson bodies with httpx instead of the SDK's HttpSink",
+    )
     args = ap.parse_args()
 
     from infersight.monitor import data
@@ -112,7 +152,8 @@ def main() -> int:
         proc = psutil.Process(server.pid)
         before = httpx.get(base + "/metrics").text
         queue: mp.Queue[Any] = mp.Queue()
-        senders = [mp.Process(target=_sender, args=(base + "/api/v1/events", args.batch, args.duration, texts, i, queue))
+        target = _raw_sender if args.raw else _sender
+        senders = [mp.Process(target=target, args=(base + "/api/v1/events", args.batch, args.duration, texts, i, queue))
                    for i in range(args.senders)]  # fmt: skip
         t0 = time.monotonic()
         for s in senders:
@@ -138,7 +179,8 @@ def main() -> int:
     first = [b for t, b in rss if t <= 60] or [rss[0][1]]
     last = [b for t, b in rss if t >= elapsed - 60] or [rss[-1][1]]
     figures = {
-        "duration_s": round(elapsed, 1), "senders": args.senders, "batch": args.batch,
+        "duration_s": round(elapsed, 1), "senders": args.senders, "sender": "raw" if args.raw else "sdk",
+        "batch": args.batch,
         "events_sent": sent, "events_accepted": int(accepted), "rows_written": int(written),
         "accepted_per_s": round(accepted / elapsed), "refused": sum(r["refused"] for r in results),
         "texts_offered": int(offered), "texts_skipped": int(skipped),
