@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import io
 from dataclasses import dataclass
 from importlib import resources
 
@@ -16,8 +17,9 @@ class Utterance:
 
 
 def _read(path: str, label_column: str) -> list[Utterance]:
-    with resources.files(__name__).joinpath(path).open(encoding="utf-8", newline="") as f:
-        return [Utterance(row["text"].strip(), row[label_column]) for row in csv.DictReader(f)]
+    text = resources.files(__name__).joinpath(path).read_text(encoding="utf-8")
+    rows = csv.DictReader(io.StringIO(text, newline=""))
+    return [Utterance(row["text"].strip(), row[label_column]) for row in rows]
 
 
 def banking77(split: str = "train") -> list[Utterance]:
