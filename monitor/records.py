@@ -10,7 +10,7 @@ field; it is the single place where untrusted input becomes a record.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, fields
 from typing import Any, Literal
 
 __all__ = ["MAX_TEXT_CHARS", "InferenceRecord", "InvalidRecord", "RecordSource"]
@@ -19,6 +19,8 @@ RecordSource = Literal["sdk", "engine", "proxy"]
 _SOURCES = ("sdk", "engine", "proxy")
 MAX_TEXT_CHARS = 32_768  # prompt/response text beyond this is refused at ingest (the SDK truncates first)
 _MAX_LABEL_CHARS = 256
+_MAX_EPOCH_S = 253_402_300_799.0  # 9999-12-31T23:59:59Z, the last instant a datetime (and the store) holds
+_MAX_TOKENS = 2**31 - 1  # the store's INTEGER
 
 
 class InvalidRecord(ValueError):
@@ -48,35 +50,45 @@ class InferenceRecord:
     source: RecordSource = "sdk"
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        return {name: getattr(self, name) for name in _FIELDS}
 
     @classmethod
     def from_json(cls, obj: object) -> InferenceRecord:
+        """Validate one untrusted record (a decoded JSON object); `InvalidRecord` names the field.
+
+        Also enforces what the store can hold (start before the year 10000, token counts
+        below 2**31), so a record that validates is a record that can be kept.
+        """
         if not isinstance(obj, dict):
             raise InvalidRecord("event", "must be a JSON object")
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(obj) - known)
-        if unknown:
-            raise InvalidRecord(unknown[0], "unknown field")
-        values = {
-            "request_id": _label(obj, "request_id"),
-            "model": _label(obj, "model"),
-            "model_version": _label(obj, "model_version"),
-            "started_at": _number(obj, "started_at", required=True),
-            "duration_s": _number(obj, "duration_s", required=True),
-            "ttft_s": _number(obj, "ttft_s"),
-            "tpot_s": _number(obj, "tpot_s"),
-            "queue_s": _number(obj, "queue_s"),
-            "prompt_tokens": _count(obj, "prompt_tokens"),
-            "output_tokens": _count(obj, "output_tokens"),
-            "error_type": _label(obj, "error_type", required=False),
-            "prompt": _text(obj, "prompt"),
-            "response": _text(obj, "response"),
-            "source": obj.get("source", "sdk"),
-        }
-        if values["source"] not in _SOURCES:
+        if not _KNOWN.issuperset(obj):
+            raise InvalidRecord(sorted(set(obj) - _KNOWN)[0], "unknown field")
+        source = obj.get("source", "sdk")
+        if source not in _SOURCES:
             raise InvalidRecord("source", f"must be one of {', '.join(_SOURCES)}")
-        return cls(**values)
+        started_at = _number(obj, "started_at", required=True)
+        if started_at > _MAX_EPOCH_S:
+            raise InvalidRecord("started_at", "after the year 9999")
+        return cls(
+            _label(obj, "request_id"),
+            _label(obj, "model"),
+            _label(obj, "model_version"),
+            started_at,
+            _number(obj, "duration_s", required=True),
+            _number(obj, "ttft_s"),
+            _number(obj, "tpot_s"),
+            _number(obj, "queue_s"),
+            _count(obj, "prompt_tokens"),
+            _count(obj, "output_tokens"),
+            _label(obj, "error_type", required=False),
+            _text(obj, "prompt"),
+            _text(obj, "response"),
+            source,
+        )
+
+
+_FIELDS = tuple(f.name for f in fields(InferenceRecord))
+_KNOWN = frozenset(_FIELDS)
 
 
 def _label(obj: dict[str, Any], name: str, *, required: bool = True) -> Any:
@@ -111,6 +123,8 @@ def _count(obj: dict[str, Any], name: str) -> Any:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise InvalidRecord(name, "must be a non-negative integer")
+    if value > _MAX_TOKENS:
+        raise InvalidRecord(name, f"larger than {_MAX_TOKENS}")
     return value
 
 

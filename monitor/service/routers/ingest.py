@@ -68,20 +68,6 @@ class IngestResult(BaseModel):
     rejected: list[Rejection]
 
 
-_MAX_EPOCH_S = 253_402_300_799.0  # 9999-12-31T23:59:59Z, the last instant a datetime holds
-_MAX_TOKENS = 2**31 - 1  # the store's INTEGER
-
-
-def _check_storable(record: InferenceRecord) -> None:
-    """Limits of the store beyond `from_json`'s checks (a valid record that cannot be kept)."""
-    if record.started_at > _MAX_EPOCH_S:
-        raise InvalidRecord("started_at", "after the year 9999")
-    for name in ("prompt_tokens", "output_tokens"):
-        value = getattr(record, name)
-        if value is not None and value > _MAX_TOKENS:
-            raise InvalidRecord(name, f"larger than {_MAX_TOKENS}")
-
-
 def _unprocessable(field: str, reason: str) -> HTTPException:
     return HTTPException(status_code=422, detail={"field": field, "reason": reason})
 
@@ -119,7 +105,6 @@ async def ingest(request: Request) -> Response:
     for i, event in enumerate(events):
         try:
             record = from_json(event)
-            _check_storable(record)
         except InvalidRecord as exc:
             rejected.append({"index": i, "field": exc.field, "reason": exc.reason})
         else:
