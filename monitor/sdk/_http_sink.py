@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import httpx
+import orjson
 from infersight.monitor.records import InferenceRecord
 
 from .errors import SDKConfigError, SinkRejected, SinkUnavailable
@@ -45,7 +46,9 @@ class HttpSink:
         if retries < 0 or backoff_s < 0 or timeout_s <= 0:
             raise SDKConfigError("HttpSink needs retries >= 0, backoff_s >= 0 and timeout_s > 0")
         self.url = url
-        self._headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._headers = {"Content-Type": "application/json"}
+        if token:
+            self._headers["Authorization"] = f"Bearer {token}"
         self._timeout = timeout_s
         self._retries = retries
         self._backoff = backoff_s
@@ -63,13 +66,14 @@ class HttpSink:
 
     def __call__(self, records: Sequence[InferenceRecord]) -> int:
         """Send one batch; returns how many records the receiver refused."""
-        body = {"events": [r.to_json() for r in records]}
+        # orjson serialises the frozen dataclasses natively (field order = the wire format)
+        body = orjson.dumps({"events": list(records)})
         problem = "no attempt made"
         for attempt in range(self._retries + 1):
             if attempt:
                 self._sleep(self._delay(attempt, problem))
             try:
-                response = self._http().post(self.url, json=body, headers=self._headers)
+                response = self._http().post(self.url, content=body, headers=self._headers)
             except httpx.HTTPError as exc:
                 problem = f"{type(exc).__name__}: {exc}"
                 continue
