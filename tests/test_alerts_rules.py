@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -154,3 +155,11 @@ def test_cli_check_lists_rules_and_refuses_a_bad_file_in_one_line(
     assert main(["rules", "check", str(bad)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith(f"infersight rules: error: {bad}:9: rule 'Slow'.for: not a duration")
+
+
+def test_a_pathological_silence_regex_matches_in_linear_time() -> None:
+    # (a+)+b against "aaaa...c" backtracks exponentially in Python's re; RE2 answers at once
+    matcher = parse_matcher('model_version=~"(a+)+b"')
+    started = time.perf_counter()
+    assert not matcher.matches({"model_version": "a" * 5000 + "c"})
+    assert time.perf_counter() - started < 0.5
