@@ -14,6 +14,7 @@ SUBMODULE_ONLY = {
     "infersight.alerts.config": {"DEFAULT_PAGERDUTY_URL", "ReceiverType"},
     "infersight.alerts.evaluator": {"action_run_key"},
     "infersight.alerts.http": {
+        "ALERTMANAGER_PAYLOAD_SCHEMA",
         "InboundHandler",
         "alertmanager_router",
     },  # needs FastAPI: imported from alerts.http
