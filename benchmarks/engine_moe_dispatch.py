@@ -5,7 +5,9 @@ to call) and is timed in CPU time of the calling thread (robust on a shared mach
 
     .venv/bin/python benchmarks/engine_moe_dispatch.py [--threads 1]
 
-Paths: `grouped` (torch._grouped_mm on the stacked weights, the engine's path), `gather`
+Paths: `blocked` (a host loop over the active experts on oneDNN-blocked weights, the engine's
+CPU fp32 path), `grouped` (torch._grouped_mm on the stacked weights, the engine's path for bf16
+and on CUDA), `gather`
 (gpt-fast's w[expert_indices] per (token, k) pair, then batched matmuls), `loop` (a Python
 loop over the active experts, F.linear each), and the int8 twins used by quantize="int8".
 """
@@ -54,6 +56,23 @@ def loop(w13: torch.Tensor, w2: torch.Tensor) -> Callable[[Route], torch.Tensor]
     return run
 
 
+def blocked(w13: torch.Tensor, w2: torch.Tensor) -> Callable[[Route], torch.Tensor]:
+    from infersight.engine import onednn
+
+    b13, b2 = [onednn.block(w) for w in w13], [onednn.block(w) for w in w2]
+
+    def run(r: Route) -> torch.Tensor:
+        out, start = torch.empty_like(r[0]), 0
+        for e, end in enumerate(r[2].tolist()):
+            if end > start:
+                g, u = onednn.linear(r[0][start:end], b13[e]).chunk(2, dim=-1)
+                out[start:end] = onednn.linear(F.silu(g) * u, b2[e])
+            start = end
+        return out
+
+    return run
+
+
 def int8_loop(w13: torch.Tensor, w2: torch.Tensor) -> Callable[[Route], torch.Tensor]:
     from infersight.engine.quant import Int8Experts, int8_rows
 
@@ -63,6 +82,7 @@ def int8_loop(w13: torch.Tensor, w2: torch.Tensor) -> Callable[[Route], torch.Te
         q = int8_rows(w, torch.bfloat16)
         setattr(experts, f"{name}_weight", q["weight"])
         setattr(experts, f"{name}_scales", q["scales"])
+    experts.bind()
     return lambda r: experts(r[0].bfloat16(), r[1], r[2])
 
 
@@ -77,6 +97,7 @@ def main() -> None:
     for D, inter in ((256, 512), (512, 1024)):
         w13, w2 = torch.randn(E, 2 * inter, D) * 0.02, torch.randn(E, D, inter) * 0.02
         paths = {
+            "blocked": blocked(w13, w2),
             "grouped": grouped(w13, w2),
             "gather": gather(w13, w2),
             "loop": loop(w13, w2),

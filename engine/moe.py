@@ -1,33 +1,52 @@
 """Sparse Mixture-of-Experts feed-forward: a full-precision router and grouped expert matmuls.
 
 Routing is transformers' Mixtral router: softmax over all experts in fp32, top-k, then the k
-weights renormalised to sum to one. Dispatch has no Python loop over experts: the (token, k)
-pairs are sorted by expert, the end offset of each expert's group comes from the sorted ids,
-and each projection is one `torch._grouped_mm` over the stacked weights.
+weights renormalised to sum to one (== a softmax over the top-k logits, two ops fewer).
 
-Why `_grouped_mm`: benchmarks/engine_moe_dispatch.py, torch 2.13, 1 thread of the shared
-2-core machine, E=8 top-2, fresh routing per call, ms per layer (median CPU time):
+Dispatch has no Python loop over all experts. With N tokens:
 
-    D=512 I=1024, tokens    1      8      64
-    _grouped_mm           1.91   8.03   15.5    <- this module
-    loop over active      2.08   8.23   16.2    (a Python loop; group sizes read on the host)
-    gather-per-token      8.38   139    911     (gpt-fast's w1[expert_indices] + bmm)
+- N > 1 (prefill, batched decode): the (token, k) pairs are sorted by expert and the end
+  offset of each expert's group comes from the sorted ids. Then, by device and dtype:
+  - CPU fp32 (`BlockedExperts`): the experts' weights are reordered once into oneDNN's
+    blocked layout (onednn.py) and a host loop runs only the experts that got tokens, one
+    blocked product per projection (group ends read on the host: free on CPU).
+  - bf16, CUDA (`GroupedExperts`): one `torch._grouped_mm` per projection over the stacked
+    weights, no host sync.
+- N == 1 on CPU (batch-1 decode): a loop over the k chosen experts; the routing weight and
+  the residual are folded into the second projection.
+
+Why these paths: benchmarks/engine_moe_dispatch.py, torch 2.13, the 2-core test machine, 1
+thread, E=8 top-2, fresh routing per call, ms per layer (median CPU time):
+
+    D=512 I=1024, tokens     1      8      64
+    blocked (CPU fp32)     1.07   3.41   5.91    <- BlockedExperts
+    _grouped_mm fp32       1.38   6.07   9.55    <- GroupedExperts where oneDNN is absent
+    _grouped_mm bf16       0.67   3.09   5.32    <- GroupedExperts, bf16
+    loop, F.linear         1.05   6.70   9.73
+    gather-per-token       6.58   83.9    675    (gpt-fast's w1[expert_indices] + bmm)
 
 Gathering copies each selected expert's weights once per (token, k) pair, which is what
-makes it 4-60x slower; `_grouped_mm` reads each active expert once per call, is never slower
-than the loop, and needs no host sync (the group ends stay on the device). Its constraints,
-handled here: offsets are int32, rows must be 16-byte aligned (hidden and intermediate sizes
-times the element size divisible by 16), CPU takes fp32/bf16, CUDA bf16 on sm80+. Other
-cases use the gather path, which is correct but slow.
+makes it 6-100x slower. On CPU `_grouped_mm` runs one MKL GEMM per expert and MKL reads the
+weight well below the memory's speed for the 1-16 rows an expert gets in decode; oneDNN's
+blocked kernel does not (onednn.py has the per-matmul table), so in fp32 the blocked loop
+is 1.6-1.8x faster from 8 tokens on. In bf16 and on CUDA `_grouped_mm` stays the path.
+
+`_grouped_mm`'s constraints, handled here: offsets are int32, rows must be 16-byte aligned
+(hidden and intermediate sizes times the element size divisible by 16), CPU takes fp32/bf16,
+CUDA bf16 on sm80+. Other cases use the gather path, which is correct but slow.
 """
 
 from __future__ import annotations
+
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["GroupedExperts", "MoEFeedForward", "grouped_mm_supported"]
+from . import onednn
+
+__all__ = ["BlockedExperts", "GroupedExperts", "MoEFeedForward", "grouped_mm_supported"]
 
 
 def grouped_mm_supported(hidden: int, intermediate: int, dtype: torch.dtype, device: torch.device) -> bool:
@@ -43,6 +62,16 @@ def grouped_mm_supported(hidden: int, intermediate: int, dtype: torch.dtype, dev
     return (hidden * size) % 16 == 0 and (intermediate * size) % 16 == 0
 
 
+class Experts(Protocol):
+    """What `MoEFeedForward` needs of its experts (full precision or int8)."""
+
+    def __call__(self, xs: torch.Tensor, expert_ids: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor: ...
+
+    def add_one(self, x: torch.Tensor, expert: int, weight: float, out: torch.Tensor) -> torch.Tensor: ...
+
+    def bind(self) -> None: ...
+
+
 class GroupedExperts(nn.Module):
     """E SwiGLU experts as two stacked weights: w13 [E, 2I, D] (w1 rows, then w3) and w2 [E, D, I]."""
 
@@ -51,6 +80,14 @@ class GroupedExperts(nn.Module):
         self.w13 = nn.Parameter(torch.empty(experts, 2 * intermediate, dim), requires_grad=False)
         self.w2 = nn.Parameter(torch.empty(experts, dim, intermediate), requires_grad=False)
         self.grouped = grouped
+        self._w13t: tuple[torch.Tensor, ...] = ()  # per expert [D, 2I] views (bind)
+        self._w2t: tuple[torch.Tensor, ...] = ()  # per expert [I, D] views
+
+    def bind(self) -> None:
+        """Per-expert transposed views, made once the weights are real: indexing a tuple is
+        free, a tensor select is an op (~1.5 us here) per use."""
+        self._w13t = tuple(w.t() for w in self.w13.unbind(0))
+        self._w2t = tuple(w.t() for w in self.w2.unbind(0))
 
     def forward(self, xs: torch.Tensor, expert_ids: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
         """xs [S, D] sorted by expert, expert_ids [S] sorted, offsets [E] int32 group ends -> [S, D]."""
@@ -62,6 +99,11 @@ class GroupedExperts(nn.Module):
         gate, up = h.chunk(2, dim=-1)
         return torch.einsum("si,sdi->sd", F.silu(gate) * up, self.w2[expert_ids])
 
+    def add_one(self, x: torch.Tensor, expert: int, weight: float, out: torch.Tensor) -> torch.Tensor:
+        """out + weight * expert(x) for one token x [1, D] -> [1, D]."""
+        gate, up = torch.mm(x, self._w13t[expert]).chunk(2, dim=-1)  # [1, I] each
+        return torch.addmm(out, F.silu(gate).mul_(up), self._w2t[expert], alpha=weight)
+
 
 class MoEFeedForward(nn.Module):
     def __init__(self, experts: nn.Module, dim: int, num_experts: int, top_k: int) -> None:
@@ -69,27 +111,71 @@ class MoEFeedForward(nn.Module):
         self.gate = nn.Linear(dim, num_experts, bias=False)  # router, always kept full precision
         self.experts = experts
         self.num_experts, self.top_k = num_experts, top_k
-        self._range: torch.Tensor | None = None
+        # (router weight, experts, arange(E)) as plain references, made by bind(): a tuple
+        # is not registered as a parameter or submodule, and reading it skips the ~1 us
+        # nn.Module attribute lookup
+        self._bound: tuple[torch.Tensor, Experts, torch.Tensor] | None = None
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        shape = x.shape
-        x = x.reshape(-1, shape[-1])  # [N, D]
-        gate = self.gate.weight  # full precision, also in int8 models
+    def bind(self) -> None:
+        """Make the hot path's references once the weights are real."""
+        if isinstance(self.experts, GroupedExperts) and onednn.available(self.experts.w13):
+            self.experts = BlockedExperts(self.experts)
+        experts: Experts = self.experts  # type: ignore[assignment]
+        experts.bind()
+        gate = self.gate.weight
+        self._bound = (gate, experts, torch.arange(self.num_experts, device=gate.device))
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        """x [N, D] (normed), residual [N, D] -> residual + MoE(x) [N, D]."""
+        assert self._bound is not None, "bind() first"
+        gate, experts, expert_range = self._bound  # gate: full precision, also in int8 models
         logits = F.linear(x if x.dtype == gate.dtype else x.to(gate.dtype), gate)  # [N, E]
-        # softmax over all E, top-k, renormalise == softmax over the top-k logits (2 ops fewer)
         top, chosen = torch.topk(logits, self.top_k, dim=-1)  # [N, k]
         weights = torch.softmax(top, dim=-1, dtype=torch.float32)
+        if x.shape[0] == 1 and x.device.type == "cpu":  # see the module docstring
+            out = residual
+            for e, w in zip(chosen[0].tolist(), weights[0].tolist(), strict=True):
+                out = experts.add_one(x, e, w, out)
+            return out
 
         expert_ids, order = torch.sort(chosen.view(-1), stable=True)  # [S = N k]
-        offsets = torch.searchsorted(expert_ids, self._expert_range(x.device), right=True, out_int32=True)
+        offsets = torch.searchsorted(expert_ids, expert_range, right=True, out_int32=True)
         token = order // self.top_k  # the token of each sorted (token, k) pair
-        ys = self.experts(x[token], expert_ids, offsets)  # [S, D], sorted by expert
+        ys = experts(x[token], expert_ids, offsets)  # [S, D], sorted by expert
         ys = ys * weights.view(-1, 1)[order]  # fp32: weighted sums in fp32, as transformers
-        out = torch.zeros((x.shape[0], shape[-1]), dtype=ys.dtype, device=x.device).index_add_(0, token, ys)
-        return (out if out.dtype == x.dtype else out.to(x.dtype)).view(shape)
+        if ys.dtype == residual.dtype:
+            return residual.index_add(0, token, ys)
+        out = torch.zeros((x.shape[0], x.shape[1]), dtype=ys.dtype, device=x.device).index_add_(0, token, ys)
+        return residual + out.to(residual.dtype)
 
-    def _expert_range(self, device: torch.device) -> torch.Tensor:
-        """arange(E) on `device`, made once: the values whose group ends searchsorted finds."""
-        if self._range is None or self._range.device != device:
-            self._range = torch.arange(self.num_experts, device=device)
-        return self._range
+
+class BlockedExperts(nn.Module):
+    """CPU fp32 experts on oneDNN-blocked weights (see onednn.py), one product per active expert.
+
+    Made from loaded `GroupedExperts` by `MoEFeedForward.bind`; the stacked weights it was made
+    from are released. Group sizes are read on the host, which is free on CPU."""
+
+    def __init__(self, experts: GroupedExperts) -> None:
+        super().__init__()
+        self.w13 = tuple(onednn.block(w) for w in experts.w13.unbind(0))  # per expert [2I, D]
+        self.w2 = tuple(onednn.block(w) for w in experts.w2.unbind(0))  # per expert [D, I]
+        self.dim = experts.w2.shape[1]
+
+    def bind(self) -> None:
+        pass
+
+    def forward(self, xs: torch.Tensor, expert_ids: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+        """xs [S, D] sorted by expert, expert_ids [S] sorted, offsets [E] int32 group ends -> [S, D]."""
+        out = torch.empty((xs.shape[0], self.dim), dtype=xs.dtype, device=xs.device)
+        start = 0
+        for e, end in enumerate(offsets.tolist()):
+            if end > start:
+                gate, up = onednn.linear(xs[start:end], self.w13[e]).chunk(2, dim=-1)
+                out[start:end] = onednn.linear(F.silu(gate).mul_(up), self.w2[e])
+            start = end
+        return out
+
+    def add_one(self, x: torch.Tensor, expert: int, weight: float, out: torch.Tensor) -> torch.Tensor:
+        """out + weight * expert(x) for one token x [1, D] -> [1, D]."""
+        gate, up = onednn.linear(x, self.w13[expert]).chunk(2, dim=-1)
+        return torch.add(out, onednn.linear(F.silu(gate).mul_(up), self.w2[expert]), alpha=weight)

@@ -37,17 +37,22 @@ class RopeTable:
 
     def __init__(self, inv_freq: torch.Tensor, dtype: torch.dtype) -> None:
         self.inv_freq, self.dtype = inv_freq, dtype
-        self._tables: tuple[torch.Tensor, torch.Tensor] | None = None  # each [n, hd]
+        self._tables: tuple[torch.Tensor, torch.Tensor] | None = None  # each [n, 1, hd]
 
-    def lookup(self, positions: torch.Tensor, span: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, signed sin [B, T, 1, hd] for `positions` [B, T], all < `span` (known on the host)."""
+    def lookup(
+        self, positions: torch.Tensor, span: int, at: int | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, signed sin for `positions` [B, T], all < `span` (known on the host): each
+        [B, T, 1, hd], or a [1, 1, hd] view when every position is `at`."""
         tables = self._tables
         if tables is None or tables[0].shape[0] < span:
             size = max(span, 2 * tables[0].shape[0] if tables is not None else 256)
             rows = torch.arange(size, device=self.inv_freq.device)[None]
             cos, sin = rope_tables(rows, self.inv_freq, self.dtype)  # [1, n, 1, hd]
-            tables = self._tables = (cos[0, :, 0], sin[0, :, 0])
-        return tables[0][positions].unsqueeze(2), tables[1][positions].unsqueeze(2)
+            tables = self._tables = (cos[0], sin[0])
+        if at is not None:  # a slice is a view, cheaper than a gather
+            return tables[0][at : at + 1], tables[1][at : at + 1]
+        return tables[0][positions], tables[1][positions]
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:

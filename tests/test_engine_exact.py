@@ -3,6 +3,10 @@
 Logits within 1e-4 max abs difference and identical greedy tokens, across top-k, expert
 counts, GQA ratios, an explicit head_dim, a sliding window, tied embeddings, odd sizes
 (the gather fallback) and the serving hooks (each decode row at its own position).
+
+On this CPU in fp32 the engine runs its experts and projections on oneDNN-blocked weights;
+the `stacked` cases turn that off (as on a build without oneDNN), so the `_grouped_mm` and
+gather paths that bf16 and CUDA use are held to the same reference.
 """
 
 from __future__ import annotations
@@ -11,11 +15,20 @@ from pathlib import Path
 
 import pytest
 import torch
-from infersight.engine import load
+from infersight.engine import load, onednn
+from infersight.engine.moe import BlockedExperts, GroupedExperts
 
 from tests._engine_checkpoints import greedy_reference, save_checkpoint
 
 TOL = 1e-4
+
+
+@pytest.fixture(params=["blocked", "stacked"])
+def expert_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Run the test on oneDNN-blocked weights, then again with oneDNN turned off."""
+    if request.param == "stacked":
+        monkeypatch.setattr(onednn, "available", lambda weight: False)
+    return str(request.param)
 
 
 def _compare(
@@ -41,7 +54,7 @@ def _compare(
     ids=["top1-e4-mha", "top2-e4-gqa2", "top3-e8-gqa4", "top2-e3-mqa", "top3-e5-mha8"],
 )
 def test_logits_and_greedy_tokens_match_transformers(
-    tmp_path: Path, top_k: int, experts: int, heads: int, kv_heads: int
+    tmp_path: Path, top_k: int, experts: int, heads: int, kv_heads: int, expert_path: str
 ) -> None:
     _compare(
         tmp_path,
@@ -80,14 +93,26 @@ def test_tied_embeddings_match_and_use_the_embedding_values(tmp_path: Path) -> N
     assert torch.equal(net.output.weight, net.tok_embeddings.weight)
 
 
-def test_sizes_grouped_mm_cannot_take_fall_back_and_still_match(tmp_path: Path) -> None:
+def test_sizes_grouped_mm_cannot_take_fall_back_and_still_match(tmp_path: Path, expert_path: str) -> None:
     # intermediate 50 fp32 = 200-byte rows: not a multiple of 16, so _grouped_mm refuses them
     _compare(tmp_path, hidden_size=72, intermediate_size=50)
-    model = load(tmp_path, device="cpu")
-    assert not model.network.layers[0].moe.experts.grouped
+    experts = load(tmp_path, device="cpu").network.layers[0].moe.experts
+    if expert_path == "blocked":  # oneDNN takes any size
+        assert isinstance(experts, BlockedExperts)
+    else:
+        assert isinstance(experts, GroupedExperts) and not experts.grouped
 
 
-def test_decode_rows_at_their_own_positions_match_full_recompute(tmp_path: Path) -> None:
+def test_without_onednn_aligned_sizes_take_grouped_mm(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(onednn, "available", lambda weight: False)
+    save_checkpoint(tmp_path, 1)
+    experts = load(tmp_path, device="cpu").network.layers[0].moe.experts
+    assert isinstance(experts, GroupedExperts) and experts.grouped
+
+
+def test_decode_rows_at_their_own_positions_match_full_recompute(tmp_path: Path, expert_path: str) -> None:
     ref = save_checkpoint(tmp_path, 5)
     model = load(tmp_path, device="cpu")
     gen = torch.Generator().manual_seed(5)

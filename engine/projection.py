@@ -1,0 +1,134 @@
+"""The linear layers of the hot path as plain objects: a dense weight, the CPU lm head, or int8.
+
+`projection(module)` turns an `nn.Linear` or an `Int8Linear` into an object whose call is one
+matmul op (no nn.Module `__call__`, no attribute lookups: about 3 us saved per use on the
+2-core test machine, where a whole batch-1 decode step of the small benchmark model is
+~1 ms), and whose `add` folds a residual in: `torch.addmm` for dense weights, so that the
+attention output projection and the residual sum are a single op.
+
+`projection(module, head=True)` (the lm head): on CPU in fp32, a large head also gets a
+oneDNN-blocked copy (`torch.ops.mkldnn`, the ops inductor's weight freezing emits for fp32
+linears on CPU) used from 3 rows on; see `_blocked_head_wins`.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from . import onednn
+from .quant import Int8Linear, int8_matmul
+
+__all__ = [
+    "BlockedProjection",
+    "DenseProjection",
+    "HeadProjection",
+    "Int8Projection",
+    "Projection",
+    "projection",
+]
+
+
+class DenseProjection:
+    __slots__ = ("wt",)
+
+    def __init__(self, weight: torch.Tensor) -> None:
+        self.wt = weight.t()  # [K, N] view; contiguous when the weight is stored column-major
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """x [M, K] -> x W^T [M, N]."""
+        return torch.mm(x, self.wt)
+
+    def add(self, residual: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """residual [M, N] + x W^T, one op."""
+        return torch.addmm(residual, x, self.wt)
+
+
+class BlockedProjection:
+    """CPU fp32: a oneDNN-blocked copy of the weight (see onednn.py); `add` fuses the residual."""
+
+    __slots__ = ("blocked",)
+
+    def __init__(self, weight: torch.Tensor) -> None:
+        self.blocked = onednn.block(weight)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return onednn.linear(x, self.blocked)
+
+    def add(self, residual: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        return onednn.linear_add(x, self.blocked, residual)
+
+
+class Int8Projection:
+    __slots__ = ("scales", "weight")
+
+    def __init__(self, weight: torch.Tensor, scales: torch.Tensor) -> None:
+        self.weight, self.scales = weight, scales  # int8 [N, K], [N]
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return int8_matmul(x, self.weight, self.scales)
+
+    def add(self, residual: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        return residual + int8_matmul(x, self.weight, self.scales)
+
+
+class HeadProjection:
+    """The CPU fp32 lm head: MKL on the column-major weight up to 2 rows, a oneDNN-blocked copy
+    of it from 3 rows on (see `_blocked_head_wins` for why)."""
+
+    __slots__ = ("blocked", "wt")
+
+    def __init__(self, weight: torch.Tensor) -> None:
+        self.wt = weight.t()  # [K, N]
+        self.blocked = onednn.block(weight)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] < 3:
+            return torch.mm(x, self.wt)
+        return onednn.linear(x, self.blocked)
+
+    def add(self, residual: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        return residual + self(x)
+
+
+Projection = DenseProjection | BlockedProjection | Int8Projection | HeadProjection
+
+BLOCKED_MIN_BYTES = 32 << 20  # smaller heads stay in cache; see _blocked_head_wins
+
+
+def projection(module: nn.Module, *, head: bool = False) -> Projection:
+    if isinstance(module, Int8Linear):
+        return Int8Projection(module.weight, module.scales)
+    assert isinstance(module, nn.Linear) and module.bias is None
+    if head:
+        return (
+            HeadProjection(module.weight)
+            if _blocked_head_wins(module.weight)
+            else DenseProjection(module.weight)
+        )
+    return (
+        BlockedProjection(module.weight)
+        if onednn.available(module.weight)
+        else DenseProjection(module.weight)
+    )
+
+
+def _blocked_head_wins(weight: torch.Tensor) -> bool:
+    """Whether an lm head weight [V, D] gets the oneDNN-blocked copy for batches of 3+ rows.
+
+    MKL's GEMM from 2 to ~16 rows reads the weight far below the memory's speed, oneDNN's
+    blocked layout does not. Streamed from memory (16 heads of 32000 x 512 alternated, the 2-core machine, 2 threads,
+    torch 2.13), ms per call:
+
+        rows                        1     2     4     8
+        MKL, row-major (stored)   3.54  3.77  7.20  11.2
+        MKL, column-major         2.72  4.40  6.18  8.14
+        oneDNN, blocked           3.41  3.92  3.90  4.64
+
+    oneDNN streams the blocked copy at every row count but loses at one row and adds ~35 us
+    per call, so it is used from 3 rows on and only for heads that are streamed from memory at
+    each decode step: batch-8 decode of benchmarks/engine_decode.py's medium model (head
+    62.5 MiB) +18% tokens/s, of its small one (4 MiB, cache-resident) -9%, so the small one
+    keeps MKL. Cost: a second copy of large heads (0.3% of Mixtral-8x7B's fp32 weights).
+    """
+    return onednn.available(weight) and weight.numel() * weight.element_size() >= BLOCKED_MIN_BYTES
