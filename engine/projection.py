@@ -1,10 +1,11 @@
-"""The linear layers of the hot path as plain objects: a dense weight, the CPU lm head, or int8.
+"""The linear layers of the hot path as plain objects: oneDNN-blocked (CPU fp32), dense, int8.
 
 `projection(module)` turns an `nn.Linear` or an `Int8Linear` into an object whose call is one
 matmul op (no nn.Module `__call__`, no attribute lookups: about 3 us saved per use on the
 2-core test machine, where a whole batch-1 decode step of the small benchmark model is
-~1 ms), and whose `add` folds a residual in: `torch.addmm` for dense weights, so that the
-attention output projection and the residual sum are a single op.
+~1 ms), and whose `add` folds a residual in (`torch.addmm`, or oneDNN's add post-op), so
+that the attention output projection and the residual sum are a single op. In fp32 on CPU
+the attention projections run on a oneDNN-blocked copy of their weight (onednn.py says why).
 
 `projection(module, head=True)` (the lm head): on CPU in fp32, a large head also gets a
 oneDNN-blocked copy (`torch.ops.mkldnn`, the ops inductor's weight freezing emits for fp32
