@@ -28,11 +28,11 @@ class Outbox:
         self,
         get_config: Callable[[], SDKConfig],
         counters: SDKCounters,
-        to_record: Callable[[Any], InferenceRecord | None],
+        to_records: Callable[[list[Any]], list[InferenceRecord]],
     ) -> None:
         self._config = get_config
         self._counters = counters
-        self._to_record = to_record
+        self._to_records = to_records
         self._queue_full = counters.tally("dropped", "queue_full").incr
         self._reset()
 
@@ -97,15 +97,10 @@ class Outbox:
             self._idle.notify_all()
 
     def _deliver(self, items: list[Any], config: SDKConfig) -> None:
-        records = []
-        for item in items:
-            try:
-                record = self._to_record(item)
-            except Exception:
-                self._counters.count("internal", "make_record")
-                continue
-            if record is not None:
-                records.append(record)
+        try:
+            records = self._to_records(items)
+        except Exception:
+            records = self._to_records_one_by_one(items)
         if not records or config.sink is None:
             return
         try:
@@ -117,6 +112,16 @@ class Outbox:
         self._counters.count("dropped", "server_rejected", refused)
         for _ in range(len(records) - refused):
             self._counters.sent.incr()
+
+    def _to_records_one_by_one(self, items: list[Any]) -> list[InferenceRecord]:
+        """The slow path after a batch failed: keep every item that converts, count the rest."""
+        records = []
+        for item in items:
+            try:
+                records.extend(self._to_records([item]))
+            except Exception:
+                self._counters.count("internal", "make_record")
+        return records
 
     # -- flushing -------------------------------------------------------------------------
     def flush(self, timeout: float) -> bool:

@@ -143,13 +143,30 @@ class Tracker:
         result: Any,
         error_type: str | None,
     ) -> None:
-        self.sample(
-            start=start,
-            end=end,
-            error_type=error_type,
-            prompt=self.extract_prompt(args, kwargs),
-            response=None if error_type is not None else self.extract_response(result),
-        )
+        """A finished plain call or coroutine, sampled: the record's fields go to the outbox
+        as one tuple (the same tuple `sample` builds, without its keyword handling)."""
+        try:
+            duration = end - start
+            prompt = self.extract_prompt(args, kwargs)
+            response = None if error_type is not None else self.extract_response(result)
+            self.monitor.enqueue(
+                (
+                    self.model,
+                    self.model_version,
+                    time.time() - duration,
+                    duration,
+                    None,
+                    None,
+                    None,
+                    None,
+                    None,
+                    error_type,
+                    prompt,
+                    response,
+                )
+            )
+        except Exception:
+            self.internal("sample")
 
     def sample(
         self,
