@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from collections import deque
 
 __all__ = ["Tally"]
 
@@ -22,7 +23,16 @@ class Tally:
         self._reads = 0
         self.incr = self._it.__next__
 
+    def add(self, n: int) -> None:
+        """n increments at once: the iterator advanced n steps inside C (a zero-length deque
+        consumes an `islice` of it), not n Python calls."""
+        if n > 0:
+            _consume(itertools.islice(self._it, n))
+
     def value(self) -> int:
         v = next(self._it) - self._reads
         self._reads += 1
         return v
+
+
+_consume = deque(maxlen=0).extend

@@ -154,7 +154,9 @@ def test_cli_check_lists_rules_and_refuses_a_bad_file_in_one_line(
     bad.write_text(GOOD_RULE.replace("for: 1m", "for: 1 minute"))
     assert main(["rules", "check", str(bad)]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and err.startswith(f"infersight rules: error: {bad}:9: rule 'Slow'.for: not a duration")
+    assert err.count("\n") == 1 and err.startswith(
+        f"infersight rules: error: {bad}:9: rule 'Slow'.for: not a duration"
+    )
 
 
 def test_a_pathological_silence_regex_matches_in_linear_time() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 import pytest
-from infersight.monitor.records import MAX_TEXT_CHARS, InferenceRecord, InvalidRecord
+from infersight.monitor.records import MAX_TEXT_CHARS, InferenceRecord, InvalidRecord, build_record
 
 GOOD = {
     "request_id": "r-1",
@@ -63,3 +63,16 @@ def test_a_non_object_event_is_refused() -> None:
     with pytest.raises(InvalidRecord) as caught:
         InferenceRecord.from_json(["not", "an", "object"])
     assert caught.value.field == "event"
+
+
+def test_build_record_makes_the_same_immutable_record_as_the_constructor() -> None:
+    from dataclasses import FrozenInstanceError, fields
+
+    values = ("r1", "m", "v1", 1.5, 0.25, 0.1, 0.01, 0.02, 7, 9, "Timeout", "p", "r", "proxy")
+    assert len(values) == len(fields(InferenceRecord))
+    built = build_record(*values)
+    assert type(built) is InferenceRecord
+    assert built == InferenceRecord(*values) and hash(built) == hash(InferenceRecord(*values))
+    assert built.to_json()["source"] == "proxy" and built.output_tokens == 9
+    with pytest.raises(FrozenInstanceError):
+        built.model = "other"  # type: ignore[misc]

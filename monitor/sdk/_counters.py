@@ -73,9 +73,7 @@ class SDKCounters(Collector):
         return found
 
     def count(self, family: str, label: str, n: int = 1) -> None:
-        incr = self.tally(family, label).incr
-        for _ in range(n):
-            incr()
+        self.tally(family, label).add(n)
 
     def value(self, family: str, label: str) -> int:
         with self._lock:

@@ -34,7 +34,7 @@ from infersight.collectors import (
     register_fork_handler,
     serve_metrics,
 )
-from infersight.monitor.records import InferenceRecord
+from infersight.monitor.records import InferenceRecord, build_record
 from prometheus_client.registry import CollectorRegistry
 
 from ._config import SDKConfig, check_sample_rate
@@ -194,7 +194,7 @@ class Monitor:
             self._id_prefix,
             self._id_counter,
             self._text,
-            InferenceRecord,
+            build_record,
             self.config,
         )
         plain = cfg.redact is None

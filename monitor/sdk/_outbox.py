@@ -110,8 +110,7 @@ class Outbox:
             return
         refused = refused if isinstance(refused, int) and 0 < refused <= len(records) else 0
         self._counters.count("dropped", "server_rejected", refused)
-        for _ in range(len(records) - refused):
-            self._counters.sent.incr()
+        self._counters.sent.add(len(records) - refused)
 
     def _to_records_one_by_one(self, items: list[Any]) -> list[InferenceRecord]:
         """The slow path after a batch failed: keep every item that converts, count the rest."""
