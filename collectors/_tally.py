@@ -35,4 +35,5 @@ class Tally:
         return v
 
 
-_consume = deque(maxlen=0).extend
+_SINK: deque[int] = deque(maxlen=0)  # keeps nothing: extending it only advances an iterator
+_consume = _SINK.extend
