@@ -160,9 +160,13 @@ def main() -> int:
             s.start()
         rss: list[tuple[float, int]] = []
         cpu0 = proc.cpu_times()
-        while any(s.is_alive() for s in senders):
-            rss.append((round(time.monotonic() - t0, 1), proc.memory_info().rss))
-            time.sleep(min(args.rss_every, max(0.5, args.duration / 20)))
+        every = min(args.rss_every, max(0.5, args.duration / 20))
+        next_rss = t0
+        while any(s.is_alive() for s in senders):  # polled finely: `elapsed` ends when the last sender does
+            if time.monotonic() >= next_rss:
+                rss.append((round(time.monotonic() - t0, 1), proc.memory_info().rss))
+                next_rss += every
+            time.sleep(0.1)
         elapsed = time.monotonic() - t0
         cpu1 = proc.cpu_times()
         results = [queue.get(timeout=30) for _ in senders]
