@@ -1,6 +1,9 @@
-"""Signals read from the database: the outbox's dead letters, and — for deployments that
-run without the collectors' live sketches — latency quantiles, error rates and mean
-relevance computed exactly from the shared `requests` table over the window."""
+"""Signals read from the database: the outbox's dead letters, mean relevance over the
+window (what the service uses: the scored rows only, through a partial index), and — for
+deployments that run without the collectors' live sketches — latency quantiles, error and
+request rates computed exactly from the shared `requests` table over the window (these
+read every request of the window: fine at modest rates, not at tens of thousands a
+second)."""
 
 from __future__ import annotations
 
@@ -53,11 +56,11 @@ class StoreSignals:
             )
         window = signal.window_s or self.relevance_window_s
         since = dt.datetime.fromtimestamp(self.clock() - window, dt.UTC)
+        if signal.kind == "relevance":
+            return self._relevance(since, by)
         if signal.kind == "latency_quantile":
             assert signal.metric is not None
             value_col = requests.c[_COLUMNS[signal.metric]]
-        elif signal.kind == "relevance":
-            value_col = requests.c.relevance
         else:
             value_col = requests.c.error_type
         q = select(requests.c.model, requests.c.model_version, value_col).where(
@@ -74,15 +77,30 @@ class StoreSignals:
                 xs = [float(v) for v in values if v is not None]  # type: ignore[arg-type]
                 if xs:
                     out.append(Sample(key, quantile(xs, signal.quantile or 0.5)))
-            elif signal.kind == "relevance":
-                xs = [float(v) for v in values if v is not None]  # type: ignore[arg-type]
-                if xs:
-                    out.append(Sample(key, sum(xs) / len(xs)))
             elif signal.kind == "request_rate":
                 out.append(Sample(key, len(values) / window))
             elif len(values) >= (signal.min_requests or 1):
                 out.append(Sample(key, sum(v is not None for v in values) / len(values)))
         return out
+
+    def _relevance(self, since: dt.datetime, by: Sequence[str]) -> list[Sample]:
+        """Mean relevance of the scored requests since `since`, per `by` group: summed in SQL
+        per (model, version) over the partial index `ix_requests_relevance_time` (only the
+        scored rows, index-only), then merged per group here."""
+        r = requests.c
+        q = (
+            select(r.model, r.model_version, func.sum(r.relevance), func.count(r.relevance))
+            .where(r.started_at >= since, r.relevance.is_not(None))
+            .group_by(r.model, r.model_version)
+        )
+        sums: dict[tuple[tuple[str, str], ...], list[float]] = defaultdict(lambda: [0.0, 0.0])
+        with self.engine.connect() as conn:
+            for model, version, total, n in conn.execute(q):
+                labels = {"model": model, "model_version": version}
+                acc = sums[tuple((k, v) for k, v in sorted(labels.items()) if k in by)]
+                acc[0] += float(total or 0.0)
+                acc[1] += int(n or 0)
+        return [Sample(key, total / n) for key, (total, n) in sorted(sums.items()) if n]
 
 
 class CompositeSignals:

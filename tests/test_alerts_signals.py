@@ -147,3 +147,42 @@ def test_store_signals_compute_exact_figures_from_the_requests_table(sqlite_db: 
     assert relevance.value == pytest.approx(0.5)
     assert store.read(Signal("dead_letters"), []) == [store.read(Signal("dead_letters"), [])[0]]
     assert store.read(Signal("dead_letters"), [])[0].value == 0.0
+
+
+def test_store_relevance_is_the_mean_of_scored_rows_only_weighted_across_versions(sqlite_db: Engine) -> None:
+    clock = Clock()
+
+    def row(i: int, version: str, relevance: float | None, age_s: float = 1.0) -> dict[str, object]:
+        return {
+            "request_id": f"{version}-{i}",
+            "model": "bank",
+            "model_version": version,
+            "source": "sdk",
+            "started_at": clock.now - dt.timedelta(seconds=age_s),
+            "duration_s": 0.1,
+            "relevance": relevance,
+        }
+
+    with sqlite_db.begin() as conn:
+        rows = [row(i, "v1", 0.8) for i in range(3)] + [row(i, "v2", 0.2) for i in range(1)]
+        rows += [row(100 + i, "v1", None) for i in range(50)]  # not scored: not part of the mean
+        rows += [row(200, "v2", 0.9, age_s=3600)]  # outside the 15-minute window
+        conn.execute(insert(requests), rows)
+    store = StoreSignals(sqlite_db, clock=clock)
+    per_version = store.read(Signal("relevance"), ["model", "model_version"])
+    assert [(dict(s.labels)["model_version"], s.value) for s in per_version] == [
+        ("v1", pytest.approx(0.8)),
+        ("v2", pytest.approx(0.2)),
+    ]
+    [per_model] = store.read(Signal("relevance"), ["model"])
+    assert per_model.value == pytest.approx((3 * 0.8 + 0.2) / 4)
+    with sqlite_db.connect() as conn:  # the window is read from the partial index, not the table
+        plan = " ".join(
+            str(r[-1])
+            for r in conn.exec_driver_sql(
+                "EXPLAIN QUERY PLAN SELECT model, model_version, sum(relevance), count(relevance) FROM requests "
+                "WHERE started_at >= ? AND relevance IS NOT NULL GROUP BY model, model_version",
+                ("2026-01-01",),
+            )
+        )
+    assert "COVERING INDEX ix_requests_relevance_time" in plan, plan

@@ -37,6 +37,20 @@ requests = Table(
     Index("ix_requests_version_time", "model_version", "started_at"),
     Index("ix_requests_started_at", "started_at"),
 )
+# The rows that carry a relevance score (the sampled, embedded ones: a few percent of
+# traffic), by time, with what the relevance alert reads: that windowed mean is then an
+# index-only scan of those rows, not a visit to every request of the window (20,000 events/s
+# make 18 million rows in the default 15 minutes). Partial on both SQLite and PostgreSQL.
+_HAS_RELEVANCE = requests.c.relevance.is_not(None)
+Index(
+    "ix_requests_relevance_time",
+    requests.c.started_at,
+    requests.c.model,
+    requests.c.model_version,
+    requests.c.relevance,
+    sqlite_where=_HAS_RELEVANCE,
+    postgresql_where=_HAS_RELEVANCE,
+)
 
 # A version the service knows of (mirrors the engine registry's VersionInfo).
 model_versions = Table(

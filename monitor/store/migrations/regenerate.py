@@ -2,9 +2,11 @@
 
     python -m infersight.monitor.store.migrations.regenerate
 
-Nothing has shipped, so the schema is one revision; run this after any table changes
-(tests/test_store_migrations.py fails until you do). Once a release ships, add new
-revisions instead (`alembic revision --autogenerate` semantics, same environment).
+Historical: the schema started as one revision regenerated from the metadata. Since
+main has been deployed, table changes are new revisions after the head (0002 on), written
+by hand or with `alembic revision --autogenerate` in the same environment; this script
+rewrites only 0001 and must not be run any more (tests/test_store_migrations.py checks
+that the revisions and the metadata agree).
 """
 
 from __future__ import annotations
@@ -23,6 +25,17 @@ _HERE = Path(__file__).resolve().parent
 
 def main() -> int:
     versions = _HERE / "versions"
+    later = sorted(
+        p.name
+        for p in versions.glob("*.py")
+        if p.name not in ("__init__.py",) and not p.name.startswith("0001_")
+    )
+    if later:
+        print(
+            f"refusing: revisions after 0001 exist ({', '.join(later)}); add a new revision instead",
+            file=sys.stderr,
+        )
+        return 2
     for old in versions.glob("*.py"):
         if old.name != "__init__.py":
             old.unlink()
