@@ -12,6 +12,9 @@ Dispatch has no Python loop over all experts. With N tokens:
     blocked product per projection (group ends read on the host: free on CPU).
   - bf16, CUDA (`GroupedExperts`): one `torch._grouped_mm` per projection over the stacked
     weights, no host sync.
+  - int8 (`Int8Experts`): the same host loop as CPU fp32, one int8 product per projection
+    (quant.py says why).
+  Both host loops are one `ExpertLoop` over per-expert projections (projection.py).
 - N == 1 on CPU (batch-1 decode): a loop over the k chosen experts; the routing weight and
   the residual are folded into the second projection.
 
@@ -38,15 +41,17 @@ CUDA bf16 on sm80+. Other cases use the gather path, which is correct but slow.
 
 from __future__ import annotations
 
-from typing import Protocol
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from . import onednn
+from .projection import BlockedProjection, DenseProjection, Int8Projection, Projection
+from .quant import Int8Experts
 
-__all__ = ["BlockedExperts", "GroupedExperts", "MoEFeedForward", "grouped_mm_supported"]
+__all__ = ["BlockedExperts", "ExpertLoop", "GroupedExperts", "MoEFeedForward", "grouped_mm_supported"]
 
 
 def grouped_mm_supported(hidden: int, intermediate: int, dtype: torch.dtype, device: torch.device) -> bool:
@@ -62,14 +67,38 @@ def grouped_mm_supported(hidden: int, intermediate: int, dtype: torch.dtype, dev
     return (hidden * size) % 16 == 0 and (intermediate * size) % 16 == 0
 
 
-class Experts(Protocol):
-    """What `MoEFeedForward` needs of its experts (full precision or int8)."""
+Batched = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+"""(xs [S, D] sorted by expert, expert ids [S] sorted, offsets [E] int32 group ends) -> [S, D]."""
 
-    def __call__(self, xs: torch.Tensor, expert_ids: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor: ...
 
-    def add_one(self, x: torch.Tensor, expert: int, weight: float, out: torch.Tensor) -> torch.Tensor: ...
+class ExpertLoop:
+    """The experts as one (w1|w3, w2) projection pair each (projection.py), run one at a time.
 
-    def bind(self) -> None: ...
+    Two uses: batch-1 decode on CPU (`add_one`: the k chosen experts, read on the host), and
+    the batched path where a host loop over the experts that got tokens beats `_grouped_mm`
+    (`__call__`: CPU fp32 on oneDNN-blocked weights, and int8). Group ends are read on the
+    host, which is free on CPU."""
+
+    __slots__ = ("dim", "pairs")
+
+    def __init__(self, pairs: tuple[tuple[Projection, Projection], ...], dim: int) -> None:
+        self.pairs, self.dim = pairs, dim
+
+    def __call__(self, xs: torch.Tensor, expert_ids: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+        out = torch.empty((xs.shape[0], self.dim), dtype=xs.dtype, device=xs.device)
+        start = 0
+        for (w13, w2), end in zip(self.pairs, offsets.tolist(), strict=True):
+            if end > start:
+                gate, up = w13(xs[start:end]).chunk(2, dim=-1)
+                out[start:end] = w2(F.silu(gate).mul_(up))
+            start = end
+        return out
+
+    def add_one(self, x: torch.Tensor, expert: int, weight: float, out: torch.Tensor) -> torch.Tensor:
+        """out + weight * expert(x) for one token x [1, D] -> [1, D]."""
+        w13, w2 = self.pairs[expert]
+        gate, up = w13(x).chunk(2, dim=-1)
+        return w2.add(out, F.silu(gate).mul_(up), alpha=weight)
 
 
 class GroupedExperts(nn.Module):
@@ -80,14 +109,6 @@ class GroupedExperts(nn.Module):
         self.w13 = nn.Parameter(torch.empty(experts, 2 * intermediate, dim), requires_grad=False)
         self.w2 = nn.Parameter(torch.empty(experts, dim, intermediate), requires_grad=False)
         self.grouped = grouped
-        self._w13t: tuple[torch.Tensor, ...] = ()  # per expert [D, 2I] views (bind)
-        self._w2t: tuple[torch.Tensor, ...] = ()  # per expert [I, D] views
-
-    def bind(self) -> None:
-        """Per-expert transposed views, made once the weights are real: indexing a tuple is
-        free, a tensor select is an op (~1.5 us here) per use."""
-        self._w13t = tuple(w.t() for w in self.w13.unbind(0))
-        self._w2t = tuple(w.t() for w in self.w2.unbind(0))
 
     def forward(self, xs: torch.Tensor, expert_ids: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
         """xs [S, D] sorted by expert, expert_ids [S] sorted, offsets [E] int32 group ends -> [S, D]."""
@@ -99,10 +120,35 @@ class GroupedExperts(nn.Module):
         gate, up = h.chunk(2, dim=-1)
         return torch.einsum("si,sdi->sd", F.silu(gate) * up, self.w2[expert_ids])
 
-    def add_one(self, x: torch.Tensor, expert: int, weight: float, out: torch.Tensor) -> torch.Tensor:
-        """out + weight * expert(x) for one token x [1, D] -> [1, D]."""
-        gate, up = torch.mm(x, self._w13t[expert]).chunk(2, dim=-1)  # [1, I] each
-        return torch.addmm(out, F.silu(gate).mul_(up), self._w2t[expert], alpha=weight)
+
+class BlockedExperts(nn.Module):
+    """CPU fp32 experts on oneDNN-blocked weights (see onednn.py): an `ExpertLoop` of
+    `BlockedProjection`s. Made from loaded `GroupedExperts` by `MoEFeedForward.bind`, which
+    then drops the stacked weights (the blocked copies replace them)."""
+
+    def __init__(self, experts: GroupedExperts) -> None:
+        super().__init__()
+        pairs = zip(experts.w13.unbind(0), experts.w2.unbind(0), strict=True)
+        self.loop = ExpertLoop(
+            tuple((BlockedProjection(a), BlockedProjection(b)) for a, b in pairs), experts.w2.shape[1]
+        )
+
+    def forward(self, xs: torch.Tensor, expert_ids: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+        return self.loop(xs, expert_ids, offsets)
+
+
+def _expert_loop(experts: nn.Module) -> ExpertLoop:
+    """The per-expert projections of loaded experts, as views of their weights (no copies)."""
+    if isinstance(experts, BlockedExperts):
+        return experts.loop
+    if isinstance(experts, Int8Experts):
+        w13 = zip(experts.w13_weight.unbind(0), experts.w13_scales.unbind(0), strict=True)
+        w2 = zip(experts.w2_weight.unbind(0), experts.w2_scales.unbind(0), strict=True)
+        pairs = tuple((Int8Projection(*a), Int8Projection(*b)) for a, b in zip(w13, w2, strict=True))
+        return ExpertLoop(pairs, experts.w2_weight.shape[1])
+    assert isinstance(experts, GroupedExperts)
+    dense = zip(experts.w13.unbind(0), experts.w2.unbind(0), strict=True)
+    return ExpertLoop(tuple((DenseProjection(a), DenseProjection(b)) for a, b in dense), experts.w2.shape[1])
 
 
 class MoEFeedForward(nn.Module):
@@ -111,71 +157,40 @@ class MoEFeedForward(nn.Module):
         self.gate = nn.Linear(dim, num_experts, bias=False)  # router, always kept full precision
         self.experts = experts
         self.num_experts, self.top_k = num_experts, top_k
-        # (router weight, experts, arange(E)) as plain references, made by bind(): a tuple
-        # is not registered as a parameter or submodule, and reading it skips the ~1 us
-        # nn.Module attribute lookup
-        self._bound: tuple[torch.Tensor, Experts, torch.Tensor] | None = None
+        # (router weight, batched experts, expert loop, arange(E)) as plain references, made by
+        # bind(): a tuple is not registered as a parameter or submodule, and reading it skips
+        # the ~1 us nn.Module attribute lookup
+        self._bound: tuple[torch.Tensor, Batched, ExpertLoop, torch.Tensor] | None = None
 
     def bind(self) -> None:
-        """Make the hot path's references once the weights are real."""
+        """Make the hot path's references once the weights are real. In fp32 on a CPU with
+        oneDNN the stacked experts are reordered into blocked weights and released."""
         if isinstance(self.experts, GroupedExperts) and onednn.available(self.experts.w13):
             self.experts = BlockedExperts(self.experts)
-        experts: Experts = self.experts  # type: ignore[assignment]
-        experts.bind()
+        loop = _expert_loop(self.experts)
+        batched: Batched = self.experts if isinstance(self.experts, GroupedExperts) else loop
         gate = self.gate.weight
-        self._bound = (gate, experts, torch.arange(self.num_experts, device=gate.device))
+        self._bound = (gate, batched, loop, torch.arange(self.num_experts, device=gate.device))
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         """x [N, D] (normed), residual [N, D] -> residual + MoE(x) [N, D]."""
         assert self._bound is not None, "bind() first"
-        gate, experts, expert_range = self._bound  # gate: full precision, also in int8 models
+        gate, batched, loop, expert_range = self._bound  # gate: full precision, also in int8 models
         logits = F.linear(x if x.dtype == gate.dtype else x.to(gate.dtype), gate)  # [N, E]
         top, chosen = torch.topk(logits, self.top_k, dim=-1)  # [N, k]
         weights = torch.softmax(top, dim=-1, dtype=torch.float32)
         if x.shape[0] == 1 and x.device.type == "cpu":  # see the module docstring
             out = residual
             for e, w in zip(chosen[0].tolist(), weights[0].tolist(), strict=True):
-                out = experts.add_one(x, e, w, out)
+                out = loop.add_one(x, e, w, out)
             return out
 
         expert_ids, order = torch.sort(chosen.view(-1), stable=True)  # [S = N k]
         offsets = torch.searchsorted(expert_ids, expert_range, right=True, out_int32=True)
         token = order // self.top_k  # the token of each sorted (token, k) pair
-        ys = experts(x[token], expert_ids, offsets)  # [S, D], sorted by expert
+        ys = batched(x[token], expert_ids, offsets)  # [S, D], sorted by expert
         ys = ys * weights.view(-1, 1)[order]  # fp32: weighted sums in fp32, as transformers
         if ys.dtype == residual.dtype:
             return residual.index_add(0, token, ys)
         out = torch.zeros((x.shape[0], x.shape[1]), dtype=ys.dtype, device=x.device).index_add_(0, token, ys)
         return residual + out.to(residual.dtype)
-
-
-class BlockedExperts(nn.Module):
-    """CPU fp32 experts on oneDNN-blocked weights (see onednn.py), one product per active expert.
-
-    Made from loaded `GroupedExperts` by `MoEFeedForward.bind`; the stacked weights it was made
-    from are released. Group sizes are read on the host, which is free on CPU."""
-
-    def __init__(self, experts: GroupedExperts) -> None:
-        super().__init__()
-        self.w13 = tuple(onednn.block(w) for w in experts.w13.unbind(0))  # per expert [2I, D]
-        self.w2 = tuple(onednn.block(w) for w in experts.w2.unbind(0))  # per expert [D, I]
-        self.dim = experts.w2.shape[1]
-
-    def bind(self) -> None:
-        pass
-
-    def forward(self, xs: torch.Tensor, expert_ids: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
-        """xs [S, D] sorted by expert, expert_ids [S] sorted, offsets [E] int32 group ends -> [S, D]."""
-        out = torch.empty((xs.shape[0], self.dim), dtype=xs.dtype, device=xs.device)
-        start = 0
-        for e, end in enumerate(offsets.tolist()):
-            if end > start:
-                gate, up = onednn.linear(xs[start:end], self.w13[e]).chunk(2, dim=-1)
-                out[start:end] = onednn.linear(F.silu(gate).mul_(up), self.w2[e])
-            start = end
-        return out
-
-    def add_one(self, x: torch.Tensor, expert: int, weight: float, out: torch.Tensor) -> torch.Tensor:
-        """out + weight * expert(x) for one token x [1, D] -> [1, D]."""
-        gate, up = onednn.linear(x, self.w13[expert]).chunk(2, dim=-1)
-        return torch.add(out, onednn.linear(F.silu(gate).mul_(up), self.w2[expert]), alpha=weight)

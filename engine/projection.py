@@ -40,9 +40,9 @@ class DenseProjection:
         """x [M, K] -> x W^T [M, N]."""
         return torch.mm(x, self.wt)
 
-    def add(self, residual: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        """residual [M, N] + x W^T, one op."""
-        return torch.addmm(residual, x, self.wt)
+    def add(self, residual: torch.Tensor, x: torch.Tensor, alpha: float = 1.0) -> torch.Tensor:
+        """residual [M, N] + alpha x W^T, one op."""
+        return torch.addmm(residual, x, self.wt, alpha=alpha)
 
 
 class BlockedProjection:
@@ -56,8 +56,10 @@ class BlockedProjection:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return onednn.linear(x, self.blocked)
 
-    def add(self, residual: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        return onednn.linear_add(x, self.blocked, residual)
+    def add(self, residual: torch.Tensor, x: torch.Tensor, alpha: float = 1.0) -> torch.Tensor:
+        if alpha == 1.0:  # the sum as a oneDNN post-op; it takes no scale
+            return onednn.linear_add(x, self.blocked, residual)
+        return torch.add(residual, onednn.linear(x, self.blocked), alpha=alpha)
 
 
 class Int8Projection:
@@ -69,8 +71,8 @@ class Int8Projection:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return int8_matmul(x, self.weight, self.scales)
 
-    def add(self, residual: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        return residual + int8_matmul(x, self.weight, self.scales)
+    def add(self, residual: torch.Tensor, x: torch.Tensor, alpha: float = 1.0) -> torch.Tensor:
+        return torch.add(residual, int8_matmul(x, self.weight, self.scales), alpha=alpha)
 
 
 class HeadProjection:
@@ -88,8 +90,8 @@ class HeadProjection:
             return torch.mm(x, self.wt)
         return onednn.linear(x, self.blocked)
 
-    def add(self, residual: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        return residual + self(x)
+    def add(self, residual: torch.Tensor, x: torch.Tensor, alpha: float = 1.0) -> torch.Tensor:
+        return torch.add(residual, self(x), alpha=alpha)
 
 
 Projection = DenseProjection | BlockedProjection | Int8Projection | HeadProjection

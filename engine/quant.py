@@ -68,7 +68,8 @@ class Int8Linear(nn.Module):
 
 
 class Int8Experts(nn.Module):
-    """int8 twin of `GroupedExperts`: w13 [E, 2I, D], w2 [E, D, I] with per-row scales."""
+    """int8 twin of `GroupedExperts`: w13 [E, 2I, D], w2 [E, D, I] with per-row scales. It holds
+    the weights; `MoEFeedForward` runs them as an `ExpertLoop` of per-expert int8 products."""
 
     w13_weight: torch.Tensor
     w13_scales: torch.Tensor
@@ -81,29 +82,6 @@ class Int8Experts(nn.Module):
         self.register_buffer("w13_scales", torch.empty(experts, 2 * intermediate, dtype=dtype))
         self.register_buffer("w2_weight", torch.empty(experts, dim, intermediate, dtype=torch.int8))
         self.register_buffer("w2_scales", torch.empty(experts, dim, dtype=dtype))
-        # per expert (weight, scales) views, made by bind(): tuple indexing is free, a select is an op
-        self._w13: tuple[tuple[torch.Tensor, torch.Tensor], ...] = ()
-        self._w2: tuple[tuple[torch.Tensor, torch.Tensor], ...] = ()
-
-    def bind(self) -> None:
-        self._w13 = tuple(zip(self.w13_weight.unbind(0), self.w13_scales.unbind(0), strict=True))
-        self._w2 = tuple(zip(self.w2_weight.unbind(0), self.w2_scales.unbind(0), strict=True))
-
-    def forward(self, xs: torch.Tensor, expert_ids: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
-        """xs [S, D] sorted by expert, expert_ids [S] sorted, offsets [E] int32 group ends -> [S, D]."""
-        out = torch.empty((xs.shape[0], self.w2_weight.shape[1]), dtype=xs.dtype, device=xs.device)
-        start = 0
-        for e, end in enumerate(offsets.tolist()):  # group sizes on the host: free on CPU
-            if end > start:
-                gate, up = int8_matmul(xs[start:end], *self._w13[e]).chunk(2, dim=-1)
-                out[start:end] = int8_matmul(F.silu(gate).mul_(up), *self._w2[e])
-            start = end
-        return out
-
-    def add_one(self, x: torch.Tensor, expert: int, weight: float, out: torch.Tensor) -> torch.Tensor:
-        """out + weight * expert(x) for one token x [1, D] -> [1, D]."""
-        gate, up = int8_matmul(x, *self._w13[expert]).chunk(2, dim=-1)
-        return torch.add(out, int8_matmul(F.silu(gate).mul_(up), *self._w2[expert]), alpha=weight)
 
 
 def quantize_network(network: nn.Module, scheme: str, *, activation_dtype: torch.dtype) -> None:
