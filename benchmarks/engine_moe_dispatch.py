@@ -8,8 +8,9 @@ to call) and is timed in CPU time of the calling thread (robust on a shared mach
 Paths: `blocked` (a host loop over the active experts on oneDNN-blocked weights, the engine's
 CPU fp32 path), `grouped` (torch._grouped_mm on the stacked weights, the engine's path for bf16
 and on CUDA), `gather`
-(gpt-fast's w[expert_indices] per (token, k) pair, then batched matmuls), `loop` (a Python
-loop over the active experts, F.linear each), and the int8 twins used by quantize="int8".
+(gpt-fast's w[expert_indices] per (token, k) pair, then batched matmuls), `loop` (the same
+host loop as `blocked` on the plain weights, MKL each), and the int8 loop used by
+quantize="int8".
 """
 
 from __future__ import annotations
@@ -43,47 +44,25 @@ def gather(w13: torch.Tensor, w2: torch.Tensor) -> Callable[[Route], torch.Tenso
     return run
 
 
-def loop(w13: torch.Tensor, w2: torch.Tensor) -> Callable[[Route], torch.Tensor]:
-    def run(r: Route) -> torch.Tensor:
-        out, start = torch.empty_like(r[0]), 0
-        for e, end in enumerate(r[2].tolist()):
-            if end > start:
-                g, u = F.linear(r[0][start:end], w13[e]).chunk(2, dim=-1)
-                out[start:end] = F.linear(F.silu(g) * u, w2[e])
-            start = end
-        return out
+def host_loop(w13: torch.Tensor, w2: torch.Tensor, kind: str) -> Callable[[Route], torch.Tensor]:
+    """The engine's `ExpertLoop` (a host loop over the experts that got tokens) on per-expert
+    projections of `kind`: "dense" (MKL, `x @ W.t()`), "blocked" (oneDNN) or "int8"."""
+    from infersight.engine.moe import ExpertLoop
+    from infersight.engine.projection import BlockedProjection, DenseProjection, Int8Projection
+    from infersight.engine.quant import int8_rows
 
-    return run
+    def projection(w: torch.Tensor) -> DenseProjection | BlockedProjection | Int8Projection:
+        if kind == "int8":
+            q = int8_rows(w, torch.bfloat16)
+            return Int8Projection(q["weight"], q["scales"])
+        return BlockedProjection(w) if kind == "blocked" else DenseProjection(w)
 
-
-def blocked(w13: torch.Tensor, w2: torch.Tensor) -> Callable[[Route], torch.Tensor]:
-    from infersight.engine import onednn
-
-    b13, b2 = [onednn.block(w) for w in w13], [onednn.block(w) for w in w2]
-
-    def run(r: Route) -> torch.Tensor:
-        out, start = torch.empty_like(r[0]), 0
-        for e, end in enumerate(r[2].tolist()):
-            if end > start:
-                g, u = onednn.linear(r[0][start:end], b13[e]).chunk(2, dim=-1)
-                out[start:end] = onednn.linear(F.silu(g) * u, b2[e])
-            start = end
-        return out
-
-    return run
-
-
-def int8_loop(w13: torch.Tensor, w2: torch.Tensor) -> Callable[[Route], torch.Tensor]:
-    from infersight.engine.quant import Int8Experts, int8_rows
-
-    E, two_i, D = w13.shape
-    experts = Int8Experts(E, D, two_i // 2, torch.bfloat16)
-    for name, w in (("w13", w13), ("w2", w2)):
-        q = int8_rows(w, torch.bfloat16)
-        setattr(experts, f"{name}_weight", q["weight"])
-        setattr(experts, f"{name}_scales", q["scales"])
-    experts.bind()
-    return lambda r: experts(r[0].bfloat16(), r[1], r[2])
+    experts = ExpertLoop(
+        tuple((projection(a), projection(b)) for a, b in zip(w13, w2, strict=True)), w2.shape[1]
+    )
+    if kind == "int8":  # int8 runs with bf16 activations (quant.py)
+        return lambda r: experts(r[0].bfloat16(), r[1], r[2])
+    return lambda r: experts(*r)
 
 
 def main() -> None:
@@ -97,12 +76,12 @@ def main() -> None:
     for D, inter in ((256, 512), (512, 1024)):
         w13, w2 = torch.randn(E, 2 * inter, D) * 0.02, torch.randn(E, D, inter) * 0.02
         paths = {
-            "blocked": blocked(w13, w2),
+            "blocked": host_loop(w13, w2, "blocked"),
             "grouped": grouped(w13, w2),
             "gather": gather(w13, w2),
-            "loop": loop(w13, w2),
+            "loop": host_loop(w13, w2, "dense"),
             "bf16 grouped": grouped(w13.bfloat16(), w2.bfloat16()),
-            "int8 loop": int8_loop(w13, w2),
+            "int8 loop": host_loop(w13, w2, "int8"),
         }
         for tokens in (1, 8, 64):
             routes: list[Route] = []
