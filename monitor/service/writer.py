@@ -54,32 +54,21 @@ _SQLITE_INSERT = (
 _FROMTS = dt.datetime.fromtimestamp
 
 
-def _sqlite_row(r: InferenceRecord) -> tuple[Any, ...]:
-    # the text SQLAlchemy's SQLite DateTime stores (naive UTC, microseconds), made directly:
-    # the hot path skips the per-value bind processing of the ORM layer
-    started = _FROMTS(r.started_at, _UTC).strftime("%Y-%m-%d %H:%M:%S.%f")
-    return (_text(r.request_id), _text(r.model), _text(r.model_version), started, r.duration_s, r.ttft_s,
+def _values(r: InferenceRecord, started_at: Any) -> tuple[Any, ...]:
+    """The row of `r` in `_COLUMNS` order, with `started_at` as the backend takes it."""
+    return (_text(r.request_id), _text(r.model), _text(r.model_version), started_at, r.duration_s, r.ttft_s,
             r.tpot_s, r.queue_s, r.prompt_tokens, r.output_tokens, _text(r.error_type), _text(r.prompt),
             _text(r.response), r.source)  # fmt: skip
 
 
+def _sqlite_row(r: InferenceRecord) -> tuple[Any, ...]:
+    # the text SQLAlchemy's SQLite DateTime stores (naive UTC, microseconds), made directly:
+    # the hot path skips the per-value bind processing of the ORM layer
+    return _values(r, _FROMTS(r.started_at, _UTC).strftime("%Y-%m-%d %H:%M:%S.%f"))
+
+
 def _row(r: InferenceRecord) -> dict[str, Any]:
-    return {
-        "request_id": _text(r.request_id),
-        "model": _text(r.model),
-        "model_version": _text(r.model_version),
-        "started_at": dt.datetime.fromtimestamp(r.started_at, _UTC),
-        "duration_s": r.duration_s,
-        "ttft_s": r.ttft_s,
-        "tpot_s": r.tpot_s,
-        "queue_s": r.queue_s,
-        "prompt_tokens": r.prompt_tokens,
-        "output_tokens": r.output_tokens,
-        "error_type": _text(r.error_type),
-        "prompt": _text(r.prompt),
-        "response": _text(r.response),
-        "source": r.source,
-    }
+    return dict(zip(_COLUMNS, _values(r, _FROMTS(r.started_at, _UTC)), strict=True))
 
 
 class RequestWriter:
