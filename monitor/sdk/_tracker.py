@@ -143,34 +143,15 @@ class Tracker:
         result: Any,
         error_type: str | None,
     ) -> None:
-        """A finished plain call or coroutine, sampled: the record's fields go to the outbox
-        as one tuple (the same tuple `sample` builds, without its keyword handling)."""
-        try:
-            duration = end - start
-            prompt = self.extract_prompt(args, kwargs)
-            response = None if error_type is not None else self.extract_response(result)
-            self.monitor.enqueue(
-                (
-                    self.model,
-                    self.model_version,
-                    time.time() - duration,
-                    duration,
-                    None,
-                    None,
-                    None,
-                    None,
-                    None,
-                    error_type,
-                    prompt,
-                    response,
-                )
-            )
-        except Exception:
-            self.internal("sample")
+        """A finished plain call or coroutine, sampled (positional: no keyword handling on the
+        caller's path; the extractors never raise)."""
+        response = None if error_type is not None else self.extract_response(result)
+        self.sample(
+            start, end, None, None, None, None, None, error_type, self.extract_prompt(args, kwargs), response
+        )
 
     def sample(
         self,
-        *,
         start: float,
         end: float,
         ttft: float | None = None,
