@@ -140,11 +140,14 @@ class DriftDetector:
                 summarize_relevance(ref.relevance), summarize_relevance(current.relevance)
             )
         decider = deciding_test(tests)
-        context = replace(
-            context or ReportContext(created_at=_now()),
-            embedder=(context.embedder if context else None) or self.embedder_name,
-            reference_name=(context.reference_name if context else None) or reference.name,
-            reference_version=(context.reference_version if context else None) or reference.version,
+        given = context or ReportContext(created_at=_now())
+        context = replace(  # what the caller did not say comes from the detector and the reference
+            given,
+            embedder=given.embedder or self.embedder_name,
+            reference_name=given.reference_name or reference.name,
+            reference_version=given.reference_version
+            if given.reference_version is not None
+            else reference.version,
             seed=cfg.options.seed,
         )
         return DriftReport(
