@@ -46,8 +46,12 @@ class DriftWiring:
         self.d = d
         self.service = service
         self.config = service.config.drift
-        embedder = d.CachedEmbedder(d.SentenceTransformerEmbedder(), max_entries=self.config.embedding_cache)
-        self.detector = detector or d.DriftDetector(embedder, config=d.DriftConfig(alpha=self.config.alpha))
+        if detector is None:
+            embedder = d.CachedEmbedder(
+                d.SentenceTransformerEmbedder(), max_entries=self.config.embedding_cache
+            )
+            detector = d.DriftDetector(embedder, config=d.DriftConfig(alpha=self.config.alpha))
+        self.detector = detector
         self.metrics = d.DriftMetrics(service.registry)
         self.alarms = Counter(
             "infersight_drift_stream_alarms", "Streaming (CUSUM) drift alarms", ["model_version", "signal"],
