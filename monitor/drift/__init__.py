@@ -51,6 +51,7 @@ from ._references import (
     list_references,
     load_reference,
     save_reference,
+    traffic_lengths,
     traffic_window,
 )
 from ._registry import STAT_TESTS, get_test
@@ -169,5 +170,6 @@ __all__ = [
     "save_reference",
     "save_report",
     "summarize_relevance",
+    "traffic_lengths",
     "traffic_window",
 ]

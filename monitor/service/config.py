@@ -70,6 +70,9 @@ class DriftConfig:
     reservoir: int = 256  # at most this many texts embedded per `embed` tick; the rest counted as skipped
     embedding_cache: int = 20_000  # texts whose embeddings are kept (about 1.6 KB each)
     enabled: bool = True
+    # a version with no request for this long (e.g. rolled back) has its drift state dropped:
+    # its p-values and gauges go, so its drift alerts resolve; None keeps them forever
+    stale_after_s: float | None = 1800.0
 
 
 @dataclass(frozen=True)
