@@ -19,7 +19,7 @@ from infersight.alerts.promql import signal_promql
 from infersight.alerts.signals import Signal
 from infersight.monitor.data import banking77, hotels
 from infersight.monitor.drift import DriftConfig as DetectorConfig
-from infersight.monitor.drift import DriftDetector
+from infersight.monitor.drift import DriftDetector, RequestLengths
 from infersight.monitor.service import AlertingConfig, Service
 from infersight.monitor.service.config import DriftConfig, ScheduleConfig
 from infersight.monitor.store.tables import requests
@@ -174,3 +174,50 @@ def test_drift_stale_after_must_be_positive(tmp_path: Path) -> None:
     path.write_text("drift:\n  stale_after_s: null\n")
     assert load_config(path, env={}).drift.stale_after_s is None
     assert dataclasses.replace(DriftConfig()).stale_after_s == 1800.0
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def engine(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
+    from _store_helpers import database_url
+    from infersight.monitor.store import connect, upgrade
+
+    e = connect(database_url(request, tmp_path))
+    upgrade(e)
+    yield e
+    e.dispose()
+
+
+def test_a_reference_keeps_the_token_lengths_of_every_request_of_its_span(engine: Any) -> None:
+    import datetime as dt
+
+    from _store_helpers import request_row
+    from infersight.monitor.drift import TextWindow, load_reference, save_reference, traffic_lengths
+    from sqlalchemy import insert
+
+    t0 = dt.datetime(2026, 11, 1, 12, 0, tzinfo=dt.UTC)
+    rows = [
+        request_row(i, at=t0 + dt.timedelta(seconds=i), prompt=None if i % 4 else f"q{i}", response=None,
+                    prompt_tokens=10 + i, output_tokens=None if i == 3 else 5)
+        for i in range(40)
+    ]  # fmt: skip
+    with engine.begin() as conn:
+        conn.execute(insert(requests), rows)
+    lengths = traffic_lengths(engine, model_version=V1, since=t0, until=t0 + dt.timedelta(minutes=1))
+    assert sorted(lengths.prompt_tokens.tolist()) == list(range(10, 50))  # all 40, not the 10 sampled
+    assert lengths.output_tokens.size == 39 and lengths.counted_by == "tokens"
+    window = TextWindow.of([f"q{i}" for i in range(0, 40, 4)])
+    save_reference(engine, "baseline", window, model_version=V1, source="deploy", lengths=lengths)
+    stored = load_reference(engine, "baseline")
+    assert stored.lengths is not None
+    assert sorted(stored.lengths.prompt_tokens.tolist()) == list(range(10, 50))
+    assert stored.lengths.output_tokens.size == 39
+    # word counts are not token counts: nothing is stored, the service counts words on both sides
+    save_reference(
+        engine,
+        "words",
+        window,
+        model_version=V1,
+        source="file",
+        lengths=RequestLengths.of_texts(window.prompts),
+    )
+    assert load_reference(engine, "words").lengths is None

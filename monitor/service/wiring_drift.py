@@ -4,10 +4,10 @@
   "configured" (a new version only when its texts changed). Without one, each model
   version gets a reference from its first `drift.window` sampled requests ("deploy").
 - Batch test (leader-only job `drift`, every `schedule.drift_s`): for each model version
-  with enough new sampled texts (half a window), or with any new text once its traffic
-  paused for a tick, the newest `drift.window` of them against the reference
-  (`evaluate_window`: report stored with its request-length section, relevance of those
-  requests written back, gauges set). This is the path that runs; `POST
+  with enough new sampled texts (half a window), or with half of `drift.min_window` new
+  texts once its traffic paused for a tick, the newest `drift.window` of them against the
+  reference (`evaluate_window`: report stored with its request-length section, relevance
+  of those requests written back, gauges set). This is the path that runs; `POST
   /api/v1/drift/evaluate` only runs it now.
 - A version with no request for `drift.stale_after_s` (rolled back, retired) has its drift
   state dropped (p-values, gauges, streaming chart), so its drift alerts resolve.
@@ -16,8 +16,7 @@
   one batch per tick, their relevance stored and observed, and fed to a CUSUM chart per
   version; an alarm runs the batch test at once rather than at its next interval.
 - Quality signals for the alert rules (`drift_p_values`, `length_p_values`,
-  `relevance_means`) and the
-  post-deploy analysis's output-drift check come from here.
+  `relevance_means`) and the post-deploy analysis's output-drift check come from here.
 """
 
 from __future__ import annotations
@@ -142,7 +141,8 @@ class DriftWiring:
         reports = []
         for model, version, count in self._active_versions(since):
             new = count - self._last_count.get(version, 0)
-            paused = new > 0 and self._tick_count.get(version) == count  # nothing new since the last tick
+            # traffic paused (nothing new since the last tick) with some unseen texts: judge them now
+            paused = new >= max(1, self.config.min_window // 2) and self._tick_count.get(version) == count
             self._tick_count[version] = count
             if not force and not paused and new < max(self.config.min_window, self.config.window // 2):
                 continue
