@@ -152,16 +152,19 @@ def _counts(values: Sequence[int | None]) -> np.ndarray:
 
 @dataclass(frozen=True)
 class LengthTest:
-    """One length test on one field, after Holm's correction across the section."""
+    """One length test on one field, after Holm's correction across the section.
+
+    `statistic`: for length_tail the number of current requests longer than the reference's
+    tail length, for length_ks the KS distance. `score` (the effect): the current share above
+    the tail length minus the bounded null share, or the distance beyond the reference's band.
+    """
 
     __test__ = False  # not a pytest class
 
     field: str  # prompt, output
     test: str  # length_tail, length_ks
-    statistic: (
-        float  # length_tail: current requests above the reference's tail length; length_ks: KS distance
-    )
-    score: float  # length_tail: current share above it minus the bounded null share; length_ks: distance beyond the reference's band
+    statistic: float
+    score: float
     null_share: float | None  # length_tail: the bounded share above the tail length under no drift
     tail_tokens: int | None  # length_tail: the reference's tail length (X_(k))
     p_value: float
@@ -335,13 +338,9 @@ def _ks_test(
     n, m = ref.size, cur.size
     r, c = np.sort(ref), np.sort(cur)
     points = np.union1d(r, c)
-    distance = float(
-        np.max(
-            np.abs(
-                np.searchsorted(r, points, side="right") / n - np.searchsorted(c, points, side="right") / m
-            )
-        )
-    )
+    ref_cdf = np.searchsorted(r, points, side="right") / n
+    cur_cdf = np.searchsorted(c, points, side="right") / m
+    distance = float(np.max(np.abs(ref_cdf - cur_cdf)))
     band = math.sqrt(math.log(2.0 / delta) / (2.0 * n))
     excess = distance - band
     p = 1.0 if excess <= 0 else min(1.0, 2.0 * math.exp(-2.0 * m * excess * excess))
