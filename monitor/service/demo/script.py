@@ -73,9 +73,9 @@ class _Sizes:
 
 def _sizes(fast: bool) -> _Sizes:
     return (
-        _Sizes(reference=200, window=60, bad_release=60, stale_after_s=8.0)
+        _Sizes(reference=200, window=60, bad_release=60, stale_after_s=5.0)
         if fast
-        else _Sizes(300, 200, 160, 10.0)
+        else _Sizes(300, 200, 160, 5.0)
     )
 
 
@@ -244,7 +244,7 @@ def _scheduled_report(client: httpx.Client, traffic_end: float) -> dict[str, Any
     """The scheduled drift job's verdict on the good version's traffic up to `traffic_end`:
     the first report it starts after then (its pause trigger evaluates whatever came in
     since its last verdict); when none comes, the last one already covered everything."""
-    settle = time.time() + 4 * _DRIFT_TICK_S + 10.0
+    settle = time.time() + 3 * _DRIFT_TICK_S + 5.0
     deadline = time.time() + 120.0
     while time.time() < deadline:
         report = _newest_report(client, GOOD)
