@@ -24,6 +24,7 @@ import psutil
 import pytest
 import yaml
 from _service_support import config, running, wait_for
+from _tiny_registry import tiny_registry
 from infersight.alerts import FAILURE_ALERT, ActionRunner, ActionSpec
 from infersight.alerts.tables import action_runs, alerts
 from infersight.collectors.fake_nvml import FakeDevice, FakeNVML
@@ -60,21 +61,7 @@ class ChildRSSAsGPUMemoryFakeNVML(FakeNVML):
 
 @pytest.fixture(scope="module")
 def registry(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
-    from infersight.engine.registry import Registry
-
-    root = tmp_path_factory.mktemp("failover")
-    cfg = transformers.MixtralConfig(
-        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
-        num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2, max_position_embeddings=128,
-    )  # fmt: skip
-    reg = Registry(root / "registry")
-    for i, name in enumerate((V0, V1)):
-        torch.manual_seed(i)
-        transformers.MixtralForCausalLM(cfg).save_pretrained(root / name)
-        reg.register(name, root / name)
-    return root / "registry"
+    return tiny_registry(tmp_path_factory.mktemp("failover"), (V0, V1))
 
 
 @pytest.fixture

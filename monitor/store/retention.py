@@ -107,11 +107,13 @@ def enforce_retention(
         deleted[rule.table] = deleted.get(rule.table, 0) + _delete_older(
             engine, table, rule, cutoff, batch_size
         )
-    files = 0 if snapshot_dir is None else prune_snapshot_files(engine, snapshot_dir)
+    files = 0 if snapshot_dir is None else prune_snapshot_files(engine, snapshot_dir, now=now)
     return RetentionResult(deleted=deleted, skipped=tuple(skipped), files_deleted=files)
 
 
-def prune_snapshot_files(engine: Engine, folder: Path, *, grace_s: float = _FILE_GRACE_S) -> int:
+def prune_snapshot_files(
+    engine: Engine, folder: Path, *, now: dt.datetime | None = None, grace_s: float = _FILE_GRACE_S
+) -> int:
     """Delete the files in `folder` named `<snapshot_id><suffix>` whose snapshot row no
     longer exists, once older than `grace_s` (by modification time). Returns how many."""
     from .tables import snapshots
@@ -120,7 +122,7 @@ def prune_snapshot_files(engine: Engine, folder: Path, *, grace_s: float = _FILE
         entries = [p for p in Path(folder).iterdir() if p.suffix in SNAPSHOT_FILE_SUFFIXES and p.is_file()]
     except FileNotFoundError:
         return 0
-    cutoff = time.time() - grace_s
+    cutoff = (now.timestamp() if now is not None else time.time()) - grace_s
     old: dict[str, list[Path]] = {}
     for p in entries:
         stem = Path(p.stem).stem if p.suffix == ".tmp" else p.stem  # <id>.json.tmp: an interrupted write
