@@ -157,7 +157,7 @@ def test_analysis_state_says_the_rollback_failed_when_it_did(
         runtime.stop(drain=False)
 
 
-def test_analysis_state_says_rolled_back_once_the_real_runtime_has(
+def test_analysis_state_says_rolled_back_only_once_the_real_runtime_has(
     db: Engine, tmp_path: Path, registry: Path
 ) -> None:
     from infersight.engine.registry import Registry
@@ -165,10 +165,19 @@ def test_analysis_state_says_rolled_back_once_the_real_runtime_has(
 
     runtime = Runtime(Registry(registry), max_batch_size=2, max_seq_len=64, max_prompt_tokens=16)
     runtime.start(OLD)
+    seen_during_rollback: list[str] = []
+
+    def on_event(event: Any) -> None:  # on the engine's thread, as the swap completes
+        if type(event).__name__ == "VersionDeployed" and event.reason == "rollback":
+            with db.connect() as conn:
+                seen_during_rollback.extend(conn.execute(select(deploy_analyses.c.state)).scalars())
+
     try:
         runtime.deploy(NEW)
+        runtime.subscribe(on_event)
         check, row = _analyze_until_rollback(db, tmp_path, runtime, T0)
         assert check.rollback.state == "succeeded" and runtime.serving_version == OLD
+        assert seen_during_rollback == ["running"]  # nothing claimed before the outcome was known
         assert row.state == "rolled_back"
     finally:
         runtime.stop(drain=False)
