@@ -92,13 +92,16 @@ def test_retention_deletes_snapshot_files_with_their_rows(db: Engine, tmp_path: 
     later = T0 + dt.timedelta(days=100)
     kept = take_snapshot(db, data_dir=tmp_path, requests_n=5, trigger="alert", reason="recent",
                          now=later, model_version=OLD)  # fmt: skip
-    for path in (old.html_path, old.json_path):  # written 100 days before "now", as in production
+    notes = tmp_path / "snapshots" / "notes.json"  # not a snapshot's file: never touched
+    notes.write_text("{}")
+    for path in (old.html_path, old.json_path, notes):  # written 100 days before "now", as in production
         os.utime(path, (T0.timestamp(), T0.timestamp()))
     result = enforce_retention(db, RetentionPolicy(snapshots_days=90, requests_days=None), now=later,
                                snapshot_dir=tmp_path / "snapshots")  # fmt: skip
     assert result.deleted["snapshots"] == 1 and result.files_deleted == 2
     assert not old.html_path.exists() and not old.json_path.exists()
     assert kept.html_path.exists() and kept.json_path.exists()  # its row is still there
+    assert notes.exists()
     with db.connect() as conn:
         assert [r.snapshot_id for r in conn.execute(select(snapshots))] == [kept.snapshot_id]
     # a file of a snapshot being written right now (no row yet) is left alone

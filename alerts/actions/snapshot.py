@@ -133,6 +133,7 @@ def take_snapshot(
     model_version: str | None,
     source: SnapshotSource | None = None,
 ) -> SnapshotResult:
+    # this form is what retention recognises as a snapshot's file (monitor/store/retention.py)
     snapshot_id = f"{now.strftime('%Y%m%dT%H%M%SZ')}-{uuid.uuid4().hex[:8]}"
     reqs = recent_requests(engine, requests_n, model_version=model_version)
     content: dict[str, Any] = {

@@ -54,6 +54,9 @@ def _wire_collectors(service: Service) -> None:
     assert service.pipeline is not None
     service.pipeline.add_observer(stats)
     pid = service.config.supervise_pid  # None: this process (the server, with the embedded runtime)
+    if pid is None and service.config.upstream is not None:
+        log.warning("proxy mode without supervise_pid: the process collector watches the sidecar itself, "
+                    "not the inference server (give --supervise-pid)")  # fmt: skip
     try:
         process = ProcessCollector(service.registry, pid=pid)
     except psutil.Error as exc:

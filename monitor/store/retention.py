@@ -15,6 +15,7 @@ whose row is gone (expired, or never written) once they are older than a grace p
 from __future__ import annotations
 
 import datetime as dt
+import re
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -24,7 +25,9 @@ from sqlalchemy import Engine, Table, delete, select
 
 __all__ = ["RetentionPolicy", "RetentionResult", "enforce_retention", "prune_snapshot_files"]
 
-SNAPSHOT_FILE_SUFFIXES = (".html", ".json", ".tmp")
+_SNAPSHOT_SUFFIXES = (".html", ".json", ".tmp")
+# the snapshot ids take_snapshot makes (alerts/actions/snapshot.py): other files are never touched
+_SNAPSHOT_ID = re.compile(r"^\d{8}T\d{6}Z-[0-9a-f]{8}$")
 _FILE_GRACE_S = 3600.0  # a file this young may belong to a snapshot whose row is being written
 
 
@@ -114,18 +117,20 @@ def enforce_retention(
 def prune_snapshot_files(
     engine: Engine, folder: Path, *, now: dt.datetime | None = None, grace_s: float = _FILE_GRACE_S
 ) -> int:
-    """Delete the files in `folder` named `<snapshot_id><suffix>` whose snapshot row no
-    longer exists, once older than `grace_s` (by modification time). Returns how many."""
+    """Delete the files in `folder` named `<snapshot_id>.html|.json|.json.tmp` whose snapshot
+    row no longer exists, once older than `grace_s` (by modification time). Returns how many."""
     from .tables import snapshots
 
     try:
-        entries = [p for p in Path(folder).iterdir() if p.suffix in SNAPSHOT_FILE_SUFFIXES and p.is_file()]
+        entries = [p for p in Path(folder).iterdir() if p.suffix in _SNAPSHOT_SUFFIXES and p.is_file()]
     except FileNotFoundError:
         return 0
     cutoff = (now.timestamp() if now is not None else time.time()) - grace_s
     old: dict[str, list[Path]] = {}
     for p in entries:
         stem = Path(p.stem).stem if p.suffix == ".tmp" else p.stem  # <id>.json.tmp: an interrupted write
+        if not _SNAPSHOT_ID.match(stem):
+            continue
         try:
             if p.stat().st_mtime < cutoff:
                 old.setdefault(stem, []).append(p)
