@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from importlib import resources
 from pathlib import Path
@@ -35,9 +36,10 @@ from test_alerts_support import WHSEC, Clock, LocalReceiver, database
 
 V0, V1 = "mixtral_tiny_fp32-v1.0", "mixtral_tiny_fp32-v1.1"
 
-# allocates (and touches) 1 MiB every 200 ms, up to 200 MiB, then holds it
+# once told to start (a line on stdin), allocates and touches 1 MiB every 200 ms, up to 200 MiB
 _LEAKER = """
-import time
+import sys, time
+sys.stdin.readline()
 held = []
 while True:
     if len(held) < 200:
@@ -64,9 +66,15 @@ def registry(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tiny_registry(tmp_path_factory.mktemp("failover"), (V0, V1))
 
 
+def start_leaking(child: subprocess.Popen[bytes]) -> None:
+    assert child.stdin is not None
+    child.stdin.write(b"go\n")
+    child.stdin.flush()
+
+
 @pytest.fixture
 def leaking_process() -> Iterator[subprocess.Popen[bytes]]:
-    child = subprocess.Popen([sys.executable, "-c", _LEAKER])
+    child = subprocess.Popen([sys.executable, "-c", _LEAKER], stdin=subprocess.PIPE)
     try:
         yield child
     finally:
@@ -116,6 +124,9 @@ def test_growing_process_memory_fires_the_shipped_leak_rule_and_fails_over_to_th
         with running(cfg, nvml=nvml) as (app, _client):
             runtime = app.state.service.components["backend"].runtime
             assert runtime.serving_version == V0
+            time.sleep(2.0)  # about ten evaluations of a process whose memory holds still: nothing happens
+            assert _runs(app, "failover") == [] and runtime.serving_version == V0
+            start_leaking(leaking_process)
             [run] = wait_for(lambda: [r for r in _runs(app, "failover") if r.state != "pending"], timeout=60)
             assert (run.state, run.alertname, run.before_version, run.after_version) == (
                 "succeeded", "GPUMemoryLeak", V0, V1,
@@ -138,6 +149,7 @@ def test_failover_without_a_backup_is_refused_and_pages_remediation_failed(
     with LocalReceiver() as hook:
         cfg = _service_config(tmp_path, registry, shipped_leak_rule_in_seconds(tmp_path, hook.url), None)
         with running(cfg, nvml=nvml) as (app, _client):
+            start_leaking(leaking_process)
             [run] = wait_for(lambda: [r for r in _runs(app, "failover") if r.state != "pending"], timeout=60)
             assert run.state == "refused" and json.loads(run.detail)["refused"] == "bad_parameters"
             assert app.state.service.components["backend"].runtime.serving_version == V0

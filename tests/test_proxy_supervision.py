@@ -13,6 +13,7 @@ import json
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import resources
@@ -137,11 +138,13 @@ def test_gpu_underused_while_vllm_queues_fires_beside_a_vllm_stand_in(
         upstream=UpstreamConfig(url=vllm.url),
         supervise_pid=server_process.pid,
         alerting=AlertingConfig(rules=shipped_underused_rule(tmp_path)),
-        schedule=ScheduleConfig(sample_s=0.2, rules_s=0.2, timeseries_s=1.0),
+        schedule=ScheduleConfig(sample_s=0.2, upstream_metrics_s=0.2, rules_s=0.2, timeseries_s=1.0),
     )
     with running(cfg, nvml=nvml) as (_app, client):
         chat = {"model": MODEL, "messages": [{"role": "user", "content": "how do I top up?"}]}
         assert client.post("/v1/chat/completions", json=chat, headers=auth()).status_code == 200
+        time.sleep(1.5)  # SMs idle but nothing queued upstream: not an underused GPU, no alert
+        assert client.get("/api/v1/alerts").json()["alerts"] == []
         vllm.waiting = 7
         labels = {"model": MODEL, "model_version": MODEL}
         wait_for(

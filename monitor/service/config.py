@@ -83,6 +83,7 @@ class ScheduleConfig:
     """Job intervals in seconds."""
 
     sample_s: float = 1.0
+    upstream_metrics_s: float = 5.0  # proxy mode: reading the upstream's /metrics for its queue depth
     timeseries_s: float = 5.0
     timeseries_window_s: float = 60.0  # latency quantiles of each point cover this window
     embed_s: float = 2.0

@@ -111,7 +111,7 @@ def _wire_upstream_metrics(service: Service) -> None:
         timeout_s=min(5.0, upstream.timeout_s),
     )  # fmt: skip
     service.components["upstream_metrics"] = scraper
-    service.scheduler.add("upstream_metrics", scraper.scrape_once, service.config.schedule.sample_s)
+    service.scheduler.add("upstream_metrics", scraper.scrape_once, service.config.schedule.upstream_metrics_s)
 
 
 def component(service: Service, name: str) -> Any:
