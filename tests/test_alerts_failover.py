@@ -26,7 +26,7 @@ import pytest
 import yaml
 from _service_support import config, running, wait_for
 from _tiny_registry import tiny_registry
-from infersight.alerts import FAILURE_ALERT, ActionRunner, ActionSpec
+from infersight.alerts import FAILURE_ALERT, ActionRunner, ActionSpec, RuntimeControl
 from infersight.alerts.tables import action_runs, alerts
 from infersight.collectors.fake_nvml import FakeDevice, FakeNVML
 from infersight.monitor.service import AlertingConfig, ConfigInvalid, EngineConfig
@@ -230,3 +230,33 @@ def test_a_refused_rollback_pages_remediation_failed_and_a_snapshot_never_does(
         labels = json.loads(row.labels)
         assert (row.state, labels["action"], labels["outcome"]) == ("firing", "rollback", "refused")
         assert "unavailable" in json.loads(row.annotations)["summary"]
+
+
+def test_a_failover_refused_by_its_cooldown_after_one_that_worked_does_not_page(
+    tmp_path: Path, registry: Path, request: Any
+) -> None:
+    from infersight.engine.registry import Registry
+    from infersight.engine.runtime import Runtime
+
+    runtime = Runtime(Registry(registry), max_batch_size=2, max_seq_len=64, max_prompt_tokens=16)
+    runtime.start(V0)
+    try:
+        with database("sqlite", tmp_path, request) as engine:
+            clock = Clock()
+            runner = ActionRunner(engine, data_dir=tmp_path, control=RuntimeControl(runtime), backup_version=V1,
+                                  clock=clock)  # fmt: skip
+            spec = ActionSpec("failover", cooldown_s=3600, daily_cap=1)
+            assert runner.run(spec, trigger="rule", alertname="GPUMemoryLeak").state == "succeeded"
+            clock.advance(60)  # a second GPU's leak alert, a minute later
+            again = runner.run(spec, trigger="rule", alertname="GPUMemoryLeak")
+            assert (again.state, again.detail["refused"]) == ("refused", "cooldown")
+            with engine.connect() as conn:
+                assert conn.execute(select(alerts).where(alerts.c.alertname == FAILURE_ALERT)).all() == []
+            clock.advance(3600)  # past the cooldown, but the daily cap of 1 is spent: that pages
+            capped = runner.run(spec, trigger="rule", alertname="GPUMemoryLeak")
+            assert (capped.state, capped.detail["refused"]) == ("refused", "daily_cap")
+            with engine.connect() as conn:
+                [page] = conn.execute(select(alerts).where(alerts.c.alertname == FAILURE_ALERT)).all()
+            assert json.loads(page.labels)["outcome"] == "refused" and runtime.serving_version == V1
+    finally:
+        runtime.stop(drain=False)

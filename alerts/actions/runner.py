@@ -4,8 +4,9 @@ made the alert fire) and runs asked for by hand, by Alertmanager or by the post-
 analysis all go through the same `alert_action_runs` row, leased like the outbox, so two
 workers never run the same row. A failed rollback, reload or failover is verified to have
 left the serving version as it was, and raises the `RemediationFailed` alert; so does one
-that was refused (cooldown, daily cap, no backup version designated, no engine under
-control), since the fault it was meant to fix is still there."""
+that was refused (daily cap, no backup version designated, no engine under control), since
+the fault it was meant to fix is still there. A refusal by the cooldown does not: the run
+that started the cooldown either succeeded or has already paged."""
 
 from __future__ import annotations
 
@@ -34,6 +35,7 @@ FAILURE_ALERT = "RemediationFailed"
 _SNAPSHOT_TRIGGER = {"rule": "alert", "alertmanager": "alert", "analysis": "post_deploy", "manual": "manual"}
 _COUNTED = ("succeeded", "failed")  # dry runs and refusals do not use up the cap
 _REMEDIATIONS = ("rollback", "hot_reload", "failover")  # a snapshot fixes nothing: no page when it cannot run
+_UNPAGED_REFUSALS = ("cooldown",)
 
 
 @dataclass(frozen=True)
@@ -211,7 +213,7 @@ class ActionRunner:
                     )
         except ActionRefused as exc:
             state, detail["refused"], detail["reason"] = "refused", exc.reason, str(exc)
-            failure = exc if spec.type in _REMEDIATIONS else None
+            failure = exc if spec.type in _REMEDIATIONS and exc.reason not in _UNPAGED_REFUSALS else None
         except ActionFailed as exc:
             after = self.control.serving_version() if self.control is not None else None
             state, failure = "failed", exc
