@@ -20,7 +20,7 @@ from .errors import RegistryCorrupt
 __all__ = ["MAX_RECORDS", "DeployHistory", "DeployRecord"]
 
 MAX_RECORDS = 500
-Outcome = Literal["deployed", "refused"]
+Outcome = Literal["deployed", "refused", "started", "reweighted", "rolled_back"]  # the last three: canaries
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,7 +28,7 @@ class DeployRecord:
     at: float
     from_version: str | None
     to_version: str
-    reason: str  # "start", "deploy", "failover", "rollback"
+    reason: str  # "start", "deploy", "failover", "rollback", "canary", "canary-promote"
     outcome: Outcome
     message: str = ""
 

@@ -26,7 +26,10 @@
           ├── ChecksumMismatch           weight files no longer hash to the registry's sha256
           ├── CheckpointRejected         loading raised (a CheckpointError, ...)
           ├── WarmupFailed               non-finite logits (or an error) on the warm-up batch
-          └── NoPreviousVersion          rollback() with no earlier good version
+          ├── NoPreviousVersion          rollback() with no earlier good version
+          ├── CanaryRunning              a canary (or deploy) while a canary is running
+          └── NoCanary                   promote/abort/reweight with no canary running
+     InvalidCanaryWeight                 a canary weight outside (0, 1]  (also a ValueError)
 
 Every checkpoint error is raised before any weight is assigned, so `load` either returns a
 whole model or nothing. Argument errors also derive from `ValueError`.
@@ -36,6 +39,7 @@ from __future__ import annotations
 
 __all__ = [
     "CacheCapacityExceeded",
+    "CanaryRunning",
     "CheckpointCorrupt",
     "CheckpointError",
     "CheckpointMismatch",
@@ -45,10 +49,12 @@ __all__ = [
     "DeployRefused",
     "EngineError",
     "GenerationFailed",
+    "InvalidCanaryWeight",
     "InvalidInput",
     "InvalidRequest",
     "InvalidSamplingParams",
     "InvalidVersionName",
+    "NoCanary",
     "NoPreviousVersion",
     "NonFiniteWeights",
     "NotACheckpoint",
@@ -211,3 +217,15 @@ class WarmupFailed(DeployRefused):
 
 class NoPreviousVersion(DeployRefused):
     """`rollback()` with no earlier good version in the deploy history."""
+
+
+class CanaryRunning(DeployRefused):
+    """A canary or a deploy asked for while a canary is running: finish or abort it first."""
+
+
+class NoCanary(DeployRefused):
+    """Promote, abort or reweight with no canary running."""
+
+
+class InvalidCanaryWeight(EngineError, ValueError):
+    """A canary's share of traffic outside (0, 1]."""

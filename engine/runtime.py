@@ -26,10 +26,18 @@ import torch
 
 from .deploy import DeployOutcome, prepare_replica
 from .deploy_history import DeployRecord
-from .errors import DeployRefused, InvalidRequest, NoPreviousVersion, PromptTooLong, RuntimeNotRunning
+from .errors import (
+    CanaryRunning,
+    DeployRefused,
+    InvalidRequest,
+    NoPreviousVersion,
+    PromptTooLong,
+    RuntimeNotRunning,
+)
 from .events import DeployFailed, EngineEvent, RequestFailed, RequestQueued, VersionDeployed
 from .registry import Registry
 from .requests import RequestHandle
+from .runtime_canary import CanaryControl
 from .runtime_loop import LoopState, Swap, run_loop
 from .runtime_replica import Replica
 from .scheduler import PendingQueue, Request
@@ -65,6 +73,7 @@ class Runtime:
         self._sub_lock = threading.Lock()
         self._deploy_lock = threading.Lock()
         self._thread: threading.Thread | None = None
+        self.canary = CanaryControl(self)
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -115,6 +124,8 @@ class Runtime:
             thread.join()
         self._thread = None
         state.current = None
+        state.canary = None
+        self.canary._status = None
 
     def __enter__(self) -> Runtime:
         return self
@@ -134,10 +145,12 @@ class Runtime:
         seed: int | None = None,
         priority: int = 0,
         request_id: str | None = None,
+        user: str | None = None,
     ) -> RequestHandle:
         """Queue a request; returns at once. Raises PromptTooLong (over max_prompt_tokens,
         or prompt + max_new_tokens over max_seq_len) and InvalidRequest before the model
-        sees anything, and RuntimeNotRunning when the runtime does not accept requests."""
+        sees anything, and RuntimeNotRunning when the runtime does not accept requests.
+        With a canary running, `user` (sticky) decides which version serves it."""
         state = self._state
         current = state.current
         if not state.accepting or current is None:
@@ -149,7 +162,9 @@ class Runtime:
         except (PromptTooLong, InvalidRequest) as exc:
             state.post(RequestFailed(rid, current.version, time.time(), type(exc).__name__, str(exc)))
             raise
-        handle = RequestHandle(rid, current.version, lambda _h: state.cancel(request))
+        canary = state.canary if self.canary.route(user, rid) else None
+        target = canary if canary is not None else current
+        handle = RequestHandle(rid, target.version, lambda _h: state.cancel(request))
         request = Request(
             request_id=rid,
             prompt_ids=ids,
@@ -164,8 +179,8 @@ class Runtime:
         with state.submit_lock:
             if not state.accepting:
                 raise RuntimeNotRunning("runtime is stopping: no new requests")
-            state.post(RequestQueued(rid, current.version, time.time(), len(ids), request.priority))
-            state.queue.push(request)
+            state.post(RequestQueued(rid, target.version, time.time(), len(ids), request.priority))
+            (state.canary_queue if canary is not None else state.queue).push(request)
         state.wake.set()
         return handle
 
@@ -225,6 +240,11 @@ class Runtime:
             current = self._state.current
             if not self.is_running or current is None:
                 raise RuntimeNotRunning("runtime is not serving: call start() first")
+            running = self.canary.status
+            if running is not None:
+                message = f"canary {running.version} is running: promote or abort it before a {reason}"
+                self._refused(CanaryRunning(message, version=version, reason="canary running"), current.version,
+                              to_version=version, reason=reason)  # fmt: skip
             replica, outcome = self._prepare(version, reason, from_version=current.version)
             swap = Swap(replica=replica, reason=reason)
             self._state.request_swap(swap)

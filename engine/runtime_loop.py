@@ -39,8 +39,9 @@ _IDLE_WAIT_S = 1.0
 class Swap:
     """A validated replica waiting to become the serving one."""
 
-    replica: Replica
+    replica: Replica | None
     reason: str
+    kind: str = "swap"  # "swap"; "canary" (serve beside); "promote" / "abort" the canary
     done: threading.Event = field(default_factory=threading.Event)
     applied: bool = False
     at: float = 0.0
@@ -50,6 +51,8 @@ class Swap:
 class LoopState:
     queue: PendingQueue
     current: Replica | None = None
+    canary: Replica | None = None  # a candidate serving beside `current`, its own queue and cache
+    canary_queue: PendingQueue = field(default_factory=PendingQueue)
     draining: list[Replica] = field(default_factory=list)
     wake: threading.Event = field(default_factory=threading.Event)
     submit_lock: threading.Lock = field(default_factory=threading.Lock)
@@ -96,6 +99,7 @@ def run_loop(state: LoopState) -> None:
                 state.accepting = False
             for request in [
                 *state.queue.drain(),
+                *state.canary_queue.drain(),
                 *(r for rep in _replicas(state) for r in rep.running.values()),
             ]:
                 if not request.finished:
@@ -121,7 +125,8 @@ def _serve(state: LoopState) -> None:
         worked = _step(state)
         state.draining = [r for r in state.draining if r.running]
         state.running_count = sum(len(r.running) for r in _replicas(state))
-        if state.stopping and not worked and not state.running_count and not len(state.queue):
+        waiting = len(state.queue) + len(state.canary_queue)
+        if state.stopping and not worked and not state.running_count and not waiting:
             return
         if not worked:
             state.wake.wait(_IDLE_WAIT_S)
@@ -133,25 +138,10 @@ def _step(state: LoopState) -> bool:
     if current is None:
         return False
     groups: list[tuple[list[Request], torch.Tensor]] = []
-    admitted: list[Request] = []
-    prefilled: list[torch.Tensor] = []
-    while current.has_free_slot and not state.cancel_all:
-        _flush(state)  # RequestQueued goes out before RequestStarted
-        request = state.queue.pop()
-        if request is None:
-            break
-        if request.finished:
-            continue
-        _start(state, current, request)
-        try:
-            prefilled.append(current.prefill(request))
-        except Exception as exc:
-            _fail(state, request, exc)
-            continue
-        admitted.append(request)
-    if admitted:
-        groups.append((admitted, torch.stack(prefilled)))
-    for replica in (*state.draining, current):
+    for replica, queue in ((current, state.queue), (state.canary, state.canary_queue)):
+        if replica is not None:
+            _admit(state, replica, queue, groups)
+    for replica in _replicas(state):  # one batch per replica: versions never share one
         batch = [r for r in replica.running.values() if r.tokens]
         if not batch:
             continue
@@ -176,6 +166,29 @@ def _step(state: LoopState) -> bool:
     for request, token in zip(requests, tokens, strict=True):
         _deliver(state, request, int(token), now, wall)
     return True
+
+
+def _admit(
+    state: LoopState, replica: Replica, queue: PendingQueue, groups: list[tuple[list[Request], torch.Tensor]]
+) -> None:
+    admitted: list[Request] = []
+    prefilled: list[torch.Tensor] = []
+    while replica.has_free_slot and not state.cancel_all:
+        _flush(state)  # RequestQueued goes out before RequestStarted
+        request = queue.pop()
+        if request is None:
+            break
+        if request.finished:
+            continue
+        _start(state, replica, request)
+        try:
+            prefilled.append(replica.prefill(request))
+        except Exception as exc:
+            _fail(state, request, exc)
+            continue
+        admitted.append(request)
+    if admitted:
+        groups.append((admitted, torch.stack(prefilled)))
 
 
 def _start(state: LoopState, replica: Replica, request: Request) -> None:
@@ -251,14 +264,38 @@ def _flush(state: LoopState) -> None:
 def _apply_swaps(state: LoopState) -> None:
     while state.swaps:
         swap = state.swaps.popleft()
-        old = state.current
-        state.current = swap.replica
-        if old is not None and old.running:
-            state.draining.append(old)
+        if swap.kind == "canary":
+            state.canary = swap.replica
+        elif swap.kind == "abort":
+            _drop_canary(state)
+        else:  # "swap", or "promote": the canary's replica (and its running requests) serves all
+            if swap.kind == "promote":
+                swap.replica, state.canary = state.canary, None
+                for request in state.canary_queue.drain():
+                    state.queue.push(request)
+            old = state.current
+            if swap.replica is not None:
+                state.current = swap.replica
+                if old is not None and old.running:
+                    state.draining.append(old)
+                state.emit(
+                    VersionDeployed(
+                        old.version if old else None, swap.replica.version, time.time(), swap.reason
+                    )
+                )
         swap.at = time.time()
         swap.applied = True
-        state.emit(VersionDeployed(old.version if old else None, swap.replica.version, swap.at, swap.reason))
         swap.done.set()
+
+
+def _drop_canary(state: LoopState) -> None:
+    """The canary stops taking requests: those running finish on it (a request never
+    changes version mid-stream); those not started yet go to the stable version."""
+    canary, state.canary = state.canary, None
+    if canary is not None and canary.running:
+        state.draining.append(canary)
+    for request in state.canary_queue.drain():
+        state.queue.push(request)
 
 
 def _apply_cancels(state: LoopState) -> None:
@@ -266,12 +303,13 @@ def _apply_cancels(state: LoopState) -> None:
         request = state.cancels.popleft()
         if request.finished:
             continue
-        if state.queue.remove(request) or request.replica is not None:
+        waiting = state.queue.remove(request) or state.canary_queue.remove(request)
+        if waiting or request.replica is not None:
             _finish(state, request, "cancelled")
 
 
 def _cancel_everything(state: LoopState) -> None:
-    for request in state.queue.drain():
+    for request in [*state.queue.drain(), *state.canary_queue.drain()]:
         if not request.finished:
             _finish(state, request, "cancelled")
     for replica in _replicas(state):
@@ -280,4 +318,4 @@ def _cancel_everything(state: LoopState) -> None:
 
 
 def _replicas(state: LoopState) -> list[Replica]:
-    return [*state.draining, *([state.current] if state.current is not None else [])]
+    return [*state.draining, *(r for r in (state.current, state.canary) if r is not None)]

@@ -3,6 +3,8 @@
 infersight models init-demo DIR            the demo model: fp32, int8 and a corrupted release
 infersight models list DIR                 registered versions and the deploy history's last good
 infersight models register DIR NAME CHECKPOINT [--quantize int8] [--parent P] [--copy]
+infersight models canary VERSION --weight W [--url URL] [--token T]   start a canary on a server
+infersight models canary --status|--promote|--abort [--url URL]       its state, or end it by hand
 """
 
 from __future__ import annotations
@@ -50,6 +52,20 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     reg.add_argument("--parent", help="the version this one derives from (must be registered)")
     reg.add_argument("--copy", action="store_true", help="copy the checkpoint into the registry")
     reg.set_defaults(handler=_register)
+
+    can = actions.add_parser(
+        "canary", help="serve VERSION beside the stable one to a share of users on a running server"
+    )
+    can.add_argument("version", metavar="VERSION", nargs="?", help="a registered version")
+    can.add_argument("--weight", type=float, help="share of users sent to VERSION, in (0, 1], e.g. 0.1")
+    mode = can.add_mutually_exclusive_group()
+    mode.add_argument("--status", action="store_true", help="show the running canary and its decisions")
+    mode.add_argument("--promote", action="store_true", help="promote the running canary to all traffic")
+    mode.add_argument("--abort", action="store_true", help="roll the running canary back")
+    can.add_argument("--url", default="http://127.0.0.1:8000", help="the service (default: %(default)s)")
+    can.add_argument("--token", default=None, help="bearer token (default: $INFERSIGHT_TOKEN)")
+    can.add_argument("--timeout", type=float, default=120.0, help="seconds to wait (the candidate loads)")
+    can.set_defaults(handler=_canary)
 
 
 def _init_demo(args: argparse.Namespace) -> int:
@@ -126,3 +142,58 @@ def _register(args: argparse.Namespace) -> int:
         raise CommandError(str(exc)) from exc
     print(f"registered {info.name} sha256 {info.sha256[:12]} from {info.path}")
     return 0
+
+
+def _canary(args: argparse.Namespace) -> int:
+    import os
+
+    import httpx
+
+    base = args.url.rstrip("/")
+    token = args.token or os.environ.get("INFERSIGHT_TOKEN")
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    if args.status or args.promote or args.abort:
+        if args.version is not None or args.weight is not None:
+            raise CommandError("--status, --promote and --abort take no VERSION or --weight")
+        method, path, body = (
+            ("GET", "", None) if args.status else ("POST", "/promote" if args.promote else "/abort", None)
+        )
+    else:
+        if args.version is None:
+            raise CommandError("give VERSION and --weight (or one of --status, --promote, --abort)")
+        if args.weight is None or not (0.0 < args.weight <= 1.0):
+            raise CommandError(f"--weight must lie in (0, 1], got {args.weight}")
+        method, path, body = "POST", "", {"version": args.version, "weight": args.weight}
+    try:
+        response = httpx.request(
+            method, f"{base}/api/v1/models/canary{path}", json=body, headers=headers, timeout=args.timeout
+        )
+    except httpx.HTTPError as exc:
+        raise CommandError(f"cannot reach {base}: {type(exc).__name__}: {exc}") from exc
+    data = _json(response)
+    if response.status_code >= 400:
+        detail = data.get("detail", data) if isinstance(data, dict) else data
+        if isinstance(detail, dict) and "field" in detail:
+            raise CommandError(f"{detail.get('field')}: {detail.get('reason')}")
+        raise CommandError(f"HTTP {response.status_code}: {_one_line(detail)}")
+    if data.get("version"):
+        print(f"canary {data['version']} at {data['weight']:.0%} of users beside {data['stable_version']}; "
+              f"served {data['canary_requests']} of {data['canary_requests'] + data['stable_requests']} requests "
+              f"({data['share_served']:.1%})")  # fmt: skip
+    else:
+        print("no canary running")
+    for d in data.get("decisions", []):
+        print(f"  {d['action']} {d['version']} -> {d['weight']:.0%}: {d['reason']}")
+    return 0
+
+
+def _json(response: object) -> dict[str, object]:
+    try:
+        value = response.json()  # type: ignore[attr-defined]
+    except ValueError:
+        return {"detail": getattr(response, "text", "")[:200]}
+    return value if isinstance(value, dict) else {"detail": value}
+
+
+def _one_line(value: object) -> str:
+    return " ".join(str(value).split())[:300]

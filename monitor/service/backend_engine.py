@@ -49,6 +49,8 @@ class EngineBackend:
         self._owned = owned
         cfg = service.config.engine
         self.max_tokens_limit = cfg.max_tokens_limit if cfg is not None else 1024
+        self.user_header = cfg.canary_user_header if cfg is not None else None
+        self.canary_controller = _canary_controller(service, runtime)
 
     @classmethod
     def start(cls, service: Service) -> EngineBackend:
@@ -84,11 +86,14 @@ class EngineBackend:
         stats = self.service.components.get("stats")
         if stats is not None:
             self._unsubscribe = self.runtime.subscribe(EngineAdapter(stats, model=self.model_name))
+        if self.canary_controller is not None:
+            self._unsubscribe_canary = self.runtime.subscribe(self.canary_controller.on_event)
 
     def close(self) -> None:
-        unsubscribe = getattr(self, "_unsubscribe", None)
-        if unsubscribe is not None:
-            unsubscribe()
+        for name in ("_unsubscribe", "_unsubscribe_canary"):
+            unsubscribe = getattr(self, name, None)
+            if unsubscribe is not None:
+                unsubscribe()
         if self._owned:
             self.runtime.stop(drain=False)
 
@@ -116,12 +121,24 @@ class EngineBackend:
             raise HTTPException(
                 422, {"field": "body.prompt", "reason": "the embedded runtime takes one prompt per request"}
             )
-        return await self._serve(req, req.prompt_text(), req.prompt_text(), req.max_tokens, chat=False)
+        user = self._user(req, headers)
+        return await self._serve(
+            req, req.prompt_text(), req.prompt_text(), req.max_tokens, chat=False, user=user
+        )
 
     async def chat(self, req: ChatRequest, raw: bytes, headers: Any) -> Response:
         return await self._serve(
-            req, render_chat(req.messages), req.last_user_text(), req.token_budget(), chat=True
-        )
+            req, render_chat(req.messages), req.last_user_text(), req.token_budget(), chat=True,
+            user=self._user(req, headers),
+        )  # fmt: skip
+
+    def _user(self, req: CompletionRequest | ChatRequest, headers: Any) -> str | None:
+        """The key that keeps a user on one version during a canary."""
+        if self.user_header and headers is not None:
+            value = headers.get(self.user_header)
+            if value:
+                return str(value)
+        return req.user
 
     async def _serve(
         self,
@@ -131,6 +148,7 @@ class EngineBackend:
         max_tokens: int | None,
         *,
         chat: bool,
+        user: str | None = None,
     ) -> Response:
         from infersight.engine.errors import InvalidRequest, PromptTooLong, RuntimeNotRunning
 
@@ -167,7 +185,7 @@ class EngineBackend:
         try:
             handle = self.runtime.submit(
                 prompt_ids, max_new_tokens=budget, temperature=_temperature(req.temperature),
-                top_p=max(req.top_p, _MIN_TOP_P), seed=req.seed, request_id=request_id,
+                top_p=max(req.top_p, _MIN_TOP_P), seed=req.seed, request_id=request_id, user=user,
             )  # fmt: skip
         except PromptTooLong as exc:
             self._record(
@@ -292,6 +310,47 @@ class EngineBackend:
             text_sample_rate=self.service.config.text_sample_rate,
         )  # fmt: skip
         submit_record(self.service, record, observe=False)  # the EngineAdapter fed the statistics
+
+
+def _canary_controller(service: Service, runtime: Any) -> Any:
+    """The controller that analyses and steps canaries (None without the runtime's canary support)."""
+    control = getattr(runtime, "canary", None)
+    if control is None:
+        return None
+    from infersight.alerts.canary import CanaryController
+
+    return CanaryController(control, on_decision=lambda d: _canary_decided(service, d))
+
+
+def _canary_decided(service: Service, decision: Any) -> None:
+    """Every decision goes to the log and the deploy log; a rollback also raises the
+    `CanaryRegression` alert with the check and its figures (notified like any alert)."""
+    import datetime as dt
+
+    log.warning("canary %s: %s %s at %.0f%% (%s)", decision.version, decision.action, decision.stable_version,
+                decision.weight * 100, decision.reason)  # fmt: skip
+    deploy_log = service.components.get("deploy_log")
+    if deploy_log is not None:
+        deploy_log.flush()
+    if decision.action != "rollback":
+        return
+    from infersight.alerts._alert_rows import push_alert
+    from infersight.alerts.canary import CANARY_ALERT
+
+    now = dt.datetime.now(dt.UTC)
+    share = decision.canary_requests / max(1, decision.canary_requests + decision.stable_requests)
+    try:
+        with service.db.begin() as conn:
+            push_alert(
+                conn, CANARY_ALERT,
+                {"severity": "critical", "model_version": decision.version, "previous_version": decision.stable_version},
+                {"summary": f"canary {decision.version} regressed against {decision.stable_version} and was rolled "
+                            f"back: {decision.reason}; it served {share:.1%} of requests",
+                 "runbook_url": "https://runbooks.example.org/infersight#canary-regression"},
+                now=now, ends_at=now + dt.timedelta(hours=1),
+            )  # fmt: skip
+    except Exception:  # the rollback happened; a store outage must not hide it from the log
+        log.exception("canary %s: could not record the CanaryRegression alert", decision.version)
 
 
 def model_of(version: str | None) -> str:

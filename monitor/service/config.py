@@ -40,6 +40,9 @@ class EngineConfig:
     max_seq_len: int = 2048
     device: str | None = None
     max_tokens_limit: int = 1024  # the largest `max_tokens` a request may ask for
+    # the header whose value keeps a user on one version during a canary (None: the
+    # OpenAI `user` field only; the header wins when both are sent)
+    canary_user_header: str | None = None
 
 
 @dataclass(frozen=True)

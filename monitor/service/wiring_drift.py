@@ -256,8 +256,12 @@ class DriftWiring:
         by_version: dict[tuple[str, str], list[float]] = {}
         for item, value in zip(with_response, embedded.relevance, strict=True):
             by_version.setdefault((item.model, item.model_version), []).append(float(value))
+        canary = getattr(self.service.components.get("backend"), "canary_controller", None)
         for (model, version), values in by_version.items():
             self.metrics.observe_relevance(values, model=model, model_version=version)
+            if canary is not None:
+                for value in values:
+                    canary.on_relevance(version, value)
         self._stream(items, embedded)
         trim_heap()  # the model's buffers of this batch go back to the OS (memory.py)
         return len(items)

@@ -1,10 +1,12 @@
 """`/api/v1/models`: the versions known, the serving one and the deploy history;
-`POST /api/v1/models/deploy` and `POST /api/v1/models/rollback` (bearer token) drive the
-embedded runtime (409 in proxy mode: the upstream deploys its own models)."""
+`POST /api/v1/models/deploy`, `POST /api/v1/models/rollback` and the canary's
+`POST /api/v1/models/canary` (plus `.../canary/promote` and `.../canary/abort`; bearer
+token) drive the embedded runtime (409 in proxy mode: the upstream deploys its own models)."""
 
 from __future__ import annotations
 
 import datetime as dt
+from dataclasses import asdict
 from typing import Any
 
 from fastapi import APIRouter, Depends, HTTPException, Request
@@ -27,6 +29,23 @@ class DeployRequest(BaseModel):
     version: str = Field(
         max_length=256, pattern=_VERSION, description="[arch]_[dataset]_[quant]-v[major].[minor]"
     )
+
+
+class CanaryRequest(DeployRequest):
+    weight: float = Field(
+        gt=0.0, le=1.0, allow_inf_nan=False, description="share of users sent to the candidate, in (0, 1]"
+    )
+
+
+class CanaryResult(BaseModel):
+    version: str | None
+    stable_version: str | None
+    weight: float | None
+    started_at: float | None
+    canary_requests: int
+    stable_requests: int
+    share_served: float
+    decisions: list[dict[str, Any]]
 
 
 class DeployResult(BaseModel):
@@ -133,3 +152,84 @@ async def rollback(request: Request) -> DeployResult:
         raise HTTPException(409, {"field": None, "reason": f"rollback refused: {exc}"}) from None
     await run_in_threadpool(_flush_log, request)
     return _outcome(outcome, "rolled_back")
+
+
+def _canary_result(request: Request) -> CanaryResult:
+    runtime = _runtime(request)
+    status = runtime.canary.status
+    controller = getattr(component(request, "backend"), "canary_controller", None)
+    served = controller.served if controller is not None else {True: 0, False: 0}
+    decisions = [asdict(d) for d in controller.decisions[-10:]] if controller is not None else []
+    return CanaryResult(
+        version=status.version if status else None, stable_version=status.stable_version if status else None,
+        weight=status.weight if status else None, started_at=status.started_at if status else None,
+        canary_requests=served[True], stable_requests=served[False],
+        share_served=controller.share_served if controller is not None else 0.0, decisions=decisions,
+    )  # fmt: skip
+
+
+@router.get("/api/v1/models/canary", summary="The running canary, its traffic and its decisions")
+async def canary_status(request: Request) -> CanaryResult:
+    return _canary_result(request)
+
+
+@router.post(
+    "/api/v1/models/canary", summary="Serve a registered version beside the stable one to a share of users",
+    dependencies=[Depends(require_token)], response_model=CanaryResult,
+    responses={401: {"description": "token"}, 404: {"description": "unknown version"},
+               409: {"description": "a canary is running, or the candidate was refused"},
+               422: {"description": "weight outside (0, 1]"}},
+)  # fmt: skip
+async def canary(body: CanaryRequest, request: Request) -> CanaryResult:
+    from infersight.engine.errors import CanaryRunning, DeployRefused
+
+    runtime = _runtime(request)
+    if body.version not in runtime.registry:
+        raise HTTPException(
+            404, {"field": "body.version", "reason": f"version {body.version!r} is not registered"}
+        )
+    running = runtime.canary.status
+    if running is not None:
+        raise HTTPException(409, {"field": "body.version", "reason": f"canary {running.version} is running: "
+                                  "promote or abort it first"})  # fmt: skip
+    if body.version == runtime.serving_version:
+        raise HTTPException(
+            409, {"field": "body.version", "reason": f"{body.version} is the serving version"}
+        )
+    controller = getattr(component(request, "backend"), "canary_controller", None)
+    if controller is not None:  # before the first request can reach the candidate
+        controller.begin(body.version, runtime.serving_version, body.weight)
+    try:
+        await run_in_threadpool(runtime.canary.start, body.version, body.weight)
+    except (CanaryRunning, DeployRefused) as exc:
+        if controller is not None and not isinstance(exc, CanaryRunning):
+            controller.end()
+        await run_in_threadpool(_flush_log, request)
+        reason = str(exc) if isinstance(exc, CanaryRunning) else f"canary refused: {exc}"
+        raise HTTPException(409, {"field": "body.version", "reason": reason}) from None
+    await run_in_threadpool(_flush_log, request)
+    return _canary_result(request)
+
+
+@router.post(
+    "/api/v1/models/canary/{action}", summary="Promote the canary to all traffic, or abort it",
+    dependencies=[Depends(require_token)], response_model=CanaryResult,
+    responses={401: {"description": "token"}, 404: {"description": "no such action"},
+               409: {"description": "no canary is running"}},
+)  # fmt: skip
+async def canary_action(action: str, request: Request) -> CanaryResult:
+    from infersight.engine.errors import NoCanary
+
+    runtime = _runtime(request)
+    if action not in ("promote", "abort"):
+        raise HTTPException(404, {"field": "path.action", "reason": "one of: promote, abort"})
+    controller = getattr(component(request, "backend"), "canary_controller", None)
+    call = runtime.canary.promote if action == "promote" else runtime.canary.abort
+    try:
+        await run_in_threadpool(call, f"{action} by the operator (API)")
+    except NoCanary as exc:
+        raise HTTPException(409, {"field": None, "reason": str(exc)}) from None
+    if controller is not None:
+        controller.end()
+    await run_in_threadpool(_flush_log, request)
+    return _canary_result(request)

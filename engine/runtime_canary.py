@@ -1,0 +1,157 @@
+"""A canary: a candidate version serving beside the stable one, on a share of the traffic.
+
+The candidate gets its own replica (own KV cache, own batch, own pending queue), so the two
+versions never share a batch or a cache. Traffic is assigned per request by a hash of the
+user key (the OpenAI `user` field, or a header the service names) salted with the
+candidate's name: the same user always lands on the same version while the weight stays,
+and raising the weight only moves users from stable to canary (a user's hash is compared
+with the weight, so a user under 10% is still under 50%). A request without a user key is
+assigned by its request id. A request is assigned once, at submit, and never moves to the
+other version while it runs: an aborted canary finishes the requests it started.
+
+`CanaryControl` is the runtime's handle for it (`runtime.canary`); the decisions (when to
+promote, when to roll back) belong to the analysis in alerts/canary.py.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from .deploy import DeployOutcome
+from .deploy_history import DeployRecord
+from .errors import CanaryRunning, InvalidCanaryWeight, NoCanary, RuntimeNotRunning
+from .runtime_loop import Swap
+
+if TYPE_CHECKING:
+    from .runtime import Runtime
+
+__all__ = ["CanaryControl", "CanaryStatus", "user_bucket"]
+
+
+def user_bucket(key: str, salt: str) -> float:
+    """A number in [0, 1) fixed by `key` and `salt`, uniform over keys."""
+    digest = hashlib.sha256(f"{salt}\x00{key}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") / 2.0**64
+
+
+def check_weight(weight: float) -> float:
+    value = float(weight)
+    if not (0.0 < value <= 1.0):
+        raise InvalidCanaryWeight(f"canary weight must lie in (0, 1], got {weight!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class CanaryStatus:
+    version: str
+    stable_version: str
+    weight: float
+    started_at: float
+
+
+class CanaryControl:
+    def __init__(self, runtime: Runtime) -> None:
+        self._runtime = runtime
+        self._lock = threading.Lock()
+        self._status: CanaryStatus | None = None
+
+    @property
+    def status(self) -> CanaryStatus | None:
+        return self._status
+
+    def route(self, user: str | None, request_id: str) -> bool:
+        """True when this request goes to the canary."""
+        status = self._status
+        if status is None or self._runtime._state.canary is None:
+            return False
+        return (
+            user_bucket(user if user is not None else f"request:{request_id}", status.version) < status.weight
+        )
+
+    def start(self, version: str, weight: float) -> DeployOutcome:
+        """Load `version` beside the serving one (verified and warmed up like a deploy) and
+        send it `weight` of the users. Raises InvalidCanaryWeight, CanaryRunning or a
+        DeployRefused subclass; the stable version keeps serving all traffic then."""
+        weight = check_weight(weight)
+        runtime = self._runtime
+        with runtime._deploy_lock:
+            stable = runtime.serving_version
+            if not runtime.is_running or stable is None:
+                raise RuntimeNotRunning("runtime is not serving: call start() first")
+            if self._status is not None:
+                running = self._status.version
+                runtime._refused(
+                    CanaryRunning(f"canary {running} is running: promote or abort it first",
+                                  version=version, reason="canary running"),
+                    stable, to_version=version, reason="canary",
+                )  # fmt: skip
+            replica, prepared = runtime._prepare(version, "canary", from_version=stable)
+            swap = self._apply(Swap(replica=replica, reason="canary", kind="canary"), version)
+            self._status = CanaryStatus(version, stable, weight, swap.at)
+            message = f"canary at {weight:.0%} of users"
+            runtime.registry.history.record(
+                DeployRecord(swap.at, stable, version, "canary", "started", message)
+            )
+            return DeployOutcome(
+                stable, version, "canary", swap.at, prepared.verify_s, prepared.load_s, prepared.warmup_s
+            )
+
+    def set_weight(self, weight: float) -> CanaryStatus:
+        weight = check_weight(weight)
+        with self._runtime._deploy_lock:
+            status = self._require()
+            self._status = CanaryStatus(status.version, status.stable_version, weight, status.started_at)
+            self._runtime.registry.history.record(
+                DeployRecord(time.time(), status.stable_version, status.version, "canary", "reweighted",
+                             f"canary at {weight:.0%} of users")
+            )  # fmt: skip
+            return self._status
+
+    def promote(self, message: str = "") -> DeployOutcome:
+        """The canary becomes the serving version for all traffic; the old one drains."""
+        with self._runtime._deploy_lock:
+            status = self._require()
+            swap = self._apply(Swap(replica=None, reason="canary-promote", kind="promote"), status.version)
+            self._status = None
+            self._runtime.registry.history.record(
+                DeployRecord(
+                    swap.at, status.stable_version, status.version, "canary-promote", "deployed", message
+                )
+            )
+            return DeployOutcome(
+                status.stable_version, status.version, "canary-promote", swap.at, 0.0, 0.0, 0.0
+            )
+
+    def abort(self, message: str = "") -> CanaryStatus:
+        """Roll the canary back: it takes no new request, finishes those it started, and
+        the stable version serves everyone. `message` (the check and its figures) goes
+        into the deploy history."""
+        with self._runtime._deploy_lock:
+            status = self._require()
+            swap = self._apply(Swap(replica=None, reason="canary-rollback", kind="abort"), status.version)
+            self._status = None
+            self._runtime.registry.history.record(
+                DeployRecord(swap.at, status.version, status.stable_version, "canary", "rolled_back", message)
+            )
+            return status
+
+    def _require(self) -> CanaryStatus:
+        status = self._status
+        if status is None:
+            raise NoCanary("no canary is running", version="", reason="no canary")
+        return status
+
+    def _apply(self, swap: Swap, version: str) -> Swap:
+        runtime = self._runtime
+        runtime._state.request_swap(swap)
+        thread = runtime._thread
+        while not swap.done.wait(timeout=0.5):
+            if thread is None or not thread.is_alive():
+                break
+        if not swap.applied:
+            raise RuntimeNotRunning(f"runtime stopped before the canary {version} change was applied")
+        return swap

@@ -1,0 +1,151 @@
+"""The canary's sequential analysis: always-valid tests that catch a real regression fast,
+never roll back an equal canary, ignore client errors, and decide the same whatever the
+polling period (the verdict is a function of the observations alone)."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from typing import Any
+
+import pytest
+from infersight.alerts.canary import CanaryAnalysis, CanaryController, CanaryPolicy, msprt_lambda
+
+
+def _feed(analysis: CanaryAnalysis, rng: random.Random, n: int, *, canary_share: float = 0.1,
+          canary_error: float = 0.01, stable_error: float = 0.01, canary_relevance: float = 0.6,
+          canary_slow: float = 1.0) -> int:  # fmt: skip
+    """n requests; returns the index of the request at which the verdict first said rollback (or -1)."""
+    for i in range(n):
+        canary = rng.random() < canary_share
+        rate = canary_error if canary else stable_error
+        error = "EngineCrashed" if rng.random() < rate else None
+        latency = rng.lognormvariate(-1.0, 0.3) * (canary_slow if canary else 1.0)
+        analysis.observe(canary, error_type=error, latency_s=latency, output_tokens=rng.randint(20, 40))
+        analysis.observe_relevance(canary, rng.gauss(canary_relevance if canary else 0.6, 0.08))
+        if analysis.verdict().action == "rollback":
+            return i
+    return -1
+
+
+def test_mixture_ratio_grows_with_evidence_and_is_one_without_variance() -> None:
+    assert msprt_lambda(0.0, 1e-3, 0.05) < 1.0  # no effect observed: evidence against a difference
+    assert msprt_lambda(0.1, 1e-4, 0.05) > 1e6
+    assert msprt_lambda(0.1, 0.0, 0.05) == 1.0
+
+
+def test_relevance_drop_rolls_back_within_a_few_dozen_canary_requests() -> None:
+    analysis = CanaryAnalysis(CanaryPolicy(steps=(0.1, 0.5, 1.0), requests_per_step=10_000))
+    at = _feed(analysis, random.Random(1), 5000, canary_relevance=0.2)
+    assert 0 <= at < 1000
+    verdict = analysis.verdict()
+    assert verdict.action == "rollback" and verdict.reason.startswith("regression on relevance: canary 0.")
+    assert "always-valid p=" in verdict.reason
+
+
+def test_server_errors_and_slow_canary_each_roll_back_but_client_errors_do_not() -> None:
+    errors = CanaryAnalysis(CanaryPolicy(requests_per_step=10_000))
+    assert _feed(errors, random.Random(2), 20_000, canary_error=0.2) >= 0
+    assert "server_errors" in errors.verdict().reason
+    slow = CanaryAnalysis(CanaryPolicy(requests_per_step=10_000))
+    assert _feed(slow, random.Random(3), 20_000, canary_slow=2.0) >= 0
+    assert "latency" in slow.verdict().reason
+    client = CanaryAnalysis(CanaryPolicy(requests_per_step=10_000))
+    for i in range(4000):
+        client.observe(i % 10 == 0, error_type="client_error" if i % 10 == 0 else None, latency_s=0.3)
+    assert client.checks()[0].canary_n == 0 and client.verdict().action == "continue"
+
+
+def test_equal_canaries_are_not_rolled_back() -> None:
+    rollbacks = 0
+    for seed in range(20):
+        analysis = CanaryAnalysis(CanaryPolicy(requests_per_step=100_000))
+        rollbacks += _feed(analysis, random.Random(100 + seed), 4000, canary_share=0.3) >= 0
+    assert rollbacks == 0
+
+
+def test_verdict_does_not_depend_on_how_often_it_is_read() -> None:
+    rng = random.Random(7)
+    stream = [(rng.random() < 0.1, rng.gauss(0.5, 0.1)) for _ in range(3000)]
+    first = []
+    for every in (1, 37, 500):
+        analysis = CanaryAnalysis(CanaryPolicy(requests_per_step=100_000))
+        seen = None
+        for i, (canary, rel) in enumerate(stream):
+            analysis.observe_relevance(canary, rel - (0.15 if canary else 0.0))
+            if i % every == 0 and seen is None and analysis.verdict().action == "rollback":
+                seen = analysis.verdict().reason
+        first.append(seen or analysis.verdict().reason)
+    assert first[0] == first[1] == first[2] and first[0].startswith("regression on relevance")
+
+
+def test_promotion_steps_after_enough_canary_requests_without_regression() -> None:
+    analysis = CanaryAnalysis(CanaryPolicy(steps=(0.1, 0.5, 1.0), requests_per_step=50))
+    rng = random.Random(4)
+    while analysis.verdict().action == "continue":
+        _feed(analysis, rng, 1)
+    verdict = analysis.verdict()
+    assert verdict.action == "promote" and verdict.weight == 0.5
+    assert "50 canary requests at 10%" in verdict.reason and "server_errors: canary" in verdict.reason
+    analysis.advance()
+    assert analysis.verdict().action == "continue" and analysis.weight == 0.5
+
+
+class _FakeControl:
+    """Stands in for `Runtime.canary` (the real one is covered in test_engine_canary.py)."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, Any]] = []
+        self.done = threading.Event()
+
+    status = None
+
+    def set_weight(self, weight: float) -> None:
+        self.calls.append(("weight", weight))
+
+    def promote(self, message: str = "") -> None:
+        self.calls.append(("promote", message))
+        self.done.set()
+
+    def abort(self, message: str = "") -> None:
+        self.calls.append(("abort", message))
+        self.done.set()
+
+
+class _Finished:
+    def __init__(self, version: str, duration: float) -> None:
+        self.model_version, self.duration_s, self.output_tokens, self.finish_reason = (
+            version,
+            duration,
+            30,
+            "stop",
+        )
+
+
+RequestFinished = type("RequestFinished", (_Finished,), {})
+
+
+@pytest.mark.parametrize("bad", [True, False])
+def test_controller_rolls_back_a_bad_canary_and_steps_up_a_good_one(bad: bool) -> None:
+    control = _FakeControl()
+    decided: list[Any] = []
+    controller = CanaryController(control, CanaryPolicy(requests_per_step=40), on_decision=decided.append)
+    controller.begin("m_d_fp32-v1.1", "m_d_fp32-v1.0", 0.1)
+    rng = random.Random(5)
+    for _ in range(3000):
+        if control.done.is_set():
+            break
+        canary = rng.random() < 0.1
+        version = "m_d_fp32-v1.1" if canary else "m_d_fp32-v1.0"
+        controller.on_event(RequestFinished(version, rng.uniform(0.2, 0.3)))
+        controller.on_relevance(version, rng.gauss(0.2 if bad and canary else 0.6, 0.05))
+        time.sleep(0.0005)
+    assert control.done.wait(10)
+    if bad:
+        assert control.calls[0][0] == "abort" and "relevance" in control.calls[0][1]
+        assert controller.share_served < 0.15
+        assert decided[0].action == "rollback"
+    else:
+        assert [c[0] for c in control.calls] == ["weight", "promote"] and control.calls[0][1] == 0.5
+        assert [d.weight for d in decided] == [0.5, 1.0]

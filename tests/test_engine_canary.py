@@ -1,0 +1,115 @@
+"""Canaries in the real runtime: two replicas side by side, sticky users, isolation,
+promotion, rollback that never moves a running request, and refused bad input."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import _engine_serving_support as support
+import pytest
+from _engine_serving_support import V1, V2, prompt
+from infersight.engine.errors import CanaryRunning, InvalidCanaryWeight, NoCanary, VersionNotFound
+from infersight.engine.runtime import Runtime
+from infersight.engine.runtime_canary import user_bucket
+
+Greedy = Callable[[str, list[int], int], list[int]]
+tiny_checkpoints, registry, greedy, runtime = (
+    support.tiny_checkpoints,
+    support.registry,
+    support.greedy,
+    support.runtime,
+)  # fixtures
+
+
+def _users(weight: float, canary: bool, n: int) -> list[str]:
+    picked = [f"user-{i}" for i in range(500) if (user_bucket(f"user-{i}", V2) < weight) == canary]
+    return picked[:n]
+
+
+def test_canary_serves_its_users_beside_stable_with_each_versions_own_outputs(
+    runtime: Runtime, greedy: Greedy
+) -> None:
+    runtime.canary.start(V2, 0.3)
+    assert runtime.serving_version == V1 and runtime.canary.status is not None
+    to_canary, to_stable = _users(0.3, True, 3), _users(0.3, False, 3)
+    handles = [
+        (u, True, runtime.submit(prompt(i, 5), max_new_tokens=6, user=u)) for i, u in enumerate(to_canary)
+    ]
+    handles += [
+        (u, False, runtime.submit(prompt(i, 5), max_new_tokens=6, user=u)) for i, u in enumerate(to_stable)
+    ]
+    for i, (_user, on_canary, handle) in enumerate(handles):
+        done = handle.result(timeout=60)
+        version = V2 if on_canary else V1
+        assert done.model_version == version
+        # batched beside the other version, every answer is that version's own greedy output
+        assert done.token_ids == tuple(greedy(version, prompt(i % 3, 5), 6))
+    # sticky: the same user keeps its version on every request
+    again = runtime.submit(prompt(9, 4), max_new_tokens=2, user=to_canary[0]).result(timeout=60)
+    assert again.model_version == V2
+
+
+def test_raising_the_weight_keeps_every_canary_user_on_the_canary() -> None:
+    users = [f"u{i}" for i in range(2000)]
+    at_10 = {u for u in users if user_bucket(u, V2) < 0.1}
+    at_50 = {u for u in users if user_bucket(u, V2) < 0.5}
+    assert at_10 <= at_50
+    assert 0.07 < len(at_10) / len(users) < 0.13 and 0.45 < len(at_50) / len(users) < 0.55
+
+
+def test_rollback_finishes_running_canary_requests_on_the_canary(runtime: Runtime, greedy: Greedy) -> None:
+    runtime.canary.start(V2, 1.0)
+    handle = runtime.submit(prompt(3, 6), max_new_tokens=40, user="anyone")
+    next(iter(handle))  # it is running on the canary
+    runtime.canary.abort("test: relevance regressed")
+    assert runtime.canary.status is None
+    done = handle.result(timeout=60)
+    assert done.model_version == V2 and done.token_ids == tuple(greedy(V2, prompt(3, 6), 40))
+    after = runtime.submit(prompt(4, 5), max_new_tokens=3, user="anyone").result(timeout=60)
+    assert after.model_version == V1
+    last = runtime.history()[-1]
+    assert (last.reason, last.outcome, last.message) == ("canary", "rolled_back", "test: relevance regressed")
+    assert runtime.registry.history.last_good() == V1  # a rolled-back canary never became good
+
+
+def test_promotion_makes_the_canary_serve_everyone(runtime: Runtime) -> None:
+    runtime.canary.start(V2, 0.1)
+    runtime.canary.set_weight(0.5)
+    assert runtime.canary.status is not None and runtime.canary.status.weight == 0.5
+    runtime.canary.promote("100%: no regression")
+    assert runtime.serving_version == V2 and runtime.canary.status is None
+    assert (
+        runtime.submit(prompt(1, 4), max_new_tokens=2, user=_users(0.1, False, 1)[0])
+        .result(timeout=60)
+        .model_version
+        == V2
+    )
+    assert runtime.registry.history.last_good() == V2
+    assert [r.outcome for r in runtime.history()[-3:]] == ["started", "reweighted", "deployed"]
+
+
+@pytest.mark.parametrize("weight", [0.0, -0.1, 1.5, float("nan")])
+def test_canary_weight_outside_zero_one_is_refused(runtime: Runtime, weight: float) -> None:
+    with pytest.raises(InvalidCanaryWeight, match="weight"):
+        runtime.canary.start(V2, weight)
+    assert runtime.canary.status is None and runtime.serving_version == V1
+
+
+def test_second_canary_and_deploy_during_a_canary_are_refused(runtime: Runtime) -> None:
+    runtime.canary.start(V2, 0.1)
+    with pytest.raises(CanaryRunning, match=V2):
+        runtime.canary.start(V2, 0.2)
+    with pytest.raises(CanaryRunning):
+        runtime.deploy(V2)
+    status = runtime.canary.status
+    assert status is not None and status.weight == 0.1 and runtime.serving_version == V1
+
+
+def test_unknown_version_canary_and_no_canary_actions_are_refused(runtime: Runtime) -> None:
+    with pytest.raises(Exception) as info:
+        runtime.canary.start("mixtral_tiny_fp32-v9.9", 0.1)
+    assert isinstance(info.value.__cause__, VersionNotFound)
+    with pytest.raises(NoCanary):
+        runtime.canary.promote()
+    with pytest.raises(NoCanary):
+        runtime.canary.abort()
