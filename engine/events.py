@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 __all__ = [
+    "CanaryChanged",
     "DeployFailed",
     "EngineEvent",
     "FinishReason",
@@ -104,6 +105,19 @@ class DeployFailed:
     reason: str
 
 
+@dataclass(frozen=True, slots=True)
+class CanaryChanged:
+    """A canary started, changed weight or was rolled back (its promotion is a `VersionDeployed`
+    with reason "canary-promote"); `detail` names the check and its figures."""
+
+    version: str
+    stable_version: str
+    at: float
+    action: str  # "started", "reweighted", "rolled_back"
+    weight: float
+    detail: str
+
+
 EngineEvent = (
     RequestQueued
     | RequestStarted
@@ -112,4 +126,5 @@ EngineEvent = (
     | RequestFailed
     | VersionDeployed
     | DeployFailed
+    | CanaryChanged
 )

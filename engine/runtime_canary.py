@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 from .deploy import DeployOutcome
 from .deploy_history import DeployRecord
 from .errors import CanaryRunning, InvalidCanaryWeight, NoCanary, RuntimeNotRunning
+from .events import CanaryChanged
 from .runtime_loop import Swap
 
 if TYPE_CHECKING:
@@ -93,9 +94,7 @@ class CanaryControl:
             swap = self._apply(Swap(replica=replica, reason="canary", kind="canary"), version)
             self._status = CanaryStatus(version, stable, weight, swap.at)
             message = f"canary at {weight:.0%} of users"
-            runtime.registry.history.record(
-                DeployRecord(swap.at, stable, version, "canary", "started", message)
-            )
+            self._note(DeployRecord(swap.at, stable, version, "canary", "started", message), weight)
             return DeployOutcome(
                 stable, version, "canary", swap.at, prepared.verify_s, prepared.load_s, prepared.warmup_s
             )
@@ -105,10 +104,8 @@ class CanaryControl:
         with self._runtime._deploy_lock:
             status = self._require()
             self._status = CanaryStatus(status.version, status.stable_version, weight, status.started_at)
-            self._runtime.registry.history.record(
-                DeployRecord(time.time(), status.stable_version, status.version, "canary", "reweighted",
-                             f"canary at {weight:.0%} of users")
-            )  # fmt: skip
+            self._note(DeployRecord(time.time(), status.stable_version, status.version, "canary", "reweighted",
+                                    f"canary at {weight:.0%} of users"), weight)  # fmt: skip
             return self._status
 
     def promote(self, message: str = "") -> DeployOutcome:
@@ -134,10 +131,23 @@ class CanaryControl:
             status = self._require()
             swap = self._apply(Swap(replica=None, reason="canary-rollback", kind="abort"), status.version)
             self._status = None
-            self._runtime.registry.history.record(
-                DeployRecord(swap.at, status.version, status.stable_version, "canary", "rolled_back", message)
+            record = DeployRecord(
+                swap.at, status.version, status.stable_version, "canary", "rolled_back", message
             )
+            self._note(record, 0.0)
             return status
+
+    def _note(self, record: DeployRecord, weight: float) -> None:
+        """Into the registry's deploy history and, as a `CanaryChanged`, to subscribers."""
+        runtime = self._runtime
+        runtime.registry.history.record(record)
+        canary, stable = (
+            (record.to_version, record.from_version or "")
+            if record.outcome != "rolled_back"
+            else (record.from_version or "", record.to_version)
+        )
+        runtime._state.post(CanaryChanged(canary, stable, record.at, record.outcome, weight, record.message))
+        runtime._state.wake.set()
 
     def _require(self) -> CanaryStatus:
         status = self._status

@@ -13,8 +13,8 @@ from infersight.monitor.service.demo import DemoOptions, run_demo
 
 STEPS = [
     "demo model", "data", "service", "baseline traffic", "baseline drift check", "topic shift traffic",
-    "drift flagged", "drift explained", "drift alert", "bad release deployed", "automatic rollback",
-    "snapshot", "page", "rolled-back drift resolved",
+    "drift flagged", "drift explained", "drift alert", "bad release canary", "canary rolled back",
+    "snapshot", "page",
 ]  # fmt: skip
 
 
@@ -32,6 +32,8 @@ def test_the_demo_plays_every_step_of_the_incident(
     assert all(s.ok for s in result.steps)
     assert result.snapshot_path is not None and Path(result.snapshot_path).is_file()
     assert "demo complete: every step happened" in text
+    share = float(text.split("the bad canary served ")[1].split("%")[0])
+    assert 0 < share < 15
     assert result.page_url.startswith("http://127.0.0.1:")
 
 

@@ -172,10 +172,10 @@ def _canary(args: argparse.Namespace) -> int:
         raise CommandError(f"cannot reach {base}: {type(exc).__name__}: {exc}") from exc
     data = _json(response)
     if response.status_code >= 400:
-        detail = data.get("detail", data) if isinstance(data, dict) else data
-        if isinstance(detail, dict) and "field" in detail:
-            raise CommandError(f"{detail.get('field')}: {detail.get('reason')}")
-        raise CommandError(f"HTTP {response.status_code}: {_one_line(detail)}")
+        error = data.get("error") if isinstance(data.get("error"), dict) else {}
+        assert isinstance(error, dict)
+        where = f"{error['field']}: " if error.get("field") else ""
+        raise CommandError(f"HTTP {response.status_code}: {where}{_one_line(error.get('message') or data)}")
     if data.get("version"):
         print(f"canary {data['version']} at {data['weight']:.0%} of users beside {data['stable_version']}; "
               f"served {data['canary_requests']} of {data['canary_requests'] + data['stable_requests']} requests "

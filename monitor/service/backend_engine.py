@@ -351,6 +351,12 @@ def _canary_decided(service: Service, decision: Any) -> None:
             )  # fmt: skip
     except Exception:  # the rollback happened; a store outage must not hide it from the log
         log.exception("canary %s: could not record the CanaryRegression alert", decision.version)
+    alerts = service.components.get("alerts")
+    if alerts is not None:
+        try:
+            alerts.snapshot_after_canary(decision)
+        except Exception:
+            log.exception("canary %s: no snapshot at the rollback", decision.version)
 
 
 def model_of(version: str | None) -> str:

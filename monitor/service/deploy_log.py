@@ -16,7 +16,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from infersight.engine.events import DeployFailed, EngineEvent, VersionDeployed
+from infersight.engine.events import CanaryChanged, DeployFailed, EngineEvent, VersionDeployed
 from infersight.monitor.store.tables import deploys, model_versions
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from sqlalchemy import Engine, insert, select
@@ -35,9 +35,9 @@ class DeployLog:
         self.db = db
         self.runtime = runtime
         self.model = model
-        self._events: deque[VersionDeployed | DeployFailed] = deque(maxlen=10_000)
+        self._events: deque[VersionDeployed | DeployFailed | CanaryChanged] = deque(maxlen=10_000)
         self._lock = threading.Lock()
-        self.listeners: list[Callable[[VersionDeployed | DeployFailed], None]] = []
+        self.listeners: list[Callable[[VersionDeployed | DeployFailed | CanaryChanged], None]] = []
         self.deploys_total = Counter(
             "infersight_deploys", "Version changes of the embedded runtime", ["outcome"], registry=registry
         )
@@ -51,7 +51,7 @@ class DeployLog:
         self._unsubscribe = runtime.subscribe(self._on_event)
 
     def _on_event(self, event: EngineEvent) -> None:
-        if isinstance(event, VersionDeployed | DeployFailed):
+        if isinstance(event, VersionDeployed | DeployFailed | CanaryChanged):
             self._events.append(event)
 
     def close(self) -> None:
@@ -61,7 +61,7 @@ class DeployLog:
     def flush(self) -> int:
         with self._lock:
             rows: list[dict[str, Any]] = []
-            events: list[VersionDeployed | DeployFailed] = []
+            events: list[VersionDeployed | DeployFailed | CanaryChanged] = []
             while self._events:
                 event = self._events.popleft()
                 events.append(event)
@@ -70,6 +70,12 @@ class DeployLog:
                                  "to_version": event.to_version, "reason": event.reason,
                                  "outcome": "rolled_back" if event.reason == "rollback" else "deployed",
                                  "detail": None})  # fmt: skip
+                elif isinstance(event, CanaryChanged):  # rolled back: from the canary to the stable
+                    back = event.action == "rolled_back"
+                    rows.append({"at": _at(event.at), "reason": "canary", "outcome": event.action,
+                                 "from_version": event.version if back else event.stable_version,
+                                 "to_version": event.stable_version if back else event.version,
+                                 "detail": event.detail[:4000] or None})  # fmt: skip
                 else:
                     rows.append({"at": _at(event.at), "from_version": event.serving_version,
                                  "to_version": event.version, "reason": "deploy", "outcome": "refused",

@@ -143,6 +143,17 @@ class AlertsWiring:
         log.warning("post-deploy analysis rolled back %s; snapshot %s", check.rollback.before_version,
                     result.html_path)  # fmt: skip
 
+    def snapshot_after_canary(self, decision: Any) -> None:
+        """The evidence of a canary rollback: the rolled-back version's last requests."""
+        from infersight.alerts import take_snapshot
+
+        result = take_snapshot(
+            self.service.db, data_dir=self.service.data_dir, requests_n=self.service.config.alerting.snapshot_requests,
+            trigger="canary", reason=f"canary rolled back: {decision.reason}", now=dt.datetime.now(dt.UTC),
+            model_version=decision.version, source=self.snapshot_source,
+        )  # fmt: skip
+        log.warning("canary %s rolled back; snapshot %s", decision.version, result.html_path)
+
     # -- for the routers ------------------------------------------------------------------
     def firing_summary(self) -> list[dict[str, Any]]:
         from infersight.alerts.tables import alerts

@@ -6,12 +6,12 @@
 3. baseline traffic (Banking77 test utterances through /v1/chat/completions): no drift;
 4. a topic shift (NLU++ hotel utterances mixed in): drift flagged, explained by hotel
    texts, the PromptDrift alert delivered to the receiver signed;
-5. a bad release (the corrupted version, answers unrelated to the questions) deployed
-   through the API while the hotel questions go on: the post-deploy analysis sees
-   relevance fall, rolls back by itself, takes a snapshot and pages (DeployRegression,
-   signed webhook);
-6. the rolled-back version's PromptDrift resolves once it has had no request for
-   `drift.stale_after_s`: nobody serves it any more.
+5. a bad release (the corrupted version, answers unrelated to the questions) started as
+   a 10% canary through the API while the hotel questions go on: the canary analysis
+   compares it with the stable version over the same minutes, sees relevance fall
+   (an always-valid sequential test), rolls it back by itself while it has served fewer
+   than 15% of the requests (the demo prints the share), takes a snapshot and pages
+   (CanaryRegression, signed webhook).
 Every drift verdict comes from the service's scheduled drift job on the new traffic, as in
 `infersight serve`; the demo only reads the reports. Each step is checked; the first that
 did not happen ends the demo with its name.
@@ -44,6 +44,7 @@ __all__ = ["DemoOptions", "DemoResult", "run_demo"]
 
 GOOD = "mixtral_banking_fp32-v1.0"
 BAD = "mixtral_banking_fp32-v1.1"
+CANARY_WEIGHT = 0.1  # the bad release's share of users
 
 
 @dataclass(frozen=True)
@@ -132,7 +133,6 @@ def _play(options: DemoOptions, tl: Timeline, state: dict[str, Any]) -> None:
                          hook)  # fmt: skip
             bad_traffic = _mix(banking_test[2 * sizes.window :], hotels[sizes.window :])
             _bad_release(base, client, tl, bad_traffic, hook, state)
-            _stale_drift_resolved(tl, hook, sizes)
             if options.keep_running:
                 tl.note(f"the service keeps running at {base}/ (Ctrl-C to stop)")
                 with contextlib.suppress(KeyboardInterrupt):
@@ -327,19 +327,20 @@ def _bad_release(
     hook: WebhookReceiver,
     state: dict[str, Any],
 ) -> None:
-    r = client.post("/api/v1/models/deploy", json={"version": BAD})
+    r = client.post("/api/v1/models/canary", json={"version": BAD, "weight": CANARY_WEIGHT})
     if r.status_code != 200:
-        raise tl.fail("bad release deployed", f"deploy answered {r.status_code}: {r.text[:200]}")
-    tl.done("bad release deployed", f"{BAD} is serving (its answers no longer match the questions; "
-                                    "the hotel questions go on)")  # fmt: skip
+        raise tl.fail("bad release canary", f"canary answered {r.status_code}: {r.text[:200]}")
+    tl.done("bad release canary", f"{BAD} serves {CANARY_WEIGHT:.0%} of users beside {GOOD} (its answers no "
+                                  "longer match the questions; the hotel questions go on)")  # fmt: skip
     stop = threading.Event()
     sent: list[int] = []
 
     def keep_sending() -> None:  # users keep asking while the analysis decides
         i = 0
-        while not stop.is_set() and i < 20:
+        while not stop.is_set() and i < 40:
             chunk = utterances[(i * 20) % len(utterances) :][:20] or utterances[:20]
-            sent.append(send_chats(base, chunk).sent)
+            users = [f"user-{i}-{j}" for j in range(len(chunk))]
+            sent.append(send_chats(base, chunk, users=users).sent)
             i += 1
 
     worker = threading.Thread(target=keep_sending, daemon=True)
@@ -347,22 +348,27 @@ def _bad_release(
 
     def rolled_back() -> bool:
         models = client.get("/api/v1/models").json()
-        return models["serving_version"] == GOOD and any(
-            d["reason"] == "rollback" and d["to_version"] == GOOD for d in models["deploys"]
-        )
+        return any(d["reason"] == "canary" and d["outcome"] == "rolled_back" and d["from_version"] == BAD
+                   for d in models["deploys"])  # fmt: skip
 
     done = wait_until(rolled_back, 120, 0.5)
     stop.set()
     worker.join(120)
+    canary = client.get("/api/v1/models/canary").json()
     if not done:
-        raise tl.fail("automatic rollback", f"{BAD} was still serving after {sum(sent)} requests")
-    tl.done(
-        "automatic rollback", f"the post-deploy analysis rolled back to {GOOD} after {sum(sent)} requests"
-    )
+        raise tl.fail("canary rolled back", f"{BAD} was still a canary after {sum(sent)} requests")
+    [decision] = [d for d in canary["decisions"] if d["action"] == "rollback"][-1:] or [None]
+    if decision is None:
+        raise tl.fail("canary rolled back", "the canary ended without a rollback decision")
+    served, total = decision["canary_requests"], decision["canary_requests"] + decision["stable_requests"]
+    share = served / max(1, total)
+    state["canary_share"] = share
+    if share >= 0.15:
+        raise tl.fail("canary rolled back", f"{BAD} served {share:.1%} of requests before its rollback")
+    tl.done("canary rolled back", f"rolled back to {GOOD} after {BAD} served {served} of {total} requests "
+                                  f"({share:.1%}): {decision['reason']}")  # fmt: skip
     snaps = wait_until(
-        lambda: [
-            s for s in client.get("/api/v1/snapshots").json()["snapshots"] if s["trigger"] == "post_deploy"
-        ],
+        lambda: [s for s in client.get("/api/v1/snapshots").json()["snapshots"] if s["trigger"] == "canary"],
         20,
     )
     if not snaps:
@@ -370,32 +376,12 @@ def _bad_release(
     snap = snaps[0]  # type: ignore[index]
     state["snapshot"] = snap["path"]
     tl.done("snapshot", f"{snap['request_count']} requests of {snap['model_version']} kept in {snap['path']}")
-    from infersight.alerts import REGRESSION_ALERT
+    from infersight.alerts.canary import CANARY_ALERT
 
-    if not wait_until(lambda: REGRESSION_ALERT in hook.alertnames(), 30):
-        raise tl.fail("page", f"no signed {REGRESSION_ALERT} notification reached the webhook receiver")
-    tl.done("page", f"{REGRESSION_ALERT} delivered, signature verified ({len(hook.received)} webhooks received, "
+    if not wait_until(lambda: CANARY_ALERT in hook.alertnames(), 30):
+        raise tl.fail("page", f"no signed {CANARY_ALERT} notification reached the webhook receiver")
+    tl.done("page", f"{CANARY_ALERT} delivered, signature verified ({len(hook.received)} webhooks received, "
                     f"{hook.rejected} rejected)")  # fmt: skip
-
-
-def _stale_drift_resolved(tl: Timeline, hook: WebhookReceiver, sizes: _Sizes) -> None:
-    """The rolled-back version drifted while it served; nobody sends it requests now, so its
-    drift state expires and its PromptDrift resolves."""
-    fired = wait_until(lambda: ("PromptDrift", BAD, "firing") in hook.alert_states(), 60)
-    if not fired:
-        raise tl.fail("rolled-back drift resolved", f"PromptDrift never fired for {BAD} while it served")
-    t0 = time.monotonic()
-    if not wait_until(
-        lambda: ("PromptDrift", BAD, "resolved") in hook.alert_states(), 3 * sizes.stale_after_s + 30
-    ):
-        raise tl.fail(
-            "rolled-back drift resolved", f"PromptDrift of {BAD} still firing though nobody serves it"
-        )
-    tl.done(
-        "rolled-back drift resolved",
-        f"PromptDrift of {BAD} resolved {time.monotonic() - t0:.0f} s after it fired: no request reached it for "
-        f"{sizes.stale_after_s:g} s, so its drift state expired",
-    )
 
 
 def _summary(out: TextIO, tl: Timeline, state: dict[str, Any], failed: str | None) -> None:
@@ -404,6 +390,10 @@ def _summary(out: TextIO, tl: Timeline, state: dict[str, Any], failed: str | Non
         print(f"demo complete: every step happened in {tl.steps[-1].at_s:.0f} s.", file=out)
     else:
         print(f"demo FAILED at step {failed!r}.", file=out)
+    if state.get("canary_share") is not None:
+        print(
+            f"  the bad canary served {state['canary_share']:.1%} of requests before its rollback", file=out
+        )
     if state.get("snapshot"):
         print(f"  snapshot of the bad release: {state['snapshot']}", file=out)
     print("  to watch it on the page: infersight demo --keep-running, then open the URL it prints", file=out)

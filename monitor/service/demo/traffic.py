@@ -23,14 +23,23 @@ class TrafficResult:
 
 
 def send_chats(
-    base_url: str, utterances: Sequence[str], *, workers: int = 8, max_tokens: int = 16, stream_every: int = 4
+    base_url: str,
+    utterances: Sequence[str],
+    *,
+    workers: int = 8,
+    max_tokens: int = 16,
+    stream_every: int = 4,
+    users: Sequence[str] | None = None,
 ) -> TrafficResult:
-    """One chat completion per utterance, `workers` at a time; every `stream_every`-th streamed."""
+    """One chat completion per utterance, `workers` at a time; every `stream_every`-th streamed;
+    `users[i]` is the OpenAI `user` of the i-th (what keeps a user on one version in a canary)."""
 
     def one(i: int, text: str, client: httpx.Client) -> tuple[bool, str]:
         body = {"model": None, "messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": text}],
                 "max_tokens": max_tokens, "temperature": 0.0}  # fmt: skip
         body.pop("model")
+        if users is not None:
+            body["user"] = users[i]
         try:
             if stream_every and i % stream_every == 0:
                 with client.stream("POST", "/v1/chat/completions", json={**body, "stream": True}) as r:
