@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import datetime
 from pathlib import Path
+from typing import Any
 
 from ._errors import CommandError
 
@@ -187,7 +188,7 @@ def _canary(args: argparse.Namespace) -> int:
     return 0
 
 
-def _json(response: object) -> dict[str, object]:
+def _json(response: object) -> dict[str, Any]:
     try:
         value = response.json()  # type: ignore[attr-defined]
     except ValueError:

@@ -327,8 +327,8 @@ def _canary_decided(service: Service, decision: Any) -> None:
     `CanaryRegression` alert with the check and its figures (notified like any alert)."""
     import datetime as dt
 
-    log.warning("canary %s: %s %s at %.0f%% (%s)", decision.version, decision.action, decision.stable_version,
-                decision.weight * 100, decision.reason)  # fmt: skip
+    log.warning("canary %s beside %s: %s (weight now %.0f%%): %s", decision.version, decision.stable_version,
+                decision.action, decision.weight * 100, decision.reason)  # fmt: skip
     deploy_log = service.components.get("deploy_log")
     if deploy_log is not None:
         deploy_log.flush()

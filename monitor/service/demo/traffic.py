@@ -6,6 +6,7 @@ import random
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
 import httpx
 
@@ -35,7 +36,7 @@ def send_chats(
     `users[i]` is the OpenAI `user` of the i-th (what keeps a user on one version in a canary)."""
 
     def one(i: int, text: str, client: httpx.Client) -> tuple[bool, str]:
-        body = {"model": None, "messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": text}],
+        body: dict[str, Any] = {"model": None, "messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": text}],
                 "max_tokens": max_tokens, "temperature": 0.0}  # fmt: skip
         body.pop("model")
         if users is not None:
