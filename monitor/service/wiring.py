@@ -46,7 +46,7 @@ def unwire_components(service: Service) -> None:
 def _wire_collectors(service: Service) -> None:
     from infersight.collectors import GPUCollector, InferenceStats, ProcessCollector
 
-    stats = InferenceStats(service.registry)
+    stats = InferenceStats(service.registry, max_label_values=service.config.limits.max_label_values)
     service.components["stats"] = stats
     assert service.pipeline is not None
     service.pipeline.add_observer(stats)
