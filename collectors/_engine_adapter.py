@@ -91,6 +91,8 @@ class EngineAdapter:
             self._finish(event)
         elif kind == "RequestFailed":
             self._fail(event)
+        elif kind == "VersionDeployed":  # its series exist at 0 before its first request (for rate())
+            self._stats.series(self._model, event.to_version)
 
     def _track(self, request_id: str, version: str, arrived_at: float) -> _Request:
         req = self._requests.get(request_id)

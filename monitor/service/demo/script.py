@@ -46,6 +46,7 @@ class DemoOptions:
     fast: bool = False  # smaller windows (the test's mode); same steps
     port: int | None = None
     keep_running: bool = False
+    linger_s: float = 0.0  # keep the service up this long after the last step (a scraper's last look)
 
 
 @dataclass(frozen=True)
@@ -116,6 +117,7 @@ def _play(options: DemoOptions, tl: Timeline, state: dict[str, Any]) -> None:
             _baseline(base, client, tl, banking_test[: sizes.window])
             _topic_shift(base, client, tl, banking_test[sizes.window : 2 * sizes.window], hotels, hook)
             _bad_release(base, client, tl, banking_test[2 * sizes.window :], hook, state)
+            time.sleep(options.linger_s)
             if options.keep_running:
                 tl.note(f"the service keeps running at {base}/ (Ctrl-C to stop)")
                 with contextlib.suppress(KeyboardInterrupt):
