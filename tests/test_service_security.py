@@ -12,9 +12,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from _service_support import TOKEN, auth, config, event, running
-from infersight.monitor.service import AlertingConfig
+from _web_page_browser import serve
+from conftest import free_port
+from infersight.monitor.service import AlertingConfig, create_app
 from infersight.monitor.service.config import LimitsConfig
 from infersight.monitor.store.tables import requests
 from sqlalchemy import func, select
@@ -87,10 +90,11 @@ ROUTES = [  # one per kind of route: raw body, pydantic body, optional pydantic 
 
 
 @pytest.fixture(scope="module")
-def small_limit(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, Any]]:
+def small_limit(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, httpx.Client]]:
+    """The service under uvicorn (real HTTP/1.1: a generator body goes out chunked)."""
     tmp = tmp_path_factory.mktemp("limit")
-    cfg = _cfg(tmp, limits=LimitsConfig(max_body_bytes=4096))
-    with running(cfg) as (app, client):
+    app = create_app(_cfg(tmp, limits=LimitsConfig(max_body_bytes=4096)))
+    with serve(app, free_port()) as url, httpx.Client(base_url=url, timeout=30) as client:
         yield app, client
 
 
@@ -100,6 +104,7 @@ def test_an_oversize_body_is_413_on_every_route_chunked_or_declared(small_limit,
     headers = {**(auth() if token else {}), "content-type": "application/json"}
     before = _stored(app)
     chunked = client.post(path, content=_chunks(20_000), headers=headers)
+    assert chunked.request.headers["transfer-encoding"] == "chunked"
     assert chunked.status_code == 413, chunked.text
     assert chunked.json()["error"] == {
         "type": "payload_too_large", "field": "body", "message": "request body is larger than 4096 bytes"
