@@ -91,8 +91,10 @@ class InferenceStats(Collector):
         return self._window_s
 
     # -- recording ------------------------------------------------------------------
-    def series(self, model: str, model_version: str) -> Series:
-        """The handle for one label set (created on first use, then exported with zeros)."""
+    def series(self, model: str, model_version: str, *, trusted: bool = False) -> Series:
+        """The handle for one label set (created on first use, then exported with zeros).
+        `trusted`: names the operator controls (the embedded runtime's registered versions),
+        neither capped nor counted against the cap."""
         key = (model, model_version)
         found = self._series.get(key)
         if found is not None:
@@ -100,8 +102,9 @@ class InferenceStats(Collector):
         check_label("model", model)
         check_label("model_version", model_version)
         with self._series_lock:
-            key = (self._capped("model", model), self._capped("model_version", model_version))
-            model, model_version = key
+            if not trusted:
+                key = (self._capped("model", model), self._capped("model_version", model_version))
+                model, model_version = key
             found = self._series.get(key)
             if found is None:
                 windows = WindowedSketches(

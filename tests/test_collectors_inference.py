@@ -221,3 +221,17 @@ def test_any_quantile_of_any_data_is_within_the_relative_accuracy(values: list[f
     got = stats.quantile("request_duration", q, 600)
     exact = _exact(values, q)
     assert got is not None and abs(got - exact) <= 0.02 * exact * (1 + 1e-9)
+
+
+def test_client_chosen_label_values_past_the_cap_become_other_and_are_counted() -> None:
+    registry = CollectorRegistry()
+    stats = InferenceStats(registry, max_label_values=2)
+    for name in ("a", "b", "c", "d", "a"):
+        stats.add(model="m", model_version=name, duration_s=0.1)
+    stats.series("m", "runtime-v9", trusted=True).add_waiting(0)  # a registered version: its own label
+    stats.add(model="m", model_version="runtime-v9", duration_s=0.1)
+    assert sorted(stats.labels()) == [("m", "a"), ("m", "b"), ("m", "other"), ("m", "runtime-v9")]
+    assert stats.count(60, model_version="other") == 2 and stats.count(60) == 6
+    text = generate_latest(registry).decode()
+    assert 'infersight_label_values_overflowed_total{label="model_version"} 2.0' in text
+    assert 'infersight_label_values_overflowed_total{label="model"} 0.0' in text

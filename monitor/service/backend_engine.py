@@ -85,7 +85,7 @@ class EngineBackend:
         if stats is not None:
             self._unsubscribe = self.runtime.subscribe(EngineAdapter(stats, model=self.model_name))
             if self.runtime.serving_version:  # deployed before we subscribed: at 0 from the first scrape
-                stats.series(self.model_name, self.runtime.serving_version)
+                stats.series(self.model_name, self.runtime.serving_version, trusted=True)
 
     def close(self) -> None:
         unsubscribe = getattr(self, "_unsubscribe", None)
