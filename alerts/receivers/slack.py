@@ -17,7 +17,7 @@ from ..config import ReceiverConfig
 from ..notification import Notification
 from ..transport import HttpRequest
 
-__all__ = ["SlackReceiver", "mrkdwn_escape", "slack_message"]
+__all__ = ["SlackReceiver", "slack_message"]
 
 _MAX_ALERTS = 10
 _ENTITIES = {"&": "&amp;", "<": "&lt;", ">": "&gt;"}
