@@ -8,6 +8,7 @@ import dataclasses
 import random
 import string
 import time
+import tracemalloc
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -137,7 +138,16 @@ def test_ten_thousand_random_model_names_leave_metrics_and_memory_bounded(tmp_pa
 
         send(1000)
         size_1k = len(client.get("/metrics").content)
-        send(9000)
+        tracemalloc.start()
+        try:
+            before = tracemalloc.get_traced_memory()[0]
+            send(9000)
+            app.state.service.writer.flush()
+            grown = tracemalloc.get_traced_memory()[0] - before
+        finally:
+            tracemalloc.stop()
+        print(f"Python heap grew {grown / 1e6:.1f} MB over 9,000 more model names")
+        assert grown < 20e6  # a series per name (sketch windows, histograms) would take hundreds of MB
         metrics = client.get("/metrics").text
         assert len(metrics.encode()) <= size_1k * 1.02  # 9,000 more names added nothing but counts
         labels = stats.labels()
