@@ -11,10 +11,14 @@ Recording is a lock and an append (`Series.exit`); folding happens at scrape or
 query time, so the cost of the sketches is paid off the caller's path.
 
 Label values come from clients (an SDK's model name, the `model` a proxied client sends),
-so each label keeps at most `max_label_values` distinct values: a value past that is
-recorded under `other` and counted in `infersight_label_values_overflowed_total{label}`.
+so each label keeps at most `max_label_values` distinct values, and there are at most
+`max_label_values` (model, model_version) combinations of such values (100 models times
+100 versions would otherwise be 10,000 series): a value past that is recorded as `other`,
+a combination past that as (`other`, `other`), and each such observation is counted in
+`infersight_label_values_overflowed_total{label}` (label: model, model_version, series).
 Nothing is lost from the aggregates, and neither /metrics nor the sketch windows grow
-with the number of names clients invent.
+with the number of names clients invent. Names the operator controls (the embedded
+runtime's registered versions) are `trusted`: never capped, never counted.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from .errors import InvalidQuery, UnknownMetric, WindowTooLong
 __all__ = ["OVERFLOW_LABEL_VALUE", "InferenceStats"]
 
 OVERFLOW_LABEL_VALUE = "other"
+_OTHER_SERIES = (OVERFLOW_LABEL_VALUE, OVERFLOW_LABEL_VALUE)
 _OVERFLOW = (
     "infersight_label_values_overflowed",
     "Observations recorded under label value `other` because the label already had max_label_values values.",
@@ -67,7 +72,8 @@ class InferenceStats(Collector):
             raise InvalidQuery(f"max_label_values must be >= 1, got {max_label_values!r}")
         self.max_label_values = max_label_values
         self._values: dict[str, set[str]] = {"model": set(), "model_version": set()}
-        self._overflowed: dict[str, int] = {"model": 0, "model_version": 0}
+        self._overflowed: dict[str, int] = {"model": 0, "model_version": 0, "series": 0}
+        self._untrusted_series = 0
         self._window_s = float(window_s)
         self._interval_s = float(interval_s)
         self._alpha = float(relative_accuracy)
@@ -104,6 +110,12 @@ class InferenceStats(Collector):
         with self._series_lock:
             if not trusted:
                 key = (self._capped("model", model), self._capped("model_version", model_version))
+                if key not in self._series:
+                    if self._untrusted_series >= self.max_label_values and key != _OTHER_SERIES:
+                        self._overflowed["series"] += 1
+                        key = _OTHER_SERIES
+                    if key not in self._series:
+                        self._untrusted_series += 1
                 model, model_version = key
             found = self._series.get(key)
             if found is None:

@@ -226,12 +226,17 @@ def test_any_quantile_of_any_data_is_within_the_relative_accuracy(values: list[f
 def test_client_chosen_label_values_past_the_cap_become_other_and_are_counted() -> None:
     registry = CollectorRegistry()
     stats = InferenceStats(registry, max_label_values=2)
-    for name in ("a", "b", "c", "d", "a"):
-        stats.add(model="m", model_version=name, duration_s=0.1)
-    stats.series("m", "runtime-v9", trusted=True).add_waiting(0)  # a registered version: its own label
-    stats.add(model="m", model_version="runtime-v9", duration_s=0.1)
-    assert sorted(stats.labels()) == [("m", "a"), ("m", "b"), ("m", "other"), ("m", "runtime-v9")]
+    for model, version in (("x", "1"), ("y", "2"), ("x", "3"), ("x", "2"), ("x", "1")):
+        stats.add(model=model, model_version=version, duration_s=0.1)
+    # "3" is a third version (past 2 values); ("x", "2") a third combination of known values
+    stats.series("x", "runtime-v9", trusted=True).add_waiting(0)  # a registered version: its own label
+    stats.add(model="x", model_version="runtime-v9", duration_s=0.1)
+    assert sorted(stats.labels()) == [("other", "other"), ("x", "1"), ("x", "runtime-v9"), ("y", "2")]
     assert stats.count(60, model_version="other") == 2 and stats.count(60) == 6
-    text = generate_latest(registry).decode()
-    assert 'infersight_label_values_overflowed_total{label="model_version"} 2.0' in text
-    assert 'infersight_label_values_overflowed_total{label="model"} 0.0' in text
+    counted = {
+        s.labels["label"]: s.value
+        for f in text_string_to_metric_families(generate_latest(registry).decode())
+        for s in f.samples
+        if s.name == "infersight_label_values_overflowed_total"
+    }
+    assert counted == {"model": 0, "model_version": 1, "series": 2}

@@ -151,8 +151,7 @@ def test_ten_thousand_random_model_names_leave_metrics_and_memory_bounded(tmp_pa
         metrics = client.get("/metrics").text
         assert len(metrics.encode()) <= size_1k * 1.02  # 9,000 more names added nothing but counts
         labels = stats.labels()
-        assert len({m for m, _ in labels}) <= cap + 1 and len({v for _, v in labels}) <= cap + 1
-        assert len(labels) <= (cap + 1) ** 2
+        assert len(labels) <= cap + 1  # at most `cap` combinations, and (other, other)
         assert ("other", "other") in labels  # the overflow keeps the observations, under `other`
         overflowed = {
             line.split('label="')[1].split('"')[0]: float(line.rsplit(" ", 1)[1])
