@@ -23,8 +23,8 @@ def machine() -> str:
 
 
 def zero_if_empty(label: str) -> str:
-    """To append to a query: `or` a single 0 series labelled `label="none"` when the query has no series at all:
-    a panel of a counter no request has incremented yet shows 0, not "No data"."""
+    """To append to a query: `or` one 0 series labelled `label="none"` when the query has no
+    series at all, so a counter nothing has incremented yet shows 0, not "No data"."""
     return f' or on() label_replace(vector(0), "{label}", "none", "", "")'
 
 

@@ -47,11 +47,11 @@ def headline() -> Section:
             stat("Requests", [Target(requests, "req/s")], unit="reqps", width=4),
             stat(
                 "Error ratio",
-                [Target(f"({rate(_ERRORS, s, by='')} or vector(0)) / {requests}", "errors")],
+                [Target(f"(({rate(_ERRORS, s, by='')} or vector(0)) / ({requests} > 0)) or vector(0)", "errors")],
                 unit="percentunit",
                 width=4,
                 steps=((None, "green"), (0.01, "orange"), (0.05, "red")),
-                description="Failed requests over all requests; 0 while no request has failed.",
+                description="Failed requests over all requests; 0 while none failed (or none came).",
             ),
             stat(
                 "p99 latency",
