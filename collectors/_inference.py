@@ -128,6 +128,12 @@ class InferenceStats(Collector):
                 self._series[key] = found
         return found
 
+    def label_set(self, model: str, model_version: str) -> tuple[str, str]:
+        """The (model, model_version) an observation with these names is recorded under
+        (`other` past the cap): what other in-memory state keyed by them should use."""
+        series = self.series(model, model_version)
+        return series.model, series.model_version
+
     def _capped(self, label: str, value: str) -> str:
         """`value`, or `other` once the label has its maximum of distinct values (lock held)."""
         seen = self._values[label]

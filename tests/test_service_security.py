@@ -131,7 +131,7 @@ def test_ten_thousand_random_model_names_leave_metrics_and_memory_bounded(tmp_pa
 
         def send(n: int) -> None:
             for start in range(0, n, 1000):
-                batch = [event(start + i, model=_random_name(rng), model_version=_random_name(rng),
+                batch = [event(start + i, model=_random_name(rng), model_version=_random_name(rng), prompt="q",
                                request_id=f"r-{time.monotonic_ns()}-{i}") for i in range(min(1000, n - start))]  # fmt: skip
                 r = client.post("/api/v1/events", json={"events": batch}, headers=auth())
                 assert r.status_code == 200 and r.json()["accepted"] == len(batch), r.text
@@ -153,6 +153,8 @@ def test_ten_thousand_random_model_names_leave_metrics_and_memory_bounded(tmp_pa
         labels = stats.labels()
         assert len(labels) <= cap + 1  # at most `cap` combinations, and (other, other)
         assert ("other", "other") in labels  # the overflow keeps the observations, under `other`
+        sampled = app.state.service.reservoir.drain()  # texts for drift, kept per model version
+        assert sampled and {(t.model, t.model_version) for t in sampled} <= set(labels)
         overflowed = {
             line.split('label="')[1].split('"')[0]: float(line.rsplit(" ", 1)[1])
             for line in metrics.splitlines()

@@ -50,6 +50,7 @@ def _wire_collectors(service: Service) -> None:
     service.components["stats"] = stats
     assert service.pipeline is not None
     service.pipeline.add_observer(stats)
+    service.pipeline.label_set = stats.label_set  # drift's per-version state is capped alike
     gpu = GPUCollector(service.registry)
     process = ProcessCollector(service.registry)
     service.components["gpu"] = gpu
