@@ -106,6 +106,7 @@ class LimitsConfig:
     max_events_per_batch: int = 10_000
     write_queue_rows: int = 200_000  # ingest answers 503 beyond this backlog
     timeseries_points: int = 17_280  # 24 h at the default 5 s tick
+    max_label_values: int = 100  # distinct model (and model_version) label values; the rest are `other`
 
 
 @dataclass(frozen=True)
