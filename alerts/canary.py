@@ -375,6 +375,10 @@ class CanaryController:
                 served = dict(self.served)
             if verdict.action == "continue":
                 return
+            status = self.control.status
+            if status is None or status.version != version:  # ended by someone else (an operator, a rule)
+                self.end()
+                return
             if verdict.action == "rollback":
                 self.control.abort(f"canary rolled back: {verdict.reason}")
                 with self._lock:

@@ -271,7 +271,14 @@ class Runtime:
         return self.deploy(version, reason="failover")
 
     def rollback(self) -> DeployOutcome:
-        """Deploy the previous good version (the one beneath the serving one in the history)."""
+        """Deploy the previous good version (the one beneath the serving one in the history).
+        With a canary running, the canary is the latest change: it is rolled back instead."""
+        running = self.canary.status
+        if running is not None:
+            self.canary.abort("rollback asked for while the canary ran")
+            return DeployOutcome(
+                running.version, running.stable_version, "rollback", time.time(), 0.0, 0.0, 0.0
+            )
         target = self.registry.history.previous_good()
         if target is None:
             serving = self.serving_version

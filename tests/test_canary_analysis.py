@@ -99,7 +99,8 @@ class _FakeControl:
         self.calls: list[tuple[str, Any]] = []
         self.done = threading.Event()
 
-    status = None
+    class status:  # the shape of CanaryStatus the controller reads
+        version = "m_d_fp32-v1.1"
 
     def set_weight(self, weight: float) -> None:
         self.calls.append(("weight", weight))

@@ -113,3 +113,11 @@ def test_unknown_version_canary_and_no_canary_actions_are_refused(runtime: Runti
         runtime.canary.promote()
     with pytest.raises(NoCanary):
         runtime.canary.abort()
+
+
+def test_a_rollback_during_a_canary_rolls_the_canary_back(runtime: Runtime) -> None:
+    runtime.canary.start(V2, 0.5)
+    outcome = runtime.rollback()  # e.g. an alert rule's rollback action
+    assert (outcome.from_version, outcome.to_version) == (V2, V1)
+    assert runtime.canary.status is None and runtime.serving_version == V1
+    assert runtime.history()[-1].outcome == "rolled_back"

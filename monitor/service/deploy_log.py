@@ -88,7 +88,11 @@ class DeployLog:
                 with self.db.begin() as conn:
                     conn.execute(insert(deploys), rows)
                 for row in rows:
-                    self.deploys_total.labels(row["outcome"]).inc()
+                    # a canary's start and each step deploy it to more users; its rollback rolls back
+                    outcome = {"started": "deployed", "reweighted": "deployed"}.get(
+                        row["outcome"], row["outcome"]
+                    )
+                    self.deploys_total.labels(outcome).inc()
             self._set_serving(self.runtime.serving_version)
             self.sync_versions()
         for event in events:
