@@ -9,7 +9,9 @@ notifications that are never lost, and automated remediation.
 - Delivery: `Dispatcher(engine, build_receivers(config.receivers), HttpxSender()).run_once()`
   delivers the outbox with backoff and full jitter; dead letters raise their own alert.
 - Actions: `ActionRunner` (snapshot, rollback, hot_reload, failover), `DeployAnalyzer`
-  (post-deploy checks and automatic rollback), `alertmanager_router` (inbound webhooks).
+  (post-deploy checks and automatic rollback), `CanaryController` (a canary against the
+  stable version, sequential tests, stepwise promotion or rollback), `alertmanager_router`
+  (inbound webhooks).
 - Seams: `SignalSource`, `ModelControl`, `SnapshotSource`, `HttpSender`, and a clock.
 """
 
@@ -36,6 +38,18 @@ from .analysis import (
     VersionStats,
 )
 from .backoff import RetryPolicy
+from .canary import (
+    CANARY_ALERT,
+    CLIENT_ERRORS,
+    CanaryAnalysis,
+    CanaryController,
+    CanaryDecision,
+    CanaryPolicy,
+    CanaryRuntime,
+    CheckState,
+    Verdict,
+    msprt_lambda,
+)
 from .config import AlertConfig, InhibitRule, ReceiverConfig, Route
 from .dispatcher import DeliveryResult, Dispatcher
 from .errors import (
@@ -68,6 +82,8 @@ from .transport import HttpRequest, HttpResponse, HttpSender, HttpxSender
 __all__ = [
     "ACTION_LABEL",
     "ACTION_TYPES",
+    "CANARY_ALERT",
+    "CLIENT_ERRORS",
     "DEFAULT_RULES",
     "FAILURE_ALERT",
     "REGRESSION_ALERT",
@@ -82,7 +98,13 @@ __all__ = [
     "AlertmanagerHandler",
     "AlertsError",
     "AnalysisPolicy",
+    "CanaryAnalysis",
+    "CanaryController",
+    "CanaryDecision",
+    "CanaryPolicy",
+    "CanaryRuntime",
     "CheckResult",
+    "CheckState",
     "CompositeSignals",
     "Condition",
     "DeliveryFailed",
@@ -133,6 +155,7 @@ __all__ = [
     "StoreVersionMetrics",
     "Transition",
     "UnknownSignal",
+    "Verdict",
     "VersionMetrics",
     "VersionStats",
     "WebhookReceiver",
@@ -142,6 +165,7 @@ __all__ = [
     "export_prometheus",
     "list_silences",
     "load_config",
+    "msprt_lambda",
     "parse_config",
     "parse_matcher",
     "parse_payload",

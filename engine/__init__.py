@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from .deploy_history import DeployRecord
     from .errors import (
         CacheCapacityExceeded,
+        CanaryRunning,
         CheckpointCorrupt,
         CheckpointError,
         CheckpointMismatch,
@@ -30,10 +31,12 @@ if TYPE_CHECKING:
         DeployRefused,
         EngineError,
         GenerationFailed,
+        InvalidCanaryWeight,
         InvalidInput,
         InvalidRequest,
         InvalidSamplingParams,
         InvalidVersionName,
+        NoCanary,
         NonFiniteWeights,
         NoPreviousVersion,
         NotACheckpoint,
@@ -59,6 +62,7 @@ if TYPE_CHECKING:
 # public name -> the module defining it
 _EXPORTS: dict[str, str] = {
     "CacheCapacityExceeded": ".errors",
+    "CanaryRunning": ".errors",
     "CheckpointCorrupt": ".errors",
     "CheckpointError": ".errors",
     "CheckpointMismatch": ".errors",
@@ -68,10 +72,12 @@ _EXPORTS: dict[str, str] = {
     "DeployRefused": ".errors",
     "EngineError": ".errors",
     "GenerationFailed": ".errors",
+    "InvalidCanaryWeight": ".errors",
     "InvalidInput": ".errors",
     "InvalidRequest": ".errors",
     "InvalidSamplingParams": ".errors",
     "InvalidVersionName": ".errors",
+    "NoCanary": ".errors",
     "NoPreviousVersion": ".errors",
     "NonFiniteWeights": ".errors",
     "NotACheckpoint": ".errors",
@@ -103,6 +109,7 @@ _EXPORTS: dict[str, str] = {
 
 __all__ = [
     "CacheCapacityExceeded",
+    "CanaryRunning",
     "CheckpointCorrupt",
     "CheckpointError",
     "CheckpointMismatch",
@@ -115,6 +122,7 @@ __all__ = [
     "DeployRefused",
     "EngineError",
     "GenerationFailed",
+    "InvalidCanaryWeight",
     "InvalidInput",
     "InvalidRequest",
     "InvalidSamplingParams",
@@ -122,6 +130,7 @@ __all__ = [
     "KVCache",
     "MoEModel",
     "ModelConfig",
+    "NoCanary",
     "NoPreviousVersion",
     "NonFiniteWeights",
     "NotACheckpoint",
