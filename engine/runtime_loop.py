@@ -137,6 +137,9 @@ def _step(state: LoopState) -> bool:
     current = state.current
     if current is None:
         return False
+    if state.canary is None and len(state.canary_queue):  # routed just before the canary ended
+        for request in state.canary_queue.drain():
+            state.queue.push(request)
     groups: list[tuple[list[Request], torch.Tensor]] = []
     for replica, queue in ((current, state.queue), (state.canary, state.canary_queue)):
         if replica is not None:
