@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Iterable
 
 from ddsketch import DDSketch
-from infersight.monitor.records import InferenceRecord
+from infersight.monitor.records import CLIENT_ERROR, CLIENT_OUTCOMES, InferenceRecord
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
@@ -166,24 +166,45 @@ class InferenceStats(Collector):
         model: str | None = None,
         model_version: str | None = None,
         errors_only: bool = False,
+        outcome: str | None = None,
     ) -> int:
-        """Requests (or failed requests) that finished in the last `window_s`."""
+        """Requests that finished in the last `window_s`: all of them, those the server
+        failed (`errors_only`), or those with a client `outcome` (client_error, cancelled)."""
         self._check_window(window_s)
+        if outcome is not None and outcome not in CLIENT_OUTCOMES:
+            raise InvalidQuery(
+                f"outcome must be one of {', '.join(sorted(CLIENT_OUTCOMES))}, got {outcome!r}"
+            )
+        attr = (
+            "errors" if errors_only else ("client_errors" if outcome == CLIENT_ERROR else outcome or "total")
+        )
         total = 0
         with self._fold_lock:
             now = self.clock()
             for series in self._fold_matching(model, model_version, now):
                 for slot in series.windows.recent(now, window_s):
-                    total += slot.errors if errors_only else slot.total
+                    total += getattr(slot, attr)
         return total
 
     def error_counts(self, *, model: str | None = None, model_version: str | None = None) -> dict[str, int]:
-        """Failed requests by error type since start (the Prometheus counter's values)."""
+        """Requests failed by the server, by error type, since start (the Prometheus
+        counter's values; the client's outcomes are in `client_outcome_counts`)."""
         totals: dict[str, int] = {}
         with self._fold_lock:
             for series in self._fold_matching(model, model_version, self.clock()):
                 for error_type, n in series.errors.items():
                     totals[error_type] = totals.get(error_type, 0) + n
+        return totals
+
+    def client_outcome_counts(
+        self, *, model: str | None = None, model_version: str | None = None
+    ) -> dict[str, int]:
+        """Requests the client ended (client_error, cancelled) since start: not errors."""
+        totals: dict[str, int] = {}
+        with self._fold_lock:
+            for series in self._fold_matching(model, model_version, self.clock()):
+                for outcome, n in series.client_outcomes.items():
+                    totals[outcome] = totals.get(outcome, 0) + n
         return totals
 
     def labels(self) -> list[tuple[str, str]]:

@@ -14,6 +14,7 @@ _TPOT = "gen_ai_server_time_per_output_token_seconds"
 _QUEUE = "gen_ai_server_request_queue_time_seconds"
 _TOKENS = "gen_ai_server_token_usage"
 _ERRORS = "gen_ai_server_request_errors_total"
+_CLIENT = "infersight_client_outcomes_total"  # refused for the client's fault, hung up: not errors
 
 
 def _percentiles(histogram: str) -> list[Target]:
@@ -130,12 +131,18 @@ def traffic() -> Section:
                 min_value=0,
             ),
             timeseries(
-                "Errors by type",
-                [Target(rate(_ERRORS, s, by="error_type"), "{{error_type}}")],
+                "Errors by type, and what clients caused",
+                [
+                    Target(rate(_ERRORS, s, by="error_type"), "{{error_type}}"),
+                    Target(rate(_CLIENT, s, by="outcome"), "client: {{outcome}}"),
+                ],
                 unit="reqps",
                 width=8,
                 min_value=0,
                 stack=True,
+                description="Server errors by error_type; beside them, not counted as errors, requests "
+                "refused for the client's fault (client_error: an over-long prompt, an upstream 4xx) "
+                "and requests whose client hung up (cancelled).",
             ),
             heatmap(
                 "Prompt length (input tokens)",

@@ -122,7 +122,18 @@ class AlertsWiring:
     def analyze(self) -> None:
         for check in self.analyzer.tick():
             if check.rollback is not None and check.rollback.state == "succeeded":
+                self._explain_rollback(check)
                 self._snapshot_after_rollback(check)
+
+    def _explain_rollback(self, check: Any) -> None:
+        """The deploy history says which checks failed, with their figures."""
+        deploy_log = self.service.components.get("deploy_log")
+        before, after = check.rollback.before_version, check.rollback.after_version
+        if deploy_log is None or before is None or after is None:
+            return
+        detail = f"post-deploy analysis {check.analysis_id} failed: {'; '.join(check.failures)}"
+        deploy_log.annotate(from_version=before, to_version=after, reason="rollback",
+                            since=check.at - dt.timedelta(seconds=1), detail=detail)  # fmt: skip
 
     def _snapshot_after_rollback(self, check: Any) -> None:
         """The evidence of an automatic rollback, kept for whoever is paged."""
