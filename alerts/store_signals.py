@@ -81,7 +81,8 @@ class StoreSignals:
             elif signal.kind == "request_rate":
                 out.append(Sample(key, len(values) / window))
             elif len(values) >= (signal.min_requests or 1):
-                out.append(Sample(key, sum(is_server_error(v) for v in values) / len(values)))  # type: ignore[arg-type]
+                errors = sum(is_server_error(v) for v in values)  # type: ignore[arg-type]
+                out.append(Sample(key, errors / len(values)))  # the client's outcomes are no errors
         return out
 
     def _relevance(self, since: dt.datetime, by: Sequence[str]) -> list[Sample]:
