@@ -31,6 +31,7 @@ from .analysis import (
     AnalysisPolicy,
     CheckResult,
     DeployAnalyzer,
+    FailedCheck,
     StoreVersionMetrics,
     VersionMetrics,
     VersionStats,
@@ -63,7 +64,7 @@ from .silences import Silence, create_silence, expire_silence, list_silences
 from .state import ActiveAlert, Transition
 from .static_signals import StaticSignals
 from .store_signals import CompositeSignals, StoreSignals
-from .transport import HttpRequest, HttpResponse, HttpSender, HttpxSender
+from .transport import HttpRequest, HttpResponse, HttpSender, HttpxSender, url_problem
 
 __all__ = [
     "ACTION_LABEL",
@@ -91,6 +92,7 @@ __all__ = [
     "Dispatcher",
     "EvaluationResult",
     "Evaluator",
+    "FailedCheck",
     "FlushResult",
     "HttpRequest",
     "HttpResponse",
@@ -148,4 +150,5 @@ __all__ = [
     "requeue_dead",
     "signal_promql",
     "take_snapshot",
+    "url_problem",
 ]
