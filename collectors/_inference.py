@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Iterable
 
 from ddsketch import DDSketch
-from infersight.monitor.records import CLIENT_ERROR, CLIENT_OUTCOMES, InferenceRecord
+from infersight.monitor.records import CANCELLED, CLIENT_ERROR, CLIENT_OUTCOMES, InferenceRecord
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
@@ -31,6 +31,8 @@ from ._window import LATENCY_METRICS, WindowedSketches
 from .errors import InvalidQuery, UnknownMetric, WindowTooLong
 
 __all__ = ["InferenceStats"]
+
+_SLOT_COUNTS = {None: "total", CLIENT_ERROR: "client_errors", CANCELLED: "cancelled"}  # count(outcome=)
 
 
 class InferenceStats(Collector):
@@ -175,9 +177,7 @@ class InferenceStats(Collector):
             raise InvalidQuery(
                 f"outcome must be one of {', '.join(sorted(CLIENT_OUTCOMES))}, got {outcome!r}"
             )
-        attr = (
-            "errors" if errors_only else ("client_errors" if outcome == CLIENT_ERROR else outcome or "total")
-        )
+        attr = "errors" if errors_only else _SLOT_COUNTS[outcome]
         total = 0
         with self._fold_lock:
             now = self.clock()

@@ -37,7 +37,11 @@ from sqlalchemy import select
 
 INT8 = "mixtral_banking_int8-v1.0"
 TOKEN = "client-outcomes-token-0123456789"
-ANALYSIS_WINDOW_S = 30.0
+ANALYSIS_WINDOW_S = 30.0  # checked every 3 s: the checks (output drift) share the CPU with the model
+# This test is about what counts as an error. Latency is not comparable between its two
+# phases on a shared CI machine (measured: the same good traffic's p99 twice the baseline's
+# when other jobs ran), so the latency check is left to test_alerts_actions.py.
+P99_RATIO = 100.0
 _FIGURES = re.compile(r"mean relevance -?\d\.\d{3} < previous -?\d\.\d{3} - 0\.1")
 
 # ErrorRateSpike as shipped (alerts/default_rules.yaml), with short timings so it would act
@@ -119,11 +123,12 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
             data_dir=tmp / "service", port=port, token=TOKEN,
             engine=EngineConfig(registry=registry, version=GOOD, max_batch_size=8, max_seq_len=512,
                                 max_prompt_tokens=256, max_tokens_limit=32),
-            alerting=AlertingConfig(rules=rules, analysis_window_s=ANALYSIS_WINDOW_S, analysis_interval_s=1.0,
-                                    analysis_failed_checks=2, analysis_min_requests=15),
+            alerting=AlertingConfig(rules=rules, analysis_window_s=ANALYSIS_WINDOW_S, analysis_interval_s=3.0,
+                                    analysis_failed_checks=2, analysis_min_requests=15,
+                                    analysis_p99_ratio=P99_RATIO),
             drift=DriftConfig(reference=reference, alpha=0.01, window=60, min_window=30),
             schedule=ScheduleConfig(timeseries_s=1.0, timeseries_window_s=20.0, embed_s=1.0, drift_s=3600.0,
-                                    rules_s=0.5, outbox_s=0.5, post_deploy_s=0.5),
+                                    rules_s=0.5, outbox_s=0.5, post_deploy_s=1.0),
             text_sample_rate=1.0,
         )  # fmt: skip
         service = Service(cfg)

@@ -58,6 +58,7 @@ class AlertingConfig:
     analysis_interval_s: float = 60.0  # between checks
     analysis_failed_checks: int = 3  # failed checks before the automatic rollback
     analysis_min_requests: int = 20  # fewer on either side: inconclusive
+    analysis_p99_ratio: float = 1.5  # the new version's p99 over this times the previous one fails a check
     snapshot_requests: int = 100  # requests kept in the snapshot taken at an automatic rollback
 
 

@@ -96,6 +96,7 @@ class AlertsWiring:
         policy = a.AnalysisPolicy(
             window_s=cfg.analysis_window_s, interval_s=cfg.analysis_interval_s,
             max_failed_checks=cfg.analysis_failed_checks, min_requests=cfg.analysis_min_requests,
+            p99_ratio=cfg.analysis_p99_ratio,
         )  # fmt: skip
         drift = service.components.get("drift")
         metrics = a.StoreVersionMetrics(db, output_drift=getattr(drift, "output_drift_p_value", None))
