@@ -7,7 +7,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from ..errors import ActionFailed
 
-__all__ = ["ModelControl", "RuntimeControl"]
+__all__ = ["ModelControl", "ReplicaTargets", "RuntimeControl"]
 
 
 @runtime_checkable
@@ -22,6 +22,15 @@ class ModelControl(Protocol):
     def rollback(self) -> None: ...
 
     def failover(self, version: str) -> None: ...
+
+
+class ReplicaTargets(Protocol):
+    """Which replicas a model action acts on, where several share one database."""
+
+    def replicas_for(self, model_version: str | None) -> list[str]:
+        """The live replicas whose runtime serves `model_version` (None: any version)
+        and that served its requests lately; all of those serving it when none did."""
+        ...
 
 
 class RuntimeControl:

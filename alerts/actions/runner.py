@@ -2,7 +2,10 @@
 daily cap, optionally as a dry run. Runs queued by the evaluator (in the transaction that
 made the alert fire) and runs asked for by hand, by Alertmanager or by the post-deploy
 analysis all go through the same `alert_action_runs` row, leased like the outbox, so two
-workers never run the same row. A failed rollback, reload or failover is verified to have
+workers never run the same row. With several replicas on one database (`replica` and
+`targets` given), a model action is fanned out: one row per replica whose runtime serves
+the alerted version, which that replica claims and runs on its own runtime; the row
+asked for becomes "dispatched". A failed rollback, reload or failover is verified to have
 left the serving version as it was, and raises the `RemediationFailed` alert."""
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from .._alert_rows import push_alert
 from ..errors import ActionFailed, ActionRefused
 from ..rules import ActionSpec
 from ..tables import action_runs
-from .control import ModelControl
+from .control import ModelControl, ReplicaTargets
 from .snapshot import SnapshotSource, take_snapshot
 
 __all__ = ["FAILURE_ALERT", "ActionOutcome", "ActionRunner"]
@@ -31,6 +34,7 @@ __all__ = ["FAILURE_ALERT", "ActionOutcome", "ActionRunner"]
 FAILURE_ALERT = "RemediationFailed"
 _SNAPSHOT_TRIGGER = {"rule": "alert", "alertmanager": "alert", "analysis": "post_deploy", "manual": "manual"}
 _COUNTED = ("succeeded", "failed")  # dry runs and refusals do not use up the cap
+MODEL_ACTIONS = ("rollback", "hot_reload", "failover")  # act on a runtime: fanned out to replicas
 
 
 @dataclass(frozen=True)
@@ -38,7 +42,7 @@ class ActionOutcome:
     run_id: int
     run_key: str
     action: str
-    state: str  # pending, succeeded, failed, refused, dry_run
+    state: str  # pending, succeeded, failed, refused, dry_run, dispatched (to other replicas)
     trigger: str
     before_version: str | None
     after_version: str | None
@@ -76,6 +80,8 @@ class ActionRunner:
         lease_s: float = 600.0,
         failure_alert_for_s: float = 3600.0,
         owner: str | None = None,
+        replica: str | None = None,
+        targets: ReplicaTargets | None = None,
     ) -> None:
         self.engine = engine
         self.data_dir = Path(data_dir)
@@ -86,6 +92,8 @@ class ActionRunner:
         self.lease_s = lease_s
         self.failure_alert_for_s = failure_alert_for_s
         self.owner = owner or f"actions-{uuid.uuid4().hex[:12]}"
+        self.replica = replica  # this process's replica id: rows for other replicas are theirs
+        self.targets = targets  # None: model actions act on this process's runtime
 
     def _now(self) -> dt.datetime:
         return dt.datetime.fromtimestamp(self.clock(), dt.UTC)
@@ -112,9 +120,11 @@ class ActionRunner:
                 )
         return self._execute(claimed[0])  # this call ran it (whoever inserted the row)
 
-    def run_pending(self, limit: int = 10) -> list[ActionOutcome]:
-        """Run the actions the evaluator queued (oldest first)."""
-        return [self._execute(row) for row in self._claim(None, limit=limit)]
+    def run_pending(self, limit: int = 10, *, own_only: bool = False) -> list[ActionOutcome]:
+        """Run the actions the evaluator queued (oldest first); `own_only`: only the runs
+        fanned out to this replica (a follower's job), not the ones still to dispatch."""
+        extra = action_runs.c.replica == self.replica if own_only else None
+        return [self._execute(row) for row in self._claim(extra, limit=limit)]
 
     # -- rows -------------------------------------------------------------------------
     def _submit(
@@ -153,6 +163,7 @@ class ActionRunner:
         free = and_(
             action_runs.c.state == "pending",
             or_(action_runs.c.lease_until.is_(None), action_runs.c.lease_until < now),
+            or_(action_runs.c.replica.is_(None), action_runs.c.replica == self.replica),
         )
         cond = free if extra is None else and_(free, extra)
         due = (
@@ -172,9 +183,13 @@ class ActionRunner:
             return sorted(conn.execute(stmt).all(), key=lambda r: r.id)
 
     # -- execution --------------------------------------------------------------------
-    def _policy(self, conn: Connection, spec: ActionSpec, row_id: int, now: dt.datetime) -> None:
+    def _policy(
+        self, conn: Connection, spec: ActionSpec, row_id: int, now: dt.datetime, replica: str | None = None
+    ) -> None:
+        """Cooldown and daily cap, per replica (each replica's runtime is rolled back once)."""
         recent = select(func.max(action_runs.c.started_at), func.count()).where(
             action_runs.c.action == spec.type,
+            action_runs.c.replica.is_not_distinct_from(replica),
             action_runs.c.state.in_(_COUNTED),
             action_runs.c.id != row_id,
             action_runs.c.started_at >= now - dt.timedelta(days=1),
@@ -193,9 +208,11 @@ class ActionRunner:
         detail: dict[str, Any] = dict(json.loads(row.detail))
         state, after, failure = "succeeded", before, None
         try:
+            if self.targets is not None and row.replica is None and spec.type in MODEL_ACTIONS:
+                return self._fan_out(row, spec, now)
             target = self._target(spec, before)  # bad parameters are reported before any cooldown
             with self.engine.connect() as conn:
-                self._policy(conn, spec, row.id, now)
+                self._policy(conn, spec, row.id, now, row.replica)
             if spec.dry_run:
                 state, detail["would"] = "dry_run", self._describe(spec, before, target)
             else:
@@ -230,6 +247,39 @@ class ActionRunner:
                 self._raise_failure_alert(conn, spec, row, before, after, failure)
             final = conn.execute(select(action_runs).where(action_runs.c.id == row.id)).one()
         return _outcome(final)
+
+    def _fan_out(self, row: Any, spec: ActionSpec, now: dt.datetime) -> ActionOutcome:
+        """One pending row per target replica; runs this replica's own one at once."""
+        assert self.targets is not None
+        version = json.loads(row.labels).get("model_version") or None
+        replicas = self.targets.replicas_for(version)
+        if not replicas:
+            raise ActionRefused(spec.type, "no_replica", f"no live replica serves {version or 'a model'}")
+        detail = {**json.loads(row.detail), "replicas": replicas}
+        with self.engine.begin() as conn:
+            for replica in replicas:
+                key = f"{row.run_key}@{replica}"[:200]
+                if conn.execute(select(action_runs.c.id).where(action_runs.c.run_key == key)).first():
+                    continue
+                conn.execute(
+                    insert(action_runs).values(
+                        run_key=key, action=row.action, spec=row.spec, trigger=row.trigger,
+                        alertname=row.alertname, labels=row.labels, state="pending", created_at=now,
+                        detail=row.detail, replica=replica,
+                    )
+                )  # fmt: skip
+            conn.execute(
+                update(action_runs)
+                .where(action_runs.c.id == row.id)
+                .values(state="dispatched", started_at=now, finished_at=self._now(),
+                        detail=json.dumps(detail, default=str), lease_owner=None, lease_until=None)
+            )  # fmt: skip
+            parent = conn.execute(select(action_runs).where(action_runs.c.id == row.id)).one()
+        if self.replica in replicas:
+            mine = self._claim(action_runs.c.run_key == f"{row.run_key}@{self.replica}"[:200])
+            if mine:
+                return self._execute(mine[0])
+        return _outcome(parent)
 
     def _target(self, spec: ActionSpec, before: str | None) -> str | None:
         """The version a model action switches to (None: rollback's, decided by the engine)."""

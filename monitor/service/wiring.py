@@ -30,6 +30,12 @@ def wire_components(service: Service) -> None:
 
 
 def unwire_components(service: Service) -> None:
+    replicas = service.components.pop("replicas", None)
+    if replicas is not None:
+        try:
+            replicas.withdraw()
+        except Exception as exc:  # the database may be gone; the heartbeat then just goes stale
+            log.warning("could not withdraw replica %s: %s", replicas.id, exc)
     deploy_log = service.components.pop("deploy_log", None)
     if deploy_log is not None:
         deploy_log.close()
