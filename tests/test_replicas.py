@@ -94,7 +94,7 @@ def _rules(path: Path, pager_url: str, *, rollback: bool) -> Path:
     return path
 
 
-def _start(name: str, root: Path, registry: Path, database_url: str, rules: Path) -> Replica:
+def _spawn(name: str, root: Path, registry: Path, database_url: str, rules: Path) -> Replica:
     port = free_port()
     config = root / f"{name}.yaml"
     config.write_text(
@@ -121,19 +121,18 @@ def _start(name: str, root: Path, registry: Path, database_url: str, rules: Path
             [sys.executable, "-m", "infersight.monitor.cli", "serve", "--config", str(config)],
             stdout=out, stderr=subprocess.STDOUT, env=env,
         )  # fmt: skip
-    replica = Replica(name, port, process, log)
+    return Replica(name, port, process, log)
 
-    def ready() -> bool:
-        if process.poll() is not None:
-            raise AssertionError(f"{name} exited {process.returncode}:\n{log.read_text()[-3000:]}")
-        try:
-            with urllib.request.urlopen(replica.url + "/readyz", timeout=2) as response:
-                return response.status == 200
-        except (OSError, urllib.error.URLError):
-            return False
 
-    wait_for(ready, timeout=START_TIMEOUT_S, interval=0.25)
-    return replica
+def _ready(replica: Replica) -> bool:
+    if replica.process.poll() is not None:
+        log = replica.log.read_text()[-3000:]
+        raise AssertionError(f"{replica.name} exited {replica.process.returncode}:\n{log}")
+    try:
+        with urllib.request.urlopen(replica.url + "/readyz", timeout=2) as response:
+            return response.status == 200
+    except (OSError, urllib.error.URLError):
+        return False
 
 
 def _stop(replica: Replica) -> None:
@@ -155,27 +154,24 @@ def demo_registry(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def system(
     tmp_path: Path, postgres_url: str, demo_registry: Path, request: pytest.FixtureRequest
 ) -> Iterator[Any]:
-    """A pager stand-in and a function starting replicas; the first started leads."""
+    """A pager stand-in and two replicas started together: (leader, follower, pager, db)."""
     with ExitStack() as stack:
         pager = stack.enter_context(LocalReceiver(kind="pagerduty"))
         rules = _rules(tmp_path / "rules.yaml", pager.url, rollback=request.param)
-        started: list[Replica] = []
-
-        def start(name: str) -> Replica:
-            replica = _start(name, tmp_path, demo_registry, postgres_url, rules)
-            started.append(replica)
+        replicas = [_spawn(name, tmp_path, demo_registry, postgres_url, rules) for name in ("a", "b")]
+        for replica in replicas:
             stack.callback(_stop, replica)
-            return replica
-
-        a = start("a")
-        wait_for(a.leading, timeout=30.0, interval=0.25)
-        b = start("b")
         db = create_engine(postgres_url)
         stack.callback(db.dispose)
         try:
-            yield a, b, pager, db
+            wait_for(lambda: all(_ready(r) for r in replicas), timeout=START_TIMEOUT_S, interval=0.25)
+            leading = wait_for(lambda: [r for r in replicas if r.leading()], timeout=30.0, interval=0.25)
+            assert len(leading) == 1, "one leader"
+            (leader,) = leading
+            (follower,) = [r for r in replicas if r is not leader]
+            yield leader, follower, pager, db
         except BaseException:
-            for r in started:
+            for r in replicas:
                 print(f"--- {r.name} log ---\n{r.log.read_text()[-4000:]}")
             raise
 
