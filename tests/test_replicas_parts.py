@@ -15,6 +15,7 @@ import pytest
 from infersight.alerts import ActionRunner, ActionSpec, DeployAnalyzer, VersionStats
 from infersight.alerts.tables import action_runs, deploy_analyses
 from infersight.collectors import InferenceStats, MergedStats, RemoteStats, SlotExporter
+from infersight.monitor.service.replicas import Replicas
 from sqlalchemy import Engine, select
 from test_alerts_support import Clock, database
 
@@ -196,3 +197,37 @@ def test_a_due_post_deploy_check_is_run_by_one_replica_and_one_deploy_is_one_ana
     with db.connect() as conn:
         rows = conn.execute(select(deploy_analyses.c.state, deploy_analyses.c.checks)).all()
     assert [tuple(r) for r in rows] == [("running", 1)]
+
+
+def test_replicas_on_one_database_see_each_others_traffic_and_the_targets_of_an_action(db: Engine) -> None:
+    clock = Clock()
+    stats = {name: InferenceStats(interval_s=10.0, window_s=600.0, clock=clock) for name in ("a", "b", "c")}
+    serving = {"a": "v1", "b": "v2", "c": "v2"}
+    replicas = {
+        name: Replicas(
+            db, stats[name], serving_version=lambda n=name: serving[n], replica_id=name, clock=clock
+        )
+        for name in stats
+    }
+    for i in range(40):
+        stats["b"].add(model="m", model_version="v2", duration_s=2.0 + i / 100)
+        stats["a"].add(model="m", model_version="v1", duration_s=0.1)
+    for r in replicas.values():
+        r.publish()
+    clock.advance(1.0)
+    leader = replicas["a"].merged
+    assert leader.count(300.0, model_version="v2") == 40
+    assert leader.quantile("request_duration", 1.0, 300.0, model_version="v2") == pytest.approx(
+        2.39, rel=0.01
+    )
+    assert replicas["a"].replicas_for("v2") == ["b"], "c serves v2 too, but served none of its requests"
+    assert replicas["a"].replicas_for("v1") == ["a"]
+    assert replicas["a"].replicas_for("v9") == []
+    assert replicas["c"].publish() == 0, "nothing changed: nothing written"
+
+    replicas["b"].withdraw()  # stopped cleanly: no longer a target; its requests still count
+    clock.advance(1.0)
+    assert replicas["a"].replicas_for("v2") == ["c"]
+    assert replicas["a"].merged.count(300.0, model_version="v2") == 40
+    clock.advance(15.0)  # c's heartbeat is stale now (no publish): gone
+    assert replicas["a"].replicas_for("v2") == []

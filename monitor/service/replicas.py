@@ -139,13 +139,14 @@ class Replicas:
 
     # -- reading (the leader's rules) ----------------------------------------------------
     def remote(self) -> RemoteStats:
-        """The other replicas' intervals in the stats window and their live queue depths,
-        read at most once per half publish interval."""
+        """The other replicas' intervals within the rules' longest window (`horizon_s`; the
+        merged view covers no more) and their live queue depths, read at most once per
+        half publish interval."""
         now = self.clock()
         with self._lock:
             if self._cache is not None and now - self._cache[0] < self.publish_s / 2:
                 return self._cache[1]
-        first = self._slot(now - self.stats.window_s)
+        first = self._slot(now - self.horizon_s) - 1
         with self.db.connect() as conn:
             slot_rows = conn.execute(
                 select(replica_slots).where(replica_slots.c.replica != self.id, replica_slots.c.slot >= first)
