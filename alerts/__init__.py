@@ -50,7 +50,7 @@ from .errors import (
     UnknownSignal,
 )
 from .evaluator import EvaluationResult, Evaluator
-from .live_signals import InferenceStatsLike, LiveSignals, QualitySource
+from .live_signals import InferenceStatsLike, LiveSignals, QualitySource, RemoteResources
 from .loader import DEFAULT_RULES, load_config, parse_config
 from .matchers import Matcher, parse_matcher
 from .notification import Notification, NotifiedAlert
@@ -115,6 +115,7 @@ __all__ = [
     "QualitySource",
     "Receiver",
     "ReceiverConfig",
+    "RemoteResources",
     "ReplicaTargets",
     "RetryPolicy",
     "Route",

@@ -8,16 +8,41 @@ from __future__ import annotations
 import datetime as dt
 import random
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
-from infersight.alerts import ActionRunner, ActionSpec, DeployAnalyzer, VersionStats
+from infersight.alerts import ActionRunner, ActionSpec, DeployAnalyzer, LiveSignals, Signal, VersionStats
 from infersight.alerts.tables import action_runs, deploy_analyses
 from infersight.collectors import InferenceStats, MergedStats, RemoteStats, SlotExporter
 from infersight.monitor.service.replicas import Replicas
 from sqlalchemy import Engine, select
 from test_alerts_support import Clock, database
+
+
+@dataclass(frozen=True)
+class GPU:
+    uuid: str
+    sm_activity: float | None
+    memory_used_bytes: int | None
+    memory_total_bytes: int | None
+
+
+@dataclass(frozen=True)
+class Process:
+    pid: int
+    rss_bytes: int
+
+
+@dataclass
+class Readings:
+    """A collector's `latest()`."""
+
+    value: Any
+
+    def latest(self) -> Any:
+        return self.value
 
 
 class StatsClock:
@@ -111,8 +136,9 @@ class Targets:
     def __init__(self, serving: dict[str, str]) -> None:
         self.serving = serving
 
-    def replicas_for(self, model_version: str | None) -> list[str]:
-        return sorted(r for r, v in self.serving.items() if model_version in (None, v))
+    def replicas_for(self, labels: Any) -> list[str]:
+        version = labels.get("model_version")
+        return sorted(r for r, v in self.serving.items() if version in (None, v))
 
 
 def test_a_rollback_runs_on_each_replica_serving_the_version_once_and_nowhere_else(
@@ -203,12 +229,18 @@ def test_replicas_on_one_database_see_each_others_traffic_and_the_targets_of_an_
     clock = Clock()
     stats = {name: InferenceStats(interval_s=10.0, window_s=600.0, clock=clock) for name in ("a", "b", "c")}
     serving = {"a": "v1", "b": "v2", "c": "v2"}
-    replicas = {
-        name: Replicas(
-            db, stats[name], serving_version=lambda n=name: serving[n], replica_id=name, clock=clock
-        )
+    gpus = {
+        name: Readings({0: GPU(f"GPU-{name}", 0.5, 4 << 30 if name == "c" else 1 << 30, 8 << 30)})
         for name in stats
     }
+    processes = {name: Readings(Process(1, 1 << 30)) for name in stats}  # pid 1 everywhere, as in containers
+    replicas = {
+        name: Replicas(
+            db, stats[name], serving_version=lambda n=name: serving[n], replica_id=name, clock=clock,
+            gpu=gpus[name], process=processes[name],
+        )
+        for name in stats
+    }  # fmt: skip
     for i in range(40):
         stats["b"].add(model="m", model_version="v2", duration_s=2.0 + i / 100)
         stats["a"].add(model="m", model_version="v1", duration_s=0.1)
@@ -220,14 +252,26 @@ def test_replicas_on_one_database_see_each_others_traffic_and_the_targets_of_an_
     assert leader.quantile("request_duration", 1.0, 300.0, model_version="v2") == pytest.approx(
         2.39, rel=0.01
     )
-    assert replicas["a"].replicas_for("v2") == ["b"], "c serves v2 too, but served none of its requests"
-    assert replicas["a"].replicas_for("v1") == ["a"]
-    assert replicas["a"].replicas_for("v9") == []
+    assert replicas["a"].replicas_for({"model_version": "v2"}) == ["b"], "c serves v2 too, but no requests"
+    assert replicas["a"].replicas_for({"model_version": "v1"}) == ["a"]
+    assert replicas["a"].replicas_for({"model_version": "v9"}) == []
+    assert replicas["a"].replicas_for({"uuid": "GPU-c"}) == ["c"]
+    assert replicas["b"].replicas_for({"replica": "a"}) == ["a"]
     assert replicas["c"].publish() == 0, "nothing changed: nothing written"
+
+    live = LiveSignals(
+        leader, gpu=gpus["a"], process=processes["a"], replica="a", remote=replicas["a"].remote_resources
+    )
+    memory = live.read(Signal("gpu_memory_ratio"), ["uuid", "replica"])
+    assert sorted((s.label_dict()["replica"], s.label_dict()["uuid"], s.value) for s in memory) == [
+        ("a", "GPU-a", 0.125), ("b", "GPU-b", 0.125), ("c", "GPU-c", 0.5)
+    ]  # fmt: skip
+    rss = live.read(Signal("memory_slope", resource="process", window_s=60.0), ["pid", "replica"])
+    assert rss == [], "one reading each so far: no slope yet"
 
     replicas["b"].withdraw()  # stopped cleanly: no longer a target; its requests still count
     clock.advance(1.0)
-    assert replicas["a"].replicas_for("v2") == ["c"]
+    assert replicas["a"].replicas_for({"model_version": "v2"}) == ["c"]
     assert replicas["a"].merged.count(300.0, model_version="v2") == 40
     clock.advance(15.0)  # c's heartbeat is stale now (no publish): gone
-    assert replicas["a"].replicas_for("v2") == []
+    assert replicas["a"].replicas_for({"model_version": "v2"}) == []

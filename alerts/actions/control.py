@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Protocol, runtime_checkable
 
 from ..errors import ActionFailed
@@ -27,9 +28,11 @@ class ModelControl(Protocol):
 class ReplicaTargets(Protocol):
     """Which replicas a model action acts on, where several share one database."""
 
-    def replicas_for(self, model_version: str | None) -> list[str]:
-        """The live replicas whose runtime serves `model_version` (None: any version)
-        and that served its requests lately; all of those serving it when none did."""
+    def replicas_for(self, labels: Mapping[str, str]) -> list[str]:
+        """From the alert's labels: the replica named by `replica`, or the one whose GPU
+        is `uuid`, or the live replicas serving `model_version` that served its requests
+        lately (all those serving it when none did); with none of these labels, every
+        live replica with a runtime."""
         ...
 
 

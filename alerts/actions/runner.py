@@ -251,10 +251,11 @@ class ActionRunner:
     def _fan_out(self, row: Any, spec: ActionSpec, now: dt.datetime) -> ActionOutcome:
         """One pending row per target replica; runs this replica's own one at once."""
         assert self.targets is not None
-        version = json.loads(row.labels).get("model_version") or None
-        replicas = self.targets.replicas_for(version)
+        labels = json.loads(row.labels)
+        replicas = self.targets.replicas_for(labels)
         if not replicas:
-            raise ActionRefused(spec.type, "no_replica", f"no live replica serves {version or 'a model'}")
+            what = {k: labels[k] for k in ("replica", "uuid", "model_version") if labels.get(k)} or "a model"
+            raise ActionRefused(spec.type, "no_replica", f"no live replica with a runtime matches {what}")
         detail = {**json.loads(row.detail), "replicas": replicas}
         with self.engine.begin() as conn:
             for replica in replicas:

@@ -1,7 +1,9 @@
 """Several replicas of the service on one database acting as one system.
 
 Every replica, leader or not, publishes every `schedule.publish_s`:
-- a heartbeat row in `replicas`: the version its runtime serves and its queue depths;
+- a heartbeat row in `replicas`: the version its runtime serves, its queue depths and its
+  latest GPU and process readings (the leader's GPU and memory rules read them:
+  `remote_resources()`, samples labelled with the replica);
 - the intervals of its sliding windows that changed since the last publish, as rows of
   `replica_slots` (`collectors.SlotExporter`: DDSketch bins, request and error counts).
 
@@ -10,10 +12,11 @@ the other replicas' intervals, so traffic served by a follower reaches the rules
 intervals of a replica that died stay in the store and keep counting until they leave
 the window, as the requests they describe happened.
 
-`replicas_for(version)` names the replicas a model action acts on (the action runner
-fans the action out to them, alerts/actions/runner.py): the live replicas serving the
-version that served its requests within the rules' longest window, or every live one
-serving it when none did (an alert from Alertmanager, from the post-deploy analysis).
+`replicas_for(labels)` names the replicas a model action acts on (the action runner
+fans the action out to them, alerts/actions/runner.py): the one named by a `replica`
+label, the one whose GPU is `uuid`, or the live replicas serving `model_version` that
+served its requests within the rules' longest window (every live one serving it when
+none did: an alert from Alertmanager, from the post-deploy analysis).
 """
 
 from __future__ import annotations
@@ -27,9 +30,11 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
+from infersight.alerts.live_signals import RemoteResources
 from infersight.collectors import InferenceStats, MergedStats, RemoteStats, SlotExporter, SlotRecord
 from infersight.monitor.store.tables import replica_slots, replicas
 from sqlalchemy import Connection, Engine, Table, delete, insert, select
@@ -39,6 +44,32 @@ __all__ = ["Replicas", "new_replica_id"]
 
 log = logging.getLogger(__name__)
 _GONE_S = 86_400.0  # heartbeats older than this are deleted by the leader
+
+
+@dataclass(frozen=True)
+class GPUReading:
+    """What another replica published of one GPU (the fields the GPU rules read)."""
+
+    uuid: str
+    sm_activity: float | None
+    memory_used_bytes: int | None
+    memory_total_bytes: int | None
+
+
+@dataclass(frozen=True)
+class ProcessReading:
+    pid: int
+    rss_bytes: int
+
+
+def _resources(gpu: Any, process: Any) -> str:
+    gpus = gpu.latest() if gpu is not None and getattr(gpu, "enabled", True) else {}
+    p = process.latest() if process is not None else None
+    return json.dumps({
+        "gpus": [{"index": i, "uuid": g.uuid, "sm_activity": g.sm_activity, "memory_used_bytes": g.memory_used_bytes,
+                  "memory_total_bytes": g.memory_total_bytes} for i, g in sorted(gpus.items())],
+        "process": None if p is None else {"pid": p.pid, "rss_bytes": p.rss_bytes},
+    })  # fmt: skip
 
 
 def new_replica_id() -> str:
@@ -68,6 +99,8 @@ class Replicas:
         stats: InferenceStats,
         *,
         serving_version: Callable[[], str | None] = lambda: None,
+        gpu: Any = None,  # GPUCollector: .latest()
+        process: Any = None,  # ProcessCollector: .latest()
         replica_id: str | None = None,
         publish_s: float = 1.0,
         horizon_s: float = 300.0,
@@ -76,6 +109,8 @@ class Replicas:
         self.db = db
         self.stats = stats
         self.serving_version = serving_version
+        self.gpu = gpu
+        self.process = process
         self.id = replica_id or new_replica_id()
         self.publish_s = publish_s
         self.horizon_s = min(
@@ -107,6 +142,7 @@ class Replicas:
         heartbeat = {
             "id": self.id, "host": socket.gethostname()[:256], "pid": os.getpid(), "started_at": self.started_at,
             "heartbeat_at": self._at(now), "serving_version": self.serving_version(), "waiting": json.dumps(waiting),
+            "resources": _resources(self.gpu, self.process),
         }  # fmt: skip
         rows = [
             {"replica": self.id, "model": r.model, "model_version": r.model_version, "slot": r.slot,
@@ -171,22 +207,67 @@ class Replicas:
             self._cache = (now, result)
         return result
 
-    # -- action targets (alerts.actions.ReplicaTargets) -----------------------------------
-    def replicas_for(self, model_version: str | None) -> list[str]:
-        now = self.clock()
+    def remote_resources(self) -> list[RemoteResources]:
+        """The other live replicas' latest GPU and process readings."""
+        out = []
+        for replica, raw in self._live(replicas.c.resources):
+            data = json.loads(raw)
+            gpus = {
+                int(g["index"]): GPUReading(
+                    g["uuid"], g["sm_activity"], g["memory_used_bytes"], g["memory_total_bytes"]
+                )
+                for g in data.get("gpus", [])
+            }
+            p = data.get("process")
+            out.append(
+                RemoteResources(
+                    replica, gpus, None if p is None else ProcessReading(p["pid"], p["rss_bytes"])
+                )
+            )
+        return out
+
+    def _live(self, column: Any) -> list[tuple[str, Any]]:
         with self.db.connect() as conn:
-            live = conn.execute(
-                select(replicas.c.id, replicas.c.serving_version).where(
-                    replicas.c.id != self.id, replicas.c.heartbeat_at >= self._at(now - self.live_s)
+            rows = conn.execute(
+                select(replicas.c.id, column).where(
+                    replicas.c.id != self.id, replicas.c.heartbeat_at >= self._at(self.clock() - self.live_s)
                 )
             ).all()
-            serving = {
-                r.id
-                for r in live
-                if r.serving_version is not None and model_version in (None, r.serving_version)
-            }
-            active: set[str] = set()
-            if model_version is not None and serving:
+        return [(r[0], r[1]) for r in rows]
+
+    # -- action targets (alerts.actions.ReplicaTargets) -----------------------------------
+    def replicas_for(self, labels: Mapping[str, str]) -> list[str]:
+        mine = self.serving_version()
+        if labels.get("replica"):
+            named = labels["replica"]
+            if named == self.id:
+                return [named] if mine is not None else []
+            return [r for r, v in self._live(replicas.c.serving_version) if r == named and v is not None]
+        if labels.get("uuid"):
+            uuid_ = labels["uuid"]
+            found = [
+                r for r, raw in self._live(replicas.c.resources)
+                if any(g.get("uuid") == uuid_ for g in json.loads(raw).get("gpus", []))
+            ]  # fmt: skip
+            gpus = self.gpu.latest() if self.gpu is not None and getattr(self.gpu, "enabled", True) else {}
+            if mine is not None and any(g.uuid == uuid_ for g in gpus.values()):
+                found.append(self.id)
+            serving = {r for r, v in self._live(replicas.c.serving_version) if v is not None} | (
+                {self.id} if mine is not None else set()
+            )
+            return sorted(r for r in found if r in serving)
+        return self._serving(labels.get("model_version") or None)
+
+    def _serving(self, model_version: str | None) -> list[str]:
+        now = self.clock()
+        serving = {
+            r
+            for r, v in self._live(replicas.c.serving_version)
+            if v is not None and model_version in (None, v)
+        }
+        active: set[str] = set()
+        if model_version is not None and serving:
+            with self.db.connect() as conn:
                 active = set(
                     conn.execute(
                         select(replica_slots.c.replica).distinct().where(

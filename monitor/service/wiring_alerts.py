@@ -3,8 +3,8 @@
 - Rules: `Evaluator` over the live statistics (`LiveSignals`: latency, errors, queue, GPU,
   memory slopes, drift p-values) and the store (`StoreSignals`: relevance of sampled
   requests, dead letters), as the leader-only job `rules`, followed by the actions it queued.
-  Latency, errors, request rate and queue depth are every replica's (replicas.py: each
-  publishes its windows, the leader merges them); GPU and process readings are the leader's.
+  Every replica's signals reach them (replicas.py: each publishes its windows and its
+  latest GPU and process readings, the leader merges them).
 - Actions on a model go to the replicas serving the alerted version (a row per replica in
   `alert_action_runs`, claimed by that replica's job `replica_actions`).
 - Delivery: `Dispatcher` over the outbox, leader-only job `outbox`.
@@ -89,6 +89,8 @@ class AlertsWiring:
             gpu=service.components.get("gpu"),
             process=service.components.get("process"),
             quality=service.components.get("drift"),
+            replica=self.replicas.id if self.replicas is not None else None,
+            remote=self.replicas.remote_resources if self.replicas is not None else None,
         )
         store = a.StoreSignals(db)
         self.signals = a.CompositeSignals(live, dead_letters=store, relevance=store)
@@ -184,6 +186,7 @@ def _replicas(service: Service, config: Any, runtime: Any) -> Any:
     return Replicas(
         service.db, stats, publish_s=service.config.schedule.publish_s, horizon_s=max(windows, default=300.0),
         serving_version=(lambda: runtime.serving_version) if runtime is not None else (lambda: None),
+        gpu=service.components.get("gpu"), process=service.components.get("process"),
     )  # fmt: skip
 
 

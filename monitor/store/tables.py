@@ -104,7 +104,8 @@ snapshots = Table(
 
 
 # One row per running (or lately running) service process on this database: its
-# heartbeat, the version its runtime serves, and its queue depth by (model, version).
+# heartbeat, the version its runtime serves, its queue depth by (model, version), and its
+# latest GPU and process readings.
 replicas = Table(
     "replicas",
     metadata,
@@ -115,6 +116,7 @@ replicas = Table(
     Column("heartbeat_at", UTCDateTime(), nullable=False),
     Column("serving_version", String(256)),  # None: no embedded runtime (proxy or ingest only)
     Column("waiting", Text, nullable=False),  # JSON [[model, version, n], ...]
+    Column("resources", Text, nullable=False),  # JSON {"gpus": [{index, uuid, ...}], "process": {pid, rss_bytes}}
 )
 
 # One interval of one replica's sliding windows (collectors.SlotRecord): the alert engine

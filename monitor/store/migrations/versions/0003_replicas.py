@@ -30,6 +30,7 @@ def upgrade() -> None:
         sa.Column("heartbeat_at", UTCDateTime(), nullable=False),
         sa.Column("serving_version", sa.String(256)),
         sa.Column("waiting", sa.Text, nullable=False),
+        sa.Column("resources", sa.Text, nullable=False),
     )
     op.create_table(
         "replica_slots",
