@@ -223,6 +223,11 @@ def test_traffic_to_the_follower_rolls_back_the_follower_alone_and_pages_once_pa
     assert [(r.state, r.replica) for r in runs] == [("dispatched", None), ("succeeded", follower_id)], runs
     assert json.loads(runs[0].detail)["replicas"] == [follower_id]
     assert analyses == ["running"], "one post-deploy analysis for the release both replicas reported"
+    deploys = [
+        (d["to_version"], d["reason"], d["replicas"])
+        for d in leader.call("GET", "/api/v1/overview")["deploys"]
+    ]
+    assert deploys[:2] == [(GOOD, "rollback", 1), (BAD, "deploy", 2)], "one release on two replicas: one item"
 
 
 @pytest.mark.parametrize("system", [False], indirect=True)

@@ -29,7 +29,6 @@ import os
 import socket
 import threading
 import time
-import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -40,7 +39,9 @@ from infersight.monitor.store.tables import replica_slots, replicas
 from sqlalchemy import Connection, Engine, Table, delete, insert, select
 from sqlalchemy.dialects import postgresql, sqlite
 
-__all__ = ["Replicas", "new_replica_id"]
+from .leader import new_replica_id
+
+__all__ = ["GPUReading", "ProcessReading", "Replicas"]
 
 log = logging.getLogger(__name__)
 _GONE_S = 86_400.0  # heartbeats older than this are deleted by the leader
@@ -70,11 +71,6 @@ def _resources(gpu: Any, process: Any) -> str:
                   "memory_total_bytes": g.memory_total_bytes} for i, g in sorted(gpus.items())],
         "process": None if p is None else {"pid": p.pid, "rss_bytes": p.rss_bytes},
     })  # fmt: skip
-
-
-def new_replica_id() -> str:
-    """Host, pid and a random part: unique even when a pid is reused after a restart."""
-    return f"{socket.gethostname()[:80]}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
 
 
 def _upsert(conn: Connection, table: Table, rows: Sequence[dict[str, Any]], keys: Sequence[str]) -> None:

@@ -85,7 +85,13 @@ def _wire_backend(service: Service) -> None:
         backend = EngineBackend.start(service)
         service.components["backend"] = backend
         backend.observe_events()
-        deploy_log = DeployLog(service.db, backend.runtime, service.registry, model=backend.model_name)
+        deploy_log = DeployLog(
+            service.db,
+            backend.runtime,
+            service.registry,
+            model=backend.model_name,
+            replica=service.replica_id,
+        )
         service.components["deploy_log"] = deploy_log
         deploy_log.flush()
         service.scheduler.add("deploy_log", deploy_log.flush, 1.0)

@@ -186,7 +186,7 @@ def _replicas(service: Service, config: Any, runtime: Any) -> Any:
     return Replicas(
         service.db, stats, publish_s=service.config.schedule.publish_s, horizon_s=max(windows, default=300.0),
         serving_version=(lambda: runtime.serving_version) if runtime is not None else (lambda: None),
-        gpu=service.components.get("gpu"), process=service.components.get("process"),
+        gpu=service.components.get("gpu"), process=service.components.get("process"), replica_id=service.replica_id,
     )  # fmt: skip
 
 

@@ -82,6 +82,7 @@ deploys = Table(
     Column("reason", String(64), nullable=False),  # start, deploy, rollback, failover, auto_rollback
     Column("outcome", String(32), nullable=False),  # deployed, refused, rolled_back
     Column("detail", Text),  # why (refusal reason, post-deploy evidence), free text
+    Column("replica", String(128)),  # the service process whose runtime it was (replicas.id)
     Index("ix_deploys_at", "at"),
 )
 

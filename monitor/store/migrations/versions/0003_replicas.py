@@ -1,5 +1,5 @@
-"""replicas: heartbeats and published statistics of each replica; per-replica action runs;
-leased post-deploy analyses
+"""replicas: heartbeats and published statistics of each replica; per-replica action runs
+and deploys; leased post-deploy analyses
 
 Revision ID: 0003_replicas
 Revises: 0002
@@ -47,6 +47,8 @@ def upgrade() -> None:
     op.create_index("ix_replica_slots_slot", "replica_slots", ["slot"])
     with op.batch_alter_table("alert_action_runs") as batch:
         batch.add_column(sa.Column("replica", sa.String(128)))
+    with op.batch_alter_table("deploys") as batch:
+        batch.add_column(sa.Column("replica", sa.String(128)))
     with op.batch_alter_table("alert_deploy_analyses") as batch:
         batch.add_column(sa.Column("lease_owner", sa.String(64)))
         batch.add_column(sa.Column("lease_until", UTCDateTime()))
@@ -56,6 +58,8 @@ def downgrade() -> None:
     with op.batch_alter_table("alert_deploy_analyses") as batch:
         batch.drop_column("lease_until")
         batch.drop_column("lease_owner")
+    with op.batch_alter_table("deploys") as batch:
+        batch.drop_column("replica")
     with op.batch_alter_table("alert_action_runs") as batch:
         batch.drop_column("replica")
     op.drop_index("ix_replica_slots_slot", table_name="replica_slots")
