@@ -173,6 +173,14 @@ def test_a_rollback_runs_on_each_replica_serving_the_version_once_and_nowhere_el
         ).all()
     assert [tuple(r) for r in rows] == [("dispatched", None), ("succeeded", "r1"), ("succeeded", "r2")]
 
+    # asked for on a replica that is a target: its part runs right there, on the row asked for
+    here = runners["r1"].run(
+        ActionSpec("rollback", cooldown_s=0.0), trigger="rule", key="ep-3", labels={"model_version": "v2"}
+    )
+    assert (here.state, here.detail["replicas"]) == ("succeeded", ["r1", "r2"])
+    (there,) = runners["r2"].run_pending(own_only=True)
+    assert there.state == "succeeded" and [c.rollbacks for c in controls.values()] == [2, 2, 0]
+
 
 def test_an_action_for_a_version_no_replica_serves_is_refused_not_run_on_the_wrong_runtime(
     db: Engine, tmp_path: Path

@@ -3,10 +3,15 @@ daily cap, optionally as a dry run. Runs queued by the evaluator (in the transac
 made the alert fire) and runs asked for by hand, by Alertmanager or by the post-deploy
 analysis all go through the same `alert_action_runs` row, leased like the outbox, so two
 workers never run the same row. With several replicas on one database (`replica` and
-`targets` given), a model action is fanned out: one row per replica whose runtime serves
-the alerted version, which that replica claims and runs on its own runtime; the row
-asked for becomes "dispatched". A failed rollback, reload or failover is verified to have
-left the serving version as it was, and raises the `RemediationFailed` alert."""
+`targets` given), a model action is fanned out to the replicas whose runtime serves the
+alerted version: this replica's part runs on the row asked for, each other replica's on
+a row of its own that only it claims, and the row asked for becomes "dispatched" when
+this replica is not a target. A failed rollback, reload or failover is verified to have
+left the serving version as it was, and raises the `RemediationFailed` alert; so does one
+that was refused (daily cap, no backup version designated, no engine under control, no
+replica to run it on), since the fault it was meant to fix is still there. A refusal by
+the cooldown does not: the run that started the cooldown either succeeded or has already
+paged."""
 
 from __future__ import annotations
 
@@ -34,7 +39,9 @@ __all__ = ["FAILURE_ALERT", "ActionOutcome", "ActionRunner"]
 FAILURE_ALERT = "RemediationFailed"
 _SNAPSHOT_TRIGGER = {"rule": "alert", "alertmanager": "alert", "analysis": "post_deploy", "manual": "manual"}
 _COUNTED = ("succeeded", "failed")  # dry runs and refusals do not use up the cap
-MODEL_ACTIONS = ("rollback", "hot_reload", "failover")  # act on a runtime: fanned out to replicas
+_REMEDIATIONS = ("rollback", "hot_reload", "failover")  # a snapshot fixes nothing: no page when it cannot run
+_UNPAGED_REFUSALS = ("cooldown",)
+MODEL_ACTIONS = _REMEDIATIONS  # act on a runtime: fanned out to the replicas
 
 
 @dataclass(frozen=True)
@@ -206,13 +213,18 @@ class ActionRunner:
         now = self._now()
         before = self.control.serving_version() if self.control is not None else None
         detail: dict[str, Any] = dict(json.loads(row.detail))
-        state, after, failure = "succeeded", before, None
+        state, after = "succeeded", before
+        failure: ActionFailed | ActionRefused | None = None
+        replica = row.replica
         try:
-            if self.targets is not None and row.replica is None and spec.type in MODEL_ACTIONS:
-                return self._fan_out(row, spec, now)
+            if self.targets is not None and replica is None and spec.type in MODEL_ACTIONS:
+                dispatched, detail["replicas"] = self._fan_out(row, spec, now)
+                if dispatched is not None:
+                    return dispatched
+                replica = self.replica  # this replica is one of the targets: its part runs on this row
             target = self._target(spec, before)  # bad parameters are reported before any cooldown
             with self.engine.connect() as conn:
-                self._policy(conn, spec, row.id, now, row.replica)
+                self._policy(conn, spec, row.id, now, replica)
             if spec.dry_run:
                 state, detail["would"] = "dry_run", self._describe(spec, before, target)
             else:
@@ -224,6 +236,7 @@ class ActionRunner:
                     )
         except ActionRefused as exc:
             state, detail["refused"], detail["reason"] = "refused", exc.reason, str(exc)
+            failure = exc if spec.type in _REMEDIATIONS and exc.reason not in _UNPAGED_REFUSALS else None
         except ActionFailed as exc:
             after = self.control.serving_version() if self.control is not None else None
             state, failure = "failed", exc
@@ -248,19 +261,26 @@ class ActionRunner:
             final = conn.execute(select(action_runs).where(action_runs.c.id == row.id)).one()
         return _outcome(final)
 
-    def _fan_out(self, row: Any, spec: ActionSpec, now: dt.datetime) -> ActionOutcome:
-        """One pending row per target replica; runs this replica's own one at once."""
+    def _fan_out(
+        self, row: Any, spec: ActionSpec, now: dt.datetime
+    ) -> tuple[ActionOutcome | None, list[str]]:
+        """A pending row for each other target replica. When this replica is a target too,
+        its part runs on `row` itself (returns None); otherwise `row` becomes "dispatched"."""
         assert self.targets is not None
         labels = json.loads(row.labels)
         replicas = self.targets.replicas_for(labels)
         if not replicas:
             what = {k: labels[k] for k in ("replica", "uuid", "model_version") if labels.get(k)} or "a model"
             raise ActionRefused(spec.type, "no_replica", f"no live replica with a runtime matches {what}")
+        here = self.replica in replicas
         detail = {**json.loads(row.detail), "replicas": replicas}
         with self.engine.begin() as conn:
             for replica in replicas:
                 key = f"{row.run_key}@{replica}"[:200]
-                if conn.execute(select(action_runs.c.id).where(action_runs.c.run_key == key)).first():
+                if (
+                    replica == self.replica
+                    or conn.execute(select(action_runs.c.id).where(action_runs.c.run_key == key)).first()
+                ):
                     continue
                 conn.execute(
                     insert(action_runs).values(
@@ -269,6 +289,11 @@ class ActionRunner:
                         detail=row.detail, replica=replica,
                     )
                 )  # fmt: skip
+            if here:
+                conn.execute(
+                    update(action_runs).where(action_runs.c.id == row.id).values(replica=self.replica)
+                )
+                return None, replicas
             conn.execute(
                 update(action_runs)
                 .where(action_runs.c.id == row.id)
@@ -276,11 +301,7 @@ class ActionRunner:
                         detail=json.dumps(detail, default=str), lease_owner=None, lease_until=None)
             )  # fmt: skip
             parent = conn.execute(select(action_runs).where(action_runs.c.id == row.id)).one()
-        if self.replica in replicas:
-            mine = self._claim(action_runs.c.run_key == f"{row.run_key}@{self.replica}"[:200])
-            if mine:
-                return self._execute(mine[0])
-        return _outcome(parent)
+        return _outcome(parent), replicas
 
     def _target(self, spec: ActionSpec, before: str | None) -> str | None:
         """The version a model action switches to (None: rollback's, decided by the engine)."""
@@ -318,7 +339,8 @@ class ActionRunner:
                 trigger=_SNAPSHOT_TRIGGER.get(row.trigger, "manual"),
                 reason=row.alertname or row.trigger,
                 now=now,
-                model_version=before,
+                # the alerted version's requests (the serving one when the alert names none)
+                model_version=json.loads(row.labels or "{}").get("model_version") or before,
                 source=self.snapshots,
             )
             return {
@@ -346,22 +368,25 @@ class ActionRunner:
         row: Any,
         before: str | None,
         after: str | None,
-        exc: ActionFailed,
+        exc: ActionFailed | ActionRefused,
     ) -> None:
         now = self._now()
         kept = "kept serving" if after == before else "NOW serving"
+        refused = isinstance(exc, ActionRefused)
+        what = str(exc) if refused else f"{spec.type} failed ({exc.reason})"
         push_alert(
             conn,
             FAILURE_ALERT,
             {
                 "severity": "critical",
                 "action": spec.type,
+                "outcome": "refused" if refused else "failed",
                 "trigger": row.trigger,
                 "source_alert": row.alertname or "",
                 "model_version": before or "",
             },
             {
-                "summary": f"{spec.type} failed ({exc.reason}); {kept} {after}",
+                "summary": f"{what}; {kept} {after}",
                 "runbook_url": "https://runbooks.example.org/infersight#remediation-failed",
             },
             now=now,

@@ -101,6 +101,7 @@ class ProxyBackend:
             timeout=httpx.Timeout(config.timeout_s, connect=min(10.0, config.timeout_s)),
             transport=transport,
         )
+        self.last_model_version: str | None = None  # as the latest answer named it (for upstream metrics)
 
     async def aclose(self) -> None:
         await self.client.aclose()
@@ -237,6 +238,7 @@ class ProxyBackend:
         output_tokens: int | None, error: str | None, prompt: str, response: str | None,
     ) -> None:  # fmt: skip
         version = model_version or self.config.model or "unknown"
+        self.last_model_version = version
         record = make_record(
             request_id=rid, model=self.config.model or version, model_version=version, timer=timer, source="proxy",
             prompt_tokens=prompt_tokens, output_tokens=output_tokens, error_type=error, prompt=prompt,

@@ -32,6 +32,9 @@ class EngineConfig:
 
     registry: Path
     version: str | None = None  # None: the newest registered version
+    # the version the `failover` action switches to when its rule names no `backup`
+    # (a registered version known to be good, e.g. the previous release or an int8 build)
+    backup_version: str | None = None
     max_batch_size: int = 8
     max_prompt_tokens: int = 1024
     max_seq_len: int = 2048
@@ -47,6 +50,9 @@ class UpstreamConfig:
     model: str | None = None  # the `model` label when the upstream's answer names none
     timeout_s: float = 300.0
     api_key: str | None = None  # sent to the upstream when the client sends no Authorization
+    # the upstream's Prometheus text (vLLM, TGI): its queue depth becomes the proxy's
+    # `gen_ai_server_requests_waiting`. None: <url>/metrics; "" turns the scrape off
+    metrics_url: str | None = None
 
 
 @dataclass(frozen=True)
@@ -77,6 +83,7 @@ class ScheduleConfig:
     """Job intervals in seconds."""
 
     sample_s: float = 1.0
+    upstream_metrics_s: float = 5.0  # proxy mode: reading the upstream's /metrics for its queue depth
     timeseries_s: float = 5.0
     timeseries_window_s: float = 60.0  # latency quantiles of each point cover this window
     embed_s: float = 2.0
@@ -104,6 +111,9 @@ class ServiceConfig:
     port: int = 8000
     token: str | None = None  # None on loopback: generated and kept in data_dir/api-token
     model: str | None = None  # the model name reported in records (default: from the version)
+    # the inference server's process, watched by the process (and GPU per-process) collector;
+    # None: this process, which is the server only with the embedded runtime
+    supervise_pid: int | None = None
     engine: EngineConfig | None = None
     upstream: UpstreamConfig | None = None
     alerting: AlertingConfig = field(default_factory=AlertingConfig)

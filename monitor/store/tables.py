@@ -117,7 +117,7 @@ replicas = Table(
     Column("heartbeat_at", UTCDateTime(), nullable=False),
     Column("serving_version", String(256)),  # None: no embedded runtime (proxy or ingest only)
     Column("waiting", Text, nullable=False),  # JSON [[model, version, n], ...]
-    Column("resources", Text, nullable=False),  # JSON {"gpus": [{index, uuid, ...}], "process": {pid, rss_bytes}}
+    Column("resources", Text, nullable=False),  # JSON {"gpus": [{index, uuid, ...}], "process": {...}}
 )
 
 # One interval of one replica's sliding windows (collectors.SlotRecord): the alert engine
