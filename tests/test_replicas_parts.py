@@ -233,7 +233,9 @@ def test_a_due_post_deploy_check_is_run_by_one_replica_and_one_deploy_is_one_ana
     assert [tuple(r) for r in rows] == [("running", 1)]
 
 
-def test_replicas_on_one_database_see_each_others_traffic_and_the_targets_of_an_action(db: Engine) -> None:
+def test_replicas_on_one_database_see_each_others_traffic_and_the_targets_of_an_action(
+    db: Engine, tmp_path: Path
+) -> None:
     clock = Clock()
     stats = {name: InferenceStats(interval_s=10.0, window_s=600.0, clock=clock) for name in ("a", "b", "c")}
     serving = {"a": "v1", "b": "v2", "c": "v2"}
@@ -277,9 +279,24 @@ def test_replicas_on_one_database_see_each_others_traffic_and_the_targets_of_an_
     rss = live.read(Signal("memory_slope", resource="process", window_s=60.0), ["pid", "replica"])
     assert rss == [], "one reading each so far: no slope yet"
 
-    replicas["b"].withdraw()  # stopped cleanly: no longer a target; its requests still count
+    runner = ActionRunner(
+        db, data_dir=db.url.database or ".", clock=clock, replica="a", targets=replicas["a"]
+    )
+    dispatched = runner.run(
+        ActionSpec("rollback"), trigger="rule", key="ep-9", labels={"model_version": "v2"}
+    )
+    assert dispatched.state == "dispatched" and dispatched.detail["replicas"] == ["b"]
+    replicas[
+        "b"
+    ].withdraw()  # stopped cleanly before running it: no longer a target; its requests still count
     clock.advance(1.0)
     assert replicas["a"].replicas_for({"model_version": "v2"}) == ["c"]
     assert replicas["a"].merged.count(300.0, model_version="v2") == 40
+    replicas["a"].prune()
+    with db.connect() as conn:
+        left = conn.execute(
+            select(action_runs.c.state, action_runs.c.detail).where(action_runs.c.replica == "b")
+        ).one()
+    assert left.state == "refused" and "replica_gone" in left.detail, "not pending forever for a runtime gone"
     clock.advance(15.0)  # c's heartbeat is stale now (no publish): gone
     assert replicas["a"].replicas_for({"model_version": "v2"}) == []

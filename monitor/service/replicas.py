@@ -36,7 +36,7 @@ from typing import Any
 from infersight.alerts.live_signals import RemoteResources
 from infersight.collectors import InferenceStats, MergedStats, RemoteStats, SlotExporter, SlotRecord
 from infersight.monitor.store.tables import replica_slots, replicas
-from sqlalchemy import Connection, Engine, Table, delete, insert, select
+from sqlalchemy import Connection, Engine, Table, delete, insert, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 
 from .leader import new_replica_id
@@ -161,9 +161,25 @@ class Replicas:
             conn.execute(delete(replicas).where(replicas.c.id == self.id))
 
     def prune(self) -> None:
-        """The leader's housekeeping: intervals out of every window, replicas gone for a day."""
+        """The leader's housekeeping: intervals out of every window, replicas gone for a day,
+        and actions fanned out to a replica that went away before it ran them (refused:
+        that runtime is gone; the alert, if its cause remains, is still firing)."""
+        from infersight.alerts.tables import action_runs
+
         now = self.clock()
+        live = [r for r, _ in self._live(replicas.c.id)] + [self.id]
+        gone = {"refused": "replica_gone", "reason": "the replica stopped before it ran this action"}
         with self.db.begin() as conn:
+            conn.execute(
+                update(action_runs)
+                .where(
+                    action_runs.c.state == "pending",
+                    action_runs.c.replica.is_not(None),
+                    action_runs.c.replica.not_in(live),
+                    or_(action_runs.c.lease_until.is_(None), action_runs.c.lease_until < self._at(now)),
+                )
+                .values(state="refused", finished_at=self._at(now), detail=json.dumps(gone))
+            )
             conn.execute(
                 delete(replica_slots).where(replica_slots.c.slot < self._slot(now - self.stats.window_s) - 1)
             )
