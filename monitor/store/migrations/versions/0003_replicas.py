@@ -2,7 +2,7 @@
 and deploys; leased post-deploy analyses
 
 Revision ID: 0003_replicas
-Revises: 0002
+Revises: 0004_request_lengths (chained after main's head)
 Create Date: 2026-12-01 10:00:00
 """
 
@@ -15,7 +15,7 @@ from alembic import op
 from infersight.monitor.store.metadata import UTCDateTime
 
 revision: str = "0003_replicas"
-down_revision: str | Sequence[str] | None = "0002"
+down_revision: str | Sequence[str] | None = "0004_request_lengths"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
