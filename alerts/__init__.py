@@ -20,6 +20,7 @@ from .actions import (
     ActionOutcome,
     ActionRunner,
     ModelControl,
+    ReplicaTargets,
     RuntimeControl,
     SnapshotResult,
     SnapshotSource,
@@ -50,7 +51,7 @@ from .errors import (
     UnknownSignal,
 )
 from .evaluator import EvaluationResult, Evaluator
-from .live_signals import InferenceStatsLike, LiveSignals, QualitySource
+from .live_signals import InferenceStatsLike, LiveSignals, QualitySource, RemoteResources
 from .loader import DEFAULT_RULES, load_config, parse_config
 from .matchers import Matcher, parse_matcher
 from .notification import Notification, NotifiedAlert
@@ -116,6 +117,8 @@ __all__ = [
     "QualitySource",
     "Receiver",
     "ReceiverConfig",
+    "RemoteResources",
+    "ReplicaTargets",
     "RetryPolicy",
     "Route",
     "Rule",

@@ -95,6 +95,7 @@ class ScheduleConfig:
     rules_s: float = 1.0  # each rule group keeps its own `interval`; this is how often they are checked
     outbox_s: float = 2.0
     post_deploy_s: float = 5.0
+    publish_s: float = 1.0  # each replica's heartbeat and statistics to the shared store
     retention_s: float = 3600.0
 
 
