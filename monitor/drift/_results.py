@@ -82,6 +82,7 @@ class DriftReport:
     relevance: RelevanceComparison | None
     explanations: tuple[FieldExplanation, ...]
     context: ReportContext
+    notes: tuple[str, ...] = ()  # what a reader should know about the windows (e.g. repeated texts)
 
     def field(self, name: str) -> FieldVerdict | None:
         return next((f for f in self.fields if f.field == name), None)
@@ -111,6 +112,7 @@ class DriftReport:
             else {"name": c.reference_name, "version": c.reference_version},
             "window": {"since": c.since, "until": c.until},
             "fields": [asdict(f) for f in self.fields],
+            "notes": list(self.notes),
         }
 
     def to_json(self) -> dict[str, Any]:
