@@ -33,6 +33,8 @@ __all__ = [
 ]
 
 REGRESSION_ALERT = "PostDeployRegression"
+# an analysis' final state by its rollback's outcome (pending: running elsewhere, ask again)
+_AFTER_ROLLBACK = {"succeeded": "rolled_back", "failed": "rollback_failed", "refused": "rollback_refused"}
 
 
 @dataclass(frozen=True)
@@ -224,11 +226,14 @@ class DeployAnalyzer:
             },
         ]
         state = "running"
+        rollback = None
         if failed >= p.max_failed_checks:
-            state = "rolled_back"
+            # the state says what happened, so it is written once the rollback's outcome is known
+            # (a crash before then leaves it running: the next check asks the runner again, by key)
+            rollback = self._roll_back(row, failures, evidence, now)
+            state = _AFTER_ROLLBACK.get(rollback.state, "running")
         elif now >= row.ends_at:
             state = "passed"
-        rollback = None
         with self.engine.begin() as conn:
             conn.execute(
                 update(deploy_analyses)
@@ -241,8 +246,6 @@ class DeployAnalyzer:
                     next_check_at=now + dt.timedelta(seconds=p.interval_s),
                 )
             )
-        if state == "rolled_back":
-            rollback = self._roll_back(row, failures, evidence, now)
         return CheckResult(row.id, now, verdict, failures, new, old, drift, rollback)
 
     def _roll_back(

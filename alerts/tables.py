@@ -165,6 +165,7 @@ deploy_analyses = Table(
     Column("next_check_at", UTCDateTime(), nullable=False),
     Column("checks", Integer, nullable=False),
     Column("failed_checks", Integer, nullable=False),
-    Column("state", String(16), nullable=False),  # running, passed, rolled_back, superseded
+    # running, passed, superseded, or by the rollback's outcome: rolled_back, rollback_failed, rollback_refused
+    Column("state", String(16), nullable=False),
     Column("evidence", Text, nullable=False),  # the checks, as JSON
 )

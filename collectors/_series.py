@@ -107,6 +107,11 @@ class Series:
         with self._lock:
             self.waiting = max(0, self.waiting + delta)
 
+    def set_waiting(self, depth: int) -> None:
+        """The queue depth as another server reports it (a proxy reading its upstream's metrics)."""
+        with self._lock:
+            self.waiting = max(0, depth)
+
     # -- folding (under the owner's fold lock) ---------------------------------------
     def take_pending(self) -> list[Pending]:
         with self._lock:

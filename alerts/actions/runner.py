@@ -3,7 +3,10 @@ daily cap, optionally as a dry run. Runs queued by the evaluator (in the transac
 made the alert fire) and runs asked for by hand, by Alertmanager or by the post-deploy
 analysis all go through the same `alert_action_runs` row, leased like the outbox, so two
 workers never run the same row. A failed rollback, reload or failover is verified to have
-left the serving version as it was, and raises the `RemediationFailed` alert."""
+left the serving version as it was, and raises the `RemediationFailed` alert; so does one
+that was refused (daily cap, no backup version designated, no engine under control), since
+the fault it was meant to fix is still there. A refusal by the cooldown does not: the run
+that started the cooldown either succeeded or has already paged."""
 
 from __future__ import annotations
 
@@ -31,6 +34,8 @@ __all__ = ["FAILURE_ALERT", "ActionOutcome", "ActionRunner"]
 FAILURE_ALERT = "RemediationFailed"
 _SNAPSHOT_TRIGGER = {"rule": "alert", "alertmanager": "alert", "analysis": "post_deploy", "manual": "manual"}
 _COUNTED = ("succeeded", "failed")  # dry runs and refusals do not use up the cap
+_REMEDIATIONS = ("rollback", "hot_reload", "failover")  # a snapshot fixes nothing: no page when it cannot run
+_UNPAGED_REFUSALS = ("cooldown",)
 
 
 @dataclass(frozen=True)
@@ -191,7 +196,8 @@ class ActionRunner:
         now = self._now()
         before = self.control.serving_version() if self.control is not None else None
         detail: dict[str, Any] = dict(json.loads(row.detail))
-        state, after, failure = "succeeded", before, None
+        state, after = "succeeded", before
+        failure: ActionFailed | ActionRefused | None = None
         try:
             target = self._target(spec, before)  # bad parameters are reported before any cooldown
             with self.engine.connect() as conn:
@@ -207,6 +213,7 @@ class ActionRunner:
                     )
         except ActionRefused as exc:
             state, detail["refused"], detail["reason"] = "refused", exc.reason, str(exc)
+            failure = exc if spec.type in _REMEDIATIONS and exc.reason not in _UNPAGED_REFUSALS else None
         except ActionFailed as exc:
             after = self.control.serving_version() if self.control is not None else None
             state, failure = "failed", exc
@@ -267,7 +274,8 @@ class ActionRunner:
                 trigger=_SNAPSHOT_TRIGGER.get(row.trigger, "manual"),
                 reason=row.alertname or row.trigger,
                 now=now,
-                model_version=before,
+                # the alerted version's requests (the serving one when the alert names none)
+                model_version=json.loads(row.labels or "{}").get("model_version") or before,
                 source=self.snapshots,
             )
             return {
@@ -295,22 +303,25 @@ class ActionRunner:
         row: Any,
         before: str | None,
         after: str | None,
-        exc: ActionFailed,
+        exc: ActionFailed | ActionRefused,
     ) -> None:
         now = self._now()
         kept = "kept serving" if after == before else "NOW serving"
+        refused = isinstance(exc, ActionRefused)
+        what = str(exc) if refused else f"{spec.type} failed ({exc.reason})"
         push_alert(
             conn,
             FAILURE_ALERT,
             {
                 "severity": "critical",
                 "action": spec.type,
+                "outcome": "refused" if refused else "failed",
                 "trigger": row.trigger,
                 "source_alert": row.alertname or "",
                 "model_version": before or "",
             },
             {
-                "summary": f"{spec.type} failed ({exc.reason}); {kept} {after}",
+                "summary": f"{what}; {kept} {after}",
                 "runbook_url": "https://runbooks.example.org/infersight#remediation-failed",
             },
             now=now,

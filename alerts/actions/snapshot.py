@@ -1,7 +1,12 @@
 """Inference snapshots: the last N requests (prompts, responses, timings) from the shared
 `requests` table, the current metrics text, the latest drift report, and the serving
 version with its config, kept in the store's `snapshots` table and written as JSON and as
-a self-contained HTML page a person can open."""
+a self-contained HTML page a person can open.
+
+A snapshot about a version keeps only that version's requests (other versions' traffic is
+not evidence about it, and its text is not for this page). The files hold prompt and answer
+text: they are created with mode 0600, readable by the service's own user only. The
+store's retention deletes them with their row."""
 
 from __future__ import annotations
 
@@ -46,8 +51,11 @@ def _iso(t: dt.datetime | None) -> str | None:
     return None if t is None else t.isoformat()
 
 
-def recent_requests(engine: Engine, n: int) -> list[dict[str, Any]]:
+def recent_requests(engine: Engine, n: int, *, model_version: str | None = None) -> list[dict[str, Any]]:
+    """The last `n` requests (newest first), of `model_version` only when one is given."""
     q = select(requests).order_by(requests.c.started_at.desc(), requests.c.id.desc()).limit(n)
+    if model_version is not None:
+        q = q.where(requests.c.model_version == model_version)
     with engine.connect() as conn:
         rows = conn.execute(q).mappings().all()
     return [
@@ -100,8 +108,17 @@ _COLS = (
 
 
 def _write(path: Path, text: str) -> None:
+    """Atomically, with mode 0600 from creation on (never briefly readable by others)."""
     tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.fchmod(fd, 0o600)  # O_CREAT's mode only applies to a new file
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            fd = -1
+            f.write(text)
+    finally:
+        if fd >= 0:
+            os.close(fd)
     os.replace(tmp, path)
 
 
@@ -116,8 +133,9 @@ def take_snapshot(
     model_version: str | None,
     source: SnapshotSource | None = None,
 ) -> SnapshotResult:
+    # this form is what retention recognises as a snapshot's file (monitor/store/retention.py)
     snapshot_id = f"{now.strftime('%Y%m%dT%H%M%SZ')}-{uuid.uuid4().hex[:8]}"
-    reqs = recent_requests(engine, requests_n)
+    reqs = recent_requests(engine, requests_n, model_version=model_version)
     content: dict[str, Any] = {
         "snapshot_id": snapshot_id,
         "taken_at": now.isoformat(),
@@ -130,7 +148,7 @@ def take_snapshot(
         "drift_report": dict(source.latest_drift_report() or {}) if source else None,
     }
     folder = Path(data_dir) / "snapshots"
-    folder.mkdir(parents=True, exist_ok=True)
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
     json_path, html_path = folder / f"{snapshot_id}.json", folder / f"{snapshot_id}.html"
     text = json.dumps(content, indent=2, default=str)
     _write(json_path, text)

@@ -33,8 +33,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--database-url", help="postgresql://... to share one database between replicas")
     p.add_argument("--upstream", metavar="URL", help="proxy /v1 to this OpenAI-compatible server")
     p.add_argument("--upstream-model", help="model name to record for the upstream's requests")
+    p.add_argument("--supervise-pid", type=int, metavar="PID",
+                   help="the inference server's process, for the process collector (default: this one)")  # fmt: skip
     p.add_argument("--registry", type=Path, help="serve with the embedded runtime from this model registry")
     p.add_argument("--version", help="version of the registry to serve (default: the last good one)")
+    p.add_argument("--backup-version", help="registered version the failover action switches to")
     p.add_argument("--rules", type=Path, help="alert rule file (default: the shipped rules)")
     p.add_argument("--drift-reference", type=Path, help="reference texts (.jsonl, .csv or .txt) for drift")
     p.add_argument("--log-level", default=None, choices=["debug", "info", "warning", "error"])
@@ -49,7 +52,8 @@ def build_config(args: argparse.Namespace, env: dict[str, str]) -> Any:
         cfg = load_config(args.config, env)
         changes: dict[str, Any] = {}
         for flag, key in (("host", "host"), ("port", "port"), ("data_dir", "data_dir"),
-                          ("database_url", "database_url"), ("log_level", "log_level")):  # fmt: skip
+                          ("database_url", "database_url"), ("log_level", "log_level"),
+                          ("supervise_pid", "supervise_pid")):  # fmt: skip
             value = getattr(args, flag)
             if value is not None:
                 changes[key] = value
@@ -67,6 +71,11 @@ def build_config(args: argparse.Namespace, env: dict[str, str]) -> Any:
             if cfg.engine is None:
                 raise ConfigInvalid("--version", "needs --registry (or engine: in the config file)")
             changes["engine"] = dataclasses.replace(cfg.engine, version=args.version)
+        if args.backup_version:
+            engine = changes.get("engine", cfg.engine)
+            if engine is None:
+                raise ConfigInvalid("--backup-version", "needs --registry (or engine: in the config file)")
+            changes["engine"] = dataclasses.replace(engine, backup_version=args.backup_version)
         if args.rules:
             changes["alerting"] = dataclasses.replace(cfg.alerting, rules=args.rules)
         if args.drift_reference:

@@ -11,9 +11,10 @@ error bounded first, see `_conditional`); a one-sided relevance-drop test, condi
 the same way, when responses exist. Holm's correction across every test keeps the report's
 false-alarm rate at alpha; effect floors keep large windows from alarming on trivial
 shifts. The explanation (witness texts, reference clusters, novelty, a 2-D projection)
-never changes the verdict. `StreamingDetector` charts per-request novelty and relevance
-with CUSUMs designed for the reference's upper exceedance rate; `evaluate_window` is the
-scheduler's entry point.
+never changes the verdict. Request lengths (prompt and output tokens) get their own section
+and verdict (`length_drift`: tests valid conditional on the reference). `StreamingDetector`
+charts per-request novelty and relevance with CUSUMs designed for the reference's upper
+exceedance rate; `evaluate_window` is the scheduler's entry point.
 """
 
 from __future__ import annotations
@@ -30,6 +31,16 @@ from ._explanation import ClusterShare, ExampleText, FieldExplanation, Novelty, 
 from ._holm import holm_adjust
 from ._html import render_html
 from ._inputs import INPUT_FORMATS, read_window
+from ._lengths import (
+    LENGTH_FIELDS,
+    LengthDrift,
+    LengthSummary,
+    LengthTest,
+    RequestLengths,
+    count_words,
+    length_drift,
+    read_lengths,
+)
 from ._metrics import DriftMetrics
 from ._mmd import mmd_test
 from ._mmd_exact import mmd_exact_test
@@ -42,6 +53,7 @@ from ._references import (
     list_references,
     load_reference,
     save_reference,
+    traffic_lengths,
     traffic_window,
 )
 from ._registry import STAT_TESTS, get_test
@@ -79,6 +91,7 @@ from .errors import (
 __all__ = [
     "DEFAULT_EFFECT_FLOORS",
     "INPUT_FORMATS",
+    "LENGTH_FIELDS",
     "NOVEL_CLUSTER",
     "RELEVANCE_BUCKETS",
     "REPORT_SCHEMA",
@@ -105,6 +118,9 @@ __all__ = [
     "InputError",
     "InputFileNotFound",
     "InputNotUTF8",
+    "LengthDrift",
+    "LengthSummary",
+    "LengthTest",
     "NoTextColumn",
     "Novelty",
     "NoveltyExample",
@@ -115,6 +131,7 @@ __all__ = [
     "RelevanceComparison",
     "RelevanceSummary",
     "ReportContext",
+    "RequestLengths",
     "SentenceTransformerEmbedder",
     "StatResult",
     "StatTest",
@@ -129,6 +146,7 @@ __all__ = [
     "UnknownTest",
     "WindowError",
     "WindowTooSmall",
+    "count_words",
     "default_model_path",
     "design_cusum",
     "evaluate_window",
@@ -136,6 +154,7 @@ __all__ = [
     "fit_stored",
     "get_test",
     "holm_adjust",
+    "length_drift",
     "list_references",
     "list_reports",
     "load_reference",
@@ -144,6 +163,7 @@ __all__ = [
     "mmd_rff_test",
     "mmd_test",
     "novelty_test",
+    "read_lengths",
     "read_window",
     "relevance",
     "relevance_drop_test",
@@ -152,5 +172,6 @@ __all__ = [
     "save_reference",
     "save_report",
     "summarize_relevance",
+    "traffic_lengths",
     "traffic_window",
 ]

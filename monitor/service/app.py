@@ -28,7 +28,8 @@ State-changing endpoints need `Authorization: Bearer <token>`. Errors are JSON
 
 
 def create_app(config: ServiceConfig, *, service: Service | None = None, **service_seams: Any) -> FastAPI:
-    """The ASGI app. `service_seams` go to `Service` (runtime=, upstream_transport=, leader=, clock=)."""
+    """The ASGI app. `service_seams` go to `Service` (runtime=, upstream_transport=, nvml=,
+    leader=, clock=)."""
     svc = service if service is not None else Service(config, **service_seams)
 
     @asynccontextmanager

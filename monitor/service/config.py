@@ -32,6 +32,9 @@ class EngineConfig:
 
     registry: Path
     version: str | None = None  # None: the newest registered version
+    # the version the `failover` action switches to when its rule names no `backup`
+    # (a registered version known to be good, e.g. the previous release or an int8 build)
+    backup_version: str | None = None
     max_batch_size: int = 8
     max_prompt_tokens: int = 1024
     max_seq_len: int = 2048
@@ -47,6 +50,9 @@ class UpstreamConfig:
     model: str | None = None  # the `model` label when the upstream's answer names none
     timeout_s: float = 300.0
     api_key: str | None = None  # sent to the upstream when the client sends no Authorization
+    # the upstream's Prometheus text (vLLM, TGI): its queue depth becomes the proxy's
+    # `gen_ai_server_requests_waiting`. None: <url>/metrics; "" turns the scrape off
+    metrics_url: str | None = None
 
 
 @dataclass(frozen=True)
@@ -70,6 +76,9 @@ class DriftConfig:
     reservoir: int = 256  # at most this many texts embedded per `embed` tick; the rest counted as skipped
     embedding_cache: int = 20_000  # texts whose embeddings are kept (about 1.6 KB each)
     enabled: bool = True
+    # a version with no request for this long (e.g. rolled back) has its drift state dropped:
+    # its p-values and gauges go, so its drift alerts resolve; None keeps them forever
+    stale_after_s: float | None = 1800.0
 
 
 @dataclass(frozen=True)
@@ -77,6 +86,7 @@ class ScheduleConfig:
     """Job intervals in seconds."""
 
     sample_s: float = 1.0
+    upstream_metrics_s: float = 5.0  # proxy mode: reading the upstream's /metrics for its queue depth
     timeseries_s: float = 5.0
     timeseries_window_s: float = 60.0  # latency quantiles of each point cover this window
     embed_s: float = 2.0
@@ -93,6 +103,7 @@ class LimitsConfig:
     max_events_per_batch: int = 10_000
     write_queue_rows: int = 200_000  # ingest answers 503 beyond this backlog
     timeseries_points: int = 17_280  # 24 h at the default 5 s tick
+    max_label_values: int = 100  # distinct model (and model_version) label values; the rest are `other`
 
 
 @dataclass(frozen=True)
@@ -103,6 +114,9 @@ class ServiceConfig:
     port: int = 8000
     token: str | None = None  # None on loopback: generated and kept in data_dir/api-token
     model: str | None = None  # the model name reported in records (default: from the version)
+    # the inference server's process, watched by the process (and GPU per-process) collector;
+    # None: this process, which is the server only with the embedded runtime
+    supervise_pid: int | None = None
     engine: EngineConfig | None = None
     upstream: UpstreamConfig | None = None
     alerting: AlertingConfig = field(default_factory=AlertingConfig)

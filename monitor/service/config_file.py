@@ -90,6 +90,11 @@ def check_config(config: ServiceConfig, *, source: str | None = None) -> Service
         fail("upstream", "give either engine (embedded runtime) or upstream (proxy), not both")
     if config.upstream is not None and not config.upstream.url.startswith(("http://", "https://")):
         fail("upstream.url", "must be an http:// or https:// URL")
+    metrics_url = config.upstream.metrics_url if config.upstream is not None else None
+    if metrics_url and not metrics_url.startswith(("http://", "https://")):
+        fail("upstream.metrics_url", "must be an http:// or https:// URL (or empty: no scrape)")
+    if config.supervise_pid is not None and not config.supervise_pid > 0:
+        fail("supervise_pid", "must be a positive process id")
     if config.token is not None and len(config.token) < 16:
         fail("token", "must be at least 16 characters")
     if not 0.0 <= config.text_sample_rate <= 1.0:
@@ -102,6 +107,8 @@ def check_config(config: ServiceConfig, *, source: str | None = None) -> Service
         fail("drift.alpha", "must be between 0 and 1")
     if config.drift.min_window < 2 or config.drift.window < config.drift.min_window:
         fail("drift.window", "must be at least drift.min_window, itself at least 2")
+    if config.drift.stale_after_s is not None and not config.drift.stale_after_s > 0:
+        fail("drift.stale_after_s", "must be a positive number of seconds or null")
     for f in dataclasses.fields(ScheduleConfig):
         if not getattr(config.schedule, f.name) > 0:
             fail(f"schedule.{f.name}", "must be a positive number of seconds")

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from infersight.monitor.store import connect, current_revision, head_revision, sqlite_url, upgrade
-from infersight.monitor.store.retention import enforce_retention
+from infersight.monitor.store.retention import enforce_retention, prune_snapshot_files
 from prometheus_client import CollectorRegistry
 from sqlalchemy import Engine, text
 
@@ -43,6 +43,7 @@ class Service:
         *,
         runtime: Any = None,
         upstream_transport: Any = None,
+        nvml: Any = None,
         leader: LeaderLock | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
@@ -67,6 +68,7 @@ class Service:
         )
         self._runtime_seam = runtime
         self._upstream_transport = upstream_transport
+        self._nvml_seam = nvml  # the pynvml module or a stand-in (None: import pynvml)
         self.components: dict[str, Any] = {}  # wired parts by name (stats, backend, alerts, drift, ...)
         self.started_at: float | None = None
         self._started_mono: float | None = None
@@ -86,11 +88,18 @@ class Service:
         from .wiring import wire_components
 
         wire_components(self)
+        snapshot_dir = self.data_dir / "snapshots"
         self.scheduler.add(
             "retention",
-            lambda: enforce_retention(self.db, self.config.retention),
+            lambda: enforce_retention(self.db, self.config.retention, snapshot_dir=snapshot_dir),
             self.config.schedule.retention_s,
             leader_only=True,
+        )
+        # every replica's own snapshot files go after their rows (the leader deletes rows)
+        self.scheduler.add(
+            "snapshot_files",
+            lambda: prune_snapshot_files(self.db, snapshot_dir),
+            self.config.schedule.retention_s,
         )
         self.scheduler.add("trim_heap", trim_heap, 30.0)
         self.scheduler.start()

@@ -7,6 +7,9 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
+import psutil
+
+from .errors import ConfigInvalid
 from .sampling import sample_timeseries
 
 if TYPE_CHECKING:
@@ -36,7 +39,7 @@ def unwire_components(service: Service) -> None:
     backend = service.components.pop("backend", None)
     if backend is not None:
         backend.close()
-    for name in ("gpu", "process"):
+    for name in ("gpu", "process", "upstream_metrics"):
         collector = service.components.pop(name, None)
         close = getattr(collector, "close", None) or getattr(collector, "stop", None)
         if close is not None:
@@ -46,12 +49,20 @@ def unwire_components(service: Service) -> None:
 def _wire_collectors(service: Service) -> None:
     from infersight.collectors import GPUCollector, InferenceStats, ProcessCollector
 
-    stats = InferenceStats(service.registry)
+    stats = InferenceStats(service.registry, max_label_values=service.config.limits.max_label_values)
     service.components["stats"] = stats
     assert service.pipeline is not None
     service.pipeline.add_observer(stats)
-    gpu = GPUCollector(service.registry)
-    process = ProcessCollector(service.registry)
+    service.pipeline.label_set = stats.label_set  # drift's per-version state is capped alike
+    pid = service.config.supervise_pid  # None: this process (the server, with the embedded runtime)
+    if pid is None and service.config.upstream is not None:
+        log.warning("proxy mode without supervise_pid: the process collector watches the sidecar itself, "
+                    "not the inference server (give --supervise-pid)")  # fmt: skip
+    try:
+        process = ProcessCollector(service.registry, pid=pid)
+    except psutil.Error as exc:
+        raise ConfigInvalid("supervise_pid", f"cannot watch process {pid}: {type(exc).__name__}") from exc
+    gpu = GPUCollector(service.registry, nvml=service._nvml_seam, pid=pid)
     service.components["gpu"] = gpu
     service.components["process"] = process
 
@@ -72,6 +83,7 @@ def _wire_backend(service: Service) -> None:
         service.components["backend"] = ProxyBackend(
             service, config.upstream, transport=service._upstream_transport
         )
+        _wire_upstream_metrics(service)
     elif config.engine is not None or service._runtime_seam is not None:
         from .backend_engine import EngineBackend
         from .deploy_log import DeployLog
@@ -83,6 +95,24 @@ def _wire_backend(service: Service) -> None:
         service.components["deploy_log"] = deploy_log
         deploy_log.flush()
         service.scheduler.add("deploy_log", deploy_log.flush, 1.0)
+
+
+def _wire_upstream_metrics(service: Service) -> None:
+    """The upstream's own queue depth (vLLM, TGI), read from its Prometheus text."""
+    from .upstream_metrics import UpstreamQueueScraper
+
+    upstream = service.config.upstream
+    assert upstream is not None
+    url = upstream.url.rstrip("/") + "/metrics" if upstream.metrics_url is None else upstream.metrics_url
+    if not url:
+        return
+    scraper = UpstreamQueueScraper(
+        url, service.components["stats"], service.components["backend"], model=upstream.model,
+        registry=service.registry,
+        timeout_s=min(5.0, upstream.timeout_s),
+    )  # fmt: skip
+    service.components["upstream_metrics"] = scraper
+    service.scheduler.add("upstream_metrics", scraper.scrape_once, service.config.schedule.upstream_metrics_s)
 
 
 def component(service: Service, name: str) -> Any:

@@ -6,6 +6,9 @@
 - Delivery: `Dispatcher` over the outbox, leader-only job `outbox`.
 - Actions: an `ActionRunner` controlling the embedded runtime (none in proxy mode) and
   taking snapshots with what the service knows (metrics, latest drift report, version config).
+  `failover` switches to the rule's `backup`, else to `engine.backup_version`; both are
+  checked against the registry at start, and a failover with neither is refused at run time
+  with the `RemediationFailed` alert (and a warning at start).
 - Post-deploy analysis: `DeployAnalyzer`, started by each deploy the runtime reports.
 - Inbound Alertmanager webhooks: the alerts package's router, mounted behind the token.
 """
@@ -26,7 +29,7 @@ from .errors import ConfigInvalid
 if TYPE_CHECKING:
     from .service import Service
 
-__all__ = ["AlertsWiring", "ServiceSnapshotSource"]
+__all__ = ["AlertsWiring", "ServiceSnapshotSource", "check_backups"]
 
 log = logging.getLogger(__name__)
 
@@ -75,8 +78,11 @@ class AlertsWiring:
         runtime = getattr(service.components.get("backend"), "runtime", None)
         self.control = a.RuntimeControl(runtime) if runtime is not None else None
         self.snapshot_source = ServiceSnapshotSource(service)
+        backup = service.config.engine.backup_version if service.config.engine is not None else None
+        if runtime is not None:
+            check_backups(self.config, getattr(runtime, "registry", None), backup)
         self.runner = a.ActionRunner(db, data_dir=service.data_dir, control=self.control,
-                                     snapshots=self.snapshot_source)  # fmt: skip
+                                     snapshots=self.snapshot_source, backup_version=backup)  # fmt: skip
         live = a.LiveSignals(
             service.components.get("stats"),
             gpu=service.components.get("gpu"),
@@ -90,6 +96,9 @@ class AlertsWiring:
             "infersight_notifications", "Notification delivery attempts", ["receiver", "outcome"],
             registry=service.registry,
         )  # fmt: skip
+        for receiver in self.config.receivers:  # at 0 from the first scrape: a first page is an increase
+            for outcome in ("delivered", "retried", "dead"):
+                self.notifications.labels(receiver, outcome)
         self.dispatcher = a.Dispatcher(
             db, a.build_receivers(self.config.receivers), a.HttpxSender(), on_result=self._count
         )
@@ -156,6 +165,26 @@ class AlertsWiring:
                 "labels": labels,
             })  # fmt: skip
         return out
+
+
+def check_backups(config: Any, registry: Any, backup: str | None) -> None:
+    """Every version a failover may switch to is registered: `engine.backup_version` and
+    each rule's `backup` (ConfigInvalid naming the key or the rule otherwise). A failover
+    rule with no backup at all is only warned about: it is refused, and pages, when it runs."""
+    known = (lambda v: v in registry) if registry is not None else (lambda v: True)
+    if backup is not None and not known(backup):
+        raise ConfigInvalid("engine.backup_version", f"{backup!r} is not a registered version")
+    for rule in config.rules:
+        for action in (a for a in rule.actions if a.type == "failover"):
+            named = action.param("backup")
+            where = f"{config.file}:{rule.line}" if rule.line is not None else config.file
+            if named is not None and not known(str(named)):
+                raise ConfigInvalid("alerting.rules", f"{where}: rule {rule.name}: failover backup "
+                                    f"{named!r} is not a registered version")  # fmt: skip
+            if named is None and backup is None:
+                log.warning("%s: rule %s has a failover action but no backup version is designated "
+                            "(set engine.backup_version or the action's backup): it will be refused "
+                            "and raise RemediationFailed", where, rule.name)  # fmt: skip
 
 
 def _iso(value: dt.datetime | None) -> str | None:

@@ -11,7 +11,7 @@ from .database import connect, sqlite_url
 from .errors import DatabaseUnavailable, MigrationFailed, SchemaTooNew, StoreError
 from .metadata import UTCDateTime, metadata
 from .migrate import current_revision, head_revision, schema_diff, upgrade
-from .retention import RetentionPolicy, RetentionResult, enforce_retention
+from .retention import RetentionPolicy, RetentionResult, enforce_retention, prune_snapshot_files
 
 __all__ = [
     "DatabaseUnavailable",
@@ -26,6 +26,7 @@ __all__ = [
     "enforce_retention",
     "head_revision",
     "metadata",
+    "prune_snapshot_files",
     "schema_diff",
     "sqlite_url",
     "upgrade",
