@@ -121,6 +121,9 @@ class ServiceConfig:
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
     limits: LimitsConfig = field(default_factory=LimitsConfig)
     text_sample_rate: float = 1.0  # share of proxied/served requests whose text is kept
+    # "package.module:function", the SDK's `redact` hook (str -> str): applied to every text
+    # the dataset export (CLI and GET /api/v1/dataset) lets out; a hook that fails drops the text
+    redact: str | None = None
     leader_election: bool = True  # one replica runs rules, drift, outbox and retention
     log_level: str = "info"
 

@@ -99,6 +99,13 @@ def check_config(config: ServiceConfig, *, source: str | None = None) -> Service
         fail("token", "must be at least 16 characters")
     if not 0.0 <= config.text_sample_rate <= 1.0:
         fail("text_sample_rate", "must be between 0 and 1")
+    if config.redact is not None:
+        from infersight.monitor.dataset import RedactorInvalid, load_redactor
+
+        try:
+            load_redactor(config.redact)
+        except RedactorInvalid as exc:
+            fail("redact", str(exc))
     if not 0 < config.port < 65536:
         fail("port", "must be between 1 and 65535")
     if config.database_url is not None and not config.database_url.startswith(("sqlite", "postgres")):

@@ -191,6 +191,8 @@ def _iso(value: dt.datetime | None) -> str | None:
 def wire_alerts(service: Service) -> AlertsWiring | None:
     if not service.config.alerting.enabled:
         return None
+    from infersight.monitor.dataset import fill_collections
+
     from .metrics_store import AlertStoreCollector
 
     wiring = AlertsWiring(service)
@@ -200,6 +202,8 @@ def wire_alerts(service: Service) -> AlertsWiring | None:
     service.scheduler.add("rules", wiring.evaluate, schedule.rules_s, leader_only=True)
     service.scheduler.add("outbox", wiring.dispatch, schedule.outbox_s, leader_only=True)
     service.scheduler.add("post_deploy", wiring.analyze, schedule.post_deploy_s)
+    # the collect action's collections keep the requests that arrive after it ran
+    service.scheduler.add("collect", lambda: fill_collections(service.db), schedule.rules_s, leader_only=True)
     deploy_log = service.components.get("deploy_log")
     if deploy_log is not None:
         deploy_log.listeners.append(wiring.on_version_deployed)
