@@ -67,16 +67,22 @@ def _incident(engine: Engine, pool: Pool, tmp_path: Path) -> dict[str, list[str]
     rows += [request_row(100 + i, at=shift + dt.timedelta(seconds=i), version=V2, prompt=t, response="hm",
                          relevance=0.2, error_type="GenerationFailed" if i < 3 else None)
              for i, t in enumerate(hotels)]  # fmt: skip
-    rows.append(request_row(900, at=shift, version=V1, prompt="write to ann@example.org", response="done",
-                            relevance=None))
-    rows.append(request_row(901, at=shift, version=V2, prompt=None, response=None,
-                            relevance=None))  # text not sampled
+    rows.append(
+        request_row(
+            900, at=shift, version=V1, prompt="write to ann@example.org", response="done", relevance=None
+        )
+    )
+    rows.append(
+        request_row(901, at=shift, version=V2, prompt=None, response=None, relevance=None)
+    )  # text not sampled
     with engine.begin() as conn:
         conn.execute(insert(requests), rows)
     detector = DriftDetector(TableEmbedder(pool), DriftConfig())
     ctx = ReportContext(created_at=(shift + dt.timedelta(minutes=1)).isoformat(), model_version=V2,
                         since=shift.isoformat(), until=(shift + dt.timedelta(seconds=30)).isoformat())  # fmt: skip
-    report = detector.score(TextWindow.of(list(pool.banking_texts[200:400])), TextWindow.of(hotels), context=ctx)
+    report = detector.score(
+        TextWindow.of(list(pool.banking_texts[200:400])), TextWindow.of(hotels), context=ctx
+    )
     assert report.drifted
     save_report(engine, report, since=shift, until=shift + dt.timedelta(seconds=30))
     snap = take_snapshot(engine, data_dir=tmp_path, requests_n=5, trigger="manual", reason="look",
@@ -95,7 +101,9 @@ def test_each_kind_exports_its_requests_with_the_drift_reports_flags(
 ) -> None:
     seen = _incident(engine, pool, tmp_path)
     everything = _export(engine, None)
-    assert [r["prompt"] for r in everything] == seen["banking"] + seen["hotels"]  # V2's, with text, in time order
+    assert [r["prompt"] for r in everything] == seen["banking"] + seen[
+        "hotels"
+    ]  # V2's, with text, in time order
     first = everything[0]
     assert first["answer"] == "ok" and first["model_version"] == V2 and first["relevance"] == 0.7
     assert first["messages"] == [{"role": "user", "content": seen["banking"][0]},
@@ -153,7 +161,7 @@ def test_bad_queries_are_typed_errors() -> None:
         parse_since("yesterday-ish")
     assert parse_since("2h", now=T0) == T0 - dt.timedelta(hours=2)
     assert parse_since("2026-11-20T09:00:00") == T0
-    with pytest.raises(RedactorInvalid, match="package.module:function"):
+    with pytest.raises(RedactorInvalid, match=r"package\.module:function"):
         load_redactor("no_colon_here")
     with pytest.raises(RedactorInvalid, match="ModuleNotFoundError"):
         load_redactor("infersight_no_such_module:f")
@@ -164,7 +172,9 @@ def _cli_store(tmp_path: Path) -> Path:
     e = connect(f"sqlite:///{data}/infersight.sqlite")
     upgrade(e)
     with e.begin() as conn:
-        conn.execute(insert(requests), [request_row(1, at=T0, version=V2, prompt="call me at ann@example.org")])
+        conn.execute(
+            insert(requests), [request_row(1, at=T0, version=V2, prompt="call me at ann@example.org")]
+        )
     e.dispose()
     return data
 
@@ -186,7 +196,10 @@ def test_cli_export_with_no_matching_rows_writes_an_empty_file_and_exits_0_with_
 ) -> None:
     data = _cli_store(tmp_path)
     out = tmp_path / "none.jsonl"
-    assert main(["dataset", "export", "--version", V2, "--kind", "failed", "--data-dir", str(data), str(out)]) == 0
+    assert (
+        main(["dataset", "export", "--version", V2, "--kind", "failed", "--data-dir", str(data), str(out)])
+        == 0
+    )
     assert out.read_text() == ""
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("note: no requests of") and "kind failed" in err
@@ -195,7 +208,10 @@ def test_cli_export_with_no_matching_rows_writes_an_empty_file_and_exits_0_with_
 @pytest.mark.parametrize(
     ("flags", "message"),
     [
-        (["--kind", "weird"], "unknown kind 'weird'; valid kinds: drifted, novel, failed, snapshot, collected"),
+        (
+            ["--kind", "weird"],
+            "unknown kind 'weird'; valid kinds: drifted, novel, failed, snapshot, collected",
+        ),
         (["--since", "last tuesday"], "since 'last tuesday' is neither an ISO 8601 time"),
     ],
 )
@@ -214,7 +230,9 @@ def test_cli_export_of_a_missing_database_or_a_bad_redact_hook_is_one_line_exit_
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out = tmp_path / "out.jsonl"
-    assert main(["dataset", "export", "--version", V2, "--data-dir", str(tmp_path / "nothing"), str(out)]) == 2
+    assert (
+        main(["dataset", "export", "--version", V2, "--data-dir", str(tmp_path / "nothing"), str(out)]) == 2
+    )
     assert "no infersight database at" in capsys.readouterr().err
     cfg = tmp_path / "bad.yaml"
     cfg.write_text(f"data_dir: {_cli_store(tmp_path)}\nredact: infersight_no_such_module:f\n")
