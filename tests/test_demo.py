@@ -4,11 +4,14 @@ path as `make demo`): every step of the incident must happen and be reported."""
 from __future__ import annotations
 
 import io
+import json
+import shlex
 import shutil
 from pathlib import Path
 
 import pytest
 from _demo_registry import shared_demo_registry
+from infersight.monitor.cli import main
 from infersight.monitor.service.demo import DemoOptions, run_demo
 
 STEPS = [
@@ -33,6 +36,12 @@ def test_the_demo_plays_every_step_of_the_incident(
     assert result.snapshot_path is not None and Path(result.snapshot_path).is_file()
     assert "demo complete: every step happened" in text
     assert result.page_url.startswith("http://127.0.0.1:")
+    # the export command it prints works on what the demo left: the bad release's snapshot requests
+    [command] = [line.split(": ", 1)[1] for line in text.splitlines() if "infersight dataset export" in line]
+    argv = [*shlex.split(command)[1:-1], str(tmp_path / "bad-release.jsonl")]
+    assert main(argv) == 0
+    rows = [json.loads(x) for x in (tmp_path / "bad-release.jsonl").read_text().splitlines()]
+    assert rows and all(r["model_version"] == "mixtral_banking_fp32-v1.1" and r["in_snapshot"] for r in rows)
 
 
 def test_the_demo_names_the_step_that_did_not_happen(tmp_path: Path) -> None:
