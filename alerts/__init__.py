@@ -19,10 +19,12 @@ from .actions import (
     FAILURE_ALERT,
     ActionOutcome,
     ActionRunner,
+    CollectionOpened,
     ModelControl,
     RuntimeControl,
     SnapshotResult,
     SnapshotSource,
+    open_collection,
     take_snapshot,
 )
 from .alertmanager import ACTION_LABEL, AlertmanagerHandler, InboundAlert, InboundResult, parse_payload
@@ -83,6 +85,7 @@ __all__ = [
     "AlertsError",
     "AnalysisPolicy",
     "CheckResult",
+    "CollectionOpened",
     "CompositeSignals",
     "Condition",
     "DeliveryFailed",
@@ -142,6 +145,7 @@ __all__ = [
     "export_prometheus",
     "list_silences",
     "load_config",
+    "open_collection",
     "parse_config",
     "parse_matcher",
     "parse_payload",

@@ -65,6 +65,9 @@ class AlertingConfig:
     analysis_failed_checks: int = 3  # failed checks before the automatic rollback
     analysis_min_requests: int = 20  # fewer on either side: inconclusive
     snapshot_requests: int = 100  # requests kept in the snapshot taken at an automatic rollback
+    # the next requests (any version: the previous one now answers the same traffic) kept for
+    # `infersight dataset export --kind collected` after an automatic rollback; 0: none
+    collect_after_rollback: int = 200
 
 
 @dataclass(frozen=True)

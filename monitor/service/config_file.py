@@ -99,6 +99,8 @@ def check_config(config: ServiceConfig, *, source: str | None = None) -> Service
         fail("token", "must be at least 16 characters")
     if not 0.0 <= config.text_sample_rate <= 1.0:
         fail("text_sample_rate", "must be between 0 and 1")
+    if not 0 <= config.alerting.collect_after_rollback <= 100_000:
+        fail("alerting.collect_after_rollback", "must be between 0 and 100000")
     if config.redact is not None:
         from infersight.monitor.dataset import RedactorInvalid, load_redactor
 

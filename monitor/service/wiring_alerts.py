@@ -131,7 +131,8 @@ class AlertsWiring:
                 self._snapshot_after_rollback(check)
 
     def _snapshot_after_rollback(self, check: Any) -> None:
-        """The evidence of an automatic rollback, kept for whoever is paged."""
+        """The evidence of an automatic rollback, kept for whoever is paged, and a collection
+        of the requests that follow it (`alerting.collect_after_rollback`)."""
         from infersight.alerts import take_snapshot
 
         reason = f"automatic rollback after deploy: {'; '.join(check.failures)}"
@@ -142,6 +143,15 @@ class AlertsWiring:
         )  # fmt: skip
         log.warning("post-deploy analysis rolled back %s; snapshot %s", check.rollback.before_version,
                     result.html_path)  # fmt: skip
+        n = self.service.config.alerting.collect_after_rollback
+        if n > 0:  # the incident's data: what comes next, now answered by the previous version
+            from infersight.alerts import open_collection
+
+            open_collection(
+                self.service.db, collection_id=f"rollback-{check.rollback.run_id}", kind="any", n=n,
+                model_version=None, reason=f"automatic rollback of {check.rollback.before_version}",
+                now=dt.datetime.now(dt.UTC),
+            )  # fmt: skip
 
     # -- for the routers ------------------------------------------------------------------
     def firing_summary(self) -> list[dict[str, Any]]:
