@@ -75,7 +75,6 @@ class Service:
         self.schema_revision: str | None = None
         self.redactor: Callable[[str], str] | None = None  # config.redact, resolved at start
 
-
     # -- lifecycle -------------------------------------------------------------------
     def start(self) -> None:
         limit_malloc_arenas()  # before the service's threads exist: see memory.py
