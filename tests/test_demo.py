@@ -20,7 +20,7 @@ from sqlalchemy import select
 STEPS = [
     "demo model", "data", "service", "baseline traffic", "baseline drift check", "topic shift traffic",
     "drift flagged", "drift explained", "drift alert", "bad release deployed", "automatic rollback",
-    "snapshot", "page",
+    "snapshot", "page", "rolled-back drift resolved",
 ]  # fmt: skip
 
 

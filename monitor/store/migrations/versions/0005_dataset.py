@@ -1,7 +1,7 @@
 """dataset_collections and dataset_items: requests kept by the collect action for export
 
-Revision ID: 0003_dataset
-Revises: 0002
+Revision ID: 0005_dataset
+Revises: 0004_request_lengths
 Create Date: 2026-12-01 10:30:00
 """
 
@@ -13,8 +13,8 @@ import sqlalchemy as sa
 from alembic import op
 from infersight.monitor.store.metadata import UTCDateTime
 
-revision: str = "0003_dataset"
-down_revision: str | Sequence[str] | None = "0002"
+revision: str = "0005_dataset"
+down_revision: str | Sequence[str] | None = "0004_request_lengths"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
