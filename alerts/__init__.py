@@ -59,7 +59,7 @@ from .notifier import FlushResult, Notifier
 from .outbox import OutboxEntry, requeue_dead
 from .promql import PrometheusExport, export_prometheus, signal_promql
 from .receivers import PagerDutyReceiver, Receiver, SlackReceiver, WebhookReceiver, build_receivers
-from .rules import ACTION_TYPES, ActionSpec, Condition, Rule, RuleGroup
+from .rules import ACTION_TYPES, COLLECT_KINDS, ActionSpec, Condition, Rule, RuleGroup
 from .signals import SIGNAL_KINDS, Sample, Signal, SignalKind, SignalSource
 from .silences import Silence, create_silence, expire_silence, list_silences
 from .state import ActiveAlert, Transition
@@ -70,6 +70,7 @@ from .transport import HttpRequest, HttpResponse, HttpSender, HttpxSender
 __all__ = [
     "ACTION_LABEL",
     "ACTION_TYPES",
+    "COLLECT_KINDS",
     "DEFAULT_RULES",
     "FAILURE_ALERT",
     "REGRESSION_ALERT",

@@ -24,7 +24,7 @@ from sqlalchemy.exc import IntegrityError
 
 from ..rules import COLLECT_KINDS
 
-__all__ = ["COLLECT_KINDS", "CollectionOpened", "open_collection"]
+__all__ = ["CollectionOpened", "open_collection"]
 
 
 @dataclass(frozen=True)
@@ -46,6 +46,8 @@ def open_collection(
     reason: str,
     now: dt.datetime,
 ) -> CollectionOpened:
+    if kind not in COLLECT_KINDS or n < 1:
+        raise ValueError(f"collect: kind must be one of {', '.join(COLLECT_KINDS)} and n positive")
     version = model_version if kind == "version" else None
     try:
         with engine.begin() as conn:

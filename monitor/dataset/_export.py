@@ -25,7 +25,7 @@ from typing import Any
 from infersight.monitor.drift.tables import drift_reports
 from infersight.monitor.sdk._payload import prepare_text
 from infersight.monitor.store.tables import dataset_items, requests, snapshots
-from sqlalchemy import Engine, and_, or_, select
+from sqlalchemy import Engine, and_, or_, select, true
 
 from ._collections import fill_collections
 from .errors import InvalidSince, InvalidVersion, RedactorInvalid, UnknownKind
@@ -123,11 +123,13 @@ def _aware(t: dt.datetime) -> dt.datetime:
     return t.replace(tzinfo=dt.UTC) if t.tzinfo is None else t
 
 
-def _drift_marks(engine: Engine, version: str) -> _DriftMarks:
+def _drift_marks(engine: Engine, version: str, since: dt.datetime | None) -> _DriftMarks:
     marks = _DriftMarks()
     q = select(drift_reports.c.drifted, drift_reports.c.content).where(
         drift_reports.c.model_version == version
     )
+    if since is not None:  # a report made before `since` is about earlier requests
+        q = q.where(drift_reports.c.created_at >= since)
     with engine.connect() as conn:
         rows = conn.execute(q).all()
     for row in rows:
@@ -164,9 +166,12 @@ def _rows(engine: Engine, query: DatasetQuery, marks: _DriftMarks) -> Iterator[A
     elif query.kind == "drifted":
         if not marks.windows:
             return
-        cond.append(or_(*(and_(*(
-            ([table.c.started_at >= a] if a is not None else []) + ([table.c.started_at <= b] if b is not None else [])
-        )) for a, b in marks.windows)))  # fmt: skip
+        windows = []
+        for a, b in marks.windows:
+            bounds = [table.c.started_at >= a] if a is not None else []
+            bounds += [table.c.started_at <= b] if b is not None else []
+            windows.append(and_(*bounds) if bounds else true())
+        cond.append(or_(*windows))
     elif query.kind == "novel":
         texts = list(marks.novelty)
         if not texts:
@@ -184,7 +189,7 @@ def iter_dataset(
     the object says `"redaction_failed": true`; a prompt so dropped drops the object's text."""
     if query.kind == "collected":
         fill_collections(engine)  # what arrived since the service's last fill
-    marks = _drift_marks(engine, query.version)
+    marks = _drift_marks(engine, query.version, query.since)
     in_snapshot = _snapshot_request_ids(engine, query.version)
     for r in _rows(engine, query, marks):
         if query.kind == "snapshot" and r.request_id not in in_snapshot:
