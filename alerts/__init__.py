@@ -21,6 +21,7 @@ from .actions import (
     ActionRunner,
     CollectionOpened,
     ModelControl,
+    ReplicaTargets,
     RuntimeControl,
     SnapshotResult,
     SnapshotSource,
@@ -33,6 +34,7 @@ from .analysis import (
     AnalysisPolicy,
     CheckResult,
     DeployAnalyzer,
+    FailedCheck,
     StoreVersionMetrics,
     VersionMetrics,
     VersionStats,
@@ -51,7 +53,7 @@ from .errors import (
     UnknownSignal,
 )
 from .evaluator import EvaluationResult, Evaluator
-from .live_signals import InferenceStatsLike, LiveSignals, QualitySource
+from .live_signals import InferenceStatsLike, LiveSignals, QualitySource, RemoteResources
 from .loader import DEFAULT_RULES, load_config, parse_config
 from .matchers import Matcher, parse_matcher
 from .notification import Notification, NotifiedAlert
@@ -65,7 +67,7 @@ from .silences import Silence, create_silence, expire_silence, list_silences
 from .state import ActiveAlert, Transition
 from .static_signals import StaticSignals
 from .store_signals import CompositeSignals, StoreSignals
-from .transport import HttpRequest, HttpResponse, HttpSender, HttpxSender
+from .transport import HttpRequest, HttpResponse, HttpSender, HttpxSender, url_problem
 
 __all__ = [
     "ACTION_LABEL",
@@ -95,6 +97,7 @@ __all__ = [
     "Dispatcher",
     "EvaluationResult",
     "Evaluator",
+    "FailedCheck",
     "FlushResult",
     "HttpRequest",
     "HttpResponse",
@@ -118,6 +121,8 @@ __all__ = [
     "QualitySource",
     "Receiver",
     "ReceiverConfig",
+    "RemoteResources",
+    "ReplicaTargets",
     "RetryPolicy",
     "Route",
     "Rule",
@@ -153,4 +158,5 @@ __all__ = [
     "requeue_dead",
     "signal_promql",
     "take_snapshot",
+    "url_problem",
 ]

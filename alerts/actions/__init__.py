@@ -4,7 +4,7 @@ failover, collect."""
 from __future__ import annotations
 
 from .collect import CollectionOpened, open_collection
-from .control import ModelControl, RuntimeControl
+from .control import ModelControl, ReplicaTargets, RuntimeControl
 from .runner import FAILURE_ALERT, ActionOutcome, ActionRunner
 from .snapshot import SnapshotResult, SnapshotSource, render_html, take_snapshot
 
@@ -14,6 +14,7 @@ __all__ = [
     "ActionRunner",
     "CollectionOpened",
     "ModelControl",
+    "ReplicaTargets",
     "RuntimeControl",
     "SnapshotResult",
     "SnapshotSource",

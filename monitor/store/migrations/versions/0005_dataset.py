@@ -1,7 +1,7 @@
 """dataset_collections and dataset_items: requests kept by the collect action for export
 
 Revision ID: 0005_dataset
-Revises: 0004_request_lengths
+Revises: 0003_replicas
 Create Date: 2026-12-01 10:30:00
 """
 
@@ -14,7 +14,7 @@ from alembic import op
 from infersight.monitor.store.metadata import UTCDateTime
 
 revision: str = "0005_dataset"
-down_revision: str | Sequence[str] | None = "0004_request_lengths"
+down_revision: str | Sequence[str] | None = "0003_replicas"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
