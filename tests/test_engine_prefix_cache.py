@@ -46,7 +46,6 @@ def runtime_with(registry: Registry, cache: PrefixCache | None, **kw: object) ->
 @pytest.fixture
 def redis_tier() -> Iterator[RedisTier]:
     """A RedisTier on the machine's Redis under a fresh key prefix, deleted afterwards."""
-    pytest.importorskip("redis")
     tier = RedisTier(key_prefix=f"infersight-test:{uuid.uuid4().hex[:12]}:", timeout_s=2.0)
     try:
         tier._connection().ping()
@@ -194,7 +193,6 @@ def test_a_new_replica_starts_warm_from_redis(registry: Registry, redis_tier: Re
 
 
 def test_redis_unreachable_falls_back_to_local_and_counts_the_failure(registry: Registry) -> None:
-    pytest.importorskip("redis")
     dead = RedisTier(f"redis://127.0.0.1:{free_port()}/0", key_prefix="unused:", timeout_s=0.2)
     rt = runtime_with(registry, PrefixCache(block_tokens=BLOCK, shared=dead))
     try:
