@@ -8,7 +8,7 @@ from typing import Any
 from ._duration import parse_duration
 from ._yaml import MarkedMap, Source, iter_items
 from .rules import ACTION_TYPES, OPS, ActionSpec, Condition, Rule, RuleGroup
-from .signals import DRIFT_FIELDS, LATENCY_METRICS, MEMORY_RESOURCES, SIGNAL_KINDS, Signal
+from .signals import DRIFT_FIELDS, LATENCY_METRICS, LENGTH_FIELDS, MEMORY_RESOURCES, SIGNAL_KINDS, Signal
 from .templating import check_template
 
 __all__ = ["parse_groups"]
@@ -75,8 +75,9 @@ def _signal(src: Source, raw: Any, line: int, what: str) -> Signal:
         if values["window_s"] <= 0:
             src.fail(m.key_lines["window"], "window must be positive")
     if "field" in m:
-        if m["field"] not in DRIFT_FIELDS:
-            src.fail(m.key_lines["field"], f"field must be one of {', '.join(DRIFT_FIELDS)}")
+        fields = LENGTH_FIELDS if kind == "length_drift" else DRIFT_FIELDS
+        if m["field"] not in fields:
+            src.fail(m.key_lines["field"], f"field must be one of {', '.join(fields)}")
         values["field"] = m["field"]
     if "resource" in m:
         if m["resource"] not in MEMORY_RESOURCES:

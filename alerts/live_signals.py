@@ -45,9 +45,12 @@ class InferenceStatsLike(Protocol):
 
 
 class QualitySource(Protocol):
-    """Latest drift p-values and windowed mean relevance per (model, model_version)."""
+    """Latest drift p-values (semantic and request-length) and windowed mean relevance per
+    (model, model_version)."""
 
     def drift_p_values(self, field: str) -> Mapping[tuple[str, str], float]: ...
+
+    def length_p_values(self, field: str) -> Mapping[tuple[str, str], float]: ...
 
     def relevance_means(self) -> Mapping[tuple[str, str], float]: ...
 
@@ -108,7 +111,7 @@ class LiveSignals:
             return self._gpu(signal, by)
         if kind == "memory_slope":
             return self._slope(signal, by)
-        if kind in ("drift_p_value", "relevance"):
+        if kind in ("drift_p_value", "length_drift", "relevance"):
             return self._quality(signal, by)
         raise UnknownSignal(f"LiveSignals does not serve {kind!r} (a StoreSignals does)")
 
@@ -195,6 +198,10 @@ class LiveSignals:
             assert s.field is not None
             values = self.quality.drift_p_values(s.field)
             pick = min  # the strongest evidence of drift among merged versions
+        elif s.kind == "length_drift":
+            assert s.field is not None
+            values = self.quality.length_p_values(s.field)
+            pick = min
         else:
             values = self.quality.relevance_means()
             pick = min

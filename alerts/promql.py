@@ -70,6 +70,7 @@ _PROMQL: Mapping[str, Callable[[Signal, tuple[str, ...]], str]] = {
     ),
     "memory_slope": _memory_slope,
     "drift_p_value": lambda s, by: _agg("min", by, f'infersight_drift_p_value{{field="{s.field}"}}'),
+    "length_drift": lambda s, by: _agg("min", by, f'infersight_length_drift_p_value{{field="{s.field}"}}'),
     "relevance": lambda s, by: _agg("avg", by, "infersight_relevance_mean"),
     "dead_letters": lambda s, by: _agg("max", by, "infersight_outbox_dead_letters"),
 }

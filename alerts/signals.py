@@ -25,6 +25,7 @@ __all__ = [
 
 LATENCY_METRICS = ("request_duration", "ttft", "tpot", "queue_time")
 DRIFT_FIELDS = ("prompt", "response")
+LENGTH_FIELDS = ("prompt", "output")  # token lengths of requests (length_drift)
 MEMORY_RESOURCES = ("gpu", "process")
 _MODEL = ("model", "model_version")
 
@@ -72,6 +73,13 @@ SIGNAL_KINDS: Mapping[str, SignalKind] = {
             ("field",),
             ("field",),
             "p-value of the latest drift test (prompt or response)",
+        ),
+        SignalKind(
+            "length_drift",
+            _MODEL,
+            ("field",),
+            ("field",),
+            "p-value of the latest request-length drift test (prompt or output token lengths)",
         ),
         SignalKind("relevance", _MODEL, (), (), "windowed mean prompt-response relevance (cosine)"),
         SignalKind(

@@ -70,10 +70,10 @@ class EngineAdapter:
         if kind == "RequestQueued":
             self._track(event.request_id, event.model_version, event.at).prompt_tokens = event.prompt_tokens
             self._requests[event.request_id].queued = True
-            self._stats.series(self._model, event.model_version).add_waiting(1)
+            self._stats.series(self._model, event.model_version, trusted=True).add_waiting(1)
         elif kind == "RequestStarted":
             req = self._track(event.request_id, event.model_version, event.at - event.queue_s)
-            series = self._stats.series(self._model, event.model_version)
+            series = self._stats.series(self._model, event.model_version, trusted=True)
             if req.queued:
                 series.add_waiting(-1)
                 req.queued = False
@@ -91,6 +91,8 @@ class EngineAdapter:
             self._finish(event)
         elif kind == "RequestFailed":
             self._fail(event)
+        elif kind == "VersionDeployed":  # its series exist at 0 before its first request (for rate())
+            self._stats.series(self._model, event.to_version, trusted=True)
 
     def _track(self, request_id: str, version: str, arrived_at: float) -> _Request:
         req = self._requests.get(request_id)
@@ -104,7 +106,7 @@ class EngineAdapter:
     def _forget(self, request_id: str) -> _Request | None:
         req = self._requests.pop(request_id, None)
         if req is not None:
-            series = self._stats.series(self._model, req.model_version)
+            series = self._stats.series(self._model, req.model_version, trusted=True)
             if req.queued:
                 series.add_waiting(-1)
             if req.started:

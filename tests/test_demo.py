@@ -14,7 +14,7 @@ from infersight.monitor.service.demo import DemoOptions, run_demo
 STEPS = [
     "demo model", "data", "service", "baseline traffic", "baseline drift check", "topic shift traffic",
     "drift flagged", "drift explained", "drift alert", "bad release deployed", "automatic rollback",
-    "snapshot", "page",
+    "snapshot", "page", "rolled-back drift resolved",
 ]  # fmt: skip
 
 

@@ -275,7 +275,12 @@ def test_drift_verdict_clicks_through_to_its_explanation(
     assert "banking-validation v1" in browser.evaluate("document.getElementById('drift-summary').textContent")
     assert not browser.visible("#drift-detail")
 
-    browser.click("#drift-open")
+    browser.click("#drift-open")  # the report quotes users' text: the page asks for the token first
+    browser.wait_for("document.getElementById('token-dialog').open", what="the token dialog")
+    assert "drift report" in browser.evaluate("document.getElementById('token-action').textContent")
+    browser.click("#token-input")
+    browser.type_text(TOKEN)
+    browser.click("#token-submit")
     body = browser.wait_for(
         f"document.getElementById('drift-detail').dataset.reportId === '{live.report_id}'"
         " && document.getElementById('drift-body').textContent",
@@ -340,7 +345,7 @@ def test_snapshot_uses_the_remembered_token_and_is_stored(live: Live, browser: B
     browser.click("#token-submit")
     toast = _toast(browser, "the snapshot outcome")
     assert "Done: take a snapshot" in toast, toast
-    stored = httpx.get(live.url + "api/v1/snapshots", timeout=10).json()["snapshots"]
+    stored = httpx.get(live.url + "api/v1/snapshots", headers={"Authorization": f"Bearer {TOKEN}"}, timeout=10).json()["snapshots"]
     assert stored and stored[0]["reason"] == "taken from the web page" and stored[0]["trigger"] == "manual"
     assert stored[0]["snapshot_id"] in toast
     assert not browser.page_errors()

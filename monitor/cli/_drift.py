@@ -9,6 +9,7 @@ with a progress bar on stderr; prints the verdict, or one JSON object with `--js
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -39,7 +40,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     p.add_argument("--seed", type=int, default=0, help="seed of every random choice (default 0)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar while embedding")
-    p.add_argument("--fail-on-drift", action="store_true", help="exit with status 1 when drift is detected")
+    p.add_argument(
+        "--fail-on-drift",
+        action="store_true",
+        help="exit with status 1 when drift is detected (semantic or request lengths)",
+    )
     p.set_defaults(handler=_run)
 
 
@@ -51,6 +56,8 @@ def _run(args: argparse.Namespace) -> int:
         DriftError,
         SentenceTransformerEmbedder,
         TestOptions,
+        length_drift,
+        read_lengths,
         read_window,
         render_html,
     )
@@ -72,6 +79,14 @@ def _run(args: argparse.Namespace) -> int:
         )
         embedder = CachedEmbedder(SentenceTransformerEmbedder(args.model, progress=not args.no_progress))
         report = DriftDetector(embedder, config).score(reference, current)
+        lengths = length_drift(
+            read_lengths(args.reference, reference.prompts, reference.responses),
+            read_lengths(args.current, current.prompts, current.responses),
+            alpha=args.alpha,
+            min_reference=config.min_reference,
+            min_current=config.min_current,
+        )
+        report = dataclasses.replace(report, lengths=lengths)
     except DriftError as exc:
         raise CommandError(str(exc)) from exc
     if report_path is not None:
@@ -83,7 +98,8 @@ def _run(args: argparse.Namespace) -> int:
         print(report.dumps())
     else:
         _print_verdict(report, report_path)
-    return 1 if (args.fail_on_drift and report.drifted) else 0
+    drifted = report.drifted or (report.lengths is not None and report.lengths.drifted)
+    return 1 if (args.fail_on_drift and drifted) else 0
 
 
 def _print_verdict(report: DriftReport, report_path: Path | None) -> None:
@@ -117,5 +133,18 @@ def _print_verdict(report: DriftReport, report_path: Path | None) -> None:
                 f"  cluster {top.label!r}: {100 * top.reference_share:.1f}% -> {100 * top.current_share:.1f}%",
                 file=out,
             )
+    lengths = report.lengths
+    if lengths is not None:
+        head = "LENGTH DRIFT" if lengths.drifted else "lengths: no drift"
+        by = f" by {lengths.decided_by}" if lengths.decided_by else ""
+        print(
+            f"{head}: p={lengths.p_value:.3g} ({lengths.correction}{by}; in {lengths.counted_by})", file=out
+        )
+        for s in lengths.summaries:
+            if s.n:
+                print(f"  {s.field:<7} {s.window:<9} n={s.n:<6} median {s.p50:g}  p95 {s.p95:g}  max {s.max}",
+                      file=out)  # fmt: skip
+        for note in lengths.notes:
+            print(f"  note: {note}", file=out)
     if report_path is not None:
         print(f"report: {report_path}", file=out)

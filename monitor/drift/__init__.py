@@ -10,7 +10,8 @@ with a split-conformal (hypergeometric) p-value; a one-sided relevance-drop test
 responses exist. Holm's correction across every test keeps the report's false-alarm rate
 at alpha; effect floors keep large windows from alarming on trivial shifts. The
 explanation (witness texts, reference clusters, novelty, a 2-D projection) never changes
-the verdict. `StreamingDetector` charts per-request novelty and relevance with CUSUMs
+the verdict. Request lengths (prompt and output tokens) get their own section and verdict
+(`length_drift`: tests valid conditional on the reference). `StreamingDetector` charts per-request novelty and relevance with CUSUMs
 calibrated by simulation; `evaluate_window` is the scheduler's entry point.
 """
 
@@ -28,6 +29,16 @@ from ._explanation import ClusterShare, ExampleText, FieldExplanation, Novelty, 
 from ._holm import holm_adjust
 from ._html import render_html
 from ._inputs import INPUT_FORMATS, read_window
+from ._lengths import (
+    LENGTH_FIELDS,
+    LengthDrift,
+    LengthSummary,
+    LengthTest,
+    RequestLengths,
+    count_words,
+    length_drift,
+    read_lengths,
+)
 from ._metrics import DriftMetrics
 from ._mmd import mmd_test
 from ._mmd_exact import mmd_exact_test
@@ -40,6 +51,7 @@ from ._references import (
     list_references,
     load_reference,
     save_reference,
+    traffic_lengths,
     traffic_window,
 )
 from ._registry import STAT_TESTS, get_test
@@ -77,6 +89,7 @@ from .errors import (
 __all__ = [
     "DEFAULT_EFFECT_FLOORS",
     "INPUT_FORMATS",
+    "LENGTH_FIELDS",
     "NOVEL_CLUSTER",
     "RELEVANCE_BUCKETS",
     "REPORT_SCHEMA",
@@ -103,6 +116,9 @@ __all__ = [
     "InputError",
     "InputFileNotFound",
     "InputNotUTF8",
+    "LengthDrift",
+    "LengthSummary",
+    "LengthTest",
     "NoTextColumn",
     "Novelty",
     "NoveltyExample",
@@ -113,6 +129,7 @@ __all__ = [
     "RelevanceComparison",
     "RelevanceSummary",
     "ReportContext",
+    "RequestLengths",
     "SentenceTransformerEmbedder",
     "StatResult",
     "StatTest",
@@ -127,6 +144,7 @@ __all__ = [
     "UnknownTest",
     "WindowError",
     "WindowTooSmall",
+    "count_words",
     "default_model_path",
     "design_cusum",
     "evaluate_window",
@@ -134,6 +152,7 @@ __all__ = [
     "fit_stored",
     "get_test",
     "holm_adjust",
+    "length_drift",
     "list_references",
     "list_reports",
     "load_reference",
@@ -142,6 +161,7 @@ __all__ = [
     "mmd_rff_test",
     "mmd_test",
     "novelty_test",
+    "read_lengths",
     "read_window",
     "relevance",
     "relevance_drop_test",
@@ -150,5 +170,6 @@ __all__ = [
     "save_reference",
     "save_report",
     "summarize_relevance",
+    "traffic_lengths",
     "traffic_window",
 ]

@@ -4,6 +4,7 @@ stored reference, store the report, fill in per-request relevance, set the gauge
 from __future__ import annotations
 
 import datetime as dt
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -11,8 +12,9 @@ from infersight.monitor.store.tables import requests
 from sqlalchemy import Engine, bindparam, select, update
 
 from ._detector import DriftDetector, FittedReference
+from ._lengths import LengthDrift, RequestLengths, length_drift
 from ._metrics import DriftMetrics
-from ._references import StoredReference, _window, load_reference
+from ._references import StoredReference, _window, load_reference, traffic_lengths
 from ._reports import save_report
 from ._results import DriftReport, ReportContext
 from ._windows import TextWindow
@@ -77,6 +79,9 @@ def evaluate_window(
         seed=detector.config.options.seed,
     )
     report = detector.compare(fitted, current, context=context)
+    report = replace(
+        report, lengths=_lengths(bind, detector, stored, window, rows, model_version, until, model)
+    )
     fresh = _store_relevance(bind, rows, window, current.relevance)
     if metrics is not None:
         metrics.observe_report(report, model=model or "", model_version=model_version)
@@ -85,6 +90,31 @@ def evaluate_window(
     if store:
         save_report(bind, report, reference_id=stored.info.id, since=since, until=until)
     return report
+
+
+def _lengths(
+    bind: Engine,
+    detector: DriftDetector,
+    stored: StoredReference,
+    window: TextWindow,
+    rows: list[Any],
+    model_version: str,
+    until: dt.datetime,
+    model: str | None,
+) -> LengthDrift:
+    """The length section: every request's recorded token counts over the text window's span
+    against the reference's stored counts; the texts' word counts when the reference has none."""
+    cfg = detector.config
+    if stored.lengths is not None:
+        reference = stored.lengths
+        current = traffic_lengths(bind, model_version=model_version, since=rows[0].started_at, until=until,
+                                  model=model)  # fmt: skip
+    else:
+        reference = RequestLengths.of_texts(stored.window.prompts, stored.window.responses)
+        current = RequestLengths.of_texts(window.prompts, window.responses)
+    return length_drift(
+        reference, current, alpha=cfg.alpha, min_reference=cfg.min_reference, min_current=cfg.min_current
+    )
 
 
 def _traffic(

@@ -5,6 +5,7 @@ from __future__ import annotations
 from html import escape
 
 from ._explanation import FieldExplanation
+from ._lengths import LengthDrift
 from ._relevance import RelevanceSummary
 from ._results import DriftReport, TestResult
 from ._svg import CURRENT_COLOUR, NOVEL_COLOUR, REFERENCE_COLOUR, scatter_svg, share_bars_svg
@@ -57,6 +58,8 @@ def render_html(report: DriftReport, *, title: str = "infersight drift report") 
     if report.relevance is not None:
         parts.append("<h2>Prompt-response relevance</h2>")
         parts.append(_relevance_table(report.relevance.reference, report.relevance.current))
+    if report.lengths is not None:
+        parts.append(_lengths_section(report.lengths))
     parts.append("</body></html>")
     return "\n".join(parts)
 
@@ -139,3 +142,46 @@ def _relevance_table(ref: RelevanceSummary, cur: RelevanceSummary) -> str:
         )
     rows.append("</table>")
     return "".join(rows)
+
+
+def _lengths_section(r: LengthDrift) -> str:
+    verdict = "Length drift detected" if r.drifted else "No length drift detected"
+    out = [
+        "<h2>Request lengths</h2>",
+        f"<div class='verdict {'drift' if r.drifted else 'nodrift'}'><strong>{verdict}</strong> — "
+        f"p = {_num(r.p_value)} ({escape(r.correction)}, α = {r.alpha:g})"
+        + (f", decided by {escape(r.decided_by)}" if r.decided_by else "")
+        + f"; lengths in {escape(r.counted_by)}. This verdict is separate from the one above.</div>",
+        "<table><tr><th>field</th><th>window</th><th class='num'>n</th><th class='num'>mean</th>"
+        "<th class='num'>median</th><th class='num'>p95</th><th class='num'>max</th></tr>",
+    ]
+    for s in r.summaries:
+        out.append(
+            f"<tr><td>{escape(s.field)}</td><td>{escape(s.window)}</td><td class='num'>{s.n}</td>"
+            f"<td class='num'>{_num(s.mean, 1)}</td><td class='num'>{_num(s.p50, 1)}</td>"
+            f"<td class='num'>{_num(s.p95, 1)}</td><td class='num'>{'–' if s.max is None else s.max}</td></tr>"
+        )
+    out.append(
+        "</table><table><tr><th>field</th><th>test</th><th class='num'>statistic</th><th class='num'>effect</th>"
+        "<th class='num'>p</th><th class='num'>p (Holm)</th><th>drift</th></tr>"
+    )
+    for t in r.tests:
+        what = (
+            f"{t.statistic:.0f} longer than {t.tail_tokens} (null share {_num(t.null_share, 3)})"
+            if t.test == "length_tail"
+            else f"KS {t.statistic:.3f}"
+        )
+        out.append(
+            f"<tr><td>{escape(t.field)}</td><td>{escape(t.test)}</td><td class='num'>{escape(what)}</td>"
+            f"<td class='num'>{_num(t.score)}</td><td class='num'>{_num(t.p_value)}</td>"
+            f"<td class='num'>{_num(t.p_adjusted)}</td>"
+            f"<td>{'<span class=yes>yes</span>' if t.drifted else 'no'}</td></tr>"
+        )
+    out.append("</table>")
+    out.append(
+        f"<p class='muted'>length_tail counts current requests longer than the reference's {100 * (1 - r.tail):g}th "
+        f"percentile against a share bounded for {100 * r.confidence:g}% of references; length_ks is the "
+        "Kolmogorov-Smirnov distance beyond the reference's own DKW band.</p>"
+    )
+    out.extend(f"<p class='muted'>{escape(n)}</p>" for n in r.notes)
+    return "\n".join(out)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable
 
 from prometheus_client import CollectorRegistry, Gauge, Histogram
@@ -19,7 +20,8 @@ class DriftMetrics:
     the field's tests), `infersight_drift_score` (the field's MMD²), `infersight_drift_detected`
     (0/1), `infersight_drift_novelty_rate`. Per model version: `infersight_relevance_mean`
     (the current window's mean prompt-response cosine) and `infersight_relevance_score`
-    (one observation per request).
+    (one observation per request). Per length field (prompt, output):
+    `infersight_length_drift_p_value`.
     """
 
     def __init__(self, registry: CollectorRegistry) -> None:
@@ -43,6 +45,12 @@ class DriftMetrics:
             "infersight_drift_novelty_rate",
             "Share of current texts beyond the reference's own 1% tail",
             labels,
+            registry=registry,
+        )
+        self.length_p_value = Gauge(
+            "infersight_length_drift_p_value",
+            "Latest request-length drift test p-value (Holm-adjusted within the length section)",
+            ("model", "model_version", "field"),
             registry=registry,
         )
         self.relevance_mean = Gauge(
@@ -72,6 +80,20 @@ class DriftMetrics:
                 self.novelty_rate.labels(m, v, f.field).set(f.novelty_rate)
         if report.relevance is not None and report.relevance.current.mean is not None:
             self.relevance_mean.labels(m, v).set(report.relevance.current.mean)
+        if report.lengths is not None:
+            for name in ("prompt", "output"):
+                p = report.lengths.field_p_value(name)
+                if p is not None:
+                    self.length_p_value.labels(m, v, name).set(p)
+
+    def forget(self, *, model: str, model_version: str) -> None:
+        """Remove every series of a version nobody serves any more (its alerts then resolve)."""
+        for gauge in (self.p_value, self.score, self.detected, self.novelty_rate, self.length_p_value):
+            for name in ("prompt", "response", "output"):
+                with contextlib.suppress(KeyError):
+                    gauge.remove(model, model_version, name)
+        with contextlib.suppress(KeyError):
+            self.relevance_mean.remove(model, model_version)
 
     def observe_relevance(self, values: Iterable[float], *, model: str, model_version: str) -> None:
         child = self.relevance.labels(model, model_version)

@@ -20,9 +20,10 @@ from infersight.monitor.store.tables import requests
 from sqlalchemy import Connection, Engine, func, insert, select
 from sqlalchemy.exc import IntegrityError
 
+from ._lengths import RequestLengths
 from ._windows import EmbeddedWindow, TextWindow
 from .errors import ReferenceNotFound
-from .tables import drift_reference_texts, drift_references
+from .tables import drift_reference_lengths, drift_reference_texts, drift_references
 
 __all__ = [
     "ReferenceInfo",
@@ -31,6 +32,7 @@ __all__ = [
     "list_references",
     "load_reference",
     "save_reference",
+    "traffic_lengths",
     "traffic_window",
 ]
 
@@ -69,6 +71,7 @@ class StoredReference:
     info: ReferenceInfo
     window: TextWindow
     embedded: EmbeddedWindow | None  # None when no embeddings were stored
+    lengths: RequestLengths | None = None  # token lengths of its requests; None when none were stored
 
 
 @contextmanager
@@ -99,9 +102,11 @@ def save_reference(
     source_detail: str | None = None,
     embedded: EmbeddedWindow | None = None,
     embedder: str | None = None,
+    lengths: RequestLengths | None = None,
     now: dt.datetime | None = None,
 ) -> ReferenceInfo:
-    """Store `window` as the next version of `name` (embeddings too when `embedded` is given)."""
+    """Store `window` as the next version of `name` (embeddings too when `embedded` is given,
+    and the token lengths of its requests when `lengths` counted tokens)."""
     if not name.strip():
         raise ValueError("a reference needs a name")
     if source not in ("file", "traffic", "deploy"):
@@ -150,11 +155,30 @@ def save_reference(
                     for i, prompt in enumerate(window.prompts)
                 ]
                 conn.execute(insert(drift_reference_texts), rows)
+                length_rows = _length_rows(ref_id, lengths)
+                if length_rows:
+                    conn.execute(insert(drift_reference_lengths), length_rows)
             break
         except IntegrityError:
             if isinstance(bind, Connection) or attempt == 2:
                 raise  # a concurrent save took the same version: retried twice on an engine
     return _info_by_id(bind, int(ref_id))
+
+
+def _length_rows(ref_id: int, lengths: RequestLengths | None) -> list[dict[str, Any]]:
+    """One row per position; prompt and output counts are independent samples, paired by position."""
+    if lengths is None or lengths.counted_by != "tokens":
+        return []
+    p, o = lengths.prompt_tokens, lengths.output_tokens
+    return [
+        {
+            "reference_id": ref_id,
+            "position": i,
+            "prompt_tokens": int(p[i]) if i < p.size else None,
+            "output_tokens": int(o[i]) if i < o.size else None,
+        }
+        for i in range(max(p.size, o.size))
+    ]
 
 
 def _response_rows(embedded: EmbeddedWindow | None, responses: tuple[str | None, ...]) -> dict[int, bytes]:
@@ -243,6 +267,16 @@ def load_reference(
             .where(drift_reference_texts.c.reference_id == info.id)
             .order_by(drift_reference_texts.c.position)
         ).all()
+        counts = conn.execute(
+            select(drift_reference_lengths.c.prompt_tokens, drift_reference_lengths.c.output_tokens)
+            .where(drift_reference_lengths.c.reference_id == info.id)
+            .order_by(drift_reference_lengths.c.position)
+        ).all()
+    lengths = (
+        RequestLengths.of([c.prompt_tokens for c in counts], [c.output_tokens for c in counts], "tokens")
+        if counts
+        else None
+    )
     prompts = tuple(t.prompt for t in texts)
     responses = tuple(t.response for t in texts)
     window = TextWindow(
@@ -265,7 +299,7 @@ def load_reference(
             re = np.zeros((0, pe.shape[1]), np.float32)
             rel = np.zeros(0, np.float32)
         embedded = EmbeddedWindow(prompts, pe, tuple(t.response for t in with_resp), re, rel)
-    return StoredReference(info, window, embedded)
+    return StoredReference(info, window, embedded, lengths)
 
 
 def traffic_window(
@@ -294,6 +328,38 @@ def traffic_window(
     rows.sort(key=lambda row: (row.started_at, row.id))
     source = f"requests {since.isoformat()} .. {until.isoformat()}"
     return _window(rows, source)
+
+
+def traffic_lengths(
+    bind: Engine | Connection,
+    *,
+    model_version: str,
+    since: dt.datetime,
+    until: dt.datetime,
+    limit: int = 20_000,
+    model: str | None = None,
+) -> RequestLengths:
+    """Token lengths of every recorded request of `model_version` that started in
+    `[since, until)` (the newest `limit`), sampled text or not."""
+    r = requests.c
+    query = (
+        select(r.prompt_tokens, r.output_tokens)
+        .where(
+            r.model_version == model_version,
+            r.started_at >= since,
+            r.started_at < until,
+            (r.prompt_tokens.is_not(None)) | (r.output_tokens.is_not(None)),
+        )
+        .order_by(r.started_at.desc(), r.id.desc())
+        .limit(limit)
+    )
+    if model is not None:
+        query = query.where(r.model == model)
+    with _tx(bind) as conn:
+        rows = list(conn.execute(query))
+    return RequestLengths.of(
+        [row.prompt_tokens for row in rows], [row.output_tokens for row in rows], "tokens"
+    )
 
 
 def first_requests_after(

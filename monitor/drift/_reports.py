@@ -86,6 +86,7 @@ def list_reports(
         "reference",
         "window",
         "fields",
+        "length_drift",
     )
     out = []
     for row in rows:

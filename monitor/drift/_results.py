@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from ._explanation import FieldExplanation
+from ._lengths import LengthDrift
 from ._relevance import RelevanceComparison
 
 __all__ = ["REPORT_SCHEMA", "DriftReport", "FieldVerdict", "ReportContext", "TestResult"]
@@ -82,6 +83,7 @@ class DriftReport:
     relevance: RelevanceComparison | None
     explanations: tuple[FieldExplanation, ...]
     context: ReportContext
+    lengths: LengthDrift | None = None  # request lengths: a section with its own verdict
 
     def field(self, name: str) -> FieldVerdict | None:
         return next((f for f in self.fields if f.field == name), None)
@@ -111,6 +113,7 @@ class DriftReport:
             else {"name": c.reference_name, "version": c.reference_version},
             "window": {"since": c.since, "until": c.until},
             "fields": [asdict(f) for f in self.fields],
+            "length_drift": None if self.lengths is None else self.lengths.drifted,
         }
 
     def to_json(self) -> dict[str, Any]:
@@ -121,6 +124,7 @@ class DriftReport:
         out["relevance"] = None if self.relevance is None else asdict(self.relevance)
         by_field = {e.field: asdict(e) for e in self.explanations}
         out["explanation"] = {"prompt": by_field.get("prompt"), "response": by_field.get("response")}
+        out["lengths"] = None if self.lengths is None else self.lengths.to_json()
         return out
 
     def dumps(self, **kwargs: Any) -> str:

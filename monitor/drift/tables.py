@@ -8,6 +8,10 @@
   embeddings are kept with the name of the model that made them because re-encoding a
   few thousand texts costs seconds of CPU on every restart, and 1.5 KB a text is cheap.
   They are used only when the detector's embedder has the same name.
+- `drift_reference_lengths`: the token lengths of the requests of the reference's time
+  span, every request and not only the sampled texts (prompt and output tokens; either
+  may be missing), or of a file's records when it carries `prompt_tokens`. Kept with the
+  reference because `requests` rows expire long before a reference does.
 - `drift_reports`: every evaluation, its headline in columns (for lists and retention)
   and the full `DriftReport.to_json()` in `content`.
 """
@@ -29,7 +33,7 @@ from sqlalchemy import (
     UniqueConstraint,
 )
 
-__all__ = ["drift_reference_texts", "drift_references", "drift_reports"]
+__all__ = ["drift_reference_lengths", "drift_reference_texts", "drift_references", "drift_reports"]
 
 drift_references = Table(
     "drift_references",
@@ -64,6 +68,20 @@ drift_reference_texts = Table(
     Column("response", Text),
     Column("prompt_embedding", LargeBinary),
     Column("response_embedding", LargeBinary),
+)
+
+drift_reference_lengths = Table(
+    "drift_reference_lengths",
+    metadata,
+    Column(
+        "reference_id",
+        Integer,
+        ForeignKey("drift_references.id", ondelete="CASCADE"),
+        primary_key=True,
+    ),
+    Column("position", Integer, primary_key=True),
+    Column("prompt_tokens", Integer),
+    Column("output_tokens", Integer),
 )
 
 drift_reports = Table(

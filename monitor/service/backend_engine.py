@@ -100,6 +100,8 @@ class EngineBackend:
         stats = self.service.components.get("stats")
         if stats is not None:
             self._unsubscribe = self.runtime.subscribe(EngineAdapter(stats, model=self.model_name))
+            if self.runtime.serving_version:  # deployed before we subscribed: at 0 from the first scrape
+                stats.series(self.model_name, self.runtime.serving_version, trusted=True)
 
     def close(self) -> None:
         unsubscribe = getattr(self, "_unsubscribe", None)
@@ -122,9 +124,14 @@ class EngineBackend:
         return model_of(self.runtime.serving_version)
 
     async def models(self) -> dict[str, Any]:
+        """The stable model name first (clients should use it: it survives deploys and
+        rollbacks), then the serving version's own name (which pins nothing: both serve)."""
         serving = self.runtime.serving_version
-        data = [{"id": serving, "object": "model", "created": 0, "owned_by": "infersight"}] if serving else []
-        return {"object": "list", "data": data}
+        if not serving:
+            return {"object": "list", "data": []}
+        ids = [self.model_name] + ([serving] if serving != self.model_name else [])
+        return {"object": "list", "data": [{"id": i, "object": "model", "created": 0, "owned_by": "infersight"}
+                                           for i in ids]}  # fmt: skip
 
     # -- requests ------------------------------------------------------------------------
     async def completion(self, req: CompletionRequest, raw: bytes, headers: Any) -> Response:

@@ -23,7 +23,7 @@ from .backend_engine import submit_record
 from .config import UpstreamConfig
 from .errors import UpstreamUnreachable
 from .observe import CallTimer, make_record
-from .openai_schema import ChatRequest, CompletionRequest
+from .openai_schema import ObservedRequest
 
 if TYPE_CHECKING:
     from .service import Service
@@ -93,6 +93,8 @@ def _choice_text(choice: dict[str, Any], chat: bool) -> str:
 
 
 class ProxyBackend:
+    passes_through = True  # the router hands over the body unvalidated (openai_schema.ObservedRequest)
+
     def __init__(self, service: Service, config: UpstreamConfig, *, transport: Any = None) -> None:
         self.service = service
         self.config = config
@@ -130,17 +132,17 @@ class ProxyBackend:
             headers["authorization"] = f"Bearer {self.config.api_key}"
         return headers
 
-    async def completion(self, req: CompletionRequest, raw: bytes, headers: Any) -> Response:
+    async def completion(self, req: ObservedRequest, raw: bytes, headers: Any) -> Response:
         return await self._forward("/v1/completions", req, req.prompt_text(), raw, headers, chat=False)
 
-    async def chat(self, req: ChatRequest, raw: bytes, headers: Any) -> Response:
+    async def chat(self, req: ObservedRequest, raw: bytes, headers: Any) -> Response:
         return await self._forward("/v1/chat/completions", req, req.last_user_text(), raw, headers, chat=True)
 
     async def _forward(
         self,
         path: str,
-        req: CompletionRequest | ChatRequest,
-        prompt: str,
+        req: ObservedRequest,
+        prompt: str | None,
         raw: bytes,
         headers: Any,
         *,
@@ -179,7 +181,7 @@ class ProxyBackend:
         )
 
     async def _relay(
-        self, upstream: httpx.Response, rid: str, req: Any, timer: CallTimer, prompt: str, chat: bool
+        self, upstream: httpx.Response, rid: str, req: Any, timer: CallTimer, prompt: str | None, chat: bool
     ) -> AsyncIterator[bytes]:
         observer = SSEObserver(timer, chat)
         error: str | None = None
@@ -208,7 +210,7 @@ class ProxyBackend:
             )  # fmt: skip
 
     def _observe_whole(
-        self, rid: str, req: Any, timer: CallTimer, prompt: str, status: int, body: bytes, chat: bool
+        self, rid: str, req: Any, timer: CallTimer, prompt: str | None, status: int, body: bytes, chat: bool
     ) -> None:
         timer.finish()
         if status != 200:
@@ -235,7 +237,7 @@ class ProxyBackend:
 
     def _record(
         self, rid: str, model_version: str | None, timer: CallTimer, prompt_tokens: int | None,
-        output_tokens: int | None, error: str | None, prompt: str, response: str | None,
+        output_tokens: int | None, error: str | None, prompt: str | None, response: str | None,
     ) -> None:  # fmt: skip
         version = model_version or self.config.model or "unknown"
         self.last_model_version = version

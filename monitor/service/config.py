@@ -85,6 +85,9 @@ class DriftConfig:
     reservoir: int = 256  # at most this many texts embedded per `embed` tick; the rest counted as skipped
     embedding_cache: int = 20_000  # texts whose embeddings are kept (about 1.6 KB each)
     enabled: bool = True
+    # a version with no request for this long (e.g. rolled back) has its drift state dropped:
+    # its p-values and gauges go, so its drift alerts resolve; None keeps them forever
+    stale_after_s: float | None = 1800.0
 
 
 @dataclass(frozen=True)
@@ -109,6 +112,7 @@ class LimitsConfig:
     max_events_per_batch: int = 10_000
     write_queue_rows: int = 200_000  # ingest answers 503 beyond this backlog
     timeseries_points: int = 17_280  # 24 h at the default 5 s tick
+    max_label_values: int = 100  # distinct model (and model_version) label values; the rest are `other`
 
 
 @dataclass(frozen=True)

@@ -107,6 +107,8 @@ def check_config(config: ServiceConfig, *, source: str | None = None) -> Service
         fail("drift.alpha", "must be between 0 and 1")
     if config.drift.min_window < 2 or config.drift.window < config.drift.min_window:
         fail("drift.window", "must be at least drift.min_window, itself at least 2")
+    if config.drift.stale_after_s is not None and not config.drift.stale_after_s > 0:
+        fail("drift.stale_after_s", "must be a positive number of seconds or null")
     for f in dataclasses.fields(ScheduleConfig):
         if not getattr(config.schedule, f.name) > 0:
             fail(f"schedule.{f.name}", "must be a positive number of seconds")

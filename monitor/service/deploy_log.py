@@ -21,7 +21,9 @@ from infersight.monitor.store.tables import deploys, model_versions
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from sqlalchemy import Engine, insert, select
 
-__all__ = ["DeployLog"]
+__all__ = ["DEPLOY_OUTCOMES", "DeployLog"]
+
+DEPLOY_OUTCOMES = ("deployed", "rolled_back", "refused")
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +43,8 @@ class DeployLog:
         self.deploys_total = Counter(
             "infersight_deploys", "Version changes of the embedded runtime", ["outcome"], registry=registry
         )
+        for outcome in DEPLOY_OUTCOMES:  # at 0 from the first scrape: a first rollback is an increase
+            self.deploys_total.labels(outcome)
         self.model_info = Gauge(
             "infersight_model_info",
             "1 for the serving version",

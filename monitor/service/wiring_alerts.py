@@ -96,6 +96,9 @@ class AlertsWiring:
             "infersight_notifications", "Notification delivery attempts", ["receiver", "outcome"],
             registry=service.registry,
         )  # fmt: skip
+        for receiver in self.config.receivers:  # at 0 from the first scrape: a first page is an increase
+            for outcome in ("delivered", "retried", "dead"):
+                self.notifications.labels(receiver, outcome)
         self.dispatcher = a.Dispatcher(
             db, a.build_receivers(self.config.receivers), a.HttpxSender(), on_result=self._count
         )

@@ -3,15 +3,20 @@
 - Reference: `drift.reference` (a .jsonl/.csv/.txt file) is stored at start as reference
   "configured" (a new version only when its texts changed). Without one, each model
   version gets a reference from its first `drift.window` sampled requests ("deploy").
-- Batch test (leader-only job `drift`): for each model version with enough new sampled
-  texts, the newest `drift.window` of them against the reference (`evaluate_window`:
-  report stored, relevance of those requests written back, gauges set).
+- Batch test (leader-only job `drift`, every `schedule.drift_s`): for each model version
+  with enough new sampled texts (half a window), or with half of `drift.min_window` new
+  texts once its traffic paused for a tick, the newest `drift.window` of them against the
+  reference (`evaluate_window`: report stored with its request-length section, relevance
+  of those requests written back, gauges set). This is the path that runs; `POST
+  /api/v1/drift/evaluate` only runs it now.
+- A version with no request for `drift.stale_after_s` (rolled back, retired) has its drift
+  state dropped (p-values, gauges, streaming chart), so its drift alerts resolve.
 - Streaming (job `embed`): texts offered to the reservoir (a bounded, uniform sample:
   what does not fit is counted in `infersight_drift_texts_skipped_total`) are embedded in
   one batch per tick, their relevance stored and observed, and fed to a CUSUM chart per
   version; an alarm runs the batch test at once rather than at its next interval.
-- Quality signals for the alert rules (`drift_p_values`, `relevance_means`) and the
-  post-deploy analysis's output-drift check come from here.
+- Quality signals for the alert rules (`drift_p_values`, `length_p_values`,
+  `relevance_means`) and the post-deploy analysis's output-drift check come from here.
 """
 
 from __future__ import annotations
@@ -60,7 +65,11 @@ class DriftWiring:
         self._lock = threading.Lock()
         self._p_values: dict[str, dict[tuple[str, str], float]] = {"prompt": {}, "response": {}}
         self._relevance: dict[tuple[str, str], float] = {}
+        self._lengths: dict[str, dict[tuple[str, str], float]] = {"prompt": {}, "output": {}}
         self._last_count: dict[str, int] = {}
+        self._tick_count: dict[str, int] = {}  # texts counted at the previous tick
+        # the newest request (any, sampled or not) per (model, version), for expiry
+        self._last_request: dict[tuple[str, str], dt.datetime] = {}
         # texts recorded per (model, version), counted incrementally: rows with id <= _counted_to
         # are in _text_counts (see _active_versions)
         self._text_counts: dict[tuple[str, str], int] = {}
@@ -83,8 +92,9 @@ class DriftWiring:
         except self.d.ReferenceNotFound:
             pass
         (embedded,) = self.detector.embed(window)
+        lengths = self.d.read_lengths(path, window.prompts, window.responses)
         self.d.save_reference(db, CONFIGURED, window, model_version="*", source="file", source_detail=str(path),
-                              embedded=embedded, embedder=self.detector.embedder_name)  # fmt: skip
+                              embedded=embedded, embedder=self.detector.embedder_name, lengths=lengths)  # fmt: skip
         self.configured_reference = CONFIGURED
 
     def _reference_for(self, model_version: str) -> Any:
@@ -106,9 +116,13 @@ class DriftWiring:
         if len(window.prompts) < self.config.window:
             return None  # still collecting the reference
         (embedded,) = self.detector.embed(window)
+        # every request's lengths (sampled text or not) over the same span
+        lengths = self.d.traffic_lengths(
+            db, model_version=model_version, since=first, until=dt.datetime.now(dt.UTC)
+        )
         self.d.save_reference(db, f"{model_version}-baseline", window, model_version=model_version, source="deploy",
                               source_detail=f"first {len(window.prompts)} requests after {first.isoformat()}",
-                              embedded=embedded, embedder=self.detector.embedder_name)  # fmt: skip
+                              embedded=embedded, embedder=self.detector.embedder_name, lengths=lengths)  # fmt: skip
         return self.d.load_reference(db, model_version=model_version, embedder=self.detector.embedder_name)
 
     def _first_seen(self, model_version: str) -> dt.datetime | None:
@@ -127,7 +141,10 @@ class DriftWiring:
         reports = []
         for model, version, count in self._active_versions(since):
             new = count - self._last_count.get(version, 0)
-            if not force and new < max(self.config.min_window, self.config.window // 2):
+            # traffic paused (nothing new since the last tick) with some unseen texts: judge them now
+            paused = new >= max(1, self.config.min_window // 2) and self._tick_count.get(version) == count
+            self._tick_count[version] = count
+            if not force and not paused and new < max(self.config.min_window, self.config.window // 2):
                 continue
             if count < self.config.min_window:
                 continue
@@ -148,7 +165,34 @@ class DriftWiring:
             self._last_count[version] = count
             self._remember(model, version, report)
             reports.append(report)
+        self.expire(now)
         return reports
+
+    def expire(self, now: dt.datetime) -> list[tuple[str, str]]:
+        """Drop the drift state of versions with no request for `drift.stale_after_s`;
+        returns the (model, version) pairs dropped."""
+        after = self.config.stale_after_s
+        if after is None:
+            return []
+        cutoff = now - dt.timedelta(seconds=after)
+        with self._lock:
+            stale = [
+                key for key, last in self._last_request.items() if last < cutoff and self._has_state(key)
+            ]
+            for key in stale:
+                for values in (*self._p_values.values(), *self._lengths.values(), self._relevance):
+                    values.pop(key, None)
+        for model, version in stale:
+            self.metrics.forget(model=model, model_version=version)
+            self._streams.pop(version, None)
+            log.info("drift state of %s %s dropped: no request since %s", model, version,
+                     self._last_request[(model, version)].isoformat())  # fmt: skip
+        return stale
+
+    def _has_state(self, key: tuple[str, str]) -> bool:
+        return any(
+            key in values for values in (*self._p_values.values(), *self._lengths.values(), self._relevance)
+        )
 
     def _active_versions(self, since: dt.datetime) -> list[tuple[str, str, int]]:
         """(model, version, texts recorded) for versions with sampled text.
@@ -165,18 +209,23 @@ class DriftWiring:
             if top <= self._counted_to:
                 rows: list[Any] = []
             else:
-                where = [r.id > self._counted_to, r.id <= top, r.prompt.is_not(None)]
+                where = [r.id > self._counted_to, r.id <= top]
                 if self._counted_to == 0:
                     where.append(r.started_at >= since)
                 rows = list(
                     conn.execute(
-                        select(r.model, r.model_version, func.count())
+                        select(r.model, r.model_version, func.count(r.prompt), func.max(r.started_at))
                         .where(*where)
                         .group_by(r.model, r.model_version)
                     ).all()
                 )
-        for model, version, n in rows:
+        for model, version, n, newest in rows:
             key = (model, version)
+            if isinstance(newest, dt.datetime):
+                previous = self._last_request.get(key)
+                self._last_request[key] = newest if previous is None else max(previous, newest)
+            if not n:
+                continue
             self._text_counts[key] = self._text_counts.get(key, 0) + int(n)
         self._counted_to = max(self._counted_to, top)
         return [(m, v, n) for (m, v), n in sorted(self._text_counts.items())]
@@ -188,6 +237,11 @@ class DriftWiring:
                     self._p_values[f.field][(model, version)] = float(f.p_value)
             if report.relevance is not None and report.relevance.current.mean is not None:
                 self._relevance[(model, version)] = float(report.relevance.current.mean)
+            if report.lengths is not None:
+                for name, values in self._lengths.items():
+                    p = report.lengths.field_p_value(name)
+                    if p is not None:
+                        values[(model, version)] = float(p)
 
     # -- streaming ----------------------------------------------------------------------
     def embed(self) -> int:
@@ -264,6 +318,10 @@ class DriftWiring:
     def drift_p_values(self, field: str) -> Mapping[tuple[str, str], float]:
         with self._lock:
             return dict(self._p_values.get(field, {}))
+
+    def length_p_values(self, field: str) -> Mapping[tuple[str, str], float]:
+        with self._lock:
+            return dict(self._lengths.get(field, {}))
 
     def relevance_means(self) -> Mapping[tuple[str, str], float]:
         with self._lock:

@@ -128,6 +128,19 @@ class WebhookReceiver:
             _collect_alertnames(p, names)
         return names
 
+    def alert_states(self) -> set[tuple[str, str, str]]:
+        """(alertname, model_version, status) of every alert in the verified payloads so far."""
+        with self._lock:
+            payloads = [r.payload for r in self.received]
+        out: set[tuple[str, str, str]] = set()
+        for p in payloads:
+            for alert in p.get("alerts", []) if isinstance(p, dict) else []:
+                labels = alert.get("labels") or {}
+                out.add(
+                    (str(labels.get("alertname")), str(labels.get("model_version")), str(alert.get("status")))
+                )
+        return out
+
 
 def _collect_alertnames(obj: Any, out: set[str]) -> None:
     if isinstance(obj, dict):

@@ -16,7 +16,7 @@ groups:
         op: "<"
         threshold: 0.01
         by: [model, model_version]
-        keep_firing_for: 10m
+        keep_firing_for: 2s
         labels: {severity: warning, team: ml-quality}
         annotations:
           summary: "prompts to {{ $labels.model_version }} drifted from the reference (p = {{ $value | printf \\"%.2g\\" }})"

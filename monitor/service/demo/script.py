@@ -7,14 +7,20 @@
 4. a topic shift (NLU++ hotel utterances mixed in): drift flagged, explained by hotel
    texts, the PromptDrift alert delivered to the receiver signed;
 5. a bad release (the corrupted version, answers unrelated to the questions) deployed
-   through the API: the post-deploy analysis sees relevance fall, rolls back by itself,
-   takes a snapshot and pages (DeployRegression, signed webhook).
-Each step is checked; the first that did not happen ends the demo with its name.
+   through the API while the hotel questions go on: the post-deploy analysis sees
+   relevance fall, rolls back by itself, takes a snapshot and pages (DeployRegression,
+   signed webhook);
+6. the rolled-back version's PromptDrift resolves once it has had no request for
+   `drift.stale_after_s`: nobody serves it any more.
+Every drift verdict comes from the service's scheduled drift job on the new traffic, as in
+`infersight serve`; the demo only reads the reports. Each step is checked; the first that
+did not happen ends the demo with its name.
 """
 
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 import io
 import json
 import secrets
@@ -46,6 +52,7 @@ class DemoOptions:
     fast: bool = False  # smaller windows (the test's mode); same steps
     port: int | None = None
     keep_running: bool = False
+    linger_s: float = 0.0  # keep the service up this long after the last step (a scraper's last look)
 
 
 @dataclass(frozen=True)
@@ -62,10 +69,18 @@ class _Sizes:
     reference: int
     window: int
     bad_release: int
+    stale_after_s: float  # a version without requests this long has its drift state dropped
 
 
 def _sizes(fast: bool) -> _Sizes:
-    return _Sizes(reference=200, window=60, bad_release=60) if fast else _Sizes(300, 200, 160)
+    return (
+        _Sizes(reference=200, window=60, bad_release=60, stale_after_s=5.0)
+        if fast
+        else _Sizes(300, 200, 160, 5.0)
+    )
+
+
+_DRIFT_TICK_S = 1.0  # the drift job's interval (serve's default is 60 s)
 
 
 def run_demo(options: DemoOptions, out: TextIO) -> DemoResult:
@@ -95,7 +110,7 @@ def _play(options: DemoOptions, tl: Timeline, state: dict[str, Any]) -> None:
     banking_test = sample(
         [u.text for u in data.banking77("test")], 2 * sizes.window + sizes.bad_release, seed=2
     )
-    hotels = sample([u.text for u in data.hotels()], sizes.window, seed=3)
+    hotels = sample([u.text for u in data.hotels()], sizes.window + sizes.bad_release, seed=3)
     tl.done("data", f"drift reference: {sizes.reference} Banking77 training utterances ({reference.name}); "
                     f"traffic: Banking77 test utterances and {len(hotels)} NLU++ hotel utterances")  # fmt: skip
     secret = new_secret()
@@ -114,8 +129,12 @@ def _play(options: DemoOptions, tl: Timeline, state: dict[str, Any]) -> None:
         )
         with client:
             _baseline(base, client, tl, banking_test[: sizes.window])
-            _topic_shift(base, client, tl, banking_test[sizes.window : 2 * sizes.window], hotels, hook)
-            _bad_release(base, client, tl, banking_test[2 * sizes.window :], hook, state)
+            _topic_shift(base, client, tl, banking_test[sizes.window : 2 * sizes.window], hotels[: sizes.window],
+                         hook)  # fmt: skip
+            bad_traffic = _mix(banking_test[2 * sizes.window :], hotels[sizes.window :])
+            _bad_release(base, client, tl, bad_traffic, hook, state)
+            _stale_drift_resolved(tl, hook, sizes)
+            time.sleep(options.linger_s)
             if options.keep_running:
                 tl.note(f"the service keeps running at {base}/ (Ctrl-C to stop)")
                 with contextlib.suppress(KeyboardInterrupt):
@@ -183,8 +202,9 @@ def _service(
                             max_prompt_tokens=256, max_tokens_limit=32),
         alerting=AlertingConfig(rules=rules, analysis_window_s=900, analysis_interval_s=2,
                                 analysis_failed_checks=2, analysis_min_requests=max(10, sizes.bad_release // 4)),
-        drift=DriftConfig(reference=reference, alpha=0.01, window=sizes.window, min_window=sizes.window // 2),
-        schedule=ScheduleConfig(timeseries_s=1.0, timeseries_window_s=20.0, embed_s=1.0, drift_s=3600.0,
+        drift=DriftConfig(reference=reference, alpha=0.01, window=sizes.window, min_window=max(20, sizes.window // 4),
+                          stale_after_s=sizes.stale_after_s),
+        schedule=ScheduleConfig(timeseries_s=1.0, timeseries_window_s=20.0, embed_s=1.0, drift_s=_DRIFT_TICK_S,
                                 rules_s=0.5, outbox_s=0.5, post_deploy_s=1.0),
         text_sample_rate=1.0,
     )  # fmt: skip
@@ -207,11 +227,35 @@ def _service(
         service.stop()
 
 
-def _evaluate(client: httpx.Client) -> dict[str, Any]:
-    """Run the batch test now; the newest report of the good version (with its id)."""
-    client.post("/api/v1/drift/evaluate").raise_for_status()
-    reports = client.get("/api/v1/drift", params={"model_version": GOOD, "limit": 1}).json()["reports"]
+def _mix(a: list[str], b: list[str]) -> list[str]:
+    return [t for pair in zip(a, b, strict=False) for t in pair]
+
+
+def _newest_report(client: httpx.Client, version: str) -> dict[str, Any]:
+    reports = client.get("/api/v1/drift", params={"model_version": version, "limit": 1}).json()["reports"]
     return dict(reports[0]) if reports else {}
+
+
+def _started(report: dict[str, Any]) -> float:
+    """When the drift job started the evaluation (its window ends one second later)."""
+    until = (report.get("window") or {}).get("until")
+    return dt.datetime.fromisoformat(until).timestamp() - 1.0 if until else 0.0
+
+
+def _scheduled_report(client: httpx.Client, traffic_end: float) -> dict[str, Any]:
+    """The scheduled drift job's verdict on the good version's traffic up to `traffic_end`:
+    the first report it starts after then (its pause trigger evaluates whatever came in
+    since its last verdict); when none comes, the last one already covered everything."""
+    settle = time.time() + 3 * _DRIFT_TICK_S + 5.0
+    deadline = time.time() + 120.0
+    while time.time() < deadline:
+        report = _newest_report(client, GOOD)
+        if report and _started(report) > traffic_end + 0.5:
+            return report
+        if report and time.time() > settle:
+            return report
+        time.sleep(0.25)
+    return {}
 
 
 def _baseline(base: str, client: httpx.Client, tl: Timeline, utterances: list[str]) -> None:
@@ -221,14 +265,15 @@ def _baseline(base: str, client: httpx.Client, tl: Timeline, utterances: list[st
             "baseline traffic", f"{result.sent - result.ok} of {result.sent} requests failed: {result.errors}"
         )
     tl.done("baseline traffic", f"{result.sent} Banking77 questions answered by {GOOD} (some streamed)")
-    report = _evaluate(client)
+    report = _scheduled_report(client, time.time())
     if not report:
         raise tl.fail("baseline drift check", "no drift report was produced")
     if report["drift"]:
         raise tl.fail(
             "baseline drift check", f"drift flagged on in-distribution traffic (p = {report['p_value']:.3g})"
         )
-    tl.done("baseline drift check", f"no drift (p = {report['p_value']:.3g}, n = {report['n_current']})")
+    tl.done("baseline drift check", f"the scheduled drift job found no drift (p = {report['p_value']:.3g}, "
+                                    f"n = {report['n_current']})")  # fmt: skip
 
 
 def _topic_shift(
@@ -240,12 +285,12 @@ def _topic_shift(
     hook: WebhookReceiver,
 ) -> None:
     half = len(banking) // 2
-    mixed = [t for pair in zip(banking[:half], hotels[:half], strict=False) for t in pair]
+    mixed = _mix(banking[:half], hotels[:half])
     result = send_chats(base, mixed)
     if result.ok != result.sent:
         raise tl.fail("topic shift traffic", f"{result.sent - result.ok} requests failed: {result.errors}")
     tl.done("topic shift traffic", f"{result.sent} requests, half of them hotel bookings")
-    report = _evaluate(client)
+    report = _scheduled_report(client, time.time())
     if not report.get("drift"):
         raise tl.fail("drift flagged", f"the topic shift was not flagged: {report.get('p_value')}")
     full = client.get(f"/api/v1/drift/{report['id']}").json()
@@ -255,7 +300,8 @@ def _topic_shift(
     if not examples:
         raise tl.fail("drift explained", f"the texts that appeared most are not hotel utterances: {appeared}")
     tl.done(
-        "drift flagged", f"prompts drifted (p = {report['p_value']:.2g}); report /api/v1/drift/{report['id']}"
+        "drift flagged",
+        f"the scheduled drift job flagged the prompts (p = {report['p_value']:.2g}); report /api/v1/drift/{report['id']}",
     )
     tl.done("drift explained", f"e.g. {examples[0]!r} among the texts that appeared")
     if not wait_until(lambda: "PromptDrift" in hook.alertnames(), 30):
@@ -286,7 +332,8 @@ def _bad_release(
     r = client.post("/api/v1/models/deploy", json={"version": BAD})
     if r.status_code != 200:
         raise tl.fail("bad release deployed", f"deploy answered {r.status_code}: {r.text[:200]}")
-    tl.done("bad release deployed", f"{BAD} is serving (its answers no longer match the questions)")
+    tl.done("bad release deployed", f"{BAD} is serving (its answers no longer match the questions; "
+                                    "the hotel questions go on)")  # fmt: skip
     stop = threading.Event()
     sent: list[int] = []
 
@@ -331,6 +378,26 @@ def _bad_release(
         raise tl.fail("page", f"no signed {REGRESSION_ALERT} notification reached the webhook receiver")
     tl.done("page", f"{REGRESSION_ALERT} delivered, signature verified ({len(hook.received)} webhooks received, "
                     f"{hook.rejected} rejected)")  # fmt: skip
+
+
+def _stale_drift_resolved(tl: Timeline, hook: WebhookReceiver, sizes: _Sizes) -> None:
+    """The rolled-back version drifted while it served; nobody sends it requests now, so its
+    drift state expires and its PromptDrift resolves."""
+    fired = wait_until(lambda: ("PromptDrift", BAD, "firing") in hook.alert_states(), 60)
+    if not fired:
+        raise tl.fail("rolled-back drift resolved", f"PromptDrift never fired for {BAD} while it served")
+    t0 = time.monotonic()
+    if not wait_until(
+        lambda: ("PromptDrift", BAD, "resolved") in hook.alert_states(), 3 * sizes.stale_after_s + 30
+    ):
+        raise tl.fail(
+            "rolled-back drift resolved", f"PromptDrift of {BAD} still firing though nobody serves it"
+        )
+    tl.done(
+        "rolled-back drift resolved",
+        f"PromptDrift of {BAD} resolved {time.monotonic() - t0:.0f} s after it fired: no request reached it for "
+        f"{sizes.stale_after_s:g} s, so its drift state expired",
+    )
 
 
 def _summary(out: TextIO, tl: Timeline, state: dict[str, Any], failed: str | None) -> None:
