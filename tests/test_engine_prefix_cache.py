@@ -172,7 +172,11 @@ def test_a_failing_preload_source_leaves_the_version_serving_cold(registry: Regi
     rt = runtime_with(registry, PrefixCache(block_tokens=BLOCK), preload_source=broken)
     try:
         assert rt.serving_version == V1 and rt.preload_errors == 1
-        assert len(rt.submit(chat(1), max_new_tokens=3).result(timeout=60).token_ids) == 3
+        assert rt.prefix_cache_stats().get(V1, PrefixCacheStats()).blocks_held == 0
+        assert len(rt.submit(prompt(77, 20), max_new_tokens=3).result(timeout=60).token_ids) == 3
+        assert rt.preload([[*SYSTEM, 5, 6, 7]]) == len(SYSTEM)  # by hand, beside serving
+        rt.submit([*SYSTEM, 9], max_new_tokens=1).result(timeout=60)
+        assert rt.prefix_cache_stats()[V1].tokens_saved == len(SYSTEM)
     finally:
         rt.stop()
 
