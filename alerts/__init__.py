@@ -20,6 +20,7 @@ from .actions import (
     ActionOutcome,
     ActionRunner,
     ModelControl,
+    ReplicaTargets,
     RuntimeControl,
     SnapshotResult,
     SnapshotSource,
@@ -31,6 +32,7 @@ from .analysis import (
     AnalysisPolicy,
     CheckResult,
     DeployAnalyzer,
+    FailedCheck,
     StoreVersionMetrics,
     VersionMetrics,
     VersionStats,
@@ -49,7 +51,7 @@ from .errors import (
     UnknownSignal,
 )
 from .evaluator import EvaluationResult, Evaluator
-from .live_signals import InferenceStatsLike, LiveSignals, QualitySource
+from .live_signals import InferenceStatsLike, LiveSignals, QualitySource, RemoteResources
 from .loader import DEFAULT_RULES, load_config, parse_config
 from .matchers import Matcher, parse_matcher
 from .notification import Notification, NotifiedAlert
@@ -63,7 +65,7 @@ from .silences import Silence, create_silence, expire_silence, list_silences
 from .state import ActiveAlert, Transition
 from .static_signals import StaticSignals
 from .store_signals import CompositeSignals, StoreSignals
-from .transport import HttpRequest, HttpResponse, HttpSender, HttpxSender
+from .transport import HttpRequest, HttpResponse, HttpSender, HttpxSender, url_problem
 
 __all__ = [
     "ACTION_LABEL",
@@ -91,6 +93,7 @@ __all__ = [
     "Dispatcher",
     "EvaluationResult",
     "Evaluator",
+    "FailedCheck",
     "FlushResult",
     "HttpRequest",
     "HttpResponse",
@@ -114,6 +117,8 @@ __all__ = [
     "QualitySource",
     "Receiver",
     "ReceiverConfig",
+    "RemoteResources",
+    "ReplicaTargets",
     "RetryPolicy",
     "Route",
     "Rule",
@@ -148,4 +153,5 @@ __all__ = [
     "requeue_dead",
     "signal_promql",
     "take_snapshot",
+    "url_problem",
 ]

@@ -2,19 +2,30 @@
 version with the previous one (error rate, p99 latency, mean relevance, output drift) at
 intervals. After `max_failed_checks` failed checks, roll back by itself (through the
 action runner, so it is recorded, capped and verified) and page with the evidence
-(the `PostDeployRegression` alert)."""
+(the `PostDeployRegression` alert, whose `failed_checks` label names the checks and whose
+annotations give their figures).
+
+Only server errors count: outcomes the client caused (`client_error`, `cancelled`, see
+`infersight.monitor.records`) are counted apart and never fail a check.
+
+Replicas on one database share the analyses: a deploy of the version an analysis already
+watches (the same release rolled out to another replica) joins it instead of superseding
+it, and a due check is claimed with a lease, so one replica runs each check over the
+`requests` of every replica."""
 
 from __future__ import annotations
 
 import datetime as dt
 import json
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
+from infersight.monitor.records import CANCELLED, CLIENT_ERROR, is_server_error
 from infersight.monitor.store.tables import requests
-from sqlalchemy import Engine, insert, select, update
+from sqlalchemy import Engine, and_, insert, or_, select, text, update
 
 from ._alert_rows import push_alert
 from .actions.runner import ActionOutcome, ActionRunner
@@ -27,6 +38,7 @@ __all__ = [
     "AnalysisPolicy",
     "CheckResult",
     "DeployAnalyzer",
+    "FailedCheck",
     "StoreVersionMetrics",
     "VersionMetrics",
     "VersionStats",
@@ -34,15 +46,18 @@ __all__ = [
 
 REGRESSION_ALERT = "PostDeployRegression"
 # an analysis' final state by its rollback's outcome (pending: running elsewhere, ask again)
-_AFTER_ROLLBACK = {"succeeded": "rolled_back", "failed": "rollback_failed", "refused": "rollback_refused"}
+_AFTER_ROLLBACK = {"succeeded": "rolled_back", "failed": "rollback_failed", "refused": "rollback_refused",
+                   "dispatched": "rollback_queued"}  # fmt: skip  # handed to the replicas serving it
 
 
 @dataclass(frozen=True)
 class VersionStats:
     requests: int
-    error_rate: float | None
-    p99_s: float | None
+    error_rate: float | None  # server errors / requests
+    p99_s: float | None  # of the requests that succeeded
     relevance: float | None
+    client_errors: int = 0  # refused for the client's fault: not errors
+    cancelled: int = 0  # the client hung up: not errors
 
 
 class VersionMetrics(Protocol):
@@ -73,9 +88,11 @@ class StoreVersionMetrics:
         rel = [r.relevance for r in rows if r.relevance is not None]
         return VersionStats(
             len(rows),
-            sum(r.error_type is not None for r in rows) / len(rows),
+            sum(is_server_error(r.error_type) for r in rows) / len(rows),
             quantile(ok, 0.99) if ok else None,
             sum(rel) / len(rel) if rel else None,
+            sum(r.error_type == CLIENT_ERROR for r in rows),
+            sum(r.error_type == CANCELLED for r in rows),
         )
 
     def output_drift_p_value(self, new: str, old: str, since: dt.datetime) -> float | None:
@@ -98,37 +115,53 @@ class AnalysisPolicy:
 
 
 @dataclass(frozen=True)
+class FailedCheck:
+    """One check that failed, with its figures: `value` against `limit` (`previous`: the
+    previous version's figure it was derived from, None for output drift)."""
+
+    check: str  # error_rate, p99_latency, relevance, output_drift
+    value: float
+    limit: float
+    previous: float | None
+    text: str
+
+
+@dataclass(frozen=True)
 class CheckResult:
     analysis_id: int
     at: dt.datetime
     verdict: str  # passed, failed, inconclusive
-    failures: tuple[str, ...]
+    failures: tuple[str, ...]  # the failed checks' texts, with their figures
     new: VersionStats
     old: VersionStats
     output_drift_p_value: float | None
     rollback: ActionOutcome | None = None
+    failed_checks: tuple[FailedCheck, ...] = ()
 
 
 def _compare(
     p: AnalysisPolicy, new: VersionStats, old: VersionStats, drift_p: float | None
-) -> tuple[str, ...]:
+) -> tuple[FailedCheck, ...]:
     out = []
     if new.error_rate is not None and old.error_rate is not None:
         limit = max(old.error_rate * p.error_rate_ratio, old.error_rate + p.error_rate_margin)
         if new.error_rate > limit:
-            out.append(f"error rate {new.error_rate:.1%} > {limit:.1%} (previous {old.error_rate:.1%})")
+            text = f"error rate {new.error_rate:.1%} > {limit:.1%} (previous {old.error_rate:.1%})"
+            out.append(FailedCheck("error_rate", new.error_rate, limit, old.error_rate, text))
     if new.p99_s is not None and old.p99_s is not None and new.p99_s > old.p99_s * p.p99_ratio:
-        out.append(f"p99 latency {new.p99_s:.3f}s > {p.p99_ratio:g} x previous {old.p99_s:.3f}s")
+        text = f"p99 latency {new.p99_s:.3f}s > {p.p99_ratio:g} x previous {old.p99_s:.3f}s"
+        out.append(FailedCheck("p99_latency", new.p99_s, old.p99_s * p.p99_ratio, old.p99_s, text))
     if (
         new.relevance is not None
         and old.relevance is not None
         and new.relevance < old.relevance - p.relevance_drop
     ):
-        out.append(
-            f"mean relevance {new.relevance:.3f} < previous {old.relevance:.3f} - {p.relevance_drop:g}"
-        )
+        limit = old.relevance - p.relevance_drop
+        text = f"mean relevance {new.relevance:.3f} < previous {old.relevance:.3f} - {p.relevance_drop:g}"
+        out.append(FailedCheck("relevance", new.relevance, limit, old.relevance, text))
     if drift_p is not None and drift_p < p.drift_p_value:
-        out.append(f"output drift p = {drift_p:.2g} < {p.drift_p_value:g}")
+        text = f"output drift p = {drift_p:.2g} < {p.drift_p_value:g}"
+        out.append(FailedCheck("output_drift", drift_p, p.drift_p_value, None, text))
     return tuple(out)
 
 
@@ -141,12 +174,16 @@ class DeployAnalyzer:
         *,
         policy: AnalysisPolicy | None = None,
         clock: Callable[[], float] = time.time,
+        owner: str | None = None,
+        lease_s: float = 600.0,
     ) -> None:
         self.engine = engine
         self.metrics = metrics
         self.runner = runner
         self.policy = policy or AnalysisPolicy()
         self.clock = clock
+        self.owner = owner or f"analysis-{uuid.uuid4().hex[:12]}"
+        self.lease_s = lease_s  # longer than a check and its rollback take
 
     def _now(self) -> dt.datetime:
         return dt.datetime.fromtimestamp(self.clock(), dt.UTC)
@@ -158,9 +195,21 @@ class DeployAnalyzer:
             self.on_deploy(event.to_version, event.from_version, dt.datetime.fromtimestamp(event.at, dt.UTC))
 
     def on_deploy(self, to_version: str, from_version: str | None, at: dt.datetime) -> int:
-        """Start watching `to_version` (any analysis still running is superseded)."""
+        """Start watching `to_version` (an analysis still running of another version is
+        superseded; one of the same deploy, reported by another replica, is returned)."""
         p = self.policy
         with self.engine.begin() as conn:
+            if conn.dialect.name == "postgresql":  # replicas reporting one deploy at once: one by one
+                conn.execute(text("SELECT pg_advisory_xact_lock(532545539)"))
+            same = conn.execute(
+                select(deploy_analyses.c.id).where(
+                    deploy_analyses.c.state == "running",
+                    deploy_analyses.c.to_version == to_version,
+                    deploy_analyses.c.from_version.is_not_distinct_from(from_version),
+                )
+            ).first()
+            if same is not None:
+                return int(same.id)
             conn.execute(
                 update(deploy_analyses).where(deploy_analyses.c.state == "running").values(state="superseded")
             )
@@ -182,15 +231,23 @@ class DeployAnalyzer:
         return int(pk[0])
 
     def tick(self) -> list[CheckResult]:
-        """Run the checks that are due."""
+        """Run the checks that are due and that no other replica has claimed."""
         now = self._now()
-        with self.engine.connect() as conn:
-            due = conn.execute(
-                select(deploy_analyses).where(
-                    deploy_analyses.c.state == "running", deploy_analyses.c.next_check_at <= now
-                )
-            ).all()
-        return [self._check(row, now) for row in due]
+        free = and_(
+            deploy_analyses.c.state == "running",
+            deploy_analyses.c.next_check_at <= now,
+            or_(deploy_analyses.c.lease_until.is_(None), deploy_analyses.c.lease_until < now),
+        )
+        due = select(deploy_analyses.c.id).where(free).with_for_update(skip_locked=True)
+        claim = (
+            update(deploy_analyses)
+            .where(deploy_analyses.c.id.in_(due.scalar_subquery()), free)
+            .values(lease_owner=self.owner, lease_until=now + dt.timedelta(seconds=self.lease_s))
+            .returning(*deploy_analyses.c)
+        )
+        with self.engine.begin() as conn:
+            claimed = sorted(conn.execute(claim).all(), key=lambda r: r.id)
+        return [self._check(row, now) for row in claimed]
 
     def _check(self, row: Any, now: dt.datetime) -> CheckResult:
         p = self.policy
@@ -207,12 +264,13 @@ class DeployAnalyzer:
             if row.from_version
             else None
         )
-        failures: tuple[str, ...] = ()
+        failed_checks: tuple[FailedCheck, ...] = ()
         if new.requests < p.min_requests or old.requests < p.min_requests:
             verdict = "inconclusive"
         else:
-            failures = _compare(p, new, old, drift)
-            verdict = "failed" if failures else "passed"
+            failed_checks = _compare(p, new, old, drift)
+            verdict = "failed" if failed_checks else "passed"
+        failures = tuple(f.text for f in failed_checks)
         failed = row.failed_checks + (verdict == "failed")
         evidence = [
             *json.loads(row.evidence),
@@ -220,6 +278,7 @@ class DeployAnalyzer:
                 "at": now.isoformat(),
                 "verdict": verdict,
                 "failures": list(failures),
+                "failed_checks": [asdict(f) for f in failed_checks],
                 "new": asdict(new),
                 "old": asdict(old),
                 "output_drift_p_value": drift,
@@ -230,7 +289,7 @@ class DeployAnalyzer:
         if failed >= p.max_failed_checks:
             # the state says what happened, so it is written once the rollback's outcome is known
             # (a crash before then leaves it running: the next check asks the runner again, by key)
-            rollback = self._roll_back(row, failures, evidence, now)
+            rollback = self._roll_back(row, failed_checks, evidence, now)
             state = _AFTER_ROLLBACK.get(rollback.state, "running")
         elif now >= row.ends_at:
             state = "passed"
@@ -244,13 +303,16 @@ class DeployAnalyzer:
                     state=state,
                     evidence=json.dumps(evidence),
                     next_check_at=now + dt.timedelta(seconds=p.interval_s),
+                    lease_owner=None,
+                    lease_until=None,
                 )
             )
-        return CheckResult(row.id, now, verdict, failures, new, old, drift, rollback)
+        return CheckResult(row.id, now, verdict, failures, new, old, drift, rollback, failed_checks)
 
     def _roll_back(
-        self, row: Any, failures: tuple[str, ...], evidence: list[Any], now: dt.datetime
+        self, row: Any, failed_checks: tuple[FailedCheck, ...], evidence: list[Any], now: dt.datetime
     ) -> ActionOutcome:
+        failures = [f.text for f in failed_checks]
         spec = ActionSpec("rollback", cooldown_s=0.0, daily_cap=self.policy.max_rollbacks_per_day)
         outcome = self.runner.run(
             spec,
@@ -270,9 +332,11 @@ class DeployAnalyzer:
                     "severity": "critical",
                     "model_version": row.to_version,
                     "previous_version": row.from_version or "",
+                    "failed_checks": ",".join(f.check for f in failed_checks),
                 },
                 {
                     "summary": f"{row.to_version} regressed against {row.from_version} after deploy: {'; '.join(failures)}; {done}",
+                    "failed_checks": "; ".join(failures),
                     "evidence": json.dumps(evidence[-self.policy.max_failed_checks :]),
                     "runbook_url": "https://runbooks.example.org/infersight#post-deploy-regression",
                 },

@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable, Iterable
 
 from ddsketch import DDSketch
-from infersight.monitor.records import InferenceRecord
+from infersight.monitor.records import CANCELLED, CLIENT_ERROR, CLIENT_OUTCOMES, InferenceRecord
 from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
@@ -48,6 +48,8 @@ _OVERFLOW = (
     "infersight_label_values_overflowed",
     "Observations recorded under label value `other` because the label already had max_label_values values.",
 )
+
+_SLOT_COUNTS = {None: "total", CLIENT_ERROR: "client_errors", CANCELLED: "cancelled"}  # count(outcome=)
 
 
 class InferenceStats(Collector):
@@ -95,6 +97,11 @@ class InferenceStats(Collector):
     def window_s(self) -> float:
         """The longest window a query may ask for."""
         return self._window_s
+
+    @property
+    def interval_s(self) -> float:
+        """The length of one interval of the sliding windows."""
+        return self._interval_s
 
     # -- recording ------------------------------------------------------------------
     def series(self, model: str, model_version: str, *, trusted: bool = False) -> Series:
@@ -202,14 +209,21 @@ class InferenceStats(Collector):
             raise UnknownMetric(f"unknown metric {metric!r}; valid: {', '.join(LATENCY_METRICS)}")
         if not 0.0 <= q <= 1.0:
             raise InvalidQuery(f"quantile must be in [0, 1], got {q!r}")
+        merged = self.sketch(metric, window_s, model=model, model_version=model_version)
+        value = merged.get_quantile_value(q)
+        return None if value is None else float(value)
+
+    def sketch(
+        self, metric: str, window_s: float, *, model: str | None = None, model_version: str | None = None
+    ) -> DDSketch:
+        """A new sketch of `metric` over the last `window_s` (merge others into it)."""
         self._check_window(window_s)
         merged = DDSketch(self._alpha)
         with self._fold_lock:
             now = self.clock()
             for series in self._fold_matching(model, model_version, now):
                 series.windows.merged(metric, now, window_s, merged)
-        value = merged.get_quantile_value(q)
-        return None if value is None else float(value)
+        return merged
 
     def count(
         self,
@@ -218,24 +232,43 @@ class InferenceStats(Collector):
         model: str | None = None,
         model_version: str | None = None,
         errors_only: bool = False,
+        outcome: str | None = None,
     ) -> int:
-        """Requests (or failed requests) that finished in the last `window_s`."""
+        """Requests that finished in the last `window_s`: all of them, those the server
+        failed (`errors_only`), or those with a client `outcome` (client_error, cancelled)."""
         self._check_window(window_s)
+        if outcome is not None and outcome not in CLIENT_OUTCOMES:
+            raise InvalidQuery(
+                f"outcome must be one of {', '.join(sorted(CLIENT_OUTCOMES))}, got {outcome!r}"
+            )
+        attr = "errors" if errors_only else _SLOT_COUNTS[outcome]
         total = 0
         with self._fold_lock:
             now = self.clock()
             for series in self._fold_matching(model, model_version, now):
                 for slot in series.windows.recent(now, window_s):
-                    total += slot.errors if errors_only else slot.total
+                    total += getattr(slot, attr)
         return total
 
     def error_counts(self, *, model: str | None = None, model_version: str | None = None) -> dict[str, int]:
-        """Failed requests by error type since start (the Prometheus counter's values)."""
+        """Requests failed by the server, by error type, since start (the Prometheus
+        counter's values; the client's outcomes are in `client_outcome_counts`)."""
         totals: dict[str, int] = {}
         with self._fold_lock:
             for series in self._fold_matching(model, model_version, self.clock()):
                 for error_type, n in series.errors.items():
                     totals[error_type] = totals.get(error_type, 0) + n
+        return totals
+
+    def client_outcome_counts(
+        self, *, model: str | None = None, model_version: str | None = None
+    ) -> dict[str, int]:
+        """Requests the client ended (client_error, cancelled) since start: not errors."""
+        totals: dict[str, int] = {}
+        with self._fold_lock:
+            for series in self._fold_matching(model, model_version, self.clock()):
+                for outcome, n in series.client_outcomes.items():
+                    totals[outcome] = totals.get(outcome, 0) + n
         return totals
 
     def labels(self) -> list[tuple[str, str]]:
@@ -248,6 +281,27 @@ class InferenceStats(Collector):
 
     def waiting(self, *, model: str | None = None, model_version: str | None = None) -> int:
         return sum(s.waiting for s in self._matching(model, model_version))
+
+    def window_slots(
+        self, unchanged: Callable[[str, str, int, int, int], bool]
+    ) -> list[tuple[str, str, int, int, int, dict[str, DDSketch] | None]]:
+        """Every interval kept: (model, model_version, index on the stats clock, total,
+        errors, copies of its sketches), the sketches None where `unchanged(model,
+        model_version, index, total, errors)` says the caller has them already."""
+        out: list[tuple[str, str, int, int, int, dict[str, DDSketch] | None]] = []
+        with self._fold_lock:
+            for series in self._fold_matching(None, None, self.clock()):
+                for index, slot in sorted(series.windows.slots.items()):
+                    m, v = series.model, series.model_version
+                    if unchanged(m, v, index, slot.total, slot.errors):
+                        out.append((m, v, index, slot.total, slot.errors, None))
+                        continue
+                    copies = {}
+                    for metric, sketch in slot.sketches.items():
+                        copies[metric] = DDSketch(self._alpha)
+                        copies[metric].merge(sketch)
+                    out.append((m, v, index, slot.total, slot.errors, copies))
+        return out
 
     # -- Prometheus -------------------------------------------------------------------
     def describe(self) -> Iterable[Metric]:

@@ -14,6 +14,7 @@ _TPOT = "gen_ai_server_time_per_output_token_seconds"
 _QUEUE = "gen_ai_server_request_queue_time_seconds"
 _TOKENS = "gen_ai_server_token_usage"
 _ERRORS = "gen_ai_server_request_errors_total"
+_CLIENT = "infersight_client_outcomes_total"  # refused for the client's fault, hung up: not errors
 
 
 def _percentiles(histogram: str) -> list[Target]:
@@ -47,7 +48,12 @@ def headline() -> Section:
             stat("Requests", [Target(requests, "req/s")], unit="reqps", width=4),
             stat(
                 "Error ratio",
-                [Target(f"(({rate(_ERRORS, s, by='')} or vector(0)) / ({requests} > 0)) or vector(0)", "errors")],
+                [
+                    Target(
+                        f"(({rate(_ERRORS, s, by='')} or vector(0)) / ({requests} > 0)) or vector(0)",
+                        "errors",
+                    )
+                ],
                 unit="percentunit",
                 width=4,
                 steps=((None, "green"), (0.01, "orange"), (0.05, "red")),
@@ -143,12 +149,18 @@ def traffic() -> Section:
                 min_value=0,
             ),
             timeseries(
-                "Errors by type",
-                [Target(rate(_ERRORS, s, by="error_type") + zero_if_empty("error_type"), "{{error_type}}")],
+                "Errors by type, and what clients caused",
+                [
+                    Target(rate(_ERRORS, s, by="error_type") + zero_if_empty("error_type"), "{{error_type}}"),
+                    Target(rate(_CLIENT, s, by="outcome") + zero_if_empty("outcome"), "client: {{outcome}}"),
+                ],
                 unit="reqps",
                 width=8,
                 min_value=0,
                 stack=True,
+                description="Server errors by error_type; beside them, not counted as errors, requests "
+                "refused for the client's fault (client_error: an over-long prompt, an upstream 4xx) "
+                "and requests whose client hung up (cancelled).",
             ),
             heatmap(
                 "Prompt length (input tokens)",

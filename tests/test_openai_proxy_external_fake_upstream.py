@@ -173,13 +173,19 @@ def test_usage_from_the_upstream_gives_the_token_counts(proxy) -> None:  # type:
     assert streamed.ttft_s is not None
 
 
-def test_an_upstream_error_is_passed_through_and_counted(proxy) -> None:  # type: ignore[no-untyped-def]
+def test_an_upstream_4xx_is_passed_through_and_counted_as_the_clients_error(proxy) -> None:  # type: ignore[no-untyped-def]
     app, client = proxy
     r = client.post("/v1/completions", json={"model": "nope", "prompt": "x"})
     assert r.status_code == 404 and "does not exist" in r.json()["message"]
     (row,) = wait_for(lambda: _rows(app))
-    assert row.error_type == "http_404"
-    assert 'infersight_upstream_errors_total{error_type="http_404"} 1.0' in client.get("/metrics").text
+    assert row.error_type == "client_error"  # the client asked for a model the upstream lacks
+    metrics = client.get("/metrics").text
+    assert 'infersight_upstream_errors_total{error_type="http_404"} 1.0' in metrics
+    assert (
+        'infersight_client_outcomes_total{model="llama-8b",model_version="nope",outcome="client_error"} 1.0'
+        in metrics
+    )
+    assert "gen_ai_server_request_errors_total{" not in metrics  # not a server error
     assert client.get("/v1/models").json()["data"][0]["id"] == MODEL
 
 

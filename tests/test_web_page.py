@@ -153,6 +153,7 @@ def _feed(url: str, stop: threading.Event, sent: list[int]) -> None:
                     ttft_s=rng.lognormvariate(-3.5, 0.3),
                     prompt_tokens=rng.randint(8, 60),
                     output_tokens=40,
+                    error_type={0: "client_error", 1: "cancelled"}.get(i % 10),  # careless clients
                 ).to_json()
                 for i in range(20)
             ]
@@ -232,8 +233,16 @@ def test_page_draws_live_latency_and_memory_from_the_service(
     )
     assert d.startswith("M") and d.count("L") >= before - 1 >= 3  # gaps (null ticks) start a new M
     for chart, series in [("chart-latency", "p50"), ("chart-latency", "TTFT p95"), ("chart-rps", "requests/s"),
+                          ("chart-rps", "client errors/s (not errors)"), ("chart-rps", "hung up/s (not errors)"),
                           ("chart-rss", "RSS")]:  # fmt: skip
         assert _points(browser, chart, series) >= 2, (chart, series)
+    # what the clients caused is drawn beside the requests, and is not a server error
+    drawn = httpx.get(live.url + "api/v1/timeseries?window=60", timeout=10).json()["series"]
+    assert (
+        max(v or 0 for v in drawn["client_errors_per_s"]) > 0
+        and max(v or 0 for v in drawn["cancelled_per_s"]) > 0
+    )
+    assert max(v or 0 for v in drawn["errors_per_s"]) == 0
     browser.wait_for(
         f"Number(document.querySelector('#chart-latency path.series[data-series=\"p99\"]').dataset.points) > {before}",
         what="a newer point on the next poll",

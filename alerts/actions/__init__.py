@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .control import ModelControl, RuntimeControl
+from .control import ModelControl, ReplicaTargets, RuntimeControl
 from .runner import FAILURE_ALERT, ActionOutcome, ActionRunner
 from .snapshot import SnapshotResult, SnapshotSource, render_html, take_snapshot
 
@@ -11,6 +11,7 @@ __all__ = [
     "ActionOutcome",
     "ActionRunner",
     "ModelControl",
+    "ReplicaTargets",
     "RuntimeControl",
     "SnapshotResult",
     "SnapshotSource",

@@ -145,7 +145,12 @@ function renderCharts(ts) {
   }
   drawLineChart($("chart-rps"), {
     title: "Requests per second", t, format: fmt.rate,
-    series: [{ name: "requests/s", values: get("requests_per_s") }],
+    series: [
+      { name: "requests/s", values: get("requests_per_s") },
+      { name: "server errors/s", values: get("errors_per_s") },
+      { name: "client errors/s (not errors)", values: get("client_errors_per_s") },
+      { name: "hung up/s (not errors)", values: get("cancelled_per_s") },
+    ],
   });
   drawLineChart($("chart-rss"), {
     title: "Process resident memory", t, format: fmt.bytes,

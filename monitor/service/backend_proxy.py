@@ -6,7 +6,9 @@ untouched (status, body, SSE stream as it arrives). Beside it the proxy measures
 and time to first token (the first chunk that carries text), takes token counts from the
 `usage` field (or, in a stream without usage, counts the chunks that carried text, one
 per token as vLLM and llama.cpp send them), and keeps the prompt and answer text
-(sampled) for drift. Every call becomes an `InferenceRecord` with source "proxy".
+(sampled) for drift. Every call becomes an `InferenceRecord` with source "proxy"; an
+upstream 4xx is recorded as the client's `client_error` and a client that hangs up as
+`cancelled`, neither a server error.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import orjson
 from fastapi.responses import Response, StreamingResponse
+from infersight.monitor.records import CANCELLED, CLIENT_ERROR
 
 from .backend_engine import submit_record
 from .config import UpstreamConfig
@@ -197,8 +200,8 @@ class ProxyBackend:
                 + type(exc).__name__.encode()
                 + b'"}}\n\n'
             )
-        except BaseException:
-            error = "ClientDisconnected"
+        except BaseException:  # the client went away mid-stream
+            error = CANCELLED
             raise
         finally:
             await upstream.aclose()
@@ -215,7 +218,7 @@ class ProxyBackend:
         timer.finish()
         if status != 200:
             self.service.metrics.proxy_errors.labels(f"http_{status}").inc()
-            self._record(rid, req.model, timer, None, None, f"http_{status}", prompt, None)
+            self._record(rid, req.model, timer, None, None, _status_outcome(status), prompt, None)
             return
         try:
             obj = orjson.loads(body)
@@ -247,6 +250,15 @@ class ProxyBackend:
             response=response if error is None else None, text_sample_rate=self.service.config.text_sample_rate,
         )  # fmt: skip
         submit_record(self.service, record)
+
+
+def _status_outcome(status: int) -> str:
+    """The record's error label for an upstream answer that is not 200: a 4xx refused the
+    client's request (`client_error`, not a server error), except 408 and 429, which say
+    the upstream is too slow or too busy; anything else is `http_<status>`."""
+    if 400 <= status < 500 and status not in (408, 429):
+        return CLIENT_ERROR
+    return f"http_{status}"
 
 
 def _int(value: Any) -> int | None:

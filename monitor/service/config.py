@@ -73,6 +73,7 @@ class AlertingConfig:
     analysis_interval_s: float = 60.0  # between checks
     analysis_failed_checks: int = 3  # failed checks before the automatic rollback
     analysis_min_requests: int = 20  # fewer on either side: inconclusive
+    analysis_p99_ratio: float = 1.5  # the new version's p99 over this times the previous one fails a check
     snapshot_requests: int = 100  # requests kept in the snapshot taken at an automatic rollback
 
 
@@ -103,6 +104,7 @@ class ScheduleConfig:
     rules_s: float = 1.0  # each rule group keeps its own `interval`; this is how often they are checked
     outbox_s: float = 2.0
     post_deploy_s: float = 5.0
+    publish_s: float = 1.0  # each replica's heartbeat and statistics to the shared store
     retention_s: float = 3600.0
 
 

@@ -19,7 +19,7 @@ from typing import Any
 from infersight.engine.events import DeployFailed, EngineEvent, VersionDeployed
 from infersight.monitor.store.tables import deploys, model_versions
 from prometheus_client import CollectorRegistry, Counter, Gauge
-from sqlalchemy import Engine, insert, select
+from sqlalchemy import Engine, insert, select, update
 
 __all__ = ["DEPLOY_OUTCOMES", "DeployLog"]
 
@@ -33,10 +33,13 @@ def _at(ts: float) -> dt.datetime:
 
 
 class DeployLog:
-    def __init__(self, db: Engine, runtime: Any, registry: CollectorRegistry, *, model: str) -> None:
+    def __init__(
+        self, db: Engine, runtime: Any, registry: CollectorRegistry, *, model: str, replica: str | None = None
+    ) -> None:
         self.db = db
         self.runtime = runtime
         self.model = model
+        self.replica = replica  # recorded with each row: one release on N replicas is N rows, one deploy
         self._events: deque[VersionDeployed | DeployFailed] = deque(maxlen=10_000)
         self._lock = threading.Lock()
         self.listeners: list[Callable[[VersionDeployed | DeployFailed], None]] = []
@@ -73,11 +76,11 @@ class DeployLog:
                     rows.append({"at": _at(event.at), "from_version": event.from_version,
                                  "to_version": event.to_version, "reason": event.reason,
                                  "outcome": "rolled_back" if event.reason == "rollback" else "deployed",
-                                 "detail": None})  # fmt: skip
+                                 "detail": None, "replica": self.replica})  # fmt: skip
                 else:
                     rows.append({"at": _at(event.at), "from_version": event.serving_version,
                                  "to_version": event.version, "reason": "deploy", "outcome": "refused",
-                                 "detail": event.reason[:4000]})  # fmt: skip
+                                 "detail": event.reason[:4000], "replica": self.replica})  # fmt: skip
             if rows:
                 with self.db.begin() as conn:
                     conn.execute(insert(deploys), rows)
@@ -92,6 +95,27 @@ class DeployLog:
                 except Exception:  # a listener never blocks the deploy log
                     log.exception("deploy listener failed")
         return len(rows)
+
+    def annotate(
+        self, *, from_version: str, to_version: str, reason: str, since: dt.datetime, detail: str
+    ) -> bool:
+        """Say why on the latest recorded change `from_version` -> `to_version` made for
+        `reason` at or after `since` (flushed first: the runtime's event may still be
+        queued). False when no such change is recorded."""
+        self.flush()
+        d = deploys.c
+        with self.db.begin() as conn:
+            row_id = conn.execute(
+                select(d.id)
+                .where(d.from_version == from_version, d.to_version == to_version, d.reason == reason,
+                       d.outcome != "refused", d.at >= since)
+                .order_by(d.id.desc())
+                .limit(1)
+            ).scalar()  # fmt: skip
+            if row_id is None:
+                return False
+            conn.execute(update(deploys).where(d.id == row_id).values(detail=detail[:4000]))
+        return True
 
     def _set_serving(self, version: str | None) -> None:
         if version == self._serving:

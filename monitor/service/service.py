@@ -20,7 +20,7 @@ from sqlalchemy import Engine, text
 from .config import ServiceConfig, is_loopback
 from .errors import InsecureBind
 from .jobs import ServiceScheduler
-from .leader import LeaderLock, leader_lock_for
+from .leader import LeaderLock, leader_lock_for, new_replica_id
 from .memory import limit_malloc_arenas, trim_heap
 from .metrics import CombinedRegistry, ServiceMetrics
 from .pipeline import RecordPipeline
@@ -70,6 +70,7 @@ class Service:
         self._upstream_transport = upstream_transport
         self._nvml_seam = nvml  # the pynvml module or a stand-in (None: import pynvml)
         self.components: dict[str, Any] = {}  # wired parts by name (stats, backend, alerts, drift, ...)
+        self.replica_id = new_replica_id()  # this process among the replicas on one database
         self.started_at: float | None = None
         self._started_mono: float | None = None
         self.schema_revision: str | None = None

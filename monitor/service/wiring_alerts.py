@@ -3,6 +3,10 @@
 - Rules: `Evaluator` over the live statistics (`LiveSignals`: latency, errors, queue, GPU,
   memory slopes, drift p-values) and the store (`StoreSignals`: relevance of sampled
   requests, dead letters), as the leader-only job `rules`, followed by the actions it queued.
+  Every replica's signals reach them (replicas.py: each publishes its windows and its
+  latest GPU and process readings, the leader merges them).
+- Actions on a model go to the replicas serving the alerted version (a row per replica in
+  `alert_action_runs`, claimed by that replica's job `replica_actions`).
 - Delivery: `Dispatcher` over the outbox, leader-only job `outbox`.
 - Actions: an `ActionRunner` controlling the embedded runtime (none in proxy mode) and
   taking snapshots with what the service knows (metrics, latest drift report, version config).
@@ -81,13 +85,19 @@ class AlertsWiring:
         backup = service.config.engine.backup_version if service.config.engine is not None else None
         if runtime is not None:
             check_backups(self.config, getattr(runtime, "registry", None), backup)
+        self.replicas = _replicas(service, self.config, runtime)
         self.runner = a.ActionRunner(db, data_dir=service.data_dir, control=self.control,
-                                     snapshots=self.snapshot_source, backup_version=backup)  # fmt: skip
+                                     snapshots=self.snapshot_source, backup_version=backup,
+                                     owner=self.replicas.id if self.replicas else None,
+                                     replica=self.replicas.id if self.replicas else None,
+                                     targets=self.replicas)  # fmt: skip
         live = a.LiveSignals(
-            service.components.get("stats"),
+            self.replicas.merged if self.replicas is not None else service.components.get("stats"),
             gpu=service.components.get("gpu"),
             process=service.components.get("process"),
             quality=service.components.get("drift"),
+            replica=self.replicas.id if self.replicas is not None else None,
+            remote=self.replicas.remote_resources if self.replicas is not None else None,
         )
         store = a.StoreSignals(db)
         self.signals = a.CompositeSignals(live, dead_letters=store, relevance=store)
@@ -105,10 +115,11 @@ class AlertsWiring:
         policy = a.AnalysisPolicy(
             window_s=cfg.analysis_window_s, interval_s=cfg.analysis_interval_s,
             max_failed_checks=cfg.analysis_failed_checks, min_requests=cfg.analysis_min_requests,
+            p99_ratio=cfg.analysis_p99_ratio,
         )  # fmt: skip
         drift = service.components.get("drift")
         metrics = a.StoreVersionMetrics(db, output_drift=getattr(drift, "output_drift_p_value", None))
-        self.analyzer = a.DeployAnalyzer(db, metrics, self.runner, policy=policy)
+        self.analyzer = a.DeployAnalyzer(db, metrics, self.runner, policy=policy, owner=self.runner.owner)
         self.alertmanager = a.AlertmanagerHandler(db, self.runner)
 
     def _count(self, result: Any) -> None:
@@ -119,6 +130,10 @@ class AlertsWiring:
     def evaluate(self) -> None:
         self.evaluator.tick()
         self.runner.run_pending()
+
+    def run_own_actions(self) -> None:
+        """Every replica: the model actions fanned out to this replica's runtime."""
+        self.runner.run_pending(own_only=True)
 
     def dispatch(self) -> None:
         while len(self.dispatcher.run_once()) >= 20:
@@ -131,7 +146,18 @@ class AlertsWiring:
     def analyze(self) -> None:
         for check in self.analyzer.tick():
             if check.rollback is not None and check.rollback.state == "succeeded":
+                self._explain_rollback(check)
                 self._snapshot_after_rollback(check)
+
+    def _explain_rollback(self, check: Any) -> None:
+        """The deploy history says which checks failed, with their figures."""
+        deploy_log = self.service.components.get("deploy_log")
+        before, after = check.rollback.before_version, check.rollback.after_version
+        if deploy_log is None or before is None or after is None:
+            return
+        detail = f"post-deploy analysis {check.analysis_id} failed: {'; '.join(check.failures)}"
+        deploy_log.annotate(from_version=before, to_version=after, reason="rollback",
+                            since=check.at - dt.timedelta(seconds=1), detail=detail)  # fmt: skip
 
     def _snapshot_after_rollback(self, check: Any) -> None:
         """The evidence of an automatic rollback, kept for whoever is paged."""
@@ -187,6 +213,25 @@ def check_backups(config: Any, registry: Any, backup: str | None) -> None:
                             "and raise RemediationFailed", where, rule.name)  # fmt: skip
 
 
+def _replicas(service: Service, config: Any, runtime: Any) -> Any:
+    """This replica's share of the shared store (None without live statistics)."""
+    from infersight.alerts.signals import Signal
+
+    from .replicas import Replicas
+
+    stats = service.components.get("stats")
+    if stats is None:
+        return None
+    kinds = ("latency_quantile", "error_rate", "request_rate")
+    signals: list[Signal] = [r.condition.signal for g in config.groups for r in g.rules]
+    windows = [s.window_s for s in signals if s.kind in kinds and s.window_s]
+    return Replicas(
+        service.db, stats, publish_s=service.config.schedule.publish_s, horizon_s=max(windows, default=300.0),
+        serving_version=(lambda: runtime.serving_version) if runtime is not None else (lambda: None),
+        gpu=service.components.get("gpu"), process=service.components.get("process"), replica_id=service.replica_id,
+    )  # fmt: skip
+
+
 def _iso(value: dt.datetime | None) -> str | None:
     return None if value is None else value.astimezone(dt.UTC).isoformat().replace("+00:00", "Z")
 
@@ -198,8 +243,14 @@ def wire_alerts(service: Service) -> AlertsWiring | None:
 
     wiring = AlertsWiring(service)
     service.components["alerts"] = wiring
-    service.registry.register(AlertStoreCollector(service.db))
+    # store-wide figures come from the leader alone: a sum over replicas counts them once
+    service.registry.register(AlertStoreCollector(service.db, leading=service.scheduler.leader.is_leader))
     schedule = service.config.schedule
+    if wiring.replicas is not None:
+        service.components["replicas"] = wiring.replicas
+        service.scheduler.add("replicas_publish", wiring.replicas.publish, schedule.publish_s, run_now=True)
+        service.scheduler.add("replicas_prune", wiring.replicas.prune, 60.0, leader_only=True)
+    service.scheduler.add("replica_actions", wiring.run_own_actions, schedule.rules_s)
     service.scheduler.add("rules", wiring.evaluate, schedule.rules_s, leader_only=True)
     service.scheduler.add("outbox", wiring.dispatch, schedule.outbox_s, leader_only=True)
     service.scheduler.add("post_deploy", wiring.analyze, schedule.post_deploy_s)

@@ -3,7 +3,8 @@
 `requests` is a contract shared with drift (references from a time range of traffic)
 and alerts (snapshots of the last N requests): change it only with docs/architecture.md.
 `snapshots` is written by the snapshot action (alerts) and by `POST /api/v1/snapshots`;
-`model_versions` and `deploys` by the service's engine supervisor.
+`model_versions` and `deploys` by the service's engine supervisor. `replicas` and
+`replica_slots` are what each replica publishes for the others (monitor/service/replicas.py).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 from infersight.monitor.store.metadata import UTCDateTime, metadata
 from sqlalchemy import Column, Float, Index, Integer, String, Table, Text
 
-__all__ = ["deploys", "model_versions", "requests", "snapshots"]
+__all__ = ["deploys", "model_versions", "replica_slots", "replicas", "requests", "snapshots"]
 
 # One observed inference call (an InferenceRecord). Every call's timings are kept;
 # `prompt`/`response` only for calls whose text was sampled.
@@ -81,6 +82,7 @@ deploys = Table(
     Column("reason", String(64), nullable=False),  # start, deploy, rollback, failover, auto_rollback
     Column("outcome", String(32), nullable=False),  # deployed, refused, rolled_back
     Column("detail", Text),  # why (refusal reason, post-deploy evidence), free text
+    Column("replica", String(128)),  # the service process whose runtime it was (replicas.id)
     Index("ix_deploys_at", "at"),
 )
 
@@ -99,4 +101,38 @@ snapshots = Table(
     Column("path", Text),
     Column("content", Text, nullable=False),  # JSON
     Index("ix_snapshots_taken_at", "taken_at"),
+)
+
+
+# One row per running (or lately running) service process on this database: its
+# heartbeat, the version its runtime serves, its queue depth by (model, version), and its
+# latest GPU and process readings.
+replicas = Table(
+    "replicas",
+    metadata,
+    Column("id", String(128), primary_key=True),
+    Column("host", String(256), nullable=False),
+    Column("pid", Integer, nullable=False),
+    Column("started_at", UTCDateTime(), nullable=False),
+    Column("heartbeat_at", UTCDateTime(), nullable=False),
+    Column("serving_version", String(256)),  # None: no embedded runtime (proxy or ingest only)
+    Column("waiting", Text, nullable=False),  # JSON [[model, version, n], ...]
+    Column("resources", Text, nullable=False),  # JSON {"gpus": [{index, uuid, ...}], "process": {...}}
+)
+
+# One interval of one replica's sliding windows (collectors.SlotRecord): the alert engine
+# merges the intervals of every replica.
+replica_slots = Table(
+    "replica_slots",
+    metadata,
+    Column("replica", String(128), primary_key=True),
+    Column("model", String(256), primary_key=True),
+    Column("model_version", String(256), primary_key=True),
+    Column("slot", Integer, primary_key=True),  # floor(epoch seconds / interval_s)
+    Column("interval_s", Float, nullable=False),
+    Column("total", Integer, nullable=False),
+    Column("errors", Integer, nullable=False),
+    Column("sketches", Text, nullable=False),  # JSON {metric: {"zero": n, "bins": [[key, count]...]}}
+    Column("updated_at", UTCDateTime(), nullable=False),
+    Index("ix_replica_slots_slot", "slot"),
 )
