@@ -17,7 +17,7 @@ def test_frequent_recorded_prompts_are_prefilled_at_deploy_and_counted_on_metric
     tmp = tmp_path_factory.mktemp("prefix")
     registry = private_copy(shared_demo_registry(tmp_path_factory), tmp / "registry")
     cfg = config(tmp, engine=EngineConfig(registry=registry, version=GOOD, max_batch_size=2, max_seq_len=256,
-                                          max_prompt_tokens=128, max_tokens_limit=16, prefix_block_tokens=4,
+                                          max_prompt_tokens=128, max_tokens_limit=16, prefix_cache_mb=64, prefix_block_tokens=4,
                                           preload_prompts=1))  # fmt: skip
     app = create_app(cfg)
     with TestClient(app, raise_server_exceptions=False) as client:
