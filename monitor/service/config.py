@@ -40,6 +40,17 @@ class EngineConfig:
     max_seq_len: int = 2048
     device: str | None = None
     max_tokens_limit: int = 1024  # the largest `max_tokens` a request may ask for
+    # the prefix KV cache: reuse the keys and values of shared prompt prefixes, LRU over
+    # blocks of prefix_block_tokens under this budget (0: off, the default: with it on every
+    # prompt is prefilled in blocks, which costs prompts that share nothing; see
+    # docs/benchmarks.md); at start and at every deploy the preload_prompts most frequent
+    # recorded prompts are prefilled before traffic
+    prefix_cache_mb: float = 0.0
+    prefix_block_tokens: int = 16
+    preload_prompts: int = 32
+    # a shared tier so that a new replica starts warm, e.g. "redis://127.0.0.1:6379/0" (off)
+    prefix_cache_redis_url: str | None = None
+    prefix_cache_redis_prefix: str = "infersight:kv:"
 
 
 @dataclass(frozen=True)

@@ -128,6 +128,15 @@ def check_config(config: ServiceConfig, *, source: str | None = None) -> Service
         for name in ("max_batch_size", "max_prompt_tokens", "max_seq_len", "max_tokens_limit"):
             if not getattr(config.engine, name) > 0:
                 fail(f"engine.{name}", "must be positive")
+        if not config.engine.prefix_cache_mb >= 0:
+            fail("engine.prefix_cache_mb", "must be >= 0 (0 turns the prefix cache off)")
+        if not config.engine.prefix_block_tokens > 0:
+            fail("engine.prefix_block_tokens", "must be positive")
+        if not config.engine.preload_prompts >= 0:
+            fail("engine.preload_prompts", "must be >= 0")
+        url = config.engine.prefix_cache_redis_url
+        if url is not None and not url.startswith(("redis://", "rediss://", "unix://")):
+            fail("engine.prefix_cache_redis_url", "must be a redis://, rediss:// or unix:// URL")
     return config
 
 
