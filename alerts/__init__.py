@@ -21,11 +21,13 @@ from .actions import (
     FAILURE_ALERT,
     ActionOutcome,
     ActionRunner,
+    CollectionOpened,
     ModelControl,
     ReplicaTargets,
     RuntimeControl,
     SnapshotResult,
     SnapshotSource,
+    open_collection,
     take_snapshot,
 )
 from .alertmanager import ACTION_LABEL, AlertmanagerHandler, InboundAlert, InboundResult, parse_payload
@@ -73,7 +75,7 @@ from .notifier import FlushResult, Notifier
 from .outbox import OutboxEntry, requeue_dead
 from .promql import PrometheusExport, export_prometheus, signal_promql
 from .receivers import PagerDutyReceiver, Receiver, SlackReceiver, WebhookReceiver, build_receivers
-from .rules import ACTION_TYPES, ActionSpec, Condition, Rule, RuleGroup
+from .rules import ACTION_TYPES, COLLECT_KINDS, ActionSpec, Condition, Rule, RuleGroup
 from .signals import SIGNAL_KINDS, Sample, Signal, SignalKind, SignalSource
 from .silences import Silence, create_silence, expire_silence, list_silences
 from .state import ActiveAlert, Transition
@@ -86,6 +88,7 @@ __all__ = [
     "ACTION_TYPES",
     "CANARY_ALERT",
     "CLIENT_ERRORS",
+    "COLLECT_KINDS",
     "DEFAULT_RULES",
     "FAILURE_ALERT",
     "REGRESSION_ALERT",
@@ -107,6 +110,7 @@ __all__ = [
     "CanaryRuntime",
     "CheckResult",
     "CheckState",
+    "CollectionOpened",
     "CompositeSignals",
     "Condition",
     "DeliveryFailed",
@@ -171,6 +175,7 @@ __all__ = [
     "list_silences",
     "load_config",
     "msprt_lambda",
+    "open_collection",
     "parse_config",
     "parse_matcher",
     "parse_payload",

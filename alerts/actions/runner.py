@@ -31,6 +31,7 @@ from .._alert_rows import push_alert
 from ..errors import ActionFailed, ActionRefused
 from ..rules import ActionSpec
 from ..tables import action_runs
+from .collect import open_collection
 from .control import ModelControl, ReplicaTargets
 from .snapshot import SnapshotSource, take_snapshot
 
@@ -39,7 +40,12 @@ __all__ = ["FAILURE_ALERT", "ActionOutcome", "ActionRunner"]
 FAILURE_ALERT = "RemediationFailed"
 _SNAPSHOT_TRIGGER = {"rule": "alert", "alertmanager": "alert", "analysis": "post_deploy", "manual": "manual"}
 _COUNTED = ("succeeded", "failed")  # dry runs and refusals do not use up the cap
-_REMEDIATIONS = ("rollback", "hot_reload", "failover")  # a snapshot fixes nothing: no page when it cannot run
+_REMEDIATIONS = (
+    "rollback",
+    "hot_reload",
+    "failover",
+)  # a snapshot or collect fixes nothing: no page when it cannot run
+_RECORDING = ("snapshot", "collect")  # actions that keep evidence and leave the serving version alone
 _UNPAGED_REFUSALS = ("cooldown",)
 MODEL_ACTIONS = _REMEDIATIONS  # act on a runtime: fanned out to the replicas
 
@@ -230,7 +236,7 @@ class ActionRunner:
             else:
                 detail.update(self._act(spec, row, before, target, now))
                 after = self.control.serving_version() if self.control is not None else None
-                if spec.type != "snapshot" and target is not None and after != target:
+                if spec.type not in _RECORDING and target is not None and after != target:
                     raise ActionFailed(
                         spec.type, f"serving {after} after the switch to {target}", serving_version=after
                     )
@@ -305,7 +311,7 @@ class ActionRunner:
 
     def _target(self, spec: ActionSpec, before: str | None) -> str | None:
         """The version a model action switches to (None: rollback's, decided by the engine)."""
-        if spec.type == "snapshot":
+        if spec.type in _RECORDING:
             return None
         if self.control is None:
             raise ActionRefused(spec.type, "unavailable", "no engine is under control")
@@ -324,6 +330,10 @@ class ActionRunner:
     def _describe(self, spec: ActionSpec, before: str | None, target: str | None) -> str:
         if spec.type == "snapshot":
             return f"snapshot of the last {spec.param('requests') or 50} requests"
+        if spec.type == "collect":
+            return (
+                f"keep the next {spec.param('n') or 200} requests of kind {spec.param('kind') or 'version'}"
+            )
         if spec.type == "rollback":
             return f"roll back from {before} to the previous good version"
         return f"{spec.type} from {before} to {target}"
@@ -348,6 +358,8 @@ class ActionRunner:
                 "path": str(snap.html_path),
                 "requests": snap.request_count,
             }
+        if spec.type == "collect":
+            return self._collect(spec, row, before, now)
         assert self.control is not None
         if target is not None and target == before:
             return {"noop": f"already serving {target}"}
@@ -360,6 +372,24 @@ class ActionRunner:
             assert target is not None
             self.control.failover(target)
         return {"from": before, "to": self.control.serving_version()}
+
+    def _collect(self, spec: ActionSpec, row: Any, before: str | None, now: dt.datetime) -> dict[str, Any]:
+        kind = str(spec.param("kind") or "version")
+        # the alerted version (the serving one when the alert names none)
+        version = json.loads(row.labels or "{}").get("model_version") or before
+        if kind == "version" and not version:
+            raise ActionRefused(spec.type, "bad_parameters", "kind version: the alert names no model_version")
+        opened = open_collection(
+            self.engine,
+            collection_id=f"run-{row.id}",  # one collection per run, however often it is retried
+            kind=kind,
+            n=int(spec.param("n") or 200),
+            model_version=version,
+            reason=row.alertname or row.trigger,
+            now=now,
+        )
+        return {"collection_id": opened.collection_id, "kind": opened.kind,
+                "model_version": opened.model_version, "n": opened.n}  # fmt: skip
 
     def _raise_failure_alert(
         self,

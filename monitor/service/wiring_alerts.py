@@ -160,7 +160,8 @@ class AlertsWiring:
                             since=check.at - dt.timedelta(seconds=1), detail=detail)  # fmt: skip
 
     def _snapshot_after_rollback(self, check: Any) -> None:
-        """The evidence of an automatic rollback, kept for whoever is paged."""
+        """The evidence of an automatic rollback, kept for whoever is paged, and a collection
+        of the requests that follow it (`alerting.collect_after_rollback`)."""
         from infersight.alerts import take_snapshot
 
         reason = f"automatic rollback after deploy: {'; '.join(check.failures)}"
@@ -171,6 +172,15 @@ class AlertsWiring:
         )  # fmt: skip
         log.warning("post-deploy analysis rolled back %s; snapshot %s", check.rollback.before_version,
                     result.html_path)  # fmt: skip
+        n = self.service.config.alerting.collect_after_rollback
+        if n > 0:  # the incident's data: what comes next, now answered by the previous version
+            from infersight.alerts import open_collection
+
+            open_collection(
+                self.service.db, collection_id=f"rollback-{check.rollback.run_id}", kind="any", n=n,
+                model_version=None, reason=f"automatic rollback of {check.rollback.before_version}",
+                now=dt.datetime.now(dt.UTC),
+            )  # fmt: skip
 
     def snapshot_after_canary(self, decision: Any) -> None:
         """The evidence of a canary rollback: the rolled-back version's last requests."""
@@ -250,6 +260,8 @@ def _iso(value: dt.datetime | None) -> str | None:
 def wire_alerts(service: Service) -> AlertsWiring | None:
     if not service.config.alerting.enabled:
         return None
+    from infersight.monitor.dataset import fill_collections
+
     from .metrics_store import AlertStoreCollector
 
     wiring = AlertsWiring(service)
@@ -265,6 +277,8 @@ def wire_alerts(service: Service) -> AlertsWiring | None:
     service.scheduler.add("rules", wiring.evaluate, schedule.rules_s, leader_only=True)
     service.scheduler.add("outbox", wiring.dispatch, schedule.outbox_s, leader_only=True)
     service.scheduler.add("post_deploy", wiring.analyze, schedule.post_deploy_s)
+    # the collect action's collections keep the requests that arrive after it ran
+    service.scheduler.add("collect", lambda: fill_collections(service.db), schedule.rules_s, leader_only=True)
     deploy_log = service.components.get("deploy_log")
     if deploy_log is not None:
         deploy_log.listeners.append(wiring.on_version_deployed)

@@ -5,14 +5,25 @@ and alerts (snapshots of the last N requests): change it only with docs/architec
 `snapshots` is written by the snapshot action (alerts) and by `POST /api/v1/snapshots`;
 `model_versions` and `deploys` by the service's engine supervisor. `replicas` and
 `replica_slots` are what each replica publishes for the others (monitor/service/replicas.py).
+`dataset_collections` is written by the collect action (alerts) and `dataset_items` by the
+service's collection job (monitor/dataset), which copies the next N matching requests.
 """
 
 from __future__ import annotations
 
 from infersight.monitor.store.metadata import UTCDateTime, metadata
-from sqlalchemy import Column, Float, Index, Integer, String, Table, Text
+from sqlalchemy import Column, Float, ForeignKey, Index, Integer, String, Table, Text
 
-__all__ = ["deploys", "model_versions", "replica_slots", "replicas", "requests", "snapshots"]
+__all__ = [
+    "dataset_collections",
+    "dataset_items",
+    "deploys",
+    "model_versions",
+    "replica_slots",
+    "replicas",
+    "requests",
+    "snapshots",
+]
 
 # One observed inference call (an InferenceRecord). Every call's timings are kept;
 # `prompt`/`response` only for calls whose text was sampled.
@@ -101,6 +112,49 @@ snapshots = Table(
     Column("path", Text),
     Column("content", Text, nullable=False),  # JSON
     Index("ix_snapshots_taken_at", "taken_at"),
+)
+
+# A collection opened by the collect action: keep the next `n` requests (with text) that
+# start at or after `created_at` and match `kind` (version: of `model_version`; failed:
+# failed ones of any version; any: every request), for `infersight dataset export`.
+dataset_collections = Table(
+    "dataset_collections",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("collection_id", String(64), nullable=False, unique=True),
+    Column("created_at", UTCDateTime(), nullable=False),
+    Column("kind", String(16), nullable=False),  # version, failed, any
+    Column("model_version", String(256)),  # kind version: whose requests
+    Column("n", Integer, nullable=False),
+    Column("collected", Integer, nullable=False),
+    Column("reason", Text, nullable=False),  # the alert (or trigger) that opened it
+    Column("done_at", UTCDateTime()),  # set once `n` requests are kept
+    Index("ix_dataset_collections_created_at", "created_at"),
+)
+
+# The requests a collection kept, copied: they outlive the `requests` table's retention.
+dataset_items = Table(
+    "dataset_items",
+    metadata,
+    Column(
+        "collection_id",
+        String(64),
+        ForeignKey("dataset_collections.collection_id", ondelete="CASCADE"),
+        primary_key=True,
+    ),
+    Column("request_id", String(256), primary_key=True),
+    Column("model", String(256), nullable=False),
+    Column("model_version", String(256), nullable=False),
+    Column("started_at", UTCDateTime(), nullable=False),
+    Column("duration_s", Float, nullable=False),
+    Column("ttft_s", Float),
+    Column("prompt_tokens", Integer),
+    Column("output_tokens", Integer),
+    Column("error_type", String(256)),
+    Column("prompt", Text, nullable=False),
+    Column("response", Text),
+    Column("relevance", Float),
+    Index("ix_dataset_items_version_time", "model_version", "started_at"),
 )
 
 
