@@ -183,7 +183,8 @@ class AlertsWiring:
             )  # fmt: skip
 
     def snapshot_after_canary(self, decision: Any) -> None:
-        """The evidence of a canary rollback: the rolled-back version's last requests."""
+        """The evidence of a canary rollback: the rolled-back version's last requests, and a
+        collection of the requests that follow it (`alerting.collect_after_rollback`)."""
         from infersight.alerts import take_snapshot
 
         result = take_snapshot(
@@ -192,6 +193,14 @@ class AlertsWiring:
             model_version=decision.version, source=self.snapshot_source,
         )  # fmt: skip
         log.warning("canary %s rolled back; snapshot %s", decision.version, result.html_path)
+        n = self.service.config.alerting.collect_after_rollback
+        if n > 0:  # the incident's data, as after a post-deploy rollback
+            from infersight.alerts import open_collection
+
+            open_collection(
+                self.service.db, collection_id=f"canary-{decision.version}-{int(decision.at)}", kind="any", n=n,
+                model_version=None, reason=f"automatic rollback of {decision.version}", now=dt.datetime.now(dt.UTC),
+            )  # fmt: skip
 
     # -- for the routers ------------------------------------------------------------------
     def firing_summary(self) -> list[dict[str, Any]]:
