@@ -60,6 +60,8 @@ from .receivers import PagerDutyReceiver, Receiver, SlackReceiver, WebhookReceiv
 from .rules import ACTION_TYPES, ActionSpec, Condition, Rule, RuleGroup
 from .signals import SIGNAL_KINDS, Sample, Signal, SignalKind, SignalSource
 from .silences import Silence, create_silence, expire_silence, list_silences
+from .slo import BURN_WINDOWS, CLIENT_ERROR_TYPES, SLO, BurnWindow
+from .slo_ledger import SLOLedger, SLOStatus
 from .state import ActiveAlert, Transition
 from .static_signals import StaticSignals
 from .store_signals import CompositeSignals, StoreSignals
@@ -68,10 +70,13 @@ from .transport import HttpRequest, HttpResponse, HttpSender, HttpxSender
 __all__ = [
     "ACTION_LABEL",
     "ACTION_TYPES",
+    "BURN_WINDOWS",
+    "CLIENT_ERROR_TYPES",
     "DEFAULT_RULES",
     "FAILURE_ALERT",
     "REGRESSION_ALERT",
     "SIGNAL_KINDS",
+    "SLO",
     "ActionFailed",
     "ActionOutcome",
     "ActionRefused",
@@ -82,6 +87,7 @@ __all__ = [
     "AlertmanagerHandler",
     "AlertsError",
     "AnalysisPolicy",
+    "BurnWindow",
     "CheckResult",
     "CompositeSignals",
     "Condition",
@@ -120,6 +126,8 @@ __all__ = [
     "RuleGroup",
     "RuleParseError",
     "RuntimeControl",
+    "SLOLedger",
+    "SLOStatus",
     "Sample",
     "Signal",
     "SignalKind",

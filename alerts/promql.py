@@ -14,6 +14,7 @@ from ._duration import format_duration
 from .config import AlertConfig
 from .rules import Condition, Rule
 from .signals import Signal
+from .slo import burn_rate_record, slo_recording_rules
 
 __all__ = ["LATENCY_HISTOGRAMS", "PrometheusExport", "export_prometheus", "signal_promql"]
 
@@ -73,6 +74,7 @@ _PROMQL: Mapping[str, Callable[[Signal, tuple[str, ...]], str]] = {
     "length_drift": lambda s, by: _agg("min", by, f'infersight_length_drift_p_value{{field="{s.field}"}}'),
     "relevance": lambda s, by: _agg("avg", by, "infersight_relevance_mean"),
     "dead_letters": lambda s, by: _agg("max", by, "infersight_outbox_dead_letters"),
+    "slo_burn_rate": lambda s, by: _agg("max", by, f'{burn_rate_record(s.window_s or 0)}{{slo="{s.slo}"}}'),
 }
 
 
@@ -111,7 +113,7 @@ class PrometheusExport:
 
 
 def export_prometheus(config: AlertConfig) -> PrometheusExport:
-    groups: list[dict[str, Any]] = []
+    groups: list[dict[str, Any]] = slo_recording_rules(config.slos)
     exported, skipped = [], []
     for group in config.groups:
         rules = []
