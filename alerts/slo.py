@@ -78,7 +78,7 @@ class SLO:
 
     @property
     def budget(self) -> float:
-        return 1.0 - self.objective
+        return round(1.0 - self.objective, 12)  # 0.001 for 0.999, not 0.0010000000000000009
 
     @property
     def selector(self) -> tuple[tuple[str, str], ...]:
@@ -219,19 +219,21 @@ def slo_recording_rules(slos: tuple[SLO, ...]) -> list[dict[str, Any]]:
         return []
     rules: list[dict[str, Any]] = []
     for slo in slos:
-        labels = {"slo": slo.name}
+        labels = {"slo": slo.name}  # copied into each rule: no YAML anchors in the export
         windows = sorted({s for w in slo.burn_windows for s in (w.long_s, w.short_s)})
         for window in windows:
             rules.append({
                 "record": burn_rate_record(window),
                 "expr": f"{error_ratio_promql(slo, window)} / {slo.budget!r}",
-                "labels": labels,
+                "labels": dict(labels),
             })  # fmt: skip
         ratio = error_ratio_promql(slo, slo.window_s)
-        rules.append({"record": "infersight_slo:attainment:ratio", "expr": f"1 - {ratio}", "labels": labels})
+        rules.append(
+            {"record": "infersight_slo:attainment:ratio", "expr": f"1 - {ratio}", "labels": dict(labels)}
+        )
         rules.append({
             "record": "infersight_slo:error_budget_remaining:ratio",
             "expr": f"1 - {ratio} / {slo.budget!r}",
-            "labels": labels,
+            "labels": dict(labels),
         })  # fmt: skip
     return [{"name": "infersight_slo_recording", "interval": "30s", "rules": rules}]

@@ -189,6 +189,7 @@ def test_export_has_recording_rules_and_passes_promtool_check(tmp_path: Path) ->
         "infersight_slo:burn_rate:1h" in records and "infersight_slo:error_budget_remaining:ratio" in records
     )
     text = out.read_text()
+    assert "&id" not in text and "/ 0.001\n" in text  # plain YAML, the budget written as declared
     assert 'le="0.1"' in text and 'error_type!~"client_error|cancelled"' in text and 'path="fast"' in text
     run = subprocess.run([promtool, "check", "rules", str(out)], capture_output=True, text=True, timeout=60)
     assert run.returncode == 0, run.stdout + run.stderr
