@@ -9,8 +9,8 @@ slos:
 ```
 
 An SLO with `threshold_ms` is a latency SLO (a request is bad when it takes longer); without,
-an availability SLO (a request is bad when it fails with a server error: `client_error` and
-`cancelled` are caused by the client and never count). `model`, `model_version` and `path`
+an availability SLO (a request is bad when it fails with a server error: `client_error`,
+`cancelled` and the client-caused errors of `CLIENT_ERROR_TYPES` never count). `model`, `model_version` and `path`
 select the requests it covers. `path` matches a `path` label that a routing layer puts on
 requests; nothing sets that label yet, so today such an SLO covers no request until one does.
 
@@ -38,7 +38,18 @@ from .signals import Signal
 
 __all__ = ["BURN_WINDOWS", "CLIENT_ERROR_TYPES", "SLO", "BurnWindow"]
 
-CLIENT_ERROR_TYPES = ("client_error", "cancelled")  # never spend the error budget
+# Caused by the client, so they never spend an availability budget: the generic names an SDK
+# user may record, and the ones infersight's own backends record (exception class names:
+# a client that hung up, a prompt over the limits, bad sampling parameters).
+CLIENT_ERROR_TYPES = (
+    "client_error",
+    "cancelled",
+    "ClientDisconnected",
+    "PromptTooLong",
+    "InvalidRequest",
+    "InvalidSamplingParams",
+    "InvalidInput",
+)
 SLO_GROUP = "slo"  # the rule group the generated alerts belong to
 SELECTOR_LABELS = ("model", "model_version", "path")
 _KEYS = {"name", "objective", "threshold_ms", "window", *SELECTOR_LABELS}
