@@ -88,3 +88,45 @@ def test_a_bad_cost_is_refused_with_its_key(tmp_path: Path, text: str, field: st
     with pytest.raises(ConfigInvalid) as info:
         load_config(path, {})
     assert str(info.value).startswith(f"{path}: {field}")
+
+
+def test_embedded_runtime_requests_spend_the_budget_and_carry_a_cost(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    from _demo_registry import GOOD, private_copy, shared_demo_registry
+    from infersight.monitor.service import EngineConfig
+
+    tmp = tmp_path_factory.mktemp("engine-slo")
+    registry = private_copy(shared_demo_registry(tmp_path_factory), tmp / "registry")
+    rules = tmp / "rules.yaml"
+    rules.write_text(
+        "groups: []\nslos:\n  - {name: availability, objective: 0.99, window: 30d}\n"
+        "  - {name: engine-latency, model_version: "
+        + GOOD
+        + ", objective: 0.9, threshold_ms: 600000, window: 1d}\n"
+    )
+    cfg = config(
+        tmp,
+        engine=EngineConfig(
+            registry=registry, version=GOOD, max_batch_size=4, max_seq_len=512, max_tokens_limit=64
+        ),
+        alerting=AlertingConfig(rules=rules),
+        cost=CostConfig(per_hour=4.10),
+    )
+    with running(cfg) as (_app, client):
+        for prompt in ("how do i top up my card", "my card was declined", "where is my refund"):
+            body = {"model": GOOD, "prompt": prompt, "max_tokens": 8, "temperature": 0}
+            assert client.post("/v1/completions", json=body).status_code == 200
+        overview = wait_for(
+            lambda: (o := client.get("/api/v1/overview").json())["slos"][0]["total"] == 3 and o
+        )
+        avail, latency = overview["slos"]
+        assert (avail["bad"], avail["error_budget_remaining"]) == (0, 1.0)
+        assert (latency["total"], latency["bad"], latency["attainment"]) == (
+            3,
+            0,
+            1.0,
+        )  # none took 10 minutes
+        [cost] = overview["cost"]
+        assert cost["model_version"] == GOOD and 3 <= cost["output_tokens"] <= 24
+        assert cost["per_1k_output_tokens"] > 0
