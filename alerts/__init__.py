@@ -31,6 +31,7 @@ from .analysis import (
     AnalysisPolicy,
     CheckResult,
     DeployAnalyzer,
+    FailedCheck,
     StoreVersionMetrics,
     VersionMetrics,
     VersionStats,
@@ -65,7 +66,7 @@ from .slo_ledger import SLOLedger, SLOStatus
 from .state import ActiveAlert, Transition
 from .static_signals import StaticSignals
 from .store_signals import CompositeSignals, StoreSignals
-from .transport import HttpRequest, HttpResponse, HttpSender, HttpxSender
+from .transport import HttpRequest, HttpResponse, HttpSender, HttpxSender, url_problem
 
 __all__ = [
     "ACTION_LABEL",
@@ -97,6 +98,7 @@ __all__ = [
     "Dispatcher",
     "EvaluationResult",
     "Evaluator",
+    "FailedCheck",
     "FlushResult",
     "HttpRequest",
     "HttpResponse",
@@ -156,4 +158,5 @@ __all__ = [
     "requeue_dead",
     "signal_promql",
     "take_snapshot",
+    "url_problem",
 ]

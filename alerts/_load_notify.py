@@ -12,6 +12,7 @@ from ._yaml import MarkedMap, Source, iter_items
 from .config import DEFAULT_PAGERDUTY_URL, InhibitRule, ReceiverConfig, Route
 from .errors import InvalidMatcher
 from .matchers import Matcher, parse_matcher
+from .transport import url_problem
 
 __all__ = ["parse_inhibit_rules", "parse_receivers", "parse_route"]
 
@@ -60,8 +61,10 @@ def _receiver(src: Source, name: str, kind: str, m: MarkedMap, env: Mapping[str,
         if kind != "pagerduty":
             src.fail(m.line, f"{what} needs url or url_env")
         url = DEFAULT_PAGERDUTY_URL
-    if url is not None and not url.startswith(("http://", "https://")):
-        src.fail(m.key_lines.get("url", m.line), f"{what}: url must be http(s)")
+    problem = None if url is None else url_problem(url)
+    if problem is not None:
+        line = m.key_lines.get("url", m.key_lines.get("url_env", m.line))
+        src.fail(line, f"{what}: {problem}" + (" (from url_env)" if "url_env" in m else ""))
     secret_key = {"pagerduty": "routing_key", "webhook": "secret", "slack": ""}[kind]
     secret, secret_missing = _from_env(src, m, secret_key, env) if secret_key else (None, None)
     for other in ("routing_key", "secret"):

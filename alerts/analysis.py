@@ -2,7 +2,11 @@
 version with the previous one (error rate, p99 latency, mean relevance, output drift) at
 intervals. After `max_failed_checks` failed checks, roll back by itself (through the
 action runner, so it is recorded, capped and verified) and page with the evidence
-(the `PostDeployRegression` alert)."""
+(the `PostDeployRegression` alert, whose `failed_checks` label names the checks and whose
+annotations give their figures).
+
+Only server errors count: outcomes the client caused (`client_error`, `cancelled`, see
+`infersight.monitor.records`) are counted apart and never fail a check."""
 
 from __future__ import annotations
 
@@ -13,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
+from infersight.monitor.records import CANCELLED, CLIENT_ERROR, is_server_error
 from infersight.monitor.store.tables import requests
 from sqlalchemy import Engine, insert, select, update
 
@@ -27,6 +32,7 @@ __all__ = [
     "AnalysisPolicy",
     "CheckResult",
     "DeployAnalyzer",
+    "FailedCheck",
     "StoreVersionMetrics",
     "VersionMetrics",
     "VersionStats",
@@ -40,9 +46,11 @@ _AFTER_ROLLBACK = {"succeeded": "rolled_back", "failed": "rollback_failed", "ref
 @dataclass(frozen=True)
 class VersionStats:
     requests: int
-    error_rate: float | None
-    p99_s: float | None
+    error_rate: float | None  # server errors / requests
+    p99_s: float | None  # of the requests that succeeded
     relevance: float | None
+    client_errors: int = 0  # refused for the client's fault: not errors
+    cancelled: int = 0  # the client hung up: not errors
 
 
 class VersionMetrics(Protocol):
@@ -73,9 +81,11 @@ class StoreVersionMetrics:
         rel = [r.relevance for r in rows if r.relevance is not None]
         return VersionStats(
             len(rows),
-            sum(r.error_type is not None for r in rows) / len(rows),
+            sum(is_server_error(r.error_type) for r in rows) / len(rows),
             quantile(ok, 0.99) if ok else None,
             sum(rel) / len(rel) if rel else None,
+            sum(r.error_type == CLIENT_ERROR for r in rows),
+            sum(r.error_type == CANCELLED for r in rows),
         )
 
     def output_drift_p_value(self, new: str, old: str, since: dt.datetime) -> float | None:
@@ -98,37 +108,53 @@ class AnalysisPolicy:
 
 
 @dataclass(frozen=True)
+class FailedCheck:
+    """One check that failed, with its figures: `value` against `limit` (`previous`: the
+    previous version's figure it was derived from, None for output drift)."""
+
+    check: str  # error_rate, p99_latency, relevance, output_drift
+    value: float
+    limit: float
+    previous: float | None
+    text: str
+
+
+@dataclass(frozen=True)
 class CheckResult:
     analysis_id: int
     at: dt.datetime
     verdict: str  # passed, failed, inconclusive
-    failures: tuple[str, ...]
+    failures: tuple[str, ...]  # the failed checks' texts, with their figures
     new: VersionStats
     old: VersionStats
     output_drift_p_value: float | None
     rollback: ActionOutcome | None = None
+    failed_checks: tuple[FailedCheck, ...] = ()
 
 
 def _compare(
     p: AnalysisPolicy, new: VersionStats, old: VersionStats, drift_p: float | None
-) -> tuple[str, ...]:
+) -> tuple[FailedCheck, ...]:
     out = []
     if new.error_rate is not None and old.error_rate is not None:
         limit = max(old.error_rate * p.error_rate_ratio, old.error_rate + p.error_rate_margin)
         if new.error_rate > limit:
-            out.append(f"error rate {new.error_rate:.1%} > {limit:.1%} (previous {old.error_rate:.1%})")
+            text = f"error rate {new.error_rate:.1%} > {limit:.1%} (previous {old.error_rate:.1%})"
+            out.append(FailedCheck("error_rate", new.error_rate, limit, old.error_rate, text))
     if new.p99_s is not None and old.p99_s is not None and new.p99_s > old.p99_s * p.p99_ratio:
-        out.append(f"p99 latency {new.p99_s:.3f}s > {p.p99_ratio:g} x previous {old.p99_s:.3f}s")
+        text = f"p99 latency {new.p99_s:.3f}s > {p.p99_ratio:g} x previous {old.p99_s:.3f}s"
+        out.append(FailedCheck("p99_latency", new.p99_s, old.p99_s * p.p99_ratio, old.p99_s, text))
     if (
         new.relevance is not None
         and old.relevance is not None
         and new.relevance < old.relevance - p.relevance_drop
     ):
-        out.append(
-            f"mean relevance {new.relevance:.3f} < previous {old.relevance:.3f} - {p.relevance_drop:g}"
-        )
+        limit = old.relevance - p.relevance_drop
+        text = f"mean relevance {new.relevance:.3f} < previous {old.relevance:.3f} - {p.relevance_drop:g}"
+        out.append(FailedCheck("relevance", new.relevance, limit, old.relevance, text))
     if drift_p is not None and drift_p < p.drift_p_value:
-        out.append(f"output drift p = {drift_p:.2g} < {p.drift_p_value:g}")
+        text = f"output drift p = {drift_p:.2g} < {p.drift_p_value:g}"
+        out.append(FailedCheck("output_drift", drift_p, p.drift_p_value, None, text))
     return tuple(out)
 
 
@@ -207,12 +233,13 @@ class DeployAnalyzer:
             if row.from_version
             else None
         )
-        failures: tuple[str, ...] = ()
+        failed_checks: tuple[FailedCheck, ...] = ()
         if new.requests < p.min_requests or old.requests < p.min_requests:
             verdict = "inconclusive"
         else:
-            failures = _compare(p, new, old, drift)
-            verdict = "failed" if failures else "passed"
+            failed_checks = _compare(p, new, old, drift)
+            verdict = "failed" if failed_checks else "passed"
+        failures = tuple(f.text for f in failed_checks)
         failed = row.failed_checks + (verdict == "failed")
         evidence = [
             *json.loads(row.evidence),
@@ -220,6 +247,7 @@ class DeployAnalyzer:
                 "at": now.isoformat(),
                 "verdict": verdict,
                 "failures": list(failures),
+                "failed_checks": [asdict(f) for f in failed_checks],
                 "new": asdict(new),
                 "old": asdict(old),
                 "output_drift_p_value": drift,
@@ -230,7 +258,7 @@ class DeployAnalyzer:
         if failed >= p.max_failed_checks:
             # the state says what happened, so it is written once the rollback's outcome is known
             # (a crash before then leaves it running: the next check asks the runner again, by key)
-            rollback = self._roll_back(row, failures, evidence, now)
+            rollback = self._roll_back(row, failed_checks, evidence, now)
             state = _AFTER_ROLLBACK.get(rollback.state, "running")
         elif now >= row.ends_at:
             state = "passed"
@@ -246,11 +274,12 @@ class DeployAnalyzer:
                     next_check_at=now + dt.timedelta(seconds=p.interval_s),
                 )
             )
-        return CheckResult(row.id, now, verdict, failures, new, old, drift, rollback)
+        return CheckResult(row.id, now, verdict, failures, new, old, drift, rollback, failed_checks)
 
     def _roll_back(
-        self, row: Any, failures: tuple[str, ...], evidence: list[Any], now: dt.datetime
+        self, row: Any, failed_checks: tuple[FailedCheck, ...], evidence: list[Any], now: dt.datetime
     ) -> ActionOutcome:
+        failures = [f.text for f in failed_checks]
         spec = ActionSpec("rollback", cooldown_s=0.0, daily_cap=self.policy.max_rollbacks_per_day)
         outcome = self.runner.run(
             spec,
@@ -270,9 +299,11 @@ class DeployAnalyzer:
                     "severity": "critical",
                     "model_version": row.to_version,
                     "previous_version": row.from_version or "",
+                    "failed_checks": ",".join(f.check for f in failed_checks),
                 },
                 {
                     "summary": f"{row.to_version} regressed against {row.from_version} after deploy: {'; '.join(failures)}; {done}",
+                    "failed_checks": "; ".join(failures),
                     "evidence": json.dumps(evidence[-self.policy.max_failed_checks :]),
                     "runbook_url": "https://runbooks.example.org/infersight#post-deploy-regression",
                 },

@@ -1,13 +1,17 @@
 """Delivering the outbox: claim due rows, render each for its receiver, send, record.
 
 Failures are retried with full-jitter backoff (429, 5xx, timeouts, connection errors;
-`Retry-After` honoured); other 4xx, an unknown receiver, or too many attempts make a
-dead letter, which the `dead_letters` signal turns into an alert of its own.
+`Retry-After` honoured); other 4xx, an unknown receiver, an invalid URL, or too many
+attempts make a dead letter, which the `dead_letters` signal turns into an alert of its
+own. Whatever goes wrong with one entry (a payload that no longer renders, a sender that
+raises something unexpected) dead-letters that entry alone: the rest of the batch, and
+every later batch, keep flowing.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import logging
 import random
 import threading
 import time
@@ -26,6 +30,7 @@ from .transport import HttpSender, classify
 __all__ = ["DeliveryResult", "Dispatcher"]
 
 Clock = Callable[[], float]
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -67,11 +72,33 @@ class Dispatcher:
     def run_once(self, limit: int = 20) -> list[DeliveryResult]:
         """Claim up to `limit` due notifications and attempt each once."""
         entries = claim(self.engine, self.owner, now=self._now(), lease_s=self.policy.lease_s, limit=limit)
-        results = [self._deliver(e) for e in entries]
-        if self.on_result is not None:
-            for r in results:
-                self.on_result(r)
+        results = []
+        for entry in entries:
+            result = self._deliver_one(entry)
+            if result is None:
+                continue
+            results.append(result)
+            if self.on_result is not None:
+                try:
+                    self.on_result(result)
+                except Exception:  # counting a result never stops the deliveries
+                    log.exception("outbox result callback failed")
         return results
+
+    def _deliver_one(self, entry: OutboxEntry) -> DeliveryResult | None:
+        """Deliver `entry`; anything unexpected dead-letters it alone. None when not even
+        that could be recorded (the store failed): its lease expires and it is tried again."""
+        started = time.monotonic()
+        try:
+            return self._deliver(entry)
+        except Exception as exc:
+            log.exception("outbox entry %s (receiver %r) failed unexpectedly", entry.id, entry.receiver)
+            failure = DeliveryFailed(f"unexpected {type(exc).__name__}: {exc}", retryable=False)
+        try:
+            return self._failed(entry, failure, time.monotonic() - started)
+        except Exception:
+            log.exception("could not record the failure of outbox entry %s", entry.id)
+            return None
 
     def run(self, stop: threading.Event, *, poll_s: float = 0.25) -> None:
         """Deliver until `stop` is set; sleeps `poll_s` when nothing is due."""

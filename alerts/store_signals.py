@@ -13,6 +13,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 
+from infersight.monitor.records import is_server_error
 from infersight.monitor.store.tables import requests
 from sqlalchemy import Engine, func, select
 
@@ -80,7 +81,8 @@ class StoreSignals:
             elif signal.kind == "request_rate":
                 out.append(Sample(key, len(values) / window))
             elif len(values) >= (signal.min_requests or 1):
-                out.append(Sample(key, sum(v is not None for v in values) / len(values)))
+                errors = sum(is_server_error(v) for v in values)  # type: ignore[arg-type]
+                out.append(Sample(key, errors / len(values)))  # the client's outcomes are no errors
         return out
 
     def _relevance(self, since: dt.datetime, by: Sequence[str]) -> list[Sample]:

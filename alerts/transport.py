@@ -8,12 +8,42 @@ import email.utils
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
+from urllib.parse import urlsplit
 
 import httpx
 
 from .errors import DeliveryFailed
 
-__all__ = ["HttpRequest", "HttpResponse", "HttpSender", "HttpxSender", "classify", "parse_retry_after"]
+__all__ = [
+    "HttpRequest",
+    "HttpResponse",
+    "HttpSender",
+    "HttpxSender",
+    "classify",
+    "parse_retry_after",
+    "url_problem",
+]
+
+
+def url_problem(url: str) -> str | None:
+    """Why `url` cannot be sent to (None: it can): not http(s), no host, a port outside
+    1..65535, or anything else the HTTP client would refuse at send time."""
+    try:
+        parts = urlsplit(url)
+        port = parts.port  # ValueError when out of range or not a number
+    except ValueError as exc:
+        return f"url {url!r} is invalid: {exc}"
+    if parts.scheme not in ("http", "https"):
+        return "url must be http(s)"
+    if not parts.hostname:
+        return f"url {url!r} has no host"
+    if port == 0:
+        return f"url {url!r}: port must be in 1..65535"
+    try:
+        httpx.URL(url)
+    except httpx.InvalidURL as exc:
+        return f"url {url!r} is invalid: {exc}"
+    return None
 
 
 @dataclass(frozen=True)
@@ -39,7 +69,8 @@ class HttpResponse:
 class HttpSender(Protocol):
     def send(self, request: HttpRequest) -> HttpResponse:
         """Send and return the response, whatever its status; raise `DeliveryFailed`
-        (retryable) on a timeout or a connection error."""
+        (retryable) on a timeout or a connection error, (not retryable) on a URL that
+        cannot be sent to."""
         ...
 
 
@@ -48,6 +79,9 @@ class HttpxSender:
         self._client = client or httpx.Client(follow_redirects=False)
 
     def send(self, request: HttpRequest) -> HttpResponse:
+        problem = url_problem(request.url)  # e.g. port 99999, which httpx would try as 34463
+        if problem is not None:
+            raise DeliveryFailed(problem, retryable=False)
         try:
             r = self._client.request(
                 request.method,
@@ -56,6 +90,8 @@ class HttpxSender:
                 headers=list(request.headers),
                 timeout=request.timeout_s,
             )
+        except (httpx.InvalidURL, httpx.UnsupportedProtocol) as exc:  # InvalidURL is no HTTPError
+            raise DeliveryFailed(f"invalid url {request.url!r}: {exc}", retryable=False) from exc
         except httpx.TimeoutException as exc:
             raise DeliveryFailed(f"timeout after {request.timeout_s:g}s: {exc}", retryable=True) from exc
         except httpx.HTTPError as exc:

@@ -3,7 +3,10 @@
 `runtime.subscribe(EngineAdapter(stats, model="mixtral"))` feeds InferenceStats
 (queue time, TTFT from the first TokenEmitted, TPOT from the token timestamps,
 errors, in-flight and waiting) and hands one `InferenceRecord` (source "engine") per
-finished or failed request to `on_record`. Runs on the engine's loop thread, so it
+finished or failed request to `on_record`. A request the runtime refused before the
+model saw it (over-long prompt, invalid request) is the client's `client_error`; one
+whose client hung up (the server calls `hung_up(request_id)` before cancelling it) is
+`cancelled`: neither counts as a server error. Runs on the engine's loop thread, so it
 only does dictionary work and appends; it never raises into the engine (a failure is
 counted in `failures`).
 
@@ -18,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from infersight.monitor.records import InferenceRecord
+from infersight.monitor.records import CANCELLED, CLIENT_ERROR, InferenceRecord
 
 from ._inference import InferenceStats
 
@@ -26,6 +29,9 @@ if TYPE_CHECKING:
     from infersight.engine.events import EngineEvent
 
 __all__ = ["EngineAdapter"]
+
+# What `Runtime.submit` refuses before the model sees anything: the request's fault.
+_REFUSED_REQUESTS = frozenset({"PromptTooLong", "InvalidRequest"})
 
 
 @dataclass
@@ -39,6 +45,7 @@ class _Request:
     first_token_s: float | None = None  # since arrival
     last_token_s: float | None = None
     tokens: int = 0
+    hung_up: bool = False  # the client went away: its cancellation is the client's doing
 
 
 class EngineAdapter:
@@ -65,15 +72,22 @@ class EngineAdapter:
         except Exception:  # never into the engine's loop
             self.failures += 1
 
+    def hung_up(self, request_id: str) -> None:
+        """The client of `request_id` went away (call before cancelling it): it ends as
+        `cancelled`, not as a completed request. Unknown or finished ids are ignored."""
+        req = self._requests.get(request_id)
+        if req is not None:
+            req.hung_up = True
+
     def _handle(self, event: Any) -> None:
         kind = type(event).__name__
         if kind == "RequestQueued":
             self._track(event.request_id, event.model_version, event.at).prompt_tokens = event.prompt_tokens
             self._requests[event.request_id].queued = True
-            self._stats.series(self._model, event.model_version).add_waiting(1)
+            self._stats.series(self._model, event.model_version, trusted=True).add_waiting(1)
         elif kind == "RequestStarted":
             req = self._track(event.request_id, event.model_version, event.at - event.queue_s)
-            series = self._stats.series(self._model, event.model_version)
+            series = self._stats.series(self._model, event.model_version, trusted=True)
             if req.queued:
                 series.add_waiting(-1)
                 req.queued = False
@@ -91,6 +105,8 @@ class EngineAdapter:
             self._finish(event)
         elif kind == "RequestFailed":
             self._fail(event)
+        elif kind == "VersionDeployed":  # its series exist at 0 before its first request (for rate())
+            self._stats.series(self._model, event.to_version, trusted=True)
 
     def _track(self, request_id: str, version: str, arrived_at: float) -> _Request:
         req = self._requests.get(request_id)
@@ -104,7 +120,7 @@ class EngineAdapter:
     def _forget(self, request_id: str) -> _Request | None:
         req = self._requests.pop(request_id, None)
         if req is not None:
-            series = self._stats.series(self._model, req.model_version)
+            series = self._stats.series(self._model, req.model_version, trusted=True)
             if req.queued:
                 series.add_waiting(-1)
             if req.started:
@@ -133,6 +149,7 @@ class EngineAdapter:
                 queue_s=e.queue_s,
                 prompt_tokens=e.prompt_tokens,
                 output_tokens=e.output_tokens,
+                error_type=CANCELLED if req is not None and req.hung_up else None,
                 source="engine",
             )
         )
@@ -150,7 +167,7 @@ class EngineAdapter:
                 queue_s=None if req is None else req.queue_s,
                 prompt_tokens=None if req is None else req.prompt_tokens,
                 output_tokens=None if req is None else req.tokens,
-                error_type=e.error_type,
+                error_type=CLIENT_ERROR if e.error_type in _REFUSED_REQUESTS else e.error_type,
                 source="engine",
             )
         )

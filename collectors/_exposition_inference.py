@@ -32,7 +32,15 @@ HISTOGRAM_NAMES = {
 _TOKENS = ("gen_ai_server_token_usage", "Tokens per request, by gen_ai_token_type (input, output).")
 _IN_FLIGHT = ("gen_ai_server_requests_in_flight", "Requests started and not yet finished.")
 _WAITING = ("gen_ai_server_requests_waiting", "Requests queued, not yet scheduled.")
-_ERRORS = ("gen_ai_server_request_errors", "Failed requests by error_type (the exception's class name).")
+_ERRORS = (
+    "gen_ai_server_request_errors",
+    "Requests failed by the server, by error_type (the exception's class name).",
+)
+_CLIENT = (
+    "infersight_client_outcomes",
+    "Requests ended by the client, not errors: outcome client_error (refused: e.g. an over-long "
+    "prompt, an upstream 4xx) or cancelled (the client hung up).",
+)
 
 
 def _empty() -> list[Metric]:
@@ -43,6 +51,7 @@ def _empty() -> list[Metric]:
     families.append(GaugeMetricFamily(*_IN_FLIGHT, labels=_LABELS))
     families.append(GaugeMetricFamily(*_WAITING, labels=_LABELS))
     families.append(CounterMetricFamily(*_ERRORS, labels=[*_LABELS, "error_type"]))
+    families.append(CounterMetricFamily(*_CLIENT, labels=[*_LABELS, "outcome"]))
     return families
 
 
@@ -70,6 +79,10 @@ def inference_families(series: Sequence[Series], in_flight: dict[int, int]) -> l
         assert isinstance(errors, CounterMetricFamily)
         for error_type, n in sorted(s.errors.items()):
             errors.add_metric([*labels, error_type], n)
+        client = by_name[_CLIENT[0]]
+        assert isinstance(client, CounterMetricFamily)
+        for outcome, n in sorted(s.client_outcomes.items()):
+            client.add_metric([*labels, outcome], n)
     return families
 
 

@@ -9,6 +9,16 @@ Two views of the same observations:
 
 Recording is a lock and an append (`Series.exit`); folding happens at scrape or
 query time, so the cost of the sketches is paid off the caller's path.
+
+Label values come from clients (an SDK's model name, the `model` a proxied client sends),
+so each label keeps at most `max_label_values` distinct values, and there are at most
+`max_label_values` (model, model_version) combinations of such values (100 models times
+100 versions would otherwise be 10,000 series): a value past that is recorded as `other`,
+a combination past that as (`other`, `other`), and each such observation is counted in
+`infersight_label_values_overflowed_total{label}` (label: model, model_version, series).
+Nothing is lost from the aggregates, and neither /metrics nor the sketch windows grow
+with the number of names clients invent. Names the operator controls (the embedded
+runtime's registered versions) are `trusted`: never capped, never counted.
 """
 
 from __future__ import annotations
@@ -18,8 +28,8 @@ import time
 from collections.abc import Callable, Iterable
 
 from ddsketch import DDSketch
-from infersight.monitor.records import InferenceRecord
-from prometheus_client.core import Metric
+from infersight.monitor.records import CANCELLED, CLIENT_ERROR, CLIENT_OUTCOMES, InferenceRecord
+from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from . import _forksafe
@@ -30,7 +40,16 @@ from ._validate import check_count, check_label, check_seconds
 from ._window import LATENCY_METRICS, WindowedSketches
 from .errors import InvalidQuery, UnknownMetric, WindowTooLong
 
-__all__ = ["InferenceStats"]
+__all__ = ["OVERFLOW_LABEL_VALUE", "InferenceStats"]
+
+OVERFLOW_LABEL_VALUE = "other"
+_OTHER_SERIES = (OVERFLOW_LABEL_VALUE, OVERFLOW_LABEL_VALUE)
+_OVERFLOW = (
+    "infersight_label_values_overflowed",
+    "Observations recorded under label value `other` because the label already had max_label_values values.",
+)
+
+_SLOT_COUNTS = {None: "total", CLIENT_ERROR: "client_errors", CANCELLED: "cancelled"}  # count(outcome=)
 
 
 class InferenceStats(Collector):
@@ -44,12 +63,19 @@ class InferenceStats(Collector):
         interval_s: float = 10.0,
         relative_accuracy: float = 0.01,
         max_pending: int = 4096,
+        max_label_values: int = 100,
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         if not 0 < relative_accuracy < 1:
             raise InvalidQuery(f"relative_accuracy must be in (0, 1), got {relative_accuracy!r}")
         if not 0 < interval_s <= window_s:
             raise InvalidQuery(f"need 0 < interval_s <= window_s, got {interval_s!r}, {window_s!r}")
+        if max_label_values < 1:
+            raise InvalidQuery(f"max_label_values must be >= 1, got {max_label_values!r}")
+        self.max_label_values = max_label_values
+        self._values: dict[str, set[str]] = {"model": set(), "model_version": set()}
+        self._overflowed: dict[str, int] = {"model": 0, "model_version": 0, "series": 0}
+        self._untrusted_series = 0
         self._window_s = float(window_s)
         self._interval_s = float(interval_s)
         self._alpha = float(relative_accuracy)
@@ -73,8 +99,10 @@ class InferenceStats(Collector):
         return self._window_s
 
     # -- recording ------------------------------------------------------------------
-    def series(self, model: str, model_version: str) -> Series:
-        """The handle for one label set (created on first use, then exported with zeros)."""
+    def series(self, model: str, model_version: str, *, trusted: bool = False) -> Series:
+        """The handle for one label set (created on first use, then exported with zeros).
+        `trusted`: names the operator controls (the embedded runtime's registered versions),
+        neither capped nor counted against the cap."""
         key = (model, model_version)
         found = self._series.get(key)
         if found is not None:
@@ -82,6 +110,15 @@ class InferenceStats(Collector):
         check_label("model", model)
         check_label("model_version", model_version)
         with self._series_lock:
+            if not trusted:
+                key = (self._capped("model", model), self._capped("model_version", model_version))
+                if key not in self._series:
+                    if self._untrusted_series >= self.max_label_values and key != _OTHER_SERIES:
+                        self._overflowed["series"] += 1
+                        key = _OTHER_SERIES
+                    if key not in self._series:
+                        self._untrusted_series += 1
+                model, model_version = key
             found = self._series.get(key)
             if found is None:
                 windows = WindowedSketches(
@@ -92,6 +129,23 @@ class InferenceStats(Collector):
                 )
                 self._series[key] = found
         return found
+
+    def label_set(self, model: str, model_version: str) -> tuple[str, str]:
+        """The (model, model_version) an observation with these names is recorded under
+        (`other` past the cap): what other in-memory state keyed by them should use."""
+        series = self.series(model, model_version)
+        return series.model, series.model_version
+
+    def _capped(self, label: str, value: str) -> str:
+        """`value`, or `other` once the label has its maximum of distinct values (lock held)."""
+        seen = self._values[label]
+        if value in seen:
+            return value
+        if len(seen) < self.max_label_values:
+            seen.add(value)
+            return value
+        self._overflowed[label] += 1
+        return OVERFLOW_LABEL_VALUE
 
     def observe(self, record: InferenceRecord) -> None:
         """Add one finished request (the engine adapter, the ingest endpoint)."""
@@ -166,24 +220,43 @@ class InferenceStats(Collector):
         model: str | None = None,
         model_version: str | None = None,
         errors_only: bool = False,
+        outcome: str | None = None,
     ) -> int:
-        """Requests (or failed requests) that finished in the last `window_s`."""
+        """Requests that finished in the last `window_s`: all of them, those the server
+        failed (`errors_only`), or those with a client `outcome` (client_error, cancelled)."""
         self._check_window(window_s)
+        if outcome is not None and outcome not in CLIENT_OUTCOMES:
+            raise InvalidQuery(
+                f"outcome must be one of {', '.join(sorted(CLIENT_OUTCOMES))}, got {outcome!r}"
+            )
+        attr = "errors" if errors_only else _SLOT_COUNTS[outcome]
         total = 0
         with self._fold_lock:
             now = self.clock()
             for series in self._fold_matching(model, model_version, now):
                 for slot in series.windows.recent(now, window_s):
-                    total += slot.errors if errors_only else slot.total
+                    total += getattr(slot, attr)
         return total
 
     def error_counts(self, *, model: str | None = None, model_version: str | None = None) -> dict[str, int]:
-        """Failed requests by error type since start (the Prometheus counter's values)."""
+        """Requests failed by the server, by error type, since start (the Prometheus
+        counter's values; the client's outcomes are in `client_outcome_counts`)."""
         totals: dict[str, int] = {}
         with self._fold_lock:
             for series in self._fold_matching(model, model_version, self.clock()):
                 for error_type, n in series.errors.items():
                     totals[error_type] = totals.get(error_type, 0) + n
+        return totals
+
+    def client_outcome_counts(
+        self, *, model: str | None = None, model_version: str | None = None
+    ) -> dict[str, int]:
+        """Requests the client ended (client_error, cancelled) since start: not errors."""
+        totals: dict[str, int] = {}
+        with self._fold_lock:
+            for series in self._fold_matching(model, model_version, self.clock()):
+                for outcome, n in series.client_outcomes.items():
+                    totals[outcome] = totals.get(outcome, 0) + n
         return totals
 
     def labels(self) -> list[tuple[str, str]]:
@@ -199,14 +272,18 @@ class InferenceStats(Collector):
 
     # -- Prometheus -------------------------------------------------------------------
     def describe(self) -> Iterable[Metric]:
-        return describe_families()
+        return [*describe_families(), CounterMetricFamily(*_OVERFLOW, labels=["label"])]
 
     def collect(self) -> Iterable[Metric]:
         with self._fold_lock:
             now = self.clock()
             series = list(self._fold_matching(None, None, now))
             in_flight = {id(s): _in_flight(s) for s in series}
-            return inference_families(series, in_flight)
+            families = inference_families(series, in_flight)
+        overflow = CounterMetricFamily(*_OVERFLOW, labels=["label"])
+        for label, n in self._overflowed.items():
+            overflow.add_metric([label], n)
+        return [*families, overflow]
 
     # -- internals ---------------------------------------------------------------------
     def _check_window(self, window_s: float) -> None:

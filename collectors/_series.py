@@ -33,6 +33,7 @@ class Series:
         "_lock",
         "_max_pending",
         "_pending",
+        "client_outcomes",
         "entered",
         "errors",
         "histograms",
@@ -66,7 +67,8 @@ class Series:
         self.histograms = {m: HistogramState(_BUCKETS[m]) for m in LATENCY_METRICS}
         self.tokens = {"input": HistogramState(TOKEN_BUCKETS), "output": HistogramState(TOKEN_BUCKETS)}
         self.windows = windows
-        self.errors: dict[str, int] = {}
+        self.errors: dict[str, int] = {}  # server errors by error_type
+        self.client_outcomes: dict[str, int] = {}  # client_error, cancelled: never errors
 
     # -- hot path -------------------------------------------------------------------
     def enter(self) -> None:

@@ -33,14 +33,17 @@ LATENCY_METRICS = ("request_duration", "ttft", "tpot", "queue_time")
 
 
 class Slot:
-    """One interval: a sketch per latency metric, and request and error counts."""
+    """One interval: a sketch per latency metric, and request counts: all of them, the
+    server's errors, and the outcomes the client caused (refused, hung up), never errors."""
 
-    __slots__ = ("errors", "sketches", "total")
+    __slots__ = ("cancelled", "client_errors", "errors", "sketches", "total")
 
     def __init__(self) -> None:
         self.sketches: dict[str, DDSketch] = {}
         self.total = 0
         self.errors = 0
+        self.client_errors = 0
+        self.cancelled = 0
 
 
 class WindowedSketches:
@@ -63,15 +66,21 @@ class WindowedSketches:
             slot = self.slots[index] = Slot()
         return slot
 
-    def fold_counts(self, slot_ids: Any, errors: Any) -> None:
-        """`slot_ids`: int array, one per request; `errors`: bool array, same length."""
+    def fold_counts(
+        self, slot_ids: Any, errors: Any, client_errors: Any = None, cancelled: Any = None
+    ) -> None:
+        """`slot_ids`: int array, one per request; `errors` (server errors), `client_errors`
+        and `cancelled`: bool arrays, same length (None: none of them)."""
         ids, counts = np.unique(slot_ids, return_counts=True)
         for i, c in zip(ids.tolist(), counts.tolist(), strict=True):
             self._slot(i).total += c
-        if errors.any():
-            ids, counts = np.unique(slot_ids[errors], return_counts=True)
+        for attr, mask in (("errors", errors), ("client_errors", client_errors), ("cancelled", cancelled)):
+            if mask is None or not mask.any():
+                continue
+            ids, counts = np.unique(slot_ids[mask], return_counts=True)
             for i, c in zip(ids.tolist(), counts.tolist(), strict=True):
-                self._slot(i).errors += c
+                slot = self._slot(i)
+                setattr(slot, attr, getattr(slot, attr) + c)
 
     def fold_values(self, metric: str, slot_ids: Any, values: Any) -> None:
         """Add finite non-negative `values` (float array) at their interval `slot_ids`."""

@@ -51,23 +51,31 @@ def _templating() -> dict[str, Any]:
                 "options": [],
             },
             _query_variable(
+                "instance",
+                "Instance",
+                "label_values(infersight_gpu_collector_enabled, instance)",  # every service exports it
+                multi=True,
+                include_all=True,
+            ),
+            _query_variable(
                 "model",
                 "Model",
-                "label_values(gen_ai_server_request_duration_seconds_count, model)",
+                'label_values(gen_ai_server_request_duration_seconds_count{instance=~"$instance"}, model)',
                 multi=True,
                 include_all=True,
             ),
             _query_variable(
                 "model_version",
                 "Model version",
-                'label_values(gen_ai_server_request_duration_seconds_count{model=~"$model"}, model_version)',
+                'label_values(gen_ai_server_request_duration_seconds_count{instance=~"$instance", model=~"$model"}, '
+                "model_version)",
                 multi=True,
                 include_all=True,
             ),
             _query_variable(
                 "gpu",
                 "GPU",
-                "label_values(infersight_gpu_memory_total_bytes, gpu)",
+                'label_values(infersight_gpu_memory_total_bytes{instance=~"$instance"}, gpu)',
                 multi=True,
                 include_all=True,
             ),
@@ -117,7 +125,7 @@ def _annotations() -> dict[str, Any]:
         "enable": True,
         "iconColor": "red",
         "name": "Alerts firing",
-        "expr": "sum by (alertname, severity) (infersight_alerts_firing) > 0",
+        "expr": "max by (alertname, severity) (infersight_alerts_firing) > 0",  # same on every replica
         "step": "1m",
         "titleFormat": "{{alertname}}",
         "tagKeys": "severity",

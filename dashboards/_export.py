@@ -47,8 +47,11 @@ def provisioning_config(dashboards_path: str, *, folder: str = "infersight") -> 
 
 
 def _write_atomically(path: Path, text: str) -> None:
+    """Write `text` to `path` via a temporary and a rename, mode 0644: Grafana usually runs
+    as its own user and must read the files (mkstemp's 0600 would hide them from it)."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, 0o644)
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(text)
         os.replace(tmp, path)

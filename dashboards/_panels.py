@@ -20,6 +20,7 @@ class Target:
     expr: str
     legend: str = ""
     fmt: str = "time_series"  # "heatmap" for bucket series drawn as a heatmap
+    instant: bool = False  # the value now (a stat of what is true now), not a range over the panel's time
 
     def to_json(self, ref_id: str) -> Json:
         return {
@@ -28,7 +29,8 @@ class Target:
             "expr": self.expr,
             "format": self.fmt,
             "legendFormat": self.legend or "__auto",
-            "range": True,
+            "instant": self.instant,
+            "range": not self.instant,
             "refId": ref_id,
         }
 

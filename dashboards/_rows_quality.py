@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ._layout import Section
 from ._panels import Target, state_timeline, timeseries, value_text
-from ._queries import RATE, quantile, serving
+from ._queries import RATE, machine, quantile, serving, zero_if_empty
 
 __all__ = ["drift_row", "pipeline_row"]
 
@@ -50,6 +50,9 @@ def drift_row() -> Section:
 
 
 def pipeline_row() -> Section:
+    # Alerts and the outbox are read from the shared store: every replica exports the same
+    # figures, so they are taken once (max over instances), never summed.
+    m = machine()
     return Section(
         "Alerts and delivery",
         [
@@ -57,47 +60,65 @@ def pipeline_row() -> Section:
                 "Alerts firing",
                 [
                     Target(
-                        "sum by (alertname, severity) (infersight_alerts_firing)",
+                        f"max by (alertname, severity) (infersight_alerts_firing{m})"
+                        + zero_if_empty("alertname"),
                         "{{alertname}} ({{severity}})",
                     )
                 ],
                 unit="short",
-                width=8,
+                width=6,
                 min_value=0,
             ),
             timeseries(
                 "Notifications",
                 [
                     Target(
-                        f"sum by (receiver, outcome) (rate(infersight_notifications_total[{RATE}]))",
+                        f"sum by (receiver, outcome) (rate(infersight_notifications_total{m}[{RATE}]))",
                         "{{receiver}} {{outcome}}",
                     ),
-                    Target("infersight_outbox_pending", "outbox pending"),
-                    Target("infersight_outbox_dead_letters", "dead letters"),
+                    Target(f"max(infersight_outbox_pending{m})", "outbox pending"),
+                    Target(f"max(infersight_outbox_dead_letters{m})", "dead letters"),
                 ],
                 unit="short",
-                width=8,
+                width=6,
                 min_value=0,
+                description="Delivery attempts by receiver and outcome (each from 0), and the outbox backlog.",
             ),
             timeseries(
-                "Deploys and SDK losses",
+                "Deploys",
                 [
                     Target(
-                        f"sum by (outcome) (increase(infersight_deploys_total[{RATE}]))",
-                        "deploys {{outcome}}",
+                        f"sum by (outcome) (increase(infersight_deploys_total{m}[{RATE}]))",
+                        "{{outcome}}",
+                    )
+                ],
+                unit="short",
+                width=6,
+                min_value=0,
+                description="Deploys, rollbacks and refused deploys of the embedded runtime (each outcome from 0).",
+            ),
+            timeseries(
+                "Ingest losses",
+                [
+                    Target(
+                        f'sum by (outcome) (rate(infersight_ingest_events_total{{instance=~"$instance", '
+                        f'outcome=~"rejected|dropped"}}[{RATE}]))',
+                        "events {{outcome}}",
                     ),
                     Target(
-                        f"sum by (reason) (rate(infersight_sdk_records_dropped_total[{RATE}]))",
-                        "dropped {{reason}}",
-                    ),
-                    Target(
-                        f"sum by (reason) (rate(infersight_sdk_records_rejected_total[{RATE}]))",
-                        "rejected {{reason}}",
+                        f'sum(rate(infersight_ingest_batches_total{{instance=~"$instance", outcome="error"}}'
+                        f"[{RATE}]))",
+                        "batches refused",
                     ),
                 ],
                 unit="short",
-                width=8,
+                width=6,
                 min_value=0,
+                description=(
+                    "Events the service received and did not keep: rejected (invalid, the field named in the "
+                    "answer) or dropped (the store's write queue was full). An SDK's own losses before sending "
+                    "are counted in its process (infersight_sdk_records_dropped_total), not here."
+                ),
             ),
         ],
     )

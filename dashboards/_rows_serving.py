@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ._layout import Section
 from ._panels import Target, heatmap, stat, timeseries, value_text
-from ._queries import RATE, quantile, rate, serving
+from ._queries import RATE, quantile, rate, serving, zero_if_empty
 
 __all__ = ["headline", "latency", "slo_cost", "traffic"]
 
@@ -14,6 +14,7 @@ _TPOT = "gen_ai_server_time_per_output_token_seconds"
 _QUEUE = "gen_ai_server_request_queue_time_seconds"
 _TOKENS = "gen_ai_server_token_usage"
 _ERRORS = "gen_ai_server_request_errors_total"
+_CLIENT = "infersight_client_outcomes_total"  # refused for the client's fault, hung up: not errors
 
 
 def _percentiles(histogram: str) -> list[Target]:
@@ -31,19 +32,32 @@ def headline() -> Section:
         [
             stat(
                 "Serving version",
-                [Target('infersight_model_info{model=~"$model"} == 1', "{{model_version}}")],
+                [
+                    Target(
+                        'infersight_model_info{instance=~"$instance", model=~"$model"} == 1',
+                        "{{model_version}}",
+                        instant=True,
+                    )
+                ],
                 unit="none",
                 text_mode="name",
                 width=6,
-                description="The model version the runtime serves (infersight_model_info).",
+                description="The model version the runtime serves now (infersight_model_info, an instant query: "
+                "a version rolled back a minute ago is not shown).",
             ),
             stat("Requests", [Target(requests, "req/s")], unit="reqps", width=4),
             stat(
                 "Error ratio",
-                [Target(f"{rate(_ERRORS, s, by='')} / {requests}", "errors")],
+                [
+                    Target(
+                        f"(({rate(_ERRORS, s, by='')} or vector(0)) / ({requests} > 0)) or vector(0)",
+                        "errors",
+                    )
+                ],
                 unit="percentunit",
                 width=4,
                 steps=((None, "green"), (0.01, "orange"), (0.05, "red")),
+                description="Failed requests over all requests; 0 while none failed (or none came).",
             ),
             stat(
                 "p99 latency",
@@ -53,14 +67,19 @@ def headline() -> Section:
             ),
             stat(
                 "Alerts firing",
-                [Target("sum(infersight_alerts_firing) or vector(0)", "firing")],
+                [
+                    Target(
+                        'sum(max by (alertname, severity) (infersight_alerts_firing{instance=~"$instance"})) or vector(0)',
+                        "firing",
+                    )
+                ],
                 unit="none",
                 width=3,
                 steps=((None, "green"), (1, "red")),
             ),
             stat(
                 "GPU collector",
-                [Target("max(infersight_gpu_collector_enabled)", "enabled")],
+                [Target('max(infersight_gpu_collector_enabled{instance=~"$instance"})', "enabled")],
                 unit="none",
                 width=3,
                 mappings=[value_text({"0": ("no GPU", "orange"), "1": ("on", "green")})],
@@ -130,12 +149,18 @@ def traffic() -> Section:
                 min_value=0,
             ),
             timeseries(
-                "Errors by type",
-                [Target(rate(_ERRORS, s, by="error_type"), "{{error_type}}")],
+                "Errors by type, and what clients caused",
+                [
+                    Target(rate(_ERRORS, s, by="error_type") + zero_if_empty("error_type"), "{{error_type}}"),
+                    Target(rate(_CLIENT, s, by="outcome") + zero_if_empty("outcome"), "client: {{outcome}}"),
+                ],
                 unit="reqps",
                 width=8,
                 min_value=0,
                 stack=True,
+                description="Server errors by error_type; beside them, not counted as errors, requests "
+                "refused for the client's fault (client_error: an over-long prompt, an upstream 4xx) "
+                "and requests whose client hung up (cancelled).",
             ),
             heatmap(
                 "Prompt length (input tokens)",

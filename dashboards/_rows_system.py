@@ -1,10 +1,13 @@
-"""Dashboard rows about the machine: GPU efficiency and memory, and the supervised process."""
+"""Dashboard rows about the machine: GPU efficiency and memory, and the supervised process.
+
+Each replica's machine is its own: every series here is per `instance` (the dashboard's
+`instance` variable selects which), and legends name the instance."""
 
 from __future__ import annotations
 
 from ._layout import Section
 from ._panels import Target, timeseries
-from ._queries import RATE, gpu
+from ._queries import RATE, gpu, machine
 
 __all__ = ["gpu_rows", "process_row"]
 
@@ -17,11 +20,11 @@ def gpu_rows() -> Section:
             timeseries(
                 "SM activity and occupancy",
                 [
-                    Target(f"infersight_gpu_sm_activity_ratio{g}", "SM activity GPU {{gpu}}"),
-                    Target(f"infersight_gpu_sm_occupancy_ratio{g}", "SM occupancy GPU {{gpu}}"),
+                    Target(f"infersight_gpu_sm_activity_ratio{g}", "SM activity {{instance}} GPU {{gpu}}"),
+                    Target(f"infersight_gpu_sm_occupancy_ratio{g}", "SM occupancy {{instance}} GPU {{gpu}}"),
                     Target(
                         f"infersight_gpu_busy_time_ratio{g}",
-                        "time busy GPU {{gpu}} (fallback: NOT SM efficiency)",
+                        "time busy {{instance}} GPU {{gpu}} (fallback: NOT SM efficiency)",
                     ),
                 ],
                 unit="percentunit",
@@ -36,12 +39,12 @@ def gpu_rows() -> Section:
             timeseries(
                 "GPU memory",
                 [
-                    Target(f"infersight_gpu_memory_used_bytes{g}", "used GPU {{gpu}}"),
-                    Target(f"infersight_gpu_memory_reserved_bytes{g}", "reserved GPU {{gpu}}"),
-                    Target(f"infersight_gpu_memory_total_bytes{g}", "total GPU {{gpu}}"),
+                    Target(f"infersight_gpu_memory_used_bytes{g}", "used {{instance}} GPU {{gpu}}"),
+                    Target(f"infersight_gpu_memory_reserved_bytes{g}", "reserved {{instance}} GPU {{gpu}}"),
+                    Target(f"infersight_gpu_memory_total_bytes{g}", "total {{instance}} GPU {{gpu}}"),
                     Target(
-                        f"sum by (gpu) (infersight_gpu_process_memory_bytes{g})",
-                        "supervised process GPU {{gpu}}",
+                        f"sum by (instance, gpu) (infersight_gpu_process_memory_bytes{g})",
+                        "supervised process {{instance}} GPU {{gpu}}",
                     ),
                 ],
                 unit="bytes",
@@ -49,7 +52,7 @@ def gpu_rows() -> Section:
             ),
             timeseries(
                 "GPU memory slope (per minute)",
-                [Target(f"infersight_gpu_memory_used_slope_bytes_per_minute{g}", "GPU {{gpu}}")],
+                [Target(f"infersight_gpu_memory_used_slope_bytes_per_minute{g}", "{{instance}} GPU {{gpu}}")],
                 unit="bytes",
                 threshold=0,
                 description="Least-squares slope of used memory over the trend window: steadily positive means a leak.",
@@ -57,15 +60,22 @@ def gpu_rows() -> Section:
             timeseries(
                 "Clock, temperature and power",
                 [
-                    Target(f"infersight_gpu_temperature_celsius{g}", "temperature GPU {{gpu}}"),
-                    Target(f"infersight_gpu_power_watts{g}", "power (W) GPU {{gpu}}"),
-                    Target(f"infersight_gpu_sm_clock_hertz{g} / 1e6", "SM clock (MHz) GPU {{gpu}}"),
+                    Target(f"infersight_gpu_temperature_celsius{g}", "temperature {{instance}} GPU {{gpu}}"),
+                    Target(f"infersight_gpu_power_watts{g}", "power (W) {{instance}} GPU {{gpu}}"),
+                    Target(
+                        f"infersight_gpu_sm_clock_hertz{g} / 1e6", "SM clock (MHz) {{instance}} GPU {{gpu}}"
+                    ),
                 ],
                 unit="short",
             ),
             timeseries(
                 "NVML call failures",
-                [Target(f"sum by (function) (rate(infersight_nvml_errors_total[{RATE}]))", "{{function}}")],
+                [
+                    Target(
+                        f"sum by (instance, function) (rate(infersight_nvml_errors_total{machine()}[{RATE}]))",
+                        "{{instance}} {{function}}",
+                    )
+                ],
                 unit="ops",
                 width=24,
                 height=5,
@@ -77,19 +87,25 @@ def gpu_rows() -> Section:
 
 
 def process_row() -> Section:
+    m = machine()
     return Section(
         "Supervised process",
         [
             timeseries(
                 "Resident memory (RSS)",
-                [Target("infersight_process_resident_memory_bytes", "RSS pid {{pid}}")],
+                [Target(f"infersight_process_resident_memory_bytes{m}", "RSS {{instance}} pid {{pid}}")],
                 unit="bytes",
                 width=8,
                 min_value=0,
             ),
             timeseries(
                 "RSS slope (per minute)",
-                [Target("infersight_process_resident_memory_slope_bytes_per_minute", "pid {{pid}}")],
+                [
+                    Target(
+                        f"infersight_process_resident_memory_slope_bytes_per_minute{m}",
+                        "{{instance}} pid {{pid}}",
+                    )
+                ],
                 unit="bytes",
                 width=8,
                 threshold=0,
@@ -98,8 +114,11 @@ def process_row() -> Section:
             timeseries(
                 "CPU and threads",
                 [
-                    Target(f"rate(infersight_process_cpu_seconds_total[{RATE}])", "CPU cores pid {{pid}}"),
-                    Target("infersight_process_threads", "threads pid {{pid}}"),
+                    Target(
+                        f"rate(infersight_process_cpu_seconds_total{m}[{RATE}])",
+                        "CPU cores {{instance}} pid {{pid}}",
+                    ),
+                    Target(f"infersight_process_threads{m}", "threads {{instance}} pid {{pid}}"),
                 ],
                 unit="short",
                 width=8,

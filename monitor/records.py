@@ -14,7 +14,17 @@ from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any, Literal
 
-__all__ = ["MAX_TEXT_CHARS", "InferenceRecord", "InvalidRecord", "RecordSource", "build_record"]
+__all__ = [
+    "CANCELLED",
+    "CLIENT_ERROR",
+    "CLIENT_OUTCOMES",
+    "MAX_TEXT_CHARS",
+    "InferenceRecord",
+    "InvalidRecord",
+    "RecordSource",
+    "build_record",
+    "is_server_error",
+]
 
 RecordSource = Literal["sdk", "engine", "proxy"]
 _SOURCES = ("sdk", "engine", "proxy")
@@ -22,6 +32,19 @@ MAX_TEXT_CHARS = 32_768  # prompt/response text beyond this is refused at ingest
 _MAX_LABEL_CHARS = 256
 _MAX_EPOCH_S = 253_402_300_799.0  # 9999-12-31T23:59:59Z, the last instant a datetime (and the store) holds
 _MAX_TOKENS = 2**31 - 1  # the store's INTEGER
+
+# Outcomes the client caused, kept in `error_type` under their own label so they are seen
+# (dashboards, /metrics) but never counted as server errors: a request refused for the
+# client's fault (an over-long prompt, an upstream 4xx) and a client that hung up.
+CLIENT_ERROR = "client_error"
+CANCELLED = "cancelled"
+CLIENT_OUTCOMES = frozenset({CLIENT_ERROR, CANCELLED})
+
+
+def is_server_error(error_type: str | None) -> bool:
+    """True when a call with this `error_type` failed on the server's side: what error
+    rates, error-rate alerts and the post-deploy analysis count."""
+    return error_type is not None and error_type not in CLIENT_OUTCOMES
 
 
 class InvalidRecord(ValueError):
@@ -45,7 +68,9 @@ class InferenceRecord:
     queue_s: float | None = None
     prompt_tokens: int | None = None
     output_tokens: int | None = None
-    error_type: str | None = None  # exception class name when the call failed
+    error_type: str | None = (
+        None  # exception class name when the call failed; CLIENT_OUTCOMES: the client's doing
+    )
     prompt: str | None = None  # sampled text only; None when not sampled
     response: str | None = None
     source: RecordSource = "sdk"

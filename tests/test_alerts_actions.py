@@ -250,7 +250,14 @@ def test_actions_queued_by_a_firing_rule_run_once(sqlite_db: Engine, tmp_path: P
 
 
 def _traffic(
-    engine: Engine, version: str, start: dt.datetime, n: int, *, errors: int, duration_s: float
+    engine: Engine,
+    version: str,
+    start: dt.datetime,
+    n: int,
+    *,
+    errors: int,
+    duration_s: float,
+    error_type: str = "GenerationFailed",
 ) -> None:
     with engine.begin() as conn:
         conn.execute(
@@ -262,7 +269,7 @@ def _traffic(
                     "model_version": version,
                     "started_at": start + dt.timedelta(seconds=i),
                     "duration_s": duration_s,
-                    "error_type": "GenerationFailed" if i < errors else None,
+                    "error_type": error_type if i < errors else None,
                     "source": "engine",
                     "relevance": 0.6,
                 }
@@ -312,6 +319,12 @@ def test_regressed_deploy_on_real_runtime_is_rolled_back_with_evidence(
     annotations = json.loads(page.annotations)
     assert page.state == "firing" and "rolled back to " + V0 in annotations["summary"]
     assert len(json.loads(annotations["evidence"])) == 3
+    # which checks failed, by name in the labels and with their figures in the annotations
+    assert json.loads(page.labels)["failed_checks"] == "error_rate,p99_latency"
+    assert "error rate 25.0% > 2.0% (previous 0.0%)" in annotations["failed_checks"]
+    assert "p99 latency 0.400s > 1.5 x previous 0.100s" in annotations["failed_checks"]
+    [check] = [c for c in verdicts[-1].failed_checks if c.check == "error_rate"]
+    assert (check.value, check.limit, check.previous) == (0.25, 0.02, 0.0)
     assert analyzer.tick() == []  # the analysis is over
 
 
@@ -333,3 +346,30 @@ def test_healthy_deploy_passes_and_thin_traffic_is_inconclusive(
         verdicts += analyzer.tick()
     assert {v.verdict for v in verdicts} == {"passed"} and all(v.rollback is None for v in verdicts)
     assert runtime.serving_version == V0  # untouched: this test never deployed V1 on the engine
+
+
+def test_outcomes_the_clients_caused_never_fail_the_analysis(
+    runtime: Any, sqlite_db: Engine, tmp_path: Path
+) -> None:
+    serve(runtime, V0)
+    clock = Clock()
+    analyzer = _analyzer(sqlite_db, tmp_path, runtime, clock)
+    at = clock.now
+    _traffic(sqlite_db, V0, at - dt.timedelta(seconds=300), 60, errors=0, duration_s=0.1)
+    analyzer.on_deploy(V1, V0, at)
+    # a third of the new version's requests were refused (over-long prompts) or hung up on
+    _traffic(
+        sqlite_db, V1, at + dt.timedelta(seconds=1), 60, errors=10, duration_s=0.1, error_type="client_error"
+    )
+    _traffic(
+        sqlite_db, V1, at + dt.timedelta(seconds=2), 30, errors=10, duration_s=0.1, error_type="cancelled"
+    )
+    verdicts = []
+    for _ in range(10):
+        clock.advance(61)
+        verdicts += analyzer.tick()
+    assert {v.verdict for v in verdicts} == {"passed"} and all(v.rollback is None for v in verdicts)
+    assert verdicts[0].new.error_rate == 0.0
+    assert (verdicts[0].new.client_errors, verdicts[0].new.cancelled) == (10, 10)
+    with sqlite_db.connect() as conn:
+        assert conn.execute(select(alerts)).all() == []  # nobody paged

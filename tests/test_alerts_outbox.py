@@ -26,7 +26,7 @@ from infersight.alerts import (
 )
 from infersight.alerts.outbox import claim, counts, enqueue, finish, requeue_dead
 from infersight.alerts.tables import notification_log, outbox
-from sqlalchemy import Engine, select
+from sqlalchemy import Engine, insert, select
 from test_alerts_support import WHSEC, Clock, LocalReceiver, database
 
 
@@ -173,3 +173,41 @@ def test_two_dispatchers_never_deliver_the_same_row(db: Engine) -> None:
     raw = Counter(r.key for r in hook.requests)
     assert raw == Counter({k: 1 for k in keys})  # raw requests, before any receiver-side dedup
     assert done == Counter({"delivered": 40})
+
+
+_BROKEN_URLS = {"port_out_of_range": "http://127.0.0.1:99999/hook", "unparseable_url": "http://[::1/hook"}
+
+
+@pytest.mark.parametrize("poison", [*_BROKEN_URLS, "payload_that_does_not_render"])
+def test_one_poisoned_entry_is_dead_lettered_and_the_hundred_behind_it_are_delivered(
+    db: Engine, poison: str
+) -> None:
+    clock = Clock(dt.datetime.now(dt.UTC).timestamp())
+    with db.begin() as conn:  # the poisoned entry is the oldest: it is claimed first
+        if poison in _BROKEN_URLS:
+            enqueue(conn, Notification("poison", "g", "broken", "firing", (), (), clock.now), clock.now)
+        else:
+            conn.execute(insert(outbox).values(
+                idempotency_key="poison", receiver="hook", group_key="g", payload='{"not": "a notification"}',
+                state="pending", attempts=0, next_attempt_at=clock.now, created_at=clock.now,
+            ))  # fmt: skip
+    keys = queue(db, clock, 100)
+    with LocalReceiver() as hook:
+        receivers = {  # built in code: the loader refuses this URL (see test_alerts_rules)
+            "hook": ReceiverConfig("hook", "webhook", hook.url, secret=WHSEC),
+            "broken": ReceiverConfig("broken", "webhook", _BROKEN_URLS.get(poison, ""), secret=WHSEC),
+        }
+        d = Dispatcher(db, build_receivers(receivers), HttpxSender(), clock=clock, rng=random.Random(7))
+        outcomes: Counter[str] = Counter()
+        for _ in range(20):
+            results = d.run_once(limit=20)
+            if not results:
+                break
+            outcomes.update(r.outcome for r in results)
+    assert hook.accepted == Counter({k: 1 for k in keys})
+    assert outcomes == Counter({"delivered": 100, "dead": 1})
+    with db.connect() as conn:
+        assert counts(conn) == {"pending": 0, "delivered": 100, "dead": 1}
+        poisoned = conn.execute(select(outbox).where(outbox.c.idempotency_key == "poison")).one()
+    assert poisoned.state == "dead" and poisoned.attempts == 1
+    assert ("is invalid" if poison in _BROKEN_URLS else "unexpected KeyError") in poisoned.last_error

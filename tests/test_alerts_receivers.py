@@ -4,6 +4,7 @@ Standard Webhooks signatures, Slack's incoming-webhook message shape."""
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import json
 import time
@@ -143,6 +144,32 @@ def test_slack_message_has_text_and_blocks(sqlite_db: Engine) -> None:
     assert body["text"].startswith(":red_circle: [FIRING:1] TailLatencyOverSLA")
     assert "p99 is 3.1s" in body["text"] and "<https://runbooks.example.org/x|runbook>" in body["text"]
     assert body["blocks"][0]["type"] == "header"
+
+
+def test_slack_escapes_label_values_so_they_cannot_link_mention_or_format(sqlite_db: Engine) -> None:
+    hostile = "<!channel> *bold* _it_ ~st~ `code` a&b <https://evil.example|click>"
+    base = notification("chat")
+    alert = dataclasses.replace(
+        base.alerts[0],
+        labels=(("alertname", "Slow_*model*"), ("model_version", hostile)),
+        annotations=(("runbook_url", "https://runbooks.example.org/x?a=1&b=<2>|x"),),
+    )
+    note = dataclasses.replace(base, group_labels=(("alertname", "Slow_*model*"),), alerts=(alert,))
+    with LocalReceiver(kind="slack", secret=None) as slack:
+        deliver(sqlite_db, ReceiverConfig("chat", "slack", slack.url), note)
+    body = json.loads(slack.requests[0].body)
+    section = body["blocks"][1]["text"]["text"]
+    for text in (body["text"], section):
+        line = text.splitlines()[-1]
+        assert "<!channel>" not in line and "<https://evil" not in line  # no mention, no link of theirs
+        assert "&lt;!channel&gt;" in line and "a&amp;b" in line
+        for marker in "*_~`":  # every marker coming from a value is preceded by a zero-width space
+            value_part = line.split("* ", 1)[1]  # after the receiver's own "• *firing* "
+            assert all(value_part[i - 1] == "\u200b" for i, c in enumerate(value_part) if c == marker)
+        # the one link left is the runbook's, its target unable to end early
+        assert line.count("<") == 1 and "|runbook>" in line and "%7Cx" in line
+    assert body["text"].startswith(":red_circle: [FIRING:1] Slow\u200b_\u200b*model\u200b*")
+    assert body["blocks"][0]["text"]["text"].endswith("Slow_*model*")  # plain text shows it as is
 
 
 def test_acknowledged_notification_is_a_pagerduty_acknowledge(sqlite_db: Engine) -> None:

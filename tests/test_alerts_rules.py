@@ -98,6 +98,31 @@ def test_route_to_an_undefined_receiver_is_refused(tmp_path: Path) -> None:
     assert err.line == 13 and "unknown receiver 'b' (defined: a)" in err.reason
 
 
+@pytest.mark.parametrize(
+    ("url", "reason"),
+    [
+        ("http://host:99999/", "invalid"),
+        ("http://host:0/", "port must be in 1..65535"),
+        ("http://host:http/", "invalid"),
+        ("http:///hook", "has no host"),
+    ],
+)
+def test_receiver_url_that_cannot_be_sent_to_is_refused_at_load(
+    url: str, reason: str, tmp_path: Path
+) -> None:
+    text = GOOD_RULE + f"receivers:\n  - name: a\n    slack:\n      url: '{url}'\nroute: {{receiver: a}}\n"
+    err = _refused(text, tmp_path)
+    assert err.line == 13 and reason in err.reason, err
+    assert "receiver 'a' (slack)" in err.reason
+
+
+def test_receiver_url_from_the_environment_is_checked_at_load_too(tmp_path: Path) -> None:
+    text = GOOD_RULE + "receivers:\n  - name: a\n    slack: {url_env: HOOK_URL}\nroute: {receiver: a}\n"
+    with pytest.raises(RuleParseError, match=r":12: receiver 'a' \(slack\): url .*99999.* \(from url_env\)"):
+        parse_config(text, env={"HOOK_URL": "http://127.0.0.1:99999/x"})
+    assert parse_config(text, env={"HOOK_URL": "http://127.0.0.1:9/x"}).receivers["a"].url.endswith(":9/x")
+
+
 def test_webhook_secret_must_be_standard_webhooks_form(tmp_path: Path) -> None:
     text = (
         GOOD_RULE

@@ -149,6 +149,37 @@ def test_store_signals_compute_exact_figures_from_the_requests_table(sqlite_db: 
     assert store.read(Signal("dead_letters"), [])[0].value == 0.0
 
 
+def test_store_error_rate_counts_server_errors_not_what_the_clients_caused(sqlite_db: Engine) -> None:
+    clock = Clock()
+    kinds = ["client_error"] * 30 + ["cancelled"] * 30 + ["GenerationFailed"] * 4 + [None] * 36
+    with sqlite_db.begin() as conn:
+        conn.execute(
+            insert(requests),
+            [
+                {
+                    "request_id": f"r{i}",
+                    "model": "bank",
+                    "model_version": "v1",
+                    "source": "engine",
+                    "started_at": clock.now - dt.timedelta(seconds=1),
+                    "duration_s": 0.1,
+                    "error_type": kind,
+                }
+                for i, kind in enumerate(kinds)
+            ],
+        )
+    [rate] = StoreSignals(sqlite_db, clock=clock).read(Signal("error_rate", window_s=60, min_requests=10), [])
+    assert rate.value == pytest.approx(0.04)
+
+
+def test_live_error_rate_counts_server_errors_not_what_the_clients_caused() -> None:
+    stats = InferenceStats()
+    for kind in ["client_error"] * 30 + ["cancelled"] * 30 + ["Boom"] * 4 + [None] * 36:
+        stats.add(model="bank", model_version="v1", duration_s=0.1, error_type=kind)
+    [rate] = LiveSignals(stats).read(Signal("error_rate", window_s=60, min_requests=10), [])
+    assert rate.value == pytest.approx(0.04)
+
+
 def test_store_relevance_is_the_mean_of_scored_rows_only_weighted_across_versions(sqlite_db: Engine) -> None:
     clock = Clock()
 

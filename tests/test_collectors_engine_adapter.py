@@ -63,10 +63,29 @@ def test_failed_request_is_an_error_by_type_and_leaves_the_queue() -> None:
     stats = InferenceStats()
     records: list[InferenceRecord] = []
     adapter = EngineAdapter(stats, model="m", on_record=records.append)
-    adapter(RequestQueued("r1", "v1", 10.0, prompt_tokens=5000, priority=0))
-    adapter(RequestFailed("r1", "v1", 10.5, error_type="PromptTooLong", message="5000 > 1024"))
-    assert records[0].error_type == "PromptTooLong" and records[0].duration_s == pytest.approx(0.5)
+    adapter(RequestQueued("r1", "v1", 10.0, prompt_tokens=50, priority=0))
+    adapter(RequestFailed("r1", "v1", 10.5, error_type="GenerationFailed", message="non-finite logits"))
+    assert records[0].error_type == "GenerationFailed" and records[0].duration_s == pytest.approx(0.5)
     assert stats.waiting() == 0 and stats.count(60, errors_only=True) == 1
+
+
+def test_refused_and_hung_up_requests_are_the_clients_outcomes_not_server_errors() -> None:
+    stats = InferenceStats()
+    records: list[InferenceRecord] = []
+    adapter = EngineAdapter(stats, model="m", on_record=records.append)
+    adapter(RequestFailed("long", "v1", 10.0, error_type="PromptTooLong", message="5000 > 1024"))
+    adapter(RequestQueued("gone", "v1", 10.0, prompt_tokens=5, priority=0))
+    adapter(RequestStarted("gone", "v1", 10.1, queue_s=0.1))
+    adapter.hung_up("gone")
+    adapter(RequestFinished("gone", "v1", 10.15, 5, 1, 0.1, 0.02, 0.15, "cancelled"))
+    adapter(
+        RequestFinished("stop", "v1", 10.2, 5, 3, 0.0, 0.02, 0.2, "cancelled")
+    )  # a stop string, not a hang-up
+    assert [r.error_type for r in records] == ["client_error", "cancelled", None]
+    assert stats.count(60) == 3 and stats.count(60, errors_only=True) == 0
+    assert stats.count(60, outcome="client_error") == 1 and stats.count(60, outcome="cancelled") == 1
+    assert stats.client_outcome_counts() == {"client_error": 1, "cancelled": 1} and stats.error_counts() == {}
+    assert stats.in_flight() == 0
 
 
 def test_unknown_or_malformed_events_never_raise_into_the_engine() -> None:

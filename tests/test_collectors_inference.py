@@ -221,3 +221,22 @@ def test_any_quantile_of_any_data_is_within_the_relative_accuracy(values: list[f
     got = stats.quantile("request_duration", q, 600)
     exact = _exact(values, q)
     assert got is not None and abs(got - exact) <= 0.02 * exact * (1 + 1e-9)
+
+
+def test_client_chosen_label_values_past_the_cap_become_other_and_are_counted() -> None:
+    registry = CollectorRegistry()
+    stats = InferenceStats(registry, max_label_values=2)
+    for model, version in (("x", "1"), ("y", "2"), ("x", "3"), ("x", "2"), ("x", "1")):
+        stats.add(model=model, model_version=version, duration_s=0.1)
+    # "3" is a third version (past 2 values); ("x", "2") a third combination of known values
+    stats.series("x", "runtime-v9", trusted=True).add_waiting(0)  # a registered version: its own label
+    stats.add(model="x", model_version="runtime-v9", duration_s=0.1)
+    assert sorted(stats.labels()) == [("other", "other"), ("x", "1"), ("x", "runtime-v9"), ("y", "2")]
+    assert stats.count(60, model_version="other") == 2 and stats.count(60) == 6
+    counted = {
+        s.labels["label"]: s.value
+        for f in text_string_to_metric_families(generate_latest(registry).decode())
+        for s in f.samples
+        if s.name == "infersight_label_values_overflowed_total"
+    }
+    assert counted == {"model": 0, "model_version": 1, "series": 2}

@@ -39,6 +39,14 @@ def test_export_points_provisioning_at_a_path_inside_grafanas_container(tmp_path
     assert provider["options"]["path"] == "/var/lib/grafana/dashboards" and provider["folder"] == "LLM"
 
 
+def test_exported_files_are_readable_by_grafanas_own_user(tmp_path: Path) -> None:
+    import stat
+
+    result = export_dashboards(tmp_path)
+    for path in (result.dashboard, result.provisioning):
+        assert stat.S_IMODE(path.stat().st_mode) == 0o644, path
+
+
 def test_export_overwrites_previous_files_and_leaves_no_temporaries(tmp_path: Path) -> None:
     (tmp_path / DASHBOARD_FILE).write_text("stale")
     export_dashboards(tmp_path)

@@ -155,6 +155,16 @@ def _inference_registry() -> CollectorRegistry | None:
             error_type="Timeout",
         )
     )
+    stats.observe(
+        records.InferenceRecord(
+            request_id="r3",
+            model="m",
+            model_version="v1",
+            started_at=1.7e9,
+            duration_s=0.05,
+            error_type="cancelled",
+        )
+    )
     return registry
 
 
@@ -193,7 +203,7 @@ def _process_registry() -> CollectorRegistry | None:
 
 
 _PROBES: dict[str, tuple[tuple[str, ...], Callable[[], CollectorRegistry | None]]] = {
-    "collectors.InferenceStats": (("gen_ai_server_",), _inference_registry),
+    "collectors.InferenceStats": (("gen_ai_server_", "infersight_client_"), _inference_registry),
     "collectors.GPUCollector": (("infersight_gpu_", "infersight_nvml_"), _gpu_registry),
     "collectors.ProcessCollector": (("infersight_process_",), _process_registry),
 }
@@ -237,7 +247,7 @@ def test_dashboard_groups_and_legends_by_labels_the_metrics_carry(probe: str) ->
             names = metric_names(target["expr"])
             if not names or not all(n.startswith(prefixes) for n in names):
                 continue
-            carried = set().union(*(labels.get(n, set()) for n in names)) | {"le"}
+            carried = set().union(*(labels.get(n, set()) for n in names)) | {"le", "instance"}  # instance: the scrape's
             used = {
                 lab.strip()
                 for group in _GROUPING.findall(target["expr"])

@@ -150,3 +150,22 @@ def test_extreme_sampling_parameters_are_served_not_failed(served, temperature, 
         json={"prompt": "card", "max_tokens": 2, "temperature": temperature, "top_p": top_p},
     )
     assert r.status_code == 200, r.text
+
+
+def test_v1_models_lists_the_stable_name_that_keeps_working_across_a_deploy(served) -> None:  # type: ignore[no-untyped-def]
+    _, client = served
+    listed = [m["id"] for m in client.get("/v1/models").json()["data"]]
+    assert listed == ["mixtral_banking", GOOD]  # the stable name first, then the serving version
+    stable = listed[0]
+    req = {"model": stable, "prompt": "hi there", "max_tokens": 2}
+    assert client.post("/v1/completions", json=req).json()["model"] == GOOD
+    assert client.post("/api/v1/models/deploy", json={"version": BAD}, headers=auth()).status_code == 200
+    try:
+        assert [m["id"] for m in client.get("/v1/models").json()["data"]] == [stable, BAD]
+        r = client.post("/v1/completions", json=req)  # a client configured before the deploy
+        assert r.status_code == 200 and r.json()["model"] == BAD
+        chat = {"model": stable, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+        assert client.post("/v1/chat/completions", json=chat).status_code == 200
+    finally:
+        assert client.post("/api/v1/models/rollback", headers=auth()).status_code == 200
+    assert client.post("/v1/completions", json=req).json()["model"] == GOOD

@@ -39,14 +39,22 @@ def _fake_upstream() -> Starlette:
     seen: list[dict[str, Any]] = []
 
     async def completions(request: Request) -> Response:
-        body = orjson.loads(await request.body())
-        seen.append({"path": request.url.path, "body": body, "auth": request.headers.get("authorization")})
+        raw = await request.body()
+        body = orjson.loads(raw)
+        seen.append({"path": request.url.path, "body": body, "auth": request.headers.get("authorization"),
+                     "raw": raw})  # fmt: skip
         if body.get("model") != MODEL:
             return JSONResponse({"object": "error", "message": f"The model `{body.get('model')}` does not exist.",
                                  "type": "NotFoundError", "code": 404}, status_code=404)  # fmt: skip
         chat = request.url.path.endswith("/chat/completions")
-        if chat:
-            assert isinstance(body["messages"], list) and body["messages"][-1]["role"] == "user"
+        valid = (
+            isinstance(body.get("messages"), list) and all("role" in m for m in body["messages"])
+            if chat
+            else isinstance(body.get("prompt"), str | list)
+        )
+        if not valid:  # as vLLM answers a body it cannot read
+            return JSONResponse({"object": "error", "message": "invalid request", "type": "BadRequestError",
+                                 "code": 400}, status_code=400)  # fmt: skip
         if not body.get("stream"):
             await asyncio.sleep(FIRST_TOKEN_DELAY_S)
             text = "".join(WORDS)
@@ -165,13 +173,19 @@ def test_usage_from_the_upstream_gives_the_token_counts(proxy) -> None:  # type:
     assert streamed.ttft_s is not None
 
 
-def test_an_upstream_error_is_passed_through_and_counted(proxy) -> None:  # type: ignore[no-untyped-def]
+def test_an_upstream_4xx_is_passed_through_and_counted_as_the_clients_error(proxy) -> None:  # type: ignore[no-untyped-def]
     app, client = proxy
     r = client.post("/v1/completions", json={"model": "nope", "prompt": "x"})
     assert r.status_code == 404 and "does not exist" in r.json()["message"]
     (row,) = wait_for(lambda: _rows(app))
-    assert row.error_type == "http_404"
-    assert 'infersight_upstream_errors_total{error_type="http_404"} 1.0' in client.get("/metrics").text
+    assert row.error_type == "client_error"  # the client asked for a model the upstream lacks
+    metrics = client.get("/metrics").text
+    assert 'infersight_upstream_errors_total{error_type="http_404"} 1.0' in metrics
+    assert (
+        'infersight_client_outcomes_total{model="llama-8b",model_version="nope",outcome="client_error"} 1.0'
+        in metrics
+    )
+    assert "gen_ai_server_request_errors_total{" not in metrics  # not a server error
     assert client.get("/v1/models").json()["data"][0]["id"] == MODEL
 
 
@@ -185,3 +199,67 @@ def test_an_unreachable_upstream_is_502_and_recorded(tmp_path: Path) -> None:
         assert r.json()["error"]["type"] == "upstream_error"
         (row,) = wait_for(lambda: _rows(client.app))
         assert row.error_type == "UpstreamUnreachable"
+
+
+TOOLS = [{"type": "function", "function": {"name": "get_balance", "description": "the account balance",
+                                           "parameters": {"type": "object", "properties": {"account": {"type": "string"}}}}}]  # fmt: skip
+# fmt: off
+PASS_THROUGH = [
+    pytest.param("/v1/completions", {"model": MODEL, "prompt": [101, 2129, 2079, 1045]}, None, id="token-ids"),
+    pytest.param("/v1/completions", {"model": MODEL, "prompt": [[101, 2129], [101, 2079]]}, None,
+                 id="batch-of-token-ids"),
+    pytest.param("/v1/completions", {"model": MODEL, "prompt": "top up", "stop": ["a", "b", "c", "d", "e", "\n\n"]},
+                 "top up", id="six-stop-strings"),
+    pytest.param("/v1/chat/completions", {
+        "model": MODEL, "tools": TOOLS, "tool_choice": "auto", "parallel_tool_calls": False,
+        "messages": [
+            {"role": "user", "content": "what is my balance?"},
+            {"role": "assistant", "content": None, "tool_calls": [{"id": "call_1", "type": "function", "function": {
+                "name": "get_balance", "arguments": '{"account": "main"}'}}]},
+            {"role": "tool", "tool_call_id": "call_1", "content": '{"balance": 12.5}'},
+        ]}, "what is my balance?", id="tools-and-tool-calls"),
+    pytest.param("/v1/chat/completions", {
+        "model": MODEL, "functions": [TOOLS[0]["function"]],
+        "messages": [{"role": "user", "content": "balance?"},
+                     {"role": "function", "name": "get_balance", "content": "12.5"}]},
+        "balance?", id="function-role"),
+    pytest.param("/v1/chat/completions", {
+        "model": MODEL, "messages": [{"role": "user", "content": [
+            {"type": "text", "text": "what is on this card?"},
+            {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}]}]},
+        "what is on this card?", id="content-parts"),
+    pytest.param("/v1/completions", {
+        "model": MODEL, "prompt": "card declined", "top_k": 40, "repetition_penalty": 1.1, "min_p": 0.05,
+        "logit_bias": {"50256": -100}, "guided_json": {"type": "object"}, "seed": -1, "user": "u" * 1000,
+        "max_tokens": 5_000_000, "vendor_extension": {"nested": [1, 2, 3]}}, "card declined",
+        id="unknown-and-vendor-fields"),
+]
+# fmt: on
+
+
+@pytest.mark.parametrize(("path", "body", "observed_prompt"), PASS_THROUGH)
+def test_every_request_the_upstream_accepts_passes_through_byte_for_byte(  # type: ignore[no-untyped-def]
+    proxy, upstream, path: str, body: dict[str, Any], observed_prompt: str | None
+) -> None:
+    app, client = proxy
+    _, seen = upstream
+    raw = orjson.dumps(body)
+    r = client.post(path, content=raw, headers={"content-type": "application/json"})
+    assert r.status_code == 200, r.text
+    assert seen[-1]["path"] == path and seen[-1]["raw"] == raw  # untouched
+    (row,) = wait_for(lambda: _rows(app))
+    assert row.error_type is None and row.model_version == MODEL and row.output_tokens == len(WORDS)
+    assert row.prompt == observed_prompt  # text is observed where there is text; token ids are not text
+    assert row.response == "".join(WORDS)
+
+
+def test_the_proxy_refuses_only_a_body_it_cannot_observe(proxy, upstream) -> None:  # type: ignore[no-untyped-def]
+    _app, client = proxy
+    _, seen = upstream
+    before = len(seen)
+    for raw in (b"not json", b"[1, 2]"):
+        r = client.post("/v1/completions", content=raw, headers={"content-type": "application/json"})
+        assert r.status_code == 422 and r.json()["error"]["field"] == "body"
+    r = client.post("/v1/completions", json={"model": MODEL})  # no prompt: the upstream's call, and its 400
+    assert r.status_code == 400 and r.json()["type"] == "BadRequestError"
+    assert len(seen) == before + 1

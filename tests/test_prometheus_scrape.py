@@ -4,11 +4,8 @@ agrees within its stated relative accuracy."""
 
 from __future__ import annotations
 
-import json
 import math
 import random
-import subprocess
-import time
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
@@ -16,10 +13,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _prometheus_support import prometheus_server, query, wait_for_prometheus
+from conftest import free_port
 from infersight.collectors import DURATION_BUCKETS
 from infersight.monitor.sdk import Monitor
-
-from tests.conftest import free_port, require_executable
 
 N_REQUESTS = 1000
 
@@ -33,62 +30,18 @@ class Clock:
 
 
 def _query(base: str, promql: str) -> list[dict[str, Any]]:
-    url = f"{base}/api/v1/query?{urllib.parse.urlencode({'query': promql})}"
-    with urllib.request.urlopen(url, timeout=5) as response:
-        body = json.load(response)
-    assert body["status"] == "success", body
-    return body["data"]["result"]
+    return query(base, promql)
 
 
-def _wait_for(what: str, check: Any, timeout: float = 30.0) -> Any:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        try:
-            last = check()
-        except OSError as exc:  # not listening yet
-            last = exc
-        else:
-            if last:
-                return last
-        time.sleep(0.25)
-    raise AssertionError(f"timed out waiting for {what}; last: {last!r}")
+_wait_for = wait_for_prometheus
 
 
 @pytest.fixture
 def prometheus(tmp_path: Path) -> Iterator[tuple[str, int]]:
     """A Prometheus on a free loopback port; yields (its base URL, the port it scrapes)."""
-    binary = require_executable("prometheus")
     target = free_port()
-    port = free_port()
-    config = tmp_path / "prometheus.yml"
-    config.write_text(
-        "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
-        "scrape_configs:\n  - job_name: infersight\n    static_configs:\n"
-        f"      - targets: ['127.0.0.1:{target}']\n"
-    )
-    log = (tmp_path / "prometheus.log").open("w")
-    process = subprocess.Popen(
-        [
-            binary,
-            f"--config.file={config}",
-            f"--storage.tsdb.path={tmp_path / 'data'}",
-            f"--web.listen-address=127.0.0.1:{port}",
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    base = f"http://127.0.0.1:{port}"
-    try:
+    with prometheus_server(tmp_path, [target]) as base:
         yield base, target
-    finally:
-        process.terminate()
-        try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(5)
-        log.close()
 
 
 def test_prometheus_p99_and_sketch_p99_agree_with_the_exact_p99(prometheus: tuple[str, int]) -> None:

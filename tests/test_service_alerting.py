@@ -80,11 +80,11 @@ def test_a_snapshot_taken_by_hand_keeps_the_latest_requests(tmp_path: Path) -> N
         assert r.status_code == 201
         snap = r.json()
         assert snap["request_count"] == 3 and Path(snap["html_path"]).is_file()
-        listed = client.get("/api/v1/snapshots").json()["snapshots"]
+        listed = client.get("/api/v1/snapshots", headers=auth()).json()["snapshots"]
         assert listed[0]["snapshot_id"] == snap["snapshot_id"] and listed[0]["trigger"] == "manual"
-        full = client.get(f"/api/v1/snapshots/{snap['snapshot_id']}").json()
+        full = client.get(f"/api/v1/snapshots/{snap['snapshot_id']}", headers=auth()).json()
         assert len(full["requests"]) == 3 and "gen_ai_server_request_duration_seconds" in full["metrics"]
-        assert client.get("/api/v1/snapshots/nope").status_code == 404
+        assert client.get("/api/v1/snapshots/nope", headers=auth()).status_code == 404
 
 
 def test_the_alertmanager_webhook_needs_the_token_and_runs_the_labelled_action(tmp_path: Path) -> None:
@@ -102,6 +102,6 @@ def test_the_alertmanager_webhook_needs_the_token_and_runs_the_labelled_action(t
         assert r.status_code == 200, r.text
         again = client.post("/api/v1/alertmanager", json=payload, headers=auth())  # an HA peer's copy
         assert again.status_code == 200
-        snaps = client.get("/api/v1/snapshots").json()["snapshots"]
+        snaps = client.get("/api/v1/snapshots", headers=auth()).json()["snapshots"]
         assert len(snaps) == 1  # ran once
         assert client.post("/api/v1/alertmanager", json={"version": "3"}, headers=auth()).status_code == 400

@@ -130,3 +130,13 @@ def test_embedded_runtime_requests_spend_the_budget_and_carry_a_cost(
         [cost] = overview["cost"]
         assert cost["model_version"] == GOOD and 3 <= cost["output_tokens"] <= 24
         assert cost["per_1k_output_tokens"] > 0
+
+
+def test_cost_series_share_the_live_statistics_label_cap() -> None:
+    from infersight.collectors import InferenceStats
+
+    stats = InferenceStats(None, max_label_values=2)
+    meter = CostMeter(1.0, label_set=stats.label_set)
+    for i in range(5):
+        meter.observe(_record(f"v{i}", 0.1, 10))
+    assert sorted(c.model_version for c in meter.costs()) == ["other", "v0", "v1"]

@@ -153,6 +153,7 @@ def _feed(url: str, stop: threading.Event, sent: list[int]) -> None:
                     ttft_s=rng.lognormvariate(-3.5, 0.3),
                     prompt_tokens=rng.randint(8, 60),
                     output_tokens=40,
+                    error_type={0: "client_error", 1: "cancelled"}.get(i % 10),  # careless clients
                 ).to_json()
                 for i in range(20)
             ]
@@ -240,8 +241,16 @@ def test_page_draws_live_latency_and_memory_from_the_service(
     )
     assert d.startswith("M") and d.count("L") >= before - 1 >= 3  # gaps (null ticks) start a new M
     for chart, series in [("chart-latency", "p50"), ("chart-latency", "TTFT p95"), ("chart-rps", "requests/s"),
+                          ("chart-rps", "client errors/s (not errors)"), ("chart-rps", "hung up/s (not errors)"),
                           ("chart-rss", "RSS")]:  # fmt: skip
         assert _points(browser, chart, series) >= 2, (chart, series)
+    # what the clients caused is drawn beside the requests, and is not a server error
+    drawn = httpx.get(live.url + "api/v1/timeseries?window=60", timeout=10).json()["series"]
+    assert (
+        max(v or 0 for v in drawn["client_errors_per_s"]) > 0
+        and max(v or 0 for v in drawn["cancelled_per_s"]) > 0
+    )
+    assert max(v or 0 for v in drawn["errors_per_s"]) == 0
     browser.wait_for(
         f"Number(document.querySelector('#chart-latency path.series[data-series=\"p99\"]').dataset.points) > {before}",
         what="a newer point on the next poll",
@@ -305,7 +314,12 @@ def test_drift_verdict_clicks_through_to_its_explanation(
     assert "banking-validation v1" in browser.evaluate("document.getElementById('drift-summary').textContent")
     assert not browser.visible("#drift-detail")
 
-    browser.click("#drift-open")
+    browser.click("#drift-open")  # the report quotes users' text: the page asks for the token first
+    browser.wait_for("document.getElementById('token-dialog').open", what="the token dialog")
+    assert "drift report" in browser.evaluate("document.getElementById('token-action').textContent")
+    browser.click("#token-input")
+    browser.type_text(TOKEN)
+    browser.click("#token-submit")
     body = browser.wait_for(
         f"document.getElementById('drift-detail').dataset.reportId === '{live.report_id}'"
         " && document.getElementById('drift-body').textContent",
@@ -370,7 +384,7 @@ def test_snapshot_uses_the_remembered_token_and_is_stored(live: Live, browser: B
     browser.click("#token-submit")
     toast = _toast(browser, "the snapshot outcome")
     assert "Done: take a snapshot" in toast, toast
-    stored = httpx.get(live.url + "api/v1/snapshots", timeout=10).json()["snapshots"]
+    stored = httpx.get(live.url + "api/v1/snapshots", headers={"Authorization": f"Bearer {TOKEN}"}, timeout=10).json()["snapshots"]
     assert stored and stored[0]["reason"] == "taken from the web page" and stored[0]["trigger"] == "manual"
     assert stored[0]["snapshot_id"] in toast
     assert not browser.page_errors()

@@ -11,12 +11,17 @@ const REFRESH_MS = Math.max(500, Number(params.get("refresh")) * 1000 || 5000);
 const TOKEN_KEY = "infersight.token";
 const state = { timeseries: null, overview: null, failures: 0, timer: null, driftId: null };
 
-async function getJSON(path) {
+// Reads that return users' text (a drift report quotes prompts and answers) need the token:
+// `withToken` sends the one remembered for this tab; a 401 is thrown with `status` set.
+async function getJSON(path, withToken = false) {
   const ctl = new AbortController();
   const timer = setTimeout(() => ctl.abort(), 10000);
+  const headers = { Accept: "application/json" };
+  const token = withToken ? sessionStorage.getItem(TOKEN_KEY) : null;
+  if (token) headers.Authorization = `Bearer ${token}`;
   try {
-    const res = await fetch(path, { headers: { Accept: "application/json" }, signal: ctl.signal, cache: "no-store" });
-    if (!res.ok) throw new Error(`${path} answered ${res.status}`);
+    const res = await fetch(path, { headers, signal: ctl.signal, cache: "no-store" });
+    if (!res.ok) throw Object.assign(new Error(`${path} answered ${res.status}`), { status: res.status });
     return await res.json();
   } finally {
     clearTimeout(timer);
@@ -188,7 +193,12 @@ function renderCharts(ts) {
   }
   drawLineChart($("chart-rps"), {
     title: "Requests per second", t, format: fmt.rate,
-    series: [{ name: "requests/s", values: get("requests_per_s") }],
+    series: [
+      { name: "requests/s", values: get("requests_per_s") },
+      { name: "server errors/s", values: get("errors_per_s") },
+      { name: "client errors/s (not errors)", values: get("client_errors_per_s") },
+      { name: "hung up/s (not errors)", values: get("cancelled_per_s") },
+    ],
   });
   drawLineChart($("chart-rss"), {
     title: "Process resident memory", t, format: fmt.bytes,
@@ -239,10 +249,17 @@ async function openDrift() {
       id = reportId((list.reports ?? [])[0]);
     }
     if (id === null || id === undefined) throw new Error("no report id");
-    renderExplanation(body, await getJSON(`api/v1/drift/${encodeURIComponent(id)}`));
+    renderExplanation(body, await getJSON(`api/v1/drift/${encodeURIComponent(id)}`, true));
     detail.dataset.reportId = String(id);
   } catch (err) {
-    body.textContent = `Could not load the drift report: ${err.message || err}`;
+    if (err.status === 401) {
+      body.textContent = "The report quotes users' text: it needs the API token.";
+      const refused = sessionStorage.getItem(TOKEN_KEY) !== null;
+      sessionStorage.removeItem(TOKEN_KEY);
+      askToken("drift", refused ? "The service refused the token (401). Enter it again." : "");
+    } else {
+      body.textContent = `Could not load the drift report: ${err.message || err}`;
+    }
   }
   $("drift-open").setAttribute("aria-expanded", "true");
   $("drift-detail-title").focus();
@@ -262,6 +279,10 @@ const ACTIONS = {
     label: "roll back",
     path: "api/v1/models/rollback",
     explain: () => `Roll back from ${state.overview?.serving_version ?? "the serving version"} to the previous good version.`,
+  },
+  drift: {
+    label: "read the drift report",
+    explain: () => "The drift report quotes users' prompts and answers, so reading it needs the API token.",
   },
   snapshot: {
     label: "take a snapshot",
@@ -355,7 +376,8 @@ function wire() {
     }
     sessionStorage.setItem(TOKEN_KEY, token);
     $("token-dialog").close();
-    perform(pending, token);
+    if (pending === "drift") openDrift();
+    else perform(pending, token);
   });
   $("drift-open").addEventListener("click", openDrift);
   $("drift-close").addEventListener("click", closeDrift);

@@ -3,7 +3,9 @@
 Prompts are tokenized with the serving version's tokenizer (chat through the documented
 template of chat_template.py), generated with the runtime's continuous batching, and
 streamed as SSE. Every call becomes an `InferenceRecord` (source "engine") with its
-measured latency, time to first token, token counts and, sampled, its text.
+measured latency, time to first token, token counts and, sampled, its text. What the
+client caused is recorded under its own label, never as a server error: a prompt over
+the limits (answered 400) is `client_error`, a client that hangs up is `cancelled`.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from fastapi import HTTPException
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from infersight.monitor.records import CANCELLED, CLIENT_ERROR
 
 from . import openai_format as fmt
 from .chat_template import render_chat
@@ -83,7 +86,17 @@ class EngineBackend:
 
         stats = self.service.components.get("stats")
         if stats is not None:
-            self._unsubscribe = self.runtime.subscribe(EngineAdapter(stats, model=self.model_name))
+            self._adapter = EngineAdapter(stats, model=self.model_name)
+            self._unsubscribe = self.runtime.subscribe(self._adapter)
+            if self.runtime.serving_version:  # deployed before we subscribed: at 0 from the first scrape
+                stats.series(self.model_name, self.runtime.serving_version, trusted=True)
+
+    def _hang_up(self, handle: Any) -> None:
+        """The client went away: stop generating for it, counted as `cancelled`."""
+        adapter = getattr(self, "_adapter", None)
+        if adapter is not None:
+            adapter.hung_up(handle.request_id)
+        handle.cancel()
 
     def close(self) -> None:
         unsubscribe = getattr(self, "_unsubscribe", None)
@@ -106,9 +119,14 @@ class EngineBackend:
         return model_of(self.runtime.serving_version)
 
     async def models(self) -> dict[str, Any]:
+        """The stable model name first (clients should use it: it survives deploys and
+        rollbacks), then the serving version's own name (which pins nothing: both serve)."""
         serving = self.runtime.serving_version
-        data = [{"id": serving, "object": "model", "created": 0, "owned_by": "infersight"}] if serving else []
-        return {"object": "list", "data": data}
+        if not serving:
+            return {"object": "list", "data": []}
+        ids = [self.model_name] + ([serving] if serving != self.model_name else [])
+        return {"object": "list", "data": [{"id": i, "object": "model", "created": 0, "owned_by": "infersight"}
+                                           for i in ids]}  # fmt: skip
 
     # -- requests ------------------------------------------------------------------------
     async def completion(self, req: CompletionRequest, raw: bytes, headers: Any) -> Response:
@@ -171,15 +189,7 @@ class EngineBackend:
             )  # fmt: skip
         except PromptTooLong as exc:
             self._record(
-                request_id,
-                serving,
-                timer,
-                len(prompt_ids),
-                0,
-                None,
-                type(exc).__name__,
-                observed_prompt,
-                None,
+                request_id, serving, timer, len(prompt_ids), 0, None, CLIENT_ERROR, observed_prompt, None
             )
             field = "body.messages" if chat else "body.prompt"
             return JSONResponse(fmt_error(400, str(exc), field, "context_length_exceeded"), status_code=400)
@@ -215,9 +225,9 @@ class EngineBackend:
                          type(exc).__name__, prompt, None)  # fmt: skip
             raise BackendUnavailable(f"generation failed: {exc}") from None
         except asyncio.CancelledError:  # the client went away: stop generating for it
-            handle.cancel()
+            self._hang_up(handle)
             self._record(handle.request_id, handle.model_version, timer, n_prompt, stream.token_count, None,
-                         "ClientDisconnected", prompt, None)  # fmt: skip
+                         CANCELLED, prompt, None)  # fmt: skip
             raise
         stream.flush()
         finish = "stop" if stream.stopped else _FINISH.get(completion.finish_reason, "stop")
@@ -272,9 +282,9 @@ class EngineBackend:
             yield fmt.sse(fmt_error(503, f"generation failed: {exc}", None, None))
             yield fmt.SSE_DONE
         finally:
-            if not finished and error is None:
-                error = "ClientDisconnected"
-                handle.cancel()
+            if not finished and error is None:  # the client went away mid-stream
+                error = CANCELLED
+                self._hang_up(handle)
             version = completion.model_version if completion is not None else version
             queue_s = completion.queue_s if completion is not None else None
             self._record(

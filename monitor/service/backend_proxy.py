@@ -6,7 +6,9 @@ untouched (status, body, SSE stream as it arrives). Beside it the proxy measures
 and time to first token (the first chunk that carries text), takes token counts from the
 `usage` field (or, in a stream without usage, counts the chunks that carried text, one
 per token as vLLM and llama.cpp send them), and keeps the prompt and answer text
-(sampled) for drift. Every call becomes an `InferenceRecord` with source "proxy".
+(sampled) for drift. Every call becomes an `InferenceRecord` with source "proxy"; an
+upstream 4xx is recorded as the client's `client_error` and a client that hangs up as
+`cancelled`, neither a server error.
 """
 
 from __future__ import annotations
@@ -18,12 +20,13 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import orjson
 from fastapi.responses import Response, StreamingResponse
+from infersight.monitor.records import CANCELLED, CLIENT_ERROR
 
 from .backend_engine import submit_record
 from .config import UpstreamConfig
 from .errors import UpstreamUnreachable
 from .observe import CallTimer, make_record
-from .openai_schema import ChatRequest, CompletionRequest
+from .openai_schema import ObservedRequest
 
 if TYPE_CHECKING:
     from .service import Service
@@ -93,6 +96,8 @@ def _choice_text(choice: dict[str, Any], chat: bool) -> str:
 
 
 class ProxyBackend:
+    passes_through = True  # the router hands over the body unvalidated (openai_schema.ObservedRequest)
+
     def __init__(self, service: Service, config: UpstreamConfig, *, transport: Any = None) -> None:
         self.service = service
         self.config = config
@@ -130,17 +135,17 @@ class ProxyBackend:
             headers["authorization"] = f"Bearer {self.config.api_key}"
         return headers
 
-    async def completion(self, req: CompletionRequest, raw: bytes, headers: Any) -> Response:
+    async def completion(self, req: ObservedRequest, raw: bytes, headers: Any) -> Response:
         return await self._forward("/v1/completions", req, req.prompt_text(), raw, headers, chat=False)
 
-    async def chat(self, req: ChatRequest, raw: bytes, headers: Any) -> Response:
+    async def chat(self, req: ObservedRequest, raw: bytes, headers: Any) -> Response:
         return await self._forward("/v1/chat/completions", req, req.last_user_text(), raw, headers, chat=True)
 
     async def _forward(
         self,
         path: str,
-        req: CompletionRequest | ChatRequest,
-        prompt: str,
+        req: ObservedRequest,
+        prompt: str | None,
         raw: bytes,
         headers: Any,
         *,
@@ -179,7 +184,7 @@ class ProxyBackend:
         )
 
     async def _relay(
-        self, upstream: httpx.Response, rid: str, req: Any, timer: CallTimer, prompt: str, chat: bool
+        self, upstream: httpx.Response, rid: str, req: Any, timer: CallTimer, prompt: str | None, chat: bool
     ) -> AsyncIterator[bytes]:
         observer = SSEObserver(timer, chat)
         error: str | None = None
@@ -195,8 +200,8 @@ class ProxyBackend:
                 + type(exc).__name__.encode()
                 + b'"}}\n\n'
             )
-        except BaseException:
-            error = "ClientDisconnected"
+        except BaseException:  # the client went away mid-stream
+            error = CANCELLED
             raise
         finally:
             await upstream.aclose()
@@ -208,12 +213,12 @@ class ProxyBackend:
             )  # fmt: skip
 
     def _observe_whole(
-        self, rid: str, req: Any, timer: CallTimer, prompt: str, status: int, body: bytes, chat: bool
+        self, rid: str, req: Any, timer: CallTimer, prompt: str | None, status: int, body: bytes, chat: bool
     ) -> None:
         timer.finish()
         if status != 200:
             self.service.metrics.proxy_errors.labels(f"http_{status}").inc()
-            self._record(rid, req.model, timer, None, None, f"http_{status}", prompt, None)
+            self._record(rid, req.model, timer, None, None, _status_outcome(status), prompt, None)
             return
         try:
             obj = orjson.loads(body)
@@ -235,7 +240,7 @@ class ProxyBackend:
 
     def _record(
         self, rid: str, model_version: str | None, timer: CallTimer, prompt_tokens: int | None,
-        output_tokens: int | None, error: str | None, prompt: str, response: str | None,
+        output_tokens: int | None, error: str | None, prompt: str | None, response: str | None,
     ) -> None:  # fmt: skip
         version = model_version or self.config.model or "unknown"
         self.last_model_version = version
@@ -245,6 +250,15 @@ class ProxyBackend:
             response=response if error is None else None, text_sample_rate=self.service.config.text_sample_rate,
         )  # fmt: skip
         submit_record(self.service, record)
+
+
+def _status_outcome(status: int) -> str:
+    """The record's error label for an upstream answer that is not 200: a 4xx refused the
+    client's request (`client_error`, not a server error), except 408 and 429, which say
+    the upstream is too slow or too busy; anything else is `http_<status>`."""
+    if 400 <= status < 500 and status not in (408, 429):
+        return CLIENT_ERROR
+    return f"http_{status}"
 
 
 def _int(value: Any) -> int | None:

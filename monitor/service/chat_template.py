@@ -4,7 +4,7 @@ user checkpoint without a template of its own are prompted with it:
     <role>: <content>\\n        one line per message, in order (system, user, assistant, ...)
     assistant:                  the model continues from here
 
-Roles are written as given (`system`, `user`, `assistant`, `tool`, `developer`).
+Roles are written as given (`system`, `user`, `assistant`, `tool`, `function`, `developer`).
 Upstream servers (proxy mode) apply their own template; this one is not used there.
 """
 

@@ -65,6 +65,7 @@ class AlertingConfig:
     analysis_interval_s: float = 60.0  # between checks
     analysis_failed_checks: int = 3  # failed checks before the automatic rollback
     analysis_min_requests: int = 20  # fewer on either side: inconclusive
+    analysis_p99_ratio: float = 1.5  # the new version's p99 over this times the previous one fails a check
     snapshot_requests: int = 100  # requests kept in the snapshot taken at an automatic rollback
 
 
@@ -114,6 +115,7 @@ class LimitsConfig:
     max_events_per_batch: int = 10_000
     write_queue_rows: int = 200_000  # ingest answers 503 beyond this backlog
     timeseries_points: int = 17_280  # 24 h at the default 5 s tick
+    max_label_values: int = 100  # distinct model (and model_version) label values; the rest are `other`
 
 
 @dataclass(frozen=True)

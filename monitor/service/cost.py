@@ -59,19 +59,28 @@ class CostMeter:
         window_s: float = 3600.0,
         bucket_s: float = 10.0,
         clock: Callable[[], float] = time.time,
+        label_set: Callable[[str, str], tuple[str, str]] | None = None,
     ) -> None:
         self.per_hour = per_hour
         self.devices = devices
         self.window_s = window_s
         self.bucket_s = bucket_s
         self.clock = clock
+        # the live statistics' label cap (`other` past limits.max_label_values), so ingested
+        # names cannot grow this meter's series without bound
+        self.label_set = label_set
         self.started = clock()
         self._lock = threading.Lock()
         self._buckets: dict[int, dict[Key, list[float]]] = {}  # index -> key -> [tokens, busy_s]
 
     def observe(self, record: InferenceRecord) -> None:
         index = int(self.clock() // self.bucket_s)
-        key: Key = (record.model, record.model_version, getattr(record, "path", None))
+        model, version = (
+            self.label_set(record.model, record.model_version)
+            if self.label_set is not None
+            else (record.model, record.model_version)
+        )
+        key: Key = (model, version, getattr(record, "path", None))
         with self._lock:
             bucket = self._buckets.get(index)
             if bucket is None:

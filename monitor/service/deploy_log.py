@@ -19,9 +19,11 @@ from typing import Any
 from infersight.engine.events import DeployFailed, EngineEvent, VersionDeployed
 from infersight.monitor.store.tables import deploys, model_versions
 from prometheus_client import CollectorRegistry, Counter, Gauge
-from sqlalchemy import Engine, insert, select
+from sqlalchemy import Engine, insert, select, update
 
-__all__ = ["DeployLog"]
+__all__ = ["DEPLOY_OUTCOMES", "DeployLog"]
+
+DEPLOY_OUTCOMES = ("deployed", "rolled_back", "refused")
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +43,8 @@ class DeployLog:
         self.deploys_total = Counter(
             "infersight_deploys", "Version changes of the embedded runtime", ["outcome"], registry=registry
         )
+        for outcome in DEPLOY_OUTCOMES:  # at 0 from the first scrape: a first rollback is an increase
+            self.deploys_total.labels(outcome)
         self.model_info = Gauge(
             "infersight_model_info",
             "1 for the serving version",
@@ -88,6 +92,27 @@ class DeployLog:
                 except Exception:  # a listener never blocks the deploy log
                     log.exception("deploy listener failed")
         return len(rows)
+
+    def annotate(
+        self, *, from_version: str, to_version: str, reason: str, since: dt.datetime, detail: str
+    ) -> bool:
+        """Say why on the latest recorded change `from_version` -> `to_version` made for
+        `reason` at or after `since` (flushed first: the runtime's event may still be
+        queued). False when no such change is recorded."""
+        self.flush()
+        d = deploys.c
+        with self.db.begin() as conn:
+            row_id = conn.execute(
+                select(d.id)
+                .where(d.from_version == from_version, d.to_version == to_version, d.reason == reason,
+                       d.outcome != "refused", d.at >= since)
+                .order_by(d.id.desc())
+                .limit(1)
+            ).scalar()  # fmt: skip
+            if row_id is None:
+                return False
+            conn.execute(update(deploys).where(d.id == row_id).values(detail=detail[:4000]))
+        return True
 
     def _set_serving(self, version: str | None) -> None:
         if version == self._serving:

@@ -20,6 +20,10 @@ class ServiceMetrics:
         self.ingest_batches = Counter(
             "infersight_ingest_batches", "Batches received at /api/v1/events", ["outcome"], registry=registry
         )
+        for outcome in ("accepted", "rejected", "dropped"):  # at 0 from the first scrape (rate, increase)
+            self.ingest_events.labels(outcome)
+        for outcome in ("ok", "error"):
+            self.ingest_batches.labels(outcome)
         self.store_rows_written = Counter(
             "infersight_store_requests_written", "Request rows committed to the store", registry=registry
         )

@@ -1,14 +1,29 @@
-"""Request bodies of `/v1/completions` and `/v1/chat/completions` (the OpenAI API subset
-infersight understands). Unknown parameters are ignored, as OpenAI-compatible servers do,
-so any client works; the upstream proxy forwards the original body untouched."""
+"""Request bodies of `/v1/completions` and `/v1/chat/completions`.
+
+The embedded runtime validates with `CompletionRequest` / `ChatRequest` (the OpenAI API
+subset it serves; unknown parameters are ignored, as OpenAI-compatible servers do).
+
+The upstream proxy validates nothing it does not need: it forwards the original body
+untouched and reads only what it observes (`ObservedRequest`: the model name, the prompt
+text when there is one). Token-id prompts, any number of `stop` strings, `tools` and
+`function` messages, extra fields and values outside OpenAI's documented ranges all reach
+the upstream, whose own answer (200 or 4xx) goes back to the client."""
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["ChatMessage", "ChatRequest", "CompletionRequest", "ContentPart", "StreamOptions"]
+__all__ = [
+    "ChatMessage",
+    "ChatRequest",
+    "CompletionRequest",
+    "ContentPart",
+    "ObservedRequest",
+    "StreamOptions",
+]
 
 _Stop = Annotated[str, Field(min_length=1, max_length=256)]
 
@@ -56,7 +71,7 @@ class ContentPart(BaseModel):
 
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="ignore")
-    role: Literal["system", "developer", "user", "assistant", "tool"]
+    role: Literal["system", "developer", "user", "assistant", "tool", "function"]
     content: str | list[ContentPart] | None = None
     name: str | None = Field(None, max_length=256)
 
@@ -81,3 +96,48 @@ class ChatRequest(_Sampling):
             if message.role == "user":
                 return message.text()
         return self.messages[-1].text()
+
+
+_MAX_OBSERVED = 256  # model names longer than a label may be are cut (the record's own limit)
+
+
+@dataclass(frozen=True)
+class ObservedRequest:
+    """What the proxy reads of a body it forwards as is; never refuses a JSON object."""
+
+    model: str | None
+    prompt: str | None  # the completion prompt or the last user message, when it is text
+
+    @classmethod
+    def completion(cls, body: dict[str, Any]) -> ObservedRequest:
+        prompt = body.get("prompt")
+        if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
+            prompt = prompt[0]
+        return cls(_model(body), prompt if isinstance(prompt, str) else None)  # token ids: no text to keep
+
+    @classmethod
+    def chat(cls, body: dict[str, Any]) -> ObservedRequest:
+        messages = body.get("messages")
+        dicts = [m for m in messages if isinstance(m, dict)] if isinstance(messages, list) else []
+        users = [m for m in dicts if m.get("role") == "user"] or dicts[-1:]
+        return cls(_model(body), _text(users[-1].get("content")) if users else None)
+
+    def prompt_text(self) -> str | None:
+        return self.prompt
+
+    def last_user_text(self) -> str | None:
+        return self.prompt
+
+
+def _model(body: dict[str, Any]) -> str | None:
+    model = body.get("model")
+    return model[:_MAX_OBSERVED] if isinstance(model, str) and model else None
+
+
+def _text(content: Any) -> str | None:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = [p.get("text") for p in content if isinstance(p, dict) and p.get("type") == "text"]
+        return "".join(p for p in parts if isinstance(p, str))
+    return None

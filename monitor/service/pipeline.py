@@ -5,13 +5,15 @@ It queues the rows for the group-commit writer (raising `IngestOverloaded` befor
 else happens when the store is behind), lets each observer see each record (the live
 statistics the alert engine and the page read), and offers the texts to the embedding
 reservoir. An observer's exception is counted and swallowed: one bad observer never
-loses a batch.
+loses a batch. Texts are offered under the label set the live statistics record them
+under (`label_set`: `other` past the label value cap), so that the drift state kept per
+model version stays as bounded as /metrics; the stored rows keep the names as sent.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import Protocol
 
@@ -44,6 +46,7 @@ class RecordPipeline:
         self.observers = list(observers)
         self.ledgers: list[RecordObserver] = []  # see every record, whatever `observe` says
         self.reservoir = reservoir
+        self.label_set: Callable[[str, str], tuple[str, str]] | None = None
 
     def add_observer(self, observer: RecordObserver, *, every_record: bool = False) -> None:
         """`every_record`: also the calls the live statistics saw directly (SLO ledger, cost)."""
@@ -65,12 +68,19 @@ class RecordPipeline:
             for r in records:
                 if r.prompt is not None or r.response is not None:
                     offered += 1
+                    model, version = self._labels(r)
                     self.reservoir.offer(
-                        SampledText(
-                            r.request_id, r.model, r.model_version, r.started_at, r.prompt, r.response
-                        )
+                        SampledText(r.request_id, model, version, r.started_at, r.prompt, r.response)
                     )
             if offered:
                 self.metrics.texts_offered.inc(offered)
         self.metrics.store_write_queue.set(self.writer.queued_rows)
         return future
+
+    def _labels(self, record: InferenceRecord) -> tuple[str, str]:
+        if self.label_set is None:
+            return record.model, record.model_version
+        try:
+            return self.label_set(record.model, record.model_version)
+        except Exception:  # names the statistics refuse: offered as they are, like before
+            return record.model, record.model_version

@@ -23,6 +23,9 @@ def timeseries_point(
         point["ttft_p95_s"] = stats.quantile("ttft", 0.95, w)
         rate_window = min(max(tick_s, 1.0), stats.window_s)
         point["requests_per_s"] = stats.count(rate_window) / rate_window
+        point["errors_per_s"] = stats.count(rate_window, errors_only=True) / rate_window
+        point["client_errors_per_s"] = stats.count(rate_window, outcome="client_error") / rate_window
+        point["cancelled_per_s"] = stats.count(rate_window, outcome="cancelled") / rate_window
     if gpu is not None:
         samples: Mapping[int, Any] = gpu.latest()
         activity = [s.sm_activity for s in samples.values() if getattr(s, "sm_activity", None) is not None]

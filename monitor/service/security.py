@@ -73,19 +73,28 @@ class BodySizeLimit:
             await _send_413(send, self.max_bytes)
             return
         seen = 0
+        over = False  # the body passed the limit: whatever the app answers becomes a 413
         started = False
 
         async def limited_receive() -> Message:
-            nonlocal seen
+            nonlocal seen, over
             message = await receive()
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
                 if seen > self.max_bytes:
+                    over = True
                     raise _TooLarge
             return message
 
         async def tracking_send(message: Message) -> None:
+            # FastAPI turns any exception raised while it reads a body (ours included) into
+            # a 400 "error parsing the body": once the limit is passed, that answer is replaced.
             nonlocal started
+            if over:
+                if not started:
+                    started = True
+                    await _send_413(send, self.max_bytes)
+                return
             if message["type"] == "http.response.start":
                 started = True
             await send(message)
@@ -94,6 +103,7 @@ class BodySizeLimit:
             await self.app(scope, limited_receive, tracking_send)
         except _TooLarge:
             if not started:
+                started = True
                 await _send_413(send, self.max_bytes)
 
 

@@ -16,6 +16,9 @@ SERIES = (
     "latency_p99_s",
     "ttft_p95_s",
     "requests_per_s",
+    "errors_per_s",  # the server's errors
+    "client_errors_per_s",  # refused for the client's fault: not errors
+    "cancelled_per_s",  # the client hung up: not errors
     "gpu_sm_activity_ratio",
     "gpu_memory_used_bytes",
     "process_rss_bytes",

@@ -49,10 +49,11 @@ def unwire_components(service: Service) -> None:
 def _wire_collectors(service: Service) -> None:
     from infersight.collectors import GPUCollector, InferenceStats, ProcessCollector
 
-    stats = InferenceStats(service.registry)
+    stats = InferenceStats(service.registry, max_label_values=service.config.limits.max_label_values)
     service.components["stats"] = stats
     assert service.pipeline is not None
     service.pipeline.add_observer(stats)
+    service.pipeline.label_set = stats.label_set  # drift's per-version state is capped alike
     pid = service.config.supervise_pid  # None: this process (the server, with the embedded runtime)
     if pid is None and service.config.upstream is not None:
         log.warning("proxy mode without supervise_pid: the process collector watches the sidecar itself, "
@@ -69,7 +70,7 @@ def _wire_collectors(service: Service) -> None:
 
         cost = service.config.cost
         devices = (lambda: len(gpu.latest()) if gpu.enabled else 1) if cost.per == "device" else (lambda: 1)
-        meter = CostMeter(cost.per_hour, devices=devices, window_s=cost.window_s)
+        meter = CostMeter(cost.per_hour, devices=devices, window_s=cost.window_s, label_set=stats.label_set)
         service.components["cost"] = meter
         service.registry.register(meter)
         service.pipeline.add_observer(meter, every_record=True)

@@ -104,12 +104,16 @@ class AlertsWiring:
             "infersight_notifications", "Notification delivery attempts", ["receiver", "outcome"],
             registry=service.registry,
         )  # fmt: skip
+        for receiver in self.config.receivers:  # at 0 from the first scrape: a first page is an increase
+            for outcome in ("delivered", "retried", "dead"):
+                self.notifications.labels(receiver, outcome)
         self.dispatcher = a.Dispatcher(
             db, a.build_receivers(self.config.receivers), a.HttpxSender(), on_result=self._count
         )
         policy = a.AnalysisPolicy(
             window_s=cfg.analysis_window_s, interval_s=cfg.analysis_interval_s,
             max_failed_checks=cfg.analysis_failed_checks, min_requests=cfg.analysis_min_requests,
+            p99_ratio=cfg.analysis_p99_ratio,
         )  # fmt: skip
         drift = service.components.get("drift")
         metrics = a.StoreVersionMetrics(db, output_drift=getattr(drift, "output_drift_p_value", None))
@@ -136,7 +140,18 @@ class AlertsWiring:
     def analyze(self) -> None:
         for check in self.analyzer.tick():
             if check.rollback is not None and check.rollback.state == "succeeded":
+                self._explain_rollback(check)
                 self._snapshot_after_rollback(check)
+
+    def _explain_rollback(self, check: Any) -> None:
+        """The deploy history says which checks failed, with their figures."""
+        deploy_log = self.service.components.get("deploy_log")
+        before, after = check.rollback.before_version, check.rollback.after_version
+        if deploy_log is None or before is None or after is None:
+            return
+        detail = f"post-deploy analysis {check.analysis_id} failed: {'; '.join(check.failures)}"
+        deploy_log.annotate(from_version=before, to_version=after, reason="rollback",
+                            since=check.at - dt.timedelta(seconds=1), detail=detail)  # fmt: skip
 
     def _snapshot_after_rollback(self, check: Any) -> None:
         """The evidence of an automatic rollback, kept for whoever is paged."""

@@ -52,6 +52,7 @@ class DemoOptions:
     fast: bool = False  # smaller windows (the test's mode); same steps
     port: int | None = None
     keep_running: bool = False
+    linger_s: float = 0.0  # keep the service up this long after the last step (a scraper's last look)
 
 
 @dataclass(frozen=True)
@@ -133,6 +134,7 @@ def _play(options: DemoOptions, tl: Timeline, state: dict[str, Any]) -> None:
             bad_traffic = _mix(banking_test[2 * sizes.window :], hotels[sizes.window :])
             _bad_release(base, client, tl, bad_traffic, hook, state)
             _stale_drift_resolved(tl, hook, sizes)
+            time.sleep(options.linger_s)
             if options.keep_running:
                 tl.note(f"the service keeps running at {base}/ (Ctrl-C to stop)")
                 with contextlib.suppress(KeyboardInterrupt):

@@ -1,5 +1,6 @@
 """`GET /api/v1/drift` (latest report summaries and the stored references),
-`GET /api/v1/drift/{report_id}` (the full report as `DriftReport.to_json()` gives it) and
+`GET /api/v1/drift/{report_id}` (bearer token: the full report as `DriftReport.to_json()`
+gives it, whose explanation quotes prompts and answers) and
 `POST /api/v1/drift/evaluate` (bearer token: run the batch test now)."""
 
 from __future__ import annotations
@@ -45,8 +46,9 @@ async def drift_overview(
 
 
 @router.get(
-    "/api/v1/drift/{report_id}", summary="One drift report in full", responses={404: {"description": "none"}}
-)
+    "/api/v1/drift/{report_id}", summary="One drift report in full (quotes user text)",
+    dependencies=[Depends(require_token)], responses={401: {"description": "token"}, 404: {"description": "none"}},
+)  # fmt: skip
 async def drift_report(request: Request, report_id: int = Path(ge=1, le=2**31 - 1)) -> Any:
     from infersight.monitor.drift import load_report
 

@@ -1,5 +1,6 @@
-"""`GET /api/v1/snapshots` (newest first) and `POST /api/v1/snapshots` (bearer token):
-take an inference snapshot now, the same action the alert rules run."""
+"""`GET /api/v1/snapshots` (newest first), `GET /api/v1/snapshots/{id}` (its full content:
+prompts and answers) and `POST /api/v1/snapshots` (take an inference snapshot now, the same
+action the alert rules run). All three need the bearer token: snapshots hold user text."""
 
 from __future__ import annotations
 
@@ -30,7 +31,10 @@ def _iso(value: dt.datetime) -> str:
     return value.astimezone(dt.UTC).isoformat().replace("+00:00", "Z")
 
 
-@router.get("/api/v1/snapshots", summary="Snapshots taken (newest first)")
+@router.get(
+    "/api/v1/snapshots", summary="Snapshots taken (newest first)", dependencies=[Depends(require_token)],
+    responses={401: {"description": "token"}},
+)  # fmt: skip
 async def list_snapshots(request: Request, limit: int = Query(50, ge=1, le=500)) -> dict[str, Any]:
     service = get_service(request)
 
@@ -44,8 +48,9 @@ async def list_snapshots(request: Request, limit: int = Query(50, ge=1, le=500))
     return {"snapshots": await run_in_threadpool(read)}
 
 
-@router.get("/api/v1/snapshots/{snapshot_id}", summary="One snapshot's full content",
-            responses={404: {"description": "no such snapshot"}})  # fmt: skip
+@router.get("/api/v1/snapshots/{snapshot_id}", summary="One snapshot's full content (prompts and answers)",
+            dependencies=[Depends(require_token)],
+            responses={401: {"description": "token"}, 404: {"description": "no such snapshot"}})  # fmt: skip
 async def get_snapshot(snapshot_id: str, request: Request) -> Any:
     import json
 
