@@ -110,7 +110,8 @@ def test_prometheus_burn_rate_and_budget_agree_with_the_ledger(prometheus: tuple
         count = 'sum(gen_ai_server_request_duration_seconds_count{model="m"})'
         _wait_for("the first scrape (series at zero)", lambda: _query(base, count))
         records = []
-        for i in range(4000):  # 1 in 50 over 100 ms (burn rate 2 against a 1% budget), 1 in 100 a server error
+        # 1 in 50 over 100 ms (burn rate 2 against a 1% budget), 1 in 100 a server error
+        for i in range(4000):
             error = "RuntimeError" if i % 100 == 7 else ("client_error" if i % 100 == 8 else None)
             records.append(
                 InferenceRecord(f"r{i}", "m", "v1", time.time(), 0.25 if i % 50 == 0 else 0.02,
@@ -148,7 +149,9 @@ def test_prometheus_burn_rate_and_budget_agree_with_the_ledger(prometheus: tuple
             "Error budget remaining", "SLO attainment", "SLO burn rate", "Cost per 1k output tokens")]  # fmt: skip
         assert len(panels) == 4
         for panel in panels:
-            expr = panel["targets"][0]["expr"].replace("$model_version", ".*").replace("$model", ".*")
+            expr = panel["targets"][0]["expr"]
+            for variable in ("$model_version", "$model", "$instance"):  # Grafana's "All"
+                expr = expr.replace(variable, ".*")
             assert _query(base, expr), f"{panel['title']}: {expr} returns nothing"
         [per_1k] = _query(base, "infersight_cost_per_1k_output_tokens")
         assert per_1k["metric"]["model_version"] == "v1" and float(per_1k["value"][1]) > 0
