@@ -19,10 +19,13 @@ from .actions import (
     FAILURE_ALERT,
     ActionOutcome,
     ActionRunner,
+    CollectionOpened,
     ModelControl,
+    ReplicaTargets,
     RuntimeControl,
     SnapshotResult,
     SnapshotSource,
+    open_collection,
     take_snapshot,
 )
 from .alertmanager import ACTION_LABEL, AlertmanagerHandler, InboundAlert, InboundResult, parse_payload
@@ -50,7 +53,7 @@ from .errors import (
     UnknownSignal,
 )
 from .evaluator import EvaluationResult, Evaluator
-from .live_signals import InferenceStatsLike, LiveSignals, QualitySource
+from .live_signals import InferenceStatsLike, LiveSignals, QualitySource, RemoteResources
 from .loader import DEFAULT_RULES, load_config, parse_config
 from .matchers import Matcher, parse_matcher
 from .notification import Notification, NotifiedAlert
@@ -58,7 +61,7 @@ from .notifier import FlushResult, Notifier
 from .outbox import OutboxEntry, requeue_dead
 from .promql import PrometheusExport, export_prometheus, signal_promql
 from .receivers import PagerDutyReceiver, Receiver, SlackReceiver, WebhookReceiver, build_receivers
-from .rules import ACTION_TYPES, ActionSpec, Condition, Rule, RuleGroup
+from .rules import ACTION_TYPES, COLLECT_KINDS, ActionSpec, Condition, Rule, RuleGroup
 from .signals import SIGNAL_KINDS, Sample, Signal, SignalKind, SignalSource
 from .silences import Silence, create_silence, expire_silence, list_silences
 from .slo import BURN_WINDOWS, CLIENT_ERROR_TYPES, SLO, BurnWindow
@@ -73,6 +76,7 @@ __all__ = [
     "ACTION_TYPES",
     "BURN_WINDOWS",
     "CLIENT_ERROR_TYPES",
+    "COLLECT_KINDS",
     "DEFAULT_RULES",
     "FAILURE_ALERT",
     "REGRESSION_ALERT",
@@ -90,6 +94,7 @@ __all__ = [
     "AnalysisPolicy",
     "BurnWindow",
     "CheckResult",
+    "CollectionOpened",
     "CompositeSignals",
     "Condition",
     "DeliveryFailed",
@@ -122,6 +127,8 @@ __all__ = [
     "QualitySource",
     "Receiver",
     "ReceiverConfig",
+    "RemoteResources",
+    "ReplicaTargets",
     "RetryPolicy",
     "Route",
     "Rule",
@@ -152,6 +159,7 @@ __all__ = [
     "export_prometheus",
     "list_silences",
     "load_config",
+    "open_collection",
     "parse_config",
     "parse_matcher",
     "parse_payload",

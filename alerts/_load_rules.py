@@ -7,7 +7,7 @@ from typing import Any
 
 from ._duration import parse_duration
 from ._yaml import MarkedMap, Source, iter_items
-from .rules import ACTION_TYPES, OPS, ActionSpec, Condition, Rule, RuleGroup
+from .rules import ACTION_TYPES, COLLECT_KINDS, OPS, ActionSpec, Condition, Rule, RuleGroup
 from .signals import DRIFT_FIELDS, LATENCY_METRICS, LENGTH_FIELDS, MEMORY_RESOURCES, SIGNAL_KINDS, Signal
 from .templating import check_template
 
@@ -26,13 +26,15 @@ _RULE_KEYS = {
     "annotations",
     "actions",
 }
-_ACTION_KEYS = {"type", "requests", "version", "backup", "cooldown", "daily_cap", "dry_run"}
+_ACTION_KEYS = {"type", "requests", "version", "backup", "n", "kind", "cooldown", "daily_cap", "dry_run"}
 _ACTION_PARAMS = {
     "snapshot": {"requests"},
     "hot_reload": {"version"},
     "failover": {"backup"},
     "rollback": set(),
+    "collect": {"n", "kind"},
 }
+_ALL_PARAMS = set().union(*_ACTION_PARAMS.values())
 
 
 def _duration(src: Source, m: MarkedMap, key: str, what: str, default: float) -> float:
@@ -114,9 +116,7 @@ def _actions(src: Source, m: MarkedMap, what: str) -> tuple[ActionSpec, ...]:
                 a.key_lines["type"], f"unknown action {kind!r}; valid actions: {', '.join(ACTION_TYPES)}"
             )
         params: list[tuple[str, str | int]] = []
-        for key in sorted(
-            _ACTION_PARAMS["snapshot"] | _ACTION_PARAMS["hot_reload"] | _ACTION_PARAMS["failover"]
-        ):
+        for key in sorted(_ALL_PARAMS):
             if key in a and key not in _ACTION_PARAMS[kind]:
                 src.fail(a.key_lines[key], f"action {kind} takes no {key!r}")
         for key in _ACTION_PARAMS[kind]:
@@ -125,6 +125,19 @@ def _actions(src: Source, m: MarkedMap, what: str) -> tuple[ActionSpec, ...]:
                 if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= 10_000:
                     src.fail(a.key_lines.get(key, a.line), "requests must be an integer in 1..10000")
                 params.append((key, n))
+            elif key == "n":
+                n = a.get(key, 200)
+                if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= 100_000:
+                    src.fail(a.key_lines.get(key, a.line), "n must be an integer in 1..100000")
+                params.append((key, n))
+            elif key == "kind":
+                collect_kind = src.string(a, key, f"{what}.actions[{i}] (collect)", default="version")
+                if collect_kind not in COLLECT_KINDS:
+                    src.fail(
+                        a.key_lines.get(key, a.line),
+                        f"unknown collect kind {collect_kind!r}; valid kinds: {', '.join(COLLECT_KINDS)}",
+                    )
+                params.append((key, collect_kind))
             elif key in a or kind == "hot_reload":  # failover's backup may come from the runner
                 params.append((key, src.string(a, key, f"{what}.actions[{i}] ({kind})")))
         cap = a.get("daily_cap", 3)

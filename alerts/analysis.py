@@ -6,20 +6,26 @@ action runner, so it is recorded, capped and verified) and page with the evidenc
 annotations give their figures).
 
 Only server errors count: outcomes the client caused (`client_error`, `cancelled`, see
-`infersight.monitor.records`) are counted apart and never fail a check."""
+`infersight.monitor.records`) are counted apart and never fail a check.
+
+Replicas on one database share the analyses: a deploy of the version an analysis already
+watches (the same release rolled out to another replica) joins it instead of superseding
+it, and a due check is claimed with a lease, so one replica runs each check over the
+`requests` of every replica."""
 
 from __future__ import annotations
 
 import datetime as dt
 import json
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
 from infersight.monitor.records import CANCELLED, CLIENT_ERROR, is_server_error
 from infersight.monitor.store.tables import requests
-from sqlalchemy import Engine, insert, select, update
+from sqlalchemy import Engine, and_, insert, or_, select, text, update
 
 from ._alert_rows import push_alert
 from .actions.runner import ActionOutcome, ActionRunner
@@ -40,7 +46,8 @@ __all__ = [
 
 REGRESSION_ALERT = "PostDeployRegression"
 # an analysis' final state by its rollback's outcome (pending: running elsewhere, ask again)
-_AFTER_ROLLBACK = {"succeeded": "rolled_back", "failed": "rollback_failed", "refused": "rollback_refused"}
+_AFTER_ROLLBACK = {"succeeded": "rolled_back", "failed": "rollback_failed", "refused": "rollback_refused",
+                   "dispatched": "rollback_queued"}  # fmt: skip  # handed to the replicas serving it
 
 
 @dataclass(frozen=True)
@@ -167,12 +174,16 @@ class DeployAnalyzer:
         *,
         policy: AnalysisPolicy | None = None,
         clock: Callable[[], float] = time.time,
+        owner: str | None = None,
+        lease_s: float = 600.0,
     ) -> None:
         self.engine = engine
         self.metrics = metrics
         self.runner = runner
         self.policy = policy or AnalysisPolicy()
         self.clock = clock
+        self.owner = owner or f"analysis-{uuid.uuid4().hex[:12]}"
+        self.lease_s = lease_s  # longer than a check and its rollback take
 
     def _now(self) -> dt.datetime:
         return dt.datetime.fromtimestamp(self.clock(), dt.UTC)
@@ -184,9 +195,21 @@ class DeployAnalyzer:
             self.on_deploy(event.to_version, event.from_version, dt.datetime.fromtimestamp(event.at, dt.UTC))
 
     def on_deploy(self, to_version: str, from_version: str | None, at: dt.datetime) -> int:
-        """Start watching `to_version` (any analysis still running is superseded)."""
+        """Start watching `to_version` (an analysis still running of another version is
+        superseded; one of the same deploy, reported by another replica, is returned)."""
         p = self.policy
         with self.engine.begin() as conn:
+            if conn.dialect.name == "postgresql":  # replicas reporting one deploy at once: one by one
+                conn.execute(text("SELECT pg_advisory_xact_lock(532545539)"))
+            same = conn.execute(
+                select(deploy_analyses.c.id).where(
+                    deploy_analyses.c.state == "running",
+                    deploy_analyses.c.to_version == to_version,
+                    deploy_analyses.c.from_version.is_not_distinct_from(from_version),
+                )
+            ).first()
+            if same is not None:
+                return int(same.id)
             conn.execute(
                 update(deploy_analyses).where(deploy_analyses.c.state == "running").values(state="superseded")
             )
@@ -208,15 +231,23 @@ class DeployAnalyzer:
         return int(pk[0])
 
     def tick(self) -> list[CheckResult]:
-        """Run the checks that are due."""
+        """Run the checks that are due and that no other replica has claimed."""
         now = self._now()
-        with self.engine.connect() as conn:
-            due = conn.execute(
-                select(deploy_analyses).where(
-                    deploy_analyses.c.state == "running", deploy_analyses.c.next_check_at <= now
-                )
-            ).all()
-        return [self._check(row, now) for row in due]
+        free = and_(
+            deploy_analyses.c.state == "running",
+            deploy_analyses.c.next_check_at <= now,
+            or_(deploy_analyses.c.lease_until.is_(None), deploy_analyses.c.lease_until < now),
+        )
+        due = select(deploy_analyses.c.id).where(free).with_for_update(skip_locked=True)
+        claim = (
+            update(deploy_analyses)
+            .where(deploy_analyses.c.id.in_(due.scalar_subquery()), free)
+            .values(lease_owner=self.owner, lease_until=now + dt.timedelta(seconds=self.lease_s))
+            .returning(*deploy_analyses.c)
+        )
+        with self.engine.begin() as conn:
+            claimed = sorted(conn.execute(claim).all(), key=lambda r: r.id)
+        return [self._check(row, now) for row in claimed]
 
     def _check(self, row: Any, now: dt.datetime) -> CheckResult:
         p = self.policy
@@ -272,6 +303,8 @@ class DeployAnalyzer:
                     state=state,
                     evidence=json.dumps(evidence),
                     next_check_at=now + dt.timedelta(seconds=p.interval_s),
+                    lease_owner=None,
+                    lease_until=None,
                 )
             )
         return CheckResult(row.id, now, verdict, failures, new, old, drift, rollback, failed_checks)

@@ -3,7 +3,11 @@
 sketches, GPU activity and memory from `GPUCollector.latest()`, RSS from
 `ProcessCollector.latest()`, and drift / relevance from a `QualitySource` the service
 wires to the drift module. Memory slopes are least squares over the signal's own window
-of the readings this adapter has seen (the same thing PromQL's `deriv` computes)."""
+of the readings this adapter has seen (the same thing PromQL's `deriv` computes).
+
+With several replicas on one database, `remote()` gives the other replicas' latest GPU
+and process readings (what they published); their samples, and this process's own,
+carry a `replica` label beside `gpu`/`uuid` or `pid` (a rule may group by it)."""
 
 from __future__ import annotations
 
@@ -11,12 +15,13 @@ import threading
 import time
 from collections import defaultdict, deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from .errors import UnknownSignal
 from .signals import Sample, Signal
 
-__all__ = ["InferenceStatsLike", "LiveSignals", "QualitySource", "least_squares_slope"]
+__all__ = ["InferenceStatsLike", "LiveSignals", "QualitySource", "RemoteResources", "least_squares_slope"]
 
 
 class InferenceStatsLike(Protocol):
@@ -53,6 +58,17 @@ class QualitySource(Protocol):
     def length_p_values(self, field: str) -> Mapping[tuple[str, str], float]: ...
 
     def relevance_means(self) -> Mapping[tuple[str, str], float]: ...
+
+
+@dataclass(frozen=True)
+class RemoteResources:
+    """Another replica's latest readings: GPUs by index (objects with `uuid`,
+    `sm_activity`, `memory_used_bytes`, `memory_total_bytes`, as `GPUSample`) and its
+    process (an object with `pid` and `rss_bytes`, as `ProcessSample`), or None."""
+
+    replica: str
+    gpus: Mapping[int, Any] = field(default_factory=dict)
+    process: Any = None
 
 
 def least_squares_slope(points: Sequence[tuple[float, float]]) -> float | None:
@@ -93,10 +109,14 @@ class LiveSignals:
         quality: QualitySource | None = None,
         clock: Callable[[], float] = time.monotonic,
         history_s: float = 7200.0,
+        replica: str | None = None,  # this process's replica id, the `replica` label of its readings
+        remote: Callable[[], Sequence[RemoteResources]] | None = None,
     ) -> None:
         self.stats = stats
         self.gpu = gpu
         self.process = process
+        self.replica = replica
+        self.remote = remote
         self.quality = quality
         self.clock = clock
         self.history_s = history_s
@@ -144,20 +164,36 @@ class LiveSignals:
                 out.append(Sample.of(value, **_labels(by, model, version)))
         return out
 
+    def _readings(self) -> list[tuple[str | None, Mapping[int, Any], Any]]:
+        """(replica, GPUs by index, process sample) of this process, then of the others."""
+        out: list[tuple[str | None, Mapping[int, Any], Any]] = [
+            (
+                self.replica,
+                self.gpu.latest() if self.gpu is not None else {},
+                self.process.latest() if self.process is not None else None,
+            )
+        ]
+        if self.remote is not None:
+            out += [(r.replica, r.gpus, r.process) for r in self.remote() if r.replica != self.replica]
+        return out
+
+    @staticmethod
+    def _with_replica(labels: dict[str, str], replica: str | None) -> dict[str, str]:
+        return {**labels, "replica": replica} if replica is not None else labels
+
     def _gpu(self, s: Signal, by: Sequence[str]) -> list[Sample]:
-        if self.gpu is None:
-            return []
         groups: dict[tuple[tuple[str, str], ...], list[float]] = defaultdict(list)
-        for index, g in sorted(self.gpu.latest().items()):
-            if s.kind == "gpu_sm_activity":
-                value = g.sm_activity
-            elif g.memory_used_bytes is None or not g.memory_total_bytes:
-                value = None
-            else:
-                value = g.memory_used_bytes / g.memory_total_bytes
-            if value is not None:
-                labels = {"gpu": str(index), "uuid": g.uuid}
-                groups[tuple((k, v) for k, v in sorted(labels.items()) if k in by)].append(float(value))
+        for replica, gpus, _ in self._readings():
+            for index, g in sorted(gpus.items()):
+                if s.kind == "gpu_sm_activity":
+                    value = g.sm_activity
+                elif g.memory_used_bytes is None or not g.memory_total_bytes:
+                    value = None
+                else:
+                    value = g.memory_used_bytes / g.memory_total_bytes
+                if value is not None:
+                    labels = self._with_replica({"gpu": str(index), "uuid": g.uuid}, replica)
+                    groups[tuple((k, v) for k, v in sorted(labels.items()) if k in by)].append(float(value))
         return [Sample(k, sum(v) / len(v)) for k, v in sorted(groups.items())]
 
     def _remember(self, key: tuple[str, ...], value: float) -> list[tuple[float, float]]:
@@ -173,14 +209,14 @@ class LiveSignals:
     def _slope(self, s: Signal, by: Sequence[str]) -> list[Sample]:
         assert s.window_s is not None
         readings: list[tuple[dict[str, str], float]] = []
-        if s.resource == "gpu" and self.gpu is not None:
-            for index, g in sorted(self.gpu.latest().items()):
-                if g.memory_used_bytes is not None:
-                    readings.append(({"gpu": str(index), "uuid": g.uuid}, float(g.memory_used_bytes)))
-        elif s.resource == "process" and self.process is not None:
-            p = self.process.latest()
-            if p is not None:
-                readings.append(({"pid": str(p.pid)}, float(p.rss_bytes)))
+        for replica, gpus, p in self._readings():
+            if s.resource == "gpu":
+                for index, g in sorted(gpus.items()):
+                    if g.memory_used_bytes is not None:
+                        labels = self._with_replica({"gpu": str(index), "uuid": g.uuid}, replica)
+                        readings.append((labels, float(g.memory_used_bytes)))
+            elif s.resource == "process" and p is not None:
+                readings.append((self._with_replica({"pid": str(p.pid)}, replica), float(p.rss_bytes)))
         out = []
         for labels, value in readings:
             points = self._remember((s.resource or "", *sorted(labels.items())), value)  # type: ignore[arg-type]

@@ -11,7 +11,16 @@ from typing import Any, Literal
 
 from .signals import Signal
 
-__all__ = ["ACTION_TYPES", "OPS", "ActionSpec", "Comparison", "Condition", "Rule", "RuleGroup"]
+__all__ = [
+    "ACTION_TYPES",
+    "COLLECT_KINDS",
+    "OPS",
+    "ActionSpec",
+    "Comparison",
+    "Condition",
+    "Rule",
+    "RuleGroup",
+]
 
 Comparison = Literal[">", ">=", "<", "<=", "==", "!="]
 OPS: Mapping[str, Callable[[float, float], bool]] = {
@@ -22,7 +31,8 @@ OPS: Mapping[str, Callable[[float, float], bool]] = {
     "==": operator.eq,
     "!=": operator.ne,
 }
-ACTION_TYPES = ("snapshot", "rollback", "hot_reload", "failover")
+ACTION_TYPES = ("snapshot", "rollback", "hot_reload", "failover", "collect")
+COLLECT_KINDS = ("version", "any", "failed")  # what the collect action keeps (alerts/actions/collect.py)
 
 
 @dataclass(frozen=True)
@@ -38,7 +48,7 @@ class Condition:
 @dataclass(frozen=True)
 class ActionSpec:
     """An action attached to a rule (or run by hand). `params`: `requests` (snapshot),
-    `version` (hot_reload), `backup` (failover)."""
+    `version` (hot_reload), `backup` (failover), `n` and `kind` (collect)."""
 
     type: str
     params: tuple[tuple[str, str | int], ...] = ()

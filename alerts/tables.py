@@ -131,7 +131,7 @@ action_runs = Table(
     Column("trigger", String(32), nullable=False),  # rule, manual, alertmanager, analysis
     Column("alertname", String(256)),
     Column("labels", Text, nullable=False),
-    Column("state", String(16), nullable=False),  # pending, succeeded, failed, refused, dry_run
+    Column("state", String(16), nullable=False),  # pending, succeeded, failed, refused, dry_run, dispatched
     Column("lease_owner", String(64)),
     Column("lease_until", UTCDateTime()),
     Column("created_at", UTCDateTime(), nullable=False),
@@ -140,6 +140,9 @@ action_runs = Table(
     Column("before_version", String(256)),
     Column("after_version", String(256)),
     Column("detail", Text, nullable=False),
+    # the replica whose runtime this run acts on (None: any; a model action with None is
+    # fanned out to one row per replica serving the alerted version, state "dispatched")
+    Column("replica", String(128)),
     Index("ix_alert_action_runs_recent", "action", "state", "started_at"),
 )
 
@@ -165,7 +168,10 @@ deploy_analyses = Table(
     Column("next_check_at", UTCDateTime(), nullable=False),
     Column("checks", Integer, nullable=False),
     Column("failed_checks", Integer, nullable=False),
-    # running, passed, superseded, or by the rollback's outcome: rolled_back, rollback_failed, rollback_refused
+    # running, passed, superseded, or by the rollback's outcome: rolled_back, rollback_failed, rollback_refused,
+    # rollback_queued (to other replicas, whose runs in alert_action_runs say how it went)
     Column("state", String(16), nullable=False),
     Column("evidence", Text, nullable=False),  # the checks, as JSON
+    Column("lease_owner", String(64)),  # the replica running a check now
+    Column("lease_until", UTCDateTime()),
 )

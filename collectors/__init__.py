@@ -8,6 +8,8 @@
   power, memory slope); disabled with a reason where there is no GPU.
 - `ProcessCollector`: CPU seconds, RSS, threads and the RSS slope of one process.
 - `EngineAdapter`: a subscriber for the embedded runtime's events.
+- `SlotExporter`, `SlotRecord`, `MergedStats`: the sliding windows of several replicas,
+  published by each and merged (exactly, DDSketches merge) for the alert engine.
 - `serve_metrics`, `render_metrics`, `metrics_asgi_app`, `metrics_wsgi_app`: /metrics.
 
 Every collector registers into the `CollectorRegistry` it is given, never the global one.
@@ -23,6 +25,7 @@ from ._gpu_sample import GPUSample
 from ._inference import InferenceStats
 from ._process import ProcessCollector, ProcessSample
 from ._series import Series
+from ._shared import MergedStats, RemoteStats, SlotExporter, SlotRecord
 from ._tally import Tally
 from ._window import LATENCY_METRICS
 from .errors import (
@@ -49,11 +52,15 @@ __all__ = [
     "InferenceStats",
     "InvalidObservation",
     "InvalidQuery",
+    "MergedStats",
     "MetricsServer",
     "NVMLUnavailable",
     "ProcessCollector",
     "ProcessSample",
+    "RemoteStats",
     "Series",
+    "SlotExporter",
+    "SlotRecord",
     "Tally",
     "UnknownMetric",
     "WindowTooLong",

@@ -98,6 +98,11 @@ class InferenceStats(Collector):
         """The longest window a query may ask for."""
         return self._window_s
 
+    @property
+    def interval_s(self) -> float:
+        """The length of one interval of the sliding windows."""
+        return self._interval_s
+
     # -- recording ------------------------------------------------------------------
     def series(self, model: str, model_version: str, *, trusted: bool = False) -> Series:
         """The handle for one label set (created on first use, then exported with zeros).
@@ -204,14 +209,21 @@ class InferenceStats(Collector):
             raise UnknownMetric(f"unknown metric {metric!r}; valid: {', '.join(LATENCY_METRICS)}")
         if not 0.0 <= q <= 1.0:
             raise InvalidQuery(f"quantile must be in [0, 1], got {q!r}")
+        merged = self.sketch(metric, window_s, model=model, model_version=model_version)
+        value = merged.get_quantile_value(q)
+        return None if value is None else float(value)
+
+    def sketch(
+        self, metric: str, window_s: float, *, model: str | None = None, model_version: str | None = None
+    ) -> DDSketch:
+        """A new sketch of `metric` over the last `window_s` (merge others into it)."""
         self._check_window(window_s)
         merged = DDSketch(self._alpha)
         with self._fold_lock:
             now = self.clock()
             for series in self._fold_matching(model, model_version, now):
                 series.windows.merged(metric, now, window_s, merged)
-        value = merged.get_quantile_value(q)
-        return None if value is None else float(value)
+        return merged
 
     def count(
         self,
@@ -269,6 +281,27 @@ class InferenceStats(Collector):
 
     def waiting(self, *, model: str | None = None, model_version: str | None = None) -> int:
         return sum(s.waiting for s in self._matching(model, model_version))
+
+    def window_slots(
+        self, unchanged: Callable[[str, str, int, int, int], bool]
+    ) -> list[tuple[str, str, int, int, int, dict[str, DDSketch] | None]]:
+        """Every interval kept: (model, model_version, index on the stats clock, total,
+        errors, copies of its sketches), the sketches None where `unchanged(model,
+        model_version, index, total, errors)` says the caller has them already."""
+        out: list[tuple[str, str, int, int, int, dict[str, DDSketch] | None]] = []
+        with self._fold_lock:
+            for series in self._fold_matching(None, None, self.clock()):
+                for index, slot in sorted(series.windows.slots.items()):
+                    m, v = series.model, series.model_version
+                    if unchanged(m, v, index, slot.total, slot.errors):
+                        out.append((m, v, index, slot.total, slot.errors, None))
+                        continue
+                    copies = {}
+                    for metric, sketch in slot.sketches.items():
+                        copies[metric] = DDSketch(self._alpha)
+                        copies[metric].merge(sketch)
+                    out.append((m, v, index, slot.total, slot.errors, copies))
+        return out
 
     # -- Prometheus -------------------------------------------------------------------
     def describe(self) -> Iterable[Metric]:

@@ -41,6 +41,7 @@ if TYPE_CHECKING:
         RegistryCorrupt,
         RegistryError,
         RuntimeNotRunning,
+        SharedTierUnavailable,
         TokenizerInvalid,
         UnsupportedConfig,
         UnsupportedQuantization,
@@ -50,6 +51,8 @@ if TYPE_CHECKING:
     )
     from .loading import load
     from .model import MoEModel
+    from .prefix_cache import PrefixCache, PrefixCacheStats
+    from .prefix_cache_redis import RedisTier
     from .registry import Registry
     from .requests import Completion, RequestHandle
     from .runtime import Runtime
@@ -79,6 +82,7 @@ _EXPORTS: dict[str, str] = {
     "RegistryCorrupt": ".errors",
     "RegistryError": ".errors",
     "RuntimeNotRunning": ".errors",
+    "SharedTierUnavailable": ".errors",
     "TokenizerInvalid": ".errors",
     "UnsupportedConfig": ".errors",
     "UnsupportedQuantization": ".errors",
@@ -97,6 +101,9 @@ _EXPORTS: dict[str, str] = {
     "Registry": ".registry",
     "RequestHandle": ".requests",
     "Runtime": ".runtime",
+    "PrefixCache": ".prefix_cache",
+    "PrefixCacheStats": ".prefix_cache",
+    "RedisTier": ".prefix_cache_redis",
     "VersionInfo": ".versions",
     "VersionName": ".versions",
 }
@@ -125,13 +132,17 @@ __all__ = [
     "NoPreviousVersion",
     "NonFiniteWeights",
     "NotACheckpoint",
+    "PrefixCache",
+    "PrefixCacheStats",
     "PromptTooLong",
+    "RedisTier",
     "Registry",
     "RegistryCorrupt",
     "RegistryError",
     "RequestHandle",
     "Runtime",
     "RuntimeNotRunning",
+    "SharedTierUnavailable",
     "TokenizerInvalid",
     "UnsupportedConfig",
     "UnsupportedQuantization",

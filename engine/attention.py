@@ -31,6 +31,7 @@ class AttentionStep:
     write_at: int | None = None  # decode: the one position all rows write, when known on the host
     positions: torch.Tensor | None = None  # decode: the position each row writes [B]
     kv_len: int = 0  # decode: cache positions attended (> every position)
+    offset: int | None = None  # block prefill: the new tokens sit at offset.., on top of the cache
     mask: torch.Tensor | None = None  # additive [B, 1, T|1, L]; None: causal over the new tokens
 
 
@@ -69,6 +70,10 @@ class Attention(nn.Module):
 
         k = qk[:, :, H:].transpose(1, 2)  # [B, Hkv, T, hd]
         v = v.transpose(1, 2)
+        if step.offset is not None:  # block prefill: attend over the cached prefix too
+            return wo.add(
+                residual, self._extend(qk, k, v, step, layer).transpose(1, 2).reshape(B * T, H * hd)
+            )
         if step.cache is not None and step.rows is not None:
             step.cache.layer_k[layer][step.rows, :, :T] = k
             step.cache.layer_v[layer][step.rows, :, :T] = v
@@ -81,6 +86,24 @@ class Attention(nn.Module):
             enable_gqa=self.kv_heads != self.heads,
         )  # [B, H, T, hd]
         return wo.add(residual, y.transpose(1, 2).reshape(B * T, H * hd))
+
+    def _extend(
+        self, qk: torch.Tensor, k: torch.Tensor, v: torch.Tensor, step: AttentionStep, layer: int
+    ) -> torch.Tensor:
+        """T new tokens at positions offset..offset+T-1 of rows `step.rows`: write their keys and
+        values, attend over the rows' cache 0..offset+T-1 under `step.mask` -> [B, H, T, hd]."""
+        assert step.cache is not None and step.rows is not None and step.offset is not None
+        end = step.offset + k.shape[2]
+        kc, vc = step.cache.layer_k[layer], step.cache.layer_v[layer]
+        kc[step.rows, :, step.offset : end] = k
+        vc[step.rows, :, step.offset : end] = v
+        return F.scaled_dot_product_attention(
+            qk[:, :, : self.heads].transpose(1, 2),
+            kc[step.rows, :, :end],
+            vc[step.rows, :, :end],
+            attn_mask=step.mask,
+            enable_gqa=self.kv_heads != self.heads,
+        )  # [B, H, T, hd]
 
     def _decode(self, qk: torch.Tensor, v: torch.Tensor, step: AttentionStep, layer: int) -> torch.Tensor:
         """One new token per row: write its key and value, attend over the row's cache -> [B, Hkv, H/Hkv, hd]."""

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from .errors import CheckpointRejected, ChecksumMismatch, WarmupFailed
+from .prefix_cache import PrefixCache
 from .runtime_replica import Replica
 from .versions import VersionInfo, hash_weight_files
 
@@ -35,6 +36,8 @@ class DeployOutcome:
     verify_s: float
     load_s: float
     warmup_s: float
+    preload_s: float = 0.0  # prefilling the frequent prompts into the prefix cache
+    preloaded_tokens: int = 0  # prompt tokens those prompts left in the prefix cache
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +54,7 @@ def prepare_replica(
     max_seq_len: int,
     device: str | torch.device | None,
     dtype: torch.dtype | None,
+    prefix: PrefixCache | None = None,
 ) -> tuple[Replica, PreparedTimings]:
     from . import load  # the model core; imported here so the registry stays light
 
@@ -59,7 +63,7 @@ def prepare_replica(
     t1 = time.perf_counter()
     try:
         model = load(info.path, quantize=info.quantize, device=device, dtype=_DTYPES.get(info.quant, dtype))
-        replica = Replica(info.name, model, max_batch=max_batch, max_seq_len=max_seq_len)
+        replica = Replica(info.name, model, max_batch=max_batch, max_seq_len=max_seq_len, prefix=prefix)
     except Exception as exc:
         raise CheckpointRejected(
             f"version {info.name} did not load: {type(exc).__name__}: {exc}", version=info.name, reason="load"

@@ -16,6 +16,7 @@
      ├── InvalidRequest                  serving: empty prompt, max_new_tokens < 1, bad sampling values
      ├── RuntimeNotRunning               serving: submit/deploy before start() or while stopping
      ├── GenerationFailed                serving: the model raised on a request (re-raised by result())
+     ├── SharedTierUnavailable           the prefix cache's shared tier (Redis) failed; served locally
      ├── RegistryError                   the version registry
      │    ├── InvalidVersionName         breaks [arch]_[dataset]_[quant]-v[major].[minor]
      │    ├── VersionNotFound            no version of that name
@@ -56,6 +57,7 @@ __all__ = [
     "RegistryCorrupt",
     "RegistryError",
     "RuntimeNotRunning",
+    "SharedTierUnavailable",
     "TokenizerInvalid",
     "UnsupportedConfig",
     "UnsupportedQuantization",
@@ -162,6 +164,10 @@ class RuntimeNotRunning(EngineError, RuntimeError):
 
 class GenerationFailed(EngineError, RuntimeError):
     """The model raised while serving a request; `result()` re-raises it as this."""
+
+
+class SharedTierUnavailable(EngineError, RuntimeError):
+    """The prefix cache's shared tier did not answer; the cache is counted and goes on locally."""
 
 
 class RegistryError(EngineError):

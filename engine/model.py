@@ -161,6 +161,59 @@ class MoEModel:
             kv_len = cache.max_seq_len
         return self._decode(cache, slots, None, ids, positions, kv_len=kv_len, uniform=False)
 
+    @torch.inference_mode()
+    def prefill_blocks(
+        self, cache: KVCache, slot: int, input_ids: torch.Tensor, *, start: int, block: int
+    ) -> torch.Tensor:
+        """Block prefill: prompt [T] into slot `slot`, whose positions 0..start-1 already hold
+        the prompt's keys and values; the rest runs in chunks of `block` tokens that begin at
+        multiples of `block` -> fp32 logits [V] of the last token.
+
+        Every chunk is computed the same way whether the positions before it were computed
+        just now or copied from a prefix cache, so the logits do not depend on `start` (a
+        multiple of `block`, < T): this is what makes the prefix cache exact.
+        """
+        ids = self._token_ids(input_ids, ndim=1)
+        T = ids.shape[0]
+        if isinstance(slot, bool) or not isinstance(slot, int) or not 0 <= slot < cache.max_batch:
+            raise CacheCapacityExceeded(f"slot {slot!r} is not in [0, {cache.max_batch})")
+        if cache.max_seq_len < T:
+            raise CacheCapacityExceeded(
+                f"prompt of {T} tokens does not fit a cache of {cache.max_seq_len} positions"
+            )
+        if block < 1 or start % block or not 0 <= start < T:
+            raise InvalidInput(f"start must be a multiple of block={block} in [0, {T}), got {start}")
+        rows = slice(slot, slot + 1)
+        logits = None
+        for offset in range(start, T, block):
+            chunk = ids[offset : offset + block][None]  # [1, t]
+            t = chunk.shape[1]
+            positions = torch.arange(offset, offset + t, device=self.device)[None]
+            step = AttentionStep(cache=cache, rows=rows, offset=offset, mask=self._chunk_mask(offset, t))
+            logits = self.network(chunk, positions, step, span=offset + t, last_only=True)
+        assert logits is not None
+        return logits[0]
+
+    def read_kv(self, cache: KVCache, slot: int, start: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Copies of slot `slot`'s keys and values at positions start..end-1: each [layers, kv_heads, end-start, hd]."""
+        return cache.k[:, slot, :, start:end].clone(), cache.v[:, slot, :, start:end].clone()
+
+    def write_kv(self, cache: KVCache, slot: int, start: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Put keys and values [layers, kv_heads, n, hd] (from `read_kv`) at positions start.. of slot `slot`."""
+        n = k.shape[2]
+        cache.k[:, slot, :, start : start + n] = k
+        cache.v[:, slot, :, start : start + n] = v
+
+    def _chunk_mask(self, offset: int, t: int) -> torch.Tensor:
+        """Additive [1, 1, t, offset+t]: query i (at offset+i) sees keys 0..offset+i, within the window."""
+        queries = torch.arange(offset, offset + t, device=self.device)[:, None]
+        keys = torch.arange(offset + t, device=self.device)[None, :]
+        allowed = keys <= queries
+        window = self.config.sliding_window
+        if window is not None:
+            allowed &= keys > queries - window
+        return self._additive(allowed[None, None])
+
     # ---- machinery shared by generate and the hooks ---------------------------------------
     def _prefill(self, cache: KVCache, rows: slice, ids: torch.Tensor) -> torch.Tensor:
         B, T = ids.shape

@@ -28,6 +28,7 @@ from .deploy import DeployOutcome, prepare_replica
 from .deploy_history import DeployRecord
 from .errors import DeployRefused, InvalidRequest, NoPreviousVersion, PromptTooLong, RuntimeNotRunning
 from .events import DeployFailed, EngineEvent, RequestFailed, RequestQueued, VersionDeployed
+from .prefix_cache import PrefixCache, PrefixCacheStats
 from .registry import Registry
 from .requests import RequestHandle
 from .runtime_loop import LoopState, Swap, run_loop
@@ -37,6 +38,9 @@ from .scheduler import PendingQueue, Request
 __all__ = ["Runtime"]
 
 Subscriber = Callable[[EngineEvent], None]
+# version -> the prompts to prefill into the prefix cache before that version takes traffic
+# (token ids, or text the version's tokenizer encodes); e.g. the most frequent recorded ones
+PreloadSource = Callable[[str], Sequence[Sequence[int] | str]]
 
 
 class Runtime:
@@ -51,7 +55,11 @@ class Runtime:
         max_seq_len: int = 2048,
         device: str | torch.device | None = None,
         dtype: torch.dtype | None = None,
+        prefix_cache: PrefixCache | None = None,
+        preload_source: PreloadSource | None = None,
     ) -> None:
+        """`prefix_cache`: reuse the keys and values of shared prompt prefixes (None: off);
+        `preload_source`: what to prefill into it at start and at every deploy."""
         if max_batch_size < 1 or max_prompt_tokens < 1 or max_seq_len < 2:
             raise InvalidRequest("max_batch_size and max_prompt_tokens must be >= 1, max_seq_len >= 2")
         self.registry = registry
@@ -60,6 +68,9 @@ class Runtime:
         self.max_seq_len = max_seq_len
         self.device = device
         self.dtype = dtype
+        self.prefix_cache = prefix_cache
+        self.preload_source = preload_source
+        self.preload_errors = 0  # preload_source calls that raised (the deploy went on, cold)
         self._state = LoopState(queue=PendingQueue())
         self._subscribers: tuple[Subscriber, ...] = ()
         self._sub_lock = threading.Lock()
@@ -195,6 +206,33 @@ class Runtime:
                 got=len(ids) + max_new_tokens,
             )
 
+    # -- prefix cache --------------------------------------------------------------------
+
+    def preload(self, prompts: Sequence[Sequence[int] | str]) -> int:
+        """Prefill `prompts` (token ids or text) into the prefix cache of the serving version,
+        on the caller's thread beside serving; the number of prompt tokens cached. Start and
+        deploy do this themselves, before the version takes traffic, with `preload_source`."""
+        current = self._state.current
+        if current is None:
+            raise RuntimeNotRunning("runtime is not serving: call start() first")
+        return current.preload(_token_lists(current, prompts))
+
+    def prefix_cache_stats(self) -> dict[str, PrefixCacheStats]:
+        """Per version: prefix-cache hits, misses, tokens saved, bytes held, evictions ({} when off)."""
+        return self.prefix_cache.stats() if self.prefix_cache is not None else {}
+
+    def _preload_new(self, replica: Replica) -> tuple[float, int]:
+        if self.preload_source is None or replica.prefix is None:
+            return 0.0, 0
+        t0 = time.perf_counter()
+        try:
+            prompts = _token_lists(replica, self.preload_source(replica.version))
+        except Exception:  # the source (a store) failed: the version starts cold, never refused
+            self.preload_errors += 1
+            return time.perf_counter() - t0, 0
+        tokens = replica.preload(prompts)
+        return time.perf_counter() - t0, tokens
+
     # -- subscribers ---------------------------------------------------------------------
 
     def subscribe(self, fn: Subscriber) -> Callable[[], None]:
@@ -242,6 +280,8 @@ class Runtime:
                 verify_s=outcome.verify_s,
                 load_s=outcome.load_s,
                 warmup_s=outcome.warmup_s,
+                preload_s=outcome.preload_s,
+                preloaded_tokens=outcome.preloaded_tokens,
             )
             self._record(outcome, "deployed")
             return outcome
@@ -274,7 +314,9 @@ class Runtime:
                 max_seq_len=self.max_seq_len,
                 device=self.device,
                 dtype=self.dtype,
+                prefix=self.prefix_cache,
             )
+            preload_s, preloaded = self._preload_new(replica)
         except DeployRefused as exc:
             self._refused(exc, from_version, to_version=version, reason=reason)
         except Exception as exc:  # unknown version, corrupt registry: refused all the same
@@ -283,8 +325,9 @@ class Runtime:
             )
             self._refused(refusal, from_version, to_version=version, reason=reason, cause=exc)
         outcome = DeployOutcome(
-            from_version, version, reason, time.time(), timings.verify_s, timings.load_s, timings.warmup_s
-        )
+            from_version, version, reason, time.time(), timings.verify_s, timings.load_s, timings.warmup_s,
+            preload_s, preloaded,
+        )  # fmt: skip
         return replica, outcome
 
     def _refused(
@@ -350,3 +393,16 @@ class Runtime:
     @property
     def is_running(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
+
+
+def _token_lists(replica: Replica, prompts: Sequence[Sequence[int] | str]) -> list[list[int]]:
+    out = []
+    for p in prompts:
+        if isinstance(p, str):
+            tokenizer = replica.model.tokenizer
+            if tokenizer is None:
+                continue  # text needs the version's tokenizer; a version without one skips it
+            out.append(list(tokenizer.encode(p, add_special_tokens=False).ids))
+        else:
+            out.append([int(t) for t in p])
+    return out

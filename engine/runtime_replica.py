@@ -7,18 +7,23 @@ Only the runtime's loop thread touches a replica once it is serving.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 
+from .prefix_cache import PrefixCache
 from .scheduler import Request
 
 __all__ = ["Replica"]
 
 
 class Replica:
-    def __init__(self, version: str, model: Any, *, max_batch: int, max_seq_len: int) -> None:
+    def __init__(
+        self, version: str, model: Any, *, max_batch: int, max_seq_len: int, prefix: PrefixCache | None = None
+    ) -> None:
         self.version = version
+        self.prefix = prefix
         self.model = model
         self.max_batch = max_batch
         self.max_seq_len = max_seq_len
@@ -46,8 +51,47 @@ class Replica:
 
     def prefill(self, request: Request) -> torch.Tensor:
         """logits[V] after the prompt, written into the request's slot."""
-        ids = torch.tensor(request.prompt_ids, dtype=torch.long, device=self.device)
-        return self.model.prefill(self.cache, request.slot, ids)
+        return self._prefill(self.cache, request.slot, request.prompt_ids)
+
+    def preload(self, prompts: Sequence[Sequence[int]]) -> int:
+        """Prefill each prompt into a scratch slot so that its blocks enter the prefix cache,
+        before (or beside) serving -> the prompt tokens of the distinct blocks they cover."""
+        if self.prefix is None:
+            return 0
+        block = self.prefix.block_tokens
+        scratch = None
+        covered: set[str] = set()
+        for prompt in prompts:
+            ids = [int(t) for t in prompt][: self.max_seq_len]
+            if len(ids) < block:
+                continue
+            if scratch is None:
+                scratch = self.model.new_cache(1, self.max_seq_len)
+            self._prefill(scratch, 0, ids, count=False)
+            covered.update(self.prefix.keys(self.version, ids))
+        return len(covered) * block
+
+    def _prefill(self, cache: Any, slot: int, prompt: Sequence[int], *, count: bool = True) -> torch.Tensor:
+        ids = torch.tensor(prompt, dtype=torch.long, device=self.device)
+        prefix = self.prefix
+        if prefix is None:
+            return self.model.prefill(cache, slot, ids)
+        block = prefix.block_tokens
+        keys = prefix.keys(self.version, prompt)
+        # at least the last token is always prefilled: its logits start the answer
+        usable = keys[: (len(prompt) - 1) // block]
+        hits = prefix.lookup(self.version, usable, count=count)  # preload is not traffic
+        for i, (k, v) in enumerate(hits):
+            self.model.write_kv(cache, slot, i * block, k, v)
+        start = len(hits) * block
+        logits = self.model.prefill_blocks(cache, slot, ids, start=start, block=block)
+        fresh = [
+            (keys[i], self.model.read_kv(cache, slot, i * block, (i + 1) * block))
+            for i in range(len(hits), len(keys))
+            if keys[i] not in prefix
+        ]
+        prefix.store(self.version, fresh)
+        return logits
 
     def decode(self, requests: list[Request]) -> torch.Tensor:
         """logits[B, V]: one step for each request, fed its last token."""

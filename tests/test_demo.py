@@ -4,12 +4,18 @@ path as `make demo`): every step of the incident must happen and be reported."""
 from __future__ import annotations
 
 import io
+import json
+import shlex
 import shutil
 from pathlib import Path
 
 import pytest
 from _demo_registry import shared_demo_registry
+from infersight.monitor.cli import main
 from infersight.monitor.service.demo import DemoOptions, run_demo
+from infersight.monitor.store import connect
+from infersight.monitor.store.tables import dataset_collections
+from sqlalchemy import select
 
 STEPS = [
     "demo model", "data", "service", "baseline traffic", "baseline drift check", "topic shift traffic",
@@ -33,6 +39,19 @@ def test_the_demo_plays_every_step_of_the_incident(
     assert result.snapshot_path is not None and Path(result.snapshot_path).is_file()
     assert "demo complete: every step happened" in text
     assert result.page_url.startswith("http://127.0.0.1:")
+    # the export command it prints works on what the demo left: the bad release's snapshot requests
+    [command] = [line.split(": ", 1)[1] for line in text.splitlines() if "infersight dataset export" in line]
+    argv = [*shlex.split(command)[1:-1], str(tmp_path / "bad-release.jsonl")]
+    assert main(argv) == 0
+    rows = [json.loads(x) for x in (tmp_path / "bad-release.jsonl").read_text().splitlines()]
+    assert rows and all(r["model_version"] == "mixtral_banking_fp32-v1.1" and r["in_snapshot"] for r in rows)
+    # and the automatic rollback opened a collection of the requests that follow it
+    db = connect(f"sqlite:///{tmp_path / 'service' / 'infersight.sqlite'}")
+    with db.connect() as conn:
+        [collection] = conn.execute(select(dataset_collections)).all()
+    db.dispose()
+    assert collection.kind == "any" and collection.n == 200
+    assert collection.reason == "automatic rollback of mixtral_banking_fp32-v1.1"
 
 
 def test_the_demo_names_the_step_that_did_not_happen(tmp_path: Path) -> None:

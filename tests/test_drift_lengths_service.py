@@ -104,7 +104,7 @@ def test_scheduled_job_reports_every_requests_lengths_without_the_api_and_flags_
         _send(client, events)
         reports = wait_for(lambda: _reports(client, V1), timeout=60)
         assert reports[0]["n_current"] == 30 and reports[0]["length_drift"] is True
-        full = client.get(f"/api/v1/drift/{reports[0]['id']}").json()
+        full = client.get(f"/api/v1/drift/{reports[0]['id']}", headers=auth()).json()
         lengths = full["lengths"]
         assert lengths["counted_by"] == "tokens" and lengths["decided_by"] == "prompt length_tail"
         current = {s["field"]: s["n"] for s in lengths["summaries"] if s["window"] == "current"}

@@ -34,7 +34,9 @@ def test_simulated_threshold_gives_the_target_run_length_on_in_control_bits() ->
     assert 0.8 * 300 <= empirical <= 1.25 * 300, empirical
 
 
-def test_false_alarms_on_unseen_banking77_traffic_come_about_target_apart(pool: Pool) -> None:
+def test_false_alarms_on_unseen_banking77_traffic_come_at_least_target_apart_for_each_reference(
+    pool: Pool,
+) -> None:
     rng = np.random.default_rng(1)
     means = []
     for _ in range(4):
@@ -43,12 +45,13 @@ def test_false_alarms_on_unseen_banking77_traffic_come_about_target_apart(pool: 
         detector = StreamingDetector(reference, target_arl=250)
         held_out = pool.banking[idx[800:]]  # texts the reference never saw
         lengths = _run_lengths(detector, held_out[rng.integers(0, held_out.shape[0], 20_000)])
-        means.append(float(np.mean(lengths)))
-    # Each reference estimates its tail cut from 800 texts and each stream resamples 800
-    # others, so single run lengths scatter (measured 0.5x-1.2x of target); their mean
-    # over four references must be near the target, and none far off.
-    assert 0.6 * 250 <= float(np.mean(means)) <= 1.67 * 250, means
-    assert all(0.4 * 250 <= m <= 2.5 * 250 for m in means), means
+        means.append(float(np.mean(lengths)) if lengths else np.inf)
+    # The chart is designed for the upper 99% bound of its reference's exceedance rate, so
+    # the target holds for each reference, not only on average (measured 1.6x-4.6x of
+    # target here; before issue 11, 0.5x-1.2x). It must not be so conservative that it
+    # never fires: 20,000 requests give each reference dozens of alarms at most 8x target.
+    assert all(m >= 250 for m in means), means
+    assert all(m <= 8 * 250 for m in means), means
 
 
 def test_hotel_utterances_entering_the_stream_are_flagged_within_a_bounded_delay(pool: Pool) -> None:

@@ -3,11 +3,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Protocol, runtime_checkable
 
 from ..errors import ActionFailed
 
-__all__ = ["ModelControl", "RuntimeControl"]
+__all__ = ["ModelControl", "ReplicaTargets", "RuntimeControl"]
 
 
 @runtime_checkable
@@ -22,6 +23,17 @@ class ModelControl(Protocol):
     def rollback(self) -> None: ...
 
     def failover(self, version: str) -> None: ...
+
+
+class ReplicaTargets(Protocol):
+    """Which replicas a model action acts on, where several share one database."""
+
+    def replicas_for(self, labels: Mapping[str, str]) -> list[str]:
+        """From the alert's labels: the replica named by `replica`, or the one whose GPU
+        is `uuid`, or the live replicas serving `model_version` that served its requests
+        lately (all those serving it when none did); with none of these labels, every
+        live replica with a runtime."""
+        ...
 
 
 class RuntimeControl:

@@ -2,11 +2,16 @@
 daily cap, optionally as a dry run. Runs queued by the evaluator (in the transaction that
 made the alert fire) and runs asked for by hand, by Alertmanager or by the post-deploy
 analysis all go through the same `alert_action_runs` row, leased like the outbox, so two
-workers never run the same row. A failed rollback, reload or failover is verified to have
+workers never run the same row. With several replicas on one database (`replica` and
+`targets` given), a model action is fanned out to the replicas whose runtime serves the
+alerted version: this replica's part runs on the row asked for, each other replica's on
+a row of its own that only it claims, and the row asked for becomes "dispatched" when
+this replica is not a target. A failed rollback, reload or failover is verified to have
 left the serving version as it was, and raises the `RemediationFailed` alert; so does one
-that was refused (daily cap, no backup version designated, no engine under control), since
-the fault it was meant to fix is still there. A refusal by the cooldown does not: the run
-that started the cooldown either succeeded or has already paged."""
+that was refused (daily cap, no backup version designated, no engine under control, no
+replica to run it on), since the fault it was meant to fix is still there. A refusal by
+the cooldown does not: the run that started the cooldown either succeeded or has already
+paged."""
 
 from __future__ import annotations
 
@@ -26,7 +31,8 @@ from .._alert_rows import push_alert
 from ..errors import ActionFailed, ActionRefused
 from ..rules import ActionSpec
 from ..tables import action_runs
-from .control import ModelControl
+from .collect import open_collection
+from .control import ModelControl, ReplicaTargets
 from .snapshot import SnapshotSource, take_snapshot
 
 __all__ = ["FAILURE_ALERT", "ActionOutcome", "ActionRunner"]
@@ -34,8 +40,14 @@ __all__ = ["FAILURE_ALERT", "ActionOutcome", "ActionRunner"]
 FAILURE_ALERT = "RemediationFailed"
 _SNAPSHOT_TRIGGER = {"rule": "alert", "alertmanager": "alert", "analysis": "post_deploy", "manual": "manual"}
 _COUNTED = ("succeeded", "failed")  # dry runs and refusals do not use up the cap
-_REMEDIATIONS = ("rollback", "hot_reload", "failover")  # a snapshot fixes nothing: no page when it cannot run
+_REMEDIATIONS = (
+    "rollback",
+    "hot_reload",
+    "failover",
+)  # a snapshot or collect fixes nothing: no page when it cannot run
+_RECORDING = ("snapshot", "collect")  # actions that keep evidence and leave the serving version alone
 _UNPAGED_REFUSALS = ("cooldown",)
+MODEL_ACTIONS = _REMEDIATIONS  # act on a runtime: fanned out to the replicas
 
 
 @dataclass(frozen=True)
@@ -43,7 +55,7 @@ class ActionOutcome:
     run_id: int
     run_key: str
     action: str
-    state: str  # pending, succeeded, failed, refused, dry_run
+    state: str  # pending, succeeded, failed, refused, dry_run, dispatched (to other replicas)
     trigger: str
     before_version: str | None
     after_version: str | None
@@ -81,6 +93,8 @@ class ActionRunner:
         lease_s: float = 600.0,
         failure_alert_for_s: float = 3600.0,
         owner: str | None = None,
+        replica: str | None = None,
+        targets: ReplicaTargets | None = None,
     ) -> None:
         self.engine = engine
         self.data_dir = Path(data_dir)
@@ -91,6 +105,8 @@ class ActionRunner:
         self.lease_s = lease_s
         self.failure_alert_for_s = failure_alert_for_s
         self.owner = owner or f"actions-{uuid.uuid4().hex[:12]}"
+        self.replica = replica  # this process's replica id: rows for other replicas are theirs
+        self.targets = targets  # None: model actions act on this process's runtime
 
     def _now(self) -> dt.datetime:
         return dt.datetime.fromtimestamp(self.clock(), dt.UTC)
@@ -117,9 +133,11 @@ class ActionRunner:
                 )
         return self._execute(claimed[0])  # this call ran it (whoever inserted the row)
 
-    def run_pending(self, limit: int = 10) -> list[ActionOutcome]:
-        """Run the actions the evaluator queued (oldest first)."""
-        return [self._execute(row) for row in self._claim(None, limit=limit)]
+    def run_pending(self, limit: int = 10, *, own_only: bool = False) -> list[ActionOutcome]:
+        """Run the actions the evaluator queued (oldest first); `own_only`: only the runs
+        fanned out to this replica (a follower's job), not the ones still to dispatch."""
+        extra = action_runs.c.replica == self.replica if own_only else None
+        return [self._execute(row) for row in self._claim(extra, limit=limit)]
 
     # -- rows -------------------------------------------------------------------------
     def _submit(
@@ -158,6 +176,7 @@ class ActionRunner:
         free = and_(
             action_runs.c.state == "pending",
             or_(action_runs.c.lease_until.is_(None), action_runs.c.lease_until < now),
+            or_(action_runs.c.replica.is_(None), action_runs.c.replica == self.replica),
         )
         cond = free if extra is None else and_(free, extra)
         due = (
@@ -177,9 +196,13 @@ class ActionRunner:
             return sorted(conn.execute(stmt).all(), key=lambda r: r.id)
 
     # -- execution --------------------------------------------------------------------
-    def _policy(self, conn: Connection, spec: ActionSpec, row_id: int, now: dt.datetime) -> None:
+    def _policy(
+        self, conn: Connection, spec: ActionSpec, row_id: int, now: dt.datetime, replica: str | None = None
+    ) -> None:
+        """Cooldown and daily cap, per replica (each replica's runtime is rolled back once)."""
         recent = select(func.max(action_runs.c.started_at), func.count()).where(
             action_runs.c.action == spec.type,
+            action_runs.c.replica.is_not_distinct_from(replica),
             action_runs.c.state.in_(_COUNTED),
             action_runs.c.id != row_id,
             action_runs.c.started_at >= now - dt.timedelta(days=1),
@@ -198,16 +221,22 @@ class ActionRunner:
         detail: dict[str, Any] = dict(json.loads(row.detail))
         state, after = "succeeded", before
         failure: ActionFailed | ActionRefused | None = None
+        replica = row.replica
         try:
+            if self.targets is not None and replica is None and spec.type in MODEL_ACTIONS:
+                dispatched, detail["replicas"] = self._fan_out(row, spec, now)
+                if dispatched is not None:
+                    return dispatched
+                replica = self.replica  # this replica is one of the targets: its part runs on this row
             target = self._target(spec, before)  # bad parameters are reported before any cooldown
             with self.engine.connect() as conn:
-                self._policy(conn, spec, row.id, now)
+                self._policy(conn, spec, row.id, now, replica)
             if spec.dry_run:
                 state, detail["would"] = "dry_run", self._describe(spec, before, target)
             else:
                 detail.update(self._act(spec, row, before, target, now))
                 after = self.control.serving_version() if self.control is not None else None
-                if spec.type != "snapshot" and target is not None and after != target:
+                if spec.type not in _RECORDING and target is not None and after != target:
                     raise ActionFailed(
                         spec.type, f"serving {after} after the switch to {target}", serving_version=after
                     )
@@ -238,9 +267,51 @@ class ActionRunner:
             final = conn.execute(select(action_runs).where(action_runs.c.id == row.id)).one()
         return _outcome(final)
 
+    def _fan_out(
+        self, row: Any, spec: ActionSpec, now: dt.datetime
+    ) -> tuple[ActionOutcome | None, list[str]]:
+        """A pending row for each other target replica. When this replica is a target too,
+        its part runs on `row` itself (returns None); otherwise `row` becomes "dispatched"."""
+        assert self.targets is not None
+        labels = json.loads(row.labels)
+        replicas = self.targets.replicas_for(labels)
+        if not replicas:
+            what = {k: labels[k] for k in ("replica", "uuid", "model_version") if labels.get(k)} or "a model"
+            raise ActionRefused(spec.type, "no_replica", f"no live replica with a runtime matches {what}")
+        here = self.replica in replicas
+        detail = {**json.loads(row.detail), "replicas": replicas}
+        with self.engine.begin() as conn:
+            for replica in replicas:
+                key = f"{row.run_key}@{replica}"[:200]
+                if (
+                    replica == self.replica
+                    or conn.execute(select(action_runs.c.id).where(action_runs.c.run_key == key)).first()
+                ):
+                    continue
+                conn.execute(
+                    insert(action_runs).values(
+                        run_key=key, action=row.action, spec=row.spec, trigger=row.trigger,
+                        alertname=row.alertname, labels=row.labels, state="pending", created_at=now,
+                        detail=row.detail, replica=replica,
+                    )
+                )  # fmt: skip
+            if here:
+                conn.execute(
+                    update(action_runs).where(action_runs.c.id == row.id).values(replica=self.replica)
+                )
+                return None, replicas
+            conn.execute(
+                update(action_runs)
+                .where(action_runs.c.id == row.id)
+                .values(state="dispatched", started_at=now, finished_at=self._now(),
+                        detail=json.dumps(detail, default=str), lease_owner=None, lease_until=None)
+            )  # fmt: skip
+            parent = conn.execute(select(action_runs).where(action_runs.c.id == row.id)).one()
+        return _outcome(parent), replicas
+
     def _target(self, spec: ActionSpec, before: str | None) -> str | None:
         """The version a model action switches to (None: rollback's, decided by the engine)."""
-        if spec.type == "snapshot":
+        if spec.type in _RECORDING:
             return None
         if self.control is None:
             raise ActionRefused(spec.type, "unavailable", "no engine is under control")
@@ -259,6 +330,10 @@ class ActionRunner:
     def _describe(self, spec: ActionSpec, before: str | None, target: str | None) -> str:
         if spec.type == "snapshot":
             return f"snapshot of the last {spec.param('requests') or 50} requests"
+        if spec.type == "collect":
+            return (
+                f"keep the next {spec.param('n') or 200} requests of kind {spec.param('kind') or 'version'}"
+            )
         if spec.type == "rollback":
             return f"roll back from {before} to the previous good version"
         return f"{spec.type} from {before} to {target}"
@@ -283,6 +358,8 @@ class ActionRunner:
                 "path": str(snap.html_path),
                 "requests": snap.request_count,
             }
+        if spec.type == "collect":
+            return self._collect(spec, row, before, now)
         assert self.control is not None
         if target is not None and target == before:
             return {"noop": f"already serving {target}"}
@@ -295,6 +372,24 @@ class ActionRunner:
             assert target is not None
             self.control.failover(target)
         return {"from": before, "to": self.control.serving_version()}
+
+    def _collect(self, spec: ActionSpec, row: Any, before: str | None, now: dt.datetime) -> dict[str, Any]:
+        kind = str(spec.param("kind") or "version")
+        # the alerted version (the serving one when the alert names none)
+        version = json.loads(row.labels or "{}").get("model_version") or before
+        if kind == "version" and not version:
+            raise ActionRefused(spec.type, "bad_parameters", "kind version: the alert names no model_version")
+        opened = open_collection(
+            self.engine,
+            collection_id=f"run-{row.id}",  # one collection per run, however often it is retried
+            kind=kind,
+            n=int(spec.param("n") or 200),
+            model_version=version,
+            reason=row.alertname or row.trigger,
+            now=now,
+        )
+        return {"collection_id": opened.collection_id, "kind": opened.kind,
+                "model_version": opened.model_version, "n": opened.n}  # fmt: skip
 
     def _raise_failure_alert(
         self,

@@ -19,7 +19,7 @@ from ._errors import CommandError
 
 __all__ = ["CommandError", "main"]
 
-_COMMANDS = ("models", "drift", "rules", "dashboards", "serve", "demo")
+_COMMANDS = ("models", "drift", "rules", "dashboards", "serve", "dataset", "demo")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -111,6 +111,8 @@ def _print_verdict(report: DriftReport, report_path: Path | None) -> None:
         f"{report.n_current} current texts",
         file=out,
     )
+    for note in report.notes:
+        print(f"  note: {note}", file=out)
     for t in report.tests:
         mark = "DRIFT" if t.drifted else "ok"
         print(

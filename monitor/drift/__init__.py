@@ -6,13 +6,15 @@
 
 Batch tests per field (prompt, response): unbiased MMD² with a permutation p-value (exact
 kernel, or random Fourier features on large windows) and a nearest-neighbour novelty test
-with a split-conformal (hypergeometric) p-value; a one-sided relevance-drop test when
-responses exist. Holm's correction across every test keeps the report's false-alarm rate
-at alpha; effect floors keep large windows from alarming on trivial shifts. The
-explanation (witness texts, reference clusters, novelty, a 2-D projection) never changes
-the verdict. Request lengths (prompt and output tokens) get their own section and verdict
-(`length_drift`: tests valid conditional on the reference). `StreamingDetector` charts per-request novelty and relevance with CUSUMs
-calibrated by simulation; `evaluate_window` is the scheduler's entry point.
+with a split-conformal p-value that holds for the reference in use (the reference's own
+error bounded first, see `_conditional`); a one-sided relevance-drop test, conditional in
+the same way, when responses exist. Holm's correction across every test keeps the report's
+false-alarm rate at alpha; effect floors keep large windows from alarming on trivial
+shifts. The explanation (witness texts, reference clusters, novelty, a 2-D projection)
+never changes the verdict. Request lengths (prompt and output tokens) get their own section
+and verdict (`length_drift`: tests valid conditional on the reference). `StreamingDetector`
+charts per-request novelty and relevance with CUSUMs designed for the reference's upper
+exceedance rate; `evaluate_window` is the scheduler's entry point.
 """
 
 from __future__ import annotations

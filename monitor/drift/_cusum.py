@@ -5,18 +5,21 @@ Each observation is reduced to one bit: is its score beyond the reference's own
 tuned to detect a rise to `ρ = factor · β`. With `u = log(ρ/β)` and `d = log((1-ρ)/(1-β))`,
 `S ← max(0, S + (u if bit else d))` and an alarm (then a reset) when `S ≥ h`.
 
-`h` is chosen by simulation: in-control streams are drawn by resampling the reference's
-own scores, many CUSUMs (one per candidate `h`) run on them at once, and the average run
-length between false alarms (steps / alarms; the chart restarts from 0 after each alarm)
-is interpolated at the target.
+`h` is chosen by simulation: in-control streams are drawn at the in-control rate (for a
+reference, its upper confidence bound; see `design_cusum`), many CUSUMs (one per
+candidate `h`) run on them at once, and the average run length between false alarms
+(steps / alarms; the chart restarts from 0 after each alarm) is interpolated at the target.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
+
+from ._conditional import exceedance_upper, tail_cut
 
 __all__ = ["CusumDesign", "TailCusum", "design_cusum"]
 
@@ -42,24 +45,44 @@ def design_cusum(
     target_arl: float = 1000.0,
     seed: int = 0,
     streams: int = 256,
+    reference_confidence: float | None = None,
 ) -> CusumDesign:
-    """Design the chart for scores where larger means more anomalous."""
+    """Design the chart for scores where larger means more anomalous.
+
+    `reference_confidence=None`: the scores *are* the in-control law (streams resample
+    them). With a confidence, they are a sample from it (the reference's held-out scores):
+    the cut is their `k`-th largest and the chart is designed for `β⁺`, the upper
+    `reference_confidence` bound of the chance a new score exceeds that cut (`_conditional`),
+    so its run length between false alarms is at least the target for all but a share
+    `1 - reference_confidence` of references, not only on average over them."""
     scores = np.asarray(in_control_scores, dtype=np.float64)
     if scores.size < 10:
         raise ValueError("at least 10 in-control scores are needed to calibrate a CUSUM")
     if target_arl < 10:
         raise ValueError("target_arl must be at least 10")
-    cut = float(np.quantile(scores, 1.0 - tail, method="higher"))
-    beta = float(np.mean(scores > cut))
-    if beta <= 0.0:  # ties at the cut: fall back to "at or above"
-        cut = math.nextafter(cut, -math.inf)
+    if reference_confidence is None:
+        cut = float(np.quantile(scores, 1.0 - tail, method="higher"))
         beta = float(np.mean(scores > cut))
-    beta = min(max(beta, 1.0 / scores.size), 0.5)
+        if beta <= 0.0:  # ties at the cut: fall back to "at or above"
+            cut = math.nextafter(cut, -math.inf)
+            beta = float(np.mean(scores > cut))
+        beta = min(max(beta, 1.0 / scores.size), 0.5)
+        bits = scores > cut
+
+        def draw(rng: np.random.Generator, shape: tuple[int, int]) -> np.ndarray:
+            return bits[rng.integers(0, bits.size, size=shape)]
+    else:
+        cut, k = tail_cut(scores, tail)
+        beta = min(exceedance_upper(k, scores.size, reference_confidence), 0.5)
+
+        def draw(rng: np.random.Generator, shape: tuple[int, int]) -> np.ndarray:
+            return rng.random(shape) < beta
+
     rho = min(factor * beta, 0.5 + beta / 2)
     up, down = math.log(rho / beta), math.log((1 - rho) / (1 - beta))
     grid = np.linspace(0.25, math.log(target_arl) + 4.0, 72)
     steps = int(min(60_000, max(2_000, 60 * target_arl / streams)))
-    alarms = _simulate(scores > cut, up, down, grid, streams, steps, seed)
+    alarms = _simulate(draw, up, down, grid, streams, steps, seed)
     total = streams * steps
     arl = np.where(alarms > 0, total / np.maximum(alarms, 1), np.inf)
     h, at = _interpolate(grid, arl, target_arl)
@@ -67,7 +90,13 @@ def design_cusum(
 
 
 def _simulate(
-    bits: np.ndarray, up: float, down: float, grid: np.ndarray, streams: int, steps: int, seed: int
+    draw: Callable[[np.random.Generator, tuple[int, int]], np.ndarray],
+    up: float,
+    down: float,
+    grid: np.ndarray,
+    streams: int,
+    steps: int,
+    seed: int,
 ) -> np.ndarray:
     rng = np.random.default_rng(seed)
     state = np.zeros((grid.size, streams))
@@ -75,7 +104,7 @@ def _simulate(
     h = grid[:, None]
     block = 256
     for start in range(0, steps, block):
-        draws = bits[rng.integers(0, bits.size, size=(min(block, steps - start), streams))]
+        draws = draw(rng, (min(block, steps - start), streams))
         increments = np.where(draws, up, down)  # [b, streams]
         for inc in increments:
             state += inc

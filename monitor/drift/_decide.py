@@ -52,7 +52,7 @@ def run_tests(
         for test in config.tests:
             raw.append((name, get_test(test)(ref_rows, cur_rows, config.options)))
     if config.relevance_test and "response" in tested_fields(reference, current, config):
-        raw.append(("relevance", relevance_drop_test(reference.relevance, current.relevance)))
+        raw.append(("relevance", relevance_drop_test(reference.relevance, current.relevance, config.options)))
     adjusted = holm_adjust([r.p_value for _, r in raw])
     out = []
     for (field, r), p_adj in zip(raw, adjusted, strict=True):

@@ -18,7 +18,7 @@ from ._explain import explain_field
 from ._explanation import FieldExplanation
 from ._relevance import RelevanceComparison, summarize_relevance
 from ._results import DriftReport, FieldVerdict, ReportContext, TestResult
-from ._windows import EmbeddedWindow, TextWindow, embed_window, texts_to_encode
+from ._windows import EmbeddedWindow, TextWindow, embed_window, repetition_notes, texts_to_encode
 
 __all__ = ["DriftDetector", "FittedReference"]
 
@@ -164,6 +164,7 @@ class DriftDetector:
             relevance=relevance,
             explanations=explanations,
             context=context,
+            notes=repetition_notes("reference", ref) + repetition_notes("current", current),
         )
 
 

@@ -84,6 +84,7 @@ class DriftReport:
     explanations: tuple[FieldExplanation, ...]
     context: ReportContext
     lengths: LengthDrift | None = None  # request lengths: a section with its own verdict
+    notes: tuple[str, ...] = ()  # what a reader should know about the windows (e.g. repeated texts)
 
     def field(self, name: str) -> FieldVerdict | None:
         return next((f for f in self.fields if f.field == name), None)
@@ -114,6 +115,7 @@ class DriftReport:
             "window": {"since": c.since, "until": c.until},
             "fields": [asdict(f) for f in self.fields],
             "length_drift": None if self.lengths is None else self.lengths.drifted,
+            "notes": list(self.notes),
         }
 
     def to_json(self) -> dict[str, Any]:

@@ -27,9 +27,12 @@ class TestOptions:
     rff_frequencies: int = 128
     permutation_chunk: int = 128  # permutations per matrix product (bounds memory)
     # Nearest-neighbour novelty: share of the reference held out for calibration, and the
-    # pooled upper tail whose membership is counted.
+    # upper tail of the held-out scores beyond which current texts are counted.
     calibration_fraction: float = 0.5
-    novelty_tail: float = 0.05
+    novelty_tail: float = 0.01
+    # Tests that bound the reference's own sampling error first (novelty, relevance, the
+    # streaming charts) hold their level for at least this share of references (_conditional).
+    reference_confidence: float = 0.99
 
     def __post_init__(self) -> None:
         if self.permutations < 1:
@@ -38,6 +41,8 @@ class TestOptions:
             raise ValueError("calibration_fraction must be in (0, 1)")
         if not 0.0 < self.novelty_tail < 0.5:
             raise ValueError("novelty_tail must be in (0, 0.5)")
+        if not 0.5 <= self.reference_confidence < 1.0:
+            raise ValueError("reference_confidence must be in [0.5, 1)")
         if self.exact_max_pool < 0 or self.rff_frequencies < 1 or self.permutation_chunk < 1:
             raise ValueError("exact_max_pool, rff_frequencies and permutation_chunk must be positive")
         if not self.bandwidth_multipliers or min(self.bandwidth_multipliers) <= 0:

@@ -2,9 +2,11 @@
 
 Novelty of a request is its prompt's distance (1 - cosine) to the nearest text of the
 reference's bank half, the same score as the batch novelty test; the chart's in-control
-scores are the held-out half's distances to the bank and, cross-fitted, the bank's
-distances to the held-out half (same law, twice the sample for the tail cut). Relevance (when the
-reference has responses) is charted on its negative, so a drop is the anomalous side.
+scores are the held-out half's distances to the bank. Relevance (when the reference has
+responses) is charted on its negative, so a drop is the anomalous side. Both charts are
+designed for the upper `reference_confidence` bound of their in-control exceedance rate
+(`design_cusum`), so the run length between false alarms holds for the reference in use,
+not only on average over references.
 With both charts each gets `2 × target_arl` (alone, the novelty chart gets `target_arl`),
 so false alarms of either come on average about `target_arl` requests apart (union bound
 on the alarm rates).
@@ -55,19 +57,25 @@ class StreamingDetector:
         rows = reference.prompt_embeddings
         self._bank = rows[bank_rows]
         cal_scores, _ = nearest(rows[cal_rows], self._bank)
-        if abs(len(bank_rows) - len(cal_rows)) <= 1:
-            # cross-fitting: the bank's texts scored against the held-out half have the same
-            # law as a new text scored against the bank, and double the calibration sample
-            cal_scores = np.concatenate([cal_scores, nearest(self._bank, rows[cal_rows])[0]])
         charts = 2 if len(reference.relevance) >= min_responses else 1
         per_chart = charts * target_arl  # union bound: alarm rates add up across charts
         self.novelty_design: CusumDesign = design_cusum(
-            cal_scores, tail=tail, factor=factor, target_arl=per_chart, seed=opts.seed
+            cal_scores,
+            tail=tail,
+            factor=factor,
+            target_arl=per_chart,
+            seed=opts.seed,
+            reference_confidence=opts.reference_confidence,
         )
         self.relevance_design: CusumDesign | None = None
         if charts == 2:
             self.relevance_design = design_cusum(
-                -reference.relevance, tail=tail, factor=factor, target_arl=per_chart, seed=opts.seed + 1
+                -reference.relevance,
+                tail=tail,
+                factor=factor,
+                target_arl=per_chart,
+                seed=opts.seed + 1,
+                reference_confidence=opts.reference_confidence,
             )
         self.target_arl = float(target_arl)
         self._novelty = TailCusum(self.novelty_design)

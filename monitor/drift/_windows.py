@@ -9,7 +9,7 @@ import numpy as np
 
 from ._kernel import as_unit_rows
 
-__all__ = ["EmbeddedWindow", "TextWindow", "embed_window", "texts_to_encode"]
+__all__ = ["EmbeddedWindow", "TextWindow", "embed_window", "repetition_notes", "texts_to_encode"]
 
 
 @dataclass(frozen=True)
@@ -100,3 +100,27 @@ def embed_window(window: TextWindow, encode_all: np.ndarray, offset: int) -> tup
 def texts_to_encode(window: TextWindow) -> list[str]:
     """The texts of `window` in the order `embed_window` slices them."""
     return [*window.prompts, *(r for r in window.responses if r is not None)]
+
+
+# A window where exact repeats make up at least this share gets a note in the report.
+REPEATED_SHARE = 0.2
+
+
+def repetition_notes(role: str, window: EmbeddedWindow) -> tuple[str, ...]:
+    """Notes for a report about exact repeats in `window` (`role`: reference or current):
+    every repeat is tested as one more observation, which the reader should know when one
+    text dominates a window. Windows built from arrays alone (texts `#i`) have none."""
+    notes = []
+    for name, texts in (("prompts", window.prompts), ("responses", window.responses)):
+        n = len(texts)
+        distinct = len(set(texts))
+        if n < 2 or distinct > n * (1.0 - REPEATED_SHARE):
+            continue
+        if distinct == 1:
+            notes.append(f"{role} {name}: all {n} are one repeated text")
+        else:
+            notes.append(
+                f"{role} {name}: {n - distinct} of {n} are exact repeats ({distinct} distinct texts); "
+                "each repeat counts as an observation"
+            )
+    return tuple(notes)

@@ -15,7 +15,7 @@ from starlette.concurrency import run_in_threadpool
 
 from .config import ServiceConfig
 from .errors_http import install_error_handlers
-from .routers import health, ingest, models, openai, overview, web
+from .routers import dataset, health, ingest, models, openai, overview, web
 from .security import BodySizeLimit
 from .service import Service
 
@@ -54,7 +54,7 @@ def create_app(config: ServiceConfig, *, service: Service | None = None, **servi
     app.state.token = svc.token
     install_error_handlers(app)
     app.add_middleware(BodySizeLimit, max_bytes=config.limits.max_body_bytes)
-    for module in (health, ingest, openai, models, overview):
+    for module in (health, ingest, openai, models, overview, dataset):
         app.include_router(module.router)
     _include_optional_routers(app, svc)
     web.mount(app)

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from fastapi import HTTPException
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from infersight.monitor.records import CANCELLED, CLIENT_ERROR
+from prometheus_client import CollectorRegistry
 
 from . import openai_format as fmt
 from .chat_template import render_chat
@@ -61,13 +62,20 @@ class EngineBackend:
         from infersight.engine.registry import Registry
         from infersight.engine.runtime import Runtime
 
+        from .prefix_cache import FrequentPrompts, build_prefix_cache
+
         cfg = service.config.engine
         assert cfg is not None
         try:
             registry = Registry(cfg.registry)
+            fixed = service.config.model
+            frequent = FrequentPrompts(
+                service.db, model=lambda version: fixed or model_of(version), top=cfg.preload_prompts
+            )
             runtime = Runtime(
                 registry, max_batch_size=cfg.max_batch_size, max_prompt_tokens=cfg.max_prompt_tokens,
-                max_seq_len=cfg.max_seq_len, device=cfg.device,
+                max_seq_len=cfg.max_seq_len, device=cfg.device, prefix_cache=build_prefix_cache(cfg),
+                preload_source=frequent,
             )  # fmt: skip
             version = cfg.version or registry.history.last_good()
             if version is None:
@@ -81,8 +89,16 @@ class EngineBackend:
         return cls(service, runtime, owned=True)
 
     def observe_events(self) -> None:
-        """Feed the live statistics from the runtime's events (queue, in flight, timings)."""
+        """Feed the live statistics from the runtime's events (queue, in flight, timings),
+        and expose the prefix cache's counters (read from the runtime at scrape time)."""
         from infersight.collectors import EngineAdapter
+
+        from .prefix_cache import PrefixCacheCollector
+
+        if hasattr(self.runtime, "prefix_cache_stats"):
+            prefix_metrics = CollectorRegistry(auto_describe=False)
+            prefix_metrics.register(PrefixCacheCollector(self.runtime, model=self.model_name))
+            self.service.exposition.add(prefix_metrics)
 
         stats = self.service.components.get("stats")
         if stats is not None:

@@ -41,6 +41,17 @@ class EngineConfig:
     max_seq_len: int = 2048
     device: str | None = None
     max_tokens_limit: int = 1024  # the largest `max_tokens` a request may ask for
+    # the prefix KV cache: reuse the keys and values of shared prompt prefixes, LRU over
+    # blocks of prefix_block_tokens under this budget (0: off, the default: with it on every
+    # prompt is prefilled in blocks, which costs prompts that share nothing; see
+    # docs/benchmarks.md); at start and at every deploy the preload_prompts most frequent
+    # recorded prompts are prefilled before traffic
+    prefix_cache_mb: float = 0.0
+    prefix_block_tokens: int = 16
+    preload_prompts: int = 32
+    # a shared tier so that a new replica starts warm, e.g. "redis://127.0.0.1:6379/0" (off)
+    prefix_cache_redis_url: str | None = None
+    prefix_cache_redis_prefix: str = "infersight:kv:"
 
 
 @dataclass(frozen=True)
@@ -67,6 +78,9 @@ class AlertingConfig:
     analysis_min_requests: int = 20  # fewer on either side: inconclusive
     analysis_p99_ratio: float = 1.5  # the new version's p99 over this times the previous one fails a check
     snapshot_requests: int = 100  # requests kept in the snapshot taken at an automatic rollback
+    # the next requests (any version: the previous one now answers the same traffic) kept for
+    # `infersight dataset export --kind collected` after an automatic rollback; 0: none
+    collect_after_rollback: int = 200
 
 
 @dataclass(frozen=True)
@@ -106,6 +120,7 @@ class ScheduleConfig:
     rules_s: float = 1.0  # each rule group keeps its own `interval`; this is how often they are checked
     outbox_s: float = 2.0
     post_deploy_s: float = 5.0
+    publish_s: float = 1.0  # each replica's heartbeat and statistics to the shared store
     retention_s: float = 3600.0
 
 
@@ -138,6 +153,9 @@ class ServiceConfig:
     limits: LimitsConfig = field(default_factory=LimitsConfig)
     cost: CostConfig | None = None
     text_sample_rate: float = 1.0  # share of proxied/served requests whose text is kept
+    # "package.module:function", the SDK's `redact` hook (str -> str): applied to every text
+    # the dataset export (CLI and GET /api/v1/dataset) lets out; a hook that fails drops the text
+    redact: str | None = None
     leader_election: bool = True  # one replica runs rules, drift, outbox and retention
     log_level: str = "info"
 

@@ -100,6 +100,15 @@ def check_config(config: ServiceConfig, *, source: str | None = None) -> Service
         fail("token", "must be at least 16 characters")
     if not 0.0 <= config.text_sample_rate <= 1.0:
         fail("text_sample_rate", "must be between 0 and 1")
+    if not 0 <= config.alerting.collect_after_rollback <= 100_000:
+        fail("alerting.collect_after_rollback", "must be between 0 and 100000")
+    if config.redact is not None:
+        from infersight.monitor.dataset import RedactorInvalid, load_redactor
+
+        try:
+            load_redactor(config.redact)
+        except RedactorInvalid as exc:
+            fail("redact", str(exc))
     if not 0 < config.port < 65536:
         fail("port", "must be between 1 and 65535")
     if config.database_url is not None and not config.database_url.startswith(("sqlite", "postgres")):
@@ -127,6 +136,15 @@ def check_config(config: ServiceConfig, *, source: str | None = None) -> Service
         for name in ("max_batch_size", "max_prompt_tokens", "max_seq_len", "max_tokens_limit"):
             if not getattr(config.engine, name) > 0:
                 fail(f"engine.{name}", "must be positive")
+        if not config.engine.prefix_cache_mb >= 0:
+            fail("engine.prefix_cache_mb", "must be >= 0 (0 turns the prefix cache off)")
+        if not config.engine.prefix_block_tokens > 0:
+            fail("engine.prefix_block_tokens", "must be positive")
+        if not config.engine.preload_prompts >= 0:
+            fail("engine.preload_prompts", "must be >= 0")
+        url = config.engine.prefix_cache_redis_url
+        if url is not None and not url.startswith(("redis://", "rediss://", "unix://")):
+            fail("engine.prefix_cache_redis_url", "must be a redis://, rediss:// or unix:// URL")
     return config
 
 

@@ -33,10 +33,13 @@ def _at(ts: float) -> dt.datetime:
 
 
 class DeployLog:
-    def __init__(self, db: Engine, runtime: Any, registry: CollectorRegistry, *, model: str) -> None:
+    def __init__(
+        self, db: Engine, runtime: Any, registry: CollectorRegistry, *, model: str, replica: str | None = None
+    ) -> None:
         self.db = db
         self.runtime = runtime
         self.model = model
+        self.replica = replica  # recorded with each row: one release on N replicas is N rows, one deploy
         self._events: deque[VersionDeployed | DeployFailed] = deque(maxlen=10_000)
         self._lock = threading.Lock()
         self.listeners: list[Callable[[VersionDeployed | DeployFailed], None]] = []
@@ -73,11 +76,11 @@ class DeployLog:
                     rows.append({"at": _at(event.at), "from_version": event.from_version,
                                  "to_version": event.to_version, "reason": event.reason,
                                  "outcome": "rolled_back" if event.reason == "rollback" else "deployed",
-                                 "detail": None})  # fmt: skip
+                                 "detail": None, "replica": self.replica})  # fmt: skip
                 else:
                     rows.append({"at": _at(event.at), "from_version": event.serving_version,
                                  "to_version": event.version, "reason": "deploy", "outcome": "refused",
-                                 "detail": event.reason[:4000]})  # fmt: skip
+                                 "detail": event.reason[:4000], "replica": self.replica})  # fmt: skip
             if rows:
                 with self.db.begin() as conn:
                     conn.execute(insert(deploys), rows)

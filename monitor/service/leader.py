@@ -14,17 +14,32 @@ import contextlib
 import fcntl
 import logging
 import os
+import socket
 import threading
+import uuid
 from pathlib import Path
 from typing import Protocol
 
 from sqlalchemy import Connection, Engine
 from sqlalchemy.exc import SQLAlchemyError
 
-__all__ = ["AlwaysLeader", "FileLeaderLock", "LeaderLock", "PostgresLeaderLock", "leader_lock_for"]
+__all__ = [
+    "AlwaysLeader",
+    "FileLeaderLock",
+    "LeaderLock",
+    "PostgresLeaderLock",
+    "leader_lock_for",
+    "new_replica_id",
+]
 
 log = logging.getLogger(__name__)
 RULES_LOCK_KEY = 0x1F5E_0002  # "infersight rule evaluation"
+
+
+def new_replica_id() -> str:
+    """This process among the replicas on one database: host, pid and a random part
+    (unique even when a pid is reused after a restart)."""
+    return f"{socket.gethostname()[:80]}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
 
 
 class LeaderLock(Protocol):

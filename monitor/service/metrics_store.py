@@ -1,12 +1,13 @@
-"""Metrics read from the shared store at scrape time (so every replica exports the same
-figures): firing alerts by name and severity, outbox backlog and dead letters."""
+"""Metrics read from the shared store at scrape time: firing alerts by name and severity,
+outbox backlog and dead letters. Every replica would read the same figures, so only the
+leader exports them (`leading`): a dashboard's `sum()` over instances counts each once."""
 
 from __future__ import annotations
 
 import json
 import logging
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
@@ -20,11 +21,15 @@ log = logging.getLogger(__name__)
 
 
 class AlertStoreCollector(Collector):
-    def __init__(self, db: Engine) -> None:
+    def __init__(self, db: Engine, *, leading: Callable[[], bool] = lambda: True) -> None:
         self.db = db
+        self.leading = leading
 
     def collect(self) -> Iterator[Metric]:
         from infersight.alerts.tables import alerts, outbox
+
+        if not self.leading():
+            return
 
         firing = GaugeMetricFamily(
             "infersight_alerts_firing", "Alerts firing now", labels=["alertname", "severity"]

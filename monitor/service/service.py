@@ -18,9 +18,9 @@ from prometheus_client import CollectorRegistry
 from sqlalchemy import Engine, text
 
 from .config import ServiceConfig, is_loopback
-from .errors import InsecureBind
+from .errors import ConfigInvalid, InsecureBind
 from .jobs import ServiceScheduler
-from .leader import LeaderLock, leader_lock_for
+from .leader import LeaderLock, leader_lock_for, new_replica_id
 from .memory import limit_malloc_arenas, trim_heap
 from .metrics import CombinedRegistry, ServiceMetrics
 from .pipeline import RecordPipeline
@@ -70,14 +70,23 @@ class Service:
         self._upstream_transport = upstream_transport
         self._nvml_seam = nvml  # the pynvml module or a stand-in (None: import pynvml)
         self.components: dict[str, Any] = {}  # wired parts by name (stats, backend, alerts, drift, ...)
+        self.replica_id = new_replica_id()  # this process among the replicas on one database
         self.started_at: float | None = None
         self._started_mono: float | None = None
         self.schema_revision: str | None = None
+        self.redactor: Callable[[str], str] | None = None  # config.redact, resolved at start
 
     # -- lifecycle -------------------------------------------------------------------
     def start(self) -> None:
         limit_malloc_arenas()  # before the service's threads exist: see memory.py
         self.schema_revision = upgrade(self.db)
+        if self.config.redact is not None:
+            from infersight.monitor.dataset import RedactorInvalid, load_redactor
+
+            try:
+                self.redactor = load_redactor(self.config.redact)
+            except RedactorInvalid as exc:
+                raise ConfigInvalid("redact", str(exc)) from exc
         self.writer = RequestWriter(
             self.db,
             max_queued_rows=self.config.limits.write_queue_rows,

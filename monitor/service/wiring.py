@@ -33,6 +33,12 @@ def wire_components(service: Service) -> None:
 
 
 def unwire_components(service: Service) -> None:
+    replicas = service.components.pop("replicas", None)
+    if replicas is not None:
+        try:
+            replicas.withdraw()
+        except Exception as exc:  # the database may be gone; the heartbeat then just goes stale
+            log.warning("could not withdraw replica %s: %s", replicas.id, exc)
     deploy_log = service.components.pop("deploy_log", None)
     if deploy_log is not None:
         deploy_log.close()
@@ -100,7 +106,13 @@ def _wire_backend(service: Service) -> None:
         backend = EngineBackend.start(service)
         service.components["backend"] = backend
         backend.observe_events()
-        deploy_log = DeployLog(service.db, backend.runtime, service.registry, model=backend.model_name)
+        deploy_log = DeployLog(
+            service.db,
+            backend.runtime,
+            service.registry,
+            model=backend.model_name,
+            replica=service.replica_id,
+        )
         service.components["deploy_log"] = deploy_log
         deploy_log.flush()
         service.scheduler.add("deploy_log", deploy_log.flush, 1.0)

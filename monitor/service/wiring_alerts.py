@@ -3,6 +3,10 @@
 - Rules: `Evaluator` over the live statistics (`LiveSignals`: latency, errors, queue, GPU,
   memory slopes, drift p-values) and the store (`StoreSignals`: relevance of sampled
   requests, dead letters), as the leader-only job `rules`, followed by the actions it queued.
+  Every replica's signals reach them (replicas.py: each publishes its windows and its
+  latest GPU and process readings, the leader merges them).
+- Actions on a model go to the replicas serving the alerted version (a row per replica in
+  `alert_action_runs`, claimed by that replica's job `replica_actions`).
 - Delivery: `Dispatcher` over the outbox, leader-only job `outbox`.
 - Actions: an `ActionRunner` controlling the embedded runtime (none in proxy mode) and
   taking snapshots with what the service knows (metrics, latest drift report, version config).
@@ -81,13 +85,19 @@ class AlertsWiring:
         backup = service.config.engine.backup_version if service.config.engine is not None else None
         if runtime is not None:
             check_backups(self.config, getattr(runtime, "registry", None), backup)
+        self.replicas = _replicas(service, self.config, runtime)
         self.runner = a.ActionRunner(db, data_dir=service.data_dir, control=self.control,
-                                     snapshots=self.snapshot_source, backup_version=backup)  # fmt: skip
+                                     snapshots=self.snapshot_source, backup_version=backup,
+                                     owner=self.replicas.id if self.replicas else None,
+                                     replica=self.replicas.id if self.replicas else None,
+                                     targets=self.replicas)  # fmt: skip
         live = a.LiveSignals(
-            service.components.get("stats"),
+            self.replicas.merged if self.replicas is not None else service.components.get("stats"),
             gpu=service.components.get("gpu"),
             process=service.components.get("process"),
             quality=service.components.get("drift"),
+            replica=self.replicas.id if self.replicas is not None else None,
+            remote=self.replicas.remote_resources if self.replicas is not None else None,
         )
         store = a.StoreSignals(db)
         # SLOs: a ledger of good/bad requests over each SLO's window (every record, whatever fed it)
@@ -117,7 +127,7 @@ class AlertsWiring:
         )  # fmt: skip
         drift = service.components.get("drift")
         metrics = a.StoreVersionMetrics(db, output_drift=getattr(drift, "output_drift_p_value", None))
-        self.analyzer = a.DeployAnalyzer(db, metrics, self.runner, policy=policy)
+        self.analyzer = a.DeployAnalyzer(db, metrics, self.runner, policy=policy, owner=self.runner.owner)
         self.alertmanager = a.AlertmanagerHandler(db, self.runner)
 
     def _count(self, result: Any) -> None:
@@ -128,6 +138,10 @@ class AlertsWiring:
     def evaluate(self) -> None:
         self.evaluator.tick()
         self.runner.run_pending()
+
+    def run_own_actions(self) -> None:
+        """Every replica: the model actions fanned out to this replica's runtime."""
+        self.runner.run_pending(own_only=True)
 
     def dispatch(self) -> None:
         while len(self.dispatcher.run_once()) >= 20:
@@ -154,7 +168,8 @@ class AlertsWiring:
                             since=check.at - dt.timedelta(seconds=1), detail=detail)  # fmt: skip
 
     def _snapshot_after_rollback(self, check: Any) -> None:
-        """The evidence of an automatic rollback, kept for whoever is paged."""
+        """The evidence of an automatic rollback, kept for whoever is paged, and a collection
+        of the requests that follow it (`alerting.collect_after_rollback`)."""
         from infersight.alerts import take_snapshot
 
         reason = f"automatic rollback after deploy: {'; '.join(check.failures)}"
@@ -165,6 +180,15 @@ class AlertsWiring:
         )  # fmt: skip
         log.warning("post-deploy analysis rolled back %s; snapshot %s", check.rollback.before_version,
                     result.html_path)  # fmt: skip
+        n = self.service.config.alerting.collect_after_rollback
+        if n > 0:  # the incident's data: what comes next, now answered by the previous version
+            from infersight.alerts import open_collection
+
+            open_collection(
+                self.service.db, collection_id=f"rollback-{check.rollback.run_id}", kind="any", n=n,
+                model_version=None, reason=f"automatic rollback of {check.rollback.before_version}",
+                now=dt.datetime.now(dt.UTC),
+            )  # fmt: skip
 
     # -- for the routers ------------------------------------------------------------------
     def slo_summary(self) -> list[dict[str, Any]]:
@@ -210,6 +234,25 @@ def check_backups(config: Any, registry: Any, backup: str | None) -> None:
                             "and raise RemediationFailed", where, rule.name)  # fmt: skip
 
 
+def _replicas(service: Service, config: Any, runtime: Any) -> Any:
+    """This replica's share of the shared store (None without live statistics)."""
+    from infersight.alerts.signals import Signal
+
+    from .replicas import Replicas
+
+    stats = service.components.get("stats")
+    if stats is None:
+        return None
+    kinds = ("latency_quantile", "error_rate", "request_rate")
+    signals: list[Signal] = [r.condition.signal for g in config.groups for r in g.rules]
+    windows = [s.window_s for s in signals if s.kind in kinds and s.window_s]
+    return Replicas(
+        service.db, stats, publish_s=service.config.schedule.publish_s, horizon_s=max(windows, default=300.0),
+        serving_version=(lambda: runtime.serving_version) if runtime is not None else (lambda: None),
+        gpu=service.components.get("gpu"), process=service.components.get("process"), replica_id=service.replica_id,
+    )  # fmt: skip
+
+
 def _iso(value: dt.datetime | None) -> str | None:
     return None if value is None else value.astimezone(dt.UTC).isoformat().replace("+00:00", "Z")
 
@@ -217,15 +260,25 @@ def _iso(value: dt.datetime | None) -> str | None:
 def wire_alerts(service: Service) -> AlertsWiring | None:
     if not service.config.alerting.enabled:
         return None
+    from infersight.monitor.dataset import fill_collections
+
     from .metrics_store import AlertStoreCollector
 
     wiring = AlertsWiring(service)
     service.components["alerts"] = wiring
-    service.registry.register(AlertStoreCollector(service.db))
+    # store-wide figures come from the leader alone: a sum over replicas counts them once
+    service.registry.register(AlertStoreCollector(service.db, leading=service.scheduler.leader.is_leader))
     schedule = service.config.schedule
+    if wiring.replicas is not None:
+        service.components["replicas"] = wiring.replicas
+        service.scheduler.add("replicas_publish", wiring.replicas.publish, schedule.publish_s, run_now=True)
+        service.scheduler.add("replicas_prune", wiring.replicas.prune, 60.0, leader_only=True)
+    service.scheduler.add("replica_actions", wiring.run_own_actions, schedule.rules_s)
     service.scheduler.add("rules", wiring.evaluate, schedule.rules_s, leader_only=True)
     service.scheduler.add("outbox", wiring.dispatch, schedule.outbox_s, leader_only=True)
     service.scheduler.add("post_deploy", wiring.analyze, schedule.post_deploy_s)
+    # the collect action's collections keep the requests that arrive after it ran
+    service.scheduler.add("collect", lambda: fill_collections(service.db), schedule.rules_s, leader_only=True)
     deploy_log = service.components.get("deploy_log")
     if deploy_log is not None:
         deploy_log.listeners.append(wiring.on_version_deployed)

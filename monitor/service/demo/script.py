@@ -409,5 +409,8 @@ def _summary(out: TextIO, tl: Timeline, state: dict[str, Any], failed: str | Non
         print(f"demo FAILED at step {failed!r}.", file=out)
     if state.get("snapshot"):
         print(f"  snapshot of the bad release: {state['snapshot']}", file=out)
+        service_dir = Path(state["snapshot"]).parent.parent  # <data_dir>/snapshots/<id>.html
+        print(f"  its requests as a data set: infersight dataset export --data-dir {service_dir} "
+              f"--version {BAD} --kind snapshot bad-release.jsonl", file=out)  # fmt: skip
     print("  to watch it on the page: infersight demo --keep-running, then open the URL it prints", file=out)
     out.flush()

@@ -44,13 +44,35 @@ def _iso(value: dt.datetime) -> str:
     return value.astimezone(dt.UTC).isoformat().replace("+00:00", "Z")
 
 
+_SAME_RELEASE_S = 600.0  # replicas switching to one version within this of each other: one release
+
+
 def recent_deploys(db: Any, limit: int = 20) -> list[dict[str, Any]]:
+    """Newest first. The same switch made by several replicas (one row each) is one item,
+    with the number of replicas that made it, so the list does not grow with replicas."""
     with db.connect() as conn:
         rows = conn.execute(
-            select(deploys).order_by(deploys.c.at.desc(), deploys.c.id.desc()).limit(limit)
+            select(deploys).order_by(deploys.c.at.desc(), deploys.c.id.desc()).limit(limit * 8)
         ).all()
-    return [{"at": _iso(r.at), "from_version": r.from_version, "to_version": r.to_version, "reason": r.reason,
-             "outcome": r.outcome, "detail": r.detail} for r in rows]  # fmt: skip
+    out: list[dict[str, Any]] = []
+    seen: list[tuple[Any, set[str]]] = []  # (key, replicas) of each item in `out`
+    for r in rows:
+        key = (r.from_version, r.to_version, r.reason, r.outcome)
+        merged = False
+        for i, (k, replicas) in enumerate(seen):
+            if r.replica is not None and k == key and r.replica not in replicas and (
+                abs((dt.datetime.fromisoformat(out[i]["at"]) - r.at).total_seconds()) <= _SAME_RELEASE_S
+            ):  # fmt: skip
+                replicas.add(r.replica)
+                out[i]["replicas"] = len(replicas)
+                out[i]["at"] = _iso(r.at)  # the first replica's switch
+                merged = True
+                break
+        if not merged:
+            out.append({"at": _iso(r.at), "from_version": r.from_version, "to_version": r.to_version,
+                        "reason": r.reason, "outcome": r.outcome, "detail": r.detail, "replicas": 1})  # fmt: skip
+            seen.append((key, {r.replica} if r.replica is not None else set()))
+    return out[:limit]
 
 
 def _runtime(request: Request) -> Any:

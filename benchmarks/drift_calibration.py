@@ -1,0 +1,416 @@
+"""Drift calibration conditional on the reference in use, power, and cost (issue 11).
+
+    .venv/bin/python benchmarks/drift_calibration.py [--references 20] [--null 100]
+        [--drifted 20] [--ref-size 1000] [--window 300] [--cost-rounds 3] [--skip-cost]
+
+A team keeps one reference and compares every window with it, so what matters is the
+false-alarm rate *given* that reference (and the detector's seed), not its average over
+references. On Banking77 (all distinct train and test texts, each embedded once with
+all-MiniLM-L6-v2 and kept in `.bench/`):
+
+(a) `--references` references of `--ref-size` texts, each with `--null` windows of
+    `--window` other Banking77 texts: per reference, the share of windows on which each
+    test (MMD, novelty on prompts; their Holm verdict) and the explanation's cluster-share
+    rows flag drift; printed as min / median / p90 / max over references, next to the
+    novelty test before issue 11 (hypergeometric on the pooled tail) on the same windows.
+(b) Relevance drop on the same references: a request's "response" is another Banking77 text
+    of the same intent (a related answer), so relevance is a real cosine with a real spread;
+    the new reference-conditional rank test against the plain Mann-Whitney test before it.
+(c) Streaming: per reference, the novelty chart's mean run length between false alarms on
+    in-control streams resampled from the texts the reference never saw, against its
+    target; the chart before (cross-fitted tail, designed for the empirical rate) beside it.
+(d) Power: `--drifted` windows per reference with 5%, 10% and 20% NLU++ hotel utterances.
+(e) Cost of one evaluation of `--ref-size` against `--window` texts, this tree against the
+    tree before issue 11 (`git archive` of `--old-commit` in build/old_tree), alternated in
+    fresh processes: encoding excluded (embedded windows) and included (a cold embedder).
+
+Results go to stdout (markdown) and .bench/drift_calibration.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _corpus import OUT, Corpus, load_corpus
+
+ROOT = Path(__file__).resolve().parents[1]
+ALPHA = 0.05
+
+
+def cpu_model() -> str:
+    info = Path("/proc/cpuinfo")
+    if info.exists():
+        for line in info.read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or "unknown"
+
+
+# --- the tests before issue 11, for comparison on the same windows ------------------------
+
+
+def old_novelty(reference: np.ndarray, current: np.ndarray, seed: int = 0) -> tuple[float, float]:
+    """`(p, score)` of the split-conformal test on the pooled 5% tail (hypergeometric)."""
+    from infersight.monitor.drift import TestOptions
+    from infersight.monitor.drift._novelty import novelty_scores
+    from scipy.stats import hypergeom
+
+    cal, cur = novelty_scores(reference, current, TestOptions(seed=seed))[:2]
+    pooled = np.concatenate([cal, cur])
+    cut = np.quantile(pooled, 0.95, method="higher")
+    in_tail = int(np.count_nonzero(pooled >= cut))
+    current_in_tail = int(np.count_nonzero(cur >= cut))
+    p = float(hypergeom.sf(current_in_tail - 1, pooled.size, cur.size, in_tail))
+    return min(1.0, p), current_in_tail / cur.size - (in_tail - current_in_tail) / cal.size
+
+
+def old_relevance_p(reference: np.ndarray, current: np.ndarray) -> float:
+    from scipy.stats import mannwhitneyu
+
+    return float(mannwhitneyu(reference, current, alternative="greater", method="auto")[1])
+
+
+# --- (a), (d): batch tests ---------------------------------------------------------------
+
+
+def _flags(ref: Any, cur_rows: np.ndarray, fitted_clusters: Any, config: Any) -> dict[str, bool]:
+    from infersight.monitor.drift import EmbeddedWindow, holm_adjust, run_tests
+    from infersight.monitor.drift._clusters import cluster_shares
+    from infersight.monitor.drift._explain import _novelty
+
+    cur = EmbeddedWindow.from_arrays(cur_rows)
+    tests = run_tests(ref, cur, config)
+    by = {t.test: t for t in tests}
+    old_p, old_score = old_novelty(ref.prompt_embeddings, cur_rows, config.options.seed)
+    mmd = by["mmd"]
+    adj = holm_adjust([mmd.p_value, old_p])
+    old_nov = adj[1] < ALPHA and old_score >= config.floor("novelty")
+    old_mmd = adj[0] < ALPHA and mmd.score >= mmd.effect_floor
+    _, novel, ref_novel = _novelty(ref.prompts, ref.prompt_embeddings, cur.prompts, cur_rows, config)
+    shares = cluster_shares(
+        fitted_clusters,
+        cur_rows,
+        cur.prompts,
+        np.zeros(cur_rows.shape[0]),
+        current_novel=novel,
+        reference_novel=ref_novel,
+        alpha=config.alpha,
+    )
+    return {
+        "mmd": mmd.drifted,
+        "novelty": by["novelty"].drifted,
+        "verdict": any(t.drifted for t in tests),
+        "clusters": any(s.significant for s in shares),
+        "novelty_before": bool(old_nov),
+        "verdict_before": bool(old_nov or old_mmd),
+    }
+
+
+def batch(corpus: Corpus, args: argparse.Namespace) -> dict[str, Any]:
+    from infersight.monitor.drift import DriftConfig, EmbeddedWindow
+    from infersight.monitor.drift._clusters import fit_clusters
+
+    config = DriftConfig(alpha=ALPHA)
+    null: dict[str, list[float]] = {}
+    power: dict[str, list[int]] = {}
+    seconds = []
+    for r in range(args.references):
+        rng = np.random.default_rng(1000 + r)
+        order = rng.permutation(len(corpus.banking_texts))
+        ref_rows = corpus.banking[order[: args.ref_size]]
+        rest = order[args.ref_size :]
+        ref = EmbeddedWindow.from_arrays(ref_rows)
+        clusters = fit_clusters(ref.prompts, ref_rows, seed=config.options.seed)
+        counts: dict[str, int] = {}
+        start = time.perf_counter()
+        for _ in range(args.null):
+            cur = corpus.banking[rng.choice(rest, args.window, replace=False)]
+            for name, flag in _flags(ref, cur, clusters, config).items():
+                counts[name] = counts.get(name, 0) + int(flag)
+        seconds.append((time.perf_counter() - start) / args.null)
+        for name, c in counts.items():
+            null.setdefault(name, []).append(c / args.null)
+        for share in args.shares:
+            n_new = round(args.window * share)
+            for _ in range(args.drifted):
+                cur = np.concatenate(
+                    [
+                        corpus.banking[rng.choice(rest, args.window - n_new, replace=False)],
+                        corpus.hotels[rng.choice(len(corpus.hotel_texts), n_new, replace=False)],
+                    ]
+                )
+                flags = _flags(ref, cur, clusters, config)
+                for name in ("verdict", "mmd", "novelty", "verdict_before"):
+                    key = f"{name}@{share:g}"
+                    power.setdefault(key, [0, 0])
+                    power[key][0] += int(flags[name])
+                    power[key][1] += 1
+        print(f"reference {r}: " + ", ".join(f"{k} {v[-1]:.2f}" for k, v in null.items()), flush=True)
+    return {"null": null, "power": power, "seconds_per_window": statistics.median(seconds)}
+
+
+# --- (b) relevance ----------------------------------------------------------------------
+
+
+def relevance_calibration(corpus: Corpus, args: argparse.Namespace) -> dict[str, list[float]]:
+    from infersight.monitor.data import banking77
+    from infersight.monitor.drift import TestOptions, relevance_drop_test
+
+    label = {}
+    for u in banking77("train") + banking77("test"):
+        label.setdefault(u.text, u.label)
+    index = {t: i for i, t in enumerate(corpus.banking_texts)}
+    by_label: dict[str, list[int]] = {}
+    for t, lab in label.items():
+        by_label.setdefault(lab, []).append(index[t])
+    rng = np.random.default_rng(7)
+    answer = np.empty(len(corpus.banking_texts), dtype=np.int64)
+    for members in by_label.values():
+        arr = np.asarray(members)
+        answer[arr] = np.roll(rng.permutation(arr), 1)  # another text of the same intent
+    rel = np.einsum("ij,ij->i", corpus.banking, corpus.banking[answer])  # [N]
+    options = TestOptions()
+    out: dict[str, list[float]] = {"relevance": [], "relevance_before": []}
+    for r in range(args.references):
+        rng = np.random.default_rng(2000 + r)
+        order = rng.permutation(rel.size)
+        ref, rest = rel[order[: args.ref_size]], order[args.ref_size :]
+        new = old = 0
+        for _ in range(args.null):
+            cur = rel[rng.choice(rest, args.window, replace=False)]
+            result = relevance_drop_test(ref, cur, options)
+            # alone at alpha (the strictest case: in a report it shares alpha through Holm)
+            new += result.p_value < ALPHA
+            old += old_relevance_p(ref, cur) < ALPHA
+        out["relevance"].append(new / args.null)
+        out["relevance_before"].append(old / args.null)
+    return out
+
+
+# --- (c) streaming ----------------------------------------------------------------------
+
+
+def streaming(corpus: Corpus, args: argparse.Namespace) -> dict[str, Any]:
+    from infersight.monitor.drift import TestOptions, design_cusum
+    from infersight.monitor.drift._cusum import _simulate
+    from infersight.monitor.drift._neighbours import nearest, split_reference
+
+    target = args.target_arl
+    options = TestOptions()
+    out: dict[str, Any] = {"target": target, "now": [], "before": []}
+    for r in range(args.references):
+        rng = np.random.default_rng(3000 + r)
+        order = rng.permutation(len(corpus.banking_texts))
+        rows = corpus.banking[order[: args.ref_size]]
+        unseen = corpus.banking[order[args.ref_size :]]
+        bank_rows, cal_rows = split_reference(rows.shape[0], options.calibration_fraction, seed=options.seed)
+        bank = rows[bank_rows]
+        cal = nearest(rows[cal_rows], bank)[0]
+        unseen_scores = nearest(unseen, bank)[0]
+        designs = {
+            "now": design_cusum(
+                cal, target_arl=target, seed=options.seed, reference_confidence=options.reference_confidence
+            ),
+            "before": design_cusum(
+                np.concatenate([cal, nearest(bank, rows[cal_rows])[0]]), target_arl=target, seed=options.seed
+            ),
+        }
+        for name, d in designs.items():
+            bits = unseen_scores > d.cut
+
+            def draw(g: np.random.Generator, shape: tuple[int, int], bits: np.ndarray = bits) -> np.ndarray:
+                return bits[g.integers(0, bits.size, size=shape)]
+
+            streams, steps = 128, int(40 * target)
+            alarms = int(
+                _simulate(draw, d.up, d.down, np.asarray([d.threshold]), streams, steps, 4000 + r)[0]
+            )
+            out[name].append(streams * steps / max(alarms, 1))
+    return out
+
+
+# --- (e) cost ---------------------------------------------------------------------------
+
+
+def cost_once(ref_size: int, window: int) -> dict[str, float]:
+    """One process's timings of a `ref_size` vs `window` evaluation (printed as JSON)."""
+    from infersight.monitor.drift import (
+        DriftDetector,
+        EmbeddedWindow,
+        SentenceTransformerEmbedder,
+        TextWindow,
+    )
+
+    corpus = load_corpus()
+    rng = np.random.default_rng(5)
+    order = rng.permutation(len(corpus.banking_texts))
+    ref_idx, cur_idx = order[:ref_size], order[ref_size : ref_size + window]
+    detector = DriftDetector(SentenceTransformerEmbedder())
+    ref_e = EmbeddedWindow.from_arrays(corpus.banking[ref_idx])
+    cur_e = EmbeddedWindow.from_arrays(corpus.banking[cur_idx])
+    detector.score(ref_e, cur_e)  # warm: imports, scipy, BLAS threads
+    excluded = []
+    for _ in range(3):
+        start = time.perf_counter()
+        detector.score(ref_e, cur_e)
+        excluded.append(time.perf_counter() - start)
+    ref_t = TextWindow.of([corpus.banking_texts[i] for i in ref_idx])
+    cur_t = TextWindow.of([corpus.banking_texts[i] for i in cur_idx])
+    detector.embedder.encode(["warm the model up"])
+    start = time.perf_counter()
+    detector.score(ref_t, cur_t)  # no cache: every text encoded once
+    included = time.perf_counter() - start
+    return {"excluded": statistics.median(excluded), "included": included}
+
+
+def cost(args: argparse.Namespace) -> dict[str, Any]:
+    old_tree = ROOT / "build" / "old_tree"
+    if not (old_tree / "infersight" / "monitor").exists():
+        (old_tree / "infersight").mkdir(parents=True, exist_ok=True)
+        archive = subprocess.run(
+            [
+                "git",
+                "-C",
+                str(ROOT),
+                "archive",
+                args.old_commit,
+                "monitor",
+                "engine",
+                "collectors",
+                "alerts",
+                "dashboards",
+            ],
+            check=True,
+            capture_output=True,
+        ).stdout
+        subprocess.run(["tar", "-x", "-C", str(old_tree)], input=archive, check=True)
+        for d in ("monitor", "engine", "collectors", "alerts", "dashboards"):
+            (old_tree / "infersight" / d).symlink_to(old_tree / d)
+    script = [
+        sys.executable,
+        __file__,
+        "--cost-once",
+        "--ref-size",
+        str(args.ref_size),
+        "--window",
+        str(args.window),
+    ]
+    runs: dict[str, list[dict[str, float]]] = {"before": [], "now": []}
+    for _ in range(args.cost_rounds):
+        for name in ("before", "now"):
+            env = dict(os.environ)
+            if name == "before":
+                env["PYTHONPATH"] = str(old_tree)
+            done = subprocess.run(script, env=env, check=True, capture_output=True, text=True)
+            runs[name].append(json.loads(done.stdout.strip().splitlines()[-1]))
+    med = {
+        name: {k: statistics.median(r[k] for r in rs) for k in ("excluded", "included")}
+        for name, rs in runs.items()
+    }
+    return {"runs": runs, "median": med}
+
+
+# --- output -----------------------------------------------------------------------------
+
+
+def dist(values: list[float]) -> str:
+    v = np.asarray(values)
+    return (
+        f"{v.min():.2f} | {np.median(v):.2f} | {np.quantile(v, 0.9):.2f} | {v.max():.2f} | "
+        f"{int(np.sum(v <= ALPHA))}/{v.size} | {int(np.sum(v > 2 * ALPHA))}/{v.size}"
+    )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--references", type=int, default=20)
+    ap.add_argument("--null", type=int, default=100)
+    ap.add_argument("--drifted", type=int, default=20)
+    ap.add_argument("--shares", type=float, nargs="+", default=[0.05, 0.1, 0.2])
+    ap.add_argument("--ref-size", type=int, default=1000)
+    ap.add_argument("--window", type=int, default=300)
+    ap.add_argument("--target-arl", type=float, default=500.0)
+    ap.add_argument("--cost-rounds", type=int, default=3)
+    ap.add_argument("--old-commit", default="c20ab6c")
+    ap.add_argument("--skip-cost", action="store_true")
+    ap.add_argument("--only", choices=["batch", "relevance", "streaming", "cost"], nargs="*")
+    ap.add_argument("--cost-once", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.cost_once:
+        print(json.dumps(cost_once(args.ref_size, args.window)))
+        return
+    only = set(args.only or ["batch", "relevance", "streaming", "cost"])
+    if args.skip_cost:
+        only.discard("cost")
+    result: dict[str, Any] = {"cpu": cpu_model(), "cores": os.cpu_count(), "args": vars(args)}
+    print(f"CPU: {result['cpu']} ({result['cores']} cores), load average {os.getloadavg()[0]:.1f}")
+    corpus = load_corpus()
+    print(f"Banking77: {len(corpus.banking_texts)} distinct texts; hotels: {len(corpus.hotel_texts)}")
+    header = "| | min | median | p90 | max | refs at or under alpha | refs over 2·alpha |\n|---|---|---|---|---|---|---|"
+    if "batch" in only:
+        b = batch(corpus, args)
+        result["batch"] = b
+        print(f"\n(a) false-alarm rate per reference ({args.references} references x {args.null} windows)")
+        print(header)
+        for name, values in b["null"].items():
+            print(f"| {name} | {dist(values)} |")
+        print(
+            "\n(d) power (hotel utterances mixed in)\n| | " + " | ".join(f"{s:g}" for s in args.shares) + " |"
+        )
+        print("|---|" + "---|" * len(args.shares))
+        for name in ("verdict", "mmd", "novelty", "verdict_before"):
+            cells = [b["power"][f"{name}@{s:g}"] for s in args.shares]
+            print(f"| {name} | " + " | ".join(f"{c[0]}/{c[1]} ({c[0] / c[1]:.2f})" for c in cells) + " |")
+        print(
+            f"median seconds per window (all tests, both novelty tests, cluster rows): {b['seconds_per_window']:.3f}"
+        )
+    if "relevance" in only:
+        rel = relevance_calibration(corpus, args)
+        result["relevance"] = rel
+        print("\n(b) relevance drop alone at alpha, per reference")
+        print(header)
+        for name, values in rel.items():
+            print(f"| {name} | {dist(values)} |")
+    if "streaming" in only:
+        s = streaming(corpus, args)
+        result["streaming"] = s
+        print(
+            f"\n(c) novelty chart: mean run length between false alarms per reference (target {s['target']:g})"
+        )
+        print("| | min | median | p10 | max | refs at or over target |\n|---|---|---|---|---|---|")
+        for name in ("now", "before"):
+            v = np.asarray(s[name])
+            print(
+                f"| {name} | {v.min():.0f} | {np.median(v):.0f} | {np.quantile(v, 0.1):.0f} | {v.max():.0f} | "
+                f"{int(np.sum(v >= s['target']))}/{v.size} |"
+            )
+    if "cost" in only:
+        c = cost(args)
+        result["cost"] = c
+        m = c["median"]
+        print(
+            f"\n(e) cost of one evaluation, {args.ref_size} vs {args.window} texts (median of {args.cost_rounds} alternated runs)"
+        )
+        print("| | before | now | ratio |\n|---|---|---|---|")
+        for k in ("excluded", "included"):
+            print(
+                f"| encoding {k} | {m['before'][k]:.2f} s | {m['now'][k]:.2f} s | {m['now'][k] / m['before'][k]:.2f}x |"
+            )
+    OUT.mkdir(exist_ok=True)
+    (OUT / "drift_calibration.json").write_text(json.dumps(result, indent=1, default=float))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,182 @@
+"""PrefixCache: the keys and values of prompt prefixes the runtime has already prefilled.
+
+A prompt is cut into blocks of `block_tokens` tokens. Block i of a prompt is keyed by the
+serving version and a chained hash: hash(key of block i-1, tokens of block i), so a key
+names the whole prefix up to the end of its block (as vLLM's prefix caching does) and two
+versions never share a block. A new request reuses the longest chain of cached blocks at
+the head of its prompt and prefills only the rest (`MoEModel.prefill_blocks`).
+
+Memory is bounded by `max_bytes`: past it, the least recently used blocks are evicted
+(LRU over blocks; a hit or a store makes a block the most recent). An evicted block in the
+middle of a chain only shortens later lookups: a chain is used up to its first gap.
+
+An optional shared tier (`SharedTier`, e.g. `RedisTier`) holds the same blocks for other
+replicas: a lookup that runs out of local blocks asks the tier for the rest of the chain,
+and every block stored locally is written through. A failing tier is counted and skipped;
+serving never waits on it for long nor fails because of it.
+
+Thread-safe: the loop thread serves from it while a deploy preloads the next version.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Protocol
+
+import torch
+
+from .errors import SharedTierUnavailable
+
+__all__ = ["KVBlock", "PrefixCache", "PrefixCacheStats", "SharedTier", "block_keys"]
+
+KVBlock = tuple[torch.Tensor, torch.Tensor]  # keys, values: each [layers, kv_heads, block_tokens, hd]
+
+
+class SharedTier(Protocol):
+    """Blocks shared between replicas. Both calls raise `SharedTierUnavailable` when the tier fails."""
+
+    def get_many(self, keys: Sequence[str]) -> list[KVBlock | None]: ...
+
+    def put_many(self, blocks: Sequence[tuple[str, KVBlock]]) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class PrefixCacheStats:
+    """Counts since start, per version. A hit or a miss is one block of a request's prompt."""
+
+    hits: int = 0  # blocks reused (from memory or the shared tier)
+    misses: int = 0  # full blocks that had to be prefilled
+    tokens_saved: int = 0  # prompt tokens not prefilled thanks to hits
+    bytes_held: int = 0  # bytes of the blocks held in memory now
+    blocks_held: int = 0
+    evictions: int = 0  # blocks dropped to stay under max_bytes
+    shared_hits: int = 0  # of `hits`, blocks fetched from the shared tier
+    shared_failures: int = 0  # shared-tier calls that failed (served from memory instead)
+
+
+def block_keys(version: str, ids: Sequence[int], block_tokens: int) -> list[str]:
+    """The chained key of every full block of `ids` under `version`."""
+    keys: list[str] = []
+    parent = hashlib.blake2b(version.encode(), digest_size=16).hexdigest()
+    for start in range(0, len(ids) - block_tokens + 1, block_tokens):
+        h = hashlib.blake2b(parent.encode(), digest_size=16)
+        h.update(",".join(str(int(t)) for t in ids[start : start + block_tokens]).encode())
+        parent = h.hexdigest()
+        keys.append(f"{version}:{parent}")
+    return keys
+
+
+class PrefixCache:
+    def __init__(
+        self, *, block_tokens: int = 16, max_bytes: int = 256 << 20, shared: SharedTier | None = None
+    ) -> None:
+        if block_tokens < 1 or max_bytes < 0:
+            raise ValueError(f"need block_tokens >= 1 and max_bytes >= 0, got {block_tokens}, {max_bytes}")
+        self.block_tokens = block_tokens
+        self.max_bytes = max_bytes
+        self.shared = shared
+        self._blocks: OrderedDict[str, tuple[str, KVBlock, int]] = OrderedDict()  # key -> version, kv, bytes
+        self._bytes = 0
+        self._stats: dict[str, PrefixCacheStats] = {}
+        self._lock = threading.Lock()
+
+    def keys(self, version: str, ids: Sequence[int]) -> list[str]:
+        return block_keys(version, ids, self.block_tokens)
+
+    def lookup(self, version: str, keys: Sequence[str], *, count: bool = True) -> list[KVBlock]:
+        """The cached blocks at the head of `keys`, in order, up to the first one not found;
+        counted as hits and misses unless `count` is False (a preload is not traffic)."""
+        found: list[KVBlock] = []
+        with self._lock:
+            for key in keys:
+                entry = self._blocks.get(key)
+                if entry is None:
+                    break
+                self._blocks.move_to_end(key)
+                found.append(entry[1])
+        shared_hits = failures = 0
+        if len(found) < len(keys) and self.shared is not None:
+            rest = keys[len(found) :]
+            try:
+                fetched = self.shared.get_many(rest)
+            except SharedTierUnavailable:
+                failures = 1
+                fetched = []
+            for key, block in zip(rest, fetched, strict=False):
+                if block is None:
+                    break
+                found.append(block)
+                shared_hits += 1
+                self._keep(version, key, block)
+        if count:
+            saved = len(found) * self.block_tokens
+            self._count(
+                version, hits=len(found), misses=len(keys) - len(found), tokens_saved=saved,
+                shared_hits=shared_hits, shared_failures=failures,
+            )  # fmt: skip
+        elif failures:
+            self._count(version, shared_failures=failures)
+        return found
+
+    def store(self, version: str, blocks: Sequence[tuple[str, KVBlock]]) -> None:
+        """Keep freshly prefilled blocks (and write them through to the shared tier)."""
+        if not blocks:
+            return
+        for key, block in blocks:
+            self._keep(version, key, block)
+        if self.shared is not None:
+            try:
+                self.shared.put_many(blocks)
+            except SharedTierUnavailable:
+                self._count(version, shared_failures=1)
+
+    def __contains__(self, key: str) -> bool:
+        with self._lock:
+            return key in self._blocks
+
+    def stats(self) -> dict[str, PrefixCacheStats]:
+        """Per version: counters since start and what is held now."""
+        with self._lock:
+            held: dict[str, tuple[int, int]] = {}
+            for version, _, nbytes in self._blocks.values():
+                b, n = held.get(version, (0, 0))
+                held[version] = (b + nbytes, n + 1)
+            out = {}
+            for version in {*self._stats, *held}:
+                b, n = held.get(version, (0, 0))
+                out[version] = replace(
+                    self._stats.get(version, PrefixCacheStats()), bytes_held=b, blocks_held=n
+                )
+            return out
+
+    @property
+    def bytes_held(self) -> int:
+        with self._lock:
+            return self._bytes
+
+    def _keep(self, version: str, key: str, block: KVBlock) -> None:
+        nbytes = sum(t.numel() * t.element_size() for t in block)
+        evicted: dict[str, int] = {}
+        with self._lock:
+            if key in self._blocks:
+                self._blocks.move_to_end(key)
+                return
+            if nbytes > self.max_bytes:
+                return
+            self._blocks[key] = (version, block, nbytes)
+            self._bytes += nbytes
+            while self._bytes > self.max_bytes:
+                _, (old_version, _, old_bytes) = self._blocks.popitem(last=False)
+                self._bytes -= old_bytes
+                evicted[old_version] = evicted.get(old_version, 0) + 1
+        for old_version, n in evicted.items():
+            self._count(old_version, evictions=n)
+
+    def _count(self, version: str, **delta: int) -> None:
+        with self._lock:
+            s = self._stats.get(version, PrefixCacheStats())
+            self._stats[version] = replace(s, **{k: getattr(s, k) + v for k, v in delta.items()})

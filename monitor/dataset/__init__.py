@@ -1,0 +1,42 @@
+"""Incident data: export a version's requests as JSONL (prompt, answer, timings, relevance,
+novelty and witness flags from the drift reports), and the collections the `collect`
+action opens, filled with the next N matching requests by `fill_collections`.
+
+    infersight dataset export --version V [--since T] [--kind drifted|novel|failed|snapshot|collected] OUT.jsonl
+    GET /api/v1/dataset?version=V&kind=...&since=...   (bearer token; JSONL)
+
+Text passes through the service's `redact` hook (the SDK's hook: `(str) -> str`; a hook that
+fails drops the text) before it leaves the store.
+"""
+
+from __future__ import annotations
+
+from ._collections import fill_collections
+from ._export import (
+    KINDS,
+    DatasetQuery,
+    ExportResult,
+    Redactor,
+    export_dataset,
+    iter_dataset,
+    load_redactor,
+    parse_since,
+)
+from .errors import DatasetError, InvalidSince, InvalidVersion, RedactorInvalid, UnknownKind
+
+__all__ = [
+    "KINDS",
+    "DatasetError",
+    "DatasetQuery",
+    "ExportResult",
+    "InvalidSince",
+    "InvalidVersion",
+    "Redactor",
+    "RedactorInvalid",
+    "UnknownKind",
+    "export_dataset",
+    "fill_collections",
+    "iter_dataset",
+    "load_redactor",
+    "parse_since",
+]

@@ -1,0 +1,251 @@
+"""Export a version's requests as JSONL, one object a line, ready for a fine-tuning or
+validation set: the prompt and the answer (also as chat `messages`), timestamps, version,
+relevance, and what the drift reports said of the text (novel, witness, in a drifted window).
+
+Kinds (None: every request of the version that kept its text):
+- `drifted`: requests inside the window of a drift report that found drift;
+- `novel`: requests whose prompt or answer a drift report listed as novel;
+- `failed`: requests that ended in an error;
+- `snapshot`: requests kept in an inference snapshot of the version;
+- `collected`: requests kept by the `collect` action (copied, so they outlive retention).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import importlib
+import json
+import os
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from infersight.monitor.drift.tables import drift_reports
+from infersight.monitor.sdk._payload import prepare_text
+from infersight.monitor.store.tables import dataset_items, requests, snapshots
+from sqlalchemy import Engine, and_, or_, select, true
+
+from ._collections import fill_collections
+from .errors import InvalidSince, InvalidVersion, RedactorInvalid, UnknownKind
+
+__all__ = [
+    "KINDS",
+    "DatasetQuery",
+    "ExportResult",
+    "Redactor",
+    "export_dataset",
+    "iter_dataset",
+    "load_redactor",
+    "parse_since",
+]
+
+KINDS = ("drifted", "novel", "failed", "snapshot", "collected")
+Redactor = Callable[[str], str]
+_UNLIMITED = 1 << 62  # the export keeps whole texts: only the redact hook applies
+_DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhdw])$")
+_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def parse_since(value: str, *, now: dt.datetime | None = None) -> dt.datetime:
+    """An ISO 8601 time (naive means UTC) or a duration back from `now` (`90m`, `2h`, `7d`)."""
+    text = value.strip()
+    m = _DURATION.match(text)
+    if m:
+        now = now or dt.datetime.now(dt.UTC)
+        return now - dt.timedelta(seconds=float(m.group(1)) * _SECONDS[m.group(2)])
+    try:
+        t = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise InvalidSince(value) from None
+    return t.replace(tzinfo=dt.UTC) if t.tzinfo is None else t.astimezone(dt.UTC)
+
+
+def load_redactor(spec: str) -> Redactor:
+    """The hook named `package.module:function` (the SDK's `redact`: `(str) -> str`)."""
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise RedactorInvalid(spec, "must be 'package.module:function'")
+    try:
+        obj: Any = importlib.import_module(module_name)
+        for part in attr.split("."):
+            obj = getattr(obj, part)
+    except (ImportError, AttributeError) as exc:
+        raise RedactorInvalid(spec, f"{type(exc).__name__}: {exc}") from exc
+    if not callable(obj):
+        raise RedactorInvalid(spec, "is not callable")
+    hook: Redactor = obj
+    return hook
+
+
+@dataclass(frozen=True)
+class DatasetQuery:
+    version: str
+    kind: str | None = None  # None: every request of the version with its text
+    since: dt.datetime | None = None
+
+    def __post_init__(self) -> None:
+        if not 0 < len(self.version) <= 256:
+            raise InvalidVersion(self.version)
+        if self.kind is not None and self.kind not in KINDS:
+            raise UnknownKind(self.kind, KINDS)
+
+
+@dataclass(frozen=True)
+class ExportResult:
+    path: Path
+    rows: int
+    redaction_failed: int  # texts the redact hook refused (dropped, never written unredacted)
+    query: DatasetQuery = field(repr=False)
+
+
+@dataclass
+class _DriftMarks:
+    """What the version's drift reports said: drifted windows, novel and witness texts."""
+
+    windows: list[tuple[dt.datetime | None, dt.datetime | None]] = field(default_factory=list)
+    novelty: dict[str, float] = field(default_factory=dict)  # text -> distance to the reference
+    witness: set[str] = field(default_factory=set)  # texts with the highest witness ("appeared")
+
+    def in_drifted_window(self, t: dt.datetime) -> bool:
+        return any((a is None or a <= t) and (b is None or t <= b) for a, b in self.windows)
+
+
+def _time(value: Any) -> dt.datetime | None:
+    if not value:
+        return None
+    t = dt.datetime.fromisoformat(str(value).replace("Z", "+00:00"))
+    return t.replace(tzinfo=dt.UTC) if t.tzinfo is None else t
+
+
+def _aware(t: dt.datetime) -> dt.datetime:
+    return t.replace(tzinfo=dt.UTC) if t.tzinfo is None else t
+
+
+def _drift_marks(engine: Engine, version: str, since: dt.datetime | None) -> _DriftMarks:
+    marks = _DriftMarks()
+    q = select(drift_reports.c.drifted, drift_reports.c.content).where(
+        drift_reports.c.model_version == version
+    )
+    if since is not None:  # a report made before `since` is about earlier requests
+        q = q.where(drift_reports.c.created_at >= since)
+    with engine.connect() as conn:
+        rows = conn.execute(q).all()
+    for row in rows:
+        content = json.loads(row.content)
+        if row.drifted:
+            window = content.get("window") or {}
+            marks.windows.append((_time(window.get("since")), _time(window.get("until"))))
+        for expl in (content.get("explanation") or {}).values():
+            if not expl:
+                continue
+            for ex in (expl.get("novelty") or {}).get("examples") or ():
+                text = ex.get("text")
+                if isinstance(text, str):
+                    marks.novelty[text] = max(float(ex.get("distance") or 0.0), marks.novelty.get(text, 0.0))
+            marks.witness.update(
+                a["text"] for a in expl.get("appeared") or () if isinstance(a.get("text"), str)
+            )
+    return marks
+
+
+def _snapshot_request_ids(engine: Engine, version: str) -> set[str]:
+    with engine.connect() as conn:
+        rows = conn.execute(select(snapshots.c.content).where(snapshots.c.model_version == version)).all()
+    return {str(r["request_id"]) for row in rows for r in json.loads(row.content).get("requests") or ()}
+
+
+def _rows(engine: Engine, query: DatasetQuery, marks: _DriftMarks) -> Iterator[Any]:
+    table = dataset_items if query.kind == "collected" else requests
+    cond = [table.c.model_version == query.version, table.c.prompt.is_not(None)]
+    if query.since is not None:
+        cond.append(table.c.started_at >= query.since)
+    if query.kind == "failed":
+        cond.append(table.c.error_type.is_not(None))
+    elif query.kind == "drifted":
+        if not marks.windows:
+            return
+        windows = []
+        for a, b in marks.windows:
+            bounds = [table.c.started_at >= a] if a is not None else []
+            bounds += [table.c.started_at <= b] if b is not None else []
+            windows.append(and_(*bounds) if bounds else true())
+        cond.append(or_(*windows))
+    elif query.kind == "novel":
+        texts = list(marks.novelty)
+        if not texts:
+            return
+        cond.append(or_(table.c.prompt.in_(texts), table.c.response.in_(texts)))
+    q = select(table).where(*cond).order_by(table.c.started_at, table.c.request_id)
+    with engine.connect() as conn:
+        yield from conn.execution_options(yield_per=500).execute(q)
+
+
+def iter_dataset(
+    engine: Engine, query: DatasetQuery, *, redact: Redactor | None = None
+) -> Iterator[dict[str, Any]]:
+    """The export's objects in time order. A text the hook fails on is dropped (None), and
+    the object says `"redaction_failed": true`; a prompt so dropped drops the object's text."""
+    if query.kind == "collected":
+        fill_collections(engine)  # what arrived since the service's last fill
+    marks = _drift_marks(engine, query.version, query.since)
+    in_snapshot = _snapshot_request_ids(engine, query.version)
+    for r in _rows(engine, query, marks):
+        if query.kind == "snapshot" and r.request_id not in in_snapshot:
+            continue
+        started = _aware(r.started_at)
+        novelty = max(marks.novelty.get(r.prompt, 0.0), marks.novelty.get(r.response or "", 0.0))
+        prompt, why_p = prepare_text(
+            r.prompt, max_text_chars=_UNLIMITED, max_payload_chars=_UNLIMITED, redact=redact
+        )
+        answer, why_a = (None, None) if r.response is None else prepare_text(
+            r.response, max_text_chars=_UNLIMITED, max_payload_chars=_UNLIMITED, redact=redact
+        )  # fmt: skip
+        failed = "redaction_failed" in (why_p, why_a)
+        messages = None
+        if prompt is not None and answer is not None:
+            messages = [{"role": "user", "content": prompt}, {"role": "assistant", "content": answer}]
+        yield {
+            "request_id": r.request_id,
+            "model": r.model,
+            "model_version": r.model_version,
+            "started_at": started.isoformat().replace("+00:00", "Z"),
+            "finished_at": (started + dt.timedelta(seconds=r.duration_s)).isoformat().replace("+00:00", "Z"),
+            "duration_s": r.duration_s,
+            "ttft_s": r.ttft_s,
+            "prompt_tokens": r.prompt_tokens,
+            "output_tokens": r.output_tokens,
+            "error_type": r.error_type,
+            "prompt": prompt,
+            "answer": None if prompt is None else answer,
+            "messages": messages,
+            "relevance": r.relevance,
+            "novel": r.prompt in marks.novelty or (r.response or "") in marks.novelty,
+            "novelty": novelty if novelty > 0 else None,
+            "witness": r.prompt in marks.witness or (r.response or "") in marks.witness,
+            "drifted_window": marks.in_drifted_window(started),
+            "in_snapshot": r.request_id in in_snapshot,
+            "redaction_failed": failed,
+        }
+
+
+def export_dataset(
+    engine: Engine, query: DatasetQuery, out: str | Path, *, redact: Redactor | None = None
+) -> ExportResult:
+    """Write `out` (JSONL, mode 0600: it holds user text) atomically; no rows: an empty file."""
+    path = Path(out)
+    tmp = path.with_name(path.name + ".tmp")
+    rows = failed = 0
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            for obj in iter_dataset(engine, query, redact=redact):
+                f.write(json.dumps(obj, ensure_ascii=False) + "\n")
+                rows += 1
+                failed += obj["redaction_failed"]
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    return ExportResult(path, rows, failed, query)

@@ -1,0 +1,129 @@
+"""The service's side of the engine's prefix KV cache: built from `engine.prefix_cache_*`,
+preloaded from the most frequent prompts in the store, and exposed to Prometheus.
+
+The engine knows nothing of the store: the runtime takes a `preload_source(version)` and
+calls it at start and at every deploy, before the version takes traffic. This module's
+`FrequentPrompts` answers it with the `top` most frequent sampled prompts of the last
+`window_s` seconds of the model's traffic (any version: a new version has none yet), each
+as sent on /v1/completions and as a one-message chat rendered by the served template, so
+that both routes find their template and question prefilled.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+from infersight.monitor.store.tables import requests
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
+from sqlalchemy import func, select
+from sqlalchemy.engine import Engine
+
+from .chat_template import render_chat
+from .openai_schema import ChatMessage
+
+if TYPE_CHECKING:
+    from infersight.engine.prefix_cache import PrefixCache
+
+    from .config import EngineConfig
+
+__all__ = ["FrequentPrompts", "PrefixCacheCollector", "build_prefix_cache"]
+
+
+def build_prefix_cache(cfg: EngineConfig) -> PrefixCache | None:
+    """The runtime's prefix cache as configured; None when `prefix_cache_mb` is 0."""
+    if cfg.prefix_cache_mb <= 0:
+        return None
+    from infersight.engine.prefix_cache import PrefixCache
+    from infersight.engine.prefix_cache_redis import RedisTier
+
+    shared = None
+    if cfg.prefix_cache_redis_url:
+        shared = RedisTier(cfg.prefix_cache_redis_url, key_prefix=cfg.prefix_cache_redis_prefix)
+    return PrefixCache(
+        block_tokens=cfg.prefix_block_tokens, max_bytes=int(cfg.prefix_cache_mb * (1 << 20)), shared=shared
+    )
+
+
+class FrequentPrompts:
+    """`preload_source` for the runtime: the most frequent recorded prompts of `model`."""
+
+    def __init__(
+        self,
+        db: Engine,
+        *,
+        model: Callable[[str], str],  # version -> the model its records name
+        top: int,
+        window_s: float = 7 * 24 * 3600,
+        now: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC),
+    ) -> None:
+        self.db, self.model, self.top, self.window_s, self.now = db, model, top, window_s, now
+
+    def prompts(self, version: str) -> list[str]:
+        """The `top` most frequent sampled prompts of `version`'s model, most frequent first."""
+        if self.top <= 0:
+            return []
+        since = self.now() - dt.timedelta(seconds=self.window_s)
+        count = func.count().label("n")
+        query = (
+            select(requests.c.prompt, count)
+            .where(
+                requests.c.model == self.model(version),
+                requests.c.prompt.is_not(None),
+                requests.c.started_at >= since,
+            )
+            .group_by(requests.c.prompt)
+            .order_by(count.desc(), func.max(requests.c.started_at).desc())
+            .limit(self.top)
+        )
+        with self.db.connect() as conn:
+            return [str(row[0]) for row in conn.execute(query) if row[0]]
+
+    def __call__(self, version: str) -> list[str]:
+        out: list[str] = []
+        for text in self.prompts(version):
+            out.append(text)
+            out.append(render_chat([ChatMessage(role="user", content=text, name=None)]))
+        return out
+
+
+class PrefixCacheCollector(Collector):
+    """Prefix-cache counters per version, read from the runtime at scrape time."""
+
+    def __init__(self, runtime: Any, *, model: str) -> None:
+        self.runtime, self.model = runtime, model
+
+    def collect(self) -> Iterator[Metric]:
+        stats = self.runtime.prefix_cache_stats()
+        labels = ["model", "version"]
+        families: dict[str, Metric] = {
+            "hits": CounterMetricFamily(
+                "infersight_prefix_cache_hits", "Prompt blocks served from the prefix KV cache", labels=labels
+            ),
+            "misses": CounterMetricFamily(
+                "infersight_prefix_cache_misses", "Full prompt blocks not in the prefix KV cache", labels=labels
+            ),
+            "tokens_saved": CounterMetricFamily(
+                "infersight_prefix_cache_tokens_saved", "Prompt tokens not prefilled thanks to the cache",
+                labels=labels,
+            ),
+            "evictions": CounterMetricFamily(
+                "infersight_prefix_cache_evictions", "Blocks evicted (LRU) to stay under the byte budget",
+                labels=labels,
+            ),
+            "shared_failures": CounterMetricFamily(
+                "infersight_prefix_cache_shared_failures", "Failed calls to the shared tier (Redis)",
+                labels=labels,
+            ),
+            "bytes_held": GaugeMetricFamily(
+                "infersight_prefix_cache_bytes", "Bytes of keys and values held by the prefix cache",
+                labels=labels,
+            ),
+        }  # fmt: skip
+        for version, s in sorted(stats.items()):
+            for name, family in families.items():
+                family.add_metric([self.model, version], float(getattr(s, name)))  # type: ignore[attr-defined]
+        yield from families.values()

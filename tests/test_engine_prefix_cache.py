@@ -1,0 +1,208 @@
+"""The prefix KV cache on a real tiny Mixtral: exact reuse, version isolation, LRU bound,
+preload at start and deploy, and the shared tier on the machine's real Redis."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterator
+
+import _engine_serving_support as support
+import pytest
+import torch
+from _engine_serving_support import V1, V2, prompt
+from conftest import free_port, missing_service
+from infersight.engine import load
+from infersight.engine.prefix_cache import PrefixCache, PrefixCacheStats
+from infersight.engine.prefix_cache_redis import RedisTier
+from infersight.engine.registry import Registry
+from infersight.engine.runtime import Runtime
+
+tiny_checkpoints, registry, greedy = support.tiny_checkpoints, support.registry, support.greedy  # fixtures
+Greedy = Callable[[str, list[int], int], list[int]]
+BLOCK = 8
+SYSTEM = [(7 * i + 3) % 96 for i in range(40)]  # a shared "system prompt" of 5 blocks
+
+
+def chat(question: int, n: int = 5) -> list[int]:
+    """The shared system prompt followed by a short question of its own."""
+    return SYSTEM + prompt(question, n)
+
+
+def serve(rt: Runtime, jobs: list[tuple[list[int], int, float, int | None]]) -> list[tuple[int, ...]]:
+    """Submit the first job, wait for its first token, then the rest join the running batch."""
+    first, *rest = jobs
+    handles = [rt.submit(first[0], max_new_tokens=first[1], temperature=first[2], seed=first[3])]
+    next(iter(handles[0]))
+    handles += [rt.submit(p, max_new_tokens=n, temperature=t, seed=s) for p, n, t, s in rest]
+    return [h.result(timeout=60).token_ids for h in handles]
+
+
+def runtime_with(registry: Registry, cache: PrefixCache | None, **kw: object) -> Runtime:
+    rt = Runtime(registry, max_batch_size=3, max_prompt_tokens=96, max_seq_len=160, prefix_cache=cache, **kw)  # type: ignore[arg-type]
+    rt.start(V1)
+    return rt
+
+
+@pytest.fixture
+def redis_tier() -> Iterator[RedisTier]:
+    """A RedisTier on the machine's Redis under a fresh key prefix, deleted afterwards."""
+    tier = RedisTier(key_prefix=f"infersight-test:{uuid.uuid4().hex[:12]}:", timeout_s=2.0)
+    try:
+        tier._connection().ping()
+    except Exception as exc:
+        missing_service(f"Redis at 127.0.0.1:6379 unavailable: {exc}")
+    try:
+        yield tier
+    finally:
+        tier.clear()
+
+
+def test_suffix_prefill_on_cached_blocks_gives_the_same_logit_bits(tiny_checkpoints: dict) -> None:
+    model = load(tiny_checkpoints[V1])
+    ids = torch.tensor(chat(1, 7))
+    cold = model.new_cache(1, 64)
+    full = model.prefill_blocks(cold, 0, ids, start=0, block=BLOCK)
+    for start in (BLOCK, 2 * BLOCK, 5 * BLOCK):
+        warm = model.new_cache(2, 64)
+        k, v = model.read_kv(cold, 0, 0, start)
+        model.write_kv(warm, 1, 0, k, v)
+        assert torch.equal(model.prefill_blocks(warm, 1, ids, start=start, block=BLOCK), full)
+        assert torch.equal(warm.k[:, 1, :, : len(ids)], cold.k[:, 0, :, : len(ids)])
+    # and the block path agrees with the plain prefill on what a user sees: the next token
+    plain = model.prefill(model.new_cache(1, 64), 0, ids)
+    assert torch.allclose(plain, full, atol=1e-5, rtol=1e-5)
+    assert int(plain.argmax()) == int(full.argmax())
+
+
+def test_outputs_are_bit_identical_with_and_without_the_cache_across_batch_compositions(
+    registry: Registry,
+) -> None:
+    # greedy and seeded sampling; prompts that share the system prompt, one that does not,
+    # one that is exactly whole blocks; later ones join a batch that is already decoding
+    jobs = [
+        (chat(1), 12, 0.0, None),
+        (chat(2), 9, 0.9, 11),
+        (prompt(50, 6), 7, 0.0, None),
+        (chat(3, 8), 6, 0.0, None),  # 48 tokens: whole blocks, the last one is prefilled anyway
+        (SYSTEM + chat(4)[len(SYSTEM) :], 8, 0.7, 5),
+        (chat(1), 12, 0.0, None),  # the same prompt again: every usable block hits
+    ]
+    off = runtime_with(registry, PrefixCache(block_tokens=BLOCK, max_bytes=0))  # keeps nothing
+    try:
+        expected = serve(off, jobs)
+        assert sum(s.hits for s in off.prefix_cache_stats().values()) == 0
+    finally:
+        off.stop()
+    cache = PrefixCache(block_tokens=BLOCK, max_bytes=64 << 20)
+    on = runtime_with(registry, cache)
+    try:
+        assert serve(on, jobs) == expected  # cold: blocks fill as requests arrive
+        assert serve(on, list(reversed(jobs))) == list(reversed(expected))  # warm, other batches
+        stats = on.prefix_cache_stats()[V1]
+        assert stats.hits > 0 and stats.tokens_saved == stats.hits * BLOCK and stats.misses > 0
+        assert stats.bytes_held > 0 and stats.evictions == 0
+    finally:
+        on.stop()
+    plain = runtime_with(registry, None)  # no cache at all: the same tokens (greedy rows)
+    try:
+        got = serve(plain, jobs)
+        assert [got[i] for i in (0, 2, 3, 5)] == [expected[i] for i in (0, 2, 3, 5)]
+    finally:
+        plain.stop()
+
+
+def test_versions_never_share_blocks(registry: Registry, greedy: Greedy) -> None:
+    cache = PrefixCache(block_tokens=BLOCK, max_bytes=64 << 20)
+    rt = runtime_with(registry, cache)
+    try:
+        rt.submit(chat(1), max_new_tokens=4).result(timeout=60)
+        rt.deploy(V2)
+        v2 = rt.submit(chat(1), max_new_tokens=6).result(timeout=60)
+        assert v2.model_version == V2 and list(v2.token_ids) == greedy(V2, chat(1), 6)
+        stats = rt.prefix_cache_stats()
+        assert stats[V2].hits == 0 and stats[V2].misses == len(chat(1)) // BLOCK
+        assert stats[V1].blocks_held > 0 and stats[V2].blocks_held > 0
+    finally:
+        rt.stop()
+
+
+def test_memory_stays_under_the_byte_budget_evicting_least_recently_used_blocks() -> None:
+    def block(x: float) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.full((2, 1, BLOCK, 4), float(x)), torch.full((2, 1, BLOCK, 4), -float(x))
+
+    size = 2 * 2 * BLOCK * 4 * 4  # bytes of one block (k and v, fp32)
+    cache = PrefixCache(block_tokens=BLOCK, max_bytes=3 * size)
+    keys = [cache.keys("v", list(range(i * 10, i * 10 + BLOCK)))[0] for i in range(5)]
+    cache.store("v", [(keys[0], block(0)), (keys[1], block(1)), (keys[2], block(2))])
+    assert len(cache.lookup("v", [keys[0]])) == 1  # block 0 is now the most recently used
+    cache.store("v", [(keys[3], block(3)), (keys[4], block(4))])
+    assert cache.bytes_held == 3 * size
+    assert [k in cache for k in keys] == [True, False, False, True, True]
+    stats = cache.stats()["v"]
+    assert stats == PrefixCacheStats(hits=1, misses=0, tokens_saved=BLOCK, bytes_held=3 * size,
+                                     blocks_held=3, evictions=2)  # fmt: skip
+
+
+def test_frequent_prompts_are_prefilled_at_start_and_at_deploy_before_traffic(registry: Registry) -> None:
+    asked: list[str] = []
+
+    def frequent(version: str) -> list[list[int]]:
+        asked.append(version)
+        return [chat(9, 3), SYSTEM]
+
+    cache = PrefixCache(block_tokens=BLOCK, max_bytes=64 << 20)
+    rt = runtime_with(registry, cache, preload_source=frequent)
+    try:
+        held = rt.prefix_cache_stats()[V1]
+        assert asked == [V1] and held.blocks_held == len(chat(9, 3)) // BLOCK and held.hits == 0
+        rt.submit(chat(2), max_new_tokens=2).result(timeout=60)
+        first = rt.prefix_cache_stats()[V1]
+        assert first.hits == len(SYSTEM) // BLOCK and first.misses == 0  # the first request is warm
+        outcome = rt.deploy(V2)
+        assert asked == [V1, V2] and outcome.preloaded_tokens == len(chat(9, 3)) // BLOCK * BLOCK
+        assert rt.prefix_cache_stats()[V2].blocks_held == len(chat(9, 3)) // BLOCK
+    finally:
+        rt.stop()
+
+
+def test_a_failing_preload_source_leaves_the_version_serving_cold(registry: Registry) -> None:
+    def broken(version: str) -> list[list[int]]:
+        raise ConnectionError("store down")
+
+    rt = runtime_with(registry, PrefixCache(block_tokens=BLOCK), preload_source=broken)
+    try:
+        assert rt.serving_version == V1 and rt.preload_errors == 1
+        assert rt.prefix_cache_stats().get(V1, PrefixCacheStats()).blocks_held == 0
+        assert len(rt.submit(prompt(77, 20), max_new_tokens=3).result(timeout=60).token_ids) == 3
+        assert rt.preload([[*SYSTEM, 5, 6, 7]]) == len(SYSTEM)  # by hand, beside serving
+        rt.submit([*SYSTEM, 9], max_new_tokens=1).result(timeout=60)
+        assert rt.prefix_cache_stats()[V1].tokens_saved == len(SYSTEM)
+    finally:
+        rt.stop()
+
+
+def test_a_new_replica_starts_warm_from_redis(registry: Registry, redis_tier: RedisTier) -> None:
+    first = runtime_with(registry, PrefixCache(block_tokens=BLOCK, shared=redis_tier))
+    try:
+        expected = first.submit(chat(1), max_new_tokens=8).result(timeout=60).token_ids
+    finally:
+        first.stop()
+    replica = runtime_with(registry, PrefixCache(block_tokens=BLOCK, shared=redis_tier))
+    try:
+        assert replica.submit(chat(1), max_new_tokens=8).result(timeout=60).token_ids == expected
+        stats = replica.prefix_cache_stats()[V1]
+        assert stats.shared_hits == len(chat(1)) // BLOCK and stats.misses == 0 and stats.shared_failures == 0
+    finally:
+        replica.stop()
+
+
+def test_redis_unreachable_falls_back_to_local_and_counts_the_failure(registry: Registry) -> None:
+    dead = RedisTier(f"redis://127.0.0.1:{free_port()}/0", key_prefix="unused:", timeout_s=0.2)
+    rt = runtime_with(registry, PrefixCache(block_tokens=BLOCK, shared=dead))
+    try:
+        out = [rt.submit(chat(1), max_new_tokens=5).result(timeout=60).token_ids for _ in range(2)]
+        assert out[0] == out[1] and len(out[0]) == 5
+        stats = rt.prefix_cache_stats()[V1]
+        assert stats.shared_failures >= 1 and stats.hits == len(chat(1)) // BLOCK  # second one: local hits
+    finally:
+        rt.stop()
