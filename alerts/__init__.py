@@ -78,6 +78,8 @@ from .receivers import PagerDutyReceiver, Receiver, SlackReceiver, WebhookReceiv
 from .rules import ACTION_TYPES, COLLECT_KINDS, ActionSpec, Condition, Rule, RuleGroup
 from .signals import SIGNAL_KINDS, Sample, Signal, SignalKind, SignalSource
 from .silences import Silence, create_silence, expire_silence, list_silences
+from .slo import BURN_WINDOWS, CLIENT_ERROR_TYPES, SLO, BurnWindow
+from .slo_ledger import SLOLedger, SLOStatus
 from .state import ActiveAlert, Transition
 from .static_signals import StaticSignals
 from .store_signals import CompositeSignals, StoreSignals
@@ -86,13 +88,16 @@ from .transport import HttpRequest, HttpResponse, HttpSender, HttpxSender, url_p
 __all__ = [
     "ACTION_LABEL",
     "ACTION_TYPES",
+    "BURN_WINDOWS",
     "CANARY_ALERT",
     "CLIENT_ERRORS",
+    "CLIENT_ERROR_TYPES",
     "COLLECT_KINDS",
     "DEFAULT_RULES",
     "FAILURE_ALERT",
     "REGRESSION_ALERT",
     "SIGNAL_KINDS",
+    "SLO",
     "ActionFailed",
     "ActionOutcome",
     "ActionRefused",
@@ -103,6 +108,7 @@ __all__ = [
     "AlertmanagerHandler",
     "AlertsError",
     "AnalysisPolicy",
+    "BurnWindow",
     "CanaryAnalysis",
     "CanaryController",
     "CanaryDecision",
@@ -151,6 +157,8 @@ __all__ = [
     "RuleGroup",
     "RuleParseError",
     "RuntimeControl",
+    "SLOLedger",
+    "SLOStatus",
     "Sample",
     "Signal",
     "SignalKind",

@@ -85,6 +85,8 @@ def _signal(src: Source, raw: Any, line: int, what: str) -> Signal:
         if m["resource"] not in MEMORY_RESOURCES:
             src.fail(m.key_lines["resource"], f"resource must be one of {', '.join(MEMORY_RESOURCES)}")
         values["resource"] = m["resource"]
+    if "slo" in m:
+        values["slo"] = src.string(m, "slo", what)
     if "min_requests" in m:
         n = m["min_requests"]
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:

@@ -9,6 +9,7 @@ from typing import Literal
 
 from .matchers import Matcher, matches_all
 from .rules import Rule, RuleGroup
+from .slo import SLO
 
 __all__ = [
     "DEFAULT_PAGERDUTY_URL",
@@ -88,6 +89,7 @@ class AlertConfig:
     receivers: Mapping[str, ReceiverConfig] = field(default_factory=dict)
     route: Route | None = None
     inhibit_rules: tuple[InhibitRule, ...] = ()
+    slos: tuple[SLO, ...] = ()  # their burn-rate alerts are in `groups` (group "slo")
 
     @property
     def rules(self) -> tuple[Rule, ...]:

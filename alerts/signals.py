@@ -85,6 +85,13 @@ SIGNAL_KINDS: Mapping[str, SignalKind] = {
         SignalKind(
             "dead_letters", (), (), (), "notifications that exhausted their retries (outbox dead letters)"
         ),
+        SignalKind(
+            "slo_burn_rate",
+            ("slo",),
+            ("slo", "window"),
+            ("slo", "window"),
+            "an SLO's bad share of requests over the window divided by its error budget (1 - objective)",
+        ),
     )
 }
 
@@ -100,6 +107,7 @@ class Signal:
     field: str | None = None
     resource: str | None = None
     min_requests: int | None = None
+    slo: str | None = None  # slo_burn_rate: the SLO's name (alerts/slo.py)
 
     @property
     def spec(self) -> SignalKind:

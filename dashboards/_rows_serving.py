@@ -6,7 +6,7 @@ from ._layout import Section
 from ._panels import Target, heatmap, stat, timeseries, value_text
 from ._queries import RATE, quantile, rate, serving, zero_if_empty
 
-__all__ = ["headline", "latency", "traffic"]
+__all__ = ["headline", "latency", "slo_cost", "traffic"]
 
 _DURATION = "gen_ai_server_request_duration_seconds"
 _TTFT = "gen_ai_server_time_to_first_token_seconds"
@@ -171,6 +171,59 @@ def traffic() -> Section:
                 "Output length (output tokens)",
                 Target(f"sum by (le) (increase({_TOKENS}_bucket{out}[{RATE}]))", "{{le}}", fmt="heatmap"),
                 unit="short",
+            ),
+        ],
+    )
+
+
+def slo_cost() -> Section:
+    """SLOs (alerts/slo.py: `slos:` in the rule file) and cost per 1k output tokens (`cost:`)."""
+    return Section(
+        "SLOs and cost",
+        [
+            stat(
+                "Error budget remaining",
+                [Target("min by (slo) (infersight_slo_error_budget_remaining_ratio)", "{{slo}}")],
+                unit="percentunit",
+                width=6,
+                steps=((None, "red"), (0.25, "orange"), (0.5, "green")),
+                description="Share of each SLO's error budget left over its window (below 0: overspent).",
+            ),
+            timeseries(
+                "SLO attainment",
+                [Target("min by (slo) (infersight_slo_attainment_ratio)", "{{slo}}")],
+                unit="percentunit",
+                width=6,
+                max_value=1,
+                description="Share of the SLO's requests that were good over its window.",
+            ),
+            timeseries(
+                "SLO burn rate",
+                [
+                    Target(
+                        'max by (slo, window) (infersight_slo_burn_rate{window=~"5m|1h|6h"})',
+                        "{{slo}} {{window}}",
+                    )
+                ],
+                unit="short",
+                width=6,
+                min_value=0,
+                threshold=14.4,
+                description="Bad share / error budget; 1 spends the budget exactly over the window, "
+                "14.4 over 1h and 5m pages.",
+            ),
+            timeseries(
+                "Cost per 1k output tokens",
+                [
+                    Target(
+                        f"max by (model_version) (infersight_cost_per_1k_output_tokens{serving()})",
+                        "{{model_version}}",
+                    )
+                ],
+                unit="short",
+                width=6,
+                min_value=0,
+                description="cost.per_hour shared by busy time among versions, per 1000 output tokens.",
             ),
         ],
     )

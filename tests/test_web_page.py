@@ -27,7 +27,7 @@ from infersight.dashboards import web_assets_dir
 from infersight.monitor.data import banking77, hotels
 from infersight.monitor.records import InferenceRecord
 from infersight.monitor.service import ServiceConfig, create_app
-from infersight.monitor.service.config import ScheduleConfig
+from infersight.monitor.service.config import AlertingConfig, CostConfig, ScheduleConfig
 from infersight.monitor.store.tables import deploys
 
 from tests._web_page_browser import Browser, serve
@@ -176,11 +176,19 @@ def _record_deploys(app: Any) -> None:
 
 @pytest.fixture(scope="module")
 def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
+    rules = tmp_path_factory.mktemp("rules") / "rules.yaml"
+    rules.write_text(
+        "groups: []\nslos:\n"
+        "  - {name: answers-within-1s, objective: 0.99, threshold_ms: 1000, window: 30d}\n"
+        "  - {name: fast-path, path: fast, objective: 0.999, threshold_ms: 50, window: 30d}\n"
+    )
     config = ServiceConfig(
         data_dir=tmp_path_factory.mktemp("service"),
         token=TOKEN,
         model=MODEL,
         schedule=ScheduleConfig(timeseries_s=0.25, timeseries_window_s=10.0),
+        alerting=AlertingConfig(rules=rules),
+        cost=CostConfig(per_hour=4.10),
     )
     app = create_app(config)
     stop = threading.Event()
@@ -272,6 +280,28 @@ def test_page_draws_live_latency_and_memory_from_the_service(
 
     png = browser.screenshot(tmp_path / "web_page_service.png")
     assert png.startswith(b"\x89PNG") and len(png) > 20_000
+    assert not browser.page_errors()
+
+
+def test_page_shows_each_slos_error_budget_and_the_cost_per_1k_tokens(live: Live, browser: Browser) -> None:
+    _open(browser, live.url)
+    browser.wait_for(
+        "[...document.querySelectorAll('#slos tbody tr')].some(r => r.textContent.includes('answers-within-1s')"
+        " && !r.textContent.includes('no requests'))",
+        what="the SLO row with traffic",
+    )
+    rows = browser.evaluate(
+        "[...document.querySelectorAll('#slos tbody tr')].map(r => [...r.cells].map(c => c.textContent))"
+    )
+    within = next(r for r in rows if r[0] == "answers-within-1s")
+    assert within[1] == "99.00% latency" and within[2] == "30d"
+    budget_left = float(within[4].rstrip("%"))  # lognormal answers, almost none over 1 s
+    assert within[4].endswith("%") and budget_left > 50
+    fast = next(r for r in rows if r[0] == "fast-path")
+    assert fast[3] == "no requests" and fast[4] == "100%"  # no routing layer labels requests `fast` yet
+    browser.wait_for("document.querySelectorAll('#costs tbody tr td.mono').length >= 1", what="a cost row")
+    cost = browser.evaluate("[...document.querySelector('#costs tbody tr').cells].map(c => c.textContent)")
+    assert cost[0] == "mixtral_banking_int8-v1.2" and float(cost[3]) > 0
     assert not browser.page_errors()
 
 

@@ -39,6 +39,8 @@ function renderOverview(o) {
   $("uptime").textContent = fmt.duration(o.uptime_s);
   renderAlerts(o.firing_alerts ?? []);
   renderDeploys(o.deploys ?? []);
+  renderSLOs(o.slos ?? []);
+  renderCosts(o.cost ?? [], o.cost_per_hour ?? null);
   renderSummary($("drift-summary"), o.drift ?? null);
   state.driftId = o.drift ? reportId(o.drift) ?? null : null;
   $("drift-open").hidden = !o.drift;
@@ -106,6 +108,52 @@ function renderDeploys(deploys) {
       tr.cells[4].appendChild(why);
     }
   }
+}
+
+function fillRows(table, rows, empty, columns) {
+  const body = table.tBodies[0];
+  body.replaceChildren();
+  if (!rows.length) {
+    const td = body.insertRow().insertCell();
+    td.colSpan = columns;
+    td.className = "empty";
+    td.textContent = empty;
+    return;
+  }
+  for (const cells of rows) {
+    const tr = body.insertRow();
+    for (const [text, cls] of cells) {
+      const td = tr.insertCell();
+      td.textContent = text;
+      if (cls) td.className = cls;
+    }
+  }
+}
+
+function renderSLOs(slos) {
+  fillRows($("slos"), slos.map((s) => {
+    const left = s.error_budget_remaining;
+    const cls = left < 0 ? "outcome outcome-refused" : left < 0.25 ? "budget-low" : "";
+    const burn = s.burn_rates ? s.burn_rates["1h"] : null;
+    return [
+      [s.name, "mono"],
+      [`${(s.objective * 100).toPrecision(4)}% ${s.kind}`, ""],
+      [s.window, ""],
+      [s.attainment === null ? "no requests" : `${(s.attainment * 100).toFixed(3)}%`, ""],
+      [fmt.percent(left), cls],
+      [burn === null || burn === undefined ? "—" : `${burn.toFixed(2)}x`, ""],
+    ];
+  }), "No SLO declared.", 6);
+}
+
+function renderCosts(costs, perHour) {
+  const empty = perHour === null ? "No cost configured." : "No output tokens in the cost window yet.";
+  fillRows($("costs"), costs.map((c) => [
+    [c.model_version, "mono"],
+    [c.path ?? "—", ""],
+    [String(c.output_tokens), ""],
+    [c.per_1k_output_tokens === null ? "—" : c.per_1k_output_tokens.toFixed(4), ""],
+  ]), empty, 4);
 }
 
 // ---- charts ------------------------------------------------------------------------------------

@@ -52,6 +52,12 @@ def _check(args: argparse.Namespace) -> int:
             f" for {format_duration(rule.for_s)}"
             + (f"  actions: {', '.join(a.type for a in rule.actions)}" if rule.actions else "")
         )
+    for slo in config.slos:
+        what = (
+            f"latency <= {slo.threshold_s * 1000:g} ms" if slo.threshold_s is not None else "no server error"
+        )
+        where = " ".join(f"{k}={v}" for k, v in slo.selector) or "all requests"
+        print(f"slo {slo.name}: {slo.objective:.4%} {what} over {format_duration(slo.window_s)} ({where})")
     for name, r in config.receivers.items():
         state = "enabled" if r.enabled else f"disabled: {r.disabled_reason}"
         print(f"receiver {name} ({r.type}): {state}")
@@ -74,7 +80,7 @@ def _export(args: argparse.Namespace) -> int:
             os.replace(tmp, out)
         except OSError as exc:
             raise CommandError(f"cannot write {out}: {exc.strerror or exc}") from exc
-        print(f"wrote {len(result.exported)} rules to {out}")
+        print(f"wrote {len(result.exported)} alerting and {result.recorded} recording rules to {out}")
     for key in result.skipped:
         print(f"skipped {key}: no PromQL form", file=sys.stderr)
     return 0

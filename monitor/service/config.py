@@ -16,6 +16,7 @@ from infersight.monitor.store.retention import RetentionPolicy
 
 __all__ = [
     "AlertingConfig",
+    "CostConfig",
     "DriftConfig",
     "EngineConfig",
     "LimitsConfig",
@@ -100,6 +101,16 @@ class DriftConfig:
 
 
 @dataclass(frozen=True)
+class CostConfig:
+    """What serving costs: `per_hour` (any currency) for the process, or for each GPU it
+    watches (`per: device`). Exported as `infersight_cost_per_1k_output_tokens` by version."""
+
+    per_hour: float
+    per: str = "process"  # "process" | "device"
+    window_s: float = 3600.0  # the cost per 1k tokens covers this trailing window
+
+
+@dataclass(frozen=True)
 class ScheduleConfig:
     """Job intervals in seconds."""
 
@@ -143,6 +154,7 @@ class ServiceConfig:
     retention: RetentionPolicy = field(default_factory=RetentionPolicy)
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
     limits: LimitsConfig = field(default_factory=LimitsConfig)
+    cost: CostConfig | None = None
     text_sample_rate: float = 1.0  # share of proxied/served requests whose text is kept
     # "package.module:function", the SDK's `redact` hook (str -> str): applied to every text
     # the dataset export (CLI and GET /api/v1/dataset) lets out; a hook that fails drops the text

@@ -18,6 +18,7 @@ from infersight.monitor.store.retention import RetentionPolicy
 
 from .config import (
     AlertingConfig,
+    CostConfig,
     DriftConfig,
     EngineConfig,
     LimitsConfig,
@@ -64,7 +65,7 @@ def config_from_mapping(
     top = reader.section(data, "", ServiceConfig, nested={
         "engine": EngineConfig, "upstream": UpstreamConfig, "alerting": AlertingConfig,
         "drift": DriftConfig, "retention": RetentionPolicy, "schedule": ScheduleConfig,
-        "limits": LimitsConfig,
+        "limits": LimitsConfig, "cost": CostConfig,
     })  # fmt: skip
     if env.get(ENV_TOKEN):
         top["token"] = env[ENV_TOKEN]
@@ -124,6 +125,13 @@ def check_config(config: ServiceConfig, *, source: str | None = None) -> Service
     for f in dataclasses.fields(LimitsConfig):
         if not getattr(config.limits, f.name) > 0:
             fail(f"limits.{f.name}", "must be positive")
+    if config.cost is not None:
+        if not (isinstance(config.cost.per_hour, int | float) and 0 < config.cost.per_hour < float("inf")):
+            fail("cost.per_hour", "must be a positive number (cost of one hour of serving)")
+        if config.cost.per not in ("process", "device"):
+            fail("cost.per", "must be process or device")
+        if not config.cost.window_s > 0:
+            fail("cost.window_s", "must be a positive number of seconds")
     if config.engine is not None:
         for name in ("max_batch_size", "max_prompt_tokens", "max_seq_len", "max_tokens_limit"):
             if not getattr(config.engine, name) > 0:

@@ -44,17 +44,19 @@ class RecordPipeline:
         self.writer = writer
         self.metrics = metrics
         self.observers = list(observers)
+        self.ledgers: list[RecordObserver] = []  # see every record, whatever `observe` says
         self.reservoir = reservoir
         self.label_set: Callable[[str, str], tuple[str, str]] | None = None
 
-    def add_observer(self, observer: RecordObserver) -> None:
-        self.observers.append(observer)
+    def add_observer(self, observer: RecordObserver, *, every_record: bool = False) -> None:
+        """`every_record`: also the calls the live statistics saw directly (SLO ledger, cost)."""
+        (self.ledgers if every_record else self.observers).append(observer)
 
     def submit(self, records: Sequence[InferenceRecord], *, observe: bool = True) -> Future[int]:
         """Store, observe and offer `records`. `observe=False` when the live statistics
         already saw these calls (the embedded runtime's events feed them directly)."""
         future = self.writer.submit(records)  # may raise IngestOverloaded: nothing else happened
-        for observer in self.observers if observe else ():
+        for observer in [*(self.observers if observe else ()), *self.ledgers]:
             try:
                 for record in records:
                     observer.observe(record)

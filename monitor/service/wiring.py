@@ -71,6 +71,15 @@ def _wire_collectors(service: Service) -> None:
     gpu = GPUCollector(service.registry, nvml=service._nvml_seam, pid=pid)
     service.components["gpu"] = gpu
     service.components["process"] = process
+    if service.config.cost is not None:
+        from .cost import CostMeter
+
+        cost = service.config.cost
+        devices = (lambda: len(gpu.latest()) if gpu.enabled else 1) if cost.per == "device" else (lambda: 1)
+        meter = CostMeter(cost.per_hour, devices=devices, window_s=cost.window_s, label_set=stats.label_set)
+        service.components["cost"] = meter
+        service.registry.register(meter)
+        service.pipeline.add_observer(meter, every_record=True)
 
     def sample() -> None:  # on the scheduler, not on threads of their own
         if gpu.enabled:

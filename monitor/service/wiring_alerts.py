@@ -100,7 +100,15 @@ class AlertsWiring:
             remote=self.replicas.remote_resources if self.replicas is not None else None,
         )
         store = a.StoreSignals(db)
-        self.signals = a.CompositeSignals(live, dead_letters=store, relevance=store)
+        # SLOs: a ledger of good/bad requests over each SLO's window (every record, whatever fed it)
+        self.slo_ledger = a.SLOLedger(self.config.slos) if self.config.slos else None
+        by_kind: dict[str, Any] = {"dead_letters": store, "relevance": store}
+        if self.slo_ledger is not None:
+            assert service.pipeline is not None
+            service.pipeline.add_observer(self.slo_ledger, every_record=True)
+            service.registry.register(self.slo_ledger)
+            by_kind["slo_burn_rate"] = self.slo_ledger
+        self.signals = a.CompositeSignals(live, **by_kind)
         self.evaluator = a.Evaluator(db, self.config, self.signals)
         self.notifications = Counter(
             "infersight_notifications", "Notification delivery attempts", ["receiver", "outcome"],
@@ -203,6 +211,9 @@ class AlertsWiring:
             )  # fmt: skip
 
     # -- for the routers ------------------------------------------------------------------
+    def slo_summary(self) -> list[dict[str, Any]]:
+        return [s.to_json() for s in self.slo_ledger.statuses()] if self.slo_ledger is not None else []
+
     def firing_summary(self) -> list[dict[str, Any]]:
         from infersight.alerts.tables import alerts
         from sqlalchemy import select

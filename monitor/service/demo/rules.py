@@ -1,5 +1,5 @@
-"""The demo's alert rules: the shipped quality rules with short timings, and one route to
-the local signed-webhook receiver."""
+"""The demo's alert rules: the shipped quality rules with short timings, a latency SLO, and
+one route to the local signed-webhook receiver."""
 
 from __future__ import annotations
 
@@ -22,6 +22,10 @@ groups:
           summary: "prompts to {{ $labels.model_version }} drifted from the reference (p = {{ $value | printf \\"%.2g\\" }})"
         actions:
           - {type: snapshot, requests: 50, cooldown: 1h}
+slos:
+  # generous on purpose (the demo's story is drift and a bad release, not latency): it shows
+  # the error budget and burn rate on the page and in Grafana without paging
+  - {name: answers-within-30s, objective: 0.99, threshold_ms: 30000, window: 30d}
 receivers:
   - name: demo-hook
     webhook: {url: "HOOK_URL", secret: "HOOK_SECRET"}

@@ -34,7 +34,7 @@ from typing import Any, TextIO
 
 import httpx
 
-from ..config import AlertingConfig, DriftConfig, EngineConfig, ScheduleConfig, ServiceConfig
+from ..config import AlertingConfig, CostConfig, DriftConfig, EngineConfig, ScheduleConfig, ServiceConfig
 from .receiver import WebhookReceiver, new_secret
 from .rules import demo_rules
 from .timeline import DemoFailed, Timeline, wait_until
@@ -207,6 +207,7 @@ def _service(
         schedule=ScheduleConfig(timeseries_s=1.0, timeseries_window_s=20.0, embed_s=1.0, drift_s=_DRIFT_TICK_S,
                                 rules_s=0.5, outbox_s=0.5, post_deploy_s=1.0),
         text_sample_rate=1.0,
+        cost=CostConfig(per_hour=4.10),  # an example price: cost per 1k output tokens on the page and in Grafana
     )  # fmt: skip
     (service_dir / "api-token").write_text(cfg.token or "")
     service = Service(cfg)

@@ -22,6 +22,7 @@ def _overview(request: Request) -> dict[str, Any]:
     runtime = getattr(backend, "runtime", None)
     alerts = component(request, "alerts")
     drift = component(request, "drift")
+    cost = component(request, "cost")
     firing = alerts.firing_summary() if alerts is not None else []
     problems = service.readiness()
     return {
@@ -32,6 +33,9 @@ def _overview(request: Request) -> dict[str, Any]:
         "firing_alerts": firing,
         "drift": drift.latest_summary() if drift is not None else None,
         "deploys": recent_deploys(service.db, 20),
+        "slos": alerts.slo_summary() if alerts is not None else [],
+        "cost": [c.to_json() for c in cost.costs()] if cost is not None else [],
+        "cost_per_hour": cost.per_hour * max(1, cost.devices()) if cost is not None else None,
     }
 
 
