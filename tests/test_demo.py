@@ -20,7 +20,8 @@ from sqlalchemy import select
 STEPS = [
     "demo model", "data", "service", "baseline traffic", "baseline drift check", "topic shift traffic",
     "drift flagged", "drift explained", "drift alert", "bad release canary", "canary rolled back",
-    "snapshot", "page",
+    "snapshot", "page", "bad release deployed", "automatic rollback", "rollback snapshot", "rollback page",
+    "rolled-back drift resolved",
 ]  # fmt: skip
 
 
@@ -47,13 +48,16 @@ def test_the_demo_plays_every_step_of_the_incident(
     assert main(argv) == 0
     rows = [json.loads(x) for x in (tmp_path / "bad-release.jsonl").read_text().splitlines()]
     assert rows and all(r["model_version"] == "mixtral_banking_fp32-v1.1" and r["in_snapshot"] for r in rows)
-    # and the automatic rollback opened a collection of the requests that follow it
+    # and each automatic rollback (the canary's, then the post-deploy one) opened a collection
+    # of the requests that follow it
     db = connect(f"sqlite:///{tmp_path / 'service' / 'infersight.sqlite'}")
     with db.connect() as conn:
-        [collection] = conn.execute(select(dataset_collections)).all()
+        collections = conn.execute(select(dataset_collections)).all()
     db.dispose()
-    assert collection.kind == "any" and collection.n == 200
-    assert collection.reason == "automatic rollback of mixtral_banking_fp32-v1.1"
+    assert len(collections) == 2
+    for collection in collections:
+        assert collection.kind == "any" and collection.n == 200
+        assert collection.reason == "automatic rollback of mixtral_banking_fp32-v1.1"
 
 
 def test_the_demo_names_the_step_that_did_not_happen(tmp_path: Path) -> None:

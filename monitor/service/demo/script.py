@@ -11,7 +11,12 @@
    compares it with the stable version over the same minutes, sees relevance fall
    (an always-valid sequential test), rolls it back by itself while it has served fewer
    than 15% of the requests (the demo prints the share), takes a snapshot and pages
-   (CanaryRegression, signed webhook).
+   (CanaryRegression, signed webhook);
+6. the same release deployed to all traffic anyway (no canary): the post-deploy analysis
+   sees relevance fall, rolls back by itself, takes a snapshot and pages (DeployRegression,
+   signed webhook);
+7. the rolled-back version's PromptDrift resolves once it has had no request for
+   `drift.stale_after_s`: nobody serves it any more.
 Every drift verdict comes from the service's scheduled drift job on the new traffic, as in
 `infersight serve`; the demo only reads the reports. Each step is checked; the first that
 did not happen ends the demo with its name.
@@ -134,6 +139,8 @@ def _play(options: DemoOptions, tl: Timeline, state: dict[str, Any]) -> None:
                          hook)  # fmt: skip
             bad_traffic = _mix(banking_test[2 * sizes.window :], hotels[sizes.window :])
             _bad_release(base, client, tl, bad_traffic, hook, state)
+            _bad_deploy(base, client, tl, bad_traffic, hook, state)
+            _stale_drift_resolved(tl, hook, sizes)
             time.sleep(options.linger_s)
             if options.keep_running:
                 tl.note(f"the service keeps running at {base}/ (Ctrl-C to stop)")
@@ -385,6 +392,85 @@ def _bad_release(
         raise tl.fail("page", f"no signed {CANARY_ALERT} notification reached the webhook receiver")
     tl.done("page", f"{CANARY_ALERT} delivered, signature verified ({len(hook.received)} webhooks received, "
                     f"{hook.rejected} rejected)")  # fmt: skip
+
+
+def _bad_deploy(
+    base: str,
+    client: httpx.Client,
+    tl: Timeline,
+    utterances: list[str],
+    hook: WebhookReceiver,
+    state: dict[str, Any],
+) -> None:
+    r = client.post("/api/v1/models/deploy", json={"version": BAD})
+    if r.status_code != 200:
+        raise tl.fail("bad release deployed", f"deploy answered {r.status_code}: {r.text[:200]}")
+    tl.done("bad release deployed", f"{BAD} is serving (its answers no longer match the questions; "
+                                    "the hotel questions go on)")  # fmt: skip
+    stop = threading.Event()
+    sent: list[int] = []
+
+    def keep_sending() -> None:  # users keep asking while the analysis decides
+        i = 0
+        while not stop.is_set() and i < 20:
+            chunk = utterances[(i * 20) % len(utterances) :][:20] or utterances[:20]
+            sent.append(send_chats(base, chunk).sent)
+            i += 1
+
+    worker = threading.Thread(target=keep_sending, daemon=True)
+    worker.start()
+
+    def rolled_back() -> bool:
+        models = client.get("/api/v1/models").json()
+        return models["serving_version"] == GOOD and any(
+            d["reason"] == "rollback" and d["to_version"] == GOOD for d in models["deploys"]
+        )
+
+    done = wait_until(rolled_back, 120, 0.5)
+    stop.set()
+    worker.join(120)
+    if not done:
+        raise tl.fail("automatic rollback", f"{BAD} was still serving after {sum(sent)} requests")
+    tl.done(
+        "automatic rollback", f"the post-deploy analysis rolled back to {GOOD} after {sum(sent)} requests"
+    )
+    snaps = wait_until(
+        lambda: [
+            s for s in client.get("/api/v1/snapshots").json()["snapshots"] if s["trigger"] == "post_deploy"
+        ],
+        20,
+    )
+    if not snaps:
+        raise tl.fail("rollback snapshot", "no snapshot was taken at the rollback")
+    snap = snaps[0]  # type: ignore[index]
+    tl.done("rollback snapshot", f"{snap['request_count']} requests of {snap['model_version']} kept in {snap['path']}")
+    from infersight.alerts import REGRESSION_ALERT
+
+    if not wait_until(lambda: REGRESSION_ALERT in hook.alertnames(), 30):
+        raise tl.fail("rollback page", f"no signed {REGRESSION_ALERT} notification reached the webhook receiver")
+    tl.done("rollback page", f"{REGRESSION_ALERT} delivered, signature verified ({len(hook.received)} webhooks received, "
+                    f"{hook.rejected} rejected)")  # fmt: skip
+
+
+
+def _stale_drift_resolved(tl: Timeline, hook: WebhookReceiver, sizes: _Sizes) -> None:
+    """The rolled-back version drifted while it served; nobody sends it requests now, so its
+    drift state expires and its PromptDrift resolves."""
+    fired = wait_until(lambda: ("PromptDrift", BAD, "firing") in hook.alert_states(), 60)
+    if not fired:
+        raise tl.fail("rolled-back drift resolved", f"PromptDrift never fired for {BAD} while it served")
+    t0 = time.monotonic()
+    if not wait_until(
+        lambda: ("PromptDrift", BAD, "resolved") in hook.alert_states(), 3 * sizes.stale_after_s + 30
+    ):
+        raise tl.fail(
+            "rolled-back drift resolved", f"PromptDrift of {BAD} still firing though nobody serves it"
+        )
+    tl.done(
+        "rolled-back drift resolved",
+        f"PromptDrift of {BAD} resolved {time.monotonic() - t0:.0f} s after it fired: no request reached it for "
+        f"{sizes.stale_after_s:g} s, so its drift state expired",
+    )
 
 
 def _summary(out: TextIO, tl: Timeline, state: dict[str, Any], failed: str | None) -> None:
