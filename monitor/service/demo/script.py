@@ -13,7 +13,7 @@
    than 15% of the requests (the demo prints the share), takes a snapshot and pages
    (CanaryRegression, signed webhook);
 6. the same release deployed to all traffic anyway (no canary): the post-deploy analysis
-   sees relevance fall, rolls back by itself, takes a snapshot and pages (DeployRegression,
+   sees relevance fall, rolls back by itself, takes a snapshot and pages (PostDeployRegression,
    signed webhook);
 7. the rolled-back version's PromptDrift resolves once it has had no request for
    `drift.stale_after_s`: nobody serves it any more.
