@@ -8,7 +8,7 @@ import subprocess
 import time
 import urllib.parse
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -19,15 +19,19 @@ __all__ = ["prometheus_server", "query", "query_range", "wait_for_prometheus"]
 
 
 @contextmanager
-def prometheus_server(tmp_path: Path, targets: list[int]) -> Iterator[str]:
-    """Prometheus scraping 127.0.0.1:<port> for each of `targets`; yields its base URL."""
+def prometheus_server(
+    tmp_path: Path, targets: list[int], rule_files: Sequence[Path] = ()
+) -> Iterator[str]:
+    """Prometheus scraping 127.0.0.1:<port> for each of `targets` (evaluating `rule_files`);
+    yields its base URL."""
     binary = require_executable("prometheus")
     port = free_port()
     config = tmp_path / "prometheus.yml"
     listed = ", ".join(f"'127.0.0.1:{t}'" for t in targets)
     config.write_text(
         "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
-        "scrape_configs:\n  - job_name: infersight\n    static_configs:\n"
+        + (f"rule_files: [{', '.join(repr(str(r)) for r in rule_files)}]\n" if rule_files else "")
+        + "scrape_configs:\n  - job_name: infersight\n    static_configs:\n"
         f"      - targets: [{listed}]\n"
     )
     log = (tmp_path / "prometheus.log").open("w")
@@ -67,7 +71,7 @@ def query_range(base: str, promql: str, start: float, end: float, step: float) -
     return list(_get(base, "/api/v1/query_range", params))
 
 
-def wait_for_prometheus(what: str, check: Any, timeout: float = 30.0) -> Any:
+def wait_for_prometheus(what: str, check: Any, timeout: float = 40.0) -> Any:
     deadline = time.monotonic() + timeout
     last: Any = None
     while time.monotonic() < deadline:

@@ -5,17 +5,13 @@ queries return the series they draw."""
 
 from __future__ import annotations
 
-import json
-import subprocess
 import time
-import urllib.parse
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
+from _prometheus_support import prometheus_server, query, wait_for_prometheus
 from infersight.alerts import SLOLedger, export_prometheus, parse_config
 from infersight.collectors import InferenceStats, serve_metrics
 from infersight.dashboards import build_dashboard
@@ -23,7 +19,7 @@ from infersight.monitor.records import InferenceRecord
 from infersight.monitor.service.cost import CostMeter
 from prometheus_client import CollectorRegistry
 
-from tests.conftest import free_port, require_executable
+from tests.conftest import free_port
 
 RULES = """
 groups: []
@@ -33,61 +29,16 @@ slos:
 """
 
 
-def _query(base: str, promql: str) -> list[dict[str, Any]]:
-    url = f"{base}/api/v1/query?{urllib.parse.urlencode({'query': promql})}"
-    with urllib.request.urlopen(url, timeout=5) as response:
-        body = json.load(response)
-    assert body["status"] == "success", body
-    return body["data"]["result"]
-
-
-def _wait_for(what: str, check: Any, timeout: float = 40.0) -> Any:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        try:
-            last = check()
-        except OSError as exc:  # not listening yet
-            last = exc
-        else:
-            if last:
-                return last
-        time.sleep(0.25)
-    raise AssertionError(f"timed out waiting for {what}; last: {last!r}")
-
-
 @pytest.fixture
 def prometheus(tmp_path: Path) -> Iterator[tuple[str, int]]:
-    binary = require_executable("prometheus")
-    target, port = free_port(), free_port()
+    target = free_port()
     exported = yaml.safe_load(export_prometheus(parse_config(RULES)).text)
     for group in exported["groups"]:  # the expressions as exported; evaluated every second for the test
         group["interval"] = "1s"
     rules = tmp_path / "rules.yml"
     rules.write_text(yaml.safe_dump(exported))
-    config = tmp_path / "prometheus.yml"
-    config.write_text(
-        "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
-        f"rule_files: ['{rules}']\n"
-        "scrape_configs:\n  - job_name: infersight\n    static_configs:\n"
-        f"      - targets: ['127.0.0.1:{target}']\n"
-    )
-    log = (tmp_path / "prometheus.log").open("w")
-    process = subprocess.Popen(
-        [binary, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'data'}",
-         f"--web.listen-address=127.0.0.1:{port}"],
-        stdout=log, stderr=subprocess.STDOUT,
-    )  # fmt: skip
-    try:
-        yield f"http://127.0.0.1:{port}", target
-    finally:
-        process.terminate()
-        try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(5)
-        log.close()
+    with prometheus_server(tmp_path, [target], rule_files=[rules]) as base:
+        yield base, target
 
 
 def test_prometheus_burn_rate_and_budget_agree_with_the_ledger(prometheus: tuple[str, int]) -> None:
@@ -108,7 +59,7 @@ def test_prometheus_burn_rate_and_budget_agree_with_the_ledger(prometheus: tuple
     server = serve_metrics(registry, port=target)
     try:
         count = 'sum(gen_ai_server_request_duration_seconds_count{model="m"})'
-        _wait_for("the first scrape (series at zero)", lambda: _query(base, count))
+        wait_for_prometheus("the first scrape (series at zero)", lambda: query(base, count))
         records = []
         # 1 in 50 over 100 ms (burn rate 2 against a 1% budget), 1 in 100 a server error
         for i in range(4000):
@@ -121,20 +72,20 @@ def test_prometheus_burn_rate_and_budget_agree_with_the_ledger(prometheus: tuple
             stats.observe(r)
             ledger.observe(r)
             cost.observe(r)
-        _wait_for("a scrape with every request",
-                  lambda: [r for r in _query(base, count) if float(r["value"][1]) == 2 + len(records)])  # fmt: skip
+        wait_for_prometheus("a scrape with every request",
+                  lambda: [r for r in query(base, count) if float(r["value"][1]) == 2 + len(records)])  # fmt: skip
         lat, avail = ledger.statuses()
         assert lat.budget_remaining == pytest.approx(1 - (80 / 4000) / 0.01)  # -1: overspent twice over
         assert avail.budget_remaining == pytest.approx(1 - (40 / 4000) / 0.01)  # 0: spent exactly
 
         def recorded(promql: str) -> float | None:
-            result = _query(base, promql)
+            result = query(base, promql)
             return float(result[0]["value"][1]) if result else None
 
         # rate() extrapolates each series toward its start by at most (its first value / its
         # increase) of the sampled span: 2/4000 for the histogram, 1/40 for the error counter;
         # so Prometheus' burn rates differ from the exact counts by at most that much
-        _wait_for(
+        wait_for_prometheus(
             "the recording rules over the full scrape",
             lambda: recorded('infersight_slo:burn_rate:1h{slo="lat"}') == pytest.approx(2.0, rel=0.01),
         )
@@ -152,8 +103,8 @@ def test_prometheus_burn_rate_and_budget_agree_with_the_ledger(prometheus: tuple
             expr = panel["targets"][0]["expr"]
             for variable in ("$model_version", "$model", "$instance"):  # Grafana's "All"
                 expr = expr.replace(variable, ".*")
-            assert _query(base, expr), f"{panel['title']}: {expr} returns nothing"
-        [per_1k] = _query(base, "infersight_cost_per_1k_output_tokens")
+            assert query(base, expr), f"{panel['title']}: {expr} returns nothing"
+        [per_1k] = query(base, "infersight_cost_per_1k_output_tokens")
         assert per_1k["metric"]["model_version"] == "v1" and float(per_1k["value"][1]) > 0
     finally:
         server.close()

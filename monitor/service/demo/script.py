@@ -329,6 +329,27 @@ def _texts(obj: Any) -> Iterator[str]:
             yield from _texts(item)
 
 
+def _keep_sending(
+    base: str, utterances: list[str], *, rounds: int, with_users: bool
+) -> tuple[threading.Event, list[int], threading.Thread]:
+    """Users keep asking, 20 at a time, while an analysis decides; set the event to stop.
+    With `with_users` each request names its own user (what a canary assigns by)."""
+    stop = threading.Event()
+    sent: list[int] = []
+
+    def keep_sending() -> None:
+        i = 0
+        while not stop.is_set() and i < rounds:
+            chunk = utterances[(i * 20) % len(utterances) :][:20] or utterances[:20]
+            users = [f"user-{i}-{j}" for j in range(len(chunk))] if with_users else None
+            sent.append(send_chats(base, chunk, users=users).sent)
+            i += 1
+
+    worker = threading.Thread(target=keep_sending, daemon=True)
+    worker.start()
+    return stop, sent, worker
+
+
 def _bad_release(
     base: str,
     client: httpx.Client,
@@ -342,19 +363,7 @@ def _bad_release(
         raise tl.fail("bad release canary", f"canary answered {r.status_code}: {r.text[:200]}")
     tl.done("bad release canary", f"{BAD} serves {CANARY_WEIGHT:.0%} of users beside {GOOD} (its answers no "
                                   "longer match the questions; the hotel questions go on)")  # fmt: skip
-    stop = threading.Event()
-    sent: list[int] = []
-
-    def keep_sending() -> None:  # users keep asking while the analysis decides
-        i = 0
-        while not stop.is_set() and i < 40:
-            chunk = utterances[(i * 20) % len(utterances) :][:20] or utterances[:20]
-            users = [f"user-{i}-{j}" for j in range(len(chunk))]
-            sent.append(send_chats(base, chunk, users=users).sent)
-            i += 1
-
-    worker = threading.Thread(target=keep_sending, daemon=True)
-    worker.start()
+    stop, sent, worker = _keep_sending(base, utterances, rounds=40, with_users=True)
 
     def rolled_back() -> bool:
         models = client.get("/api/v1/models").json()
@@ -407,18 +416,7 @@ def _bad_deploy(
         raise tl.fail("bad release deployed", f"deploy answered {r.status_code}: {r.text[:200]}")
     tl.done("bad release deployed", f"{BAD} is serving (its answers no longer match the questions; "
                                     "the hotel questions go on)")  # fmt: skip
-    stop = threading.Event()
-    sent: list[int] = []
-
-    def keep_sending() -> None:  # users keep asking while the analysis decides
-        i = 0
-        while not stop.is_set() and i < 20:
-            chunk = utterances[(i * 20) % len(utterances) :][:20] or utterances[:20]
-            sent.append(send_chats(base, chunk).sent)
-            i += 1
-
-    worker = threading.Thread(target=keep_sending, daemon=True)
-    worker.start()
+    stop, sent, worker = _keep_sending(base, utterances, rounds=20, with_users=False)
 
     def rolled_back() -> bool:
         models = client.get("/api/v1/models").json()
