@@ -8,7 +8,7 @@
      │    ├── NonFiniteWeights           a tensor holds NaN or Inf
      │    ├── UnsupportedConfig          config.json asks for something the engine does not implement
      │    └── TokenizerInvalid           tokenizer.json is present but cannot be read
-     ├── UnsupportedQuantization         `quantize=` names a scheme the engine does not have
+     ├── UnsupportedQuantization         `quantize=` names a scheme the engine does not have, or one the sizes do not fit
      ├── InvalidSamplingParams           temperature < 0, top_p outside (0, 1]
      ├── InvalidInput                    token ids of the wrong shape, type or range
      ├── CacheCapacityExceeded           a sequence or slot does not fit the KV cache
@@ -128,10 +128,12 @@ class TokenizerInvalid(CheckpointError):
 
 
 class UnsupportedQuantization(EngineError, ValueError):
-    def __init__(self, scheme: object, supported: tuple[str, ...]) -> None:
+    def __init__(self, scheme: object, supported: tuple[str, ...], *, reason: str | None = None) -> None:
         self.scheme = scheme
         super().__init__(
-            f"quantize={scheme!r} is not supported; choose one of {', '.join(supported)} or None"
+            f"quantize={scheme!r}: {reason}"
+            if reason
+            else f"quantize={scheme!r} is not supported; choose one of {', '.join(supported)} or None"
         )
 
 

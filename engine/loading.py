@@ -8,7 +8,6 @@ network is built on the meta device and receives its tensors with
 
 from __future__ import annotations
 
-import functools
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -20,7 +19,7 @@ from .errors import CheckpointNotFound, TokenizerInvalid, UnsupportedQuantizatio
 from .layout import build_state, expected_tensors, stacked_experts
 from .model import MoEModel
 from .moe import grouped_mm_supported
-from .quant import QUANTIZERS, quantize_network
+from .quant import QUANTIZERS, quantize_network, weight_format
 from .transformer import Transformer
 
 if TYPE_CHECKING:
@@ -39,8 +38,8 @@ def load(
     """Load a Mixtral checkpoint directory (config.json, safetensors weights, tokenizer.json).
 
     device: default CUDA when available, else CPU. dtype (activations and unquantized
-    weights): default fp32 on CPU, bf16 elsewhere; with `quantize="int8"` on CPU, bf16,
-    because the int8 CPU kernel is only fast with bf16 activations.
+    weights): default fp32 on CPU, bf16 elsewhere; with `quantize="int8"` or `"int4"` on CPU,
+    bf16, because the int8 CPU kernel is only fast with bf16 activations (int4: see quant.py).
     """
     if quantize is not None and quantize not in QUANTIZERS:
         raise UnsupportedQuantization(quantize, tuple(QUANTIZERS))
@@ -59,18 +58,16 @@ def load(
     tokenizer = _tokenizer(directory)
 
     grouped = grouped_mm_supported(config.hidden_size, config.intermediate_size, dtype, target)
-    quantizer = None
-    if quantize is not None:
-        scheme = QUANTIZERS[quantize]
-        quantizer = functools.partial(scheme, scale_dtype=dtype)
+    fmt = weight_format(quantize, dtype, target) if quantize is not None else None
+    quantizer = fmt.quantize if fmt is not None else None
     column_major_head = target.type == "cpu" and quantizer is None  # see layout.HEAD_LAYOUT
     state = build_state(
         ckpt, config, device=target, dtype=dtype, quantizer=quantizer, column_major_head=column_major_head
     )
     with torch.device("meta"):
         network = Transformer(config, grouped_experts=grouped)
-        if quantize is not None:
-            quantize_network(network, quantize, activation_dtype=dtype)
+        if fmt is not None:
+            quantize_network(network, fmt)
     network.load_state_dict(state, strict=True, assign=True)
     if config.tie_word_embeddings and quantize is None and not column_major_head:
         network.output.weight = network.tok_embeddings.weight  # one tensor, as in the checkpoint

@@ -12,8 +12,8 @@ Dispatch has no Python loop over all experts. With N tokens:
     blocked product per projection (group ends read on the host: free on CPU).
   - bf16, CUDA (`GroupedExperts`): one `torch._grouped_mm` per projection over the stacked
     weights, no host sync.
-  - int8 (`Int8Experts`): the same host loop as CPU fp32, one int8 product per projection
-    (quant.py says why).
+  - int8 and int4 (`Int8Experts`, `Int4Experts`): the same host loop as CPU fp32, one
+    quantized product per projection (quant.py says why).
   Both host loops are one `ExpertLoop` over per-expert projections (projection.py).
 - N == 1 on CPU (batch-1 decode): a loop over the k chosen experts; the routing weight and
   the residual are folded into the second projection.
@@ -48,8 +48,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import onednn
-from .projection import BlockedProjection, DenseProjection, Int8Projection, Projection
-from .quant import Int8Experts
+from .projection import BlockedProjection, DenseProjection, Int4Projection, Int8Projection, Projection
+from .quant import Int4Experts, Int8Experts
 
 __all__ = ["BlockedExperts", "ExpertLoop", "GroupedExperts", "MoEFeedForward", "grouped_mm_supported"]
 
@@ -146,6 +146,14 @@ def _expert_loop(experts: nn.Module) -> ExpertLoop:
         w2 = zip(experts.w2_weight.unbind(0), experts.w2_scales.unbind(0), strict=True)
         pairs = tuple((Int8Projection(*a), Int8Projection(*b)) for a, b in zip(w13, w2, strict=True))
         return ExpertLoop(pairs, experts.w2_weight.shape[1])
+    if isinstance(experts, Int4Experts):
+        p13, p2 = experts.w13_packed, experts.w2_packed
+        w13 = zip(experts.w13_weight.unbind(0), experts.w13_scales_zeros.unbind(0), strict=True)
+        w2 = zip(experts.w2_weight.unbind(0), experts.w2_scales_zeros.unbind(0), strict=True)
+        pairs4 = tuple(
+            (Int4Projection(*a, p13), Int4Projection(*b, p2)) for a, b in zip(w13, w2, strict=True)
+        )
+        return ExpertLoop(pairs4, experts.w2_weight.shape[1])
     assert isinstance(experts, GroupedExperts)
     dense = zip(experts.w13.unbind(0), experts.w2.unbind(0), strict=True)
     return ExpertLoop(tuple((DenseProjection(a), DenseProjection(b)) for a, b in dense), experts.w2.shape[1])
