@@ -184,6 +184,14 @@ class LlamaSide:
         if rc != 0:
             raise RuntimeError(f"llama_decode returned {rc}")
 
+    def last_logits(self, ids: list[int]) -> list[float]:
+        """Logits at the last position of one prompt (the exporter's check against the engine)."""
+        L = self.L
+        L.llama_memory_clear(L.llama_get_memory(self.ctx), True)
+        self._run([(tok, i, 0) for i, tok in enumerate(ids)], False)
+        row = L.llama_get_logits_ith(self.ctx, -1)
+        return [float(row[i]) for i in range(self.vocab)]
+
     def measure(self, kind: str, size: int, threads: int, steps: int) -> float:
         L = self.L
         L.llama_set_n_threads(self.ctx, threads, threads)
@@ -216,6 +224,8 @@ def worker() -> None:
             elif req["op"] == "load":
                 sides[req["key"]] = LlamaSide(req["path"], req["vocab"])
                 reply = {"ok": True}
+            elif req["op"] == "logits":
+                reply = {"ok": True, "logits": sides[req["key"]].last_logits(req["ids"])}
             elif req["op"] == "measure":
                 tok_s = sides[req["key"]].measure(req["kind"], req["size"], req["threads"], req["steps"])
                 reply = {"ok": True, "tok_s": tok_s}
@@ -401,6 +411,15 @@ def main() -> None:
                 )
                 print(f"{name}: engine {engine_quant} loaded in {time.perf_counter() - t:.1f} s", flush=True)
             sides[(name, "transformers fp32")] = TransformersSide(ckpt)
+            # the exporter's check: llama.cpp f32 and the engine fp32 give the same logits
+            ids = [(17 * i + 5) % vocab for i in range(24)]
+            theirs = torch.tensor(llama.ask(op="logits", key=f"{name}/f32", ids=ids)["logits"])
+            engine = sides[(name, "engine fp32")].model
+            with torch.inference_mode():
+                ours = engine.logits(torch.tensor([ids]))[0, -1]
+            diff = (theirs - ours).abs().max().item()
+            print(f"{name}: llama.cpp f32 vs engine fp32, last-position logits: max |diff| {diff:.2e} "
+                  f"(largest logit {ours.abs().max().item():.2f}), same argmax: {bool(theirs.argmax() == ours.argmax())}")  # fmt: skip
 
         results: dict[tuple[str, str, int, str, int], list[float]] = {}
         for r in range(args.rounds):
