@@ -250,7 +250,8 @@ def ensure_venv() -> Path:
         return python
     print(f"installing {' '.join(PACKAGES)} into {VENV} (compiles llama.cpp: minutes)", flush=True)
     subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True)
-    env = os.environ | {"CMAKE_ARGS": os.environ.get("CMAKE_ARGS", "-DGGML_NATIVE=ON")}
+    # native kernels for this CPU; the multimodal library (unused here) is skipped
+    env = os.environ | {"CMAKE_ARGS": os.environ.get("CMAKE_ARGS", "-DGGML_NATIVE=ON -DLLAVA_BUILD=OFF")}
     subprocess.run([str(python), "-m", "pip", "install", "--quiet", *PACKAGES], check=True, env=env)
     return python
 
