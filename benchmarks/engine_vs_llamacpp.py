@@ -38,6 +38,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +63,10 @@ COMMON = {
 PAIRS = [("fp32", "f32"), ("int8", "q8_0"), ("int4", "q4_0")]
 CASES = [("decode", 1), ("decode", 8), ("prefill", 16), ("prefill", 128)]
 PROMPT = 8  # tokens each decode sequence is prefilled with
+# wall: elapsed time (a quiet machine); cpu: the measuring process's CPU time, which other
+# processes on a shared machine cannot inflate by preempting it. cpu is only meaningful with
+# one thread (with more, it counts the threads' spin-waiting too).
+CLOCKS: dict[str, Callable[[], float]] = {"wall": time.perf_counter, "cpu": time.process_time}
 
 
 # --------------------------------------------------------------------------------------
@@ -192,7 +197,7 @@ class LlamaSide:
         row = L.llama_get_logits_ith(self.ctx, -1)
         return [float(row[i]) for i in range(self.vocab)]
 
-    def measure(self, kind: str, size: int, threads: int, steps: int) -> float:
+    def measure(self, kind: str, size: int, threads: int, steps: int, clock: Callable[[], float]) -> float:
         L = self.L
         L.llama_set_n_threads(self.ctx, threads, threads)
         L.llama_memory_clear(L.llama_get_memory(self.ctx), True)
@@ -200,16 +205,16 @@ class LlamaSide:
             prompt = [((7 * i + 3) % self.vocab, i, 0) for i in range(size)]
             self._run(prompt[:8], False)  # warm
             L.llama_memory_clear(L.llama_get_memory(self.ctx), True)
-            t = time.perf_counter()
+            t = clock()
             self._run(prompt, False)
-            return size / (time.perf_counter() - t)
+            return size / (clock() - t)
         for s in range(size):
             self._run([((11 * s + i) % self.vocab, i, s) for i in range(PROMPT)], False)
         self._run([((5 * s + 1) % self.vocab, PROMPT, s) for s in range(size)], True)  # warm step
-        t = time.perf_counter()
+        t = clock()
         for step in range(steps):
             self._run([((13 * step + s) % self.vocab, PROMPT + 1 + step, s) for s in range(size)], True)
-        return size * steps / (time.perf_counter() - t)
+        return size * steps / (clock() - t)
 
 
 def worker() -> None:
@@ -227,7 +232,10 @@ def worker() -> None:
             elif req["op"] == "logits":
                 reply = {"ok": True, "logits": sides[req["key"]].last_logits(req["ids"])}
             elif req["op"] == "measure":
-                tok_s = sides[req["key"]].measure(req["kind"], req["size"], req["threads"], req["steps"])
+                side = sides[req["key"]]
+                tok_s = side.measure(
+                    req["kind"], req["size"], req["threads"], req["steps"], CLOCKS[req["clock"]]
+                )
                 reply = {"ok": True, "tok_s": tok_s}
             else:
                 import llama_cpp
@@ -259,7 +267,11 @@ def ensure_venv() -> Path:
 class Worker:
     def __init__(self, python: Path) -> None:
         self.proc = subprocess.Popen(
-            [str(python), __file__, "--worker"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+            [str(python), __file__, "--worker"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,  # llama.cpp logs every tensor it loads; errors come back as replies
+            text=True,
         )
 
     def ask(self, **req: Any) -> dict[str, Any]:
@@ -299,7 +311,7 @@ class EngineSide:
         self.vocab = self.model.config.vocab_size
         self.cache = self.model.new_cache(8, 512)
 
-    def measure(self, kind: str, size: int, threads: int, steps: int) -> float:
+    def measure(self, kind: str, size: int, threads: int, steps: int, clock: Callable[[], float]) -> float:
         import torch
 
         torch.set_num_threads(threads)
@@ -308,9 +320,9 @@ class EngineSide:
             if kind == "prefill":
                 ids = torch.tensor([(7 * i + 3) % v for i in range(size)])
                 m.prefill(cache, 0, ids[:8])  # warm
-                t = time.perf_counter()
+                t = clock()
                 m.prefill(cache, 0, ids)
-                return size / (time.perf_counter() - t)
+                return size / (clock() - t)
             for s in range(size):
                 m.prefill(cache, s, torch.tensor([(11 * s + i) % v for i in range(PROMPT)]))
             slots = torch.arange(size)
@@ -320,11 +332,11 @@ class EngineSide:
                 torch.tensor([(5 * s + 1) % v for s in range(size)]),
                 torch.full((size,), PROMPT),
             )
-            t = time.perf_counter()
+            t = clock()
             for step in range(steps):
                 ids = torch.tensor([(13 * step + s) % v for s in range(size)])
                 m.decode(cache, slots, ids, torch.full((size,), PROMPT + 1 + step))
-            return size * steps / (time.perf_counter() - t)
+            return size * steps / (clock() - t)
 
 
 class TransformersSide:
@@ -334,7 +346,7 @@ class TransformersSide:
         self.model = MixtralForCausalLM.from_pretrained(path).eval()
         self.vocab = self.model.config.vocab_size
 
-    def measure(self, kind: str, size: int, threads: int, steps: int) -> float:
+    def measure(self, kind: str, size: int, threads: int, steps: int, clock: Callable[[], float]) -> float:
         import torch
         from transformers import DynamicCache
 
@@ -344,20 +356,20 @@ class TransformersSide:
             if kind == "prefill":
                 ids = torch.tensor([[(7 * i + 3) % v for i in range(size)]])
                 self.model(ids[:, :8], logits_to_keep=1)  # warm
-                t = time.perf_counter()
+                t = clock()
                 self.model(ids, logits_to_keep=1)
-                return size / (time.perf_counter() - t)
+                return size / (clock() - t)
             cache = DynamicCache()
             prompt = torch.tensor([[(11 * s + i) % v for i in range(PROMPT)] for s in range(size)])
             self.model(prompt, past_key_values=cache, use_cache=True, logits_to_keep=1)
             self.model(
                 torch.tensor([[(5 * s + 1) % v] for s in range(size)]), past_key_values=cache, use_cache=True
             )
-            t = time.perf_counter()
+            t = clock()
             for step in range(steps):
                 ids = torch.tensor([[(13 * step + s) % v] for s in range(size)])
                 self.model(ids, past_key_values=cache, use_cache=True)
-            return size * steps / (time.perf_counter() - t)
+            return size * steps / (clock() - t)
 
 
 def write_checkpoint(directory: Path, name: str) -> Path:
@@ -378,6 +390,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=32, help="decode steps timed per measurement")
     parser.add_argument("--configs", default="small,medium,odd")
     parser.add_argument("--threads", default="1,2")
+    parser.add_argument("--clock", choices=sorted(CLOCKS), default="wall", help="see CLOCKS")
     parser.add_argument("--json", type=Path, help="also write every measurement here")
     args = parser.parse_args()
     if args.worker:
@@ -433,9 +446,11 @@ def main() -> None:
                                 continue
                             if isinstance(measurer, str):
                                 tok_s = llama.ask(op="measure", key=measurer, kind=kind, size=size,
-                                                  threads=n_threads, steps=args.steps)["tok_s"]  # fmt: skip
+                                                  threads=n_threads, steps=args.steps, clock=args.clock)["tok_s"]  # fmt: skip
                             else:
-                                tok_s = measurer.measure(kind, size, n_threads, args.steps)
+                                tok_s = measurer.measure(
+                                    kind, size, n_threads, args.steps, CLOCKS[args.clock]
+                                )
                             results.setdefault((name, side, n_threads, kind, size), []).append(tok_s)
             print(f"round {r + 1}/{args.rounds}: {time.perf_counter() - started:.0f} s", flush=True)
         llama.close()
