@@ -198,3 +198,22 @@ def test_int4_versions_register_and_load_as_int4(ckpt: Path, tmp_path: Path) -> 
         registry.register("mixtral_banking_int4-v1.1", ckpt)  # int4 name, no quantize
     with pytest.raises(InvalidVersionName):
         registry.register("mixtral_banking_int8-v1.1", ckpt, quantize="int4")
+
+
+def test_stand_in_torch_without_the_packed_int4_kernel_falls_back_to_unpack_and_dense(
+    ckpt: Path, ids: torch.Tensor, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def missing(*args: object) -> torch.Tensor:
+        raise NotImplementedError("no int4 kernel in this torch build")
+
+    # the stand-in is torch itself: a build without the kernel (CPU-boundary, not our code)
+    monkeypatch.setattr(torch, "_weight_int4pack_mm_for_cpu", missing)
+    monkeypatch.setenv("INFERSIGHT_CACHE_DIR", str(tmp_path))
+    _CHOICES.clear()
+    try:
+        model = load(ckpt, device="cpu", quantize="int4")
+        assert not int4_choice(torch.bfloat16).packed
+        assert isinstance(model.network.output, Int4Linear) and not model.network.output.packed
+        assert torch.isfinite(model.logits(ids[:1])).all()
+    finally:
+        _CHOICES.clear()
