@@ -1,4 +1,4 @@
-"""Weight-only int8: per-output-channel scales for attention, experts and the lm head.
+"""Weight-only quantization: int8 per output channel, int4 per group of a row; router in full precision.
 
 The router gate stays full precision (a flipped expert choice costs far more than a rounded
 weight). Each weight row n is stored as round(w[n] / s[n]) in int8 with s[n] = max|w[n]| / 127.
