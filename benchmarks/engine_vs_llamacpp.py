@@ -453,11 +453,11 @@ def main() -> None:
                                 )
                             results.setdefault((name, side, n_threads, kind, size), []).append(tok_s)
             print(f"round {r + 1}/{args.rounds}: {time.perf_counter() - started:.0f} s", flush=True)
+            if args.json:  # after every round: a run cut short keeps the rounds it finished
+                args.json.write_text(json.dumps([[*k, v] for k, v in results.items()], indent=1))
         llama.close()
 
     medians = {k: statistics.median(v) for k, v in results.items()}
-    if args.json:
-        args.json.write_text(json.dumps([[*k, v] for k, v in results.items()], indent=1))
     print_tables(medians, names, threads)
 
 
