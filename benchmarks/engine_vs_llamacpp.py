@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -290,17 +289,19 @@ class Worker:
 
 
 def cpu_description() -> tuple[str, str]:
-    model, flags = platform.processor() or platform.machine(), ""
+    """(model name, the SIMD flags that matter here) of this CPU."""
+    from infersight.engine.quant import cpu_model
+
+    flags = ""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name") and model in ("", platform.machine()):
-                model = line.split(":", 1)[1].strip()
-            if line.startswith("flags") and not flags:
+            if line.startswith("flags"):
                 wanted = ("avx2", "fma", "avx512", "amx", "vnni", "bf16", "f16c")
                 flags = " ".join(f for f in line.split(":", 1)[1].split() if f.startswith(wanted))
+                break
     except OSError:
         pass
-    return model, flags
+    return cpu_model(), flags
 
 
 class EngineSide:
