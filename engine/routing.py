@@ -216,6 +216,8 @@ class RouteControl:
         self.breakers: dict[str, LengthBreaker] = {}
         self._counts: dict[tuple[str, str], int] = {}
         self._count_lock = threading.Lock()
+        self._arrivals: dict[str, deque[float]] = {name: deque(maxlen=64) for name in PATHS}
+        self._prompt_tokens: dict[str, float] = {}  # per path: mean prompt length (EWMA)
 
     @property
     def active(self) -> bool:
@@ -293,6 +295,9 @@ class RouteControl:
                     path=path, retry_after_s=breaker.retry_after_s(),
                 )  # fmt: skip
         self.count(path, reason)
+        self._arrivals[path].append(time.monotonic())
+        old = self._prompt_tokens.get(path)
+        self._prompt_tokens[path] = n if old is None else old + 0.1 * (n - old)
         return RouteDecision(path, reason, predicted)
 
     def predict_s(self, path: str, prompt_tokens: int, max_new_tokens: int) -> float | None:
@@ -320,8 +325,12 @@ class RouteControl:
         return wait + prefill + max_new_tokens * (decode + beside)
 
     def adapt(self) -> None:
-        """Each path's batch cap: the largest rung of 1-4-8-16 (up to its KV slots) whose
-        measured step lets the path's typical request finish within the SLA."""
+        """Each path's batch cap, a rung of 1-4-8-16 (up to its KV slots), from measured steps:
+        the smallest rung (the shortest steps) that both lets the path's typical request
+        finish within the SLA and serves twice the path's measured arrival rate (at higher
+        utilisation Poisson bursts queue); when none does both, the rung that serves the most
+        requests per second (the larger on a tie: a cap below the arrival rate only grows
+        the queue)."""
         spec = self.spec
         if spec is None:
             return
@@ -331,19 +340,36 @@ class RouteControl:
                 continue
             times = replica.step_times
             tokens = times.output_tokens
-            prefill = times.prefill_s(spec.path(name).max_prompt_tokens or 0) or 0.0
+            if tokens is None:
+                continue
+            tokens = max(1.0, tokens)
+            prefill = times.prefill_s(int(self._prompt_tokens.get(name, 0.0))) or 0.0
             beside = 0.0
             if other is not None and other.running:
                 beside = other.step_times.decode_s(len(other.running)) or 0.0
-            if tokens is None:
-                continue
+            sla_s = spec.path(name).sla_ms / 1000.0
+            rate = self.arrival_rate(name)
             rungs = [c for c in BATCH_LADDER if c <= replica.max_batch] or [replica.max_batch]
-            cap = rungs[0]
+            best, best_throughput, chosen = replica.cap, 0.0, None
             for c in rungs:
                 step = times.decode_s(c)
-                if step is not None and prefill + tokens * (step + beside) <= spec.path(name).sla_ms / 1000.0:
-                    cap = c
-            replica.cap = cap
+                if step is None:
+                    continue
+                latency = prefill + tokens * (step + beside)
+                throughput = c / latency if latency > 0 else float("inf")
+                if throughput >= best_throughput:
+                    best, best_throughput = c, throughput
+                if chosen is None and latency <= sla_s and throughput >= 2.0 * rate:
+                    chosen = c
+            replica.cap = chosen if chosen is not None else best
+
+    def arrival_rate(self, path: str) -> float:
+        """Requests per second routed to `path`, over its last 64 arrivals."""
+        arrivals = list(self._arrivals.get(path, ()))
+        if len(arrivals) < 2:
+            return 0.0
+        span = max(time.monotonic() - arrivals[0], 1e-3)
+        return (len(arrivals) - 1) / span
 
     def caps(self) -> dict[str, int]:
         return {name: r.cap for name in PATHS if (r := self._sides(name)[0]) is not None}

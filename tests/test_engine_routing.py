@@ -106,7 +106,23 @@ def test_a_fast_path_measured_slow_spills_short_requests_to_the_standard_path(ru
     assert (spilled.path, spilled.route_reason) == ("standard", "spill")
     assert spilled.result(30).model_version == GOOD
     runtime.routing.adapt()
-    assert runtime.routing.caps()["fast"] == 1  # no rung of the ladder holds 50 ms: the smallest
+    assert runtime.routing.caps()["fast"] == 16  # no rung holds 50 ms: the one serving the most per second
+
+
+def test_the_batch_cap_is_the_smallest_rung_that_holds_the_sla_at_the_arrival_rate(runtime: Runtime) -> None:
+    runtime.submit(SHORT, max_new_tokens=8).result(30)
+    fast = runtime._state.fast
+    assert fast is not None
+    fast.step_times = StepTimes()  # steps measured steeply growing with the batch (8 tokens a request)
+    fast.step_times.observe_service(0.02, 8)
+    for batch, seconds in ((1, 0.002), (4, 0.003), (8, 0.020), (16, 0.060)):
+        fast.step_times.observe_decode(batch, seconds)
+    runtime.routing.adapt()
+    assert runtime.routing.caps()["fast"] == 1  # few arrivals: 16 ms a request holds 50 ms
+    for _ in range(64):  # a burst: ~thousands per second, more than 1 slot at 16 ms serves
+        runtime.routing.decide(SHORT, 8, None)
+    runtime.routing.adapt()
+    assert runtime.routing.caps()["fast"] == 4  # 8 and 16 would break the SLA (160, 480 ms)
 
 
 def test_routing_refuses_an_unknown_fast_version_and_non_positive_sla(registry: Path) -> None:
