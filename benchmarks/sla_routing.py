@@ -89,7 +89,9 @@ def _workload(tokenizer: object, seed: int) -> tuple[list[list[int]], list[list[
     return shorts, longs
 
 
-def run_side(rt: Runtime, rate: float, seconds: float, long_share: float, prompts: tuple, seed: int) -> list[Outcome]:  # type: ignore[type-arg]
+def run_side(
+    rt: Runtime, rate: float, seconds: float, long_share: float, prompts: tuple, seed: int
+) -> list[Outcome]:  # type: ignore[type-arg]
     """Open-loop Poisson arrivals at `rate` for `seconds`; waits for every request."""
     shorts, longs = prompts
     rng = random.Random(seed)
@@ -160,7 +162,9 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=10.0, help="of arrivals per side, rate and round")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--long-share", type=float, default=0.2)
-    ap.add_argument("--registry", type=Path, default=None, help="default: the demo registry, built in a temp dir")
+    ap.add_argument(
+        "--registry", type=Path, default=None, help="default: the demo registry, built in a temp dir"
+    )
     args = ap.parse_args()
     rates = [float(r) for r in args.rates.split(",")]
     print(f"CPU: {_cpu()}; torch {torch.__version__}, {torch.get_num_threads()} threads")
@@ -188,7 +192,9 @@ def main() -> None:
                 if r % 2:
                     order.reverse()
                 for name, rt in order:
-                    outcomes = run_side(rt, rate, args.seconds, args.long_share, prompts, seed=1000 * r + int(rate))
+                    outcomes = run_side(
+                        rt, rate, args.seconds, args.long_share, prompts, seed=1000 * r + int(rate)
+                    )
                     results.setdefault((name, rate), []).extend(outcomes)
             _print_rate(rate, {name: summarize(results[(name, rate)]) for name in sides})
         caps = first.routing.caps()
@@ -204,7 +210,9 @@ def _print_rate(rate: float, rows: dict[str, dict[str, float | int | None]]) -> 
     def pct(v: object) -> str:
         return "—" if v is None else f"{float(v) * 100:.1f}%"  # type: ignore[arg-type]
 
-    print(f"\n| rate {rate:g}/s | n | within SLA | within 100 ms | short p50/p99 ms | long p50/p99 ms | spilled | shed |")
+    print(
+        f"\n| rate {rate:g}/s | n | within SLA | within 100 ms | short p50/p99 ms | long p50/p99 ms | spilled | shed |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     for name, s in rows.items():
         print(f"| {name} | {s['n']} | {pct(s['within_sla'])} | {pct(s['within_100ms'])} | "

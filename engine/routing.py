@@ -189,7 +189,9 @@ class LengthBreaker:
     def _open(self) -> BreakerState:
         missed = [n for n, s in self._recent if s > self.sla_s]
         shortest_miss = min(missed) if missed else None
-        kept = [n for n, s in self._recent if s <= self.sla_s and (shortest_miss is None or n < shortest_miss)]
+        kept = [
+            n for n, s in self._recent if s <= self.sla_s and (shortest_miss is None or n < shortest_miss)
+        ]
         if kept:
             self.threshold = max(kept)
         elif shortest_miss is not None:
@@ -236,7 +238,9 @@ class RouteControl:
             if not runtime.is_running or serving is None:
                 raise RuntimeNotRunning("runtime is not serving: call start() first")
             if serving != spec.standard.version:
-                raise InvalidRequest(f"routing.standard.version is {spec.standard.version} but {serving} serves")
+                raise InvalidRequest(
+                    f"routing.standard.version is {spec.standard.version} but {serving} serves"
+                )
             replica, _ = runtime._prepare(spec.fast.version, "routing", from_version=serving)
             self.breakers = {
                 name: LengthBreaker(name, spec.path(name).sla_ms / 1000.0, window=spec.breaker_window,
@@ -245,14 +249,24 @@ class RouteControl:
             }  # fmt: skip
             self.spec = spec
             runtime._state.on_finished = self._finished
-            apply_swap(runtime._state, runtime._thread, Swap(replica=replica, reason="routing", kind="fast"), "the fast path")
+            apply_swap(
+                runtime._state,
+                runtime._thread,
+                Swap(replica=replica, reason="routing", kind="fast"),
+                "the fast path",
+            )
 
     def stop(self) -> None:
         """Back to one path: the fast replica finishes what it runs, its queue goes standard."""
         runtime = self._runtime
         with runtime._deploy_lock:
             if self._runtime._state.fast is not None and runtime.is_running:
-                apply_swap(runtime._state, runtime._thread, Swap(replica=None, reason="routing", kind="fast"), "routing stop")
+                apply_swap(
+                    runtime._state,
+                    runtime._thread,
+                    Swap(replica=None, reason="routing", kind="fast"),
+                    "routing stop",
+                )
             runtime._state.on_finished = None
             self.spec = None
 
@@ -284,7 +298,11 @@ class RouteControl:
         length = n + max_new_tokens
         breaker = self.breakers[path]
         if not breaker.admits(length):
-            if path == "fast" and spec.breaker_action == "standard" and self.breakers["standard"].admits(length):
+            if (
+                path == "fast"
+                and spec.breaker_action == "standard"
+                and self.breakers["standard"].admits(length)
+            ):
                 path, reason = "standard", "breaker"
                 predicted = self.predict_s(path, n, max_new_tokens)
             else:

@@ -193,7 +193,13 @@ class Runtime:
         fast = state.fast if decision is not None and decision.path == "fast" else None
         canary = state.canary if fast is None and self.canary.route(user, rid) else None
         target = fast or canary or current
-        queue = state.fast_queue if fast is not None else state.canary_queue if canary is not None else state.queue
+        queue = (
+            state.fast_queue
+            if fast is not None
+            else state.canary_queue
+            if canary is not None
+            else state.queue
+        )
         handle = RequestHandle(rid, target.version, lambda _h: state.cancel(request))
         if decision is not None:
             handle.path, handle.route_reason = decision.path, decision.reason

@@ -339,7 +339,9 @@ def _apply_cancels(state: LoopState) -> None:
         if request.finished:
             continue
         waiting = (
-            state.queue.remove(request) or state.canary_queue.remove(request) or state.fast_queue.remove(request)
+            state.queue.remove(request)
+            or state.canary_queue.remove(request)
+            or state.fast_queue.remove(request)
         )
         if waiting or request.replica is not None:
             _finish(state, request, "cancelled")

@@ -94,7 +94,9 @@ def test_a_raising_classifier_sends_the_request_standard_and_is_counted(registry
 
 
 def test_a_fast_path_measured_slow_spills_short_requests_to_the_standard_path(runtime: Runtime) -> None:
-    for h in [runtime.submit(SHORT, max_new_tokens=8) for _ in range(2)] + [runtime.submit(LONG, max_new_tokens=8)]:
+    for h in [runtime.submit(SHORT, max_new_tokens=8) for _ in range(2)] + [
+        runtime.submit(LONG, max_new_tokens=8)
+    ]:
         h.result(30)
     fast = runtime._state.fast
     assert fast is not None
@@ -159,7 +161,9 @@ def test_the_breaker_opens_over_the_sla_sheds_long_requests_and_recovers() -> No
 
 
 def test_an_open_breaker_refuses_with_retry_after_and_emits_its_states(registry: Path) -> None:
-    rt = _runtime(registry, standard=PathSpec(GOOD, 1.0), breaker_cooldown_s=60.0)  # 1 ms: every long one misses
+    rt = _runtime(
+        registry, standard=PathSpec(GOOD, 1.0), breaker_cooldown_s=60.0
+    )  # 1 ms: every long one misses
     events: list[EngineEvent] = []
     rt.subscribe(events.append)
     try:

@@ -14,7 +14,7 @@ import pytest
 from _demo_registry import GOOD, private_copy, shared_demo_registry
 from _service_support import auth, config, wait_for
 from fastapi.testclient import TestClient
-from infersight.monitor.service import ConfigInvalid, EngineConfig, create_app
+from infersight.monitor.service import ConfigInvalid, create_app
 from infersight.monitor.service.config_file import config_from_mapping
 
 INT8 = "mixtral_banking_int8-v1.0"

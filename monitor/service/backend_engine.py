@@ -348,7 +348,15 @@ class EngineBackend:
             version = completion.model_version if completion is not None else version
             queue_s = completion.queue_s if completion is not None else None
             self._record(
-                rid, version, timer, n_prompt, stream.token_count, queue_s, error, prompt, stream.text,
+                rid,
+                version,
+                timer,
+                n_prompt,
+                stream.token_count,
+                queue_s,
+                error,
+                prompt,
+                stream.text,
                 path=getattr(handle, "path", None),
             )
 

@@ -179,7 +179,10 @@ def _check_routing(config: ServiceConfig, fail: Any) -> None:
     if not routing.breaker_cooldown_s > 0:
         fail("routing.breaker_cooldown_s", "must be a positive number of seconds")
     if config.engine.version is not None and config.engine.version != routing.standard.version:
-        fail("routing.standard.version", f"must be engine.version ({config.engine.version}) or engine.version unset")
+        fail(
+            "routing.standard.version",
+            f"must be engine.version ({config.engine.version}) or engine.version unset",
+        )
     if routing.classifier is not None:
         from infersight.monitor.dataset import RedactorInvalid, load_redactor
 

@@ -80,7 +80,9 @@ class RouteMetrics:
     """Per-path latency and SLA attainment, observed per finished request (a lock and two
     adds), and the runtime's routing state read at scrape time."""
 
-    def __init__(self, runtime: Any, config: RoutingConfig, *, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self, runtime: Any, config: RoutingConfig, *, clock: Callable[[], float] = time.time
+    ) -> None:
         self.runtime = runtime
         self.config = config
         self.clock = clock
