@@ -1,7 +1,7 @@
 """SLA routing (fast int8 + standard fp32) against a single fp32 path and a single int8 path,
 at the same open-loop request rates, in one run.
 
-    .venv/bin/python benchmarks/sla_routing.py [--rates 10,20,30,40,50] [--seconds 10] [--rounds 2]
+    .venv/bin/python benchmarks/sla_routing.py [--rates 5,10,15,20,30] [--seconds 8] [--rounds 3] [--threads N]
 
 Load: Poisson arrivals (exponential gaps drawn in advance, submitted at their times whatever
 the server does: open loop) of a fixed mix: `--long-share` (20%) long prompts of 8 Banking77
@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
+import os
 import platform
 import random
 import tempfile
@@ -158,16 +159,21 @@ def summarize(outcomes: list[Outcome]) -> dict[str, float | int | None]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rates", default="10,20,30,40,50", help="requests per second, comma-separated")
-    ap.add_argument("--seconds", type=float, default=10.0, help="of arrivals per side, rate and round")
-    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--rates", default="5,10,15,20,30", help="requests per second, comma-separated")
+    ap.add_argument("--seconds", type=float, default=8.0, help="of arrivals per side, rate and round")
+    ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--long-share", type=float, default=0.2)
     ap.add_argument(
         "--registry", type=Path, default=None, help="default: the demo registry, built in a temp dir"
     )
+    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     rates = [float(r) for r in args.rates.split(",")]
-    print(f"CPU: {_cpu()}; torch {torch.__version__}, {torch.get_num_threads()} threads")
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    print(f"CPU: {_cpu()}, {os.cpu_count()} cores, load average {load:.1f} at the start; "
+          f"torch {torch.__version__}, {torch.get_num_threads()} threads")  # fmt: skip
     print(f"mix: {1 - args.long_share:.0%} short Banking77 questions ({SHORT_NEW} output tokens, SLA "
           f"{FAST_SLA_MS:.0f} ms), {args.long_share:.0%} long prompts of 8 questions ({LONG_NEW} output tokens, "
           f"SLA {STANDARD_SLA_MS:.0f} ms); Poisson arrivals, {args.seconds:.0f} s per side, rate and round, "
@@ -201,6 +207,8 @@ def main() -> None:
         print(f"dual: batch caps at the end {caps}; route counts {first.routing.counts()}")
         for rt in sides.values():
             rt.stop(drain=False)
+    if hasattr(os, "getloadavg"):
+        print(f"load average at the end: {os.getloadavg()[0]:.1f}")
 
 
 def _print_rate(rate: float, rows: dict[str, dict[str, float | int | None]]) -> None:

@@ -44,7 +44,7 @@ def routing_spec(config: RoutingConfig) -> Any:
     """The engine's `RoutingSpec` for `config` (the classifier imported)."""
     from infersight.engine.routing import PathSpec, RoutingSpec
 
-    classifier = None
+    classifier: Any = None
     if config.classifier is not None:
         from infersight.monitor.dataset import RedactorInvalid, load_redactor
 
