@@ -275,8 +275,9 @@ class RouteControl:
     def decide(self, prompt_ids: Sequence[int], max_new_tokens: int, text: str | None) -> RouteDecision:
         """Where a request goes; raises PathOverloaded when the breaker sheds it."""
         spec = self.spec
-        assert spec is not None
         n = len(prompt_ids)
+        if spec is None:  # routing stopped meanwhile: the serving (standard) version takes it
+            return RouteDecision("standard", "long", None)
         fits_fast = _within(spec.fast, n, max_new_tokens)
         path: Path = "fast" if fits_fast else "standard"
         reason = "short" if fits_fast else "long"
@@ -346,9 +347,9 @@ class RouteControl:
         """Each path's batch cap, a rung of 1-4-8-16 (up to its KV slots), from measured steps:
         the smallest rung (the shortest steps) that both lets the path's typical request
         finish within the SLA and serves twice the path's measured arrival rate (at higher
-        utilisation Poisson bursts queue); when none does both, the rung that serves the most
-        requests per second (the larger on a tie: a cap below the arrival rate only grows
-        the queue)."""
+        utilisation Poisson bursts queue); when none does both, the measured rung that serves
+        the most requests per second, or a larger one not measured yet (a cap below the
+        arrival rate only grows the queue)."""
         spec = self.spec
         if spec is None:
             return
@@ -368,18 +369,23 @@ class RouteControl:
             sla_s = spec.path(name).sla_ms / 1000.0
             rate = self.arrival_rate(name)
             rungs = [c for c in BATCH_LADDER if c <= replica.max_batch] or [replica.max_batch]
-            best, best_throughput, chosen = replica.cap, 0.0, None
+            measured = times.snapshot().decode_s
+            best, best_throughput, chosen = None, 0.0, None
             for c in rungs:
                 step = times.decode_s(c)
                 if step is None:
                     continue
                 latency = prefill + tokens * (step + beside)
                 throughput = c / latency if latency > 0 else float("inf")
-                if throughput >= best_throughput:
+                if c in measured and throughput >= best_throughput:
                     best, best_throughput = c, throughput
                 if chosen is None and latency <= sla_s and throughput >= 2.0 * rate:
                     chosen = c
-            replica.cap = chosen if chosen is not None else best
+            if chosen is None:  # overloaded: the most requests per second, trying a larger rung
+                # not measured yet (a cap kept small never measures the larger batches)
+                larger = [c for c in rungs if c not in measured and (best is None or c > best)]
+                chosen = larger[0] if larger else best if best is not None else rungs[-1]
+            replica.cap = chosen
 
     def arrival_rate(self, path: str) -> float:
         """Requests per second routed to `path`, over its last 64 arrivals."""
