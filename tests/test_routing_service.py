@@ -160,3 +160,19 @@ def test_a_flood_of_long_prompts_opens_the_breaker_short_ones_keep_their_sla_and
     events = client.get("/api/v1/overview", headers=auth()).json()["routing"]["breaker_events"]
     assert [e["state"] for e in events if e["path"] == "standard"][:1] == ["open"]
     assert "closed" in [e["state"] for e in events if e["path"] == "standard"]
+
+
+def test_one_metric_name_from_two_registries_keeps_the_series_of_both_once() -> None:
+    from infersight.monitor.service.metrics import CombinedRegistry
+    from prometheus_client import CollectorRegistry, Gauge, generate_latest
+
+    by_slo, by_path = CollectorRegistry(), CollectorRegistry()
+    Gauge("infersight_slo_attainment_ratio", "x", ["slo"], registry=by_slo).labels("fast-latency").set(0.99)
+    both = Gauge("infersight_slo_attainment_ratio", "y", ["path", "window"], registry=by_path)
+    both.labels("fast", "5m").set(0.5)
+    out = CollectorRegistry()
+    out.register(CombinedRegistry([by_slo, by_path, by_slo]))  # by_slo twice: its series once
+    text = generate_latest(out).decode()
+    assert text.count('infersight_slo_attainment_ratio{slo="fast-latency"} 0.99') == 1
+    assert 'infersight_slo_attainment_ratio{path="fast",window="5m"} 0.5' in text
+    assert text.count("# TYPE infersight_slo_attainment_ratio gauge") == 1

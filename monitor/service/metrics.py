@@ -90,6 +90,8 @@ class CombinedRegistry(Collector):
                 if first is None:
                     families[metric.name] = metric
                     continue
+                if first.type != metric.type:
+                    continue
                 # the same name from two places (the SLO ledger's attainment by `slo`, routing's
                 # by `path` and `window`): one family, each series once
                 have = {(s.name, tuple(sorted(s.labels.items()))) for s in first.samples}
