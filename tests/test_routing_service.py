@@ -81,7 +81,7 @@ def served(tmp_path_factory: pytest.TempPathFactory, registry: Path) -> Iterator
     import dataclasses
 
     tmp = tmp_path_factory.mktemp("routed")
-    parsed = config_from_mapping(_mapping(registry, breaker_cooldown_s=2.0))
+    parsed = config_from_mapping(_mapping(registry, breaker_cooldown_s=6.0))
     engine = dataclasses.replace(parsed.engine, max_batch_size=8, max_prompt_tokens=400, max_tokens_limit=64)  # type: ignore[arg-type]
     cfg = dataclasses.replace(config(tmp), engine=engine, routing=parsed.routing)
     app = create_app(cfg)
@@ -137,8 +137,12 @@ def test_a_flood_of_long_prompts_opens_the_breaker_short_ones_keep_their_sla_and
         t.start()
     try:
         wait_for(lambda: any(b.state == "open" for b in routing.statuses()), timeout=40.0, interval=0.1)
+        standard = app.state.service.components["backend"].runtime._state  # type: ignore[attr-defined]
+        wait_for(lambda: not standard.current.running, timeout=20.0, interval=0.02)  # admitted long ones done
         shorts = []
+        deadline = time.monotonic() + 60.0
         while len(shorts) < 20:  # short requests while the breaker sheds the long ones
+            assert time.monotonic() < deadline, f"only {len(shorts)} short requests while open"
             status, seconds, _ = _ask(client, SHORT, 4)
             assert status == 200
             if next(b for b in routing.statuses() if b.path == "standard").state == "open":
@@ -149,12 +153,12 @@ def test_a_flood_of_long_prompts_opens_the_breaker_short_ones_keep_their_sla_and
         for t in threads:
             t.join(30)
     within = sum(s <= 0.100 for s in shorts) / len(shorts)
-    assert within >= 0.9, sorted(shorts)
+    assert within >= 0.9, [round(s, 3) for s in sorted(shorts)[-5:]]
     assert refused and all(int(h["retry-after"]) >= 1 for h in refused)
     assert (_metric(client, 'infersight_route_requests_total{path="standard",reason="shed"}') or 0) >= 1
     for _ in range(3):
         _ask(client, SHORT, 4)
-    wait_for(lambda: all(b.state == "closed" for b in routing.statuses()), timeout=15.0, interval=0.2)
+    wait_for(lambda: all(b.state == "closed" for b in routing.statuses()), timeout=30.0, interval=0.2)
     assert _metric(client, 'infersight_route_breaker_state{path="standard"}') == 0.0
     assert _ask(client, LONG, 8)[0] == 200  # long ones are served again
     events = client.get("/api/v1/overview", headers=auth()).json()["routing"]["breaker_events"]
