@@ -54,7 +54,7 @@ from .canary import (
     Verdict,
     msprt_lambda,
 )
-from .config import AlertConfig, InhibitRule, ReceiverConfig, Route
+from .config import AlertConfig
 from .dispatcher import DeliveryResult, Dispatcher
 from .errors import (
     ActionFailed,
@@ -69,7 +69,7 @@ from .errors import (
 from .evaluator import EvaluationResult, Evaluator
 from .live_signals import InferenceStatsLike, LiveSignals, QualitySource, RemoteResources
 from .loader import DEFAULT_RULES, load_config, parse_config
-from .matchers import Matcher, parse_matcher
+from .matchers import InhibitRule, Matcher, ReceiverConfig, Route, parse_matcher
 from .notification import Notification, NotifiedAlert
 from .notifier import FlushResult, Notifier
 from .outbox import OutboxEntry, requeue_dead

@@ -9,9 +9,8 @@ from typing import Any
 
 from ._duration import parse_duration
 from ._yaml import MarkedMap, Source, iter_items
-from .config import DEFAULT_PAGERDUTY_URL, InhibitRule, ReceiverConfig, Route
 from .errors import InvalidMatcher
-from .matchers import Matcher, parse_matcher
+from .matchers import DEFAULT_PAGERDUTY_URL, InhibitRule, Matcher, ReceiverConfig, Route, parse_matcher
 from .transport import url_problem
 
 __all__ = ["parse_inhibit_rules", "parse_receivers", "parse_route"]

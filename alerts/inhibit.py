@@ -5,8 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from .config import InhibitRule
-from .matchers import matches_all
+from .matchers import InhibitRule, matches_all
 
 __all__ = ["inhibited"]
 

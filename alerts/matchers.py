@@ -8,7 +8,7 @@ cannot stall the notifier (no catastrophic backtracking as with Python's `re`)."
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, cast
 
@@ -16,7 +16,16 @@ import re2
 
 from .errors import InvalidMatcher
 
-__all__ = ["Matcher", "matches_all", "parse_matcher"]
+__all__ = [
+    "DEFAULT_PAGERDUTY_URL",
+    "InhibitRule",
+    "Matcher",
+    "ReceiverConfig",
+    "ReceiverType",
+    "Route",
+    "matches_all",
+    "parse_matcher",
+]
 
 MatchOp = Literal["=", "!=", "=~", "!~"]
 _FORM = re.compile(r"^\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*(=~|!~|!=|=)\s*(.*?)\s*$")
@@ -76,3 +85,65 @@ def parse_matcher(text: str) -> Matcher:
 
 def matches_all(matchers: Iterable[Matcher], labels: Mapping[str, str]) -> bool:
     return all(m.matches(labels) for m in matchers)
+
+
+ReceiverType = Literal["pagerduty", "webhook", "slack"]
+DEFAULT_PAGERDUTY_URL = "https://events.pagerduty.com/v2/enqueue"
+
+
+@dataclass(frozen=True)
+class ReceiverConfig:
+    """Where notifications go. `secret` is the PagerDuty routing key or the webhook's
+    `whsec_...` signing secret. A receiver whose secret or URL comes from an unset
+    environment variable is kept but `disabled_reason` says why nothing is sent."""
+
+    name: str
+    type: ReceiverType
+    url: str
+    secret: str | None = None
+    send_resolved: bool = True
+    timeout_s: float = 10.0
+    source: str = "infersight"  # PagerDuty payload.source
+    disabled_reason: str | None = None
+
+    @property
+    def enabled(self) -> bool:
+        return self.disabled_reason is None
+
+
+@dataclass(frozen=True)
+class Route:
+    receiver: str
+    matchers: tuple[Matcher, ...] = ()
+    group_by: tuple[str, ...] = ("alertname",)
+    group_wait_s: float = 30.0
+    group_interval_s: float = 300.0
+    repeat_interval_s: float = 14400.0
+    continue_: bool = False
+    routes: tuple[Route, ...] = ()
+
+    def match(self, labels: Mapping[str, str], path: str = "0") -> Iterator[tuple[str, Route]]:
+        """The routes an alert with `labels` goes to, depth first, as (path, route):
+        the deepest matching child, else this route (Alertmanager's tree walk)."""
+        if not matches_all(self.matchers, labels):
+            return
+        found = False
+        for i, child in enumerate(self.routes):
+            hits = list(child.match(labels, f"{path}.{i}"))
+            if hits:
+                found = True
+                yield from hits
+                if not child.continue_:
+                    break
+        if not found:
+            yield path, self
+
+
+@dataclass(frozen=True)
+class InhibitRule:
+    """Alerts matching `target_matchers` are muted while an alert matching
+    `source_matchers` fires with the same values of the `equal` labels."""
+
+    source_matchers: tuple[Matcher, ...]
+    target_matchers: tuple[Matcher, ...]
+    equal: tuple[str, ...] = ()

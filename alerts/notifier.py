@@ -12,13 +12,13 @@ import hashlib
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from sqlalchemy import Connection, delete, insert, select, update
 
 from ._alert_rows import delete_alert, load_alerts
-from .config import AlertConfig, Route
 from .inhibit import inhibited
+from .matchers import InhibitRule, ReceiverConfig, Route
 from .notification import Notification, NotifiedAlert, Status
 from .outbox import enqueue
 from .silences import active_silences, silenced_by
@@ -75,10 +75,21 @@ def _needs_update(
     return last is None or (now - last).total_seconds() >= repeat_s
 
 
+class RoutingConfig(Protocol):
+    """What the notifier reads of a rule file (`AlertConfig` has it)."""
+
+    @property
+    def route(self) -> Route | None: ...
+    @property
+    def receivers(self) -> Mapping[str, ReceiverConfig]: ...
+    @property
+    def inhibit_rules(self) -> tuple[InhibitRule, ...]: ...
+
+
 class Notifier:
     """Grouping, silencing, inhibition and dedup for one `AlertConfig`."""
 
-    def __init__(self, config: AlertConfig, *, external_url: str = "") -> None:
+    def __init__(self, config: RoutingConfig, *, external_url: str = "") -> None:
         self.config = config
         self.external_url = external_url
         self._routes: dict[str, Route] = {}

@@ -28,7 +28,7 @@ def _humanize(v: float) -> str:
     return f"{v:.4g}"
 
 
-def _duration(v: float) -> str:
+def _humanize_duration(v: float) -> str:
     if v < 1:
         return f"{v * 1000:.4g}ms"
     parts, rest = [], int(v)
@@ -46,7 +46,7 @@ def _pipe(value: float, pipe: str) -> str:
     if pipe == "humanizePercentage":
         return f"{value * 100:.4g}%"
     if pipe == "humanizeDuration":
-        return _duration(value)
+        return _humanize_duration(value)
     m = _PRINTF.match(pipe)
     if m is None:
         raise ValueError(f"unknown template function {pipe!r} (known: {', '.join(TEMPLATE_PIPES)})")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Protocol, runtime_checkable
 
-from ..config import ReceiverConfig
+from ..matchers import ReceiverConfig
 from ..notification import Notification
 from ..transport import HttpRequest
 

@@ -11,7 +11,7 @@ import datetime as dt
 import json
 from typing import Any
 
-from ..config import ReceiverConfig
+from ..matchers import ReceiverConfig
 from ..notification import Notification
 from ..transport import HttpRequest
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ..config import ReceiverConfig
+from ..matchers import ReceiverConfig
 from ..notification import Notification
 from ..transport import HttpRequest
 

@@ -14,7 +14,7 @@ import hmac
 import json
 from collections.abc import Mapping
 
-from ..config import ReceiverConfig
+from ..matchers import ReceiverConfig
 from ..notification import Notification
 from ..transport import HttpRequest
 
