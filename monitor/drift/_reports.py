@@ -8,9 +8,9 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, insert, select
 
+from ..store.tables import drift_reports
 from ._references import _tx
 from ._results import DriftReport
-from .tables import drift_reports
 
 __all__ = ["list_reports", "load_report", "save_report"]
 

@@ -78,7 +78,7 @@ def upgrade(engine: Engine, *, revision: str = "head", script_location: str | Pa
 
 def schema_diff(engine: Engine) -> list[Any]:
     """Differences between the database and the code's metadata (empty when in step)."""
-    from .schema import metadata
+    from .tables import metadata
 
     with engine.connect() as conn:
         ctx = MigrationContext.configure(conn, opts={"compare_type": True})

@@ -6,8 +6,7 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from alembic import context
-from infersight.monitor.store.metadata import UTCDateTime
-from infersight.monitor.store.schema import metadata
+from infersight.monitor.store.tables import UTCDateTime, metadata
 
 
 def _render_item(type_: str, obj: Any, autogen_context: Any) -> str | Literal[False]:
