@@ -31,7 +31,7 @@ from .errors import WindowTooSmall
 
 __all__ = ["novelty_scores", "novelty_test"]
 
-METHOD = "nn_novelty_conformal_conditional_binomial"
+NOVELTY_METHOD = "nn_novelty_conformal_conditional_binomial"
 MIN_REFERENCE = 4
 
 
@@ -58,4 +58,4 @@ def novelty_test(reference: np.ndarray, current: np.ndarray, options: TestOption
     q_upper = exceedance_upper(k, cal.size, options.reference_confidence)
     p_value = tail_count_p_value(beyond, cur.size, q_upper)
     score = beyond / cur.size - k / (cal.size + 1)
-    return StatResult("novelty", METHOD, float(beyond), score, p_value, x.shape[0], y.shape[0], 0)
+    return StatResult("novelty", NOVELTY_METHOD, float(beyond), score, p_value, x.shape[0], y.shape[0], 0)

@@ -18,7 +18,7 @@ from .errors import WindowTooSmall
 
 __all__ = ["relevance_drop_test"]
 
-METHOD = "mean_rank_one_sided_reference_conditional"
+RELEVANCE_DROP_METHOD = "mean_rank_one_sided_reference_conditional"
 
 
 def relevance_drop_test(
@@ -33,4 +33,4 @@ def relevance_drop_test(
     if y.size < 2:
         raise WindowTooSmall("current relevance", int(y.size), 2)
     w, p = mean_rank_p_value(x, y, opts.reference_confidence)
-    return StatResult("relevance_drop", METHOD, w, float(x.mean() - y.mean()), p, x.size, y.size, 0)
+    return StatResult("relevance_drop", RELEVANCE_DROP_METHOD, w, float(x.mean() - y.mean()), p, x.size, y.size, 0)
