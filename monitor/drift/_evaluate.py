@@ -13,10 +13,8 @@ from sqlalchemy import Engine, bindparam, select, update
 
 from ._detector import DriftDetector, FittedReference
 from ._lengths import LengthDrift, RequestLengths, length_drift
-from ._metrics import DriftMetrics
 from ._references import StoredReference, _window, load_reference, traffic_lengths
-from ._reports import save_report
-from ._results import DriftReport, ReportContext
+from ._report import DriftMetrics, DriftReport, ReportContext, save_report
 from ._windows import TextWindow
 from .errors import CurrentWindowEmpty
 
