@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from ._detector import DriftDetector
 from ._embedding import CachedEmbedder, Embedder, SentenceTransformerEmbedder, default_model_path
-from ._evaluate import evaluate_window
+from ._evaluate import CONFIGURED_REFERENCE, ReferencePolicy, evaluate_window
 from ._explain import (
     NOVEL_CLUSTER,
     ClusterShare,
@@ -93,6 +93,7 @@ from .errors import (
 )
 
 __all__ = [
+    "CONFIGURED_REFERENCE",
     "DEFAULT_EFFECT_FLOORS",
     "INPUT_FORMATS",
     "LENGTH_FIELDS",
@@ -128,6 +129,7 @@ __all__ = [
     "Projection",
     "ReferenceInfo",
     "ReferenceNotFound",
+    "ReferencePolicy",
     "ReferenceWindowEmpty",
     "RelevanceComparison",
     "RelevanceSummary",

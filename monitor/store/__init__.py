@@ -6,9 +6,8 @@ revisions; `enforce_retention` deletes what the retention policy lets go.
 
 from __future__ import annotations
 
-from .database import connect, sqlite_url
+from .database import connect, current_revision, head_revision, schema_diff, sqlite_url, upgrade
 from .errors import DatabaseUnavailable, MigrationFailed, SchemaTooNew, StoreError
-from .migrate import current_revision, head_revision, schema_diff, upgrade
 from .retention import RetentionPolicy, RetentionResult, enforce_retention, prune_snapshot_files
 from .tables import UTCDateTime, metadata
 
