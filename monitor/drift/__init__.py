@@ -7,7 +7,7 @@
 Batch tests per field (prompt, response): unbiased MMD² with a permutation p-value (exact
 kernel, or random Fourier features on large windows) and a nearest-neighbour novelty test
 with a split-conformal p-value that holds for the reference in use (the reference's own
-error bounded first, see `_conditional`); a one-sided relevance-drop test, conditional in
+error bounded first, see `_stat_tests`); a one-sided relevance-drop test, conditional in
 the same way, when responses exist. Holm's correction across every test keeps the report's
 false-alarm rate at alpha; effect floors keep large windows from alarming on trivial
 shifts. The explanation (witness texts, reference clusters, novelty, a 2-D projection)

@@ -151,7 +151,7 @@ class TestOptions:
     calibration_fraction: float = 0.5
     novelty_tail: float = 0.01
     # Tests that bound the reference's own sampling error first (novelty, relevance, the
-    # streaming charts) hold their level for at least this share of references (_conditional).
+    # streaming charts) hold their level for at least this share of references (the conditional calibration in _stat_tests).
     reference_confidence: float = 0.99
 
     def __post_init__(self) -> None:

@@ -34,7 +34,7 @@ beyond it.
 
 Given the reference (bank and held-out part fixed), a current text from the reference's
 distribution lands beyond the cut with some chance `q`; over references `q` follows
-`Beta(k, n_cal + 1 - k)` (see `_conditional`), so `q ≤ q⁺`, that law's
+`Beta(k, n_cal + 1 - k)` (see `exceedance_upper`), so `q ≤ q⁺`, that law's
 `reference_confidence` quantile, for all but a share `1 - reference_confidence` of
 references. The p-value is the binomial tail at `q⁺`: it is valid conditional on the
 reference, not only on average. (The earlier test counted current texts in the *pooled*
@@ -46,7 +46,7 @@ without drift (`k / (n_cal + 1)`), i.e. the excess share of novel texts.
 - Relevance: Prompt-response relevance: the cosine between a prompt and its response, per request
 and as a windowed distribution. Relevance drop: are the current window's prompt-response cosines lower than the reference's?
 
-One-sided rank test conditional on the reference (`_conditional.mean_rank_p_value`): the
+One-sided rank test conditional on the reference (`mean_rank_p_value`): the
 statistic is the mean, over current requests, of the share of reference cosines above each
 current cosine (1/2 without a change); the reference's own sampling error is bounded first
 (at `reference_confidence`), so the level holds for the reference in use, not only on

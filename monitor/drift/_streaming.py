@@ -67,7 +67,7 @@ def design_cusum(
     `reference_confidence=None`: the scores *are* the in-control law (streams resample
     them). With a confidence, they are a sample from it (the reference's held-out scores):
     the cut is their `k`-th largest and the chart is designed for `β⁺`, the upper
-    `reference_confidence` bound of the chance a new score exceeds that cut (`_conditional`),
+    `reference_confidence` bound of the chance a new score exceeds that cut (`exceedance_upper`),
     so its run length between false alarms is at least the target for all but a share
     `1 - reference_confidence` of references, not only on average over them."""
     scores = np.asarray(in_control_scores, dtype=np.float64)
