@@ -6,7 +6,9 @@ the field). Each alert's idempotency key is fingerprint + startsAt + status, so 
 notification re-sent by Alertmanager or by its HA peers is recognised, and the action's
 run key (fingerprint + startsAt: one per episode) makes sure nothing runs twice.
 
-The FastAPI router that mounts it is in inbound_router.py (FastAPI is the service's dependency)."""
+The FastAPI router that mounts it is in inbound_router.py, apart because FastAPI is the
+service's dependency, not the alert engine's.
+"""
 
 from __future__ import annotations
 

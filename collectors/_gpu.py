@@ -6,15 +6,13 @@ On a machine without a GPU, a driver or pynvml, the collector is disabled:
 Nothing here raises into the caller or into a scrape; failing NVML calls are counted
 in `infersight_nvml_errors_total{function}`.
 
-The NVML seam: load the binding, and call it so that a failure is counted, not raised.
-
-The seam is the `pynvml` module itself (nvidia-ml-py): anything with its functions,
+The NVML seam (`open_nvml`, `NVMLCalls`): load the binding, and call it so that a failure
+is counted, not raised. The seam is the `pynvml` module itself (nvidia-ml-py): anything with its functions,
 constants, `NVMLError` and ctypes structs can stand in for it (tests use
 `infersight.collectors.fake_nvml.FakeNVML`).
 
-GPM (GPU Performance Monitoring, Hopper and newer): SM activity and SM occupancy.
-
-GPM metrics are differences between two samples. Each device keeps two sample
+GPM (GPU Performance Monitoring, Hopper and newer; `GPMSampler`): SM activity and SM
+occupancy. GPM metrics are differences between two samples. Each device keeps two sample
 buffers and alternates between them; a metric is computed only when the two samples
 are at least `MIN_GPM_INTERVAL_S` apart (NVML's guidance: shorter intervals are
 noisy). A sample taken too soon is overwritten by the next one, and the last good

@@ -5,10 +5,8 @@ Failures are retried with full-jitter backoff (429, 5xx, timeouts, connection er
 attempts make a dead letter, which the `dead_letters` signal turns into an alert of its
 own. Whatever goes wrong with one entry (a payload that no longer renders, a sender that
 raises something unexpected) dead-letters that entry alone: the rest of the batch, and
-every later batch, keep flowing.
-
-Retries back off exponentially with full jitter, honouring `Retry-After`
-(receivers.py classifies each answer).
+every later batch, keep flowing. `RetryPolicy`: exponential backoff with full jitter,
+honouring `Retry-After` (receivers.py classifies each answer).
 """
 
 from __future__ import annotations

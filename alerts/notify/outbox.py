@@ -6,9 +6,8 @@ RETURNING` (SQLite serialises the statement on its write lock), so two dispatche
 hold the same row at once. A dispatcher killed mid-delivery leaves a lease that expires;
 the row is delivered again under the same idempotency key (at-least-once).
 
-One notification of one alert group to one receiver, as the outbox stores it.
-
-Its JSON is Alertmanager's webhook payload (version "4") plus infersight's idempotency
+A row holds one `Notification`: one alert group to one receiver. Its JSON is
+Alertmanager's webhook payload (version "4") plus infersight's idempotency
 key; each receiver renders it (PagerDuty event, signed webhook, Slack message) at send time.
 """
 
