@@ -17,6 +17,10 @@ notifications that are never lost, and automated remediation.
 
 from __future__ import annotations
 
+from infersight.monitor.extras import require_extra
+
+require_extra("infersight.alerts", "service")  # one line, not an ImportError, when the extra is missing
+
 from .actions import (
     FAILURE_ALERT,
     ActionOutcome,

@@ -19,6 +19,10 @@ exceedance rate; `evaluate_window` is the scheduler's entry point.
 
 from __future__ import annotations
 
+from infersight.monitor.extras import require_extra
+
+require_extra("infersight.monitor.drift", "drift")  # one line, not an ImportError, when the extra is missing
+
 from ._cache import CachedEmbedder
 from ._clusters import NOVEL_CLUSTER, ClusterModel
 from ._config import DEFAULT_EFFECT_FLOORS, DriftConfig
