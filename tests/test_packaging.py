@@ -98,3 +98,17 @@ def test_missing_extra_is_one_line_naming_the_extra(monkeypatch: pytest.MonkeyPa
     assert extra_for_module("torch.nn") == "engine"
     assert extra_for_module("yaml") == "grafana"
     assert extra_for_module("prometheus_client") is None
+
+
+def test_architecture_code_map_names_only_what_is_in_the_repository() -> None:
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    assert "../" not in text, "docs/architecture.md points outside the repository"
+    code_map = text.split("## Code map", 1)[1].split("\n## ", 1)[0]
+    folders = re.findall(r"^\s*([a-z_]+/)\s", code_map, flags=re.MULTILINE)
+    assert len(folders) >= 10
+    nested = {"sdk/", "drift/", "store/", "dataset/", "service/", "cli/", "data/"}
+    for folder in folders:
+        assert (ROOT / ("monitor/" + folder if folder in nested else folder)).is_dir(), folder
+    for path in re.findall(r"`((?:monitor|alerts|engine|collectors|dashboards)/[\w/]+\.py)`", text):
+        assert (ROOT / path).is_file(), f"docs/architecture.md names {path}, which does not exist"
+    assert "(docs/architecture.md)" in (ROOT / "README.md").read_text()
