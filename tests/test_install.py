@@ -243,3 +243,14 @@ def test_wheel_console_script_runs_from_a_temp_dir(full: Path, tmp_path: Path) -
     assert "usage: infersight" in out
     rules = _ok(_run([full.parent / "infersight", "rules", "check"], cwd=tmp_path))
     assert rules.strip(), "`infersight rules check` printed nothing for the default rules"
+
+
+def test_wheel_writes_the_demo_model_registry(full: Path, tmp_path: Path) -> None:
+    """`infersight models init-demo` from the wheel: the demo checkpoint (MiniLM's tokenizer)
+    and its three registered versions, the corrupted release included."""
+    cli = full.parent / "infersight"
+    _ok(_run([cli, "models", "init-demo", tmp_path / "reg"], cwd=tmp_path))
+    listed = _ok(_run([cli, "models", "list", tmp_path / "reg"], cwd=tmp_path))
+    for version in ("mixtral_banking_fp32-v1.0", "mixtral_banking_int8-v1.0", "mixtral_banking_fp32-v1.1"):
+        assert version in listed
+    assert (tmp_path / "reg" / "checkpoints" / "demo" / "tokenizer.json").is_file()
