@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from infersight.monitor.extras import require_extra
 
-require_extra("infersight.alerts", "service")  # one line, not an ImportError, when the extra is missing
+require_extra("infersight.alerts", "service")  # one line when the extra is missing
 
 from .actions import (
     FAILURE_ALERT,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from infersight.monitor.extras import require_extra
 
-require_extra("infersight.dashboards", "grafana")  # one line, not an ImportError, when the extra is missing
+require_extra("infersight.dashboards", "grafana")  # one line when the extra is missing
 
 from ._dashboard import DASHBOARD_UID, SCHEMA_VERSION, build_dashboard
 from ._export import DASHBOARD_FILE, PROVISIONING_FILE, ExportResult, export_dashboards, provisioning_config

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from infersight.monitor.extras import require_extra
 
-require_extra("infersight.monitor.dataset", "service")  # one line, not an ImportError, when the extra is missing
+require_extra("infersight.monitor.dataset", "service")  # one line when the extra is missing
 
 from ._collections import fill_collections
 from ._export import (

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from infersight.monitor.extras import require_extra
 
-require_extra("infersight.monitor.drift", "drift")  # one line, not an ImportError, when the extra is missing
+require_extra("infersight.monitor.drift", "drift")  # one line when the extra is missing
 
 from ._cache import CachedEmbedder
 from ._clusters import NOVEL_CLUSTER, ClusterModel

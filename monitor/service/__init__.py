@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from infersight.monitor.extras import require_extra
 
-require_extra("infersight.monitor.service", "service")  # one line, not an ImportError, when the extra is missing
+require_extra("infersight.monitor.service", "service")  # one line when the extra is missing
 
 from .app import create_app
 from .config import (

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from infersight.monitor.extras import require_extra
 
-require_extra("infersight.monitor.store", "drift")  # one line, not an ImportError, when the extra is missing
+require_extra("infersight.monitor.store", "drift")  # one line when the extra is missing
 
 from .database import connect, sqlite_url
 from .errors import DatabaseUnavailable, MigrationFailed, SchemaTooNew, StoreError
