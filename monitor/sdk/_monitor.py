@@ -190,8 +190,8 @@ class Monitor:
 
         Written as one loop with everything it reads held in locals: it runs once per
         sampled call, and at 100% sampling its cost is most of the SDK's (docs/benchmarks.md).
-        The fields are unpacked by name and passed on by name on purpose: 1.05 us per record
-        here, against 1.4 us with star-unpacking or slicing the tuple."""
+        The fields are unpacked by name and passed on by name on purpose: it is faster than
+        star-unpacking or slicing the tuple (docs/benchmarks.md, issue 12's section)."""
         prefix, ids, text, record, cfg = (
             self._id_prefix,
             self._id_counter,
