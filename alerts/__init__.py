@@ -17,9 +17,9 @@ notifications that are never lost, and automated remediation.
 
 from __future__ import annotations
 
-from infersight.monitor.extras import require_extra
+from infersight.monitor.extras import require_extra as _require_extra
 
-require_extra("infersight.alerts", "service")  # one line when the extra is missing
+_require_extra("infersight.alerts", "service")  # one line when the extra is missing
 
 from .actions import (
     FAILURE_ALERT,

@@ -11,9 +11,9 @@ fails drops the text) before it leaves the store.
 
 from __future__ import annotations
 
-from infersight.monitor.extras import require_extra
+from infersight.monitor.extras import require_extra as _require_extra
 
-require_extra("infersight.monitor.dataset", "service")  # one line when the extra is missing
+_require_extra("infersight.monitor.dataset", "service")  # one line when the extra is missing
 
 from ._collections import fill_collections
 from ._export import (

@@ -19,9 +19,9 @@ exceedance rate; `evaluate_window` is the scheduler's entry point.
 
 from __future__ import annotations
 
-from infersight.monitor.extras import require_extra
+from infersight.monitor.extras import require_extra as _require_extra
 
-require_extra("infersight.monitor.drift", "drift")  # one line when the extra is missing
+_require_extra("infersight.monitor.drift", "drift")  # one line when the extra is missing
 
 from ._cache import CachedEmbedder
 from ._clusters import NOVEL_CLUSTER, ClusterModel

@@ -7,9 +7,9 @@ revisions; `enforce_retention` deletes what the retention policy lets go.
 
 from __future__ import annotations
 
-from infersight.monitor.extras import require_extra
+from infersight.monitor.extras import require_extra as _require_extra
 
-require_extra("infersight.monitor.store", "drift")  # one line when the extra is missing
+_require_extra("infersight.monitor.store", "drift")  # one line when the extra is missing
 
 from .database import connect, sqlite_url
 from .errors import DatabaseUnavailable, MigrationFailed, SchemaTooNew, StoreError
