@@ -1,5 +1,8 @@
 """Decode tokens/s: infersight.engine against transformers' MixtralForCausalLM.generate.
 
+On CPU the engine runs twice in fp32: on the eager path and on the native one (paths.py;
+`load` picks between them by measuring, here both are forced to compare them).
+
 Both sides run the same random weights (written by transformers' save_pretrained), in the
 same process, alternating run by run; each figure is the median over repeats. Decode time is
 isolated as time(generate N+1 tokens) - time(generate 1 token), so prefill is not counted.
@@ -131,7 +134,8 @@ def bench_case(
     reference = MixtralForCausalLM(config).eval()
     with tempfile.TemporaryDirectory() as tmp:
         reference.save_pretrained(tmp)
-        engine = load(tmp, device=device, dtype=dtype)
+        engine = load(tmp, device=device, dtype=dtype, engine_path="eager")
+        native = load(tmp, device=device, dtype=dtype, engine_path="native") if device.type == "cpu" else None
         quantized = load(tmp, device=device, quantize="int8") if int8 else None
         reference = reference.to(device=device, dtype=dtype)
         ids = torch.randint(0, config.vocab_size, (batch, prompt), device=device)
@@ -152,6 +156,8 @@ def bench_case(
             "transformers": hf,
             "engine": lambda n: engine.generate(ids, n),
         }
+        if native is not None:
+            sides["engine native"] = lambda n: native.generate(ids, n)
         if quantized is not None:
             sides["engine int8"] = lambda n: quantized.generate(ids, n)
         for run in sides.values():  # warm-up: allocator, kernels, lazy init
@@ -211,6 +217,10 @@ def main() -> None:
         hf, eng = rates["transformers"], rates["engine"]
         rows.append(Row(name, batch, "transformers", hf, None, None))
         rows.append(Row(name, batch, "engine", eng, eng / hf, target))
+        if "engine native" in rates:
+            rows.append(
+                Row(name, batch, "engine native", rates["engine native"], rates["engine native"] / hf, target)
+            )
         if "engine int8" in rates:
             rows.append(
                 Row(name, batch, "engine int8", rates["engine int8"], rates["engine int8"] / eng, 1.5)

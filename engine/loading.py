@@ -20,6 +20,7 @@ from .errors import CheckpointNotFound, TokenizerInvalid, UnsupportedQuantizatio
 from .layout import build_state, expected_tensors, stacked_experts
 from .model import MoEModel
 from .moe import grouped_mm_supported
+from .paths import choose
 from .quant import QUANTIZERS, quantize_network
 from .transformer import Transformer
 
@@ -35,12 +36,15 @@ def load(
     quantize: str | None = None,
     device: str | torch.device | None = None,
     dtype: torch.dtype | None = None,
+    engine_path: str = "auto",
 ) -> MoEModel:
     """Load a Mixtral checkpoint directory (config.json, safetensors weights, tokenizer.json).
 
     device: default CUDA when available, else CPU. dtype (activations and unquantized
     weights): default fp32 on CPU, bf16 elsewhere; with `quantize="int8"` on CPU, bf16,
-    because the int8 CPU kernel is only fast with bf16 activations.
+    because the int8 CPU kernel is only fast with bf16 activations. engine_path: "auto" (the
+    faster of the eager and native paths on this machine, measured once and cached: paths.py),
+    "eager" or "native"; `model.engine_path` says which it runs and why.
     """
     if quantize is not None and quantize not in QUANTIZERS:
         raise UnsupportedQuantization(quantize, tuple(QUANTIZERS))
@@ -58,6 +62,7 @@ def load(
     ckpt.check_finite(expected)
     tokenizer = _tokenizer(directory)
 
+    chosen, kernels = choose(config, requested=engine_path, device=target, dtype=dtype, quantize=quantize)
     grouped = grouped_mm_supported(config.hidden_size, config.intermediate_size, dtype, target)
     quantizer = None
     if quantize is not None:
@@ -74,9 +79,16 @@ def load(
     network.load_state_dict(state, strict=True, assign=True)
     if config.tie_word_embeddings and quantize is None and not column_major_head:
         network.output.weight = network.tok_embeddings.weight  # one tensor, as in the checkpoint
-    network.init_buffers(target)
+    network.init_buffers(target, kernels)
     return MoEModel(
-        network, config, tokenizer=tokenizer, quantize=quantize, device=target, dtype=dtype, path=directory
+        network,
+        config,
+        tokenizer=tokenizer,
+        quantize=quantize,
+        device=target,
+        dtype=dtype,
+        path=directory,
+        engine_path=chosen,
     )
 
 

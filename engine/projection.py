@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from . import onednn
+from .native import NativeKernels, NativeProjection
 from .quant import Int8Linear, int8_matmul
 
 __all__ = [
@@ -94,12 +95,13 @@ class HeadProjection:
         return torch.add(residual, self(x), alpha=alpha)
 
 
-Projection = DenseProjection | BlockedProjection | Int8Projection | HeadProjection
+Projection = DenseProjection | BlockedProjection | Int8Projection | HeadProjection | NativeProjection
 
 BLOCKED_MIN_BYTES = 32 << 20  # smaller heads stay in cache; see _blocked_head_wins
 
 
-def projection(module: nn.Module, *, head: bool = False) -> Projection:
+def projection(module: nn.Module, *, head: bool = False, kernels: NativeKernels | None = None) -> Projection:
+    """`kernels`: the native path (paths.py) for CPU fp32 projections other than the head."""
     if isinstance(module, Int8Linear):
         return Int8Projection(module.weight, module.scales)
     assert isinstance(module, nn.Linear) and module.bias is None
@@ -109,6 +111,8 @@ def projection(module: nn.Module, *, head: bool = False) -> Projection:
             if _blocked_head_wins(module.weight)
             else DenseProjection(module.weight)
         )
+    if kernels is not None and module.weight.dtype == torch.float32 and module.weight.device.type == "cpu":
+        return NativeProjection(module.weight, kernels)
     return (
         BlockedProjection(module.weight)
         if onednn.available(module.weight)
