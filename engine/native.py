@@ -1,7 +1,7 @@
 """Native decode kernels: a small C/OpenMP library built with the machine's C compiler.
 
 What it replaces: the few-row fp32 products of decode (attention's QKV and output
-projections, each expert's two projections). oneDNN's blocked kernel (onednn.py) streams
+projections, each expert's two projections, the lm head). oneDNN's blocked kernel (onednn.py) streams
 those weights from memory, but each call goes through oneDNN's primitive cache and a thread
 fork-join sized for large products; the kernel here is one pass over the row-major weight,
 every batch row against each 4-row block of it while that block is in L1, with the residual

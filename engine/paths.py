@@ -1,7 +1,7 @@
 """Which decode path a model runs on, chosen by measuring this machine at load.
 
 Two paths for CPU fp32 products: `eager` (oneDNN-blocked weights, onednn.py; MKL where oneDNN
-is absent) and `native` (the C kernels of native.py). Which is faster depends on the CPU (its
+is absent, and for small lm heads) and `native` (the C kernels of native.py, lm head included). Which is faster depends on the CPU (its
 vector width, caches, memory), on the thread count and on the model's shapes, so it is not
 fixed from one machine's results: at the first load on a machine, `choose` times both on the
 model's own projection shapes (attention QKV and output, the experts' two projections) at

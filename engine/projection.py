@@ -101,18 +101,20 @@ BLOCKED_MIN_BYTES = 32 << 20  # smaller heads stay in cache; see _blocked_head_w
 
 
 def projection(module: nn.Module, *, head: bool = False, kernels: NativeKernels | None = None) -> Projection:
-    """`kernels`: the native path (paths.py) for CPU fp32 projections other than the head."""
+    """`kernels`: the native path (paths.py) for CPU fp32 projections, the head included (its
+    packed copy streams as fast as the oneDNN-blocked one and beats MKL at every row count:
+    docs/benchmarks.md, issue 13 part 2)."""
     if isinstance(module, Int8Linear):
         return Int8Projection(module.weight, module.scales)
     assert isinstance(module, nn.Linear) and module.bias is None
+    if kernels is not None and module.weight.dtype == torch.float32 and module.weight.device.type == "cpu":
+        return NativeProjection(module.weight, kernels)
     if head:
         return (
             HeadProjection(module.weight)
             if _blocked_head_wins(module.weight)
             else DenseProjection(module.weight)
         )
-    if kernels is not None and module.weight.dtype == torch.float32 and module.weight.device.type == "cpu":
-        return NativeProjection(module.weight, kernels)
     return (
         BlockedProjection(module.weight)
         if onednn.available(module.weight)

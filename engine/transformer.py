@@ -92,7 +92,7 @@ class Transformer(nn.Module):
             self.tok_embeddings.weight,
             tuple(layers),
             self.norm.weight,
-            projection(self.output, head=True),
+            projection(self.output, head=True, kernels=kernels),
             (eps, torch.full((1, 1, 1), eps, device=device)),
         )
 
