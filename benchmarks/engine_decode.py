@@ -43,6 +43,15 @@ CONFIGS: dict[str, dict[str, Any]] = {
         "num_key_value_heads": 2,
         "vocab_size": 32000,
     },
+    # issue 13: an intermediate size that is not a power of two (nor a multiple of 64)
+    "odd": {
+        "hidden_size": 512,
+        "intermediate_size": 1408,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 2,
+        "vocab_size": 32000,
+    },
 }
 COMMON = {
     "num_local_experts": 8,
@@ -51,7 +60,14 @@ COMMON = {
     "eos_token_id": None,
 }
 # (config, batch, target ratio engine/transformers) from the issue
-CASES = [("small", 1, 2.0), ("small", 8, None), ("medium", 1, 1.3), ("medium", 8, 1.5)]
+CASES = [
+    ("small", 1, 2.0),
+    ("small", 8, None),
+    ("medium", 1, 1.3),
+    ("medium", 8, 1.5),
+    ("odd", 1, 1.5),
+    ("odd", 8, 1.5),
+]
 
 
 def weight_bytes_per_step(name: str, batch: int, bytes_per_weight: float = 4.0) -> float:

@@ -167,10 +167,14 @@ def pack(weight: torch.Tensor) -> torch.Tensor:
     """weight [N, K] -> [ceil(N/16), K, 16] (zero rows pad N): the kernel's layout, in which a
     16-column block of the product is one contiguous run of memory."""
     N, K = weight.shape
-    blocks = -(-N // 16)
-    padded = torch.zeros((blocks * 16, K), dtype=torch.float32)
-    padded[:N] = weight
-    return padded.view(blocks, 16, K).transpose(1, 2).contiguous()  # 64-byte aligned (torch's allocator)
+    full, tail = divmod(N, 16)
+    out = torch.empty((full + (tail > 0), K, 16), dtype=torch.float32)  # 64-byte aligned (torch's allocator)
+    if full:  # one pass over the weight, whatever its strides (a column-major head too)
+        out[:full].copy_(weight[: full * 16].unflatten(0, (full, 16)).transpose(1, 2))
+    if tail:
+        out[full].zero_()
+        out[full, :, :tail].copy_(weight[full * 16 :].t())
+    return out
 
 
 class NativeProjection:

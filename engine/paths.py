@@ -41,7 +41,7 @@ log = logging.getLogger("infersight.engine")
 
 PATHS = ("auto", "eager", "native")  # what `load(..., engine_path=)` accepts
 ROWS = (1, 8)  # the row counts measured: batch-1 and batch-8 decode
-STREAM_BYTES = 48 << 20  # weights cycled per measurement, beyond the caches as in real decode
+STREAM_BYTES = 32 << 20  # weights cycled per measurement, beyond the caches as in real decode
 MAX_COPIES = 16  # small weights stay cache-resident in the model too: a few copies say enough
 BUDGET_S = 4.0  # measuring never holds a load up much longer (serve's start must stay < +30 s)
 
