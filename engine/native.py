@@ -206,7 +206,15 @@ def build(cache_dir: Path, *, cpu: str) -> tuple[NativeKernels, bool]:
     target = cache_dir / f"infersight_native_{key}.so"
     if target.is_file():
         return NativeKernels(target), True
-    cache_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        _compile(cc, cache_dir, target)
+    except OSError as exc:  # an unwritable cache directory, a full disk
+        raise KernelUnavailable(f"cannot build into {cache_dir}: {exc}") from exc
+    return NativeKernels(target), False
+
+
+def _compile(cc: str, cache_dir: Path, target: Path) -> None:
     with tempfile.TemporaryDirectory(dir=cache_dir) as tmp:
         src = Path(tmp) / "native.c"
         src.write_text(SOURCE)
@@ -221,4 +229,3 @@ def build(cache_dir: Path, *, cpu: str) -> tuple[NativeKernels, bool]:
             first = (done.stderr.strip().splitlines() or ["no output"])[0]
             raise KernelUnavailable(f"{cc} failed ({done.returncode}): {first}")
         os.replace(built, target)  # atomic: a concurrent load sees the whole library or none
-    return NativeKernels(target), False

@@ -128,6 +128,17 @@ def test_a_library_that_will_not_load_falls_back_to_eager(
     assert len(_engine_warnings(caplog)) == 1
 
 
+def test_an_unwritable_cache_directory_falls_back_to_eager(
+    tmp_path: Path, checkpoint: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    blocker = tmp_path / "not-a-directory"
+    blocker.write_text("")
+    monkeypatch.setenv("INFERSIGHT_CACHE_DIR", str(blocker))  # .../engine cannot be made under a file
+    model = load(checkpoint, device="cpu")
+    assert model.engine_path.name == "eager" and "cannot build into" in model.engine_path.reason
+    assert len(_engine_warnings(caplog)) == 1
+
+
 def test_paths_without_a_native_variant_are_eager_and_say_so(checkpoint: Path, cache_dir: Path) -> None:
     int8 = load(checkpoint, device="cpu", quantize="int8")
     assert int8.engine_path == EnginePath("eager", cpu_model(), "not applicable", 0.0)
