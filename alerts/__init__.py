@@ -23,6 +23,10 @@ This module is the public API; helpers the stages share stay in their modules.
 
 from __future__ import annotations
 
+from infersight.monitor.extras import require_extra as _require_extra
+
+_require_extra("infersight.alerts", "service")  # one line when the extra is missing
+
 from .actions.analysis import (
     REGRESSION_ALERT,
     AnalysisPolicy,

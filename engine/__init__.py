@@ -116,6 +116,11 @@ _EXPORTS: dict[str, str] = {
     "RedisTier": ".prefix_cache_redis",
     "VersionInfo": ".versions",
     "VersionName": ".versions",
+    # SLA routing: a fast and a standard path in one runtime
+    "PathOverloaded": ".errors",
+    "PathSpec": ".routing",
+    "RouteQuery": ".routing",
+    "RoutingSpec": ".routing",
 }
 
 __all__ = [
@@ -147,6 +152,8 @@ __all__ = [
     "NoPreviousVersion",
     "NonFiniteWeights",
     "NotACheckpoint",
+    "PathOverloaded",
+    "PathSpec",
     "PrefixCache",
     "PrefixCacheStats",
     "PromptTooLong",
@@ -155,6 +162,8 @@ __all__ = [
     "RegistryCorrupt",
     "RegistryError",
     "RequestHandle",
+    "RouteQuery",
+    "RoutingSpec",
     "Runtime",
     "RuntimeNotRunning",
     "SharedTierUnavailable",
@@ -175,7 +184,13 @@ def __getattr__(name: str) -> Any:
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module, __name__), name)
+    try:
+        value = getattr(importlib.import_module(module, __name__), name)
+    except ModuleNotFoundError as exc:  # the engine extra is missing: say so in one line
+        if (exc.name or "").split(".")[0] not in ("torch", "safetensors", "tokenizers"):
+            raise
+        message = f"{__name__}.{name} needs the engine extra: pip install 'infersight[engine]'"
+        raise ModuleNotFoundError(message, name=exc.name) from None
     globals()[name] = value
     return value
 

@@ -7,6 +7,7 @@ Only the runtime's loop thread touches a replica once it is serving.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -14,6 +15,7 @@ import torch
 
 from .prefix_cache import PrefixCache
 from .scheduler import Request
+from .step_times import StepTimes
 
 __all__ = ["Replica"]
 
@@ -26,6 +28,8 @@ class Replica:
         self.prefix = prefix
         self.model = model
         self.max_batch = max_batch
+        self.cap = max_batch  # requests it runs at once; SLA routing lowers it to hold a path's SLA
+        self.step_times = StepTimes()  # measured decode/prefill costs, read by the router
         self.max_seq_len = max_seq_len
         self.cache = model.new_cache(max_batch, max_seq_len)
         self.running: dict[int, Request] = {}  # slot -> request, in admission order
@@ -37,7 +41,7 @@ class Replica:
 
     @property
     def has_free_slot(self) -> bool:
-        return bool(self._free)
+        return bool(self._free) and len(self.running) < self.cap
 
     def admit(self, request: Request) -> None:
         request.slot = self._free.pop()
@@ -51,7 +55,10 @@ class Replica:
 
     def prefill(self, request: Request) -> torch.Tensor:
         """logits[V] after the prompt, written into the request's slot."""
-        return self._prefill(self.cache, request.slot, request.prompt_ids)
+        t0 = time.perf_counter()
+        logits = self._prefill(self.cache, request.slot, request.prompt_ids)
+        self.step_times.observe_prefill(len(request.prompt_ids), time.perf_counter() - t0)
+        return logits
 
     def preload(self, prompts: Sequence[Sequence[int]]) -> int:
         """Prefill each prompt into a scratch slot so that its blocks enter the prefix cache,
@@ -98,7 +105,10 @@ class Replica:
         slots = torch.tensor([r.slot for r in requests], dtype=torch.long, device=self.device)
         inputs = torch.tensor([r.tokens[-1] for r in requests], dtype=torch.long, device=self.device)
         positions = torch.tensor([r.position for r in requests], dtype=torch.long, device=self.device)
-        return self.model.decode(self.cache, slots, inputs, positions)
+        t0 = time.perf_counter()
+        logits = self.model.decode(self.cache, slots, inputs, positions)
+        self.step_times.observe_decode(len(requests), time.perf_counter() - t0)
+        return logits
 
     def __repr__(self) -> str:
         return f"Replica({self.version!r}, running={len(self.running)})"

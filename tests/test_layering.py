@@ -23,17 +23,18 @@ PACKAGES = ("engine", "collectors", "monitor", "alerts", "dashboards")
 ALLOWED: dict[str, set[str]] = {
     "engine": set(),
     "monitor.records": set(),
-    "monitor.store": set(),
+    "monitor.extras": set(),  # which extra each part needs: every package's __init__ asks it
+    "monitor.store": {"monitor.extras"},
     "monitor.data": set(),
-    "dashboards": set(),
+    "dashboards": {"monitor.extras"},
     "collectors": {"monitor.records", "engine.events"},
     "monitor.sdk": {"monitor.records", "collectors"},
     "monitor": {"monitor.sdk"},  # monitor/__init__ re-exports the SDK
-    "monitor.drift": {"monitor.store"},
-    "monitor.dataset": {"monitor.store", "monitor.sdk"},
+    "monitor.drift": {"monitor.store", "monitor.extras"},
+    "monitor.dataset": {"monitor.store", "monitor.sdk", "monitor.extras"},
     # alerts reads collectors' DURATION_BUCKETS: an SLO's latency threshold must be a
     # bucket bound of the histogram Prometheus computes it from (alerts/rules/config.py)
-    "alerts": {"monitor.store", "monitor.records", "collectors"},
+    "alerts": {"monitor.store", "monitor.records", "collectors", "monitor.extras"},
 }
 COMPOSERS = ("monitor.service", "monitor.cli")
 AREAS = sorted([*ALLOWED, *COMPOSERS], key=len, reverse=True)
@@ -46,17 +47,13 @@ OPEN_CYCLES: dict[str, set[str]] = {
         "engine.attention", "engine.moe", "engine.projection", "engine.quant", "engine.transformer",
     },
     "engine: the runtime's replica and its queue": {"engine.runtime_replica", "engine.scheduler"},
-    "engine: the runtime, its canary and deploy (lazy imports both ways)": {
-        "engine", "engine.deploy", "engine.runtime", "engine.runtime_canary",
+    "engine: the runtime, its canary, its SLA routing and deploy (lazy imports both ways)": {
+        "engine", "engine.deploy", "engine.runtime", "engine.runtime_canary", "engine.routing",
     },
     "monitor.service: parts that hold a `service: Service` back-reference": {
         "monitor.service.service", "monitor.service.wiring", "monitor.service.wiring_alerts",
         "monitor.service.wiring_drift", "monitor.service.sampling", "monitor.service.backend_engine",
         "monitor.service.backend_proxy",
-    },
-    "monitor.sdk: tracker, call, wrap, stream and monitor": {
-        "monitor.sdk._tracker", "monitor.sdk._call", "monitor.sdk._wrap", "monitor.sdk._stream",
-        "monitor.sdk._monitor",
     },
 }  # fmt: skip
 

@@ -19,6 +19,10 @@ exceedance rate; `evaluate_window` is the scheduler's entry point.
 
 from __future__ import annotations
 
+from infersight.monitor.extras import require_extra as _require_extra
+
+_require_extra("infersight.monitor.drift", "drift")  # one line when the extra is missing
+
 from ._detector import DriftDetector
 from ._embedding import CachedEmbedder, Embedder, SentenceTransformerEmbedder, default_model_path
 from ._evaluate import CONFIGURED_REFERENCE, ReferencePolicy, evaluate_window

@@ -6,6 +6,10 @@ revisions; `enforce_retention` deletes what the retention policy lets go.
 
 from __future__ import annotations
 
+from infersight.monitor.extras import require_extra as _require_extra
+
+_require_extra("infersight.monitor.store", "drift")  # one line when the extra is missing
+
 from .database import connect, current_revision, head_revision, schema_diff, sqlite_url, upgrade
 from .errors import DatabaseUnavailable, MigrationFailed, SchemaTooNew, StoreError
 from .retention import RetentionPolicy, RetentionResult, enforce_retention, prune_snapshot_files
