@@ -1,5 +1,8 @@
 """Decode tokens/s: infersight.engine against transformers' MixtralForCausalLM.generate.
 
+On CPU the engine runs twice in fp32: on the eager path and on the native one (paths.py;
+`load` picks between them by measuring, here both are forced to compare them).
+
 Both sides run the same random weights (written by transformers' save_pretrained), in the
 same process, alternating run by run; each figure is the median over repeats. Decode time is
 isolated as time(generate N+1 tokens) - time(generate 1 token), so prefill is not counted.
@@ -40,6 +43,15 @@ CONFIGS: dict[str, dict[str, Any]] = {
         "num_key_value_heads": 2,
         "vocab_size": 32000,
     },
+    # issue 13: an intermediate size that is not a power of two (nor a multiple of 64)
+    "odd": {
+        "hidden_size": 512,
+        "intermediate_size": 1408,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 2,
+        "vocab_size": 32000,
+    },
 }
 COMMON = {
     "num_local_experts": 8,
@@ -48,7 +60,14 @@ COMMON = {
     "eos_token_id": None,
 }
 # (config, batch, target ratio engine/transformers) from the issue
-CASES = [("small", 1, 2.0), ("small", 8, None), ("medium", 1, 1.3), ("medium", 8, 1.5)]
+CASES = [
+    ("small", 1, 2.0),
+    ("small", 8, None),
+    ("medium", 1, 1.3),
+    ("medium", 8, 1.5),
+    ("odd", 1, 1.5),
+    ("odd", 8, 1.5),
+]
 
 
 def weight_bytes_per_step(name: str, batch: int, bytes_per_weight: float = 4.0) -> float:
@@ -131,7 +150,8 @@ def bench_case(
     reference = MixtralForCausalLM(config).eval()
     with tempfile.TemporaryDirectory() as tmp:
         reference.save_pretrained(tmp)
-        engine = load(tmp, device=device, dtype=dtype)
+        engine = load(tmp, device=device, dtype=dtype, engine_path="eager")
+        native = load(tmp, device=device, dtype=dtype, engine_path="native") if device.type == "cpu" else None
         quantized = {q: load(tmp, device=device, quantize=q) for q in (("int8", "int4") if int8 else ())}
         reference = reference.to(device=device, dtype=dtype)
         ids = torch.randint(0, config.vocab_size, (batch, prompt), device=device)
@@ -152,6 +172,8 @@ def bench_case(
             "transformers": hf,
             "engine": lambda n: engine.generate(ids, n),
         }
+        if native is not None:
+            sides["engine native"] = lambda n: native.generate(ids, n)
         for q, model in quantized.items():
             sides[f"engine {q}"] = lambda n, model=model: model.generate(ids, n)
         for run in sides.values():  # warm-up: allocator, kernels, lazy init
@@ -211,6 +233,10 @@ def main() -> None:
         hf, eng = rates["transformers"], rates["engine"]
         rows.append(Row(name, batch, "transformers", hf, None, None))
         rows.append(Row(name, batch, "engine", eng, eng / hf, target))
+        if "engine native" in rates:
+            rows.append(
+                Row(name, batch, "engine native", rates["engine native"], rates["engine native"] / hf, target)
+            )
         if "engine int8" in rates:
             q8, q4 = rates["engine int8"], rates["engine int4"]
             rows.append(Row(name, batch, "engine int8", q8, q8 / eng, 1.5))

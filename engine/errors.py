@@ -18,6 +18,7 @@
      ├── PathOverloaded                  SLA routing: a path's length breaker is open for this length
      ├── GenerationFailed                serving: the model raised on a request (re-raised by result())
      ├── SharedTierUnavailable           the prefix cache's shared tier (Redis) failed; served locally
+     ├── KernelUnavailable               the native decode kernels cannot be built or loaded; eager path used
      ├── RegistryError                   the version registry
      │    ├── InvalidVersionName         breaks [arch]_[dataset]_[quant]-v[major].[minor]
      │    ├── VersionNotFound            no version of that name
@@ -56,6 +57,7 @@ __all__ = [
     "InvalidRequest",
     "InvalidSamplingParams",
     "InvalidVersionName",
+    "KernelUnavailable",
     "NoCanary",
     "NoPreviousVersion",
     "NonFiniteWeights",
@@ -188,6 +190,11 @@ class GenerationFailed(EngineError, RuntimeError):
 
 class SharedTierUnavailable(EngineError, RuntimeError):
     """The prefix cache's shared tier did not answer; the cache is counted and goes on locally."""
+
+
+class KernelUnavailable(EngineError, RuntimeError):
+    """No compiler, a failed build or a library that will not load: `load` logs it once and
+    serves on the eager path (paths.py); it never reaches the user."""
 
 
 class RegistryError(EngineError):

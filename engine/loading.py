@@ -19,6 +19,7 @@ from .errors import CheckpointNotFound, TokenizerInvalid, UnsupportedQuantizatio
 from .layout import build_state, expected_tensors, stacked_experts
 from .model import MoEModel
 from .moe import grouped_mm_supported
+from .paths import choose
 from .quant import QUANTIZERS, quantize_network, weight_format
 from .transformer import Transformer
 
@@ -34,12 +35,15 @@ def load(
     quantize: str | None = None,
     device: str | torch.device | None = None,
     dtype: torch.dtype | None = None,
+    engine_path: str = "auto",
 ) -> MoEModel:
     """Load a Mixtral checkpoint directory (config.json, safetensors weights, tokenizer.json).
 
     device: default CUDA when available, else CPU. dtype (activations and unquantized
     weights): default fp32 on CPU, bf16 elsewhere; with `quantize="int8"` or `"int4"` on CPU,
     bf16, because the int8 CPU kernel is only fast with bf16 activations (int4: see quant.py).
+    engine_path: "auto" (the faster of the eager and native paths on this machine, measured
+    once and cached: paths.py), "eager" or "native"; `model.engine_path` says which it runs and why.
     """
     if quantize is not None and quantize not in QUANTIZERS:
         raise UnsupportedQuantization(quantize, tuple(QUANTIZERS))
@@ -57,6 +61,7 @@ def load(
     ckpt.check_finite(expected)
     tokenizer = _tokenizer(directory)
 
+    chosen, kernels = choose(config, requested=engine_path, device=target, dtype=dtype, quantize=quantize)
     grouped = grouped_mm_supported(config.hidden_size, config.intermediate_size, dtype, target)
     fmt = weight_format(quantize, dtype, target) if quantize is not None else None
     quantizer = fmt.quantize if fmt is not None else None
@@ -71,9 +76,16 @@ def load(
     network.load_state_dict(state, strict=True, assign=True)
     if config.tie_word_embeddings and quantize is None and not column_major_head:
         network.output.weight = network.tok_embeddings.weight  # one tensor, as in the checkpoint
-    network.init_buffers(target)
+    network.init_buffers(target, kernels)
     return MoEModel(
-        network, config, tokenizer=tokenizer, quantize=quantize, device=target, dtype=dtype, path=directory
+        network,
+        config,
+        tokenizer=tokenizer,
+        quantize=quantize,
+        device=target,
+        dtype=dtype,
+        path=directory,
+        engine_path=chosen,
     )
 
 

@@ -39,6 +39,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import onednn
+from .native import NativeKernels, NativeProjection
 from .projection import BlockedProjection, DenseProjection, Int4Projection, Int8Projection, Projection
 from .quant import Int4Experts, Int8Experts
 
@@ -113,16 +114,18 @@ class GroupedExperts(nn.Module):
 
 
 class BlockedExperts(nn.Module):
-    """CPU fp32 experts on oneDNN-blocked weights (see onednn.py): an `ExpertLoop` of
-    `BlockedProjection`s. Made from loaded `GroupedExperts` by `MoEFeedForward.bind`, which
-    then drops the stacked weights (the blocked copies replace them)."""
+    """CPU fp32 experts on oneDNN-blocked weights (see onednn.py), or on the native kernels'
+    packed weights (native.py) when the model runs the native path: an `ExpertLoop` of
+    `BlockedProjection`s or `NativeProjection`s. Made from loaded `GroupedExperts` by
+    `MoEFeedForward.bind`, which then drops the stacked weights (the copies replace them)."""
 
-    def __init__(self, experts: GroupedExperts) -> None:
+    def __init__(self, experts: GroupedExperts, kernels: NativeKernels | None = None) -> None:
         super().__init__()
         pairs = zip(experts.w13.unbind(0), experts.w2.unbind(0), strict=True)
-        self.loop = ExpertLoop(
-            tuple((BlockedProjection(a), BlockedProjection(b)) for a, b in pairs), experts.w2.shape[1]
+        make: Callable[[torch.Tensor], Projection] = (
+            BlockedProjection if kernels is None else lambda w: NativeProjection(w, kernels)
         )
+        self.loop = ExpertLoop(tuple((make(a), make(b)) for a, b in pairs), experts.w2.shape[1])
 
     def forward(self, xs: torch.Tensor, expert_ids: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
         return self.loop(xs, expert_ids, offsets)
@@ -161,11 +164,15 @@ class MoEFeedForward(nn.Module):
         # the ~1 us nn.Module attribute lookup
         self._bound: tuple[torch.Tensor, Batched, ExpertLoop, torch.Tensor] | None = None
 
-    def bind(self) -> None:
+    def bind(self, kernels: NativeKernels | None = None) -> None:
         """Make the hot path's references once the weights are real. In fp32 on a CPU with
-        oneDNN the stacked experts are reordered into blocked weights and released."""
-        if isinstance(self.experts, GroupedExperts) and onednn.available(self.experts.w13):
-            self.experts = BlockedExperts(self.experts)
+        oneDNN (or on the native path, `kernels`) the stacked experts are reordered into
+        blocked (packed) weights and released."""
+        if isinstance(self.experts, GroupedExperts) and (
+            (kernels is not None and self.experts.w13.dtype == torch.float32)
+            or onednn.available(self.experts.w13)
+        ):
+            self.experts = BlockedExperts(self.experts, kernels)
         loop = _expert_loop(self.experts)
         batched: Batched = self.experts if isinstance(self.experts, GroupedExperts) else loop
         gate = self.gate.weight

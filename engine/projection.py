@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from . import onednn
+from .native import NativeKernels, NativeProjection
 from .quant import Int4Linear, Int8Linear, int4_matmul, int8_matmul
 
 __all__ = [
@@ -108,17 +109,24 @@ class HeadProjection:
         return torch.add(residual, self(x), alpha=alpha)
 
 
-Projection = DenseProjection | BlockedProjection | Int8Projection | Int4Projection | HeadProjection
+Projection = (
+    DenseProjection | BlockedProjection | Int8Projection | Int4Projection | HeadProjection | NativeProjection
+)
 
 BLOCKED_MIN_BYTES = 32 << 20  # smaller heads stay in cache; see _blocked_head_wins
 
 
-def projection(module: nn.Module, *, head: bool = False) -> Projection:
+def projection(module: nn.Module, *, head: bool = False, kernels: NativeKernels | None = None) -> Projection:
+    """`kernels`: the native path (paths.py) for CPU fp32 projections, the head included (its
+    packed copy streams as fast as the oneDNN-blocked one and beats MKL at every row count:
+    docs/benchmarks.md, issue 13 part 2)."""
     if isinstance(module, Int8Linear):
         return Int8Projection(module.weight, module.scales)
     if isinstance(module, Int4Linear):
         return Int4Projection(module.weight, module.scales_zeros, module.packed)
     assert isinstance(module, nn.Linear) and module.bias is None
+    if kernels is not None and module.weight.dtype == torch.float32 and module.weight.device.type == "cpu":
+        return NativeProjection(module.weight, kernels)
     if head:
         return (
             HeadProjection(module.weight)

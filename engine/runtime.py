@@ -419,6 +419,12 @@ class Runtime:
         current = self._state.current
         return current.version if current is not None else None
 
+    def engine_paths(self) -> dict[str, Any]:
+        """Per version serving traffic (stable, canary): the `EnginePath` its model decodes on."""
+        state = self._state
+        replicas = [r for r in (state.current, state.canary) if r is not None]
+        return {r.version: getattr(r.model, "engine_path", None) for r in replicas}
+
     @property
     def draining_versions(self) -> list[str]:
         return [r.version for r in list(self._state.draining)]

@@ -104,7 +104,7 @@ class EngineBackend:
     def observe_events(self) -> None:
         """Feed the live statistics from the runtime's events (queue, in flight, timings),
         and expose the prefix cache's counters (read from the runtime at scrape time)."""
-        from infersight.collectors import EngineAdapter
+        from infersight.collectors import EngineAdapter, EnginePathCollector
 
         from .prefix_cache import PrefixCacheCollector
 
@@ -112,6 +112,10 @@ class EngineBackend:
             prefix_metrics = CollectorRegistry(auto_describe=False)
             prefix_metrics.register(PrefixCacheCollector(self.runtime, model=self.model_name))
             self.service.exposition.add(prefix_metrics)
+        if hasattr(self.runtime, "engine_paths"):
+            path_metrics = CollectorRegistry(auto_describe=False)
+            path_metrics.register(EnginePathCollector(self.runtime, model=self.model_name))
+            self.service.exposition.add(path_metrics)
 
         stats = self.service.components.get("stats")
         if stats is not None:
