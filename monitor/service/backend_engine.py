@@ -71,13 +71,11 @@ class EngineBackend:
         try:
             registry = Registry(cfg.registry)
             fixed = service.config.model
-            frequent = FrequentPrompts(
-                service.db, model=lambda version: fixed or model_of(version), top=cfg.preload_prompts
-            )
+            frequent = FrequentPrompts(service.db, model=lambda version: fixed or model_of(version))
             runtime = Runtime(
                 registry, max_batch_size=cfg.max_batch_size, max_prompt_tokens=cfg.max_prompt_tokens,
                 max_seq_len=cfg.max_seq_len, device=cfg.device, prefix_cache=build_prefix_cache(cfg),
-                preload_source=frequent,
+                preload_source=frequent, preload_top=cfg.preload_prompts,
             )  # fmt: skip
             version = cfg.version or registry.history.last_good()
             if version is None:
