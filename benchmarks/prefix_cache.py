@@ -1,7 +1,7 @@
 """Time to first token with the prefix KV cache, on the demo model: a 300-token shared system
 prompt before short Banking77 questions.
 
-    .venv/bin/python benchmarks/prefix_cache.py [--requests 100] [--block 16] [--redis redis://127.0.0.1:6379/0]
+    .venv/bin/python benchmarks/prefix_cache.py [--requests 100] [--block 64] [--threads N] [--redis redis://127.0.0.1:6379/0]
 
 (1) What chunking costs: every prompt is prefilled in blocks of `--block` tokens, cache or
 not (that is what keeps answers bit-identical); the model's one-shot prefill against the
@@ -67,29 +67,37 @@ def prefill_cost(rt: Runtime, prompts: list[list[int]], block: int, rounds: int)
     assert replica is not None
     model = replica.model
     cache = model.new_cache(1, max(len(p) for p in prompts))
-    times: dict[str, list[float]] = {"one-shot": [], f"chunked ({block})": []}
+    sizes = sorted({16, 32, 64, block})
+    times: dict[int, list[float]] = {0: [], **{b: [] for b in sizes}}  # 0: one-shot
     with torch.inference_mode():
         for _ in range(rounds):
             for p in prompts:
                 ids = torch.tensor(p)
-                for name in times:
+                for size, out in times.items():
                     t0 = time.perf_counter()
-                    if name == "one-shot":
+                    if size == 0:
                         model.prefill(cache, 0, ids)
                     else:
-                        model.prefill_blocks(cache, 0, ids, start=0, block=block)
-                    times[name].append(time.perf_counter() - t0)
-    one, chunked = (statistics.median(v) for v in times.values())
-    print(f"prefill of {len(prompts)} unshared prompts x {rounds} rounds: one-shot median {1e3 * one:.2f} ms, "
-          f"chunked median {1e3 * chunked:.2f} ms, chunked / one-shot {chunked / one:.2f}x")  # fmt: skip
+                        model.prefill_blocks(cache, 0, ids, start=0, block=size)
+                    out.append(time.perf_counter() - t0)
+    one = statistics.median(times[0])
+    print(f"prefill of {len(prompts)} unshared {len(prompts[0])}-token prompts x {rounds} rounds, medians: "
+          f"one-shot {1e3 * one:.1f} ms; "
+          + "; ".join(f"blocks of {b}: {1e3 * statistics.median(times[b]):.1f} ms "
+                      f"({statistics.median(times[b]) / one:.2f}x)" for b in sizes))  # fmt: skip
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--requests", type=int, default=100)
-    ap.add_argument("--block", type=int, default=16)
+    ap.add_argument("--block", type=int, default=64)
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     ap.add_argument("--redis", default="redis://127.0.0.1:6379/0")
     args = ap.parse_args()
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
     print(f"CPU: {cpu_model()}  load average: {' '.join(Path('/proc/loadavg').read_text().split()[:3])}")
 
     with tempfile.TemporaryDirectory() as tmp:

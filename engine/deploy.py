@@ -55,7 +55,7 @@ def prepare_replica(
     device: str | torch.device | None,
     dtype: torch.dtype | None,
     prefix: PrefixCache | None = None,
-    prefill_block: int = 16,
+    prefill_block: int = 64,
 ) -> tuple[Replica, PreparedTimings]:
     from . import load  # the model core; imported here so the registry stays light
 

@@ -99,7 +99,7 @@ def frequent_prefixes(prompts: Sequence[Sequence[int]], block_tokens: int, top: 
 
 class PrefixCache:
     def __init__(
-        self, *, block_tokens: int = 16, max_bytes: int = 256 << 20, shared: SharedTier | None = None
+        self, *, block_tokens: int = 64, max_bytes: int = 256 << 20, shared: SharedTier | None = None
     ) -> None:
         if block_tokens < 1 or max_bytes < 0:
             raise ValueError(f"need block_tokens >= 1 and max_bytes >= 0, got {block_tokens}, {max_bytes}")

@@ -72,10 +72,10 @@ class Runtime:
         `preload_source`: what to prefill into it at start and at every deploy: all of it,
         or with `preload_top` the N most frequent block prefixes among those prompts;
         `prefill_block`: prompts are prefilled in chunks of this many tokens, cache or not
-        (default: the cache's block, else 16), so that the cache never changes an answer."""
+        (default: the cache's block, else 64), so that the cache never changes an answer."""
         if max_batch_size < 1 or max_prompt_tokens < 1 or max_seq_len < 2:
             raise InvalidRequest("max_batch_size and max_prompt_tokens must be >= 1, max_seq_len >= 2")
-        block = prefix_cache.block_tokens if prefix_cache is not None else 16
+        block = prefix_cache.block_tokens if prefix_cache is not None else 64
         if prefill_block is not None and (
             prefill_block < 1 or (prefix_cache is not None and prefill_block != block)
         ):

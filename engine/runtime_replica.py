@@ -33,7 +33,7 @@ class Replica:
         max_batch: int,
         max_seq_len: int,
         prefix: PrefixCache | None = None,
-        prefill_block: int = 16,
+        prefill_block: int = 64,
     ) -> None:
         self.version = version
         self.prefix = prefix

@@ -150,3 +150,30 @@ def test_controller_rolls_back_a_bad_canary_and_steps_up_a_good_one(bad: bool) -
     else:
         assert [c[0] for c in control.calls] == ["weight", "promote"] and control.calls[0][1] == 0.5
         assert [d.weight for d in decided] == [0.5, 1.0]
+
+
+def _answer(rng: random.Random, topic: int, dims: int = 16, spread: float = 0.3) -> list[float]:
+    """A unit-norm 'answer embedding' near the axis of `topic`."""
+    v = [rng.gauss(0.0, spread) for _ in range(dims)]
+    v[topic] += 1.0
+    norm = sum(x * x for x in v) ** 0.5
+    return [x / norm for x in v]
+
+
+@pytest.mark.parametrize("drifted", [False, True])
+def test_output_drift_compares_answers_with_the_stable_versions_own(drifted: bool) -> None:
+    policy = CanaryPolicy(requests_per_step=10_000, drift_baseline=20)
+    analysis = CanaryAnalysis(policy)
+    rng = random.Random(7)
+    for i in range(3000):
+        canary = i % 10 == 0
+        # stable answers about topics 0-2; a drifted canary answers about topics 3-5
+        topic = rng.randrange(3) + (3 if canary and drifted else 0)
+        analysis.observe_output(canary, _answer(rng, topic))
+    check = next(c for c in analysis.checks() if c.name == "output_drift")
+    assert check.canary_n == 300 and check.stable_n == 2700 - 20  # the baseline fixes the reference only
+    if drifted:
+        assert analysis.verdict().action == "rollback" and "output_drift" in analysis.verdict().reason
+        assert check.canary is not None and check.stable is not None and check.canary < check.stable
+    else:
+        assert not check.regressed and analysis.verdict().action == "continue"

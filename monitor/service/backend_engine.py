@@ -83,7 +83,7 @@ class EngineBackend:
                 if not versions:
                     raise BackendUnavailable(f"no model version registered in {registry.root}")
                 version = versions[-1].name
-            runtime.start(version)
+            runtime.start(version, resume_canary=False)  # resumed once the deploy log listens
         except EngineError as exc:
             raise BackendUnavailable(f"the embedded runtime did not start: {exc}") from exc
         return cls(service, runtime, owned=True)
@@ -108,6 +108,33 @@ class EngineBackend:
                 stats.series(self.model_name, self.runtime.serving_version, trusted=True)
         if self.canary_controller is not None:
             self._unsubscribe_canary = self.runtime.subscribe(self.canary_controller.on_event)
+
+    def resume_canary(self) -> None:
+        """After a restart: the canary the registry's deploy history left running serves
+        again beside the stable version (`CanaryControl.resume`), and its analysis goes on
+        from the requests the store recorded since it started, not from zero."""
+        control, controller = getattr(self.runtime, "canary", None), self.canary_controller
+        if control is None or controller is None or not self._owned:
+            return
+        from infersight.engine.runtime_canary import open_canary
+
+        try:
+            pending = open_canary(self.runtime.registry.history.records())
+        except Exception:  # an unreadable history: serve the stable version, as started
+            log.exception("the deploy history could not be read: no canary resumed")
+            return
+        if pending is None or pending.stable_version != self.runtime.serving_version:
+            control.resume(pending)  # records why it was not resumed
+            return
+        controller.begin(pending.version, pending.stable_version, pending.weight)  # before its first request
+        status = control.resume(pending)
+        if status is None:
+            controller.end()
+            return
+        try:
+            controller.replay(_stored_since(self.service, status))
+        except Exception:  # the store is down: the analysis starts from now; serving goes on
+            log.exception("canary %s: its stored requests could not be replayed", status.version)
 
     def _hang_up(self, handle: Any) -> None:
         """The client went away: stop generating for it, counted as `cancelled`."""
@@ -344,6 +371,27 @@ def _canary_controller(service: Service, runtime: Any) -> Any:
     from infersight.alerts.canary import CanaryController
 
     return CanaryController(control, on_decision=lambda d: _canary_decided(service, d))
+
+
+def _stored_since(service: Service, status: Any) -> list[Any]:
+    """The two versions' stored requests since the canary started, oldest first."""
+    import datetime as dt
+
+    from infersight.alerts.canary import StoredRequest
+    from infersight.monitor.store.tables import requests
+    from sqlalchemy import select
+
+    c = requests.c
+    query = (
+        select(c.model_version, c.error_type, c.duration_s, c.output_tokens, c.relevance)
+        .where(
+            c.model_version.in_([status.version, status.stable_version]),
+            c.started_at >= dt.datetime.fromtimestamp(status.started_at, dt.UTC),
+        )
+        .order_by(c.started_at, c.id)
+    )
+    with service.db.connect() as conn:
+        return [StoredRequest(*row) for row in conn.execute(query)]
 
 
 def _canary_decided(service: Service, decision: Any) -> None:

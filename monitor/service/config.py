@@ -50,7 +50,7 @@ class EngineConfig:
     # docs/benchmarks.md); at start and at every deploy the preload_prompts most frequent
     # recorded prompts are prefilled before traffic
     prefix_cache_mb: float = 0.0
-    prefix_block_tokens: int = 16
+    prefix_block_tokens: int = 64
     preload_prompts: int = 32
     # a shared tier so that a new replica starts warm, e.g. "redis://127.0.0.1:6379/0" (off)
     prefix_cache_redis_url: str | None = None
