@@ -12,7 +12,11 @@ Checks (a regression is a significant difference in the bad direction only):
 - `server_errors`: share of requests that failed for a server-side reason (client errors
   and cancellations are the caller's doing and are not counted);
 - `latency`: share of requests slower than the stable version's p90, the threshold fixed
-  from the stable's first `latency_baseline` requests (exceedances, a two-proportion test);
+  from the stable's first `latency_baseline` requests (exceedances, a two-proportion test).
+  Only requests that ran at some point while the other arm had one running are compared: the
+  isolated canary replica adds its own forward to every step it is busy, which a canary
+  request always pays and a stable request only when a canary request runs beside it
+  (measured: without this, equal canaries were rolled back on latency; docs/benchmarks.md);
 - `relevance`: mean relevance of answer to prompt (a drop is a regression);
 - `output_drift`: how close each answer's embedding lies to what the stable version
   answers: the cosine to the mean (unit-norm) embedding of the stable's first
@@ -358,6 +362,9 @@ class CanaryController:
         self.stable: str | None = None
         self.served = {True: 0, False: 0}  # requests each arm served during the canary
         self.decisions: list[CanaryDecision] = []
+        # request ids running on each arm, and those that ran beside one of the other arm
+        self._running: dict[bool, set[str]] = {True: set(), False: set()}
+        self._overlapped: set[str] = set()
         self._lock = threading.Lock()
         self._busy = False
 
@@ -371,6 +378,7 @@ class CanaryController:
             self.analysis = CanaryAnalysis(dataclasses.replace(self.policy, steps=steps))
             self.version, self.stable = version, stable
             self.served = {True: 0, False: 0}
+            self._running, self._overlapped = {True: set(), False: set()}, set()
 
     def end(self) -> None:
         """The canary ended by hand (promoted or aborted by an operator): stop analysing."""
@@ -385,16 +393,26 @@ class CanaryController:
     def on_event(self, event: Any) -> None:
         """Engine subscriber: cheap (a lock and a few adds); decisions run on another thread."""
         kind = type(event).__name__
-        if kind not in ("RequestFinished", "RequestFailed"):
+        if kind not in ("RequestStarted", "RequestFinished", "RequestFailed"):
             return
         with self._lock:
             arm = self._arm(event.model_version)
             if arm is None or self.analysis is None:
                 return
+            rid = event.request_id
+            if kind == "RequestStarted":
+                self._running[arm].add(rid)
+                if self._running[not arm]:  # these ran beside each other
+                    self._overlapped.add(rid)
+                    self._overlapped.update(self._running[not arm])
+                return
+            self._running[arm].discard(rid)
+            beside = rid in self._overlapped
+            self._overlapped.discard(rid)
             self.served[arm] += 1
             if kind == "RequestFinished":
                 error = "cancelled" if event.finish_reason == "cancelled" else None
-                self.analysis.observe(arm, error_type=error, latency_s=event.duration_s,
+                self.analysis.observe(arm, error_type=error, latency_s=event.duration_s if beside else None,
                                       output_tokens=event.output_tokens)  # fmt: skip
             else:
                 self.analysis.observe(arm, error_type=event.error_type, latency_s=None)

@@ -115,16 +115,44 @@ class _FakeControl:
 
 
 class _Finished:
-    def __init__(self, version: str, duration: float) -> None:
+    def __init__(self, version: str, duration: float, request_id: str = "") -> None:
         self.model_version, self.duration_s, self.output_tokens, self.finish_reason = (
             version,
             duration,
             30,
             "stop",
         )
+        self.request_id = request_id
+
+
+class _Started:
+    def __init__(self, version: str, request_id: str) -> None:
+        self.model_version, self.request_id = version, request_id
 
 
 RequestFinished = type("RequestFinished", (_Finished,), {})
+RequestStarted = type("RequestStarted", (_Started,), {})
+
+
+def test_latency_compares_only_requests_that_ran_beside_the_other_arm() -> None:
+    controller = CanaryController(_FakeControl(), CanaryPolicy(requests_per_step=10_000, latency_baseline=5))
+    controller.begin("m_d_fp32-v1.1", "m_d_fp32-v1.0", 0.1)
+    # alone (nothing of the other arm running): a slow canary here says nothing of the release
+    for i in range(60):
+        version = "m_d_fp32-v1.1" if i % 2 else "m_d_fp32-v1.0"
+        controller.on_event(RequestStarted(version, f"alone-{i}"))
+        controller.on_event(RequestFinished(version, 0.9 if i % 2 else 0.1, f"alone-{i}"))
+    assert controller.analysis is not None
+    latency = next(c for c in controller.analysis.checks() if c.name == "latency")
+    assert latency.canary_n == latency.stable_n == 0 and controller.served == {True: 30, False: 30}
+    # side by side: compared
+    for i in range(10):
+        controller.on_event(RequestStarted("m_d_fp32-v1.0", f"s-{i}"))
+        controller.on_event(RequestStarted("m_d_fp32-v1.1", f"c-{i}"))
+        controller.on_event(RequestFinished("m_d_fp32-v1.0", 0.1, f"s-{i}"))
+        controller.on_event(RequestFinished("m_d_fp32-v1.1", 0.1, f"c-{i}"))
+    latency = next(c for c in controller.analysis.checks() if c.name == "latency")
+    assert (latency.canary_n, latency.stable_n) == (10, 10)
 
 
 @pytest.mark.parametrize("bad", [True, False])

@@ -75,7 +75,7 @@ class EngineBackend:
             runtime = Runtime(
                 registry, max_batch_size=cfg.max_batch_size, max_prompt_tokens=cfg.max_prompt_tokens,
                 max_seq_len=cfg.max_seq_len, device=cfg.device, prefix_cache=build_prefix_cache(cfg),
-                preload_source=frequent, preload_top=cfg.preload_prompts,
+                preload_source=frequent, preload_top=cfg.preload_prompts, prefill_block=cfg.prefix_block_tokens,
             )  # fmt: skip
             version = cfg.version or registry.history.last_good()
             if version is None:
