@@ -173,7 +173,9 @@ def main() -> None:
     ap.add_argument("--real", type=int, default=0, help="real canaries of a good release")
     ap.add_argument("--real-bad", type=int, default=0, help="real canaries of the corrupted release")
     ap.add_argument("--per-step", type=int, default=200, help="canary requests per step (real canaries)")
-    ap.add_argument("--good-version", default=None, help="the good release (default: the stable weights again)")
+    ap.add_argument(
+        "--good-version", default=None, help="the good release (default: the stable weights again)"
+    )
     ap.add_argument("--max-tokens", type=int, default=12)
     args = ap.parse_args()
     print(f"CPU: {_cpu()}  load average: {' '.join(Path('/proc/loadavg').read_text().split()[:3])}")

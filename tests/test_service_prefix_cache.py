@@ -28,7 +28,9 @@ def test_frequent_recorded_prefixes_are_prefilled_at_deploy_and_counted_on_metri
         runtime = service.components["backend"].runtime
         answers = []
         for text in [*questions, questions[0]]:  # no whole prompt is frequent; the system prompt is
-            r = client.post("/v1/completions", json={"prompt": system + text, "max_tokens": 4, "temperature": 0})
+            r = client.post(
+                "/v1/completions", json={"prompt": system + text, "max_tokens": 4, "temperature": 0}
+            )
             assert r.status_code == 200, r.text
             answers.append(r.json()["choices"][0]["text"])
         assert answers[0] == answers[-1]  # the warm repeat answers as the cold one
@@ -42,10 +44,14 @@ def test_frequent_recorded_prefixes_are_prefilled_at_deploy_and_counted_on_metri
         # none of the questions' blocks
         assert system_blocks >= 2 and held.hits == 0
         assert 2 * system_blocks - 1 <= held.blocks_held <= 2 * system_blocks + 1
-        r = client.post("/v1/completions", json={"prompt": system + "is there a fee for this", "max_tokens": 2})
+        r = client.post(
+            "/v1/completions", json={"prompt": system + "is there a fee for this", "max_tokens": 2}
+        )
         assert r.status_code == 200
         first = runtime.prefix_cache_stats()[BAD]
-        assert first.hits == system_blocks and first.misses <= 1  # its first request, a new question, was warm
+        assert (
+            first.hits == system_blocks and first.misses <= 1
+        )  # its first request, a new question, was warm
         metrics = client.get("/metrics").text
         assert f'infersight_prefix_cache_hits_total{{model="mixtral_banking",version="{GOOD}"}}' in metrics
         assert f'infersight_prefix_cache_bytes{{model="mixtral_banking",version="{BAD}"}}' in metrics
