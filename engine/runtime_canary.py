@@ -168,8 +168,8 @@ class CanaryControl:
             return status
 
     def resume(self, pending: CanaryStatus | None) -> CanaryStatus | None:
-        """After a restart: start again the canary the deploy history left open (read by
-        `open_canary` before the restart's own record), when the runtime serves its stable
+        """After a restart: start again the canary the deploy history left open (`open_canary`;
+        the restart's own "start" record does not close it), when the runtime serves its stable
         version. Otherwise, or when the candidate is refused now, the canary is recorded as
         rolled back, with why; the stable version serves everyone. Never raises."""
         runtime = self._runtime
