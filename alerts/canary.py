@@ -155,7 +155,12 @@ class _Check:
             p = (c.mean * c.n + s.mean * s.n + 1.0) / (c.n + s.n + 2.0)
             variance = p * (1 - p) * (1.0 / c.n + 1.0 / s.n)
         else:
-            variance = c.var / c.n + s.var / s.n
+            # a mean: the arms' pooled within-arm variance, as under "no difference" the two
+            # share one distribution. A per-arm plug-in made a canary whose few answers all
+            # had the same length (capped at max_tokens: variance 0) look certain of a
+            # 0.4-token difference (a false rollback on the real runtime, docs/benchmarks.md)
+            pooled_var = ((c.n - 1) * c.var + (s.n - 1) * s.var) / max(1, c.n + s.n - 2)
+            variance = pooled_var * (1.0 / c.n + 1.0 / s.n)
         lam = msprt_lambda(delta, variance, self.tau)
         bad = {"higher_is_worse": delta > 0, "lower_is_worse": delta < 0, "either": delta != 0}[
             self.direction

@@ -205,3 +205,17 @@ def test_output_drift_compares_answers_with_the_stable_versions_own(drifted: boo
         assert check.canary is not None and check.stable is not None and check.canary < check.stable
     else:
         assert not check.regressed and analysis.verdict().action == "continue"
+
+
+def test_a_canary_whose_few_outputs_all_have_one_length_is_not_rolled_back() -> None:
+    # the real-runtime false rollback: max_tokens 8, the canary's 31 answers all 8 tokens
+    # (no spread), the stable's averaging 7.6 with some shorter ones; the same release
+    analysis = CanaryAnalysis(CanaryPolicy(requests_per_step=10_000))
+    rng = random.Random(11)
+    for i in range(289):
+        canary = i % 9 == 0
+        tokens = 8 if canary or rng.random() < 0.8 else rng.randint(2, 7)
+        analysis.observe(canary, error_type=None, latency_s=None, output_tokens=tokens)
+    check = next(c for c in analysis.checks() if c.name == "output_length")
+    assert check.canary == 8.0 and check.stable is not None and check.stable < 7.8
+    assert not check.regressed and analysis.verdict().action == "continue"
