@@ -323,7 +323,6 @@ class StoredRequest:
 
     version: str
     error_type: str | None
-    duration_s: float | None
     output_tokens: int | None
     relevance: float | None
 
@@ -450,7 +449,8 @@ class CanaryController:
                 if arm is None or self.analysis is None:
                     continue
                 self.served[arm] += 1
-                self.analysis.observe(arm, error_type=row.error_type, latency_s=row.duration_s,
+                # no latency: the store does not say which requests ran beside the other arm
+                self.analysis.observe(arm, error_type=row.error_type, latency_s=None,
                                       output_tokens=row.output_tokens)  # fmt: skip
                 if row.relevance is not None:
                     self.analysis.observe_relevance(arm, row.relevance)

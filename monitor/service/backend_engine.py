@@ -383,7 +383,7 @@ def _stored_since(service: Service, status: Any) -> list[Any]:
 
     c = requests.c
     query = (
-        select(c.model_version, c.error_type, c.duration_s, c.output_tokens, c.relevance)
+        select(c.model_version, c.error_type, c.output_tokens, c.relevance)
         .where(
             c.model_version.in_([status.version, status.stable_version]),
             c.started_at >= dt.datetime.fromtimestamp(status.started_at, dt.UTC),
