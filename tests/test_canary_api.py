@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import socket
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 from _demo_registry import BAD, GOOD, private_copy, shared_demo_registry
@@ -148,6 +150,19 @@ def test_cli_starts_and_reports_a_canary_on_a_running_server(
         thread.join(30)
 
 
+def _logged(service: Any, want: Callable[[list[str]], bool]) -> bool:
+    """The canary rows of `deploys` satisfy `want` once the runtime's events (delivered by
+    its loop thread) reached the deploy log; flushed here rather than waiting for its tick."""
+    for _ in range(100):
+        service.components["deploy_log"].flush()
+        with service.db.connect() as conn:
+            query = select(deploys.c.outcome).where(deploys.c.reason == "canary").order_by(deploys.c.id)
+            if want(list(conn.execute(query).scalars())):
+                return True
+        time.sleep(0.1)
+    return False
+
+
 def _canary_app(tmp: object, registry: object, database_url: str | None = None) -> object:
     cfg = config(tmp, engine=EngineConfig(registry=registry, version=GOOD, max_batch_size=2, max_seq_len=256,  # type: ignore[arg-type]
                                           max_prompt_tokens=128, max_tokens_limit=8),
@@ -180,11 +195,7 @@ def test_a_restarted_service_resumes_the_canary_with_its_stored_evidence(
         )
         assert now["canary_requests"] + now["stable_requests"] == 10
         service = again.state.service  # type: ignore[attr-defined]
-        with service.db.connect() as conn:
-            outcomes = (
-                conn.execute(select(deploys.c.outcome).where(deploys.c.reason == "canary")).scalars().all()
-            )
-        assert outcomes == ["started", "resumed"]
+        assert _logged(service, lambda outcomes: outcomes == ["started", "resumed"])
         assert client.post("/api/v1/models/canary/abort", headers=auth()).status_code == 200
 
 
@@ -208,6 +219,7 @@ def test_a_second_replica_on_the_same_postgresql_refuses_another_canary(
         assert r.status_code == 409 and _field(r) == "body.version" and a_id in r.json()["error"]["message"]
         assert cb.get("/api/v1/models/canary").json()["version"] is None  # B serves its stable version only
         assert ca.post("/api/v1/models/canary/abort", headers=auth()).status_code == 200
+        assert _logged(a.state.service, lambda outcomes: outcomes[-1:] == ["rolled_back"])  # type: ignore[attr-defined]
         r = cb.post("/api/v1/models/canary", json={"version": BAD, "weight": 0.2}, headers=auth())
         assert r.status_code == 200, r.text  # A's canary ended: B may run one
         assert cb.post("/api/v1/models/canary/abort", headers=auth()).status_code == 200
