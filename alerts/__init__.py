@@ -51,6 +51,7 @@ from .canary import (
     CanaryPolicy,
     CanaryRuntime,
     CheckState,
+    StoredRequest,
     Verdict,
     msprt_lambda,
 )
@@ -170,6 +171,7 @@ __all__ = [
     "StaticSignals",
     "StoreSignals",
     "StoreVersionMetrics",
+    "StoredRequest",
     "Transition",
     "UnknownSignal",
     "Verdict",
