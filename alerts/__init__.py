@@ -13,50 +13,30 @@ notifications that are never lost, and automated remediation.
   stable version, sequential tests, stepwise promotion or rollback), `alertmanager_router`
   (inbound webhooks).
 - Seams: `SignalSource`, `ModelControl`, `SnapshotSource`, `HttpSender`, and a clock.
+
+An alert passes down the folders in order: `rules/` (the rule file, signals, evaluation,
+SLOs, the PromQL export), `notify/` (routing, grouping, inhibition, silences, outbox,
+receivers, delivery), `actions/` (the runner, evidence, post-deploy and canary analysis);
+`inbound.py` takes Alertmanager's webhooks in (`inbound_router.py` mounts it in FastAPI).
+This module is the public API; helpers the stages share stay in their modules.
 """
 
 from __future__ import annotations
 
-from .actions import (
-    FAILURE_ALERT,
-    ActionOutcome,
-    ActionRunner,
-    CollectionOpened,
-    ModelControl,
-    ReplicaTargets,
-    RuntimeControl,
-    SnapshotResult,
-    SnapshotSource,
-    open_collection,
-    take_snapshot,
-)
-from .alertmanager import ACTION_LABEL, AlertmanagerHandler, InboundAlert, InboundResult, parse_payload
-from .analysis import (
+from infersight.monitor.extras import require_extra as _require_extra
+
+_require_extra("infersight.alerts", "service")  # one line when the extra is missing
+
+from .actions.analysis import (
     REGRESSION_ALERT,
     AnalysisPolicy,
-    CheckResult,
     DeployAnalyzer,
-    FailedCheck,
     StoreVersionMetrics,
-    VersionMetrics,
     VersionStats,
 )
-from .backoff import RetryPolicy
-from .canary import (
-    CANARY_ALERT,
-    CLIENT_ERRORS,
-    CanaryAnalysis,
-    CanaryController,
-    CanaryDecision,
-    CanaryPolicy,
-    CanaryRuntime,
-    CheckState,
-    StoredRequest,
-    Verdict,
-    msprt_lambda,
-)
-from .config import AlertConfig, InhibitRule, ReceiverConfig, Route
-from .dispatcher import DeliveryResult, Dispatcher
+from .actions.canary import CANARY_ALERT, CanaryAnalysis, CanaryController, CanaryPolicy
+from .actions.evidence import SnapshotSource, open_collection, take_snapshot
+from .actions.runner import FAILURE_ALERT, ActionRunner, ModelControl, RuntimeControl
 from .errors import (
     ActionFailed,
     ActionRefused,
@@ -67,74 +47,48 @@ from .errors import (
     RuleParseError,
     UnknownSignal,
 )
-from .evaluator import EvaluationResult, Evaluator
-from .live_signals import InferenceStatsLike, LiveSignals, QualitySource, RemoteResources
-from .loader import DEFAULT_RULES, load_config, parse_config
-from .matchers import Matcher, parse_matcher
-from .notification import Notification, NotifiedAlert
-from .notifier import FlushResult, Notifier
-from .outbox import OutboxEntry, requeue_dead
-from .promql import PrometheusExport, export_prometheus, signal_promql
-from .receivers import PagerDutyReceiver, Receiver, SlackReceiver, WebhookReceiver, build_receivers
-from .rules import ACTION_TYPES, COLLECT_KINDS, ActionSpec, Condition, Rule, RuleGroup
-from .signals import SIGNAL_KINDS, Sample, Signal, SignalKind, SignalSource
-from .silences import Silence, create_silence, expire_silence, list_silences
-from .slo import BURN_WINDOWS, CLIENT_ERROR_TYPES, SLO, BurnWindow
-from .slo_ledger import SLOLedger, SLOStatus
-from .state import ActiveAlert, Transition
-from .static_signals import StaticSignals
-from .store_signals import CompositeSignals, StoreSignals
-from .transport import HttpRequest, HttpResponse, HttpSender, HttpxSender, url_problem
+from .inbound import AlertmanagerHandler
+from .notify.delivery import Dispatcher, RetryPolicy
+from .notify.matchers import InhibitRule, Matcher, ReceiverConfig, Route, parse_matcher
+from .notify.outbox import Notification, NotifiedAlert
+from .notify.receivers import HttpRequest, HttpResponse, HttpSender, HttpxSender, build_receivers
+from .notify.silences import Silence, create_silence, expire_silence, list_silences
+from .rules.config import DEFAULT_RULES, AlertConfig, load_config, parse_config
+from .rules.evaluator import Evaluator
+from .rules.promql import export_prometheus
+from .rules.rules import ActionSpec, Condition, Rule, RuleGroup
+from .rules.signals import Sample, Signal, SignalSource
+from .rules.slo import SLO
+from .rules.slo_ledger import SLOLedger
+from .rules.sources import CompositeSignals, LiveSignals, StaticSignals, StoreSignals
 
 __all__ = [
-    "ACTION_LABEL",
-    "ACTION_TYPES",
-    "BURN_WINDOWS",
     "CANARY_ALERT",
-    "CLIENT_ERRORS",
-    "CLIENT_ERROR_TYPES",
-    "COLLECT_KINDS",
     "DEFAULT_RULES",
     "FAILURE_ALERT",
     "REGRESSION_ALERT",
-    "SIGNAL_KINDS",
     "SLO",
     "ActionFailed",
-    "ActionOutcome",
     "ActionRefused",
     "ActionRunner",
     "ActionSpec",
-    "ActiveAlert",
     "AlertConfig",
     "AlertmanagerHandler",
     "AlertsError",
     "AnalysisPolicy",
-    "BurnWindow",
     "CanaryAnalysis",
     "CanaryController",
-    "CanaryDecision",
     "CanaryPolicy",
-    "CanaryRuntime",
-    "CheckResult",
-    "CheckState",
-    "CollectionOpened",
     "CompositeSignals",
     "Condition",
     "DeliveryFailed",
-    "DeliveryResult",
     "DeployAnalyzer",
     "Dispatcher",
-    "EvaluationResult",
     "Evaluator",
-    "FailedCheck",
-    "FlushResult",
     "HttpRequest",
     "HttpResponse",
     "HttpSender",
     "HttpxSender",
-    "InboundAlert",
-    "InboundResult",
-    "InferenceStatsLike",
     "InhibitRule",
     "InvalidAlertmanagerPayload",
     "InvalidMatcher",
@@ -143,15 +97,7 @@ __all__ = [
     "ModelControl",
     "Notification",
     "NotifiedAlert",
-    "Notifier",
-    "OutboxEntry",
-    "PagerDutyReceiver",
-    "PrometheusExport",
-    "QualitySource",
-    "Receiver",
     "ReceiverConfig",
-    "RemoteResources",
-    "ReplicaTargets",
     "RetryPolicy",
     "Route",
     "Rule",
@@ -159,38 +105,24 @@ __all__ = [
     "RuleParseError",
     "RuntimeControl",
     "SLOLedger",
-    "SLOStatus",
     "Sample",
     "Signal",
-    "SignalKind",
     "SignalSource",
     "Silence",
-    "SlackReceiver",
-    "SnapshotResult",
     "SnapshotSource",
     "StaticSignals",
     "StoreSignals",
     "StoreVersionMetrics",
-    "StoredRequest",
-    "Transition",
     "UnknownSignal",
-    "Verdict",
-    "VersionMetrics",
     "VersionStats",
-    "WebhookReceiver",
     "build_receivers",
     "create_silence",
     "expire_silence",
     "export_prometheus",
     "list_silences",
     "load_config",
-    "msprt_lambda",
     "open_collection",
     "parse_config",
     "parse_matcher",
-    "parse_payload",
-    "requeue_dead",
-    "signal_promql",
     "take_snapshot",
-    "url_problem",
 ]

@@ -39,11 +39,10 @@ from infersight.alerts import (
     build_receivers,
     parse_config,
 )
-from infersight.alerts.receivers import verify
+from infersight.alerts.notify.receivers import verify
 from infersight.collectors import EngineAdapter, InferenceStats
 from infersight.monitor.store import connect
-from infersight.monitor.store.schema import metadata
-from infersight.monitor.store.tables import requests
+from infersight.monitor.store.tables import metadata, requests
 from sqlalchemy import insert
 
 SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"

@@ -17,7 +17,7 @@
 (b) False rollbacks: `--good` canaries of a release as good as the stable one, each taken
     through every step (10% -> 50% -> 100%, `requests_per_step` canary requests at each).
     This part is a SIMULATED request stream fed to the same analysis functions
-    (alerts/canary.py), not a runtime per canary: both arms draw server errors (1%),
+    (alerts/actions/canary.py), not a runtime per canary: both arms draw server errors (1%),
     latencies (log-normal, heavy right tail), relevance (Beta(6, 4)) and output lengths
     from the same distributions. Also reported: the canary requests a simulated bad release
     (relevance Beta(2, 8)) needed before its rollback, over the same seeds.
@@ -36,7 +36,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from infersight.alerts.canary import CanaryAnalysis, CanaryPolicy
+from infersight.alerts.actions.canary import CanaryAnalysis, CanaryPolicy
 
 
 def _cpu() -> str:
@@ -80,7 +80,7 @@ def real_canaries(n_good: int, n_bad: int, per_step: int, good_version: str | No
     import shutil
 
     import numpy as np
-    from infersight.alerts.canary import CanaryController
+    from infersight.alerts.actions.canary import CanaryController
     from infersight.engine import Registry, Runtime
     from infersight.monitor.cli import main as cli
     from infersight.monitor.data import banking77

@@ -40,11 +40,10 @@ from infersight.monitor.drift import (
     SentenceTransformerEmbedder,
     TestOptions,
     TextWindow,
-    mmd_exact_test,
-    mmd_test,
-    novelty_test,
-    run_tests,
 )
+from infersight.monitor.drift._detector import run_tests
+from infersight.monitor.drift._mmd import mmd_exact_test, mmd_test
+from infersight.monitor.drift._stat_tests import novelty_test
 
 ROOT = Path(__file__).resolve().parents[1]
 BASELINES = ROOT / "benchmarks" / "drift_baselines"

@@ -64,7 +64,7 @@ def cpu_model() -> str:
 def old_novelty(reference: np.ndarray, current: np.ndarray, seed: int = 0) -> tuple[float, float]:
     """`(p, score)` of the split-conformal test on the pooled 5% tail (hypergeometric)."""
     from infersight.monitor.drift import TestOptions
-    from infersight.monitor.drift._novelty import novelty_scores
+    from infersight.monitor.drift._stat_tests import novelty_scores
     from scipy.stats import hypergeom
 
     cal, cur = novelty_scores(reference, current, TestOptions(seed=seed))[:2]
@@ -86,9 +86,10 @@ def old_relevance_p(reference: np.ndarray, current: np.ndarray) -> float:
 
 
 def _flags(ref: Any, cur_rows: np.ndarray, fitted_clusters: Any, config: Any) -> dict[str, bool]:
-    from infersight.monitor.drift import EmbeddedWindow, holm_adjust, run_tests
-    from infersight.monitor.drift._clusters import cluster_shares
-    from infersight.monitor.drift._explain import _novelty
+    from infersight.monitor.drift import EmbeddedWindow
+    from infersight.monitor.drift._detector import run_tests
+    from infersight.monitor.drift._explain import _novelty, cluster_shares
+    from infersight.monitor.drift._stat_tests import holm_adjust
 
     cur = EmbeddedWindow.from_arrays(cur_rows)
     tests = run_tests(ref, cur, config)
@@ -120,7 +121,7 @@ def _flags(ref: Any, cur_rows: np.ndarray, fitted_clusters: Any, config: Any) ->
 
 def batch(corpus: Corpus, args: argparse.Namespace) -> dict[str, Any]:
     from infersight.monitor.drift import DriftConfig, EmbeddedWindow
-    from infersight.monitor.drift._clusters import fit_clusters
+    from infersight.monitor.drift._explain import fit_clusters
 
     config = DriftConfig(alpha=ALPHA)
     null: dict[str, list[float]] = {}
@@ -166,7 +167,8 @@ def batch(corpus: Corpus, args: argparse.Namespace) -> dict[str, Any]:
 
 def relevance_calibration(corpus: Corpus, args: argparse.Namespace) -> dict[str, list[float]]:
     from infersight.monitor.data import banking77
-    from infersight.monitor.drift import TestOptions, relevance_drop_test
+    from infersight.monitor.drift import TestOptions
+    from infersight.monitor.drift._stat_tests import relevance_drop_test
 
     label = {}
     for u in banking77("train") + banking77("test"):
@@ -203,9 +205,9 @@ def relevance_calibration(corpus: Corpus, args: argparse.Namespace) -> dict[str,
 
 
 def streaming(corpus: Corpus, args: argparse.Namespace) -> dict[str, Any]:
-    from infersight.monitor.drift import TestOptions, design_cusum
-    from infersight.monitor.drift._cusum import _simulate
-    from infersight.monitor.drift._neighbours import nearest, split_reference
+    from infersight.monitor.drift import TestOptions
+    from infersight.monitor.drift._stat_tests import nearest, split_reference
+    from infersight.monitor.drift._streaming import _simulate, design_cusum
 
     target = args.target_arl
     options = TestOptions()

@@ -15,19 +15,23 @@
 Every collector registers into the `CollectorRegistry` it is given, never the global one.
 """
 
-from ._buckets import DURATION_BUCKETS, QUEUE_TIME_BUCKETS, TOKEN_BUCKETS, TPOT_BUCKETS, TTFT_BUCKETS
 from ._engine_adapter import EngineAdapter
 from ._exposition import MetricsServer, metrics_asgi_app, metrics_wsgi_app, render_metrics, serve_metrics
-from ._forksafe import register as register_fork_handler
-from ._gpm import MIN_GPM_INTERVAL_S
-from ._gpu import GPUCollector
-from ._gpu_sample import GPUSample
+from ._gpu import MIN_GPM_INTERVAL_S, GPUCollector, GPUSample
 from ._inference import InferenceStats
 from ._process import ProcessCollector, ProcessSample
-from ._series import Series
+from ._sampling import register as register_fork_handler
+from ._series import (
+    DURATION_BUCKETS,
+    LATENCY_METRICS,
+    QUEUE_TIME_BUCKETS,
+    TOKEN_BUCKETS,
+    TPOT_BUCKETS,
+    TTFT_BUCKETS,
+    Series,
+    Tally,
+)
 from ._shared import MergedStats, RemoteStats, SlotExporter, SlotRecord
-from ._tally import Tally
-from ._window import LATENCY_METRICS
 from .errors import (
     CollectorError,
     InvalidObservation,

@@ -19,10 +19,14 @@ a combination past that as (`other`, `other`), and each such observation is coun
 Nothing is lost from the aggregates, and neither /metrics nor the sketch windows grow
 with the number of names clients invent. Names the operator controls (the embedded
 runtime's registered versions) are `trusted`: never capped, never counted.
+
+Values handed in by code we do not control are validated (`check_seconds`, `check_count`,
+`check_label`) and refused with `InvalidObservation`.
 """
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -32,15 +36,46 @@ from infersight.monitor.records import CANCELLED, CLIENT_ERROR, CLIENT_OUTCOMES,
 from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from . import _forksafe
-from ._exposition_inference import describe_families, inference_families
-from ._fold import fold_batch
-from ._series import Pending, Series
-from ._validate import check_count, check_label, check_seconds
-from ._window import LATENCY_METRICS, WindowedSketches
-from .errors import InvalidQuery, UnknownMetric, WindowTooLong
+from . import _sampling as _forksafe
+from ._exposition import describe_families, inference_families
+from ._series import LATENCY_METRICS, Pending, Series, WindowedSketches, fold_batch
+from .errors import InvalidObservation, InvalidQuery, UnknownMetric, WindowTooLong
 
-__all__ = ["OVERFLOW_LABEL_VALUE", "InferenceStats"]
+__all__ = ["OVERFLOW_LABEL_VALUE", "InferenceStats", "check_count", "check_label", "check_seconds"]
+
+
+MAX_LABEL_CHARS = 256
+
+
+def check_seconds(field: str, value: object, *, required: bool = False) -> float | None:
+    if value is None:
+        if required:
+            raise InvalidObservation(field, "missing_duration")
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise InvalidObservation(field, "invalid_number")
+    if math.isnan(value):
+        raise InvalidObservation(field, "nan_duration")
+    if value < 0:
+        raise InvalidObservation(field, "negative_duration")
+    if math.isinf(value):
+        raise InvalidObservation(field, "infinite_duration")
+    return float(value)
+
+
+def check_count(field: str, value: object) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise InvalidObservation(field, "invalid_count")
+    return value
+
+
+def check_label(field: str, value: object) -> str:
+    if not isinstance(value, str) or not value or len(value) > MAX_LABEL_CHARS:
+        raise InvalidObservation(field, "invalid_label")
+    return value
+
 
 OVERFLOW_LABEL_VALUE = "other"
 _OTHER_SERIES = (OVERFLOW_LABEL_VALUE, OVERFLOW_LABEL_VALUE)

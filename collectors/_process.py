@@ -18,9 +18,8 @@ import psutil
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from . import _forksafe
-from ._periodic import Periodic
-from ._trend import Trend
+from . import _sampling as _forksafe
+from ._sampling import Periodic, Trend
 
 __all__ = ["ProcessCollector", "ProcessSample"]
 

@@ -3,19 +3,211 @@
 The hot path is a lock and an append: `exit()` puts one raw tuple on a pending list
 and returns. The tuples are folded into histograms and sliding-window sketches later,
 at scrape or query time, or by the caller whose append fills the list (bounded).
+
+The pieces, in the order they are used: histogram bucket boundaries (one set serves a
+CPU toy model and a Hopper GPU, roughly log-spaced), `Tally` (a counter whose increment is
+one C call), `HistogramState` (per-bucket counts and a sum; cumulative counts only for
+exposition), `WindowedSketches` (sliding windows of mergeable DDSketches: time is cut into
+intervals, a query merges the intervals that overlap the window) and `fold_batch` (a
+batch of raw observations folded into the histograms and sketches with numpy).
 """
 
 from __future__ import annotations
 
+import itertools
+import math
 import threading
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
-from ._buckets import DURATION_BUCKETS, QUEUE_TIME_BUCKETS, TOKEN_BUCKETS, TPOT_BUCKETS, TTFT_BUCKETS
-from ._histogram import HistogramState
-from ._tally import Tally
-from ._window import LATENCY_METRICS, WindowedSketches
+import numpy as np
+from ddsketch import DDSketch
+from ddsketch.mapping import LogarithmicMapping
+from infersight.monitor.records import CANCELLED, CLIENT_ERROR, CLIENT_OUTCOMES, is_server_error
+from prometheus_client.utils import floatToGoString
 
-__all__ = ["MAX_ERROR_TYPES", "Pending", "Series"]
+__all__ = [
+    "DURATION_BUCKETS",
+    "LATENCY_METRICS",
+    "MAX_ERROR_TYPES",
+    "QUEUE_TIME_BUCKETS",
+    "TOKEN_BUCKETS",
+    "TPOT_BUCKETS",
+    "TTFT_BUCKETS",
+    "HistogramState",
+    "Pending",
+    "Series",
+    "Slot",
+    "Tally",
+    "WindowedSketches",
+    "fold_batch",
+]
+
+
+DURATION_BUCKETS: tuple[float, ...] = (
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75,
+    1.0, 1.5, 2.0, 3.0, 4.0, 5.0, 7.5, 10.0, 15.0, 20.0, 30.0, 45.0, 60.0, 120.0, 300.0, 600.0,
+)  # fmt: skip
+TTFT_BUCKETS: tuple[float, ...] = (
+    0.0005, 0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.04, 0.05, 0.075, 0.1,
+    0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+)  # fmt: skip
+TPOT_BUCKETS: tuple[float, ...] = (
+    0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05,
+    0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.5,
+)  # fmt: skip
+QUEUE_TIME_BUCKETS: tuple[float, ...] = (
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+    30.0, 60.0, 120.0, 300.0,
+)  # fmt: skip
+TOKEN_BUCKETS: tuple[float, ...] = tuple(float(2**i) for i in range(18))  # 1 .. 131072
+
+
+class Tally:
+    """A monotonic event counter.
+
+    `incr()` is `next()` on an `itertools.count`: one C call, atomic under the GIL,
+    no lock. Reading advances the same iterator, so `value()` subtracts its own
+    reads; callers serialise `value()` under a lock of their own (scrapes are rare).
+    """
+
+    __slots__ = ("_it", "_reads", "incr")
+
+    def __init__(self) -> None:
+        self._it = itertools.count()
+        self._reads = 0
+        self.incr = self._it.__next__
+
+    def add(self, n: int) -> None:
+        """n increments at once: the iterator advanced n steps inside C (a zero-length deque
+        consumes an `islice` of it), not n Python calls."""
+        if n > 0:
+            _consume(itertools.islice(self._it, n))
+
+    def value(self) -> int:
+        v = next(self._it) - self._reads
+        self._reads += 1
+        return v
+
+
+_SINK: deque[int] = deque(maxlen=0)  # keeps nothing: extending it only advances an iterator
+_consume = _SINK.extend
+
+
+class HistogramState:
+    __slots__ = ("_bounds", "count", "counts", "sum")
+
+    def __init__(self, bounds: Sequence[float]) -> None:
+        self._bounds = np.asarray(bounds, dtype=float)
+        self.counts = np.zeros(len(bounds) + 1, dtype=np.int64)  # last: +Inf
+        self.sum = 0.0
+        self.count = 0
+
+    def fold(self, values: Any) -> None:
+        """Add a 1-d float array of finite, non-negative values."""
+        if len(values) == 0:
+            return
+        # le semantics: v falls in the first bucket whose bound is >= v.
+        idx = np.searchsorted(self._bounds, values, side="left")
+        self.counts += np.bincount(idx, minlength=len(self.counts))
+        self.sum += float(values.sum())
+        self.count += len(values)
+
+    def cumulative(self) -> list[tuple[str, float]]:
+        """`(le, cumulative count)` pairs as `HistogramMetricFamily` wants them."""
+        cum = np.cumsum(self.counts)
+        les = [floatToGoString(float(b)) for b in self._bounds] + ["+Inf"]
+        return [(le, float(c)) for le, c in zip(les, cum, strict=True)]
+
+
+LATENCY_METRICS = ("request_duration", "ttft", "tpot", "queue_time")
+
+
+class Slot:
+    """One interval: a sketch per latency metric, and request counts: all of them, the
+    server's errors, and the outcomes the client caused (refused, hung up), never errors."""
+
+    __slots__ = ("cancelled", "client_errors", "errors", "sketches", "total")
+
+    def __init__(self) -> None:
+        self.sketches: dict[str, DDSketch] = {}
+        self.total = 0
+        self.errors = 0
+        self.client_errors = 0
+        self.cancelled = 0
+
+
+class WindowedSketches:
+    __slots__ = ("_alpha", "_interval_s", "_keep", "_mapping", "_multiplier", "slots")
+
+    def __init__(self, *, relative_accuracy: float, interval_s: float, window_s: float) -> None:
+        self._alpha = relative_accuracy
+        self._interval_s = interval_s
+        self._keep = math.ceil(window_s / interval_s) + 1
+        self._mapping = LogarithmicMapping(relative_accuracy)
+        self._multiplier = 1.0 / math.log2(self._mapping.gamma)
+        self.slots: dict[int, Slot] = {}
+
+    def slot_index(self, t: float) -> int:
+        return math.floor(t / self._interval_s)
+
+    def _slot(self, index: int) -> Slot:
+        slot = self.slots.get(index)
+        if slot is None:
+            slot = self.slots[index] = Slot()
+        return slot
+
+    def fold_counts(
+        self, slot_ids: Any, errors: Any, client_errors: Any = None, cancelled: Any = None
+    ) -> None:
+        """`slot_ids`: int array, one per request; `errors` (server errors), `client_errors`
+        and `cancelled`: bool arrays, same length (None: none of them)."""
+        ids, counts = np.unique(slot_ids, return_counts=True)
+        for i, c in zip(ids.tolist(), counts.tolist(), strict=True):
+            self._slot(i).total += c
+        for attr, mask in (("errors", errors), ("client_errors", client_errors), ("cancelled", cancelled)):
+            if mask is None or not mask.any():
+                continue
+            ids, counts = np.unique(slot_ids[mask], return_counts=True)
+            for i, c in zip(ids.tolist(), counts.tolist(), strict=True):
+                slot = self._slot(i)
+                setattr(slot, attr, getattr(slot, attr) + c)
+
+    def fold_values(self, metric: str, slot_ids: Any, values: Any) -> None:
+        """Add finite non-negative `values` (float array) at their interval `slot_ids`."""
+        if len(values) == 0:
+            return
+        zero = values <= self._mapping.min_possible
+        keys = np.zeros(len(values), dtype=np.int64)
+        keys[~zero] = np.ceil(np.log2(values[~zero]) * self._multiplier).astype(np.int64)
+        for sid in np.unique(slot_ids).tolist():
+            in_slot = slot_ids == sid
+            sketch = self._slot(sid).sketches.get(metric)
+            if sketch is None:
+                sketch = self._slot(sid).sketches[metric] = DDSketch(self._alpha)
+            zeros = int(np.count_nonzero(zero & in_slot))
+            if zeros:
+                sketch.add(0.0, float(zeros))
+            bins, weights = np.unique(keys[in_slot & ~zero], return_counts=True)
+            for key, weight in zip(bins.tolist(), weights.tolist(), strict=True):
+                sketch.add(self._mapping.value(key), float(weight))
+
+    def evict(self, now: float) -> None:
+        oldest = self.slot_index(now) - self._keep
+        for index in [i for i in self.slots if i < oldest]:
+            del self.slots[index]
+
+    def recent(self, now: float, window_s: float) -> Iterable[Slot]:
+        first = self.slot_index(now - window_s)
+        return (slot for index, slot in self.slots.items() if index >= first)
+
+    def merged(self, metric: str, now: float, window_s: float, into: DDSketch) -> None:
+        for slot in self.recent(now, window_s):
+            sketch = slot.sketches.get(metric)
+            if sketch is not None:
+                into.merge(sketch)
+
 
 MAX_ERROR_TYPES = 32  # distinct error_type label values per series; the rest count as "other"
 
@@ -122,3 +314,45 @@ class Series:
 
     def reinit_lock(self) -> None:
         self._lock = threading.Lock()
+
+
+_END, _PROMPT_TOKENS, _OUTPUT_TOKENS, _ERROR = 0, 5, 6, 7
+
+
+def fold_batch(series: Series, batch: list[Pending], interval_s: float) -> None:
+    if not batch:
+        return
+    cols = list(zip(*batch, strict=True))
+    slot_ids = np.floor(np.asarray(cols[_END], dtype=float) / interval_s).astype(np.int64)
+    error_col = cols[_ERROR]
+    if error_col.count(None) == len(error_col):
+        series.windows.fold_counts(slot_ids, np.zeros(len(batch), dtype=bool))
+    else:  # only server errors count as errors; what the client caused is counted apart
+        is_error = np.array([is_server_error(e) for e in error_col], dtype=bool)
+        client_error = np.array([e == CLIENT_ERROR for e in error_col], dtype=bool)
+        cancelled = np.array([e == CANCELLED for e in error_col], dtype=bool)
+        _count_errors(series.errors, series.client_outcomes, error_col)
+        series.windows.fold_counts(slot_ids, is_error, client_error, cancelled)
+    for column, metric in enumerate(LATENCY_METRICS, start=1):
+        values = np.asarray(cols[column], dtype=float)  # None -> nan
+        present = ~np.isnan(values)
+        if present.any():
+            series.histograms[metric].fold(values[present])
+            series.windows.fold_values(metric, slot_ids[present], values[present])
+    for column, token_type in ((_PROMPT_TOKENS, "input"), (_OUTPUT_TOKENS, "output")):
+        values = np.asarray(cols[column], dtype=float)
+        present = ~np.isnan(values)
+        if present.any():
+            series.tokens[token_type].fold(values[present])
+
+
+def _count_errors(errors: dict[str, int], client: dict[str, int], column: tuple[str | None, ...]) -> None:
+    for error_type in column:
+        if error_type is None:
+            continue
+        if error_type in CLIENT_OUTCOMES:
+            client[error_type] = client.get(error_type, 0) + 1
+            continue
+        if error_type not in errors and len(errors) >= MAX_ERROR_TYPES:
+            error_type = "other"
+        errors[error_type] = errors.get(error_type, 0) + 1

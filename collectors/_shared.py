@@ -28,7 +28,7 @@ from ddsketch import DDSketch
 from ddsketch.mapping import LogarithmicMapping
 
 from ._inference import InferenceStats
-from ._window import LATENCY_METRICS
+from ._series import LATENCY_METRICS
 from .errors import InvalidQuery, UnknownMetric
 
 __all__ = ["MergedStats", "RemoteStats", "SlotExporter", "SlotRecord", "decode_sketch", "encode_sketch"]

@@ -9,6 +9,10 @@ metric_names(expr)              metric names a PromQL expression reads (used to 
 
 from __future__ import annotations
 
+from infersight.monitor.extras import require_extra as _require_extra
+
+_require_extra("infersight.dashboards", "grafana")  # one line when the extra is missing
+
 from ._dashboard import DASHBOARD_UID, SCHEMA_VERSION, build_dashboard
 from ._export import DASHBOARD_FILE, PROVISIONING_FILE, ExportResult, export_dashboards, provisioning_config
 from ._promql import metric_names

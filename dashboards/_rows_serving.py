@@ -177,7 +177,7 @@ def traffic() -> Section:
 
 
 def slo_cost() -> Section:
-    """SLOs (alerts/slo.py: `slos:` in the rule file) and cost per 1k output tokens (`cost:`)."""
+    """SLOs (alerts/rules/slo.py: `slos:` in the rule file) and cost per 1k output tokens (`cost:`)."""
     return Section(
         "SLOs and cost",
         [

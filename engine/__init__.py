@@ -169,7 +169,13 @@ def __getattr__(name: str) -> Any:
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module, __name__), name)
+    try:
+        value = getattr(importlib.import_module(module, __name__), name)
+    except ModuleNotFoundError as exc:  # the engine extra is missing: say so in one line
+        if (exc.name or "").split(".")[0] not in ("torch", "safetensors", "tokenizers"):
+            raise
+        message = f"{__name__}.{name} needs the engine extra: pip install 'infersight[engine]'"
+        raise ModuleNotFoundError(message, name=exc.name) from None
     globals()[name] = value
     return value
 

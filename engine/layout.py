@@ -88,15 +88,11 @@ def _fused(
     return out
 
 
-# HEAD_LAYOUT: on CPU (MKL, torch 2.13) the lm head runs faster from a column-major weight,
-# i.e. F.linear(x, Wt.t()) with Wt = W.t().contiguous(). benchmarks/engine_head_layout.py,
-# fp32, V=32000 D=512, 1 thread, ms (min of 10):
-#     rows M           1     2     3     4     6     8     12    16    32    128
-#     row-major W     6.3   6.7   7.8  15.1  16.1  26.4  34.7  15.1  18.5  44.3
-#     column-major    4.2   8.7   9.1  10.4  13.4  16.0  18.0  16.7  20.4  47.5
-# MKL's small-M GEMM on a row-major weight has a slow band (M 4..12) that decode batches
-# fall into, and one row (batch-1 decode) is faster too; the column-major layout costs one
-# copy of the head at load time and is 10-30% slower at M 2-3 and 16-128. It is used for
+# HEAD_LAYOUT: on CPU (MKL) the lm head runs faster from a column-major weight, i.e.
+# F.linear(x, Wt.t()) with Wt = W.t().contiguous(): MKL's small-M GEMM on a row-major weight
+# has a slow band (M 4..12) that decode batches fall into, and one row (batch-1 decode) is
+# faster too; the column-major layout costs one copy of the head at load time and is slower
+# at M 2-3 and 16-128 (benchmarks/engine_head_layout.py; figures in docs/benchmarks.md). It is used for
 # full-precision heads on CPU; CUDA keeps the memory map.
 
 

@@ -18,21 +18,12 @@ Dispatch has no Python loop over all experts. With N tokens:
 - N == 1 on CPU (batch-1 decode): a loop over the k chosen experts; the routing weight and
   the residual are folded into the second projection.
 
-Why these paths: benchmarks/engine_moe_dispatch.py, torch 2.13, the 2-core test machine, 1
-thread, E=8 top-2, fresh routing per call, ms per layer (median CPU time):
-
-    D=512 I=1024, tokens     1      8      64
-    blocked (CPU fp32)     1.07   3.41   5.91    <- BlockedExperts
-    _grouped_mm fp32       1.38   6.07   9.55    <- GroupedExperts where oneDNN is absent
-    _grouped_mm bf16       0.67   3.09   5.32    <- GroupedExperts, bf16
-    loop, F.linear         1.05   6.70   9.73
-    gather-per-token       6.58   83.9    675    (gpt-fast's w1[expert_indices] + bmm)
-
-Gathering copies each selected expert's weights once per (token, k) pair, which is what
-makes it 6-100x slower. On CPU `_grouped_mm` runs one MKL GEMM per expert and MKL reads the
-weight well below the memory's speed for the 1-16 rows an expert gets in decode; oneDNN's
-blocked kernel does not (onednn.py has the per-matmul table), so in fp32 the blocked loop
-is 1.6-1.8x faster from 8 tokens on. In bf16 and on CUDA `_grouped_mm` stays the path.
+Why these paths (benchmarks/engine_moe_dispatch.py; the table is in docs/benchmarks.md):
+gathering copies each selected expert's weights once per (token, k) pair, which makes
+gpt-fast's gather-per-token dispatch far slower. On CPU `_grouped_mm` runs one MKL GEMM per
+expert and MKL reads the weight well below the memory's speed for the 1-16 rows an expert
+gets in decode; oneDNN's blocked kernel does not (onednn.py), so in fp32 the blocked loop is
+the CPU path. In bf16 and on CUDA `_grouped_mm` stays the path.
 
 `_grouped_mm`'s constraints, handled here: offsets are int32, rows must be 16-byte aligned
 (hidden and intermediate sizes times the element size divisible by 16), CPU takes fp32/bf16,

@@ -3,21 +3,13 @@
 A weight [N, K] reordered once into oneDNN's blocked layout (`torch.ops.mkldnn`, the ops
 inductor's weight freezing emits for fp32 linears on CPU) is then multiplied by any number of
 rows. MKL's GEMM on the plain layout reads the weight well below the memory's speed for 1-8
-rows; oneDNN's blocked kernel does not. benchmarks/engine_blocked_weights.py, torch 2.13, the
-2-core test machine, 2 threads, 16 distinct weights alternated (streamed from memory), us per
-call:
+rows; oneDNN's blocked kernel does not (benchmarks/engine_blocked_weights.py; the figures
+are in docs/benchmarks.md).
 
-    [N, K] = [2048, 512]  rows      1     2     3     4     8
-    MKL, x @ W.t() (stored)       412   611   695   541   586
-    MKL, column-major copy        192   308   381   585   657
-    oneDNN, blocked               187   173   131   132   177
-
-    [N, K] = [512, 1024]  rows      1     2     3     4     8
-    MKL, x @ W.t() (stored)       136   222   245   235   260
-    oneDNN, blocked                52    67    55    56    85
-
-The blocked tensor is opaque (no strides, no storage): it replaces the plain weight rather
-than sitting beside it, so it costs no memory.
+The blocked tensor is a copy, not a view: `block` reorders the weight into a new buffer, so
+each blocked weight costs its full size in memory the process owns (twice that while the plain
+weight is still referenced). The checkpoint's weights are memory-mapped, file-backed pages the
+page cache can drop; the blocked copies are anonymous memory and cannot be.
 """
 
 from __future__ import annotations

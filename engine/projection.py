@@ -120,18 +120,9 @@ def _blocked_head_wins(weight: torch.Tensor) -> bool:
     """Whether an lm head weight [V, D] gets the oneDNN-blocked copy for batches of 3+ rows.
 
     MKL's GEMM from 2 to ~16 rows reads the weight far below the memory's speed, oneDNN's
-    blocked layout does not. Streamed from memory (16 heads of 32000 x 512 alternated, the 2-core machine, 2 threads,
-    torch 2.13), ms per call:
-
-        rows                        1     2     4     8
-        MKL, row-major (stored)   3.54  3.77  7.20  11.2
-        MKL, column-major         2.72  4.40  6.18  8.14
-        oneDNN, blocked           3.41  3.92  3.90  4.64
-
-    oneDNN streams the blocked copy at every row count but loses at one row and adds ~35 us
-    per call, so it is used from 3 rows on and only for heads that are streamed from memory at
-    each decode step: batch-8 decode of benchmarks/engine_decode.py's medium model (head
-    62.5 MiB) +18% tokens/s, of its small one (4 MiB, cache-resident) -9%, so the small one
-    keeps MKL. Cost: a second copy of large heads (0.3% of Mixtral-8x7B's fp32 weights).
+    blocked layout does not; but oneDNN loses at one row and adds a fixed cost per call, so it
+    is used from 3 rows on and only for heads too large to stay in cache (BLOCKED_MIN_BYTES).
+    The per-row timings and the decode tokens/s it was chosen by are in docs/benchmarks.md
+    (issue 12's section). Cost: a second copy of large heads.
     """
     return onednn.available(weight) and weight.numel() * weight.element_size() >= BLOCKED_MIN_BYTES

@@ -4,18 +4,17 @@ The router gate stays full precision (a flipped expert choice costs far more tha
 weight). Each weight row n is stored as round(w[n] / s[n]) in int8 with s[n] = max|w[n]| / 127.
 
 On CPU the matmul is `torch._weight_int8pack_mm`, which is fast only with bf16 activations
-(about 2x fp32 `F.linear` at one token, while fp32 activations make it 3-26x slower than
-fp32), so `load` runs int8 models with bf16 activations on CPU. The kernel crashes (SIGSEGV,
+(with fp32 activations it is slower than fp32 `F.linear`; docs/benchmarks.md),
+so `load` runs int8 models with bf16 activations on CPU. The kernel crashes (SIGSEGV,
 torch 2.13) when the reduction size is not a multiple of 16 and refuses empty inputs; those
 cases, and other devices, dequantize on the fly instead.
 
 Experts: the sorted (token, k) groups are contiguous, so each active expert is one
 `_weight_int8pack_mm` on its slice (the loop runs over active groups only, at most tokens*k,
-and reading their sizes is free on CPU). benchmarks/engine_moe_dispatch.py, 1 thread, E=8
-D=512 I=1024 top-2, ms per layer at 1 / 8 / 64 tokens: int8 per-group 1.29 / 4.82 / 12.9;
-fp32 `_grouped_mm` 1.91 / 8.03 / 15.5; bf16 `_grouped_mm` 2.40 / 6.89 / 8.0. Dequantizing
-the active experts into a bf16 `_grouped_mm` was slower still (5-25 ms): the conversion
-costs more than the matmul it feeds. Reading a quarter of the bytes wins at decode sizes.
+and reading their sizes is free on CPU). Dequantizing the active experts into a bf16
+`_grouped_mm` is slower: the conversion costs more than the matmul it feeds, and reading a
+quarter of the bytes is what wins at decode sizes (benchmarks/engine_moe_dispatch.py; the
+figures are in docs/benchmarks.md).
 """
 
 from __future__ import annotations

@@ -122,8 +122,8 @@ def _builder() -> Callable[..., InferenceRecord]:
     `__init__`, for values already checked (by `from_json`, or made by the SDK itself).
 
     A frozen dataclass sets each field through `object.__setattr__`; this writes each slot
-    through its member descriptor instead, which halves the cost (0.76 against 1.48 us per
-    record on the 2-core machine): it runs once per sampled SDK call and per ingested event.
+    through its member descriptor instead, which about halves the cost (docs/benchmarks.md):
+    it runs once per sampled SDK call and per ingested event.
     The result is an ordinary, equal, immutable record. Generated once, at import, from the
     dataclass's own fields (as `dataclasses` generates `__init__`), so it cannot drift from them.
     """

@@ -22,8 +22,7 @@ from infersight.alerts import (
     StaticSignals,
     parse_config,
 )
-from infersight.alerts.tables import action_runs, alerts, outbox
-from infersight.monitor.store.tables import requests, snapshots
+from infersight.monitor.store.tables import action_runs, alerts, outbox, requests, snapshots
 from sqlalchemy import Engine, insert, select
 from test_alerts_support import WHSEC, Clock, database
 

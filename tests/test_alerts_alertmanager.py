@@ -20,9 +20,8 @@ from conftest import free_port, require_executable
 from fastapi import Depends, FastAPI, Header, HTTPException
 from fastapi.testclient import TestClient
 from infersight.alerts import ActionRunner, AlertmanagerHandler
-from infersight.alerts.http import alertmanager_router
-from infersight.alerts.tables import action_runs, inbound_keys
-from infersight.monitor.store.tables import snapshots
+from infersight.alerts.inbound_router import alertmanager_router
+from infersight.monitor.store.tables import action_runs, inbound_keys, snapshots
 from sqlalchemy import Engine, func, select
 from test_alerts_support import database
 

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from infersight.alerts.tables import outbox
+from infersight.monitor.store.tables import outbox
 from sqlalchemy import Engine, select
 from test_alerts_support import WHSEC, LocalReceiver, database
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 from infersight.alerts import Evaluator, StaticSignals, parse_config
-from infersight.alerts import notifier as notifier_module
-from infersight.alerts.tables import action_runs, alert_history, alerts, outbox
+from infersight.alerts.notify import routing as notifier_module
+from infersight.monitor.store.tables import action_runs, alert_history, alerts, outbox
 from sqlalchemy import Engine, func, select
 from test_alerts_support import Clock, database
 

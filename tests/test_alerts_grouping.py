@@ -19,7 +19,7 @@ from infersight.alerts import (
     parse_matcher,
 )
 from infersight.alerts.errors import InvalidMatcher
-from infersight.alerts.tables import outbox
+from infersight.monitor.store.tables import outbox
 from sqlalchemy import Engine, select
 from test_alerts_support import WHSEC, Clock, database
 

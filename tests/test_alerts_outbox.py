@@ -24,8 +24,8 @@ from infersight.alerts import (
     build_receivers,
     parse_config,
 )
-from infersight.alerts.outbox import claim, counts, enqueue, finish, requeue_dead
-from infersight.alerts.tables import notification_log, outbox
+from infersight.alerts.notify.outbox import claim, counts, enqueue, finish, requeue_dead
+from infersight.monitor.store.tables import notification_log, outbox
 from sqlalchemy import Engine, insert, select
 from test_alerts_support import WHSEC, Clock, LocalReceiver, database
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import yaml
 from conftest import require_executable
 from infersight.alerts import export_prometheus, load_config
-from infersight.alerts.templating import render
+from infersight.alerts.rules.rules import render
 from infersight.monitor.cli import main
 
 _SLOW = 'gen_ai_server_request_duration_seconds_bucket{{model="m",model_version="v1",le="{le}"}}'

@@ -20,8 +20,8 @@ from infersight.alerts import (
     ReceiverConfig,
     build_receivers,
 )
-from infersight.alerts.outbox import enqueue
-from infersight.alerts.receivers import pagerduty_event, sign, verify
+from infersight.alerts.notify.outbox import enqueue
+from infersight.alerts.notify.receivers import pagerduty_event, sign, verify
 from sqlalchemy import Engine
 from test_alerts_support import ROUTING_KEY, WHSEC, Clock, LocalReceiver, database
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from infersight.alerts import RuleParseError, load_config, parse_config, parse_matcher
 from infersight.alerts.errors import InvalidMatcher
-from infersight.alerts.templating import render
+from infersight.alerts.rules.rules import render
 
 GOOD_RULE = """\
 groups:

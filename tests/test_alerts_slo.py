@@ -13,7 +13,7 @@ import pytest
 import yaml
 from conftest import require_executable
 from infersight.alerts import Evaluator, RuleParseError, SLOLedger, parse_config
-from infersight.alerts.templating import render
+from infersight.alerts.rules.rules import render
 from infersight.monitor.cli import main
 from infersight.monitor.records import InferenceRecord
 from prometheus_client import CollectorRegistry, generate_latest

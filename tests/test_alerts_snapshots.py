@@ -16,9 +16,8 @@ from typing import Any
 import pytest
 from _tiny_registry import tiny_registry
 from infersight.alerts import FAILURE_ALERT, ActionRunner, ActionSpec, RuntimeControl, take_snapshot
-from infersight.alerts.tables import alerts, deploy_analyses
 from infersight.monitor.store import RetentionPolicy, enforce_retention
-from infersight.monitor.store.tables import requests, snapshots
+from infersight.monitor.store.tables import alerts, deploy_analyses, requests, snapshots
 from sqlalchemy import Engine, insert, select
 from test_alerts_support import Clock, database
 

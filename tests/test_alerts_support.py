@@ -16,10 +16,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from infersight.alerts.receivers.pagerduty import PAGERDUTY_SEVERITIES
-from infersight.alerts.receivers.webhook import verify
+from infersight.alerts.notify.receivers import PAGERDUTY_SEVERITIES, verify
 from infersight.monitor.store import connect
-from infersight.monitor.store.schema import metadata
+from infersight.monitor.store.tables import metadata
 from sqlalchemy import Engine
 
 WHSEC = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"

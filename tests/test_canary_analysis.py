@@ -10,7 +10,7 @@ import time
 from typing import Any
 
 import pytest
-from infersight.alerts.canary import CanaryAnalysis, CanaryController, CanaryPolicy, msprt_lambda
+from infersight.alerts.actions.canary import CanaryAnalysis, CanaryController, CanaryPolicy, msprt_lambda
 
 
 def _feed(analysis: CanaryAnalysis, rng: random.Random, n: int, *, canary_share: float = 0.1,

@@ -1,20 +1,22 @@
 """Every PromQL expression of the dashboard reads only metrics the project exports.
 
 Checked twice: against the metric table of docs/architecture.md (the contract), and against
-the metric families actually registered by the collectors once their code exists (the probe
+the metric families actually registered by the collectors (the probe
 builds each collector with its own registry per the contract and reads `registry.collect()`).
 """
 
 from __future__ import annotations
 
-import importlib
 import os
 import re
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from infersight import collectors
+from infersight.collectors import fake_nvml as fake
 from infersight.dashboards import build_dashboard, metric_names
+from infersight.monitor import records
 from prometheus_client import CollectorRegistry
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -120,17 +122,9 @@ def _families(registry: CollectorRegistry) -> set[str]:
     return out
 
 
-def _inference_registry() -> CollectorRegistry | None:
-    try:
-        collectors = importlib.import_module("infersight.collectors")
-        records = importlib.import_module("infersight.monitor.records")
-    except ImportError:
-        return None
-    stats_cls = getattr(collectors, "InferenceStats", None)
-    if stats_cls is None:
-        return None
+def _inference_registry() -> CollectorRegistry:
     registry = CollectorRegistry()
-    stats = stats_cls(registry)
+    stats = collectors.InferenceStats(registry)
     stats.observe(
         records.InferenceRecord(
             request_id="r1",
@@ -168,13 +162,8 @@ def _inference_registry() -> CollectorRegistry | None:
     return registry
 
 
-def _gpu_registry() -> CollectorRegistry | None:
+def _gpu_registry() -> CollectorRegistry:
     """GPUCollector over the collectors' fake NVML (a GPM device and a pre-Hopper one, for the fallback)."""
-    try:
-        collectors = importlib.import_module("infersight.collectors")
-        fake = importlib.import_module("infersight.collectors.fake_nvml")
-    except ImportError:
-        return None
     registry = CollectorRegistry()
     now = [100.0]
     nvml = fake.FakeNVML(
@@ -188,11 +177,7 @@ def _gpu_registry() -> CollectorRegistry | None:
     return registry
 
 
-def _process_registry() -> CollectorRegistry | None:
-    try:
-        collectors = importlib.import_module("infersight.collectors")
-    except ImportError:
-        return None
+def _process_registry() -> CollectorRegistry:
     registry = CollectorRegistry()
     now = [100.0]
     process = collectors.ProcessCollector(registry, clock=lambda: now[0])
@@ -202,7 +187,7 @@ def _process_registry() -> CollectorRegistry | None:
     return registry
 
 
-_PROBES: dict[str, tuple[tuple[str, ...], Callable[[], CollectorRegistry | None]]] = {
+_PROBES: dict[str, tuple[tuple[str, ...], Callable[[], CollectorRegistry]]] = {
     "collectors.InferenceStats": (("gen_ai_server_", "infersight_client_"), _inference_registry),
     "collectors.GPUCollector": (("infersight_gpu_", "infersight_nvml_"), _gpu_registry),
     "collectors.ProcessCollector": (("infersight_process_",), _process_registry),
@@ -213,8 +198,6 @@ _PROBES: dict[str, tuple[tuple[str, ...], Callable[[], CollectorRegistry | None]
 def test_dashboard_metrics_exist_in_the_collectors_registries(probe: str) -> None:
     prefixes, build = _PROBES[probe]
     registry = build()
-    if registry is None:
-        pytest.skip(f"{probe} has not landed yet; the documented-table check above still applies")
     exported = _families(registry)
     wanted = {n for n in _dashboard_metrics() if n.startswith(prefixes)}
     assert wanted, f"dashboard reads no metric with prefixes {prefixes}"
@@ -238,8 +221,6 @@ def _labels(registry: CollectorRegistry) -> dict[str, set[str]]:
 def test_dashboard_groups_and_legends_by_labels_the_metrics_carry(probe: str) -> None:
     prefixes, build = _PROBES[probe]
     registry = build()
-    if registry is None:
-        pytest.skip(f"{probe} has not landed yet")
     labels = _labels(registry)
     checked = 0
     for panel in build_dashboard()["panels"]:
@@ -271,11 +252,8 @@ def _group(name: str) -> str:
 def test_dashboard_metrics_exist_on_the_services_metrics_endpoint(tmp_path: Path) -> None:
     """Every dashboard metric of a family group the real service exports (drift, alerts, outbox,
     collectors...) is on its /metrics; groups it does not export yet are left to the table check."""
-    try:
-        service = importlib.import_module("infersight.monitor.service")
-    except ImportError:
-        pytest.skip("the service has not landed yet")
     from fastapi.testclient import TestClient
+    from infersight.monitor import service
 
     app = service.create_app(service.ServiceConfig(data_dir=tmp_path / "data", token="t" * 24))
     with TestClient(app) as client:

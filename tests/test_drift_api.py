@@ -8,6 +8,7 @@ import sys
 
 import infersight.monitor.drift as drift
 from infersight.monitor.drift import errors
+from infersight.monitor.drift._stat_tests import get_test
 
 
 def test_all_lists_every_public_name_and_only_existing_ones() -> None:
@@ -20,6 +21,15 @@ def test_all_lists_every_public_name_and_only_existing_ones() -> None:
     assert len(drift.__all__) == len(set(drift.__all__))
 
 
+def test_the_statistics_internals_are_not_exported() -> None:
+    """The tests' functions are reached through the detector and `DriftConfig.tests`;
+    their modules (`_mmd`, `_stat_tests`, `_streaming`) keep them for tests and benchmarks."""
+    internal = {"holm_adjust", "mmd_exact_test", "mmd_rff_test", "mmd_test", "novelty_test",
+                "relevance_drop_test", "get_test", "run_tests", "design_cusum", "TailCusum"}  # fmt: skip
+    assert not internal & set(drift.__all__)
+    assert not internal & set(vars(drift))
+
+
 def test_errors_docstring_draws_every_exception_and_all_derive_from_drift_error() -> None:
     classes = [v for v in vars(errors).values() if inspect.isclass(v) and issubclass(v, Exception)]
     assert set(errors.__all__) == {c.__name__ for c in classes}
@@ -30,7 +40,7 @@ def test_errors_docstring_draws_every_exception_and_all_derive_from_drift_error(
 
 def test_package_and_schema_import_without_torch_or_sentence_transformers() -> None:
     code = (
-        "import sys; import infersight.monitor.drift, infersight.monitor.store.schema; "
+        "import sys; import infersight.monitor.drift, infersight.monitor.store; "
         "bad = [m for m in ('torch', 'sentence_transformers', 'transformers') if m in sys.modules]; "
         "print(bad); sys.exit(1 if bad else 0)"
     )
@@ -40,7 +50,7 @@ def test_package_and_schema_import_without_torch_or_sentence_transformers() -> N
 
 def test_unknown_test_name_lists_the_valid_ones() -> None:
     try:
-        drift.get_test("ks")
+        get_test("ks")
     except drift.UnknownTest as exc:
         for name in drift.STAT_TESTS:
             assert name in str(exc)

@@ -17,9 +17,8 @@ from infersight.monitor.drift import (
     ReferenceWindowEmpty,
     TextWindow,
     WindowTooSmall,
-    novelty_test,
-    relevance_drop_test,
 )
+from infersight.monitor.drift._stat_tests import novelty_test, relevance_drop_test
 
 
 @pytest.fixture(scope="module")

@@ -16,8 +16,8 @@ from infersight.monitor.drift import (
     EmbeddedWindow,
     TestOptions,
     TextWindow,
-    run_tests,
 )
+from infersight.monitor.drift._detector import run_tests
 
 ALPHA = 0.05
 

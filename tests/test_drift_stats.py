@@ -11,15 +11,16 @@ from infersight.monitor.drift import (
     StatTest,
     TestOptions,
     UnknownTest,
-    holm_adjust,
+)
+from infersight.monitor.drift._detector import run_tests
+from infersight.monitor.drift._mmd import (
+    kernel_from_gram,
+    median_widths,
     mmd_exact_test,
     mmd_rff_test,
     mmd_test,
-    novelty_test,
-    relevance_drop_test,
-    run_tests,
 )
-from infersight.monitor.drift._kernel import kernel_from_gram, median_widths
+from infersight.monitor.drift._stat_tests import holm_adjust, novelty_test, relevance_drop_test
 
 
 def _sphere(rng: np.random.Generator, n: int, d: int = 16, shift: float = 0.0) -> np.ndarray:

@@ -11,10 +11,12 @@ import pytest
 from _drift_helpers import Pool, TableEmbedder, real_pool
 from _store_helpers import database_url, request_row
 from infersight.monitor.drift import (
+    CONFIGURED_REFERENCE,
     DriftConfig,
     DriftDetector,
     DriftMetrics,
     ReferenceNotFound,
+    ReferencePolicy,
     TextWindow,
     evaluate_window,
     first_requests_after,
@@ -179,3 +181,33 @@ def test_evaluate_window_stores_the_report_fills_relevance_and_sets_the_gauges(
     )
     assert registry.get_sample_value("infersight_relevance_score_count", labels) == 290
     assert len(list_reports(engine)) == 2
+
+
+def test_the_reference_policy_stores_the_configured_file_once_else_each_versions_first_requests(
+    engine: Engine, pool: Pool, tmp_path: Path
+) -> None:
+    detector = DriftDetector(TableEmbedder(pool), config=DriftConfig())
+    # without a configured file: nothing until the version's first `window` requests are in
+    policy = ReferencePolicy(engine, detector, window=20)
+    _insert_traffic(engine, list(pool.banking_texts[:10]), [None] * 10, start=T0)
+    assert policy.reference_for(VERSION) is None and policy.stored_for(VERSION) is None
+    _insert_traffic(
+        engine, list(pool.banking_texts[10:30]), [None] * 20, start=T0 + dt.timedelta(seconds=10), first_id=10
+    )
+    stored = policy.reference_for(VERSION)
+    assert stored is not None and stored.info.name == f"{VERSION}-baseline" and stored.info.source == "deploy"
+    assert stored.window.prompts == tuple(pool.banking_texts[:20])
+    again = policy.stored_for(VERSION)
+    assert again is not None and again.info.id == stored.info.id
+    # a configured file: every version is tested against it, stored once while its texts are unchanged
+    path = tmp_path / "reference.jsonl"
+    path.write_text("".join(json.dumps({"prompt": text}) + "\n" for text in pool.hotel_texts[:25]))
+    configured = ReferencePolicy(engine, detector, window=20, configured_path=path)
+    configured.store_configured()
+    configured.store_configured()
+    assert configured.configured == CONFIGURED_REFERENCE
+    files = [r for r in list_references(engine) if r.name == CONFIGURED_REFERENCE]
+    assert len(files) == 1 and files[0].source == "file" and files[0].model_version == "*"
+    for version in (VERSION, "a-version-never-seen"):
+        chosen = configured.reference_for(version)
+        assert chosen is not None and chosen.window.prompts == tuple(pool.hotel_texts[:25])

@@ -20,7 +20,6 @@ import pytest
 from _demo_registry import BAD, GOOD, private_copy, shared_demo_registry
 from conftest import free_port
 from infersight.alerts import REGRESSION_ALERT
-from infersight.alerts.tables import alerts, deploy_analyses
 from infersight.monitor import data
 from infersight.monitor.service import Service, create_app
 from infersight.monitor.service.config import (
@@ -32,7 +31,7 @@ from infersight.monitor.service.config import (
 )
 from infersight.monitor.service.demo.receiver import WebhookReceiver, new_secret
 from infersight.monitor.service.demo.traffic import SYSTEM, sample, send_chats
-from infersight.monitor.store.tables import deploys, requests
+from infersight.monitor.store.tables import alerts, deploy_analyses, deploys, requests
 from sqlalchemy import select
 
 INT8 = "mixtral_banking_int8-v1.0"

@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 from infersight.alerts import ActionRunner, ActionSpec, DeployAnalyzer, LiveSignals, Signal, VersionStats
-from infersight.alerts.tables import action_runs, deploy_analyses
 from infersight.collectors import InferenceStats, MergedStats, RemoteStats, SlotExporter
 from infersight.monitor.service.replicas import Replicas
+from infersight.monitor.store.tables import action_runs, deploy_analyses
 from sqlalchemy import Engine, select
 from test_alerts_support import Clock, database
 

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import ast
 import inspect
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import infersight.monitor as monitor
 import infersight.monitor.sdk as sdk
@@ -77,3 +79,33 @@ def test_importing_infersight_monitor_loads_neither_prometheus_nor_torch() -> No
     code = "import sys, infersight.monitor; print(sorted({'prometheus_client', 'torch', 'numpy'} & set(sys.modules)))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
     assert out.stdout.strip() == "[]"
+
+
+def _sdk_imports() -> dict[str, set[str]]:
+    """module -> the SDK modules it imports (relative imports, TYPE_CHECKING ones included)."""
+    folder = Path(sdk.__file__).parent
+    graph: dict[str, set[str]] = {}
+    for path in folder.glob("*.py"):
+        deps = graph.setdefault(path.stem, set())
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level == 1:
+                deps.update([node.module] if node.module else [a.name for a in node.names])
+    return graph
+
+
+def test_sdk_modules_import_each_other_without_cycles() -> None:
+    graph = _sdk_imports()
+    assert {"_tracker", "_monitor"} <= set(graph)
+    done: set[str] = set()
+
+    def visit(module: str, path: tuple[str, ...]) -> None:
+        assert module not in path, f"import cycle: {' -> '.join((*path, module))}"
+        if module in done:
+            return
+        for dep in graph.get(module, ()):
+            visit(dep, (*path, module))
+        done.add(module)
+
+    for module in graph:
+        visit(module, ())
+    assert "_monitor" not in graph["_tracker"]  # the tracker sees its monitor through a protocol

@@ -17,8 +17,7 @@ from infersight.monitor.store import (
     schema_diff,
     upgrade,
 )
-from infersight.monitor.store.schema import metadata
-from infersight.monitor.store.tables import deploys, requests, snapshots
+from infersight.monitor.store.tables import deploys, metadata, requests, snapshots
 from sqlalchemy import func, insert, select, text
 
 MIGRATIONS = Path(__file__).resolve().parents[1] / "monitor" / "store" / "migrations"

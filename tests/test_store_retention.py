@@ -72,7 +72,7 @@ def test_a_null_retention_keeps_rows_forever(tmp_path: Path) -> None:
 def test_every_retention_rule_names_a_table_of_the_schema() -> None:
     # Catches a renamed table in alerts/ or monitor/drift/ that retention would silently miss.
     engine = connect("sqlite:///:memory:")
-    from infersight.monitor.store.schema import metadata
+    from infersight.monitor.store.tables import metadata
 
     metadata.create_all(engine)
     assert enforce_retention(engine, RetentionPolicy(), now=NOW).skipped == ()

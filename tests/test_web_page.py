@@ -63,8 +63,8 @@ def _drift_report(hotel: list[str], bank: list[str]) -> Any:
         RelevanceComparison,
         ReportContext,
         TestResult,
-        summarize_relevance,
     )
+    from infersight.monitor.drift._stat_tests import summarize_relevance
 
     rng = random.Random(11)
 

@@ -1,24 +1,8 @@
-"""Actions attached to rules and callable by hand: snapshot, rollback, hot_reload,
-failover, collect."""
+"""Actions: what an alert can do besides paging. `runner.py` runs snapshot, rollback,
+hot_reload, failover and collect (once per episode, within cooldowns and caps) against
+the `ModelControl` seam; `evidence.py` keeps the evidence (snapshots, data collections);
+`analysis.py` watches each deploy and rolls back a regression; `canary.py` runs a
+candidate beside the stable version and promotes or rolls it back.
 
-from __future__ import annotations
-
-from .collect import CollectionOpened, open_collection
-from .control import ModelControl, ReplicaTargets, RuntimeControl
-from .runner import FAILURE_ALERT, ActionOutcome, ActionRunner
-from .snapshot import SnapshotResult, SnapshotSource, render_html, take_snapshot
-
-__all__ = [
-    "FAILURE_ALERT",
-    "ActionOutcome",
-    "ActionRunner",
-    "CollectionOpened",
-    "ModelControl",
-    "ReplicaTargets",
-    "RuntimeControl",
-    "SnapshotResult",
-    "SnapshotSource",
-    "open_collection",
-    "render_html",
-    "take_snapshot",
-]
+The public names are exported by `infersight.alerts`.
+"""

@@ -3,8 +3,9 @@
 Each subcommand lives in its own module `_<name>.py` exposing `register(subparsers)`,
 which adds its parser and sets `handler` (a function `(argparse.Namespace) -> int`).
 Modules import their heavy dependencies inside the handler, so `infersight --help`
-stays fast. A handler reports bad input by raising `CommandError`; `main` prints it
-as one line and exits 2, never with a traceback.
+stays fast and works with the base install. A handler reports bad input by raising
+`CommandError`; `main` prints it as one line and exits 2, never with a traceback, and so
+for a subcommand whose optional extra is not installed (monitor/extras.py).
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import importlib
 import os
 import sys
 from collections.abc import Sequence
+
+from infersight.monitor.extras import MissingExtra, extra_for_module
 
 from ._errors import CommandError
 
@@ -41,18 +44,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     except CommandError as exc:
         print(f"infersight {args.command}: error: {exc}", file=sys.stderr)
         return exc.exit_code
+    except ImportError as exc:
+        extra = exc.extra if isinstance(exc, MissingExtra) else extra_for_module(exc.name)
+        if extra is None:  # not an optional dependency: a bug, reported below
+            return _internal_error(args.command, exc)
+        print(f"infersight {args.command} needs the {extra} extra: pip install 'infersight[{extra}]'",
+              file=sys.stderr)  # fmt: skip
+        return 2
     except KeyboardInterrupt:
         print(f"infersight {args.command}: interrupted", file=sys.stderr)
         return 130
     except Exception as exc:
-        if os.environ.get("INFERSIGHT_DEBUG"):
-            raise
-        print(
-            f"infersight {args.command}: internal error: {type(exc).__name__}: {exc} "
-            "(set INFERSIGHT_DEBUG=1 for the traceback)",
-            file=sys.stderr,
-        )
-        return 70
+        return _internal_error(args.command, exc)
+
+
+def _internal_error(command: str, exc: Exception) -> int:
+    if os.environ.get("INFERSIGHT_DEBUG"):
+        raise exc
+    print(
+        f"infersight {command}: internal error: {type(exc).__name__}: {exc} "
+        "(set INFERSIGHT_DEBUG=1 for the traceback)",
+        file=sys.stderr,
+    )
+    return 70
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -42,7 +42,7 @@ def _load(path: str | None) -> AlertConfig:
 
 
 def _check(args: argparse.Namespace) -> int:
-    from infersight.alerts._duration import format_duration
+    from infersight.alerts.rules._yaml import format_duration
 
     config = _load(args.rules)
     for rule in config.rules:

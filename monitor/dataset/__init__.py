@@ -11,6 +11,10 @@ fails drops the text) before it leaves the store.
 
 from __future__ import annotations
 
+from infersight.monitor.extras import require_extra as _require_extra
+
+_require_extra("infersight.monitor.dataset", "service")  # one line when the extra is missing
+
 from ._collections import fill_collections
 from ._export import (
     KINDS,

@@ -22,9 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from infersight.monitor.drift.tables import drift_reports
 from infersight.monitor.sdk._payload import prepare_text
-from infersight.monitor.store.tables import dataset_items, requests, snapshots
+from infersight.monitor.store.tables import dataset_items, drift_reports, requests, snapshots
 from sqlalchemy import Engine, and_, or_, select, true
 
 from ._collections import fill_collections

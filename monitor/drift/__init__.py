@@ -7,7 +7,7 @@
 Batch tests per field (prompt, response): unbiased MMD² with a permutation p-value (exact
 kernel, or random Fourier features on large windows) and a nearest-neighbour novelty test
 with a split-conformal p-value that holds for the reference in use (the reference's own
-error bounded first, see `_conditional`); a one-sided relevance-drop test, conditional in
+error bounded first, see `_stat_tests`); a one-sided relevance-drop test, conditional in
 the same way, when responses exist. Holm's correction across every test keeps the report's
 false-alarm rate at alpha; effect floors keep large windows from alarming on trivial
 shifts. The explanation (witness texts, reference clusters, novelty, a 2-D projection)
@@ -19,18 +19,23 @@ exceedance rate; `evaluate_window` is the scheduler's entry point.
 
 from __future__ import annotations
 
-from ._cache import CachedEmbedder
-from ._clusters import NOVEL_CLUSTER, ClusterModel
-from ._config import DEFAULT_EFFECT_FLOORS, DriftConfig
-from ._cusum import CusumDesign, TailCusum, design_cusum
-from ._decide import run_tests
-from ._detector import DriftDetector, FittedReference
-from ._embedding import Embedder, SentenceTransformerEmbedder, default_model_path
-from ._evaluate import evaluate_window, fit_stored
-from ._explanation import ClusterShare, ExampleText, FieldExplanation, Novelty, NoveltyExample, Projection
-from ._holm import holm_adjust
+from infersight.monitor.extras import require_extra as _require_extra
+
+_require_extra("infersight.monitor.drift", "drift")  # one line when the extra is missing
+
+from ._detector import DriftDetector
+from ._embedding import CachedEmbedder, Embedder, SentenceTransformerEmbedder, default_model_path
+from ._evaluate import CONFIGURED_REFERENCE, ReferencePolicy, evaluate_window
+from ._explain import (
+    NOVEL_CLUSTER,
+    ClusterShare,
+    ExampleText,
+    FieldExplanation,
+    Novelty,
+    NoveltyExample,
+    Projection,
+)
 from ._html import render_html
-from ._inputs import INPUT_FORMATS, read_window
 from ._lengths import (
     LENGTH_FIELDS,
     LengthDrift,
@@ -41,11 +46,7 @@ from ._lengths import (
     length_drift,
     read_lengths,
 )
-from ._metrics import DriftMetrics
-from ._mmd import mmd_test
-from ._mmd_exact import mmd_exact_test
-from ._mmd_rff import mmd_rff_test
-from ._novelty import novelty_test
+from ._mmd import StatResult, StatTest, TestOptions
 from ._references import (
     ReferenceInfo,
     StoredReference,
@@ -56,20 +57,27 @@ from ._references import (
     traffic_lengths,
     traffic_window,
 )
-from ._registry import STAT_TESTS, get_test
-from ._relevance import (
+from ._report import (
+    REPORT_SCHEMA,
+    DriftMetrics,
+    DriftReport,
+    FieldVerdict,
+    ReportContext,
+    TestResult,
+    list_reports,
+    load_report,
+    save_report,
+)
+from ._stat_tests import (
+    DEFAULT_EFFECT_FLOORS,
     RELEVANCE_BUCKETS,
+    STAT_TESTS,
+    DriftConfig,
     RelevanceComparison,
     RelevanceSummary,
-    relevance,
-    summarize_relevance,
 )
-from ._relevance_drop import relevance_drop_test
-from ._reports import list_reports, load_report, save_report
-from ._results import REPORT_SCHEMA, DriftReport, FieldVerdict, ReportContext, TestResult
-from ._stat import StatResult, StatTest, TestOptions
 from ._streaming import StreamingDetector, StreamUpdate
-from ._windows import EmbeddedWindow, TextWindow
+from ._windows import INPUT_FORMATS, EmbeddedWindow, TextWindow, read_window
 from .errors import (
     BadRecord,
     CurrentWindowEmpty,
@@ -89,6 +97,7 @@ from .errors import (
 )
 
 __all__ = [
+    "CONFIGURED_REFERENCE",
     "DEFAULT_EFFECT_FLOORS",
     "INPUT_FORMATS",
     "LENGTH_FIELDS",
@@ -98,10 +107,8 @@ __all__ = [
     "STAT_TESTS",
     "BadRecord",
     "CachedEmbedder",
-    "ClusterModel",
     "ClusterShare",
     "CurrentWindowEmpty",
-    "CusumDesign",
     "DriftConfig",
     "DriftDetector",
     "DriftError",
@@ -114,7 +121,6 @@ __all__ = [
     "ExampleText",
     "FieldExplanation",
     "FieldVerdict",
-    "FittedReference",
     "InputError",
     "InputFileNotFound",
     "InputNotUTF8",
@@ -127,6 +133,7 @@ __all__ = [
     "Projection",
     "ReferenceInfo",
     "ReferenceNotFound",
+    "ReferencePolicy",
     "ReferenceWindowEmpty",
     "RelevanceComparison",
     "RelevanceSummary",
@@ -138,7 +145,6 @@ __all__ = [
     "StoredReference",
     "StreamUpdate",
     "StreamingDetector",
-    "TailCusum",
     "TestOptions",
     "TestResult",
     "TextWindow",
@@ -148,30 +154,18 @@ __all__ = [
     "WindowTooSmall",
     "count_words",
     "default_model_path",
-    "design_cusum",
     "evaluate_window",
     "first_requests_after",
-    "fit_stored",
-    "get_test",
-    "holm_adjust",
     "length_drift",
     "list_references",
     "list_reports",
     "load_reference",
     "load_report",
-    "mmd_exact_test",
-    "mmd_rff_test",
-    "mmd_test",
-    "novelty_test",
     "read_lengths",
     "read_window",
-    "relevance",
-    "relevance_drop_test",
     "render_html",
-    "run_tests",
     "save_reference",
     "save_report",
-    "summarize_relevance",
     "traffic_lengths",
     "traffic_window",
 ]

@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from ._holm import holm_adjust
+from ._stat_tests import holm_adjust
 
 __all__ = [
     "LENGTH_FIELDS",

@@ -20,10 +20,10 @@ from infersight.monitor.store.tables import requests
 from sqlalchemy import Connection, Engine, func, insert, select
 from sqlalchemy.exc import IntegrityError
 
+from ..store.tables import drift_reference_lengths, drift_reference_texts, drift_references
 from ._lengths import RequestLengths
 from ._windows import EmbeddedWindow, TextWindow
 from .errors import ReferenceNotFound
-from .tables import drift_reference_lengths, drift_reference_texts, drift_references
 
 __all__ = [
     "ReferenceInfo",

@@ -20,13 +20,10 @@ the sink from a background thread. The decorator never raises an exception of it
 into the call; the user's exceptions are re-raised unchanged.
 """
 
-from ._call import Call
 from ._config import SDKConfig, Sink
-from ._default import configure, default_monitor, track
 from ._http_sink import HttpSink
-from ._monitor import Monitor
-from ._payload import default_prompt, default_response
-from ._tracker import Tracker
+from ._monitor import Monitor, configure, default_monitor, track
+from ._tracker import Call
 from .errors import SDKConfigError, SDKError, SinkError, SinkRejected, SinkUnavailable
 
 __all__ = [
@@ -40,10 +37,7 @@ __all__ = [
     "SinkError",
     "SinkRejected",
     "SinkUnavailable",
-    "Tracker",
     "configure",
     "default_monitor",
-    "default_prompt",
-    "default_response",
     "track",
 ]

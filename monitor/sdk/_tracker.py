@@ -1,27 +1,52 @@
-"""Tracker: what `track(...)` returns. A decorator for sync functions, coroutines,
-generators and async generators, and a (sync or async) context manager.
+"""Tracking one call: what `track(...)` returns, the state of each call, and the wrappers.
 
-Every call gets fresh state (local variables, or a new `Call`), so one tracker serves
-any number of concurrent calls, threads and tasks. The context-manager form keeps
-its open calls on a context variable, per thread and per asyncio task.
+`Tracker` is a decorator for sync functions, coroutines, generators and async generators,
+and a (sync or async) context manager. Every call gets fresh state (local variables, or a
+new `Call`), so one tracker serves any number of concurrent calls, threads and tasks; the
+context-manager form keeps its open calls on a context variable (per thread and task).
+
+Each wrapper is the same kind of function as the user's, with its name, docstring and
+signature (`functools.wraps`). Plain calls and coroutines keep their state in locals: the
+hot path is two clock reads, two counter increments and one locked append. A generator's
+yielded items count as output tokens (the first sets TTFT, the spacing of the rest TPOT);
+`send`/`throw`/`close` are delegated as `yield from` would, and the call is recorded once:
+on exhaustion, an exception (its type), `close()` (no error) or cancellation.
+
+User exceptions are re-raised unchanged with a bare `raise`. The SDK's own failures are
+counted and swallowed, never raised inside an `except` that holds the user's exception.
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
+import math
 import random
 import time
+from collections.abc import AsyncGenerator, Callable, Generator
 from contextvars import ContextVar
-from typing import TYPE_CHECKING, Any
+from random import random as rand
+from typing import Any, Protocol
 
-from ._call import Call
-from ._wrap import wrap
+from infersight.collectors import InferenceStats
 
-if TYPE_CHECKING:
-    from collections.abc import Callable
+from ._config import SDKConfig
+from ._counters import SDKCounters
 
-    from ._monitor import Monitor
+__all__ = ["Call", "Host", "Tracker"]
 
-__all__ = ["Tracker"]
+
+class Host(Protocol):
+    """What a Tracker uses of its Monitor (a protocol: this module does not import the Monitor)."""
+
+    stats: InferenceStats
+    config: SDKConfig
+    counters: SDKCounters
+
+    def clock(self) -> float: ...
+
+    def enqueue(self, item: tuple[Any, ...]) -> None: ...
+
 
 _OPEN: ContextVar[tuple[tuple[Tracker, Call], ...]] = ContextVar("infersight_open_calls", default=())
 
@@ -29,7 +54,7 @@ _OPEN: ContextVar[tuple[tuple[Tracker, Call], ...]] = ContextVar("infersight_ope
 class Tracker:
     def __init__(
         self,
-        monitor: Monitor,
+        monitor: Host,
         *,
         model: str,
         model_version: str,
@@ -49,7 +74,13 @@ class Tracker:
 
     # -- decorator ---------------------------------------------------------------------
     def __call__(self, fn: Callable[..., Any]) -> Callable[..., Any]:
-        return wrap(fn, self)
+        if inspect.isasyncgenfunction(fn):
+            return _wrap_async_generator(fn, self)
+        if inspect.isgeneratorfunction(fn):
+            return _wrap_generator(fn, self)
+        if inspect.iscoroutinefunction(fn):
+            return _wrap_coroutine(fn, self)
+        return _wrap_plain(fn, self)
 
     # -- context manager -----------------------------------------------------------------
     def __enter__(self) -> Call:
@@ -183,3 +214,287 @@ class Tracker:
             )
         except Exception:
             self.internal("sample")
+
+
+class Call:
+    """One call in progress. In a `with track(...) as call:` block:
+    `call.token()` at each streamed token (the first sets the time to first token),
+    `call.set_prompt(text)`, `call.set_response(text)`,
+    `call.set_token_counts(prompt_tokens=..., output_tokens=...)`, `call.set_queue_time(s)`."""
+
+    __slots__ = (
+        "_chunks",
+        "_done",
+        "_first",
+        "_last",
+        "_output_tokens",
+        "_prompt",
+        "_prompt_tokens",
+        "_queue_s",
+        "_response",
+        "_start",
+        "_tokens",
+        "_tracker",
+        "sampled",
+    )
+
+    def __init__(self, tracker: Tracker, *, prompt: Any = None, keep_chunks: bool = False) -> None:
+        self._tracker = tracker
+        self._done = True  # until the start is recorded
+        self._first: float | None = None
+        self._last: float | None = None
+        self._tokens = 0
+        self._prompt = prompt
+        self._response: Any = None
+        self._prompt_tokens: int | None = None
+        self._output_tokens: int | None = None
+        self._queue_s: float | None = None
+        self.sampled = False
+        self._chunks: list[Any] | None = None
+        try:
+            self.sampled = tracker.decide_sample()
+            self._chunks = [] if (self.sampled and keep_chunks) else None
+            self._start = tracker.clock()
+            tracker.series.enter()
+            self._done = False
+        except Exception:
+            tracker.internal("start")
+
+    # -- the user's API (context manager) -----------------------------------------------
+    def token(self, n: int = 1) -> None:
+        """Mark `n` output tokens as produced now (the first call sets TTFT)."""
+        try:
+            now = self._tracker.clock()
+            if self._first is None:
+                self._first = now
+            self._last = now
+            self._tokens += n if isinstance(n, int) and n > 0 else 1
+        except Exception:
+            self._tracker.internal("token")
+
+    def set_prompt(self, text: Any) -> None:
+        self._prompt = self._tracker.check_text(text)
+
+    def set_response(self, text: Any) -> None:
+        self._response = self._tracker.check_text(text)
+
+    def set_token_counts(self, *, prompt_tokens: Any = None, output_tokens: Any = None) -> None:
+        for name, value in (("_prompt_tokens", prompt_tokens), ("_output_tokens", output_tokens)):
+            if value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                self._tracker.reject("invalid_count")
+            else:
+                setattr(self, name, value)
+
+    def set_queue_time(self, seconds: Any) -> None:
+        if isinstance(seconds, bool) or not isinstance(seconds, int | float):
+            self._tracker.reject("invalid_number")
+        elif math.isnan(seconds):
+            self._tracker.reject("nan_duration")
+        elif seconds < 0:
+            self._tracker.reject("negative_duration")
+        elif math.isinf(seconds):
+            self._tracker.reject("infinite_duration")
+        else:
+            self._queue_s = float(seconds)
+
+    # -- the stream wrappers ----------------------------------------------------------------
+    def item(self, item: Any) -> None:
+        """One yielded item: counts as one output token; kept for the response if sampled."""
+        try:
+            now = self._tracker.clock()
+            if self._first is None:
+                self._first = now
+            self._last = now
+            self._tokens += 1
+            if self._chunks is not None:
+                self._chunks.append(item)
+        except Exception:
+            self._tracker.internal("token")
+
+    def finish(self, error_type: str | None = None) -> None:
+        """Record the call once (later calls do nothing)."""
+        if self._done:
+            return
+        self._done = True
+        try:
+            t = self._tracker
+            end = t.clock()
+            start, first, last, n = self._start, self._first, self._last, self._tokens
+            ttft = None if first is None else first - start
+            tpot = (last - first) / (n - 1) if (n > 1 and first is not None and last is not None) else None
+            output_tokens = self._output_tokens if self._output_tokens is not None else (n or None)
+            t.series.exit(
+                end, end - start, ttft, tpot, self._queue_s, self._prompt_tokens, output_tokens, error_type
+            )
+            if self.sampled:
+                response = self._response
+                if response is None and self._chunks is not None and error_type is None:
+                    response = t.extract_response(self._chunks)
+                t.sample(
+                    start=start,
+                    end=end,
+                    ttft=ttft,
+                    tpot=tpot,
+                    queue=self._queue_s,
+                    prompt_tokens=self._prompt_tokens,
+                    output_tokens=output_tokens,
+                    error_type=error_type,
+                    prompt=self._prompt,
+                    response=response,
+                )
+        except Exception:
+            self._tracker.internal("finish")
+
+
+# ---- the wrappers, one per kind of function ----------------------------------------------
+
+
+def _wrap_plain(fn: Callable[..., Any], tracker: Tracker) -> Callable[..., Any]:
+    clock = tracker.clock
+    enter = tracker.series.enter
+    exit_ = tracker.series.exit
+    monitor = tracker.monitor
+
+    @functools.wraps(fn)
+    def tracked(*args: Any, **kwargs: Any) -> Any:
+        try:
+            start = clock()
+            enter()
+        except Exception:
+            start = None
+            tracker.internal("start")
+        if start is None:
+            return fn(*args, **kwargs)
+        try:
+            result = fn(*args, **kwargs)
+        except BaseException as exc:
+            tracker.failed(start, exc, args, kwargs)
+            raise
+        try:
+            end = clock()
+            exit_(end, end - start)
+            rate = tracker.rate if tracker.rate is not None else monitor.config.sample_rate
+            if rate and (rate >= 1.0 or rand() < rate):
+                tracker.sample_call(start, end, args, kwargs, result, None)
+        except Exception:
+            tracker.internal("finish")
+        return result
+
+    return tracked
+
+
+def _wrap_coroutine(fn: Callable[..., Any], tracker: Tracker) -> Callable[..., Any]:
+    clock = tracker.clock
+    enter = tracker.series.enter
+    exit_ = tracker.series.exit
+    monitor = tracker.monitor
+
+    @functools.wraps(fn)
+    async def tracked(*args: Any, **kwargs: Any) -> Any:
+        try:
+            start = clock()
+            enter()
+        except Exception:
+            start = None
+            tracker.internal("start")
+        if start is None:
+            return await fn(*args, **kwargs)
+        try:
+            result = await fn(*args, **kwargs)
+        except BaseException as exc:  # CancelledError included: recorded as its type
+            tracker.failed(start, exc, args, kwargs)
+            raise
+        try:
+            end = clock()
+            exit_(end, end - start)
+            rate = tracker.rate if tracker.rate is not None else monitor.config.sample_rate
+            if rate and (rate >= 1.0 or rand() < rate):
+                tracker.sample_call(start, end, args, kwargs, result, None)
+        except Exception:
+            tracker.internal("finish")
+        return result
+
+    return tracked
+
+
+def _start_stream(tracker: Tracker, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Call:
+    call = Call(tracker, keep_chunks=True)
+    if call.sampled:
+        call.set_prompt(tracker.extract_prompt(args, kwargs))
+    return call
+
+
+def _wrap_generator(fn: Callable[..., Any], tracker: Tracker) -> Callable[..., Any]:
+    @functools.wraps(fn)
+    def tracked(*args: Any, **kwargs: Any) -> Generator[Any, Any, Any]:
+        call = _start_stream(tracker, args, kwargs)
+        try:
+            gen = fn(*args, **kwargs)
+        except BaseException as exc:
+            call.finish(type(exc).__name__)
+            raise
+        sent: Any = None
+        thrown: BaseException | None = None
+        while True:
+            try:
+                if thrown is None:
+                    value = gen.send(sent)
+                else:
+                    error, thrown = thrown, None
+                    value = gen.throw(error)
+            except StopIteration as stop:
+                call.finish(None)
+                return stop.value
+            except BaseException as exc:
+                call.finish(type(exc).__name__)
+                raise
+            call.item(value)
+            try:
+                sent = yield value
+            except GeneratorExit:
+                call.finish(None)
+                gen.close()
+                raise
+            except BaseException as exc:
+                thrown = exc
+
+    return tracked
+
+
+def _wrap_async_generator(fn: Callable[..., Any], tracker: Tracker) -> Callable[..., Any]:
+    @functools.wraps(fn)
+    async def tracked(*args: Any, **kwargs: Any) -> AsyncGenerator[Any, Any]:
+        call = _start_stream(tracker, args, kwargs)
+        try:
+            agen = fn(*args, **kwargs)
+        except BaseException as exc:
+            call.finish(type(exc).__name__)
+            raise
+        sent: Any = None
+        thrown: BaseException | None = None
+        while True:
+            try:
+                if thrown is None:
+                    value = await agen.asend(sent)
+                else:
+                    error, thrown = thrown, None
+                    value = await agen.athrow(error)
+            except StopAsyncIteration:
+                call.finish(None)
+                return
+            except BaseException as exc:  # CancelledError included
+                call.finish(type(exc).__name__)
+                raise
+            call.item(value)
+            try:
+                sent = yield value
+            except GeneratorExit:
+                call.finish(None)
+                await agen.aclose()
+                raise
+            except BaseException as exc:
+                thrown = exc
+
+    return tracked

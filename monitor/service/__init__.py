@@ -4,6 +4,10 @@ that owns the store, the scheduler and the wiring of collectors, drift and alert
 
 from __future__ import annotations
 
+from infersight.monitor.extras import require_extra as _require_extra
+
+_require_extra("infersight.monitor.service", "service")  # one line when the extra is missing
+
 from .app import create_app
 from .config import (
     AlertingConfig,

@@ -368,7 +368,7 @@ def _canary_controller(service: Service, runtime: Any) -> Any:
     control = getattr(runtime, "canary", None)
     if control is None:
         return None
-    from infersight.alerts.canary import CanaryController
+    from infersight.alerts.actions.canary import CanaryController
 
     return CanaryController(control, on_decision=lambda d: _canary_decided(service, d))
 
@@ -377,7 +377,7 @@ def _stored_since(service: Service, status: Any) -> list[Any]:
     """The two versions' stored requests since the canary started, oldest first."""
     import datetime as dt
 
-    from infersight.alerts.canary import StoredRequest
+    from infersight.alerts.actions.canary import StoredRequest
     from infersight.monitor.store.tables import requests
     from sqlalchemy import select
 
@@ -406,8 +406,8 @@ def _canary_decided(service: Service, decision: Any) -> None:
         deploy_log.flush()
     if decision.action != "rollback":
         return
-    from infersight.alerts._alert_rows import push_alert
-    from infersight.alerts.canary import CANARY_ALERT
+    from infersight.alerts.actions.canary import CANARY_ALERT
+    from infersight.alerts.lifecycle import push_alert
 
     now = dt.datetime.now(dt.UTC)
     share = decision.canary_requests / max(1, decision.canary_requests + decision.stable_requests)

@@ -2,8 +2,8 @@
 
 The embedding model (PyTorch) allocates differently shaped buffers from several threads
 at every batch; glibc's default of one malloc arena per thread (up to 8 per core) keeps
-the freed memory of each arena, and RSS climbs for minutes (measured by
-benchmarks/ingest.py: 0.5 GiB to 1.8 GiB in 10 minutes). Capping the arenas at two and
+the freed memory of each arena, and RSS climbs for minutes (benchmarks/ingest.py;
+docs/benchmarks.md). Capping the arenas at two and
 handing free heap pages back after each embedding batch (`malloc_trim`) keeps it flat.
 Both are no-ops where the C library is not glibc.
 """

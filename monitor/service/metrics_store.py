@@ -26,7 +26,7 @@ class AlertStoreCollector(Collector):
         self.leading = leading
 
     def collect(self) -> Iterator[Metric]:
-        from infersight.alerts.tables import alerts, outbox
+        from infersight.monitor.store.tables import alerts, outbox
 
         if not self.leading():
             return

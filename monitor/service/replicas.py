@@ -33,7 +33,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from infersight.alerts.live_signals import RemoteResources
+from infersight.alerts.rules.sources import RemoteResources
 from infersight.collectors import InferenceStats, MergedStats, RemoteStats, SlotExporter, SlotRecord
 from infersight.monitor.store.tables import deploys, replica_slots, replicas
 from sqlalchemy import Connection, Engine, Table, delete, insert, or_, select, update
@@ -164,7 +164,7 @@ class Replicas:
         """The leader's housekeeping: intervals out of every window, replicas gone for a day,
         and actions fanned out to a replica that went away before it ran them (refused:
         that runtime is gone; the alert, if its cause remains, is still firing)."""
-        from infersight.alerts.tables import action_runs
+        from infersight.monitor.store.tables import action_runs
 
         now = self.clock()
         live = [r for r, _ in self._live(replicas.c.id)] + [self.id]

@@ -215,7 +215,7 @@ class AlertsWiring:
         return [s.to_json() for s in self.slo_ledger.statuses()] if self.slo_ledger is not None else []
 
     def firing_summary(self) -> list[dict[str, Any]]:
-        from infersight.alerts.tables import alerts
+        from infersight.monitor.store.tables import alerts
         from sqlalchemy import select
 
         with self.service.db.connect() as conn:
@@ -256,7 +256,7 @@ def check_backups(config: Any, registry: Any, backup: str | None) -> None:
 
 def _replicas(service: Service, config: Any, runtime: Any) -> Any:
     """This replica's share of the shared store (None without live statistics)."""
-    from infersight.alerts.signals import Signal
+    from infersight.alerts.rules.signals import Signal
 
     from .replicas import Replicas
 

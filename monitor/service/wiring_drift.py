@@ -1,8 +1,9 @@
 """Wiring drift scoring (infersight.monitor.drift) into a started service.
 
-- Reference: `drift.reference` (a .jsonl/.csv/.txt file) is stored at start as reference
-  "configured" (a new version only when its texts changed). Without one, each model
-  version gets a reference from its first `drift.window` sampled requests ("deploy").
+- Reference (the policy is the drift package's `ReferencePolicy`): `drift.reference` (a
+  .jsonl/.csv/.txt file) is stored at start as reference "configured" (a new version only
+  when its texts changed). Without one, each model version gets a reference from its first
+  `drift.window` sampled requests ("deploy").
 - Batch test (leader-only job `drift`, every `schedule.drift_s`): for each model version
   with enough new sampled texts (half a window), or with half of `drift.min_window` new
   texts once its traffic paused for a tick, the newest `drift.window` of them against the
@@ -40,7 +41,6 @@ if TYPE_CHECKING:
 __all__ = ["DriftWiring", "wire_drift"]
 
 log = logging.getLogger(__name__)
-CONFIGURED = "configured"
 _LOOKBACK = dt.timedelta(hours=24)
 
 
@@ -75,64 +75,15 @@ class DriftWiring:
         self._text_counts: dict[tuple[str, str], int] = {}
         self._counted_to = 0
         self._streams: dict[str, Any] = {}
-        self.configured_reference: str | None = None
+        self.references = d.ReferencePolicy(service.db, detector, window=self.config.window,
+                                            configured_path=self.config.reference)  # fmt: skip
 
-    # -- references ---------------------------------------------------------------------
+    # -- references: the policy is the drift package's (ReferencePolicy) ------------------
     def store_configured_reference(self) -> None:
-        path = self.config.reference
-        if path is None:
-            return
-        window = self.d.read_window(path, "reference")
-        db = self.service.db
-        try:
-            current = self.d.load_reference(db, CONFIGURED)
-            if current.window.prompts == window.prompts and current.window.responses == window.responses:
-                self.configured_reference = CONFIGURED
-                return
-        except self.d.ReferenceNotFound:
-            pass
-        (embedded,) = self.detector.embed(window)
-        lengths = self.d.read_lengths(path, window.prompts, window.responses)
-        self.d.save_reference(db, CONFIGURED, window, model_version="*", source="file", source_detail=str(path),
-                              embedded=embedded, embedder=self.detector.embedder_name, lengths=lengths)  # fmt: skip
-        self.configured_reference = CONFIGURED
+        self.references.store_configured()
 
     def _reference_for(self, model_version: str) -> Any:
-        db = self.service.db
-        if self.configured_reference is not None:
-            return self.d.load_reference(db, CONFIGURED, embedder=self.detector.embedder_name)
-        try:
-            return self.d.load_reference(
-                db, model_version=model_version, embedder=self.detector.embedder_name
-            )
-        except self.d.ReferenceNotFound:
-            pass
-        first = self._first_seen(model_version)
-        if first is None:
-            return None
-        window = self.d.first_requests_after(
-            db, model_version=model_version, after=first, n=self.config.window
-        )
-        if len(window.prompts) < self.config.window:
-            return None  # still collecting the reference
-        (embedded,) = self.detector.embed(window)
-        # every request's lengths (sampled text or not) over the same span
-        lengths = self.d.traffic_lengths(
-            db, model_version=model_version, since=first, until=dt.datetime.now(dt.UTC)
-        )
-        self.d.save_reference(db, f"{model_version}-baseline", window, model_version=model_version, source="deploy",
-                              source_detail=f"first {len(window.prompts)} requests after {first.isoformat()}",
-                              embedded=embedded, embedder=self.detector.embedder_name, lengths=lengths)  # fmt: skip
-        return self.d.load_reference(db, model_version=model_version, embedder=self.detector.embedder_name)
-
-    def _first_seen(self, model_version: str) -> dt.datetime | None:
-        with self.service.db.connect() as conn:
-            value = conn.execute(
-                select(func.min(requests.c.started_at)).where(
-                    requests.c.model_version == model_version, requests.c.prompt.is_not(None)
-                )
-            ).scalar()
-        return value if isinstance(value, dt.datetime) else None
+        return self.references.reference_for(model_version)
 
     # -- the batch test -----------------------------------------------------------------
     def evaluate(self, *, force: bool = False) -> list[Any]:
@@ -302,16 +253,8 @@ class DriftWiring:
     def _stream_for(self, version: str) -> Any:
         if version in self._streams:
             return self._streams[version]
-        stored = None
-        try:
-            stored = (
-                self.d.load_reference(self.service.db, CONFIGURED, embedder=self.detector.embedder_name)
-                if self.configured_reference is not None
-                else self.d.load_reference(
-                    self.service.db, model_version=version, embedder=self.detector.embedder_name
-                )
-            )
-        except self.d.ReferenceNotFound:
+        stored = self.references.stored_for(version)
+        if stored is None:
             return None  # no chart until the version has a reference
         fitted = stored.embedded if stored.embedded is not None else self.detector.embed(stored.window)[0]
         try:

@@ -1,17 +1,19 @@
 """Storage: SQLAlchemy 2.x over SQLite (WAL) by default or PostgreSQL by URL.
 
-`metadata` holds every table (import `infersight.monitor.store.schema` to load all
-areas' tables); `upgrade(engine)` migrates a database with the bundled Alembic
+`metadata` holds every table (all defined in `tables.py`); `upgrade(engine)` migrates a database with the bundled Alembic
 revisions; `enforce_retention` deletes what the retention policy lets go.
 """
 
 from __future__ import annotations
 
-from .database import connect, sqlite_url
+from infersight.monitor.extras import require_extra as _require_extra
+
+_require_extra("infersight.monitor.store", "drift")  # one line when the extra is missing
+
+from .database import connect, current_revision, head_revision, schema_diff, sqlite_url, upgrade
 from .errors import DatabaseUnavailable, MigrationFailed, SchemaTooNew, StoreError
-from .metadata import UTCDateTime, metadata
-from .migrate import current_revision, head_revision, schema_diff, upgrade
 from .retention import RetentionPolicy, RetentionResult, enforce_retention, prune_snapshot_files
+from .tables import UTCDateTime, metadata
 
 __all__ = [
     "DatabaseUnavailable",

@@ -1,11 +1,33 @@
-"""Opening the store: SQLite (WAL) in a data directory by default, PostgreSQL by URL."""
+"""Opening the store: SQLite (WAL) in a data directory by default, PostgreSQL by URL.
+
+Schema migrations, run programmatically (`infersight serve` upgrades on start).
+
+Two processes starting together against one PostgreSQL serialise on an advisory lock;
+on SQLite the database file is locked by `BEGIN IMMEDIATE`-style exclusive access
+through a lock file beside it.
+"""
 
 from __future__ import annotations
 
+import fcntl
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Engine, create_engine, event
+from alembic import command
+from alembic.autogenerate import compare_metadata
+from alembic.config import Config
+from alembic.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import Connection, Engine, create_engine, event
+from sqlalchemy.exc import SQLAlchemyError
+
+from .errors import DatabaseUnavailable, MigrationFailed, SchemaTooNew
+
+__all__ = ["current_revision", "head_revision", "schema_diff", "upgrade"]
 
 
 def sqlite_url(data_dir: str | Path) -> str:
@@ -34,3 +56,78 @@ def connect(url: str, **engine_kwargs: Any) -> Engine:
 
         return engine
     return create_engine(url, pool_pre_ping=True, **engine_kwargs)
+
+
+_MIGRATION_LOCK_KEY = 0x1F5E_0001  # pg advisory lock id for "infersight migrations"
+
+
+def _config(connection: Connection | None = None, script_location: str | Path | None = None) -> Config:
+    cfg = Config()
+    location = script_location or str(resources.files("infersight.monitor.store.migrations"))
+    cfg.set_main_option("script_location", str(location))
+    if connection is not None:
+        cfg.attributes["connection"] = connection
+    return cfg
+
+
+def head_revision(script_location: str | Path | None = None) -> str:
+    head = ScriptDirectory.from_config(_config(script_location=script_location)).get_current_head()
+    assert head is not None
+    return head
+
+
+def current_revision(engine: Engine) -> str | None:
+    """The revision the database is at, None for an empty database."""
+    try:
+        with engine.connect() as conn:
+            return MigrationContext.configure(conn).get_current_revision()
+    except SQLAlchemyError as exc:
+        raise DatabaseUnavailable(f"cannot open {engine.url.render_as_string()}: {exc}") from exc
+
+
+def upgrade(engine: Engine, *, revision: str = "head", script_location: str | Path | None = None) -> str:
+    """Migrate the database to `revision` (default: the newest) and return the revision
+    it is at. Idempotent; rows are kept (SQLite tables are altered by copy-and-move)."""
+    cfg = _config(script_location=script_location)
+    known = {s.revision for s in ScriptDirectory.from_config(cfg).walk_revisions()}
+    with _migration_lock(engine):
+        current = current_revision(engine)
+        if current is not None and current not in known:
+            raise SchemaTooNew(current)
+        try:
+            with engine.begin() as conn:
+                if conn.dialect.name == "postgresql":
+                    conn.exec_driver_sql(f"SELECT pg_advisory_xact_lock({_MIGRATION_LOCK_KEY})")
+                cfg.attributes["connection"] = conn
+                command.upgrade(cfg, revision)
+        except SQLAlchemyError as exc:
+            raise MigrationFailed(f"upgrade to {revision} failed: {exc}") from exc
+    after = current_revision(engine)
+    assert after is not None
+    return after
+
+
+def schema_diff(engine: Engine) -> list[Any]:
+    """Differences between the database and the code's metadata (empty when in step)."""
+    from .tables import metadata
+
+    with engine.connect() as conn:
+        ctx = MigrationContext.configure(conn, opts={"compare_type": True})
+        return list(compare_metadata(ctx, metadata))
+
+
+@contextmanager
+def _migration_lock(engine: Engine) -> Iterator[None]:
+    database = engine.url.database
+    if engine.dialect.name != "sqlite" or not database or database == ":memory:":
+        yield
+        return
+    path = Path(database).with_suffix(".migrate.lock")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)

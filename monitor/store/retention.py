@@ -89,7 +89,7 @@ def enforce_retention(
 ) -> RetentionResult:
     """Delete what `policy` lets go; with `snapshot_dir`, also the snapshot files there
     whose rows are gone (`prune_snapshot_files`)."""
-    from .schema import metadata  # every area's tables (imported late: they import this package)
+    from .tables import metadata  # every area's tables (imported late: they import this package)
 
     now = now or dt.datetime.now(dt.UTC)
     deleted: dict[str, int] = {}

@@ -1,29 +1,90 @@
-"""Tables of the service: sampled requests, model versions, deploys, snapshots.
+"""Every table of infersight, on one SQLAlchemy `MetaData`: the schema Alembic migrates.
 
-`requests` is a contract shared with drift (references from a time range of traffic)
-and alerts (snapshots of the last N requests): change it only with docs/architecture.md.
-`snapshots` is written by the snapshot action (alerts) and by `POST /api/v1/snapshots`;
-`model_versions` and `deploys` by the service's engine supervisor. `replicas` and
-`replica_slots` are what each replica publishes for the others (monitor/service/replicas.py).
-`dataset_collections` is written by the collect action (alerts) and `dataset_items` by the
-service's collection job (monitor/dataset), which copies the next N matching requests.
+The shared tables (`requests` and its texts, snapshots, deploys, dataset collections), the
+alert engine's (alerts, history, groups, outbox, silences, action runs, inbound keys,
+deploy analyses) and drift's (references, reports). They live here, below every package
+that uses them, so that the store never imports the packages that read and write them.
+Change them only with docs/architecture.md and a migration.
+JSON columns are Text holding `json.dumps` output (same on SQLite and PostgreSQL).
 """
 
 from __future__ import annotations
 
-from infersight.monitor.store.metadata import UTCDateTime, metadata
-from sqlalchemy import Column, Float, ForeignKey, Index, Integer, String, Table, Text
+import datetime as dt
+from typing import Any
+
+from sqlalchemy import (
+    Boolean,
+    Column,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    LargeBinary,
+    MetaData,
+    String,
+    Table,
+    Text,
+    TypeDecorator,
+    UniqueConstraint,
+)
 
 __all__ = [
+    "action_runs",
+    "alert_groups",
+    "alert_history",
+    "alerts",
     "dataset_collections",
     "dataset_items",
+    "deploy_analyses",
     "deploys",
+    "drift_reference_lengths",
+    "drift_reference_texts",
+    "drift_references",
+    "drift_reports",
+    "inbound_keys",
+    "metadata",
     "model_versions",
+    "notification_log",
+    "outbox",
     "replica_slots",
     "replicas",
     "requests",
+    "silences",
     "snapshots",
 ]
+
+
+metadata = MetaData(
+    naming_convention={
+        "ix": "ix_%(column_0_label)s",
+        "uq": "uq_%(table_name)s_%(column_0_name)s",
+        "ck": "ck_%(table_name)s_%(constraint_name)s",
+        "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+        "pk": "pk_%(table_name)s",
+    }
+)
+
+
+class UTCDateTime(TypeDecorator[dt.datetime]):
+    """Timezone-aware UTC datetimes on every backend (SQLite stores naive values)."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: dt.datetime | None, dialect: Any) -> dt.datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("naive datetime given to a UTCDateTime column")
+        return value.astimezone(dt.UTC)
+
+    def process_result_value(self, value: dt.datetime | None, dialect: Any) -> dt.datetime | None:
+        if value is None:
+            return None
+        return value.replace(tzinfo=dt.UTC) if value.tzinfo is None else value.astimezone(dt.UTC)
+
 
 # One observed inference call (an InferenceRecord). Every call's timings are kept;
 # `prompt`/`response` only for calls whose text was sampled.
@@ -190,3 +251,233 @@ replica_slots = Table(
     Column("updated_at", UTCDateTime(), nullable=False),
     Index("ix_replica_slots_slot", "slot"),
 )
+
+
+# One row per alert (rule + label set, or pushed by infersight itself), kept while it is
+# pending or firing and after it resolved until its groups have sent the resolve.
+alerts = Table(
+    "alerts",
+    metadata,
+    Column("fingerprint", String(32), primary_key=True),
+    Column("rule_key", String(300)),  # None for alerts pushed by actions / analysis
+    Column("alertname", String(256), nullable=False),
+    Column("labels", Text, nullable=False),
+    Column("annotations", Text, nullable=False),
+    Column("state", String(16), nullable=False),  # pending, firing, resolved
+    Column("value", Float),
+    Column("episode", String(64), nullable=False),  # new each time it goes pending/firing again
+    Column("active_at", UTCDateTime(), nullable=False),
+    Column("fired_at", UTCDateTime()),
+    Column("keep_firing_since", UTCDateTime()),  # first evaluation the condition was false while firing
+    Column("resolved_at", UTCDateTime()),
+    Column("ends_at", UTCDateTime()),  # pushed alerts resolve by themselves at ends_at
+    Column("updated_at", UTCDateTime(), nullable=False),
+    Index("ix_alerts_state", "state"),
+)
+
+alert_history = Table(
+    "alert_history",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("fingerprint", String(32), nullable=False),
+    Column("alertname", String(256), nullable=False),
+    Column("episode", String(64), nullable=False),
+    Column("from_state", String(16), nullable=False),  # inactive, pending, firing
+    Column("to_state", String(16), nullable=False),  # pending, firing, resolved, inactive
+    Column("value", Float),
+    Column("labels", Text, nullable=False),
+    Column("at", UTCDateTime(), nullable=False),
+    Index("ix_alert_history_at", "at"),
+)
+
+silences = Table(
+    "alert_silences",
+    metadata,
+    Column("id", String(36), primary_key=True),
+    Column("matchers", Text, nullable=False),
+    Column("starts_at", UTCDateTime(), nullable=False),
+    Column("ends_at", UTCDateTime(), nullable=False),
+    Column("created_by", String(256), nullable=False),
+    Column("comment", Text, nullable=False),
+    Column("created_at", UTCDateTime(), nullable=False),
+)
+
+# Alertmanager's aggregation groups and their notification log (what was last sent).
+alert_groups = Table(
+    "alert_groups",
+    metadata,
+    Column("group_key", String(64), primary_key=True),
+    Column("route", String(64), nullable=False),
+    Column("receiver", String(256), nullable=False),
+    Column("group_labels", Text, nullable=False),
+    Column("members", Text, nullable=False),  # fingerprints
+    Column("created_at", UTCDateTime(), nullable=False),
+    Column("next_flush_at", UTCDateTime(), nullable=False),
+    Column("last_notified_at", UTCDateTime()),
+    Column("notified_firing", Text, nullable=False),
+    Column("notified_resolved", Text, nullable=False),
+    Column("seq", Integer, nullable=False),
+)
+
+outbox = Table(
+    "alert_outbox",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("idempotency_key", String(64), nullable=False, unique=True),
+    Column("receiver", String(256), nullable=False),
+    Column("group_key", String(64), nullable=False),
+    Column("payload", Text, nullable=False),  # a Notification as JSON; rendered per receiver at send time
+    Column("state", String(16), nullable=False),  # pending, delivered, dead
+    Column("attempts", Integer, nullable=False),
+    Column("next_attempt_at", UTCDateTime(), nullable=False),
+    Column("lease_owner", String(64)),
+    Column("lease_until", UTCDateTime()),
+    Column("last_status", Integer),
+    Column("last_error", Text),
+    Column("created_at", UTCDateTime(), nullable=False),
+    Column("delivered_at", UTCDateTime()),
+    Index("ix_alert_outbox_due", "state", "next_attempt_at"),
+)
+
+notification_log = Table(
+    "alert_notification_log",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("outbox_id", Integer, nullable=False),
+    Column("attempt", Integer, nullable=False),
+    Column("at", UTCDateTime(), nullable=False),
+    Column("outcome", String(16), nullable=False),  # delivered, retried, dead
+    Column("status", Integer),
+    Column("error", Text),
+    Column("duration_s", Float, nullable=False),
+    Index("ix_alert_notification_log_outbox", "outbox_id"),
+)
+
+action_runs = Table(
+    "alert_action_runs",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("run_key", String(200), nullable=False, unique=True),  # action + episode: once per episode
+    Column("action", String(32), nullable=False),
+    Column("spec", Text, nullable=False),
+    Column("trigger", String(32), nullable=False),  # rule, manual, alertmanager, analysis
+    Column("alertname", String(256)),
+    Column("labels", Text, nullable=False),
+    Column("state", String(16), nullable=False),  # pending, succeeded, failed, refused, dry_run, dispatched
+    Column("lease_owner", String(64)),
+    Column("lease_until", UTCDateTime()),
+    Column("created_at", UTCDateTime(), nullable=False),
+    Column("started_at", UTCDateTime()),
+    Column("finished_at", UTCDateTime()),
+    Column("before_version", String(256)),
+    Column("after_version", String(256)),
+    Column("detail", Text, nullable=False),
+    # the replica whose runtime this run acts on (None: any; a model action with None is
+    # fanned out to one row per replica serving the alerted version, state "dispatched")
+    Column("replica", String(128)),
+    Index("ix_alert_action_runs_recent", "action", "state", "started_at"),
+)
+
+# Inbound Alertmanager notifications already acted on: fingerprint + startsAt + status.
+inbound_keys = Table(
+    "alert_inbound_keys",
+    metadata,
+    Column("key", String(64), primary_key=True),
+    Column("fingerprint", String(64), nullable=False),
+    Column("status", String(16), nullable=False),
+    Column("alertname", String(256)),
+    Column("received_at", UTCDateTime(), nullable=False),
+)
+
+deploy_analyses = Table(
+    "alert_deploy_analyses",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("to_version", String(256), nullable=False),
+    Column("from_version", String(256)),
+    Column("deployed_at", UTCDateTime(), nullable=False),
+    Column("ends_at", UTCDateTime(), nullable=False),
+    Column("next_check_at", UTCDateTime(), nullable=False),
+    Column("checks", Integer, nullable=False),
+    Column("failed_checks", Integer, nullable=False),
+    # running, passed, superseded, or by the rollback's outcome: rolled_back, rollback_failed, rollback_refused,
+    # rollback_queued (to other replicas, whose runs in alert_action_runs say how it went)
+    Column("state", String(16), nullable=False),
+    Column("evidence", Text, nullable=False),  # the checks, as JSON
+    Column("lease_owner", String(64)),  # the replica running a check now
+    Column("lease_until", UTCDateTime()),
+)
+
+
+drift_references = Table(
+    "drift_references",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("name", String(256), nullable=False),
+    Column("version", Integer, nullable=False),  # 1, 2, ... per name
+    Column("model_version", String(256), nullable=False),
+    Column("source", String(32), nullable=False),  # file, traffic, deploy
+    Column("source_detail", Text),  # the path, or the time range / deploy time
+    Column("created_at", UTCDateTime(), nullable=False),
+    Column("embedder", String(256)),  # the model that made the stored embeddings
+    Column("dimension", Integer),
+    Column("n_texts", Integer, nullable=False),
+    Column("n_responses", Integer, nullable=False),
+    Column("fingerprint", String(64), nullable=False),  # sha256 of the texts
+    UniqueConstraint("name", "version", name="uq_drift_references_name_version"),
+    Index("ix_drift_references_model_version", "model_version"),
+)
+
+drift_reference_texts = Table(
+    "drift_reference_texts",
+    metadata,
+    Column(
+        "reference_id",
+        Integer,
+        ForeignKey("drift_references.id", ondelete="CASCADE"),
+        primary_key=True,
+    ),
+    Column("position", Integer, primary_key=True),
+    Column("prompt", Text, nullable=False),
+    Column("response", Text),
+    Column("prompt_embedding", LargeBinary),
+    Column("response_embedding", LargeBinary),
+)
+
+drift_reference_lengths = Table(
+    "drift_reference_lengths",
+    metadata,
+    Column(
+        "reference_id",
+        Integer,
+        ForeignKey("drift_references.id", ondelete="CASCADE"),
+        primary_key=True,
+    ),
+    Column("position", Integer, primary_key=True),
+    Column("prompt_tokens", Integer),
+    Column("output_tokens", Integer),
+)
+
+drift_reports = Table(
+    "drift_reports",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("created_at", UTCDateTime(), nullable=False),
+    Column("model", String(256)),
+    Column("model_version", String(256)),
+    Column("reference_id", Integer, ForeignKey("drift_references.id", ondelete="SET NULL")),
+    Column("since", UTCDateTime()),
+    Column("until", UTCDateTime()),
+    Column("drifted", Boolean, nullable=False),
+    Column("p_value", Float, nullable=False),
+    Column("score", Float, nullable=False),
+    Column("method", String(128), nullable=False),
+    Column("n_reference", Integer, nullable=False),
+    Column("n_current", Integer, nullable=False),
+    Column("content", Text, nullable=False),  # DriftReport.to_json()
+    Index("ix_drift_reports_created_at", "created_at"),
+    Index("ix_drift_reports_version_time", "model_version", "created_at"),
+)
+
+
+

@@ -37,7 +37,7 @@ def _iso(value: dt.datetime | None) -> str | None:
 async def list_alerts(
     request: Request, state: str | None = Query(None, pattern="^(pending|firing|resolved)$")
 ) -> dict[str, Any]:
-    from infersight.alerts.tables import alerts
+    from infersight.monitor.store.tables import alerts
 
     service = get_service(request)
     _alerts(request)
@@ -158,6 +158,6 @@ class _LazyHandler:
 
 
 def mount_alertmanager(app: FastAPI) -> None:
-    from infersight.alerts.http import alertmanager_router
+    from infersight.alerts.inbound_router import alertmanager_router
 
     app.include_router(alertmanager_router(_LazyHandler(app), dependencies=[Depends(require_token)]))

@@ -1,13 +1,12 @@
 """Alembic environment: always run programmatically with a connection handed in by
-`infersight.monitor.store.migrate` (there is no alembic.ini and no URL here)."""
+`infersight.monitor.store.database` (there is no alembic.ini and no URL here)."""
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
 from alembic import context
-from infersight.monitor.store.metadata import UTCDateTime
-from infersight.monitor.store.schema import metadata
+from infersight.monitor.store.tables import UTCDateTime, metadata
 
 
 def _render_item(type_: str, obj: Any, autogen_context: Any) -> str | Literal[False]:
@@ -18,7 +17,7 @@ def _render_item(type_: str, obj: Any, autogen_context: Any) -> str | Literal[Fa
 
 connection = context.config.attributes.get("connection")
 if connection is None:
-    raise RuntimeError("infersight migrations run only through infersight.monitor.store.migrate")
+    raise RuntimeError("infersight migrations run only through infersight.monitor.store.database")
 
 context.configure(
     connection=connection,

@@ -17,8 +17,7 @@ import tempfile
 from pathlib import Path
 
 from alembic import command
-from infersight.monitor.store.database import connect
-from infersight.monitor.store.migrate import _config
+from infersight.monitor.store.database import _config, connect
 
 _HERE = Path(__file__).resolve().parent
 

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-from infersight.monitor.store.metadata import UTCDateTime
+from infersight.monitor.store.tables import UTCDateTime
 ${imports if imports else ""}
 
 revision: str = ${repr(up_revision)}

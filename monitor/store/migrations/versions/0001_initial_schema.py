@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 import sqlalchemy as sa
 from alembic import op
-from infersight.monitor.store.metadata import UTCDateTime
+from infersight.monitor.store.tables import UTCDateTime
 
 revision: str = "0001"
 down_revision: str | Sequence[str] | None = None

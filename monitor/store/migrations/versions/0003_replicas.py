@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 import sqlalchemy as sa
 from alembic import op
-from infersight.monitor.store.metadata import UTCDateTime
+from infersight.monitor.store.tables import UTCDateTime
 
 revision: str = "0003_replicas"
 down_revision: str | Sequence[str] | None = "0004_request_lengths"

@@ -1,0 +1,345 @@
+"""Automatic analysis after a deploy: for a window after each deploy, compare the new
+version with the previous one (error rate, p99 latency, mean relevance, output drift) at
+intervals. After `max_failed_checks` failed checks, roll back by itself (through the
+action runner, so it is recorded, capped and verified) and page with the evidence
+(the `PostDeployRegression` alert, whose `failed_checks` label names the checks and whose
+annotations give their figures).
+
+Only server errors count: outcomes the client caused (`client_error`, `cancelled`, see
+`infersight.monitor.records`) are counted apart and never fail a check.
+
+Replicas on one database share the analyses: a deploy of the version an analysis already
+watches (the same release rolled out to another replica) joins it instead of superseding
+it, and a due check is claimed with a lease, so one replica runs each check over the
+`requests` of every replica."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any, Protocol
+
+from infersight.monitor.records import CANCELLED, CLIENT_ERROR, is_server_error
+from infersight.monitor.store.tables import deploy_analyses, requests
+from sqlalchemy import Engine, and_, insert, or_, select, text, update
+
+from ..lifecycle import push_alert
+from ..rules.rules import ActionSpec
+from ..rules.sources import quantile
+from .runner import ActionOutcome, ActionRunner
+
+__all__ = [
+    "REGRESSION_ALERT",
+    "AnalysisPolicy",
+    "CheckResult",
+    "DeployAnalyzer",
+    "FailedCheck",
+    "StoreVersionMetrics",
+    "VersionMetrics",
+    "VersionStats",
+]
+
+REGRESSION_ALERT = "PostDeployRegression"
+# an analysis' final state by its rollback's outcome (pending: running elsewhere, ask again)
+_AFTER_ROLLBACK = {"succeeded": "rolled_back", "failed": "rollback_failed", "refused": "rollback_refused",
+                   "dispatched": "rollback_queued"}  # fmt: skip  # handed to the replicas serving it
+
+
+@dataclass(frozen=True)
+class VersionStats:
+    requests: int
+    error_rate: float | None  # server errors / requests
+    p99_s: float | None  # of the requests that succeeded
+    relevance: float | None
+    client_errors: int = 0  # refused for the client's fault: not errors
+    cancelled: int = 0  # the client hung up: not errors
+
+
+class VersionMetrics(Protocol):
+    def stats(self, version: str, since: dt.datetime, until: dt.datetime) -> VersionStats: ...
+
+    def output_drift_p_value(self, new: str, old: str, since: dt.datetime) -> float | None: ...
+
+
+class StoreVersionMetrics:
+    """Per-version figures from the shared `requests` table; output drift from an optional
+    callable the service wires to the drift module (None: that check is skipped)."""
+
+    def __init__(
+        self, engine: Engine, *, output_drift: Callable[[str, str, dt.datetime], float | None] | None = None
+    ) -> None:
+        self.engine = engine
+        self.output_drift = output_drift
+
+    def stats(self, version: str, since: dt.datetime, until: dt.datetime) -> VersionStats:
+        q = select(requests.c.duration_s, requests.c.error_type, requests.c.relevance).where(
+            requests.c.model_version == version, requests.c.started_at >= since, requests.c.started_at < until
+        )
+        with self.engine.connect() as conn:
+            rows = conn.execute(q).all()
+        if not rows:
+            return VersionStats(0, None, None, None)
+        ok = [r.duration_s for r in rows if r.error_type is None]
+        rel = [r.relevance for r in rows if r.relevance is not None]
+        return VersionStats(
+            len(rows),
+            sum(is_server_error(r.error_type) for r in rows) / len(rows),
+            quantile(ok, 0.99) if ok else None,
+            sum(rel) / len(rel) if rel else None,
+            sum(r.error_type == CLIENT_ERROR for r in rows),
+            sum(r.error_type == CANCELLED for r in rows),
+        )
+
+    def output_drift_p_value(self, new: str, old: str, since: dt.datetime) -> float | None:
+        return None if self.output_drift is None else self.output_drift(new, old, since)
+
+
+@dataclass(frozen=True)
+class AnalysisPolicy:
+    window_s: float = 1800.0  # how long after a deploy the new version is watched
+    interval_s: float = 60.0  # between checks
+    baseline_s: float = 1800.0  # the previous version's traffic before the deploy
+    max_failed_checks: int = 3
+    min_requests: int = 20  # fewer on either side: the check is inconclusive, not failed
+    error_rate_margin: float = 0.02
+    error_rate_ratio: float = 2.0
+    p99_ratio: float = 1.5
+    relevance_drop: float = 0.1
+    drift_p_value: float = 0.01
+    max_rollbacks_per_day: int = 3
+
+
+@dataclass(frozen=True)
+class FailedCheck:
+    """One check that failed, with its figures: `value` against `limit` (`previous`: the
+    previous version's figure it was derived from, None for output drift)."""
+
+    check: str  # error_rate, p99_latency, relevance, output_drift
+    value: float
+    limit: float
+    previous: float | None
+    text: str
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    analysis_id: int
+    at: dt.datetime
+    verdict: str  # passed, failed, inconclusive
+    failures: tuple[str, ...]  # the failed checks' texts, with their figures
+    new: VersionStats
+    old: VersionStats
+    output_drift_p_value: float | None
+    rollback: ActionOutcome | None = None
+    failed_checks: tuple[FailedCheck, ...] = ()
+
+
+def _compare(
+    p: AnalysisPolicy, new: VersionStats, old: VersionStats, drift_p: float | None
+) -> tuple[FailedCheck, ...]:
+    out = []
+    if new.error_rate is not None and old.error_rate is not None:
+        limit = max(old.error_rate * p.error_rate_ratio, old.error_rate + p.error_rate_margin)
+        if new.error_rate > limit:
+            text = f"error rate {new.error_rate:.1%} > {limit:.1%} (previous {old.error_rate:.1%})"
+            out.append(FailedCheck("error_rate", new.error_rate, limit, old.error_rate, text))
+    if new.p99_s is not None and old.p99_s is not None and new.p99_s > old.p99_s * p.p99_ratio:
+        text = f"p99 latency {new.p99_s:.3f}s > {p.p99_ratio:g} x previous {old.p99_s:.3f}s"
+        out.append(FailedCheck("p99_latency", new.p99_s, old.p99_s * p.p99_ratio, old.p99_s, text))
+    if (
+        new.relevance is not None
+        and old.relevance is not None
+        and new.relevance < old.relevance - p.relevance_drop
+    ):
+        limit = old.relevance - p.relevance_drop
+        text = f"mean relevance {new.relevance:.3f} < previous {old.relevance:.3f} - {p.relevance_drop:g}"
+        out.append(FailedCheck("relevance", new.relevance, limit, old.relevance, text))
+    if drift_p is not None and drift_p < p.drift_p_value:
+        text = f"output drift p = {drift_p:.2g} < {p.drift_p_value:g}"
+        out.append(FailedCheck("output_drift", drift_p, p.drift_p_value, None, text))
+    return tuple(out)
+
+
+class DeployAnalyzer:
+    def __init__(
+        self,
+        engine: Engine,
+        metrics: VersionMetrics,
+        runner: ActionRunner,
+        *,
+        policy: AnalysisPolicy | None = None,
+        clock: Callable[[], float] = time.time,
+        owner: str | None = None,
+        lease_s: float = 600.0,
+    ) -> None:
+        self.engine = engine
+        self.metrics = metrics
+        self.runner = runner
+        self.policy = policy or AnalysisPolicy()
+        self.clock = clock
+        self.owner = owner or f"analysis-{uuid.uuid4().hex[:12]}"
+        self.lease_s = lease_s  # longer than a check and its rollback take
+
+    def _now(self) -> dt.datetime:
+        return dt.datetime.fromtimestamp(self.clock(), dt.UTC)
+
+    def observe(self, event: Any) -> None:
+        """Engine subscriber adapter: a `VersionDeployed` with reason "deploy" starts an analysis.
+        (Call from a queue consumer, not on the engine's loop thread: it writes to the store.)"""
+        if type(event).__name__ == "VersionDeployed" and event.reason == "deploy" and event.from_version:
+            self.on_deploy(event.to_version, event.from_version, dt.datetime.fromtimestamp(event.at, dt.UTC))
+
+    def on_deploy(self, to_version: str, from_version: str | None, at: dt.datetime) -> int:
+        """Start watching `to_version` (an analysis still running of another version is
+        superseded; one of the same deploy, reported by another replica, is returned)."""
+        p = self.policy
+        with self.engine.begin() as conn:
+            if conn.dialect.name == "postgresql":  # replicas reporting one deploy at once: one by one
+                conn.execute(text("SELECT pg_advisory_xact_lock(532545539)"))
+            same = conn.execute(
+                select(deploy_analyses.c.id).where(
+                    deploy_analyses.c.state == "running",
+                    deploy_analyses.c.to_version == to_version,
+                    deploy_analyses.c.from_version.is_not_distinct_from(from_version),
+                )
+            ).first()
+            if same is not None:
+                return int(same.id)
+            conn.execute(
+                update(deploy_analyses).where(deploy_analyses.c.state == "running").values(state="superseded")
+            )
+            result = conn.execute(
+                insert(deploy_analyses).values(
+                    to_version=to_version,
+                    from_version=from_version,
+                    deployed_at=at,
+                    ends_at=at + dt.timedelta(seconds=p.window_s),
+                    next_check_at=at + dt.timedelta(seconds=p.interval_s),
+                    checks=0,
+                    failed_checks=0,
+                    state="running",
+                    evidence="[]",
+                )
+            )
+            pk = result.inserted_primary_key
+        assert pk is not None
+        return int(pk[0])
+
+    def tick(self) -> list[CheckResult]:
+        """Run the checks that are due and that no other replica has claimed."""
+        now = self._now()
+        free = and_(
+            deploy_analyses.c.state == "running",
+            deploy_analyses.c.next_check_at <= now,
+            or_(deploy_analyses.c.lease_until.is_(None), deploy_analyses.c.lease_until < now),
+        )
+        due = select(deploy_analyses.c.id).where(free).with_for_update(skip_locked=True)
+        claim = (
+            update(deploy_analyses)
+            .where(deploy_analyses.c.id.in_(due.scalar_subquery()), free)
+            .values(lease_owner=self.owner, lease_until=now + dt.timedelta(seconds=self.lease_s))
+            .returning(*deploy_analyses.c)
+        )
+        with self.engine.begin() as conn:
+            claimed = sorted(conn.execute(claim).all(), key=lambda r: r.id)
+        return [self._check(row, now) for row in claimed]
+
+    def _check(self, row: Any, now: dt.datetime) -> CheckResult:
+        p = self.policy
+        new = self.metrics.stats(row.to_version, row.deployed_at, now)
+        old = (
+            self.metrics.stats(
+                row.from_version, row.deployed_at - dt.timedelta(seconds=p.baseline_s), row.deployed_at
+            )
+            if row.from_version
+            else VersionStats(0, None, None, None)
+        )
+        drift = (
+            self.metrics.output_drift_p_value(row.to_version, row.from_version, row.deployed_at)
+            if row.from_version
+            else None
+        )
+        failed_checks: tuple[FailedCheck, ...] = ()
+        if new.requests < p.min_requests or old.requests < p.min_requests:
+            verdict = "inconclusive"
+        else:
+            failed_checks = _compare(p, new, old, drift)
+            verdict = "failed" if failed_checks else "passed"
+        failures = tuple(f.text for f in failed_checks)
+        failed = row.failed_checks + (verdict == "failed")
+        evidence = [
+            *json.loads(row.evidence),
+            {
+                "at": now.isoformat(),
+                "verdict": verdict,
+                "failures": list(failures),
+                "failed_checks": [asdict(f) for f in failed_checks],
+                "new": asdict(new),
+                "old": asdict(old),
+                "output_drift_p_value": drift,
+            },
+        ]
+        state = "running"
+        rollback = None
+        if failed >= p.max_failed_checks:
+            # the state says what happened, so it is written once the rollback's outcome is known
+            # (a crash before then leaves it running: the next check asks the runner again, by key)
+            rollback = self._roll_back(row, failed_checks, evidence, now)
+            state = _AFTER_ROLLBACK.get(rollback.state, "running")
+        elif now >= row.ends_at:
+            state = "passed"
+        with self.engine.begin() as conn:
+            conn.execute(
+                update(deploy_analyses)
+                .where(deploy_analyses.c.id == row.id)
+                .values(
+                    checks=row.checks + 1,
+                    failed_checks=failed,
+                    state=state,
+                    evidence=json.dumps(evidence),
+                    next_check_at=now + dt.timedelta(seconds=p.interval_s),
+                    lease_owner=None,
+                    lease_until=None,
+                )
+            )
+        return CheckResult(row.id, now, verdict, failures, new, old, drift, rollback, failed_checks)
+
+    def _roll_back(
+        self, row: Any, failed_checks: tuple[FailedCheck, ...], evidence: list[Any], now: dt.datetime
+    ) -> ActionOutcome:
+        failures = [f.text for f in failed_checks]
+        spec = ActionSpec("rollback", cooldown_s=0.0, daily_cap=self.policy.max_rollbacks_per_day)
+        outcome = self.runner.run(
+            spec,
+            trigger="analysis",
+            key=f"analysis-{row.id}",
+            alertname=REGRESSION_ALERT,
+            labels={"model_version": row.to_version},
+        )
+        done = {"succeeded": f"rolled back to {outcome.after_version}", "failed": "ROLLBACK FAILED"}.get(
+            outcome.state, f"rollback {outcome.state}"
+        )
+        with self.engine.begin() as conn:
+            push_alert(
+                conn,
+                REGRESSION_ALERT,
+                {
+                    "severity": "critical",
+                    "model_version": row.to_version,
+                    "previous_version": row.from_version or "",
+                    "failed_checks": ",".join(f.check for f in failed_checks),
+                },
+                {
+                    "summary": f"{row.to_version} regressed against {row.from_version} after deploy: {'; '.join(failures)}; {done}",
+                    "failed_checks": "; ".join(failures),
+                    "evidence": json.dumps(evidence[-self.policy.max_failed_checks :]),
+                    "runbook_url": "https://runbooks.example.org/infersight#post-deploy-regression",
+                },
+                now=now,
+                ends_at=now + dt.timedelta(hours=1),
+            )
+        return outcome

@@ -1,0 +1,510 @@
+"""Canary analysis: the candidate against the stable version over the same minutes.
+
+Every finished request of either arm is fed to `CanaryAnalysis.observe` as it happens, and
+each check updates a mixture sequential probability ratio test (mSPRT, Johari et al.,
+"Always valid inference", 2017) after *every* observation. The test's statistic is a
+likelihood ratio averaged over a normal prior N(0, tau^2) on the effect; by Ville's
+inequality its running maximum passes 1/alpha with probability at most alpha when the
+versions do not differ, however often, and whenever, anyone looks. Asking for the verdict
+reads the state the observations left, so the result never depends on a polling period.
+
+Checks (a regression is a significant difference in the bad direction only):
+- `server_errors`: share of requests that failed for a server-side reason (client errors
+  and cancellations are the caller's doing and are not counted);
+- `latency`: share of requests slower than the stable version's p90, the threshold fixed
+  from the stable's first `latency_baseline` requests (exceedances, a two-proportion test).
+  Only requests that ran at some point while the other arm had one running are compared: the
+  isolated canary replica adds its own forward to every step it is busy, which a canary
+  request always pays and a stable request only when a canary request runs beside it
+  (measured: without this, equal canaries were rolled back on latency; docs/benchmarks.md);
+- `relevance`: mean relevance of answer to prompt (a drop is a regression);
+- `output_drift`: how close each answer's embedding lies to what the stable version
+  answers: the cosine to the mean (unit-norm) embedding of the stable's first
+  `drift_baseline` scored answers, which fix that reference and are not tested. Canary
+  answers that drift away (other topics, other language, degenerate text) score lower;
+  a drop is a regression, as for relevance, on the same sampled answers;
+- `output_length`: mean output length in tokens, either direction (every request has one,
+  before any answer is scored).
+Each check runs at alpha / 5 (Bonferroni), so a good canary is rolled back with
+probability at most `alpha` over its whole life.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+__all__ = [
+    "CANARY_ALERT",
+    "CLIENT_ERRORS",
+    "CanaryAnalysis",
+    "CanaryController",
+    "CanaryDecision",
+    "CanaryPolicy",
+    "CanaryRuntime",
+    "CheckState",
+    "StoredRequest",
+    "Verdict",
+    "msprt_lambda",
+]
+
+# error_type values caused by the caller, not the server (see alerts/actions/analysis.py)
+CLIENT_ERRORS = frozenset({"client_error", "cancelled", "PromptTooLong", "InvalidRequest"})
+CANARY_ALERT = "CanaryRegression"
+Direction = Literal["higher_is_worse", "lower_is_worse", "either"]
+
+
+def msprt_lambda(delta: float, variance: float, tau: float) -> float:
+    """The mixture likelihood ratio of an observed difference `delta` with sampling
+    variance `variance`, mixed over N(0, tau^2) on the true difference."""
+    if variance <= 0.0:
+        return 1.0
+    t2 = tau * tau
+    log = 0.5 * math.log(variance / (variance + t2)) + (t2 * delta * delta) / (2 * variance * (variance + t2))
+    return math.exp(min(log, 700.0))
+
+
+@dataclass(frozen=True)
+class CanaryPolicy:
+    """What a canary must pass. `steps` are traffic weights; a step is left for the next
+    after `requests_per_step` canary requests at it with no significant regression."""
+
+    steps: tuple[float, ...] = (0.1, 0.5, 1.0)
+    requests_per_step: int = 200
+    alpha: float = 0.01
+    min_requests: int = 20  # per arm before any check may decide
+    latency_quantile: float = 0.9
+    latency_baseline: int = 50  # stable requests that fix the latency threshold
+    tau_rate: float = 0.05  # prior sd of an error-rate / exceedance difference
+    tau_relevance: float = 0.1  # prior sd of a mean relevance difference
+    tau_length: float = 8.0  # prior sd of a mean output-length difference (tokens)
+    drift_baseline: int = 20  # stable answers whose mean embedding is the output reference
+    tau_similarity: float = 0.1  # prior sd of a mean difference in cosine to that reference
+
+
+@dataclass
+class _Moments:
+    n: int = 0
+    mean: float = 0.0
+    m2: float = 0.0
+
+    def add(self, x: float) -> None:
+        self.n += 1
+        d = x - self.mean
+        self.mean += d / self.n
+        self.m2 += d * (x - self.mean)
+
+    @property
+    def var(self) -> float:
+        return self.m2 / (self.n - 1) if self.n > 1 else 0.0
+
+
+@dataclass(frozen=True)
+class CheckState:
+    """One check's figures now: each arm's estimate and count, the running maximum of the
+    mixture likelihood ratio and the always-valid p-value 1 / max(1, that maximum)."""
+
+    name: str
+    canary: float | None
+    stable: float | None
+    canary_n: int
+    stable_n: int
+    max_lambda: float
+    p_value: float
+    regressed: bool
+
+    def describe(self) -> str:
+        c = "n/a" if self.canary is None else f"{self.canary:.4g}"
+        s = "n/a" if self.stable is None else f"{self.stable:.4g}"
+        return (
+            f"{self.name}: canary {c} (n={self.canary_n}) vs stable {s} (n={self.stable_n}), "
+            f"always-valid p={self.p_value:.3g}"
+        )
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """`action` is "continue", "promote" (to `weight`) or "rollback"; `reason` names the
+    deciding check and its figures; `checks` holds all of them."""
+
+    action: Literal["continue", "promote", "rollback"]
+    weight: float
+    reason: str
+    checks: tuple[CheckState, ...]
+
+
+@dataclass
+class _Check:
+    name: str
+    direction: Direction
+    tau: float
+    arms: dict[bool, _Moments] = field(default_factory=lambda: {True: _Moments(), False: _Moments()})
+    max_lambda: float = 1.0
+    regressed: bool = False
+
+    def add(self, canary: bool, x: float, *, alpha: float, min_n: int, pooled: bool) -> None:
+        self.arms[canary].add(x)
+        c, s = self.arms[True], self.arms[False]
+        if c.n < min_n or s.n < min_n:
+            return
+        delta = c.mean - s.mean
+        if pooled:  # a proportion: the variance under "no difference", add-one smoothed
+            p = (c.mean * c.n + s.mean * s.n + 1.0) / (c.n + s.n + 2.0)
+            variance = p * (1 - p) * (1.0 / c.n + 1.0 / s.n)
+        else:
+            # a mean: the arms' pooled within-arm variance, as under "no difference" the two
+            # share one distribution. A per-arm plug-in made a canary whose few answers all
+            # had the same length (capped at max_tokens: variance 0) look certain of a
+            # 0.4-token difference (a false rollback on the real runtime, docs/benchmarks.md)
+            pooled_var = ((c.n - 1) * c.var + (s.n - 1) * s.var) / max(1, c.n + s.n - 2)
+            variance = pooled_var * (1.0 / c.n + 1.0 / s.n)
+        lam = msprt_lambda(delta, variance, self.tau)
+        bad = {"higher_is_worse": delta > 0, "lower_is_worse": delta < 0, "either": delta != 0}[
+            self.direction
+        ]
+        if bad:
+            self.max_lambda = max(self.max_lambda, lam)
+            if self.max_lambda >= 1.0 / alpha:
+                self.regressed = True
+
+    def state(self) -> CheckState:
+        c, s = self.arms[True], self.arms[False]
+        return CheckState(
+            self.name, c.mean if c.n else None, s.mean if s.n else None, c.n, s.n,
+            self.max_lambda, min(1.0, 1.0 / self.max_lambda), self.regressed,
+        )  # fmt: skip
+
+
+class CanaryAnalysis:
+    """The running comparison of one canary with the stable version. Not thread-safe:
+    one owner feeds it (the controller holds a lock)."""
+
+    def __init__(self, policy: CanaryPolicy | None = None) -> None:
+        self.policy = policy or CanaryPolicy()
+        p = self.policy
+        self._checks = {
+            "server_errors": _Check("server_errors", "higher_is_worse", p.tau_rate),
+            "latency": _Check("latency", "higher_is_worse", p.tau_rate),
+            "relevance": _Check("relevance", "lower_is_worse", p.tau_relevance),
+            "output_drift": _Check("output_drift", "lower_is_worse", p.tau_similarity),
+            "output_length": _Check("output_length", "either", p.tau_length),
+        }
+        self._reference_sum: list[float] | None = None  # sum of the stable's baseline embeddings
+        self._reference_n = 0
+        self._reference: list[float] | None = None  # their mean, unit norm, once fixed
+        self._pending_outputs: list[tuple[bool, list[float]]] = []  # canary answers before that
+        self._alpha = p.alpha / len(self._checks)
+        self._stable_latencies: list[float] = []
+        self._pending_latency: list[tuple[bool, float]] = []
+        self.latency_threshold: float | None = None
+        self.step = 0
+        self.at_step = 0  # canary requests observed at the current step
+        self.first_regression: CheckState | None = None
+
+    @property
+    def weight(self) -> float:
+        return self.policy.steps[self.step]
+
+    def observe(
+        self,
+        canary: bool,
+        *,
+        error_type: str | None,
+        latency_s: float | None,
+        output_tokens: int | None = None,
+    ) -> None:
+        """One finished (or failed) request of the canary (True) or the stable version (False)."""
+        if error_type in CLIENT_ERRORS:
+            return  # the caller's doing: says nothing about either version
+        if canary:
+            self.at_step += 1
+        self._add("server_errors", canary, 1.0 if error_type is not None else 0.0, pooled=True)
+        if error_type is None and latency_s is not None:
+            self._latency(canary, latency_s)
+        if error_type is None and output_tokens is not None:
+            self._add("output_length", canary, float(output_tokens), pooled=False)
+
+    def observe_relevance(self, canary: bool, relevance: float) -> None:
+        """The relevance of one answer to its prompt (scored later, on a sample)."""
+        self._add("relevance", canary, float(relevance), pooled=False)
+
+    def observe_output(self, canary: bool, embedding: Sequence[float]) -> None:
+        """The unit-norm embedding of one answer (scored later, on a sample)."""
+        vector = [float(x) for x in embedding]
+        if self._reference is None:
+            if canary:
+                self._pending_outputs.append((canary, vector))
+                return
+            total = self._reference_sum or [0.0] * len(vector)
+            self._reference_sum = [a + b for a, b in zip(total, vector, strict=True)]
+            self._reference_n += 1
+            if self._reference_n < self.policy.drift_baseline:
+                return
+            norm = math.sqrt(sum(x * x for x in self._reference_sum)) or 1.0
+            self._reference = [x / norm for x in self._reference_sum]
+            pending, self._pending_outputs = self._pending_outputs, []
+            for arm, v in pending:
+                self._add("output_drift", arm, _dot(self._reference, v), pooled=False)
+            return
+        self._add("output_drift", canary, _dot(self._reference, vector), pooled=False)
+
+    def _add(self, name: str, canary: bool, x: float, *, pooled: bool) -> None:
+        check = self._checks[name]
+        was = check.regressed
+        check.add(canary, x, alpha=self._alpha, min_n=self.policy.min_requests, pooled=pooled)
+        if check.regressed and not was and self.first_regression is None:
+            self.first_regression = check.state()
+
+    def _latency(self, canary: bool, latency_s: float) -> None:
+        if self.latency_threshold is None:
+            self._pending_latency.append((canary, latency_s))
+            if not canary:
+                self._stable_latencies.append(latency_s)
+            if len(self._stable_latencies) < self.policy.latency_baseline:
+                return
+            ordered = sorted(self._stable_latencies)
+            k = min(len(ordered) - 1, math.ceil(self.policy.latency_quantile * len(ordered)) - 1)
+            self.latency_threshold = ordered[max(k, 0)]
+            pending, self._pending_latency = self._pending_latency, []
+            for arm, value in pending:
+                self._add("latency", arm, 1.0 if value > self.latency_threshold else 0.0, pooled=True)
+            return
+        self._add("latency", canary, 1.0 if latency_s > self.latency_threshold else 0.0, pooled=True)
+
+    def checks(self) -> tuple[CheckState, ...]:
+        return tuple(c.state() for c in self._checks.values())
+
+    def verdict(self) -> Verdict:
+        """Where the canary stands now; a pure read of the observations so far."""
+        checks = self.checks()
+        if self.first_regression is not None:
+            first = self.first_regression
+            return Verdict("rollback", 0.0, f"regression on {first.describe()}", checks)
+        if self.at_step >= self.policy.requests_per_step:
+            nxt = self.policy.steps[min(self.step + 1, len(self.policy.steps) - 1)]
+            figures = "; ".join(c.describe() for c in checks)
+            return Verdict(
+                "promote",
+                nxt,
+                f"{self.at_step} canary requests at {self.weight:.0%}, no regression ({figures})",
+                checks,
+            )
+        return Verdict("continue", self.weight, "collecting", checks)
+
+    def advance(self) -> None:
+        """The promotion was applied: the next step starts counting."""
+        self.step = min(self.step + 1, len(self.policy.steps) - 1)
+        self.at_step = 0
+
+
+def _dot(a: Sequence[float], b: Sequence[float]) -> float:
+    return sum(x * y for x, y in zip(a, b, strict=True))
+
+
+class CanaryRuntime(Protocol):
+    """What the controller needs of `Runtime.canary` (engine/runtime_canary.py)."""
+
+    @property
+    def status(self) -> Any: ...
+
+    def set_weight(self, weight: float) -> Any: ...
+
+    def promote(self, message: str = "") -> Any: ...
+
+    def abort(self, message: str = "") -> Any: ...
+
+
+@dataclass(frozen=True)
+class StoredRequest:
+    """A request as the store recorded it, for `CanaryController.replay`."""
+
+    version: str
+    error_type: str | None
+    output_tokens: int | None
+    relevance: float | None
+
+
+@dataclass(frozen=True)
+class CanaryDecision:
+    """A decision applied: what, to which versions, why (the check and its figures)."""
+
+    action: Literal["promote", "rollback"]
+    version: str
+    stable_version: str
+    weight: float
+    reason: str
+    canary_requests: int
+    stable_requests: int
+    at: float
+
+
+class CanaryController:
+    """Feeds one canary's analysis from the engine's events and the sampled relevance
+    scores, and applies each decision as soon as an observation makes it: the next step
+    of weight, the promotion, or the rollback at the first significant regression.
+    `on_decision` is called with every applied decision (the service records an alert)."""
+
+    def __init__(
+        self,
+        control: CanaryRuntime,
+        policy: CanaryPolicy | None = None,
+        *,
+        on_decision: Callable[[CanaryDecision], None] | None = None,
+        clock: Callable[[], float] | None = None,
+    ) -> None:
+        import time
+
+        self.control = control
+        self.policy = policy or CanaryPolicy()
+        self.on_decision = on_decision
+        self.clock = clock or time.time
+        self.analysis: CanaryAnalysis | None = None
+        self.version: str | None = None
+        self.stable: str | None = None
+        self.served = {True: 0, False: 0}  # requests each arm served during the canary
+        self.decisions: list[CanaryDecision] = []
+        # request ids running on each arm, and those that ran beside one of the other arm
+        self._running: dict[bool, set[str]] = {True: set(), False: set()}
+        self._overlapped: set[str] = set()
+        self._lock = threading.Lock()
+        self._busy = False
+
+    def begin(self, version: str, stable: str, weight: float) -> None:
+        """A canary of `version` against `stable` started at `weight`: a fresh analysis
+        whose steps are `weight`, then the policy's steps above it."""
+        import dataclasses
+
+        steps = (weight, *(s for s in self.policy.steps if s > weight))
+        with self._lock:
+            self.analysis = CanaryAnalysis(dataclasses.replace(self.policy, steps=steps))
+            self.version, self.stable = version, stable
+            self.served = {True: 0, False: 0}
+            self._running, self._overlapped = {True: set(), False: set()}, set()
+
+    def end(self) -> None:
+        """The canary ended by hand (promoted or aborted by an operator): stop analysing."""
+        with self._lock:
+            self.analysis = None
+
+    def _arm(self, version: str | None) -> bool | None:
+        if self.analysis is None or version is None:
+            return None
+        return True if version == self.version else False if version == self.stable else None
+
+    def on_event(self, event: Any) -> None:
+        """Engine subscriber: cheap (a lock and a few adds); decisions run on another thread."""
+        kind = type(event).__name__
+        if kind not in ("RequestStarted", "RequestFinished", "RequestFailed"):
+            return
+        with self._lock:
+            arm = self._arm(event.model_version)
+            if arm is None or self.analysis is None:
+                return
+            rid = event.request_id
+            if kind == "RequestStarted":
+                self._running[arm].add(rid)
+                if self._running[not arm]:  # these ran beside each other
+                    self._overlapped.add(rid)
+                    self._overlapped.update(self._running[not arm])
+                return
+            self._running[arm].discard(rid)
+            beside = rid in self._overlapped
+            self._overlapped.discard(rid)
+            self.served[arm] += 1
+            if kind == "RequestFinished":
+                error = "cancelled" if event.finish_reason == "cancelled" else None
+                self.analysis.observe(arm, error_type=error, latency_s=event.duration_s if beside else None,
+                                      output_tokens=event.output_tokens)  # fmt: skip
+            else:
+                self.analysis.observe(arm, error_type=event.error_type, latency_s=None)
+        self._maybe_decide()
+
+    def on_relevance(self, version: str, value: float) -> None:
+        with self._lock:
+            arm = self._arm(version)
+            if arm is None or self.analysis is None:
+                return
+            self.analysis.observe_relevance(arm, value)
+        self._maybe_decide()
+
+    def on_output(self, version: str, embedding: Sequence[float]) -> None:
+        with self._lock:
+            arm = self._arm(version)
+            if arm is None or self.analysis is None:
+                return
+            self.analysis.observe_output(arm, embedding)
+        self._maybe_decide()
+
+    def replay(self, rows: Iterable[StoredRequest]) -> int:
+        """Feed the analysis begun by `begin` with the requests stored since the canary
+        started, oldest first (a restarted service resumes the canary with its evidence,
+        not a fresh test); decides once, after the last. -> the rows fed."""
+        n = 0
+        with self._lock:
+            for row in rows:
+                arm = self._arm(row.version)
+                if arm is None or self.analysis is None:
+                    continue
+                self.served[arm] += 1
+                # no latency: the store does not say which requests ran beside the other arm
+                self.analysis.observe(arm, error_type=row.error_type, latency_s=None,
+                                      output_tokens=row.output_tokens)  # fmt: skip
+                if row.relevance is not None:
+                    self.analysis.observe_relevance(arm, row.relevance)
+                n += 1
+        self._maybe_decide()
+        return n
+
+    def _maybe_decide(self) -> None:
+        with self._lock:
+            if self.analysis is None or self._busy or self.analysis.verdict().action == "continue":
+                return
+            self._busy = True
+        threading.Thread(target=self._decide, name="infersight-canary", daemon=True).start()
+
+    def _decide(self) -> None:
+        try:
+            with self._lock:
+                analysis, version, stable = self.analysis, self.version, self.stable
+                if analysis is None or version is None or stable is None:
+                    return
+                verdict = analysis.verdict()
+                served = dict(self.served)
+            if verdict.action == "continue":
+                return
+            status = self.control.status
+            if status is None or status.version != version:  # ended by someone else (an operator, a rule)
+                self.end()
+                return
+            if verdict.action == "rollback":
+                self.control.abort(f"canary rolled back: {verdict.reason}")
+                with self._lock:
+                    self.analysis = None
+            elif verdict.weight >= 1.0:
+                self.control.promote(f"canary promoted: {verdict.reason}")
+                with self._lock:
+                    self.analysis = None
+            else:
+                self.control.set_weight(verdict.weight)
+                with self._lock:
+                    analysis.advance()
+            decision = CanaryDecision(
+                "rollback" if verdict.action == "rollback" else "promote", version, stable, verdict.weight,
+                verdict.reason, served[True], served[False], self.clock(),
+            )  # fmt: skip
+            self.decisions.append(decision)
+            if self.on_decision is not None:
+                self.on_decision(decision)
+        finally:
+            with self._lock:
+                self._busy = False
+            self._maybe_decide()  # a later step may already be due
+
+    @property
+    def share_served(self) -> float:
+        """The canary's share of the requests served since it started."""
+        total = self.served[True] + self.served[False]
+        return self.served[True] / total if total else 0.0

@@ -1,0 +1,249 @@
+"""Service level objectives and their error budgets, declared in the rule file:
+
+```yaml
+slos:
+  - {name: banking-latency, model_version: mixtral_banking_fp32-v1.0, objective: 0.999,
+     threshold_ms: 100, window: 30d}
+  - {name: availability, objective: 0.995, window: 30d}        # server errors only
+  - {name: fast-latency, path: fast, objective: 0.999, threshold_ms: 100, window: 30d}
+```
+
+An SLO with `threshold_ms` is a latency SLO (a request is bad when it takes longer); without,
+an availability SLO (a request is bad when it fails with a server error: `client_error`,
+`cancelled` and the client-caused errors of `CLIENT_ERROR_TYPES` never count). `model`, `model_version` and `path`
+select the requests it covers. `path` matches a `path` label that a routing layer puts on
+requests; nothing sets that label yet, so today such an SLO covers no request until one does.
+
+Each SLO becomes multi-window, multi-burn-rate alerts (the SRE workbook's, chapter 5):
+a page when both the 1h and the 5m burn rate exceed 14.4 (2% of a 30-day budget in an
+hour), a page when both the 6h and the 30m burn rate exceed 6 (5% in six hours), and a
+ticket when both the 3d and the 6h burn rate exceed 1 (only for SLO windows of 3d or more).
+The burn rate is the bad share of requests divided by the budget (1 - objective). These are
+ordinary `Rule`s on the `slo_burn_rate` signal, evaluated by the same `Evaluator` as any
+other, and exported to Prometheus as recording rules plus alert rules (`slo_recording_rules`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from prometheus_client.utils import floatToGoString
+
+from ._yaml import MarkedMap, Source, format_duration, iter_items, parse_duration
+from .rules import Condition, Rule, RuleGroup
+from .signals import Signal
+
+__all__ = ["BURN_WINDOWS", "CLIENT_ERROR_TYPES", "SLO", "BurnWindow"]
+
+# Caused by the client, so they never spend an availability budget: the generic names an SDK
+# user may record, and the ones infersight's own backends record (exception class names:
+# a client that hung up, a prompt over the limits, bad sampling parameters).
+CLIENT_ERROR_TYPES = (
+    "client_error",
+    "cancelled",
+    "ClientDisconnected",
+    "PromptTooLong",
+    "InvalidRequest",
+    "InvalidSamplingParams",
+    "InvalidInput",
+)
+SLO_GROUP = "slo"  # the rule group the generated alerts belong to
+SELECTOR_LABELS = ("model", "model_version", "path")
+_KEYS = {"name", "objective", "threshold_ms", "window", *SELECTOR_LABELS}
+_DURATION = "gen_ai_server_request_duration_seconds"
+
+
+@dataclass(frozen=True)
+class BurnWindow:
+    alert: str  # the generated alert's name
+    long_s: float
+    short_s: float
+    factor: float  # burn rate both windows must exceed
+    severity: str
+
+
+BURN_WINDOWS = (
+    BurnWindow("SLOFastBurn", 3600.0, 300.0, 14.4, "critical"),
+    BurnWindow("SLOSlowBurn", 21600.0, 1800.0, 6.0, "critical"),
+    BurnWindow("SLOBudgetTicket", 259200.0, 21600.0, 1.0, "warning"),
+)
+
+
+@dataclass(frozen=True)
+class SLO:
+    name: str
+    objective: float  # the share of requests that must be good, in (0, 1)
+    window_s: float  # the compliance window the budget is counted over
+    threshold_s: float | None = None  # None: an availability SLO
+    model: str | None = None
+    model_version: str | None = None
+    path: str | None = None  # a label a routing layer adds to requests (none does yet)
+    line: int | None = None
+
+    @property
+    def kind(self) -> Literal["latency", "availability"]:
+        return "availability" if self.threshold_s is None else "latency"
+
+    @property
+    def budget(self) -> float:
+        return round(1.0 - self.objective, 12)  # 0.001 for 0.999, not 0.0010000000000000009
+
+    @property
+    def selector(self) -> tuple[tuple[str, str], ...]:
+        return tuple((k, v) for k in SELECTOR_LABELS if (v := getattr(self, k)) is not None)
+
+    @property
+    def burn_windows(self) -> tuple[BurnWindow, ...]:
+        return tuple(w for w in BURN_WINDOWS if w.long_s <= self.window_s)
+
+    def covers(self, labels: dict[str, str]) -> bool:
+        return all(labels.get(k) == v for k, v in self.selector)
+
+    def is_bad(self, duration_s: float, error_type: str | None) -> bool:
+        if self.threshold_s is not None:
+            return duration_s > self.threshold_s
+        return error_type is not None and error_type not in CLIENT_ERROR_TYPES
+
+
+def _parse_one(src: Source, m: MarkedMap, what: str, buckets: tuple[float, ...]) -> SLO:
+    src.only_keys(m, _KEYS, what)
+    name = src.string(m, "name", what)
+    if not name or not all(c.isalnum() or c in "-_." for c in name):
+        src.fail(m.key_lines["name"], f"slo name {name!r} must be letters, digits, '-', '_' or '.'")
+    what = f"slo {name!r}"
+    objective = src.require(m, "objective", what)
+    if isinstance(objective, bool) or not isinstance(objective, int | float) or not 0 < objective < 1:
+        src.fail(
+            m.key_lines["objective"],
+            f"{what}: objective must be a number in (0, 1), e.g. 0.999, got {objective!r}",
+        )
+    raw_window = src.require(m, "window", what)
+    try:
+        window_s = parse_duration(str(raw_window))
+    except ValueError as exc:
+        src.fail(m.key_lines["window"], f"{what}: window: {exc}")
+    if window_s < 3600:
+        src.fail(m.key_lines["window"], f"{what}: window must be at least 1h (the fast burn's long window)")
+    threshold_s = None
+    if m.get("threshold_ms") is not None:
+        ms = m["threshold_ms"]
+        if isinstance(ms, bool) or not isinstance(ms, int | float) or not math.isfinite(ms) or ms <= 0:
+            src.fail(
+                m.key_lines["threshold_ms"], f"{what}: threshold_ms must be a positive number, got {ms!r}"
+            )
+        threshold_s = float(ms) / 1000.0
+        if not any(math.isclose(threshold_s, b) for b in buckets):
+            valid = ", ".join(f"{b * 1000:g}" for b in buckets)
+            src.fail(
+                m.key_lines["threshold_ms"],
+                f"{what}: threshold_ms must be a boundary of the request-duration histogram so "
+                f"Prometheus counts it exactly; one of {valid}",
+            )
+    selector: dict[str, str] = {}
+    for key in SELECTOR_LABELS:
+        if m.get(key) is not None:
+            selector[key] = src.string(m, key, what)
+    return SLO(name, float(objective), window_s, threshold_s, line=m.line, **selector)
+
+
+def parse_slos(src: Source, root: MarkedMap, buckets: tuple[float, ...]) -> tuple[SLO, ...]:
+    """The `slos:` list of a rule file (empty when absent); `buckets` are the request-duration
+    histogram's boundaries in seconds, which a latency threshold must be one of."""
+    if root.get("slos") is None:
+        return ()
+    seq = src.sequence(root["slos"], root.key_lines["slos"], "slos")
+    out: list[SLO] = []
+    seen: dict[str, int] = {}
+    for i, line, raw in iter_items(seq):
+        slo = _parse_one(src, src.mapping(raw, line, f"slos[{i}]"), f"slos[{i}]", buckets)
+        if slo.name in seen:
+            src.fail(line, f"duplicate slo name {slo.name!r} (first at line {seen[slo.name]})")
+        seen[slo.name] = line
+        out.append(slo)
+    return tuple(out)
+
+
+def _percent(x: float) -> str:
+    return f"{x * 100:g}%"
+
+
+def slo_rules(slos: tuple[SLO, ...], interval_s: float = 30.0) -> tuple[RuleGroup, ...]:
+    """The burn-rate alerts of `slos`, as one rule group (none when there is no SLO)."""
+    rules = []
+    for slo in slos:
+        for w in slo.burn_windows:
+            long_s = Signal("slo_burn_rate", window_s=w.long_s, slo=slo.name)
+            short_s = Signal("slo_burn_rate", window_s=w.short_s, slo=slo.name)
+            long_w, short_w = format_duration(w.long_s), format_duration(w.short_s)
+            summary = (
+                f"SLO {slo.name} ({_percent(slo.objective)} over {format_duration(slo.window_s)}) burns its "
+                f"error budget {{{{ $value | humanize }}}}x over {long_w} (and over {short_w}); "
+                f"alert above {w.factor:g}x"
+            )
+            rules.append(
+                Rule(
+                    name=w.alert,
+                    condition=Condition(long_s, ">", w.factor),
+                    while_=(Condition(short_s, ">", w.factor),),
+                    labels=tuple(sorted({"severity": w.severity, "slo": slo.name}.items())),
+                    annotations=(("summary", summary),),
+                    group=SLO_GROUP,
+                    line=slo.line,
+                )
+            )
+    return (RuleGroup(SLO_GROUP, interval_s, tuple(rules)),) if rules else ()
+
+
+# -- Prometheus -------------------------------------------------------------------------------
+
+
+def burn_rate_record(window_s: float) -> str:
+    """The recorded series holding every SLO's burn rate over `window_s` (label `slo`)."""
+    return f"infersight_slo:burn_rate:{format_duration(window_s)}"
+
+
+def _matchers(slo: SLO, *extra: str) -> str:
+    parts = [f'{k}="{v}"' for k, v in slo.selector] + list(extra)
+    return "{" + ",".join(parts) + "}" if parts else ""
+
+
+def error_ratio_promql(slo: SLO, window_s: float) -> str:
+    """The bad share of `slo`'s requests over `window_s` (NaN without traffic)."""
+    w = format_duration(window_s)
+    total = f"sum(rate({_DURATION}_count{_matchers(slo)}[{w}]))"
+    if slo.threshold_s is not None:
+        le = f'le="{floatToGoString(slo.threshold_s)}"'
+        good = f"sum(rate({_DURATION}_bucket{_matchers(slo, le)}[{w}]))"
+        return f"(1 - {good} / {total})"
+    server_errors = 'error_type!~"' + "|".join(CLIENT_ERROR_TYPES) + '"'
+    bad = f"sum(rate(gen_ai_server_request_errors_total{_matchers(slo, server_errors)}[{w}]))"
+    return f"((({bad}) or vector(0)) / {total})"
+
+
+def slo_recording_rules(slos: tuple[SLO, ...]) -> list[dict[str, Any]]:
+    """Prometheus recording rule groups: each SLO's burn rate over every window its alerts
+    read, and its attainment and error budget remaining over its own window."""
+    if not slos:
+        return []
+    rules: list[dict[str, Any]] = []
+    for slo in slos:
+        labels = {"slo": slo.name}  # copied into each rule: no YAML anchors in the export
+        windows = sorted({s for w in slo.burn_windows for s in (w.long_s, w.short_s)})
+        for window in windows:
+            rules.append({
+                "record": burn_rate_record(window),
+                "expr": f"{error_ratio_promql(slo, window)} / {slo.budget!r}",
+                "labels": dict(labels),
+            })  # fmt: skip
+        ratio = error_ratio_promql(slo, slo.window_s)
+        rules.append(
+            {"record": "infersight_slo:attainment:ratio", "expr": f"1 - {ratio}", "labels": dict(labels)}
+        )
+        rules.append({
+            "record": "infersight_slo:error_budget_remaining:ratio",
+            "expr": f"1 - {ratio} / {slo.budget!r}",
+            "labels": dict(labels),
+        })  # fmt: skip
+    return [{"name": "infersight_slo_recording", "interval": "30s", "rules": rules}]

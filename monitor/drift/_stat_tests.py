@@ -1,0 +1,337 @@
+"""The tests a detector runs besides MMD, their registry, and `DriftConfig` (which tests,
+at what level, with which effect floors).
+
+- Conditional calibration: Bounds that hold for the one reference a team keeps, not only on average over references.
+
+A test that compares every new window with the same reference is only as good as that
+reference: a split-conformal or two-sample p-value is exact *marginally* (averaged over
+references and seeds), but with one fixed reference its false-alarm rate can sit well above
+alpha, window after window. The tests here therefore bound the reference's own sampling
+error first, at confidence `reference_confidence` (`1 - δ`), and then test the current
+window *given* the reference against that bound. For all but a share δ of (reference, seed)
+pairs, the false-alarm rate conditional on the pair is then at most the nominal level
+(a "training-conditional" or PAC guarantee).
+
+Tail exceedance (novelty, streaming charts). Let `c` be the `k`-th largest of `n`
+calibration scores, drawn independently of the scoring function (the bank). For a new
+score `S` from the same law, `q = P(S > c | reference)` is distributed as (or, with ties,
+stochastically below) `Beta(k, n + 1 - k)` over references, whatever the scores' law
+(the distribution of the k-th order statistic of uniforms). So `q ≤ q⁺ = Beta⁻¹(1 - δ)`
+for a share at least 1 - δ of references, and the count of current scores above `c` is
+stochastically below `Binomial(n_current, q⁺)`.
+
+Mean rank (relevance). For a current value `y`, `G(y)` is the share of reference values
+above it (ties count half). Given the reference, the window's mean `W` of `G` has mean
+`θ = (1/m) Σ F(r_i)`, a mean of `m` uniforms: `θ ≤ 1/2 + z₁₋δ / sqrt(12 m)` for a share
+1 - δ of references; `G(Y)` has variance at most about 1/12 (less with ties).
+- Novelty: Nearest-neighbour novelty test, calibrated for the reference in use (split conformal, PAC).
+
+The reference is split once (seeded) into a bank and a held-out calibration part. Every
+held-out reference text and every current text gets the same score: its distance
+(1 - cosine) to the nearest bank text. The cut is the `k`-th largest held-out score
+(`k ≈ novelty_tail · (n_cal + 1)`), and the statistic counts current texts strictly
+beyond it.
+
+Given the reference (bank and held-out part fixed), a current text from the reference's
+distribution lands beyond the cut with some chance `q`; over references `q` follows
+`Beta(k, n_cal + 1 - k)` (see `exceedance_upper`), so `q ≤ q⁺`, that law's
+`reference_confidence` quantile, for all but a share `1 - reference_confidence` of
+references. The p-value is the binomial tail at `q⁺`: it is valid conditional on the
+reference, not only on average. (The earlier test counted current texts in the *pooled*
+tail with a hypergeometric law: exact over random references and splits, but with one
+unlucky reference and seed it raised false alarms on about every third window.)
+
+Effect size (`score`): the share of current texts beyond the cut minus the share expected
+without drift (`k / (n_cal + 1)`), i.e. the excess share of novel texts.
+- Relevance: Prompt-response relevance: the cosine between a prompt and its response, per request
+and as a windowed distribution. Relevance drop: are the current window's prompt-response cosines lower than the reference's?
+
+One-sided rank test conditional on the reference (`mean_rank_p_value`): the
+statistic is the mean, over current requests, of the share of reference cosines above each
+current cosine (1/2 without a change); the reference's own sampling error is bounded first
+(at `reference_confidence`), so the level holds for the reference in use, not only on
+average over references as a plain Mann-Whitney test's does. Effect size (`score`) is the
+drop of the mean cosine, reference minus current.
+- Holm's step-down adjustment: family-wise error at alpha under any dependence.
+- The registry: the tests a detector can run on an embedded field, by name (an explicit
+  dict); an unknown name lists the valid ones.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+import numpy as np
+
+from ._mmd import StatResult, StatTest, TestOptions, check_pair, mmd_exact_test, mmd_rff_test, mmd_test
+from .errors import UnknownTest, WindowTooSmall
+
+__all__ = [
+    "DEFAULT_EFFECT_FLOORS",
+    "RELEVANCE_BUCKETS",
+    "STAT_TESTS",
+    "DriftConfig",
+    "RelevanceComparison",
+    "RelevanceSummary",
+    "exceedance_upper",
+    "get_test",
+    "holm_adjust",
+    "mean_rank_p_value",
+    "nearest",
+    "novelty_scores",
+    "novelty_test",
+    "relevance",
+    "relevance_drop_test",
+    "split_reference",
+    "summarize_relevance",
+    "tail_count_p_value",
+    "tail_cut",
+]
+
+
+def tail_cut(calibration: np.ndarray, tail: float) -> tuple[float, int]:
+    """`(cut, k)`: the `k`-th largest calibration score, `k = max(1, ⌊tail · (n + 1)⌋)`.
+
+    New scores count as exceedances when strictly above `cut`; with ties that only makes
+    the exceedance probability smaller than the continuous case's."""
+    scores = np.sort(np.asarray(calibration, dtype=np.float64).ravel())
+    n = scores.size
+    if n == 0:
+        raise ValueError("no calibration scores")
+    k = min(max(1, math.floor(tail * (n + 1))), n)
+    return float(scores[n - k]), k
+
+
+def exceedance_upper(k: int, n: int, confidence: float) -> float:
+    """`q⁺`: the `confidence` quantile of `Beta(k, n + 1 - k)`, the law of the chance that a
+    new score exceeds the `k`-th largest of `n` calibration scores."""
+    from scipy.stats import beta  # scipy.stats is slow to import: only when testing
+
+    return float(beta.ppf(confidence, k, n + 1 - k))
+
+
+def tail_count_p_value(count: int, size: int, q_upper: float) -> float:
+    """`P(Binomial(size, q⁺) ≥ count)`: valid for the reference whenever its true
+    exceedance chance is at most `q⁺`."""
+    from scipy.stats import binom
+
+    if count <= 0:
+        return 1.0
+    return float(min(1.0, binom.sf(count - 1, size, q_upper)))
+
+
+def mean_rank_p_value(reference: np.ndarray, current: np.ndarray, confidence: float) -> tuple[float, float]:
+    """`(W, p)`: the current window's mean share of reference values above each current
+    value (1/2 when nothing changed), and the one-sided p-value of "current is lower"
+    conditional on the reference (normal approximation, reference's error bounded first)."""
+    from scipy.stats import norm
+
+    ref = np.sort(np.asarray(reference, dtype=np.float64).ravel())
+    cur = np.asarray(current, dtype=np.float64).ravel()
+    m, k = ref.size, cur.size
+    below = np.searchsorted(ref, cur, side="left")  # reference values < y
+    not_above = np.searchsorted(ref, cur, side="right")  # reference values <= y
+    g = (m - not_above + 0.5 * (not_above - below)) / m  # share above y, ties half  [k]
+    w = float(g.mean())
+    theta_upper = 0.5 + float(norm.ppf(confidence)) / math.sqrt(12.0 * m)
+    z = (w - theta_upper) / math.sqrt(1.0 / (12.0 * k))
+    return w, float(norm.sf(z))
+
+
+def nearest(queries: np.ndarray, bank: np.ndarray, *, block: int = 2048) -> tuple[np.ndarray, np.ndarray]:
+    """`(distance, index)`: for each query row its smallest `1 - cos` to a bank row and that row."""
+    dist = np.empty(queries.shape[0], dtype=np.float32)
+    index = np.empty(queries.shape[0], dtype=np.int64)
+    for start in range(0, queries.shape[0], block):
+        sims = queries[start : start + block] @ bank.T  # [b, bank]
+        best = sims.argmax(axis=1)
+        index[start : start + block] = best
+        dist[start : start + block] = 1.0 - sims[np.arange(sims.shape[0]), best]
+    return np.maximum(dist, 0.0), index
+
+
+def split_reference(n: int, calibration_fraction: float, *, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """`(bank_rows, calibration_rows)` of a reference of `n` rows: a seeded random split,
+    each side at least one row."""
+    order = np.random.default_rng(seed).permutation(n)
+    n_cal = min(max(round(n * calibration_fraction), 1), n - 1)
+    return np.sort(order[n_cal:]), np.sort(order[:n_cal])
+
+
+NOVELTY_METHOD = "nn_novelty_conformal_conditional_binomial"
+MIN_REFERENCE = 4
+
+
+def novelty_scores(
+    reference: np.ndarray, current: np.ndarray, options: TestOptions
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`(calibration_scores, current_scores, bank_rows)` for unit-row reference and current."""
+    bank_rows, cal_rows = split_reference(reference.shape[0], options.calibration_fraction, seed=options.seed)
+    bank = reference[bank_rows]
+    cal_scores, _ = nearest(reference[cal_rows], bank)
+    cur_scores, _ = nearest(current, bank)
+    return cal_scores, cur_scores, bank_rows
+
+
+def novelty_test(reference: np.ndarray, current: np.ndarray, options: TestOptions) -> StatResult:
+    x, y = check_pair(reference, current)
+    if x.shape[0] < MIN_REFERENCE:
+        raise WindowTooSmall("reference", x.shape[0], MIN_REFERENCE)
+    if y.shape[0] < 1:
+        raise WindowTooSmall("current", y.shape[0], 1)
+    cal, cur = novelty_scores(x, y, options)[:2]
+    cut, k = tail_cut(cal, options.novelty_tail)
+    beyond = int(np.count_nonzero(cur > cut))
+    q_upper = exceedance_upper(k, cal.size, options.reference_confidence)
+    p_value = tail_count_p_value(beyond, cur.size, q_upper)
+    score = beyond / cur.size - k / (cal.size + 1)
+    return StatResult("novelty", NOVELTY_METHOD, float(beyond), score, p_value, x.shape[0], y.shape[0], 0)
+
+
+# Histogram edges shared by the summary and the Prometheus histogram.
+RELEVANCE_BUCKETS: tuple[float, ...] = tuple(round(0.1 * i, 1) for i in range(11))
+
+
+def relevance(prompt_embeddings: np.ndarray, response_embeddings: np.ndarray) -> np.ndarray:
+    """Row-wise cosine of unit rows: `[N]` float32."""
+    return np.einsum("ij,ij->i", prompt_embeddings, response_embeddings).astype(np.float32)
+
+
+@dataclass(frozen=True)
+class RelevanceSummary:
+    n: int
+    mean: float | None  # None for an empty window
+    std: float | None
+    p05: float | None
+    p25: float | None
+    p50: float | None
+    p75: float | None
+    p95: float | None
+    bucket_edges: tuple[float, ...]  # counts[i] covers [edges[i], edges[i+1]); the ends take the tails
+    bucket_counts: tuple[int, ...]
+
+
+def summarize_relevance(values: np.ndarray) -> RelevanceSummary:
+    v = np.asarray(values, dtype=np.float64)
+    edges = np.asarray(RELEVANCE_BUCKETS)
+    clipped = np.clip(v, edges[0], edges[-1])
+    counts, _ = np.histogram(clipped, bins=edges)
+    if v.size == 0:
+        return RelevanceSummary(
+            0, None, None, None, None, None, None, None, RELEVANCE_BUCKETS, tuple(int(c) for c in counts)
+        )
+    q = [float(x) for x in np.quantile(v, [0.05, 0.25, 0.5, 0.75, 0.95])]
+    return RelevanceSummary(
+        n=int(v.size),
+        mean=float(v.mean()),
+        std=float(v.std()),
+        p05=q[0],
+        p25=q[1],
+        p50=q[2],
+        p75=q[3],
+        p95=q[4],
+        bucket_edges=RELEVANCE_BUCKETS,
+        bucket_counts=tuple(int(c) for c in counts),
+    )
+
+
+@dataclass(frozen=True)
+class RelevanceComparison:
+    reference: RelevanceSummary
+    current: RelevanceSummary
+
+
+RELEVANCE_DROP_METHOD = "mean_rank_one_sided_reference_conditional"
+
+
+def relevance_drop_test(
+    reference: np.ndarray, current: np.ndarray, options: TestOptions | None = None
+) -> StatResult:
+    """`reference` and `current` are 1-D arrays of per-request relevance."""
+    opts = options or TestOptions()
+    x = np.asarray(reference, dtype=np.float64).ravel()
+    y = np.asarray(current, dtype=np.float64).ravel()
+    if x.size < 2:
+        raise WindowTooSmall("reference relevance", int(x.size), 2)
+    if y.size < 2:
+        raise WindowTooSmall("current relevance", int(y.size), 2)
+    w, p = mean_rank_p_value(x, y, opts.reference_confidence)
+    return StatResult("relevance_drop", RELEVANCE_DROP_METHOD, w, float(x.mean() - y.mean()), p, x.size, y.size, 0)
+
+
+def holm_adjust(p_values: Sequence[float]) -> tuple[float, ...]:
+    """Adjusted p-values in the input order: reject test i at level alpha iff adjusted[i] < alpha.
+
+    The smallest adjusted value is `m · min p` (Bonferroni's), so "any test rejects"
+    has false-alarm probability at most alpha when every null holds."""
+    p = np.asarray(p_values, dtype=np.float64)
+    m = p.size
+    if m == 0:
+        return ()
+    order = np.argsort(p, kind="stable")
+    stepped = np.maximum.accumulate((m - np.arange(m)) * p[order])
+    adjusted = np.empty(m)
+    adjusted[order] = np.minimum(stepped, 1.0)
+    return tuple(float(v) for v in adjusted)
+
+
+STAT_TESTS: Mapping[str, StatTest] = MappingProxyType(
+    {
+        "mmd": mmd_test,  # exact kernel or random features, by size
+        "mmd_exact": mmd_exact_test,
+        "mmd_rff": mmd_rff_test,
+        "novelty": novelty_test,
+    }
+)
+
+
+def get_test(name: str) -> StatTest:
+    try:
+        return STAT_TESTS[name]
+    except KeyError:
+        raise UnknownTest(name, tuple(sorted(STAT_TESTS))) from None
+
+
+# Effect sizes below these are "trivial" and never declared drift, however small the p.
+# MMD² in kernel units: on MiniLM / Banking77 a 10% admixture of a new topic gives about
+# 7e-4 and MMD² grows with the square of the admixture, so 1e-4 is roughly a 4% admixture.
+# Novelty: excess share of current texts in the pooled tail (2 percentage points).
+# Relevance: drop of the mean prompt-response cosine (0.05).
+DEFAULT_EFFECT_FLOORS: Mapping[str, float] = MappingProxyType(
+    {"mmd": 1e-4, "mmd_exact": 1e-4, "mmd_rff": 1e-4, "novelty": 0.02, "relevance_drop": 0.05}
+)
+
+
+@dataclass(frozen=True)
+class DriftConfig:
+    alpha: float = 0.05  # family-wise: Holm across every test and field of a report
+    tests: tuple[str, ...] = ("mmd", "novelty")  # run on prompts and on responses
+    relevance_test: bool = True  # one-sided relevance drop when both windows have responses
+    effect_floors: Mapping[str, float] = field(default_factory=lambda: DEFAULT_EFFECT_FLOORS)
+    options: TestOptions = field(default_factory=TestOptions)
+    min_reference: int = 20
+    min_current: int = 5
+    n_clusters: int | None = None  # None: min(20, max(2, n_reference // 50))
+    examples: int = 5
+    novelty_quantile: float = 0.99  # the explanation's novelty rate: beyond the reference's 1% tail
+    projection_points: int = 400  # per window, in the 2-D view
+    explain_max_points: int = 2000  # witness and clusters on at most this many texts per window
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.alpha < 1.0:
+            raise ValueError("alpha must be in (0, 1)")
+        if not self.tests:
+            raise ValueError("at least one test is needed")
+        for name in self.tests:
+            if name not in STAT_TESTS:
+                raise UnknownTest(name, tuple(sorted(STAT_TESTS)))
+        if not 0.5 < self.novelty_quantile < 1.0:
+            raise ValueError("novelty_quantile must be in (0.5, 1)")
+        if self.min_reference < 4 or self.min_current < 2:
+            raise ValueError("min_reference must be at least 4 and min_current at least 2")
+
+    def floor(self, test: str) -> float:
+        return float(self.effect_floors.get(test, 0.0))
