@@ -7,7 +7,7 @@ from typing import Any
 from ._layout import lay_out
 from ._panels import DATASOURCE
 from ._rows_quality import drift_row, pipeline_row
-from ._rows_serving import headline, latency, slo_cost, traffic
+from ._rows_serving import headline, latency, routing, slo_cost, traffic
 from ._rows_system import gpu_rows, process_row
 
 __all__ = ["DASHBOARD_UID", "SCHEMA_VERSION", "build_dashboard"]
@@ -138,7 +138,7 @@ def _annotations() -> dict[str, Any]:
 def build_dashboard(*, uid: str = DASHBOARD_UID, title: str = "infersight: LLM serving") -> dict[str, Any]:
     """The dashboard as Grafana's classic JSON model (what /api/dashboards/db and file provisioning take)."""
     panels = lay_out(
-        [headline(), slo_cost(), latency(), traffic(), gpu_rows(), process_row(), drift_row(), pipeline_row()]
+        [headline(), slo_cost(), routing(), latency(), traffic(), gpu_rows(), process_row(), drift_row(), pipeline_row()]
     )
     return {
         "uid": uid,

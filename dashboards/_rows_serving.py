@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from ._layout import Section
-from ._panels import Target, heatmap, stat, timeseries, value_text
+from ._panels import Target, heatmap, stat, state_timeline, timeseries, value_text
 from ._queries import RATE, quantile, rate, serving, zero_if_empty
 
-__all__ = ["headline", "latency", "slo_cost", "traffic"]
+__all__ = ["headline", "latency", "routing", "slo_cost", "traffic"]
 
 _DURATION = "gen_ai_server_request_duration_seconds"
 _TTFT = "gen_ai_server_time_to_first_token_seconds"
@@ -191,7 +191,7 @@ def slo_cost() -> Section:
             ),
             timeseries(
                 "SLO attainment",
-                [Target("min by (slo) (infersight_slo_attainment_ratio)", "{{slo}}")],
+                [Target('min by (slo) (infersight_slo_attainment_ratio{slo!=""})', "{{slo}}")],
                 unit="percentunit",
                 width=6,
                 max_value=1,
@@ -224,6 +224,76 @@ def slo_cost() -> Section:
                 width=6,
                 min_value=0,
                 description="cost.per_hour shared by busy time among versions, per 1000 output tokens.",
+            ),
+        ],
+    )
+
+
+_ROUTE = "infersight_route_request_duration_seconds"
+
+
+def routing() -> Section:
+    """SLA routing (`routing:`): where requests went, each path's latency against its SLA,
+    attainment, the length breaker and the batch cap."""
+    return Section(
+        "SLA routing",
+        [
+            timeseries(
+                "Routed requests by path and reason",
+                [
+                    Target(
+                        f"sum by (path, reason) (rate(infersight_route_requests_total[{RATE}]))",
+                        "{{path}} {{reason}}",
+                    )
+                ],
+                unit="reqps",
+                width=6,
+                stack=True,
+                description="short/long: by length; classifier(_error); spill: predicted queueing; "
+                "breaker: sent standard by the breaker; shed: refused (503).",
+            ),
+            timeseries(
+                "p99 latency by path (dashed: SLA)",
+                [
+                    Target(
+                        f"histogram_quantile(0.99, sum by (le, path) (rate({_ROUTE}_bucket[{RATE}])))",
+                        "p99 {{path}}",
+                    ),
+                    Target("max by (path) (infersight_route_sla_seconds)", "SLA {{path}}"),
+                ],
+                unit="s",
+                width=6,
+                min_value=0,
+                description="Arrival to last token on each path, against the path's sla_ms.",
+            ),
+            timeseries(
+                "SLA attainment by path",
+                [
+                    Target(
+                        'min by (path, window) (infersight_slo_attainment_ratio{path!=""})',
+                        "{{path}} {{window}}",
+                    )
+                ],
+                unit="percentunit",
+                width=6,
+                max_value=1,
+                description="Share of each path's requests within its SLA (errors and shed requests miss).",
+            ),
+            state_timeline(
+                "Length breaker",
+                [Target("max by (path) (infersight_route_breaker_state)", "{{path}}")],
+                width=6,
+                mappings=[
+                    {
+                        "type": "value",
+                        "options": {
+                            "0": {"text": "closed", "color": "green"},
+                            "1": {"text": "half-open", "color": "orange"},
+                            "2": {"text": "open", "color": "red"},
+                        },
+                    }
+                ],
+                description="Open: the path's p99 is over its SLA and longer requests are shed.",
             ),
         ],
     )

@@ -112,6 +112,11 @@ _EXPORTS: dict[str, str] = {
     "RedisTier": ".prefix_cache_redis",
     "VersionInfo": ".versions",
     "VersionName": ".versions",
+    # SLA routing: a fast and a standard path in one runtime
+    "PathOverloaded": ".errors",
+    "PathSpec": ".routing",
+    "RouteQuery": ".routing",
+    "RoutingSpec": ".routing",
 }
 
 __all__ = [
@@ -141,6 +146,8 @@ __all__ = [
     "NoPreviousVersion",
     "NonFiniteWeights",
     "NotACheckpoint",
+    "PathOverloaded",
+    "PathSpec",
     "PrefixCache",
     "PrefixCacheStats",
     "PromptTooLong",
@@ -149,6 +156,8 @@ __all__ = [
     "RegistryCorrupt",
     "RegistryError",
     "RequestHandle",
+    "RouteQuery",
+    "RoutingSpec",
     "Runtime",
     "RuntimeNotRunning",
     "SharedTierUnavailable",

@@ -15,6 +15,7 @@
      ├── PromptTooLong                   serving: a request over the runtime's length limits (at submit)
      ├── InvalidRequest                  serving: empty prompt, max_new_tokens < 1, bad sampling values
      ├── RuntimeNotRunning               serving: submit/deploy before start() or while stopping
+     ├── PathOverloaded                  SLA routing: a path's length breaker is open for this length
      ├── GenerationFailed                serving: the model raised on a request (re-raised by result())
      ├── SharedTierUnavailable           the prefix cache's shared tier (Redis) failed; served locally
      ├── RegistryError                   the version registry
@@ -59,6 +60,7 @@ __all__ = [
     "NoPreviousVersion",
     "NonFiniteWeights",
     "NotACheckpoint",
+    "PathOverloaded",
     "PromptTooLong",
     "RegistryCorrupt",
     "RegistryError",
@@ -166,6 +168,16 @@ class InvalidRequest(EngineError, ValueError):
 
 class RuntimeNotRunning(EngineError, RuntimeError):
     """`submit`/`deploy` on a runtime that is not started, or is stopping."""
+
+
+class PathOverloaded(EngineError, RuntimeError):
+    """SLA routing shed the request: the path's p99 is over its SLA and the request is longer
+    than the breaker's threshold. Retry after `retry_after_s` (the service answers 503)."""
+
+    def __init__(self, message: str, *, path: str, retry_after_s: float) -> None:
+        super().__init__(message)
+        self.path = path
+        self.retry_after_s = retry_after_s
 
 
 class GenerationFailed(EngineError, RuntimeError):

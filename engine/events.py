@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 __all__ = [
+    "BreakerChanged",
     "CanaryChanged",
     "DeployFailed",
     "EngineEvent",
@@ -118,6 +119,17 @@ class CanaryChanged:
     detail: str
 
 
+@dataclass(frozen=True, slots=True)
+class BreakerChanged:
+    """SLA routing: a path's length breaker changed state (engine/routing.py)."""
+
+    path: str
+    state: str  # "closed", "open", "half_open"
+    at: float
+    p99_ms: float | None  # of the path's recent completions
+    threshold_tokens: int | None  # while open: longer requests (prompt + max_new_tokens) are shed
+
+
 EngineEvent = (
     RequestQueued
     | RequestStarted
@@ -127,4 +139,5 @@ EngineEvent = (
     | VersionDeployed
     | DeployFailed
     | CanaryChanged
+    | BreakerChanged
 )

@@ -52,6 +52,8 @@ class RequestHandle:
         self._completion: Completion | None = None
         self._error: GenerationFailed | None = None
         self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
+        self.path: str | None = None  # SLA routing: "fast" or "standard" (None without routing)
+        self.route_reason: str | None = None  # why the router chose it ("short", "spill", ...)
 
     @property
     def model_version(self) -> str:

@@ -31,6 +31,7 @@ from .errors import (
     DeployRefused,
     InvalidRequest,
     NoPreviousVersion,
+    PathOverloaded,
     PromptTooLong,
     RuntimeNotRunning,
 )
@@ -38,6 +39,7 @@ from .events import DeployFailed, EngineEvent, RequestFailed, RequestQueued, Ver
 from .prefix_cache import PrefixCache, PrefixCacheStats
 from .registry import Registry
 from .requests import RequestHandle
+from .routing import RouteControl
 from .runtime_canary import CanaryControl, open_canary
 from .runtime_loop import LoopState, Swap, run_loop
 from .runtime_replica import Replica
@@ -99,6 +101,7 @@ class Runtime:
         self._deploy_lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self.canary = CanaryControl(self)
+        self.routing = RouteControl(self)  # SLA routing, off until routing.start(spec)
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -155,6 +158,9 @@ class Runtime:
         state.current = None
         state.canary = None
         self.canary._status = None
+        state.fast = None
+        state.on_finished = None
+        self.routing.spec = None
 
     def __enter__(self) -> Runtime:
         return self
@@ -175,11 +181,15 @@ class Runtime:
         priority: int = 0,
         request_id: str | None = None,
         user: str | None = None,
+        text: str | None = None,
     ) -> RequestHandle:
         """Queue a request; returns at once. Raises PromptTooLong (over max_prompt_tokens,
         or prompt + max_new_tokens over max_seq_len) and InvalidRequest before the model
         sees anything, and RuntimeNotRunning when the runtime does not accept requests.
-        With a canary running, `user` (sticky) decides which version serves it."""
+        With a canary running, `user` (sticky) decides which version serves it. With SLA
+        routing on, the router picks the fast or the standard path (`handle.path`; `text`,
+        the prompt's text, is what a user classifier reads) and raises PathOverloaded when
+        that path's length breaker sheds the request."""
         state = self._state
         current = state.current
         if not state.accepting or current is None:
@@ -191,9 +201,26 @@ class Runtime:
         except (PromptTooLong, InvalidRequest) as exc:
             state.post(RequestFailed(rid, current.version, time.time(), type(exc).__name__, str(exc)))
             raise
-        canary = state.canary if self.canary.route(user, rid) else None
-        target = canary if canary is not None else current
+        decision = None
+        if self.routing.active:
+            try:
+                decision = self.routing.decide(ids, int(max_new_tokens), text)
+            except PathOverloaded as exc:
+                state.post(RequestFailed(rid, current.version, time.time(), type(exc).__name__, str(exc)))
+                raise
+        fast = state.fast if decision is not None and decision.path == "fast" else None
+        canary = state.canary if fast is None and self.canary.route(user, rid) else None
+        target = fast or canary or current
+        queue = (
+            state.fast_queue
+            if fast is not None
+            else state.canary_queue
+            if canary is not None
+            else state.queue
+        )
         handle = RequestHandle(rid, target.version, lambda _h: state.cancel(request))
+        if decision is not None:
+            handle.path, handle.route_reason = decision.path, decision.reason
         request = Request(
             request_id=rid,
             prompt_ids=ids,
@@ -204,12 +231,13 @@ class Runtime:
             priority=int(priority),
             handle=handle,
             arrival=time.monotonic(),
+            path=decision.path if decision is not None else None,
         )
         with state.submit_lock:
             if not state.accepting:
                 raise RuntimeNotRunning("runtime is stopping: no new requests")
             state.post(RequestQueued(rid, target.version, time.time(), len(ids), request.priority))
-            (state.canary_queue if canary is not None else state.queue).push(request)
+            queue.push(request)
         state.wake.set()
         return handle
 

@@ -32,7 +32,7 @@ from .deploy import DeployOutcome
 from .deploy_history import DeployRecord, Outcome
 from .errors import CanaryRunning, EngineError, InvalidCanaryWeight, NoCanary, RuntimeNotRunning
 from .events import CanaryChanged
-from .runtime_loop import Swap
+from .runtime_loop import Swap, apply_swap
 
 if TYPE_CHECKING:
     from .runtime import Runtime
@@ -210,11 +210,4 @@ class CanaryControl:
 
     def _apply(self, swap: Swap, version: str) -> Swap:
         runtime = self._runtime
-        runtime._state.request_swap(swap)
-        thread = runtime._thread
-        while not swap.done.wait(timeout=0.5):
-            if thread is None or not thread.is_alive():
-                break
-        if not swap.applied:
-            raise RuntimeNotRunning(f"runtime stopped before the canary {version} change was applied")
-        return swap
+        return apply_swap(runtime._state, runtime._thread, swap, f"the canary {version} change")

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .errors import GenerationFailed
+from .errors import GenerationFailed, RuntimeNotRunning
 from .events import (
     EngineEvent,
     FinishReason,
@@ -30,7 +30,7 @@ from .runtime_replica import Replica
 from .runtime_sampling import sample_requests
 from .scheduler import PendingQueue, Request
 
-__all__ = ["LoopState", "Swap", "run_loop"]
+__all__ = ["LoopState", "Swap", "apply_swap", "run_loop"]
 
 _IDLE_WAIT_S = 1.0
 
@@ -41,7 +41,7 @@ class Swap:
 
     replica: Replica | None
     reason: str
-    kind: str = "swap"  # "swap"; "canary" (serve beside); "promote" / "abort" the canary
+    kind: str = "swap"  # "swap"; "canary" (serve beside); "promote" / "abort" the canary; "fast" (routing)
     done: threading.Event = field(default_factory=threading.Event)
     applied: bool = False
     at: float = 0.0
@@ -53,6 +53,10 @@ class LoopState:
     current: Replica | None = None
     canary: Replica | None = None  # a candidate serving beside `current`, its own queue and cache
     canary_queue: PendingQueue = field(default_factory=PendingQueue)
+    fast: Replica | None = None  # SLA routing: the fast path's replica beside `current` (the standard one)
+    fast_queue: PendingQueue = field(default_factory=PendingQueue)
+    # called with each finished request and its arrival-to-last-token seconds (SLA routing)
+    on_finished: Callable[[Request, float], None] | None = None
     draining: list[Replica] = field(default_factory=list)
     wake: threading.Event = field(default_factory=threading.Event)
     submit_lock: threading.Lock = field(default_factory=threading.Lock)
@@ -89,6 +93,18 @@ class LoopState:
         return self.generators[key]
 
 
+def apply_swap(state: LoopState, thread: threading.Thread | None, swap: Swap, what: str) -> Swap:
+    """Hand `swap` to the loop and wait until it is applied between two steps; raises
+    RuntimeNotRunning when the loop ended first (`what` names the change in the message)."""
+    state.request_swap(swap)
+    while not swap.done.wait(timeout=0.5):
+        if thread is None or not thread.is_alive():
+            break
+    if not swap.applied:
+        raise RuntimeNotRunning(f"runtime stopped before {what} was applied")
+    return swap
+
+
 def run_loop(state: LoopState) -> None:
     with torch.inference_mode():
         try:
@@ -100,6 +116,7 @@ def run_loop(state: LoopState) -> None:
             for request in [
                 *state.queue.drain(),
                 *state.canary_queue.drain(),
+                *state.fast_queue.drain(),
                 *(r for rep in _replicas(state) for r in rep.running.values()),
             ]:
                 if not request.finished:
@@ -125,7 +142,7 @@ def _serve(state: LoopState) -> None:
         worked = _step(state)
         state.draining = [r for r in state.draining if r.running]
         state.running_count = sum(len(r.running) for r in _replicas(state))
-        waiting = len(state.queue) + len(state.canary_queue)
+        waiting = len(state.queue) + len(state.canary_queue) + len(state.fast_queue)
         if state.stopping and not worked and not state.running_count and not waiting:
             return
         if not worked:
@@ -141,7 +158,11 @@ def _step(state: LoopState) -> bool:
         for request in state.canary_queue.drain():
             state.queue.push(request)
     groups: list[tuple[list[Request], torch.Tensor]] = []
-    for replica, queue in ((current, state.queue), (state.canary, state.canary_queue)):
+    if state.fast is None and len(state.fast_queue):  # routed just before the fast path went
+        for request in state.fast_queue.drain():
+            state.queue.push(request)
+    paths = ((state.fast, state.fast_queue), (current, state.queue), (state.canary, state.canary_queue))
+    for replica, queue in paths:
         if replica is not None:
             _admit(state, replica, queue, groups)
     for replica in _replicas(state):  # one batch per replica: versions never share one
@@ -230,11 +251,18 @@ def _finish(state: LoopState, request: Request, reason: FinishReason) -> None:
     request.finished = True
     if request.replica is not None:
         request.replica.release(request)
+        if request.started is not None and reason != "cancelled":
+            request.replica.step_times.observe_service(now - request.started, len(request.tokens))
     version = request.version or request.handle.model_version
     queue_s = (request.started if request.started is not None else now) - request.arrival
     ttft = None if request.first_token is None else request.first_token - request.arrival
     duration = (request.last_token if request.last_token is not None else now) - request.arrival
     prompt, output = len(request.prompt_ids), len(request.tokens)
+    if state.on_finished is not None and reason != "cancelled":
+        try:
+            state.on_finished(request, duration)
+        except Exception:  # like a subscriber: never breaks serving
+            state.subscriber_errors += 1
     state.emit(
         RequestFinished(
             request.request_id, version, time.time(), prompt, output, queue_s, ttft, duration, reason
@@ -269,6 +297,10 @@ def _apply_swaps(state: LoopState) -> None:
         swap = state.swaps.popleft()
         if swap.kind == "canary":
             state.canary = swap.replica
+        elif swap.kind == "fast":  # SLA routing's fast path starts (a replica) or ends (None)
+            old_fast, state.fast = state.fast, swap.replica
+            if old_fast is not None and old_fast.running:
+                state.draining.append(old_fast)
         elif swap.kind == "abort":
             _drop_canary(state)
         else:  # "swap", or "promote": the canary's replica (and its running requests) serves all
@@ -306,13 +338,17 @@ def _apply_cancels(state: LoopState) -> None:
         request = state.cancels.popleft()
         if request.finished:
             continue
-        waiting = state.queue.remove(request) or state.canary_queue.remove(request)
+        waiting = (
+            state.queue.remove(request)
+            or state.canary_queue.remove(request)
+            or state.fast_queue.remove(request)
+        )
         if waiting or request.replica is not None:
             _finish(state, request, "cancelled")
 
 
 def _cancel_everything(state: LoopState) -> None:
-    for request in [*state.queue.drain(), *state.canary_queue.drain()]:
+    for request in [*state.queue.drain(), *state.canary_queue.drain(), *state.fast_queue.drain()]:
         if not request.finished:
             _finish(state, request, "cancelled")
     for replica in _replicas(state):
@@ -321,4 +357,4 @@ def _cancel_everything(state: LoopState) -> None:
 
 
 def _replicas(state: LoopState) -> list[Replica]:
-    return [*state.draining, *(r for r in (state.current, state.canary) if r is not None)]
+    return [*state.draining, *(r for r in (state.current, state.canary, state.fast) if r is not None)]

@@ -13,6 +13,7 @@ chunking against one whole-prompt forward is measured in docs/benchmarks.md).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -20,6 +21,7 @@ import torch
 
 from .prefix_cache import PrefixCache, frequent_prefixes
 from .scheduler import Request
+from .step_times import StepTimes
 
 __all__ = ["Replica"]
 
@@ -41,6 +43,8 @@ class Replica:
         self.prefill_block = prefix.block_tokens if prefix is not None else prefill_block
         self.model = model
         self.max_batch = max_batch
+        self.cap = max_batch  # requests it runs at once; SLA routing lowers it to hold a path's SLA
+        self.step_times = StepTimes()  # measured decode/prefill costs, read by the router
         self.max_seq_len = max_seq_len
         self.cache = model.new_cache(max_batch, max_seq_len)
         self.running: dict[int, Request] = {}  # slot -> request, in admission order
@@ -52,7 +56,7 @@ class Replica:
 
     @property
     def has_free_slot(self) -> bool:
-        return bool(self._free)
+        return bool(self._free) and len(self.running) < self.cap
 
     def admit(self, request: Request) -> None:
         request.slot = self._free.pop()
@@ -66,7 +70,10 @@ class Replica:
 
     def prefill(self, request: Request) -> torch.Tensor:
         """logits[V] after the prompt, written into the request's slot."""
-        return self._prefill(self.cache, request.slot, request.prompt_ids)
+        t0 = time.perf_counter()
+        logits = self._prefill(self.cache, request.slot, request.prompt_ids)
+        self.step_times.observe_prefill(len(request.prompt_ids), time.perf_counter() - t0)
+        return logits
 
     def prefill_uncached(self, slot: int, prompt: Sequence[int]) -> torch.Tensor:
         """The same chunked prefill into `slot`, leaving the prefix cache alone (warm-up)."""
@@ -121,7 +128,10 @@ class Replica:
         slots = torch.tensor([r.slot for r in requests], dtype=torch.long, device=self.device)
         inputs = torch.tensor([r.tokens[-1] for r in requests], dtype=torch.long, device=self.device)
         positions = torch.tensor([r.position for r in requests], dtype=torch.long, device=self.device)
-        return self.model.decode(self.cache, slots, inputs, positions)
+        t0 = time.perf_counter()
+        logits = self.model.decode(self.cache, slots, inputs, positions)
+        self.step_times.observe_decode(len(requests), time.perf_counter() - t0)
+        return logits
 
     def __repr__(self) -> str:
         return f"Replica({self.version!r}, running={len(self.running)})"

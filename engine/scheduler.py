@@ -32,6 +32,7 @@ class Request:
     priority: int
     handle: RequestHandle
     arrival: float  # time.monotonic() at submit
+    path: str | None = None  # SLA routing: "fast" or "standard" (None without routing)
     # set by the loop thread once the request runs
     version: str | None = None
     slot: int = -1

@@ -74,6 +74,7 @@ class InferenceRecord:
     prompt: str | None = None  # sampled text only; None when not sampled
     response: str | None = None
     source: RecordSource = "sdk"
+    path: str | None = None  # SLA routing's path ("fast", "standard") in the embedded runtime
 
     def to_json(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in _FIELDS}
@@ -110,6 +111,7 @@ class InferenceRecord:
             _text(obj, "prompt"),
             _text(obj, "response"),
             source,
+            _label(obj, "path", required=False),
         )
 
 
@@ -118,7 +120,7 @@ _KNOWN = frozenset(_FIELDS)
 
 
 def _builder() -> Callable[..., InferenceRecord]:
-    """`build_record(*all 14 fields, positionally)`: an `InferenceRecord` without the dataclass
+    """`build_record(*the first 14 fields, positionally, path=None)`: an `InferenceRecord` without the dataclass
     `__init__`, for values already checked (by `from_json`, or made by the SDK itself).
 
     A frozen dataclass sets each field through `object.__setattr__`; this writes each slot
@@ -127,7 +129,7 @@ def _builder() -> Callable[..., InferenceRecord]:
     The result is an ordinary, equal, immutable record. Generated once, at import, from the
     dataclass's own fields (as `dataclasses` generates `__init__`), so it cannot drift from them.
     """
-    params = ", ".join(_FIELDS)
+    params = ", ".join(_FIELDS[:-1]) + f", {_FIELDS[-1]}=None"  # `path`, added last, is optional
     body = "".join(f"    _set_{name}(record, {name})\n" for name in _FIELDS)
     source = f"def build_record({params}):\n    record = _new(_cls)\n{body}    return record\n"
     namespace: dict[str, Any] = {"_new": object.__new__, "_cls": InferenceRecord}

@@ -47,8 +47,8 @@ OPEN_CYCLES: dict[str, set[str]] = {
         "engine.attention", "engine.moe", "engine.projection", "engine.quant", "engine.transformer",
     },
     "engine: the runtime's replica and its queue": {"engine.runtime_replica", "engine.scheduler"},
-    "engine: the runtime, its canary and deploy (lazy imports both ways)": {
-        "engine", "engine.deploy", "engine.runtime", "engine.runtime_canary",
+    "engine: the runtime, its canary, its SLA routing and deploy (lazy imports both ways)": {
+        "engine", "engine.deploy", "engine.runtime", "engine.runtime_canary", "engine.routing",
     },
     "monitor.service: parts that hold a `service: Service` back-reference": {
         "monitor.service.service", "monitor.service.wiring", "monitor.service.wiring_alerts",

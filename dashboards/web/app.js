@@ -41,6 +41,7 @@ function renderOverview(o) {
   renderDeploys(o.deploys ?? []);
   renderSLOs(o.slos ?? []);
   renderCosts(o.cost ?? [], o.cost_per_hour ?? null);
+  renderRoutes(o.routing ?? null);
   renderSummary($("drift-summary"), o.drift ?? null);
   state.driftId = o.drift ? reportId(o.drift) ?? null : null;
   $("drift-open").hidden = !o.drift;
@@ -154,6 +155,21 @@ function renderCosts(costs, perHour) {
     [String(c.output_tokens), ""],
     [c.per_1k_output_tokens === null ? "—" : c.per_1k_output_tokens.toFixed(4), ""],
   ]), empty, 4);
+}
+
+function renderRoutes(routing) {
+  const share = (v) => (v === null || v === undefined ? "—" : `${(v * 100).toFixed(2)}%`);
+  fillRows($("routes"), (routing?.paths ?? []).map((p) => [
+    [p.path, ""],
+    [p.version, "mono"],
+    [`${p.sla_ms} ms`, ""],
+    [`${share(p.attainment["5m"])} / ${share(p.attainment["1h"])}`, ""],
+    [p.p99_ms === null ? "—" : `${p.p99_ms.toFixed(1)} ms`, ""],
+    [p.threshold_tokens === null ? p.breaker : `${p.breaker} (> ${p.threshold_tokens} tokens shed)`,
+      p.breaker === "closed" ? "" : "bad"],
+    [p.batch_cap === null ? "—" : String(p.batch_cap), ""],
+    [Object.entries(p.requests).map(([r, n]) => `${r}: ${n}`).join(", ") || "—", ""],
+  ]), "No SLA routing (routing: in the config).", 8);
 }
 
 // ---- charts ------------------------------------------------------------------------------------

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import uuid
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
@@ -77,7 +78,9 @@ class EngineBackend:
                 max_seq_len=cfg.max_seq_len, device=cfg.device, prefix_cache=build_prefix_cache(cfg),
                 preload_source=frequent, preload_top=cfg.preload_prompts, prefill_block=cfg.prefix_block_tokens,
             )  # fmt: skip
-            version = cfg.version or registry.history.last_good()
+            routing = service.config.routing
+            version = routing.standard.version if routing is not None else None
+            version = version or cfg.version or registry.history.last_good()
             if version is None:
                 versions = registry.versions()
                 if not versions:
@@ -86,6 +89,14 @@ class EngineBackend:
             runtime.start(version, resume_canary=False)  # resumed once the deploy log listens
         except EngineError as exc:
             raise BackendUnavailable(f"the embedded runtime did not start: {exc}") from exc
+        if service.config.routing is not None:
+            from .routing import start_routing
+
+            try:
+                start_routing(runtime, service.config.routing)
+            except Exception:
+                runtime.stop(drain=False)
+                raise
         return cls(service, runtime, owned=True)
 
     def observe_events(self) -> None:
@@ -108,6 +119,14 @@ class EngineBackend:
                 stats.series(self.model_name, self.runtime.serving_version, trusted=True)
         if self.canary_controller is not None:
             self._unsubscribe_canary = self.runtime.subscribe(self.canary_controller.on_event)
+        routing = self.service.config.routing
+        if routing is not None and getattr(self.runtime, "routing", None) is not None:
+            from .routing import RouteMetrics
+
+            self.route_metrics = RouteMetrics(self.runtime, routing)
+            self.service.exposition.add(self.route_metrics.registry)
+            self.service.components["routing"] = self.route_metrics
+            self._unsubscribe_routing = self.runtime.subscribe(self.route_metrics.on_event)
 
     def resume_canary(self) -> None:
         """After a restart: the canary the registry's deploy history left running serves
@@ -144,7 +163,7 @@ class EngineBackend:
         handle.cancel()
 
     def close(self) -> None:
-        for name in ("_unsubscribe", "_unsubscribe_canary"):
+        for name in ("_unsubscribe", "_unsubscribe_canary", "_unsubscribe_routing"):
             unsubscribe = getattr(self, name, None)
             if unsubscribe is not None:
                 unsubscribe()
@@ -209,7 +228,7 @@ class EngineBackend:
         chat: bool,
         user: str | None = None,
     ) -> Response:
-        from infersight.engine.errors import InvalidRequest, PromptTooLong, RuntimeNotRunning
+        from infersight.engine.errors import InvalidRequest, PathOverloaded, PromptTooLong, RuntimeNotRunning
 
         if req.n != 1:
             raise HTTPException(422, {"field": "body.n", "reason": "the embedded runtime serves n=1 only"})
@@ -245,6 +264,7 @@ class EngineBackend:
             handle = self.runtime.submit(
                 prompt_ids, max_new_tokens=budget, temperature=_temperature(req.temperature),
                 top_p=max(req.top_p, _MIN_TOP_P), seed=req.seed, request_id=request_id, user=user,
+                text=observed_prompt,
             )  # fmt: skip
         except PromptTooLong as exc:
             self._record(
@@ -252,6 +272,12 @@ class EngineBackend:
             )
             field = "body.messages" if chat else "body.prompt"
             return JSONResponse(fmt_error(400, str(exc), field, "context_length_exceeded"), status_code=400)
+        except PathOverloaded as exc:  # SLA routing's length breaker is open for this length
+            self._record(request_id, serving, timer, len(prompt_ids), 0, None, type(exc).__name__,
+                         observed_prompt, None, path=exc.path)  # fmt: skip
+            retry = str(max(1, math.ceil(exc.retry_after_s)))
+            return JSONResponse(fmt_error(503, str(exc), None, "path_overloaded"), status_code=503,
+                                headers={"Retry-After": retry})  # fmt: skip
         except InvalidRequest as exc:
             raise HTTPException(422, {"field": "body", "reason": str(exc)}) from None
         except RuntimeNotRunning as exc:
@@ -281,18 +307,18 @@ class EngineBackend:
             completion = await handle.aresult()
         except GenerationFailed as exc:
             self._record(handle.request_id, handle.model_version, timer, n_prompt, stream.token_count, None,
-                         type(exc).__name__, prompt, None)  # fmt: skip
+                         type(exc).__name__, prompt, None, path=getattr(handle, "path", None))  # fmt: skip
             raise BackendUnavailable(f"generation failed: {exc}") from None
         except asyncio.CancelledError:  # the client went away: stop generating for it
             self._hang_up(handle)
             self._record(handle.request_id, handle.model_version, timer, n_prompt, stream.token_count, None,
-                         CANCELLED, prompt, None)  # fmt: skip
+                         CANCELLED, prompt, None, path=getattr(handle, "path", None))  # fmt: skip
             raise
         stream.flush()
         finish = "stop" if stream.stopped else _FINISH.get(completion.finish_reason, "stop")
         n_out = stream.token_count
         self._record(handle.request_id, completion.model_version, timer, n_prompt, n_out, completion.queue_s, None,
-                     prompt, stream.text)  # fmt: skip
+                     prompt, stream.text, path=getattr(handle, "path", None))  # fmt: skip
         u = fmt.usage(n_prompt, n_out)
         body = (fmt.chat_response if chat else fmt.completion_response)(
             handle.request_id, completion.model_version, stream.text, finish, u
@@ -347,19 +373,32 @@ class EngineBackend:
             version = completion.model_version if completion is not None else version
             queue_s = completion.queue_s if completion is not None else None
             self._record(
-                rid, version, timer, n_prompt, stream.token_count, queue_s, error, prompt, stream.text
+                rid,
+                version,
+                timer,
+                n_prompt,
+                stream.token_count,
+                queue_s,
+                error,
+                prompt,
+                stream.text,
+                path=getattr(handle, "path", None),
             )
 
     def _record(
         self, request_id: str, version: str | None, timer: CallTimer, prompt_tokens: int, output_tokens: int,
         queue_s: float | None, error: str | None, prompt: str | None, response: str | None,
+        *, path: str | None = None,
     ) -> None:  # fmt: skip
         record = make_record(
             request_id=request_id, model=self.model_name, model_version=version or "unknown", timer=timer,
             source="engine", prompt_tokens=prompt_tokens, output_tokens=output_tokens, queue_s=queue_s,
             error_type=error, prompt=prompt, response=response if error is None else None,
-            text_sample_rate=self.service.config.text_sample_rate,
+            text_sample_rate=self.service.config.text_sample_rate, path=path,
         )  # fmt: skip
+        route_metrics = getattr(self, "route_metrics", None)
+        if route_metrics is not None:
+            route_metrics.observe(path, record.duration_s, error)
         submit_record(self.service, record, observe=False)  # the EngineAdapter fed the statistics
 
 

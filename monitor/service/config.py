@@ -20,6 +20,8 @@ __all__ = [
     "DriftConfig",
     "EngineConfig",
     "LimitsConfig",
+    "RoutePathConfig",
+    "RoutingConfig",
     "ScheduleConfig",
     "ServiceConfig",
     "UpstreamConfig",
@@ -56,6 +58,31 @@ class EngineConfig:
     # a shared tier so that a new replica starts warm, e.g. "redis://127.0.0.1:6379/0" (off)
     prefix_cache_redis_url: str | None = None
     prefix_cache_redis_prefix: str = "infersight:kv:"
+
+
+@dataclass(frozen=True)
+class RoutePathConfig:
+    """One path of SLA routing: the registered version serving it and its latency target
+    (arrival to last token); the fast path also bounds what it takes."""
+
+    version: str
+    sla_ms: float
+    max_prompt_tokens: int | None = None
+    max_new_tokens: int | None = None
+
+
+@dataclass(frozen=True)
+class RoutingConfig:
+    """SLA routing in the embedded runtime: the standard version serves as the runtime's
+    version, the fast one beside it (engine/routing.py)."""
+
+    fast: RoutePathConfig
+    standard: RoutePathConfig
+    classifier: str | None = None  # "package.module:function", (RouteQuery) -> "fast" | "standard"
+    # while a path's p99 is over its SLA, requests over the breaker's length threshold get
+    # "reject" (503 + Retry-After) or go from the fast path to the "standard" one
+    breaker_action: str = "reject"
+    breaker_cooldown_s: float = 2.0  # open this long before half-open
 
 
 @dataclass(frozen=True)
@@ -156,6 +183,7 @@ class ServiceConfig:
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
     limits: LimitsConfig = field(default_factory=LimitsConfig)
     cost: CostConfig | None = None
+    routing: RoutingConfig | None = None  # SLA routing (embedded runtime only); None: one path
     text_sample_rate: float = 1.0  # share of proxied/served requests whose text is kept
     # "package.module:function", the SDK's `redact` hook (str -> str): applied to every text
     # the dataset export (CLI and GET /api/v1/dataset) lets out; a hook that fails drops the text

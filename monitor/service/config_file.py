@@ -22,6 +22,8 @@ from .config import (
     DriftConfig,
     EngineConfig,
     LimitsConfig,
+    RoutePathConfig,
+    RoutingConfig,
     ScheduleConfig,
     ServiceConfig,
     UpstreamConfig,
@@ -62,11 +64,17 @@ def config_from_mapping(
 ) -> ServiceConfig:
     env = env or {}
     reader = _Reader(base or Path.cwd(), source)
+    routing = None
+    if isinstance(data, dict) and data.get("routing") is not None:
+        data = dict(data)
+        routing = reader.routing(data.pop("routing"))
     top = reader.section(data, "", ServiceConfig, nested={
         "engine": EngineConfig, "upstream": UpstreamConfig, "alerting": AlertingConfig,
         "drift": DriftConfig, "retention": RetentionPolicy, "schedule": ScheduleConfig,
         "limits": LimitsConfig, "cost": CostConfig,
     })  # fmt: skip
+    if routing is not None:
+        top["routing"] = routing
     if env.get(ENV_TOKEN):
         top["token"] = env[ENV_TOKEN]
     if env.get(ENV_DATABASE_URL):
@@ -145,7 +153,54 @@ def check_config(config: ServiceConfig, *, source: str | None = None) -> Service
         url = config.engine.prefix_cache_redis_url
         if url is not None and not url.startswith(("redis://", "rediss://", "unix://")):
             fail("engine.prefix_cache_redis_url", "must be a redis://, rediss:// or unix:// URL")
+    if config.routing is not None:
+        _check_routing(config, fail)
     return config
+
+
+def _check_routing(config: ServiceConfig, fail: Any) -> None:
+    """SLAs positive, limits positive, the classifier importable, both versions registered
+    (whether they load is known at start: the service refuses to start, naming the key)."""
+    routing = config.routing
+    assert routing is not None
+    if config.engine is None:
+        fail("routing", "needs the embedded runtime (engine:), not a proxy")
+        return
+    for name in ("fast", "standard"):
+        path = getattr(routing, name)
+        if not (0 < path.sla_ms < float("inf")):
+            fail(f"routing.{name}.sla_ms", "must be a positive number of milliseconds")
+        for limit in ("max_prompt_tokens", "max_new_tokens"):
+            value = getattr(path, limit)
+            if value is not None and not value > 0:
+                fail(f"routing.{name}.{limit}", "must be positive")
+    if routing.breaker_action not in ("reject", "standard"):
+        fail("routing.breaker_action", "must be reject (503 + Retry-After) or standard")
+    if not routing.breaker_cooldown_s > 0:
+        fail("routing.breaker_cooldown_s", "must be a positive number of seconds")
+    if config.engine.version is not None and config.engine.version != routing.standard.version:
+        fail(
+            "routing.standard.version",
+            f"must be engine.version ({config.engine.version}) or engine.version unset",
+        )
+    if routing.classifier is not None:
+        from infersight.monitor.dataset import RedactorInvalid, load_redactor
+
+        try:
+            load_redactor(routing.classifier)  # the same "module:function" import as `redact`
+        except RedactorInvalid as exc:
+            fail("routing.classifier", f"cannot use {routing.classifier!r}: {str(exc).split(': ', 1)[-1]}")
+    from infersight.engine.errors import RegistryError
+    from infersight.engine.registry import Registry
+
+    try:
+        registry = Registry(config.engine.registry)
+        for name in ("fast", "standard"):
+            version = getattr(routing, name).version
+            if version not in registry:
+                fail(f"routing.{name}.version", f"{version} is not registered in {config.engine.registry}")
+    except RegistryError as exc:
+        fail("engine.registry", str(exc))
 
 
 class _Reader:
@@ -181,6 +236,21 @@ class _Reader:
                 continue
             out[key] = self.value(path, key, value, fields[key].type)
         return out
+
+    def routing(self, data: Any) -> RoutingConfig:
+        if not isinstance(data, dict):
+            self.fail("routing", "must be a mapping")
+        paths = {}
+        for name in ("fast", "standard"):
+            if name not in data:
+                self.fail(f"routing.{name}", "is required (version and sla_ms)")
+            sub = self.section(data[name], f"routing.{name}.", RoutePathConfig)
+            for key in ("version", "sla_ms"):
+                if key not in sub:
+                    self.fail(f"routing.{name}.{key}", "is required")
+            paths[name] = RoutePathConfig(**sub)
+        rest = self.section({k: v for k, v in data.items() if k not in paths}, "routing.", RoutingConfig)
+        return RoutingConfig(fast=paths["fast"], standard=paths["standard"], **rest)
 
     def value(self, path: str, key: str, value: Any, annotation: Any) -> Any:
         kind = str(annotation)

@@ -72,7 +72,8 @@ class ServiceMetrics:
 
 class CombinedRegistry(Collector):
     """Collects from several registries (the service's, the collectors', drift's, alerts'),
-    so that one `/metrics` exposes them all; a name exported twice is exposed once."""
+    so that one `/metrics` exposes them all; a name exported twice is exposed once, with
+    the series of both (a series, name and labels, exported twice is exposed once)."""
 
     def __init__(self, registries: Sequence[CollectorRegistry]) -> None:
         self._registries = list(registries)
@@ -82,13 +83,22 @@ class CombinedRegistry(Collector):
             self._registries.append(registry)
 
     def collect(self) -> Iterator[Metric]:
-        seen: set[str] = set()
+        families: dict[str, Metric] = {}
         for registry in self._registries:
             for metric in _collect(registry):
-                if metric.name in seen:
+                first = families.get(metric.name)
+                if first is None:
+                    families[metric.name] = metric
                     continue
-                seen.add(metric.name)
-                yield metric
+                if first.type != metric.type:
+                    continue
+                # the same name from two places (the SLO ledger's attainment by `slo`, routing's
+                # by `path` and `window`): one family, each series once
+                have = {(s.name, tuple(sorted(s.labels.items()))) for s in first.samples}
+                first.samples.extend(
+                    s for s in metric.samples if (s.name, tuple(sorted(s.labels.items()))) not in have
+                )
+        yield from families.values()
 
 
 def _collect(registry: CollectorRegistry) -> Iterable[Metric]:

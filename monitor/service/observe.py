@@ -57,6 +57,7 @@ def make_record(
     response: str | None = None,
     text_sample_rate: float = 1.0,
     rng: random.Random | None = None,
+    path: str | None = None,
 ) -> InferenceRecord:
     timer.finish()
     keep_text = text_sample_rate >= 1.0 or (rng or random).random() < text_sample_rate
@@ -75,4 +76,5 @@ def make_record(
         prompt=prompt[:MAX_TEXT_CHARS] if keep_text and prompt is not None else None,
         response=response[:MAX_TEXT_CHARS] if keep_text and response is not None else None,
         source=source,
+        path=path,
     )

@@ -47,6 +47,7 @@ _RECORD_SCHEMA: dict[str, Any] = {
         "prompt": {"type": ["string", "null"]},
         "response": {"type": ["string", "null"]},
         "source": {"type": "string", "enum": ["sdk", "engine", "proxy"]},
+        "path": {"type": ["string", "null"], "minLength": 1, "maxLength": 256},  # SLA routing's path
     },
 }
 assert set(_RECORD_SCHEMA["properties"]) == {f.name for f in fields(InferenceRecord)}

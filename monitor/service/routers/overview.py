@@ -23,6 +23,7 @@ def _overview(request: Request) -> dict[str, Any]:
     alerts = component(request, "alerts")
     drift = component(request, "drift")
     cost = component(request, "cost")
+    routing = component(request, "routing")
     firing = alerts.firing_summary() if alerts is not None else []
     problems = service.readiness()
     return {
@@ -36,6 +37,7 @@ def _overview(request: Request) -> dict[str, Any]:
         "slos": alerts.slo_summary() if alerts is not None else [],
         "cost": [c.to_json() for c in cost.costs()] if cost is not None else [],
         "cost_per_hour": cost.per_hour * max(1, cost.devices()) if cost is not None else None,
+        "routing": routing.to_json() if routing is not None else None,  # SLA routing's paths, or None
     }
 
 

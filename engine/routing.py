@@ -1,0 +1,454 @@
+"""SLA routing: a fast path and a standard path, two replicas in one runtime.
+
+The standard path is the runtime's serving replica (`current`: deploys, rollbacks and
+canaries act on it as without routing); the fast path is a second replica beside it, its
+own KV cache, batch and pending queue (the canary's machinery, a second slot). Each
+request is routed once, at submit, and never moves:
+
+1. **classify**: a prompt within the fast path's `max_prompt_tokens` asking for at most its
+   `max_new_tokens` is "short" (fast), anything else "long" (standard). A user classifier,
+   `fn(RouteQuery) -> "fast" | "standard"`, decides among the short ones instead; one that
+   raises or answers anything else sends the request to the standard path, counted
+   (`reason="classifier_error"`), and never fails the request.
+2. **spill over**: the predicted latency on the chosen path (waiting behind its queue, then
+   its prefill and `max_new_tokens` decode steps at the batch it will run in, plus the other
+   replica's step, since one loop thread steps both) comes from the step times each
+   replica measures while it serves (step_times.py). When it is over the path's SLA and the
+   other path predicts less, the request goes there (`reason="spill"`).
+3. **length breaker**: per path, closed / open / half-open (`LengthBreaker`). While open,
+   a request longer than the adaptive threshold is refused (`PathOverloaded`, the service's
+   503 + Retry-After) or, with `breaker_action="standard"`, sent from the fast path to the
+   standard one (`reason="breaker"`).
+
+Each path's batch cap follows the 1-4-8-16 ladder: the largest rung whose measured step
+time lets a typical request of the path finish within its SLA (`RouteControl.adapt`).
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+
+from .errors import InvalidRequest, PathOverloaded, RuntimeNotRunning
+from .events import BreakerChanged
+from .runtime_loop import Swap, apply_swap
+from .step_times import BATCH_LADDER
+
+if TYPE_CHECKING:
+    from .runtime import Runtime
+    from .runtime_replica import Replica
+    from .scheduler import PendingQueue, Request
+
+__all__ = [
+    "PATHS",
+    "BreakerState",
+    "BreakerStatus",
+    "LengthBreaker",
+    "PathSpec",
+    "RouteControl",
+    "RouteDecision",
+    "RouteQuery",
+    "RoutingSpec",
+]
+
+PATHS = ("fast", "standard")
+Path = Literal["fast", "standard"]
+BreakerState = Literal["closed", "open", "half_open"]
+
+
+@dataclass(frozen=True)
+class RouteQuery:
+    """What a user classifier sees: the prompt's token ids, the requested output, the text
+    (None when the caller gave token ids only)."""
+
+    prompt_ids: Sequence[int]
+    max_new_tokens: int
+    text: str | None
+
+
+Classifier = Callable[[RouteQuery], str]
+
+
+@dataclass(frozen=True)
+class PathSpec:
+    version: str
+    sla_ms: float
+    max_prompt_tokens: int | None = None  # the fast path's admission limits (None: no limit)
+    max_new_tokens: int | None = None
+
+
+@dataclass(frozen=True)
+class RoutingSpec:
+    fast: PathSpec
+    standard: PathSpec
+    classifier: Classifier | None = None
+    breaker_action: Literal["reject", "standard"] = "reject"
+    breaker_window: int = 50  # recent completions of a path whose p99 opens its breaker
+    breaker_cooldown_s: float = 2.0  # open this long, then half-open
+    breaker_probes: int = 5  # completions judged in half-open before closing
+
+    def path(self, name: str) -> PathSpec:
+        return self.fast if name == "fast" else self.standard
+
+
+@dataclass(frozen=True)
+class RouteDecision:
+    path: Path
+    reason: str  # "short", "long", "classifier", "classifier_error", "spill", "breaker"
+    predicted_s: float | None  # predicted latency on `path` (None: not measured yet)
+
+
+@dataclass(frozen=True)
+class BreakerStatus:
+    path: str
+    state: BreakerState
+    p99_ms: float | None
+    threshold_tokens: int | None  # while open: longer requests are shed
+    opened: int  # times opened since start
+
+
+class LengthBreaker:
+    """One path's breaker. Fed every finished request's (length, seconds); opens when the p99
+    of the last `window` is over the SLA. The threshold adapts to what was measured: the
+    longest request of the window that met the SLA and is shorter than every request that
+    missed it (else one token under the shortest that missed): lengths that are still
+    served in time keep being served. After `cooldown_s` it turns half-open and lets
+    everything through; `probes` completions within the SLA, or a further `cooldown_s`
+    without a miss (the long traffic may have stopped), close it; one miss reopens it."""
+
+    def __init__(self, path: str, sla_s: float, *, window: int, cooldown_s: float, probes: int,
+                 clock: Callable[[], float] = time.monotonic) -> None:  # fmt: skip
+        self.path = path
+        self.sla_s = sla_s
+        self.cooldown_s = cooldown_s
+        self.probes = probes
+        self._clock = clock
+        self._recent: deque[tuple[int, float]] = deque(maxlen=window)
+        self._lock = threading.Lock()
+        self.state: BreakerState = "closed"
+        self.threshold: int | None = None
+        self._opened_at = 0.0
+        self._half_open_at = 0.0
+        self._probe_ok = 0
+        self.opened = 0
+
+    def p99_s(self) -> float | None:
+        with self._lock:
+            return _p99([s for _, s in self._recent])
+
+    def observe(self, length: int, seconds: float) -> BreakerState | None:
+        """One finished request; the new state when it changed."""
+        with self._lock:
+            self._recent.append((length, seconds))
+            self._tick()
+            if self.state == "half_open":
+                if seconds > self.sla_s:
+                    return self._open()
+                self._probe_ok += 1
+                return self._close() if self._probe_ok >= self.probes else None
+            if self.state == "closed" and len(self._recent) >= min(20, self._recent.maxlen or 20):
+                p99 = _p99([s for _, s in self._recent])
+                if p99 is not None and p99 > self.sla_s:
+                    return self._open()
+            return None
+
+    def admits(self, length: int) -> bool:
+        """False while open for a request longer than the threshold."""
+        with self._lock:
+            self._tick()
+            return self.state != "open" or self.threshold is None or length <= self.threshold
+
+    def retry_after_s(self) -> float:
+        with self._lock:
+            return max(1.0, self._opened_at + self.cooldown_s - self._clock())
+
+    def tick(self) -> BreakerState | None:
+        """Open -> half-open once the cooldown has passed; the new state when it changed."""
+        with self._lock:
+            return self._tick()
+
+    def _tick(self) -> BreakerState | None:
+        now = self._clock()
+        if self.state == "open" and now - self._opened_at >= self.cooldown_s:
+            self.state, self._probe_ok, self._half_open_at = "half_open", 0, now
+            return "half_open"
+        if self.state == "half_open" and now - self._half_open_at >= self.cooldown_s:
+            return self._close()
+        return None
+
+    def _close(self) -> BreakerState:
+        self.state, self.threshold = "closed", None
+        self._recent.clear()  # the flood's latencies must not reopen it
+        return "closed"
+
+    def _open(self) -> BreakerState:
+        missed = [n for n, s in self._recent if s > self.sla_s]
+        shortest_miss = min(missed) if missed else None
+        kept = [
+            n for n, s in self._recent if s <= self.sla_s and (shortest_miss is None or n < shortest_miss)
+        ]
+        if kept:
+            self.threshold = max(kept)
+        elif shortest_miss is not None:
+            self.threshold = max(0, shortest_miss - 1)
+        self.state, self._opened_at = "open", self._clock()
+        self.opened += 1
+        return "open"
+
+    def status(self) -> BreakerStatus:
+        p99 = self.p99_s()
+        with self._lock:
+            self._tick()
+            return BreakerStatus(
+                self.path, self.state, None if p99 is None else p99 * 1000.0, self.threshold, self.opened
+            )
+
+
+class RouteControl:
+    """The runtime's handle for SLA routing (`runtime.routing`)."""
+
+    def __init__(self, runtime: Runtime) -> None:
+        self._runtime = runtime
+        self.spec: RoutingSpec | None = None
+        self.breakers: dict[str, LengthBreaker] = {}
+        self._counts: dict[tuple[str, str], int] = {}
+        self._count_lock = threading.Lock()
+        self._arrivals: dict[str, deque[float]] = {name: deque(maxlen=64) for name in PATHS}
+        self._prompt_tokens: dict[str, float] = {}  # per path: mean prompt length (EWMA)
+
+    @property
+    def active(self) -> bool:
+        return self.spec is not None and self._runtime._state.fast is not None
+
+    def start(self, spec: RoutingSpec) -> None:
+        """Load the fast path's version beside the serving (standard) one, verified and
+        warmed up like a deploy. Raises InvalidRequest when the serving version is not the
+        standard path's, a DeployRefused subclass when the fast version cannot be served."""
+        runtime = self._runtime
+        for name in PATHS:
+            if not spec.path(name).sla_ms > 0:
+                raise InvalidRequest(f"routing.{name}.sla_ms must be positive, got {spec.path(name).sla_ms}")
+        with runtime._deploy_lock:
+            serving = runtime.serving_version
+            if not runtime.is_running or serving is None:
+                raise RuntimeNotRunning("runtime is not serving: call start() first")
+            if serving != spec.standard.version:
+                raise InvalidRequest(
+                    f"routing.standard.version is {spec.standard.version} but {serving} serves"
+                )
+            replica, _ = runtime._prepare(spec.fast.version, "routing", from_version=serving)
+            self.breakers = {
+                name: LengthBreaker(name, spec.path(name).sla_ms / 1000.0, window=spec.breaker_window,
+                                    cooldown_s=spec.breaker_cooldown_s, probes=spec.breaker_probes)
+                for name in PATHS
+            }  # fmt: skip
+            self.spec = spec
+            runtime._state.on_finished = self._finished
+            apply_swap(
+                runtime._state,
+                runtime._thread,
+                Swap(replica=replica, reason="routing", kind="fast"),
+                "the fast path",
+            )
+
+    def stop(self) -> None:
+        """Back to one path: the fast replica finishes what it runs, its queue goes standard."""
+        runtime = self._runtime
+        with runtime._deploy_lock:
+            if self._runtime._state.fast is not None and runtime.is_running:
+                apply_swap(
+                    runtime._state,
+                    runtime._thread,
+                    Swap(replica=None, reason="routing", kind="fast"),
+                    "routing stop",
+                )
+            runtime._state.on_finished = None
+            self.spec = None
+
+    # -- deciding ------------------------------------------------------------------------
+
+    def decide(self, prompt_ids: Sequence[int], max_new_tokens: int, text: str | None) -> RouteDecision:
+        """Where a request goes; raises PathOverloaded when the breaker sheds it."""
+        spec = self.spec
+        n = len(prompt_ids)
+        if spec is None:  # routing stopped meanwhile: the serving (standard) version takes it
+            return RouteDecision("standard", "long", None)
+        fits_fast = _within(spec.fast, n, max_new_tokens)
+        path: Path = "fast" if fits_fast else "standard"
+        reason = "short" if fits_fast else "long"
+        if fits_fast and spec.classifier is not None:
+            try:
+                answer = spec.classifier(RouteQuery(prompt_ids, max_new_tokens, text))
+                if answer not in PATHS:
+                    raise ValueError(f"classifier answered {answer!r}, not fast or standard")
+                path, reason = ("fast" if answer == "fast" else "standard"), "classifier"
+            except Exception:  # a user's bug never fails the request: standard, counted
+                path, reason = "standard", "classifier_error"
+        predicted = self.predict_s(path, n, max_new_tokens)
+        if predicted is not None and predicted > spec.path(path).sla_ms / 1000.0:
+            other: Path = "standard" if path == "fast" else "fast"
+            if other == "standard" or fits_fast:
+                alternative = self.predict_s(other, n, max_new_tokens)
+                if alternative is not None and alternative < predicted:
+                    path, reason, predicted = other, "spill", alternative
+        length = n + max_new_tokens
+        breaker = self.breakers[path]
+        if not breaker.admits(length):
+            if (
+                path == "fast"
+                and spec.breaker_action == "standard"
+                and self.breakers["standard"].admits(length)
+            ):
+                path, reason = "standard", "breaker"
+                predicted = self.predict_s(path, n, max_new_tokens)
+            else:
+                self.count(path, "shed")
+                raise PathOverloaded(
+                    f"the {path} path is over its SLA: requests over {breaker.threshold} tokens "
+                    f"(prompt + max_new_tokens) are refused for now",
+                    path=path, retry_after_s=breaker.retry_after_s(),
+                )  # fmt: skip
+        self.count(path, reason)
+        self._arrivals[path].append(time.monotonic())
+        old = self._prompt_tokens.get(path)
+        self._prompt_tokens[path] = n if old is None else old + 0.1 * (n - old)
+        return RouteDecision(path, reason, predicted)
+
+    def predict_s(self, path: str, prompt_tokens: int, max_new_tokens: int) -> float | None:
+        """Predicted arrival-to-last-token seconds of a request submitted now on `path`,
+        from measured step times (None until that path has served a request)."""
+        replica, queue, other = self._sides(path)
+        if replica is None:
+            return None
+        times = replica.step_times
+        running, waiting, cap = len(replica.running), len(queue), max(1, replica.cap)
+        decode = times.decode_s(min(cap, running + waiting + 1))
+        prefill = times.prefill_s(prompt_tokens)
+        if decode is None or prefill is None:
+            return None
+        beside = 0.0
+        if other is not None and other.running:
+            beside = other.step_times.decode_s(len(other.running)) or 0.0
+        wait = 0.0
+        free = cap - running
+        if waiting >= free:
+            service = times.service_s
+            if service is None:
+                return None
+            wait = math.ceil((waiting - free + 1) / cap) * service
+        return wait + prefill + max_new_tokens * (decode + beside)
+
+    def adapt(self) -> None:
+        """Each path's batch cap, a rung of 1-4-8-16 (up to its KV slots), from measured steps:
+        the smallest rung (the shortest steps) that both lets the path's typical request
+        finish within the SLA and serves twice the path's measured arrival rate (at higher
+        utilisation Poisson bursts queue); when none does both, the measured rung that serves
+        the most requests per second, or a larger one not measured yet (a cap below the
+        arrival rate only grows the queue)."""
+        spec = self.spec
+        if spec is None:
+            return
+        for name in PATHS:
+            replica, _, other = self._sides(name)
+            if replica is None:
+                continue
+            times = replica.step_times
+            tokens = times.output_tokens
+            if tokens is None:
+                continue
+            tokens = max(1.0, tokens)
+            prefill = times.prefill_s(int(self._prompt_tokens.get(name, 0.0))) or 0.0
+            beside = 0.0
+            if other is not None and other.running:
+                beside = other.step_times.decode_s(len(other.running)) or 0.0
+            sla_s = spec.path(name).sla_ms / 1000.0
+            rate = self.arrival_rate(name)
+            rungs = [c for c in BATCH_LADDER if c <= replica.max_batch] or [replica.max_batch]
+            measured = times.snapshot().decode_s
+            best, best_throughput, chosen = None, 0.0, None
+            for c in rungs:
+                step = times.decode_s(c)
+                if step is None:
+                    continue
+                latency = prefill + tokens * (step + beside)
+                throughput = c / latency if latency > 0 else float("inf")
+                if c in measured and throughput >= best_throughput:
+                    best, best_throughput = c, throughput
+                if chosen is None and latency <= sla_s and throughput >= 2.0 * rate:
+                    chosen = c
+            if chosen is None:  # overloaded: the most requests per second, trying a larger rung
+                # not measured yet (a cap kept small never measures the larger batches)
+                larger = [c for c in rungs if c not in measured and (best is None or c > best)]
+                chosen = larger[0] if larger else best if best is not None else rungs[-1]
+            replica.cap = chosen
+
+    def arrival_rate(self, path: str) -> float:
+        """Requests per second routed to `path`, over its last 64 arrivals."""
+        arrivals = list(self._arrivals.get(path, ()))
+        if len(arrivals) < 2:
+            return 0.0
+        span = max(time.monotonic() - arrivals[0], 1e-3)
+        return (len(arrivals) - 1) / span
+
+    def caps(self) -> dict[str, int]:
+        return {name: r.cap for name in PATHS if (r := self._sides(name)[0]) is not None}
+
+    def counts(self) -> dict[tuple[str, str], int]:
+        """Requests routed so far by (path, reason); "shed" counts breaker refusals."""
+        with self._count_lock:
+            return dict(self._counts)
+
+    def count(self, path: str, reason: str) -> None:
+        with self._count_lock:
+            self._counts[(path, reason)] = self._counts.get((path, reason), 0) + 1
+
+    def statuses(self) -> list[BreakerStatus]:
+        statuses = []
+        for breaker in self.breakers.values():
+            self._note(breaker, breaker.tick())
+            statuses.append(breaker.status())
+        return statuses
+
+    # -- the loop thread -----------------------------------------------------------------
+
+    def _finished(self, request: Request, seconds: float) -> None:
+        path = request.path
+        breaker = self.breakers.get(path) if path is not None else None
+        if breaker is None:
+            return
+        self._note(breaker, breaker.observe(len(request.prompt_ids) + request.max_new_tokens, seconds))
+        if breaker.state == "closed":
+            self.adapt()
+
+    def _note(self, breaker: LengthBreaker, changed: BreakerState | None) -> None:
+        if changed is None:
+            return
+        p99 = breaker.p99_s()
+        self._runtime._state.post(BreakerChanged(
+            breaker.path, changed, time.time(), None if p99 is None else p99 * 1000.0, breaker.threshold,
+        ))  # fmt: skip
+        self._runtime._state.wake.set()
+
+    def _sides(self, path: str) -> tuple[Replica | None, PendingQueue, Replica | None]:
+        state = self._runtime._state
+        if path == "fast":
+            return state.fast, state.fast_queue, state.current
+        return state.current, state.queue, state.fast
+
+
+def _within(spec: PathSpec, prompt_tokens: int, max_new_tokens: int) -> bool:
+    return (spec.max_prompt_tokens is None or prompt_tokens <= spec.max_prompt_tokens) and (
+        spec.max_new_tokens is None or max_new_tokens <= spec.max_new_tokens
+    )
+
+
+def _p99(values: list[float]) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, math.ceil(0.99 * len(ordered)) - 1)]

@@ -1,0 +1,120 @@
+"""What one replica's steps cost, measured online while it serves: the basis of SLA routing.
+
+Every batched decode step is timed and kept per batch size as an exponentially weighted
+mean; every prefill adds to a per-prompt-token cost. `decode_s(b)` answers for any batch
+size from what was measured: the batch size itself when seen, else a line through the
+nearest measured sizes on either side (a decode step's cost grows about linearly with
+the batch on CPU, and flatter on a GPU, so interpolation between two measured sizes is
+safe; beyond the largest measured size the last slope is extended). Nothing here is a
+constant about a model or a machine: with nothing measured every prediction is None.
+
+The loop thread writes (one float update per step); router threads read. A read may see
+an update half-applied across two sizes, which only makes a prediction one step stale.
+On CUDA a decode call returns before the kernels finish, so there the timing reads only
+the launch and predictions are optimistic (measured on CPU only so far).
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+
+__all__ = ["BATCH_LADDER", "StepTimes", "StepTimesSnapshot"]
+
+# the batch caps a path may run at, smallest first (the seeds' 1-4-8-16 ladder)
+BATCH_LADDER = (1, 4, 8, 16)
+_ALPHA = 0.2  # weight of the newest observation: about the last ten steps count
+
+
+@dataclass(frozen=True)
+class StepTimesSnapshot:
+    """Measured means: decode seconds per step by batch size, prefill seconds per token,
+    and a request's service seconds (admission to last token) and output tokens."""
+
+    decode_s: dict[int, float]
+    prefill_s_per_token: float | None
+    service_s: float | None
+    output_tokens: float | None
+    steps: int
+
+
+class StepTimes:
+    def __init__(self) -> None:
+        self._decode: dict[int, float] = {}
+        self._sizes: list[int] = []
+        self._prefill_per_token: float | None = None
+        self._service: float | None = None
+        self._output_tokens: float | None = None
+        self.steps = 0
+
+    # -- written by the loop thread ------------------------------------------------------
+
+    def observe_decode(self, batch: int, seconds: float) -> None:
+        if batch < 1 or not seconds >= 0.0:
+            return
+        self.steps += 1
+        old = self._decode.get(batch)
+        if old is None:
+            bisect.insort(self._sizes, batch)
+            self._decode[batch] = seconds
+        else:
+            self._decode[batch] = old + _ALPHA * (seconds - old)
+
+    def observe_prefill(self, tokens: int, seconds: float) -> None:
+        if tokens < 1 or not seconds >= 0.0:
+            return
+        self._prefill_per_token = _ewma(self._prefill_per_token, seconds / tokens)
+
+    def observe_service(self, seconds: float, output_tokens: int) -> None:
+        """One finished request: admission to last token, and how many tokens it made."""
+        if not seconds >= 0.0:
+            return
+        self._service = _ewma(self._service, seconds)
+        self._output_tokens = _ewma(self._output_tokens, float(output_tokens))
+
+    # -- read by anyone ------------------------------------------------------------------
+
+    def decode_s(self, batch: int) -> float | None:
+        """Predicted seconds of one decode step at `batch` (None: nothing measured yet)."""
+        if batch < 1:
+            return 0.0
+        sizes = list(self._sizes)
+        if not sizes:
+            return None
+        table = self._decode
+        if batch in table:
+            return table[batch]
+        i = bisect.bisect_left(sizes, batch)
+        if i == 0:  # below the smallest measured size: scale it down, never below 0
+            lo = sizes[0]
+            return table[lo] * batch / lo if len(sizes) == 1 else _line(sizes[0], sizes[1], table, batch)
+        if i == len(sizes):  # above the largest: extend the last slope (or proportional)
+            hi = sizes[-1]
+            return table[hi] * batch / hi if len(sizes) == 1 else _line(sizes[-2], sizes[-1], table, batch)
+        return _line(sizes[i - 1], sizes[i], table, batch)
+
+    def prefill_s(self, tokens: int) -> float | None:
+        per = self._prefill_per_token
+        return None if per is None else per * max(0, tokens)
+
+    @property
+    def service_s(self) -> float | None:
+        return self._service
+
+    @property
+    def output_tokens(self) -> float | None:
+        return self._output_tokens
+
+    def snapshot(self) -> StepTimesSnapshot:
+        return StepTimesSnapshot(
+            dict(self._decode), self._prefill_per_token, self._service, self._output_tokens, self.steps
+        )
+
+
+def _ewma(old: float | None, new: float) -> float:
+    return new if old is None else old + _ALPHA * (new - old)
+
+
+def _line(a: int, b: int, table: dict[int, float], x: int) -> float:
+    slope = (table[b] - table[a]) / (b - a)
+    return max(0.0, table[a] + slope * (x - a))
