@@ -129,10 +129,9 @@ def real_canaries(n_good: int, n_bad: int, per_step: int, good_version: str | No
                             controller.on_relevance(d.model_version, float(np.dot(p, r)))
                             controller.on_output(d.model_version, r.tolist())
                     seconds = time.perf_counter() - t0
-                    while (
-                        not controller.decisions
-                        or (controller.decisions[-1].action == "promote"
-                        and (controller.decisions[-1].weight < 1.0))
+                    while not controller.decisions or (
+                        controller.decisions[-1].action == "promote"
+                        and (controller.decisions[-1].weight < 1.0)
                     ):  # the decision is recorded just after it is applied
                         time.sleep(0.01)
                     unsubscribe()
