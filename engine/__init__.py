@@ -15,7 +15,6 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .cache import KVCache
     from .config import ModelConfig
     from .deploy import DeployOutcome
     from .deploy_history import DeployRecord
@@ -55,6 +54,7 @@ if TYPE_CHECKING:
     )
     from .loading import load
     from .model import MoEModel
+    from .network import KVCache
     from .paths import EnginePath
     from .prefix_cache import PrefixCache, PrefixCacheStats
     from .prefix_cache_redis import RedisTier
@@ -98,7 +98,7 @@ _EXPORTS: dict[str, str] = {
     "VersionExists": ".errors",
     "VersionNotFound": ".errors",
     "WarmupFailed": ".errors",
-    "KVCache": ".cache",
+    "KVCache": ".network",
     "ModelConfig": ".config",
     "load": ".loading",
     "MoEModel": ".model",
