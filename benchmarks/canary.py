@@ -5,6 +5,15 @@
     scored by the service's embedding model on every answer, the CanaryController deciding).
     Reported: seconds from the canary's start to its rollback and the share of requests the
     canary served, per run (`--demo-runs`; each is a whole demo, minutes on 2 cores).
+(c) Real canaries (`--real N`, `--real-bad M`): the real embedded runtime serving the demo
+    model, N canaries of a GOOD release (the stable version's own weights registered again
+    as a new version, or `--good-version`, e.g. the int8 one) and M of the corrupted one,
+    each from its start to its promotion (10% -> 50% -> 100%, `--per-step` canary requests
+    at each step) or its rollback. Banking77 questions, one new `user` per request (so the
+    assignment is the runtime's own hash), answers sampled at temperature 1, relevance and
+    the answers' embeddings from all-MiniLM-L6-v2 as the service's embedding job computes
+    them, fed to the same `CanaryController` the service runs. Reported per kind: rollbacks,
+    seconds from start to decision, requests and the canary's share of them.
 (b) False rollbacks: `--good` canaries of a release as good as the stable one, each taken
     through every step (10% -> 50% -> 100%, `requests_per_step` canary requests at each).
     This part is a SIMULATED request stream fed to the same analysis functions
@@ -13,12 +22,13 @@
     from the same distributions. Also reported: the canary requests a simulated bad release
     (relevance Beta(2, 8)) needed before its rollback, over the same seeds.
 
-    .venv/bin/python benchmarks/canary.py --demo-runs 1 --good 20
+    .venv/bin/python benchmarks/canary.py --demo-runs 1 --good 20 --real 20 --real-bad 5 --per-step 100
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import io
 import random
 import statistics
@@ -27,6 +37,13 @@ import time
 from pathlib import Path
 
 from infersight.alerts.actions.canary import CanaryAnalysis, CanaryPolicy
+
+
+def _cpu() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return "unknown"
 
 
 def _request(rng: random.Random, bad: bool) -> tuple[str | None, float, float, int]:
@@ -58,6 +75,88 @@ def simulate(seed: int, *, bad: bool, policy: CanaryPolicy) -> tuple[str, int, i
             analysis.advance()
 
 
+def real_canaries(n_good: int, n_bad: int, per_step: int, good_version: str | None, max_tokens: int) -> None:
+    """(c): canaries on the real runtime, decided by the service's controller."""
+    import shutil
+
+    import numpy as np
+    from infersight.alerts.actions.canary import CanaryController
+    from infersight.engine import Registry, Runtime
+    from infersight.monitor.cli import main as cli
+    from infersight.monitor.data import banking77
+    from infersight.monitor.drift import SentenceTransformerEmbedder
+
+    stable, bad = "mixtral_banking_fp32-v1.0", "mixtral_banking_fp32-v1.1"
+    questions = [u.text for u in banking77()]
+    embedder = SentenceTransformerEmbedder()
+    policy = CanaryPolicy(requests_per_step=per_step)
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp) / "registry"
+        with contextlib.redirect_stdout(io.StringIO()):
+            assert cli(["models", "init-demo", str(root)]) == 0
+        registry = Registry(root)
+        good = good_version
+        if good is None:  # the stable weights again, as a new release
+            good = "mixtral_banking_fp32-v1.2"
+            copy = Path(tmp) / "good"
+            shutil.copytree(registry.get(stable).path, copy)
+            registry.register(good, copy, parent=stable)
+        runtime = Runtime(registry, max_batch_size=8, max_prompt_tokens=128, max_seq_len=192)
+        runtime.start(stable)
+        tok = runtime.tokenizer
+        rng = random.Random(0)
+        results: dict[str, list[tuple[str, float, int, int]]] = {"good": [], "bad": []}
+        try:
+            for kind, candidate, count in (("good", good, n_good), ("bad", bad, n_bad)):
+                for run in range(count):
+                    controller = CanaryController(runtime.canary, policy)
+                    controller.begin(candidate, stable, policy.steps[0])
+                    unsubscribe = runtime.subscribe(controller.on_event)
+                    runtime.canary.start(candidate, policy.steps[0])
+                    t0 = time.perf_counter()
+                    while runtime.canary.status is not None:
+                        batch = [rng.choice(questions) for _ in range(8)]
+                        handles = [
+                            runtime.submit(tok.encode(q).ids, max_new_tokens=max_tokens, temperature=1.0,
+                                           user=f"run{kind}{run}-{rng.getrandbits(48)}")
+                            for q in batch
+                        ]  # fmt: skip
+                        done = [h.result(timeout=120) for h in handles]
+                        answers = [tok.decode(list(d.token_ids)) for d in done]
+                        rows = embedder.encode([*batch, *answers])
+                        ps, rs = rows[: len(batch)], rows[len(batch) :]
+                        for d, p, r in zip(done, ps, rs, strict=True):
+                            controller.on_relevance(d.model_version, float(np.dot(p, r)))
+                            controller.on_output(d.model_version, r.tolist())
+                    seconds = time.perf_counter() - t0
+                    while not controller.decisions or (
+                        controller.decisions[-1].action == "promote"
+                        and (controller.decisions[-1].weight < 1.0)
+                    ):  # the decision is recorded just after it is applied
+                        time.sleep(0.01)
+                    unsubscribe()
+                    last = controller.decisions[-1]
+                    total = last.canary_requests + last.stable_requests
+                    results[kind].append((last.action, seconds, last.canary_requests, total))
+                    print(f"    {kind} canary {run + 1}: {last.action} after {seconds:.1f} s, "
+                          f"{last.canary_requests} of {total} requests on the canary: {last.reason[:160]}",
+                          flush=True)  # fmt: skip
+                    if runtime.serving_version != stable:  # promoted: the next canary starts from stable
+                        runtime.deploy(stable, reason="deploy")
+        finally:
+            runtime.stop(drain=False)
+    for kind, rows_ in results.items():
+        if not rows_:
+            continue
+        rolled = [r for r in rows_ if r[0] == "rollback"]
+        secs = [r[1] for r in (rolled if kind == "bad" else rows_)]
+        shares = [r[2] / max(1, r[3]) for r in (rolled if kind == "bad" else rows_)]
+        print(f"(c) real {kind} canaries ({per_step} canary requests per step, steps {policy.steps}, alpha "
+              f"{policy.alpha}): {len(rolled)} of {len(rows_)} rolled back; seconds to the decision median "
+              f"{statistics.median(secs):.1f} (max {max(secs):.1f}); canary share of requests median "
+              f"{statistics.median(shares):.1%} (max {max(shares):.1%})")  # fmt: skip
+
+
 def demo_run() -> tuple[float, float, str]:
     from infersight.monitor.service.demo import DemoOptions, run_demo
 
@@ -76,7 +175,17 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--demo-runs", type=int, default=1)
     ap.add_argument("--good", type=int, default=20)
+    ap.add_argument("--real", type=int, default=0, help="real canaries of a good release")
+    ap.add_argument("--real-bad", type=int, default=0, help="real canaries of the corrupted release")
+    ap.add_argument("--per-step", type=int, default=200, help="canary requests per step (real canaries)")
+    ap.add_argument(
+        "--good-version", default=None, help="the good release (default: the stable weights again)"
+    )
+    ap.add_argument("--max-tokens", type=int, default=12)
     args = ap.parse_args()
+    print(f"CPU: {_cpu()}  load average: {' '.join(Path('/proc/loadavg').read_text().split()[:3])}")
+    if args.real or args.real_bad:
+        real_canaries(args.real, args.real_bad, args.per_step, args.good_version, args.max_tokens)
     policy = CanaryPolicy()
     t0 = time.perf_counter()
     good = [simulate(1000 + i, bad=False, policy=policy) for i in range(args.good)]

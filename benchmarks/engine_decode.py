@@ -1,10 +1,13 @@
 """Decode tokens/s: infersight.engine against transformers' MixtralForCausalLM.generate.
 
+On CPU the engine runs twice in fp32: on the eager path and on the native one (paths.py;
+`load` picks between them by measuring, here both are forced to compare them).
+
 Both sides run the same random weights (written by transformers' save_pretrained), in the
 same process, alternating run by run; each figure is the median over repeats. Decode time is
 isolated as time(generate N+1 tokens) - time(generate 1 token), so prefill is not counted.
 
-    .venv/bin/python benchmarks/engine_decode.py                 # CPU, fp32 (+ int8)
+    .venv/bin/python benchmarks/engine_decode.py                 # CPU, fp32 (+ int8, int4 at batch 1)
     .venv/bin/python benchmarks/engine_decode.py --device cuda   # GPU, bf16
 """
 
@@ -40,6 +43,15 @@ CONFIGS: dict[str, dict[str, Any]] = {
         "num_key_value_heads": 2,
         "vocab_size": 32000,
     },
+    # issue 13: an intermediate size that is not a power of two (nor a multiple of 64)
+    "odd": {
+        "hidden_size": 512,
+        "intermediate_size": 1408,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 2,
+        "vocab_size": 32000,
+    },
 }
 COMMON = {
     "num_local_experts": 8,
@@ -48,7 +60,14 @@ COMMON = {
     "eos_token_id": None,
 }
 # (config, batch, target ratio engine/transformers) from the issue
-CASES = [("small", 1, 2.0), ("small", 8, None), ("medium", 1, 1.3), ("medium", 8, 1.5)]
+CASES = [
+    ("small", 1, 2.0),
+    ("small", 8, None),
+    ("medium", 1, 1.3),
+    ("medium", 8, 1.5),
+    ("odd", 1, 1.5),
+    ("odd", 8, 1.5),
+]
 
 
 def weight_bytes_per_step(name: str, batch: int, bytes_per_weight: float = 4.0) -> float:
@@ -84,7 +103,7 @@ class Row:
     batch: int
     side: str
     tokens_per_s: float
-    ratio: float | None  # against transformers (or, for int8, against the engine's fp32)
+    ratio: float | None  # against transformers (int8: against the engine's fp32; int4: its int8)
     target: float | None
 
 
@@ -131,8 +150,9 @@ def bench_case(
     reference = MixtralForCausalLM(config).eval()
     with tempfile.TemporaryDirectory() as tmp:
         reference.save_pretrained(tmp)
-        engine = load(tmp, device=device, dtype=dtype)
-        quantized = load(tmp, device=device, quantize="int8") if int8 else None
+        engine = load(tmp, device=device, dtype=dtype, engine_path="eager")
+        native = load(tmp, device=device, dtype=dtype, engine_path="native") if device.type == "cpu" else None
+        quantized = {q: load(tmp, device=device, quantize=q) for q in (("int8", "int4") if int8 else ())}
         reference = reference.to(device=device, dtype=dtype)
         ids = torch.randint(0, config.vocab_size, (batch, prompt), device=device)
         mask = torch.ones_like(ids)
@@ -152,8 +172,10 @@ def bench_case(
             "transformers": hf,
             "engine": lambda n: engine.generate(ids, n),
         }
-        if quantized is not None:
-            sides["engine int8"] = lambda n: quantized.generate(ids, n)
+        if native is not None:
+            sides["engine native"] = lambda n: native.generate(ids, n)
+        for q, model in quantized.items():
+            sides[f"engine {q}"] = lambda n, model=model: model.generate(ids, n)
         for run in sides.values():  # warm-up: allocator, kernels, lazy init
             run(4)
         rates: dict[str, list[float]] = {side: [] for side in sides}
@@ -197,7 +219,7 @@ def main() -> None:
     for name, batch, target in CASES:
         if args.only and name != args.only:
             continue
-        int8 = name == "medium" and batch == 1
+        int8 = batch == 1  # int8 and int4 beside fp32
         rates = bench_case(
             name,
             batch,
@@ -211,15 +233,19 @@ def main() -> None:
         hf, eng = rates["transformers"], rates["engine"]
         rows.append(Row(name, batch, "transformers", hf, None, None))
         rows.append(Row(name, batch, "engine", eng, eng / hf, target))
-        if "engine int8" in rates:
+        if "engine native" in rates:
             rows.append(
-                Row(name, batch, "engine int8", rates["engine int8"], rates["engine int8"] / eng, 1.5)
+                Row(name, batch, "engine native", rates["engine native"], rates["engine native"] / hf, target)
             )
+        if "engine int8" in rates:
+            q8, q4 = rates["engine int8"], rates["engine int4"]
+            rows.append(Row(name, batch, "engine int8", q8, q8 / eng, 1.5))
+            rows.append(Row(name, batch, "engine int4", q4, q4 / q8, 1.2))
         for row in rows[-len(rates) :]:
             ratio = f"{row.ratio:5.2f}x" if row.ratio is not None else "      "
             goal = f"(target >= {row.target}x)" if row.target is not None else ""
             wbytes = weight_bytes_per_step(
-                name, batch, 1.0 if row.side == "engine int8" else float(dtype.itemsize)
+                name, batch, {"engine int8": 1.0, "engine int4": 0.5}.get(row.side, float(dtype.itemsize))
             )
             floor = batch * bandwidth / wbytes  # tok/s if reading the weights were all it took
             print(

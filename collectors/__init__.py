@@ -7,7 +7,8 @@
   time-busy fallback, memory, the supervised process's GPU memory, clock, temperature,
   power, memory slope); disabled with a reason where there is no GPU.
 - `ProcessCollector`: CPU seconds, RSS, threads and the RSS slope of one process.
-- `EngineAdapter`: a subscriber for the embedded runtime's events.
+- `EngineAdapter`: a subscriber for the embedded runtime's events; `EnginePathCollector`:
+  the decode path each serving version runs on (`infersight_engine_path_info`).
 - `SlotExporter`, `SlotRecord`, `MergedStats`: the sliding windows of several replicas,
   published by each and merged (exactly, DDSketches merge) for the alert engine.
 - `serve_metrics`, `render_metrics`, `metrics_asgi_app`, `metrics_wsgi_app`: /metrics.
@@ -15,7 +16,7 @@
 Every collector registers into the `CollectorRegistry` it is given, never the global one.
 """
 
-from ._engine_adapter import EngineAdapter
+from ._engine_adapter import EngineAdapter, EnginePathCollector
 from ._exposition import MetricsServer, metrics_asgi_app, metrics_wsgi_app, render_metrics, serve_metrics
 from ._gpu import MIN_GPM_INTERVAL_S, GPUCollector, GPUSample
 from ._inference import InferenceStats
@@ -51,6 +52,7 @@ __all__ = [
     "TTFT_BUCKETS",
     "CollectorError",
     "EngineAdapter",
+    "EnginePathCollector",
     "GPUCollector",
     "GPUSample",
     "InferenceStats",

@@ -17,18 +17,20 @@ Events are dispatched on their class name, so this module imports nothing from
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from infersight.monitor.records import CANCELLED, CLIENT_ERROR, InferenceRecord
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.metrics_core import Metric
 
 from ._inference import InferenceStats
 
 if TYPE_CHECKING:
     from infersight.engine.events import EngineEvent
 
-__all__ = ["EngineAdapter"]
+__all__ = ["EngineAdapter", "EnginePathCollector"]
 
 # What `Runtime.submit` refuses before the model sees anything: the request's fault.
 _REFUSED_REQUESTS = frozenset({"PromptTooLong", "InvalidRequest"})
@@ -176,3 +178,43 @@ class EngineAdapter:
         self._stats.observe(record)
         if self._on_record is not None:
             self._on_record(record)
+
+
+class EnginePathCollector:
+    """`infersight_engine_path_info`: which decode path (engine/paths.py) each version serving
+    traffic runs on, and why, read from the runtime at scrape time (`source.engine_paths()`:
+    version -> an object with `name`, `cpu`, `reason`, `setup_s`). The value is always 1.
+
+    An `eager` path whose reason starts with "fallback" means the native kernels could not be
+    built or loaded on this machine (no compiler, a failed build)."""
+
+    def __init__(self, source: Any, *, model: str) -> None:
+        self._source, self._model = source, model
+
+    def collect(self) -> Iterator[Metric]:
+        info = GaugeMetricFamily(
+            "infersight_engine_path_info",
+            "The decode path each serving version runs on (eager or native) and why, as labels",
+            labels=["model", "model_version", "path", "cpu", "reason"],
+        )
+        setup = GaugeMetricFamily(
+            "infersight_engine_path_setup_seconds",
+            "Time the version's load spent building and measuring the decode paths",
+            labels=["model", "model_version"],
+        )
+        try:
+            paths = dict(self._source.engine_paths())
+        except Exception:  # a scrape never fails because the runtime is between states
+            paths = {}
+        for version, path in sorted(paths.items()):
+            if path is None:
+                continue
+            reason = str(path.reason)
+            kind = "fallback" if reason.startswith("fallback") else reason
+            info.add_metric([self._model, version, str(path.name), str(path.cpu), kind], 1.0)
+            setup.add_metric([self._model, version], float(path.setup_s))
+        yield info
+        yield setup
+
+    def describe(self) -> Iterator[Metric]:
+        return iter(())

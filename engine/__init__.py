@@ -36,6 +36,7 @@ if TYPE_CHECKING:
         InvalidRequest,
         InvalidSamplingParams,
         InvalidVersionName,
+        KernelUnavailable,
         NoCanary,
         NonFiniteWeights,
         NoPreviousVersion,
@@ -54,6 +55,7 @@ if TYPE_CHECKING:
     )
     from .loading import load
     from .model import MoEModel
+    from .paths import EnginePath
     from .prefix_cache import PrefixCache, PrefixCacheStats
     from .prefix_cache_redis import RedisTier
     from .registry import Registry
@@ -80,6 +82,7 @@ _EXPORTS: dict[str, str] = {
     "InvalidRequest": ".errors",
     "InvalidSamplingParams": ".errors",
     "InvalidVersionName": ".errors",
+    "KernelUnavailable": ".errors",
     "NoCanary": ".errors",
     "NoPreviousVersion": ".errors",
     "NonFiniteWeights": ".errors",
@@ -99,6 +102,7 @@ _EXPORTS: dict[str, str] = {
     "ModelConfig": ".config",
     "load": ".loading",
     "MoEModel": ".model",
+    "EnginePath": ".paths",
     "sample": ".sampling",
     # serving: runtime, requests, versions
     "Completion": ".requests",
@@ -133,6 +137,7 @@ __all__ = [
     "DeployRecord",
     "DeployRefused",
     "EngineError",
+    "EnginePath",
     "GenerationFailed",
     "InvalidCanaryWeight",
     "InvalidInput",
@@ -140,6 +145,7 @@ __all__ = [
     "InvalidSamplingParams",
     "InvalidVersionName",
     "KVCache",
+    "KernelUnavailable",
     "MoEModel",
     "ModelConfig",
     "NoCanary",

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .cache import KVCache
+from .native import NativeKernels
 from .projection import Projection, projection
 from .rope import apply_rope
 
@@ -43,9 +44,10 @@ class Attention(nn.Module):
         self.wo: nn.Module = nn.Linear(heads * head_dim, dim, bias=False)
         self._bound: tuple[Projection, Projection] | None = None  # (wqkv, wo), made by bind()
 
-    def bind(self) -> None:
-        """Plain matmul objects for the hot path, once the weights are real (see projection.py)."""
-        self._bound = (projection(self.wqkv), projection(self.wo))
+    def bind(self, kernels: NativeKernels | None = None) -> None:
+        """Plain matmul objects for the hot path, once the weights are real (see projection.py);
+        `kernels`: the native path's (paths.py)."""
+        self._bound = (projection(self.wqkv, kernels=kernels), projection(self.wo, kernels=kernels))
 
     def forward(
         self,

@@ -55,6 +55,7 @@ def prepare_replica(
     device: str | torch.device | None,
     dtype: torch.dtype | None,
     prefix: PrefixCache | None = None,
+    prefill_block: int = 64,
 ) -> tuple[Replica, PreparedTimings]:
     from . import load  # the model core; imported here so the registry stays light
 
@@ -63,7 +64,10 @@ def prepare_replica(
     t1 = time.perf_counter()
     try:
         model = load(info.path, quantize=info.quantize, device=device, dtype=_DTYPES.get(info.quant, dtype))
-        replica = Replica(info.name, model, max_batch=max_batch, max_seq_len=max_seq_len, prefix=prefix)
+        replica = Replica(
+            info.name, model, max_batch=max_batch, max_seq_len=max_seq_len, prefix=prefix,
+            prefill_block=prefill_block,
+        )  # fmt: skip
     except Exception as exc:
         raise CheckpointRejected(
             f"version {info.name} did not load: {type(exc).__name__}: {exc}", version=info.name, reason="load"
@@ -100,7 +104,9 @@ def warm_up(replica: Replica) -> None:
     must be finite. The slots are free again afterwards (a prefill overwrites them)."""
     vocab = _vocab_size(replica.model)
     batch = min(2, replica.max_batch)
-    prompt = min(_WARMUP_PROMPT, replica.max_seq_len - _WARMUP_STEPS)
+    # two whole chunks and a part: the chunked prefill's paths (first chunk, chunks on top
+    # of the cache, a short last one) are all run once before traffic
+    prompt = min(2 * replica.prefill_block + _WARMUP_PROMPT, replica.max_seq_len - _WARMUP_STEPS)
     device = replica.device
     try:
         with torch.inference_mode():
@@ -108,7 +114,7 @@ def warm_up(replica: Replica) -> None:
             last = []
             for slot in range(batch):
                 ids = (torch.arange(prompt, device=device) * 7919 + 101 * (slot + 1)) % vocab
-                logits = replica.model.prefill(replica.cache, slot, ids)
+                logits = replica.prefill_uncached(slot, ids.tolist())
                 finite.append(torch.isfinite(logits).all())
                 last.append(logits.argmax(-1))
             slots = torch.arange(batch, device=device)

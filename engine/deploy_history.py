@@ -20,7 +20,8 @@ from .errors import RegistryCorrupt
 __all__ = ["MAX_RECORDS", "DeployHistory", "DeployRecord"]
 
 MAX_RECORDS = 500
-Outcome = Literal["deployed", "refused", "started", "reweighted", "rolled_back"]  # the last three: canaries
+# the last four: canaries ("resumed": a restart picked up the canary the history left open)
+Outcome = Literal["deployed", "refused", "started", "reweighted", "rolled_back", "resumed"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,6 +32,7 @@ class DeployRecord:
     reason: str  # "start", "deploy", "failover", "rollback", "canary", "canary-promote"
     outcome: Outcome
     message: str = ""
+    weight: float | None = None  # a canary's share of users after this record
 
 
 class DeployHistory:

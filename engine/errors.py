@@ -8,7 +8,7 @@
      │    ├── NonFiniteWeights           a tensor holds NaN or Inf
      │    ├── UnsupportedConfig          config.json asks for something the engine does not implement
      │    └── TokenizerInvalid           tokenizer.json is present but cannot be read
-     ├── UnsupportedQuantization         `quantize=` names a scheme the engine does not have
+     ├── UnsupportedQuantization         `quantize=` names a scheme the engine does not have, or one the sizes do not fit
      ├── InvalidSamplingParams           temperature < 0, top_p outside (0, 1]
      ├── InvalidInput                    token ids of the wrong shape, type or range
      ├── CacheCapacityExceeded           a sequence or slot does not fit the KV cache
@@ -18,6 +18,7 @@
      ├── PathOverloaded                  SLA routing: a path's length breaker is open for this length
      ├── GenerationFailed                serving: the model raised on a request (re-raised by result())
      ├── SharedTierUnavailable           the prefix cache's shared tier (Redis) failed; served locally
+     ├── KernelUnavailable               the native decode kernels cannot be built or loaded; eager path used
      ├── RegistryError                   the version registry
      │    ├── InvalidVersionName         breaks [arch]_[dataset]_[quant]-v[major].[minor]
      │    ├── VersionNotFound            no version of that name
@@ -56,6 +57,7 @@ __all__ = [
     "InvalidRequest",
     "InvalidSamplingParams",
     "InvalidVersionName",
+    "KernelUnavailable",
     "NoCanary",
     "NoPreviousVersion",
     "NonFiniteWeights",
@@ -130,10 +132,12 @@ class TokenizerInvalid(CheckpointError):
 
 
 class UnsupportedQuantization(EngineError, ValueError):
-    def __init__(self, scheme: object, supported: tuple[str, ...]) -> None:
+    def __init__(self, scheme: object, supported: tuple[str, ...], *, reason: str | None = None) -> None:
         self.scheme = scheme
         super().__init__(
-            f"quantize={scheme!r} is not supported; choose one of {', '.join(supported)} or None"
+            f"quantize={scheme!r}: {reason}"
+            if reason
+            else f"quantize={scheme!r} is not supported; choose one of {', '.join(supported)} or None"
         )
 
 
@@ -186,6 +190,11 @@ class GenerationFailed(EngineError, RuntimeError):
 
 class SharedTierUnavailable(EngineError, RuntimeError):
     """The prefix cache's shared tier did not answer; the cache is counted and goes on locally."""
+
+
+class KernelUnavailable(EngineError, RuntimeError):
+    """No compiler, a failed build or a library that will not load: `load` logs it once and
+    serves on the eager path (paths.py); it never reaches the user."""
 
 
 class RegistryError(EngineError):

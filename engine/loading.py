@@ -8,7 +8,6 @@ network is built on the meta device and receives its tensors with
 
 from __future__ import annotations
 
-import functools
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -20,7 +19,8 @@ from .errors import CheckpointNotFound, TokenizerInvalid, UnsupportedQuantizatio
 from .layout import build_state, expected_tensors, stacked_experts
 from .model import MoEModel
 from .moe import grouped_mm_supported
-from .quant import QUANTIZERS, quantize_network
+from .paths import choose
+from .quant import QUANTIZERS, quantize_network, weight_format
 from .transformer import Transformer
 
 if TYPE_CHECKING:
@@ -35,12 +35,15 @@ def load(
     quantize: str | None = None,
     device: str | torch.device | None = None,
     dtype: torch.dtype | None = None,
+    engine_path: str = "auto",
 ) -> MoEModel:
     """Load a Mixtral checkpoint directory (config.json, safetensors weights, tokenizer.json).
 
     device: default CUDA when available, else CPU. dtype (activations and unquantized
-    weights): default fp32 on CPU, bf16 elsewhere; with `quantize="int8"` on CPU, bf16,
-    because the int8 CPU kernel is only fast with bf16 activations.
+    weights): default fp32 on CPU, bf16 elsewhere; with `quantize="int8"` or `"int4"` on CPU,
+    bf16, because the int8 CPU kernel is only fast with bf16 activations (int4: see quant.py).
+    engine_path: "auto" (the faster of the eager and native paths on this machine, measured
+    once and cached: paths.py), "eager" or "native"; `model.engine_path` says which it runs and why.
     """
     if quantize is not None and quantize not in QUANTIZERS:
         raise UnsupportedQuantization(quantize, tuple(QUANTIZERS))
@@ -58,25 +61,31 @@ def load(
     ckpt.check_finite(expected)
     tokenizer = _tokenizer(directory)
 
+    chosen, kernels = choose(config, requested=engine_path, device=target, dtype=dtype, quantize=quantize)
     grouped = grouped_mm_supported(config.hidden_size, config.intermediate_size, dtype, target)
-    quantizer = None
-    if quantize is not None:
-        scheme = QUANTIZERS[quantize]
-        quantizer = functools.partial(scheme, scale_dtype=dtype)
+    fmt = weight_format(quantize, dtype, target) if quantize is not None else None
+    quantizer = fmt.quantize if fmt is not None else None
     column_major_head = target.type == "cpu" and quantizer is None  # see layout.HEAD_LAYOUT
     state = build_state(
         ckpt, config, device=target, dtype=dtype, quantizer=quantizer, column_major_head=column_major_head
     )
     with torch.device("meta"):
         network = Transformer(config, grouped_experts=grouped)
-        if quantize is not None:
-            quantize_network(network, quantize, activation_dtype=dtype)
+        if fmt is not None:
+            quantize_network(network, fmt)
     network.load_state_dict(state, strict=True, assign=True)
     if config.tie_word_embeddings and quantize is None and not column_major_head:
         network.output.weight = network.tok_embeddings.weight  # one tensor, as in the checkpoint
-    network.init_buffers(target)
+    network.init_buffers(target, kernels)
     return MoEModel(
-        network, config, tokenizer=tokenizer, quantize=quantize, device=target, dtype=dtype, path=directory
+        network,
+        config,
+        tokenizer=tokenizer,
+        quantize=quantize,
+        device=target,
+        dtype=dtype,
+        path=directory,
+        engine_path=chosen,
     )
 
 

@@ -17,6 +17,7 @@ from .attention import AttentionStep
 from .cache import KVCache
 from .config import ModelConfig
 from .errors import CacheCapacityExceeded, InvalidInput
+from .paths import EnginePath, cpu_model
 from .sampling import check_sampling, sample
 from .transformer import Transformer
 
@@ -37,6 +38,7 @@ class MoEModel:
         device: torch.device,
         dtype: torch.dtype,
         path: Path | None = None,
+        engine_path: EnginePath | None = None,
     ) -> None:
         self.network = network.eval()
         self.config = config
@@ -45,6 +47,8 @@ class MoEModel:
         self.device = device
         self.dtype = dtype  # activation dtype (bf16 for int8 on CPU, the int8 kernels want it)
         self.path = path
+        # the decode path chosen at load (paths.py); a model built by hand runs the eager one
+        self.engine_path = engine_path or EnginePath("eager", cpu_model(), "not applicable", 0.0)
 
     def __repr__(self) -> str:
         c = self.config

@@ -12,8 +12,8 @@ Dispatch has no Python loop over all experts. With N tokens:
     blocked product per projection (group ends read on the host: free on CPU).
   - bf16, CUDA (`GroupedExperts`): one `torch._grouped_mm` per projection over the stacked
     weights, no host sync.
-  - int8 (`Int8Experts`): the same host loop as CPU fp32, one int8 product per projection
-    (quant.py says why).
+  - int8 and int4 (`Int8Experts`, `Int4Experts`): the same host loop as CPU fp32, one
+    quantized product per projection (quant.py says why).
   Both host loops are one `ExpertLoop` over per-expert projections (projection.py).
 - N == 1 on CPU (batch-1 decode): a loop over the k chosen experts; the routing weight and
   the residual are folded into the second projection.
@@ -39,8 +39,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import onednn
-from .projection import BlockedProjection, DenseProjection, Int8Projection, Projection
-from .quant import Int8Experts
+from .native import NativeKernels, NativeProjection
+from .projection import BlockedProjection, DenseProjection, Int4Projection, Int8Projection, Projection
+from .quant import Int4Experts, Int8Experts
 
 __all__ = ["BlockedExperts", "ExpertLoop", "GroupedExperts", "MoEFeedForward", "grouped_mm_supported"]
 
@@ -113,16 +114,18 @@ class GroupedExperts(nn.Module):
 
 
 class BlockedExperts(nn.Module):
-    """CPU fp32 experts on oneDNN-blocked weights (see onednn.py): an `ExpertLoop` of
-    `BlockedProjection`s. Made from loaded `GroupedExperts` by `MoEFeedForward.bind`, which
-    then drops the stacked weights (the blocked copies replace them)."""
+    """CPU fp32 experts on oneDNN-blocked weights (see onednn.py), or on the native kernels'
+    packed weights (native.py) when the model runs the native path: an `ExpertLoop` of
+    `BlockedProjection`s or `NativeProjection`s. Made from loaded `GroupedExperts` by
+    `MoEFeedForward.bind`, which then drops the stacked weights (the copies replace them)."""
 
-    def __init__(self, experts: GroupedExperts) -> None:
+    def __init__(self, experts: GroupedExperts, kernels: NativeKernels | None = None) -> None:
         super().__init__()
         pairs = zip(experts.w13.unbind(0), experts.w2.unbind(0), strict=True)
-        self.loop = ExpertLoop(
-            tuple((BlockedProjection(a), BlockedProjection(b)) for a, b in pairs), experts.w2.shape[1]
+        make: Callable[[torch.Tensor], Projection] = (
+            BlockedProjection if kernels is None else lambda w: NativeProjection(w, kernels)
         )
+        self.loop = ExpertLoop(tuple((make(a), make(b)) for a, b in pairs), experts.w2.shape[1])
 
     def forward(self, xs: torch.Tensor, expert_ids: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
         return self.loop(xs, expert_ids, offsets)
@@ -137,6 +140,14 @@ def _expert_loop(experts: nn.Module) -> ExpertLoop:
         w2 = zip(experts.w2_weight.unbind(0), experts.w2_scales.unbind(0), strict=True)
         pairs = tuple((Int8Projection(*a), Int8Projection(*b)) for a, b in zip(w13, w2, strict=True))
         return ExpertLoop(pairs, experts.w2_weight.shape[1])
+    if isinstance(experts, Int4Experts):
+        p13, p2 = experts.w13_packed, experts.w2_packed
+        w13 = zip(experts.w13_weight.unbind(0), experts.w13_scales_zeros.unbind(0), strict=True)
+        w2 = zip(experts.w2_weight.unbind(0), experts.w2_scales_zeros.unbind(0), strict=True)
+        pairs4 = tuple(
+            (Int4Projection(*a, p13), Int4Projection(*b, p2)) for a, b in zip(w13, w2, strict=True)
+        )
+        return ExpertLoop(pairs4, experts.w2_weight.shape[1])
     assert isinstance(experts, GroupedExperts)
     dense = zip(experts.w13.unbind(0), experts.w2.unbind(0), strict=True)
     return ExpertLoop(tuple((DenseProjection(a), DenseProjection(b)) for a, b in dense), experts.w2.shape[1])
@@ -153,11 +164,15 @@ class MoEFeedForward(nn.Module):
         # the ~1 us nn.Module attribute lookup
         self._bound: tuple[torch.Tensor, Batched, ExpertLoop, torch.Tensor] | None = None
 
-    def bind(self) -> None:
+    def bind(self, kernels: NativeKernels | None = None) -> None:
         """Make the hot path's references once the weights are real. In fp32 on a CPU with
-        oneDNN the stacked experts are reordered into blocked weights and released."""
-        if isinstance(self.experts, GroupedExperts) and onednn.available(self.experts.w13):
-            self.experts = BlockedExperts(self.experts)
+        oneDNN (or on the native path, `kernels`) the stacked experts are reordered into
+        blocked (packed) weights and released."""
+        if isinstance(self.experts, GroupedExperts) and (
+            (kernels is not None and self.experts.w13.dtype == torch.float32)
+            or onednn.available(self.experts.w13)
+        ):
+            self.experts = BlockedExperts(self.experts, kernels)
         loop = _expert_loop(self.experts)
         batched: Batched = self.experts if isinstance(self.experts, GroupedExperts) else loop
         gate = self.gate.weight

@@ -31,7 +31,7 @@ import torch
 
 from .errors import SharedTierUnavailable
 
-__all__ = ["KVBlock", "PrefixCache", "PrefixCacheStats", "SharedTier", "block_keys"]
+__all__ = ["KVBlock", "PrefixCache", "PrefixCacheStats", "SharedTier", "block_keys", "frequent_prefixes"]
 
 KVBlock = tuple[torch.Tensor, torch.Tensor]  # keys, values: each [layers, kv_heads, block_tokens, hd]
 
@@ -70,9 +70,36 @@ def block_keys(version: str, ids: Sequence[int], block_tokens: int) -> list[str]
     return keys
 
 
+def frequent_prefixes(prompts: Sequence[Sequence[int]], block_tokens: int, top: int) -> list[list[int]]:
+    """The `top` most frequent block-aligned prefixes of `prompts`, most frequent first.
+
+    Prompts are counted on a trie of whole blocks: a prefix's count is the number of
+    prompts that begin with it. Only the longest prefix at each count is a candidate (a
+    node whose every child is shared by fewer prompts): a 300-token system prompt followed
+    by a hundred different questions is one prefix of count 100, not 18 of them. Ties go to
+    the longer prefix. Prefilling a prefix caches every block of it, so the ancestors of a
+    chosen prefix need no entry of their own.
+    """
+    if top <= 0 or block_tokens < 1:
+        return []
+    counts: dict[tuple[int, ...], int] = {}
+    children: dict[tuple[int, ...], int] = {}  # prefix -> the largest count of a one-block extension
+    for prompt in prompts:
+        ids = tuple(int(t) for t in prompt)
+        for end in range(block_tokens, len(ids) + 1, block_tokens):
+            counts[ids[:end]] = counts.get(ids[:end], 0) + 1
+    for prefix, n in counts.items():
+        parent = prefix[:-block_tokens]
+        if parent:
+            children[parent] = max(children.get(parent, 0), n)
+    candidates = [p for p, n in counts.items() if children.get(p, 0) < n]
+    candidates.sort(key=lambda p: (-counts[p], -len(p)))
+    return [list(p) for p in candidates[:top]]
+
+
 class PrefixCache:
     def __init__(
-        self, *, block_tokens: int = 16, max_bytes: int = 256 << 20, shared: SharedTier | None = None
+        self, *, block_tokens: int = 64, max_bytes: int = 256 << 20, shared: SharedTier | None = None
     ) -> None:
         if block_tokens < 1 or max_bytes < 0:
             raise ValueError(f"need block_tokens >= 1 and max_bytes >= 0, got {block_tokens}, {max_bytes}")

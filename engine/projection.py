@@ -1,4 +1,4 @@
-"""The linear layers of the hot path as plain objects: oneDNN-blocked (CPU fp32), dense, int8.
+"""The linear layers of the hot path as plain objects: oneDNN-blocked (CPU fp32), dense, int8, int4.
 
 `projection(module)` turns an `nn.Linear` or an `Int8Linear` into an object whose call is one
 matmul op (no nn.Module `__call__`, no attribute lookups: about 3 us saved per use on the
@@ -18,12 +18,14 @@ import torch
 from torch import nn
 
 from . import onednn
-from .quant import Int8Linear, int8_matmul
+from .native import NativeKernels, NativeProjection
+from .quant import Int4Linear, Int8Linear, int4_matmul, int8_matmul
 
 __all__ = [
     "BlockedProjection",
     "DenseProjection",
     "HeadProjection",
+    "Int4Projection",
     "Int8Projection",
     "Projection",
     "projection",
@@ -75,6 +77,19 @@ class Int8Projection:
         return torch.add(residual, int8_matmul(x, self.weight, self.scales), alpha=alpha)
 
 
+class Int4Projection:
+    __slots__ = ("packed", "scales_zeros", "weight")
+
+    def __init__(self, weight: torch.Tensor, scales_zeros: torch.Tensor, packed: bool) -> None:
+        self.weight, self.scales_zeros, self.packed = weight, scales_zeros, packed  # quant.py: layout
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return int4_matmul(x, self.weight, self.scales_zeros, self.packed)
+
+    def add(self, residual: torch.Tensor, x: torch.Tensor, alpha: float = 1.0) -> torch.Tensor:
+        return torch.add(residual, int4_matmul(x, self.weight, self.scales_zeros, self.packed), alpha=alpha)
+
+
 class HeadProjection:
     """The CPU fp32 lm head: MKL on the column-major weight up to 2 rows, a oneDNN-blocked copy
     of it from 3 rows on (see `_blocked_head_wins` for why)."""
@@ -94,15 +109,24 @@ class HeadProjection:
         return torch.add(residual, self(x), alpha=alpha)
 
 
-Projection = DenseProjection | BlockedProjection | Int8Projection | HeadProjection
+Projection = (
+    DenseProjection | BlockedProjection | Int8Projection | Int4Projection | HeadProjection | NativeProjection
+)
 
 BLOCKED_MIN_BYTES = 32 << 20  # smaller heads stay in cache; see _blocked_head_wins
 
 
-def projection(module: nn.Module, *, head: bool = False) -> Projection:
+def projection(module: nn.Module, *, head: bool = False, kernels: NativeKernels | None = None) -> Projection:
+    """`kernels`: the native path (paths.py) for CPU fp32 projections, the head included (its
+    packed copy streams as fast as the oneDNN-blocked one and beats MKL at every row count:
+    docs/benchmarks.md, issue 13 part 2)."""
     if isinstance(module, Int8Linear):
         return Int8Projection(module.weight, module.scales)
+    if isinstance(module, Int4Linear):
+        return Int4Projection(module.weight, module.scales_zeros, module.packed)
     assert isinstance(module, nn.Linear) and module.bias is None
+    if kernels is not None and module.weight.dtype == torch.float32 and module.weight.device.type == "cpu":
+        return NativeProjection(module.weight, kernels)
     if head:
         return (
             HeadProjection(module.weight)

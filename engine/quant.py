@@ -1,4 +1,4 @@
-"""Weight-only int8: per-output-channel scales for attention, experts and the lm head.
+"""Weight-only quantization: int8 per output channel, int4 per group of a row; router in full precision.
 
 The router gate stays full precision (a flipped expert choice costs far more than a rounded
 weight). Each weight row n is stored as round(w[n] / s[n]) in int8 with s[n] = max|w[n]| / 127.
@@ -15,17 +15,57 @@ and reading their sizes is free on CPU). Dequantizing the active experts into a 
 `_grouped_mm` is slower: the conversion costs more than the matmul it feeds, and reading a
 quarter of the bytes is what wins at decode sizes (benchmarks/engine_moe_dispatch.py; the
 figures are in docs/benchmarks.md).
+
+int4 (`quantize="int4"`, group-wise, asymmetric): each run of G consecutive weights of a row
+(G = 64, or 32 when the row length is not a multiple of 64) is stored as 4-bit q in 0..15 with
+w ~ (q - 8) * scale + zero, two per byte, and scales/zeros [K/G, N, 2] in the activation
+dtype, the layout of torch's CPU kernel `_weight_int4pack_mm_for_cpu`. That kernel wants its
+own packed byte order (made by `_convert_weight_to_int4pack_for_cpu`, and only for N a
+multiple of 16); the other path unpacks plain nibbles (low nibble first) and runs a dense
+matmul. Which of the two a model uses on CPU is measured once per CPU model, torch version
+and activation dtype, at the first int4 load, and cached on disk (`int4_choice`).
 """
 
 from __future__ import annotations
 
+import json
+import logging
+import math
+import os
+import platform
+import statistics
+import time
 from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["QUANTIZERS", "Int8Experts", "Int8Linear", "int8_rows", "quantize_network"]
+from .errors import UnsupportedQuantization
+
+__all__ = [
+    "QUANTIZERS",
+    "Int4Choice",
+    "Int4Experts",
+    "Int4Linear",
+    "Int8Experts",
+    "Int8Linear",
+    "WeightFormat",
+    "choice_key",
+    "cpu_model",
+    "int4_choice",
+    "int4_dequantize",
+    "int4_group_size",
+    "int4_groups",
+    "int4_matmul",
+    "int8_rows",
+    "quantize_network",
+    "weight_format",
+]
+
+log = logging.getLogger(__name__)
 
 
 def int8_rows(w: torch.Tensor, scale_dtype: torch.dtype) -> dict[str, torch.Tensor]:
@@ -36,8 +76,192 @@ def int8_rows(w: torch.Tensor, scale_dtype: torch.dtype) -> dict[str, torch.Tens
     return {"weight": q, "scales": scales.to(scale_dtype)}
 
 
-# scheme -> (weight [..., N, K], activation dtype) -> the tensors its modules store
-QUANTIZERS: dict[str, Callable[..., dict[str, torch.Tensor]]] = {"int8": int8_rows}
+INT4_GROUPS = (64, 32)  # preferred group sizes, largest first; both are kernel sizes
+
+
+def int4_group_size(k: int) -> int:
+    for g in INT4_GROUPS:
+        if k % g == 0:
+            return g
+    raise UnsupportedQuantization(
+        "int4",
+        tuple(QUANTIZERS),
+        reason=f"int4 needs hidden and intermediate sizes that are multiples of 32, got {k}",
+    )
+
+
+def int4_groups(w: torch.Tensor, scale_dtype: torch.dtype, *, packed: bool) -> dict[str, torch.Tensor]:
+    """w [..., N, K] -> {"weight": uint8 [..., N, K/2], "scales_zeros": [..., K/G, N, 2]}.
+
+    Per group of G weights: scale = (max - min) / 15, q = round((w - min) / scale) in 0..15,
+    so w ~ (q - 8) * scale + zero with zero = min + 8 * scale (the kernel's convention).
+    `packed`: the bytes in `_weight_int4pack_mm_for_cpu`'s order, else plain nibbles."""
+    *lead, n, k = w.shape
+    g = int4_group_size(k)
+    groups = w.float().reshape(*lead, n, k // g, g)
+    lo, hi = groups.amin(dim=-1), groups.amax(dim=-1)  # [..., N, K/G]
+    scales = ((hi - lo) / 15.0).clamp_min(torch.finfo(torch.float32).tiny)
+    q = torch.round((groups - lo.unsqueeze(-1)) / scales.unsqueeze(-1)).clamp_(0, 15).to(torch.uint8)
+    q = q.reshape(*lead, n, k)
+    if packed:
+        flat = q.reshape(-1, n, k).to(torch.int32)
+        weight = torch.stack([torch._convert_weight_to_int4pack_for_cpu(m, 1) for m in flat.unbind(0)])
+        weight = weight.reshape(*lead, n, k // 2)
+    else:
+        weight = q[..., 0::2] | (q[..., 1::2] << 4)
+    zeros = lo + 8.0 * scales
+    scales_zeros = torch.stack([scales, zeros], dim=-1).transpose(-3, -2)  # [..., K/G, N, 2]
+    return {"weight": weight.contiguous(), "scales_zeros": scales_zeros.to(scale_dtype).contiguous()}
+
+
+def int4_dequantize(weight: torch.Tensor, scales_zeros: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Plain-nibble weight [N, K/2] and scales_zeros [K/G, N, 2] -> dense [N, K] in `dtype`."""
+    n, half = weight.shape
+    groups = scales_zeros.shape[0]
+    q = torch.stack([weight & 15, weight >> 4], dim=-1).view(n, groups, 2 * half // groups)
+    sz = scales_zeros.transpose(0, 1).to(dtype)  # [N, K/G, 2]
+    return ((q.to(dtype) - 8) * sz[..., :1] + sz[..., 1:]).view(n, 2 * half)
+
+
+def int4_matmul(
+    x: torch.Tensor, weight: torch.Tensor, scales_zeros: torch.Tensor, packed: bool
+) -> torch.Tensor:
+    """x [M, K] @ dequant(weight, scales_zeros).T -> [M, N] in x's dtype."""
+    if packed:
+        k = x.shape[1]
+        return torch._weight_int4pack_mm_for_cpu(
+            x.contiguous(), weight, k // scales_zeros.shape[0], scales_zeros
+        )
+    return F.linear(x, int4_dequantize(weight, scales_zeros, x.dtype))
+
+
+# scheme -> (weight [..., N, K], activation dtype) -> the tensors its modules store; the
+# names `load(quantize=)` accepts. int4 takes `packed=` too (see `WeightFormat`).
+QUANTIZERS: dict[str, Callable[..., dict[str, torch.Tensor]]] = {"int8": int8_rows, "int4": int4_groups}
+
+
+@dataclass(frozen=True, slots=True)
+class Int4Choice:
+    """Which int4 path a CPU model runs, and what the measurement that chose it found."""
+
+    packed: bool  # torch's packed int4 kernel (True) or unpack + dense matmul
+    packed_us: float  # median us per call at one row, the probe shape below
+    dequant_us: float
+    measured_s: float  # time the measurement took when it was made
+    cached: bool  # read from the on-disk cache rather than measured in this process
+
+
+_PROBE = (4096, 1024)  # (N, K): a decode-sized projection, 2 MiB in int4 (streamed, not cached)
+_CHOICES: dict[str, Int4Choice] = {}  # per process: the file is read at most once per key
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown"
+
+
+def _cache_file() -> Path:
+    root = os.environ.get("INFERSIGHT_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "infersight"
+    )
+    return Path(root) / "kernel_choices.json"
+
+
+def _measure_int4(dtype: torch.dtype, budget_s: float = 2.0) -> Int4Choice:
+    """Median time of each path at one row (batch-1 decode), alternated call by call: 3 warm-up
+    rounds, then up to 20 measured ones within `budget_s` (a loaded machine gets fewer)."""
+    started = time.perf_counter()
+    n, k = _PROBE
+    w = torch.randn(n, k, generator=torch.Generator().manual_seed(0)) * 0.02
+    plain = int4_groups(w, dtype, packed=False)
+    x = torch.randn(1, k).to(dtype)
+    try:  # a torch build without the packed kernel, or one refusing this dtype: unpack + dense
+        packed = int4_groups(w, dtype, packed=True)
+        int4_matmul(x, packed["weight"], packed["scales_zeros"], True)
+    except (RuntimeError, AttributeError, NotImplementedError) as exc:
+        log.info("int4: torch's packed CPU kernel is unavailable (%s); using unpack + dense", exc)
+        return Int4Choice(False, math.inf, 0.0, time.perf_counter() - started, False)
+    times: dict[bool, list[float]] = {True: [], False: []}
+    for i in range(23):
+        for is_packed, parts in ((True, packed), (False, plain)):
+            t = time.perf_counter()
+            int4_matmul(x, parts["weight"], parts["scales_zeros"], is_packed)
+            if i >= 3:  # the first calls warm the caches and the kernels
+                times[is_packed].append(time.perf_counter() - t)
+        if i >= 5 and time.perf_counter() - started > budget_s:
+            break
+    packed_us, dequant_us = (statistics.median(times[p]) * 1e6 for p in (True, False))
+    return Int4Choice(packed_us <= dequant_us, packed_us, dequant_us, time.perf_counter() - started, False)
+
+
+def choice_key(dtype: torch.dtype) -> str:
+    return f"int4|{cpu_model()}|torch {torch.__version__}|{dtype}"
+
+
+def int4_choice(dtype: torch.dtype) -> Int4Choice:
+    """The int4 CPU path for this CPU model, torch version and activation dtype: measured at
+    the first int4 load and cached in `$INFERSIGHT_CACHE_DIR` (default ~/.cache/infersight);
+    an unreadable or unwritable cache only means measuring again."""
+    key = choice_key(dtype)
+    if key in _CHOICES:
+        return _CHOICES[key]
+    path = _cache_file()
+    try:
+        stored = json.loads(path.read_text())
+        choice = Int4Choice(**(stored[key] | {"cached": True}))
+    except (OSError, ValueError, KeyError, TypeError):
+        stored = None
+        choice = _measure_int4(dtype)
+        log.info(
+            "int4 kernel for %s: %s (packed %.0f us, dequant %.0f us, measured in %.2f s)",
+            cpu_model(),
+            "packed" if choice.packed else "dequant",
+            choice.packed_us,
+            choice.dequant_us,
+            choice.measured_s,
+        )
+        try:
+            current = json.loads(path.read_text()) if path.is_file() else {}
+            current = current if isinstance(current, dict) else {}
+            current[key] = asdict(choice) | {"cached": False}
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(current, indent=1, sort_keys=True))
+            tmp.replace(path)
+        except (OSError, ValueError):
+            log.warning("int4 kernel choice not cached: %s is not writable", path)
+    _CHOICES[key] = choice
+    return choice
+
+
+@dataclass(frozen=True, slots=True)
+class WeightFormat:
+    """How `load` stores quantized weights: the scheme, the activation dtype, and for int4
+    whether the packed CPU kernel's layout is used (where the weight's shape allows it)."""
+
+    scheme: str
+    dtype: torch.dtype
+    int4_packed: bool = False
+
+    def packs(self, n: int) -> bool:
+        return self.scheme == "int4" and self.int4_packed and n % 16 == 0
+
+    def quantize(self, w: torch.Tensor) -> dict[str, torch.Tensor]:
+        """A row-major weight [..., N, K] -> the tensors its quantized module stores."""
+        if self.scheme == "int4":
+            return int4_groups(w, self.dtype, packed=self.packs(w.shape[-2]))
+        return int8_rows(w, self.dtype)
+
+
+def weight_format(scheme: str, dtype: torch.dtype, device: torch.device) -> WeightFormat:
+    if scheme == "int4" and device.type == "cpu":
+        return WeightFormat(scheme, dtype, int4_packed=int4_choice(dtype).packed)
+    return WeightFormat(scheme, dtype)
 
 
 def _packed_kernel_ok(x: torch.Tensor, k: int) -> bool:
@@ -83,22 +307,59 @@ class Int8Experts(nn.Module):
         self.register_buffer("w2_scales", torch.empty(experts, dim, dtype=dtype))
 
 
-def quantize_network(network: nn.Module, scheme: str, *, activation_dtype: torch.dtype) -> None:
-    """Swap the modules of a (meta-device) `Transformer` for their int8 twins, in place."""
+class Int4Linear(nn.Module):
+    weight: torch.Tensor  # uint8 [N, K/2]: the packed kernel's bytes when `packed`, else nibbles
+    scales_zeros: torch.Tensor  # [K/G, N, 2], activation dtype
+
+    def __init__(self, in_features: int, out_features: int, fmt: WeightFormat) -> None:
+        super().__init__()
+        self.in_features, self.out_features = in_features, out_features
+        self.packed = fmt.packs(out_features)
+        groups = in_features // int4_group_size(in_features)
+        self.register_buffer("weight", torch.empty(out_features, in_features // 2, dtype=torch.uint8))
+        self.register_buffer("scales_zeros", torch.empty(groups, out_features, 2, dtype=fmt.dtype))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = int4_matmul(x.reshape(-1, self.in_features), self.weight, self.scales_zeros, self.packed)
+        return y.view(*x.shape[:-1], self.out_features)
+
+
+class Int4Experts(nn.Module):
+    """int4 twin of `GroupedExperts`, run like `Int8Experts` (an `ExpertLoop`)."""
+
+    w13_weight: torch.Tensor  # [E, 2I, D/2]
+    w13_scales_zeros: torch.Tensor  # [E, D/G, 2I, 2]
+    w2_weight: torch.Tensor  # [E, D, I/2]
+    w2_scales_zeros: torch.Tensor  # [E, I/G, D, 2]
+
+    def __init__(self, experts: int, dim: int, intermediate: int, fmt: WeightFormat) -> None:
+        super().__init__()
+        self.w13_packed, self.w2_packed = fmt.packs(2 * intermediate), fmt.packs(dim)
+        for name, n, k in (("w13", 2 * intermediate, dim), ("w2", dim, intermediate)):
+            groups = k // int4_group_size(k)
+            self.register_buffer(f"{name}_weight", torch.empty(experts, n, k // 2, dtype=torch.uint8))
+            self.register_buffer(f"{name}_scales_zeros", torch.empty(experts, groups, n, 2, dtype=fmt.dtype))
+
+
+def quantize_network(network: nn.Module, fmt: WeightFormat) -> None:
+    """Swap the modules of a (meta-device) `Transformer` for their quantized twins, in place."""
     from .transformer import Block, Transformer
 
-    assert isinstance(network, Transformer) and scheme in QUANTIZERS
+    assert isinstance(network, Transformer) and fmt.scheme in QUANTIZERS
     c = network.config
 
-    def linear(old: nn.Module) -> Int8Linear:
+    def linear(old: nn.Module) -> Int8Linear | Int4Linear:
         assert isinstance(old, nn.Linear)
-        return Int8Linear(old.in_features, old.out_features, activation_dtype)
+        if fmt.scheme == "int4":
+            return Int4Linear(old.in_features, old.out_features, fmt)
+        return Int8Linear(old.in_features, old.out_features, fmt.dtype)
 
     network.output = linear(network.output)
     for block in network.layers:
         assert isinstance(block, Block)
         block.attention.wqkv = linear(block.attention.wqkv)
         block.attention.wo = linear(block.attention.wo)
-        block.moe.experts = Int8Experts(
-            c.num_local_experts, c.hidden_size, c.intermediate_size, activation_dtype
+        sizes = (c.num_local_experts, c.hidden_size, c.intermediate_size)
+        block.moe.experts = (
+            Int4Experts(*sizes, fmt) if fmt.scheme == "int4" else Int8Experts(*sizes, fmt.dtype)
         )

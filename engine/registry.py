@@ -17,7 +17,7 @@ from pathlib import Path
 
 from .deploy_history import DeployHistory
 from .errors import InvalidVersionName, NotACheckpoint, RegistryCorrupt, VersionExists, VersionNotFound
-from .versions import VersionInfo, VersionName, hash_weight_files, weight_files
+from .versions import WEIGHT_QUANTS, VersionInfo, VersionName, hash_weight_files, weight_files
 
 __all__ = ["Registry"]
 
@@ -45,14 +45,16 @@ class Registry:
         copy: bool = False,
     ) -> VersionInfo:
         """Record `checkpoint_dir` as version `name`. `quantize` must agree with the name's
-        quant (`int8` <-> "int8"); `parent`, when given, must already be registered."""
+        quant (`int8` <-> "int8", `int4` <-> "int4"); `parent`, when given, must already be
+        registered."""
         parsed = VersionName.parse(name)
-        if quantize not in (None, "int8"):
-            raise InvalidVersionName(f"quantize must be None or 'int8', got {quantize!r}")
-        if (parsed.quant == "int8") != (quantize == "int8"):
+        if quantize is not None and quantize not in WEIGHT_QUANTS:
+            raise InvalidVersionName(f"quantize must be None, 'int8' or 'int4', got {quantize!r}")
+        wanted = parsed.quant if parsed.quant in WEIGHT_QUANTS else None
+        if wanted != quantize:
             raise InvalidVersionName(
                 f"version {name!r} says quant {parsed.quant!r} but quantize={quantize!r}: "
-                "an int8 name needs quantize='int8' and the other quants need none"
+                "an int8 or int4 name needs that quantize= and the other quants need none"
             )
         if parent is not None:
             self.get(parent)

@@ -40,7 +40,7 @@ from .prefix_cache import PrefixCache, PrefixCacheStats
 from .registry import Registry
 from .requests import RequestHandle
 from .routing import RouteControl
-from .runtime_canary import CanaryControl
+from .runtime_canary import CanaryControl, open_canary
 from .runtime_loop import LoopState, Swap, run_loop
 from .runtime_replica import Replica
 from .scheduler import PendingQueue, Request
@@ -67,11 +67,24 @@ class Runtime:
         dtype: torch.dtype | None = None,
         prefix_cache: PrefixCache | None = None,
         preload_source: PreloadSource | None = None,
+        prefill_block: int | None = None,
+        preload_top: int | None = None,
     ) -> None:
         """`prefix_cache`: reuse the keys and values of shared prompt prefixes (None: off);
-        `preload_source`: what to prefill into it at start and at every deploy."""
+        `preload_source`: what to prefill into it at start and at every deploy: all of it,
+        or with `preload_top` the N most frequent block prefixes among those prompts;
+        `prefill_block`: prompts are prefilled in chunks of this many tokens, cache or not
+        (default: the cache's block, else 64), so that the cache never changes an answer."""
         if max_batch_size < 1 or max_prompt_tokens < 1 or max_seq_len < 2:
             raise InvalidRequest("max_batch_size and max_prompt_tokens must be >= 1, max_seq_len >= 2")
+        block = prefix_cache.block_tokens if prefix_cache is not None else 64
+        if prefill_block is not None and (
+            prefill_block < 1 or (prefix_cache is not None and prefill_block != block)
+        ):
+            raise InvalidRequest(
+                f"prefill_block must be >= 1 and equal the prefix cache's block ({block}), got {prefill_block}"
+            )
+        self.prefill_block = prefill_block if prefill_block is not None else block
         self.registry = registry
         self.max_batch_size = max_batch_size
         self.max_prompt_tokens = max_prompt_tokens
@@ -80,6 +93,7 @@ class Runtime:
         self.dtype = dtype
         self.prefix_cache = prefix_cache
         self.preload_source = preload_source
+        self.preload_top = preload_top
         self.preload_errors = 0  # preload_source calls that raised (the deploy went on, cold)
         self._state = LoopState(queue=PendingQueue())
         self._subscribers: tuple[Subscriber, ...] = ()
@@ -91,9 +105,10 @@ class Runtime:
 
     # -- lifecycle -----------------------------------------------------------------------
 
-    def start(self, version: str | None = None) -> DeployOutcome:
+    def start(self, version: str | None = None, *, resume_canary: bool = True) -> DeployOutcome:
         """Load `version` (default: the last good version of the deploy history), validate
-        and warm it up, then start the loop thread. Raises DeployRefused on failure."""
+        and warm it up, then start the loop thread. Raises DeployRefused on failure.
+        A canary the deploy history left running is resumed beside it (`CanaryControl.resume`)."""
         with self._deploy_lock:
             if self.is_running:
                 raise InvalidRequest("runtime already started: use deploy() to change the version")
@@ -104,6 +119,7 @@ class Runtime:
                     version="",
                     reason="start",
                 )
+            pending = open_canary(self.registry.history.records())  # left open by the last run
             replica, outcome = self._prepare(name, "start", from_version=None)
             state = self._state
             state.current = replica
@@ -117,7 +133,9 @@ class Runtime:
             self._thread.start()
             state.post(VersionDeployed(from_version=None, to_version=name, at=outcome.at, reason="start"))
             self._record(outcome, "deployed")
-            return outcome
+        if resume_canary:
+            self.canary.resume(pending)  # outside the deploy lock: it deploys the candidate
+        return outcome
 
     def stop(self, *, drain: bool = True, timeout: float | None = 30.0) -> None:
         """Stop accepting requests; finish (drain=True) or cancel those queued and running,
@@ -273,7 +291,7 @@ class Runtime:
         except Exception:  # the source (a store) failed: the version starts cold, never refused
             self.preload_errors += 1
             return time.perf_counter() - t0, 0
-        tokens = replica.preload(prompts)
+        tokens = replica.preload(prompts, top=self.preload_top)
         return time.perf_counter() - t0, tokens
 
     # -- subscribers ---------------------------------------------------------------------
@@ -370,6 +388,7 @@ class Runtime:
                 device=self.device,
                 dtype=self.dtype,
                 prefix=self.prefix_cache,
+                prefill_block=self.prefill_block,
             )
             preload_s, preloaded = self._preload_new(replica)
         except DeployRefused as exc:
@@ -418,6 +437,12 @@ class Runtime:
     def serving_version(self) -> str | None:
         current = self._state.current
         return current.version if current is not None else None
+
+    def engine_paths(self) -> dict[str, Any]:
+        """Per version serving traffic (stable, canary): the `EnginePath` its model decodes on."""
+        state = self._state
+        replicas = [r for r in (state.current, state.canary) if r is not None]
+        return {r.version: getattr(r.model, "engine_path", None) for r in replicas}
 
     @property
     def draining_versions(self) -> list[str]:

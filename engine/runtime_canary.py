@@ -10,7 +10,13 @@ assigned by its request id. A request is assigned once, at submit, and never mov
 other version while it runs: an aborted canary finishes the requests it started.
 
 `CanaryControl` is the runtime's handle for it (`runtime.canary`); the decisions (when to
-promote, when to roll back) belong to the analysis in alerts/canary.py.
+promote, when to roll back) belong to the analysis in alerts/actions/canary.py.
+
+The canary's state lives in the registry's deploy history (every start, step, promotion and
+rollback is a record with its weight), not only in this process: `open_canary` reads the
+canary the history leaves running, and `Runtime.start` resumes it (same version, weight,
+start time and user assignment) when the restarted runtime serves its stable version, or
+records it as rolled back when it does not.
 """
 
 from __future__ import annotations
@@ -18,19 +24,20 @@ from __future__ import annotations
 import hashlib
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from .deploy import DeployOutcome
-from .deploy_history import DeployRecord
-from .errors import CanaryRunning, InvalidCanaryWeight, NoCanary, RuntimeNotRunning
+from .deploy_history import DeployRecord, Outcome
+from .errors import CanaryRunning, EngineError, InvalidCanaryWeight, NoCanary, RuntimeNotRunning
 from .events import CanaryChanged
 from .runtime_loop import Swap, apply_swap
 
 if TYPE_CHECKING:
     from .runtime import Runtime
 
-__all__ = ["CanaryControl", "CanaryStatus", "user_bucket"]
+__all__ = ["CanaryControl", "CanaryStatus", "open_canary", "user_bucket"]
 
 
 def user_bucket(key: str, salt: str) -> float:
@@ -54,6 +61,24 @@ class CanaryStatus:
     started_at: float
 
 
+def open_canary(records: Sequence[DeployRecord]) -> CanaryStatus | None:
+    """The canary that `records` (oldest first) leave running, with its latest weight: one
+    started and neither rolled back, promoted nor replaced by a deploy since. A restart
+    ("start") does not end it: that is what `Runtime.start` resumes."""
+    status: CanaryStatus | None = None
+    for r in records:
+        if r.reason == "canary" and r.outcome in ("started", "resumed") and r.from_version:
+            weight = r.weight if r.weight is not None else 0.0
+            started = status.started_at if r.outcome == "resumed" and status is not None else r.at
+            status = CanaryStatus(r.to_version, r.from_version, weight, started)
+        elif r.reason == "canary" and r.outcome == "reweighted" and status is not None:
+            weight = r.weight if r.weight is not None else status.weight
+            status = CanaryStatus(status.version, status.stable_version, weight, status.started_at)
+        elif r.outcome == "rolled_back" or (r.outcome == "deployed" and r.reason != "start"):
+            status = None
+    return status if status is not None and status.weight > 0.0 else None
+
+
 class CanaryControl:
     def __init__(self, runtime: Runtime) -> None:
         self._runtime = runtime
@@ -73,10 +98,11 @@ class CanaryControl:
             user_bucket(user if user is not None else f"request:{request_id}", status.version) < status.weight
         )
 
-    def start(self, version: str, weight: float) -> DeployOutcome:
+    def start(self, version: str, weight: float, *, resumed_from: float | None = None) -> DeployOutcome:
         """Load `version` beside the serving one (verified and warmed up like a deploy) and
         send it `weight` of the users. Raises InvalidCanaryWeight, CanaryRunning or a
-        DeployRefused subclass; the stable version keeps serving all traffic then."""
+        DeployRefused subclass; the stable version keeps serving all traffic then.
+        `resumed_from`: the start time of the canary a restart resumes (`resume`)."""
         weight = check_weight(weight)
         runtime = self._runtime
         with runtime._deploy_lock:
@@ -92,9 +118,13 @@ class CanaryControl:
                 )  # fmt: skip
             replica, prepared = runtime._prepare(version, "canary", from_version=stable)
             swap = self._apply(Swap(replica=replica, reason="canary", kind="canary"), version)
-            self._status = CanaryStatus(version, stable, weight, swap.at)
+            started = swap.at if resumed_from is None else resumed_from
+            self._status = CanaryStatus(version, stable, weight, started)
             message = f"canary at {weight:.0%} of users"
-            self._note(DeployRecord(swap.at, stable, version, "canary", "started", message), weight)
+            outcome: Outcome = "started" if resumed_from is None else "resumed"
+            if resumed_from is not None:
+                message += " (resumed after a restart)"
+            self._note(DeployRecord(swap.at, stable, version, "canary", outcome, message, weight), weight)
             return DeployOutcome(
                 stable, version, "canary", swap.at, prepared.verify_s, prepared.load_s, prepared.warmup_s
             )
@@ -105,7 +135,7 @@ class CanaryControl:
             status = self._require()
             self._status = CanaryStatus(status.version, status.stable_version, weight, status.started_at)
             self._note(DeployRecord(time.time(), status.stable_version, status.version, "canary", "reweighted",
-                                    f"canary at {weight:.0%} of users"), weight)  # fmt: skip
+                                    f"canary at {weight:.0%} of users", weight), weight)  # fmt: skip
             return self._status
 
     def promote(self, message: str = "") -> DeployOutcome:
@@ -132,10 +162,33 @@ class CanaryControl:
             swap = self._apply(Swap(replica=None, reason="canary-rollback", kind="abort"), status.version)
             self._status = None
             record = DeployRecord(
-                swap.at, status.version, status.stable_version, "canary", "rolled_back", message
+                swap.at, status.version, status.stable_version, "canary", "rolled_back", message, 0.0
             )
             self._note(record, 0.0)
             return status
+
+    def resume(self, pending: CanaryStatus | None) -> CanaryStatus | None:
+        """After a restart: start again the canary the deploy history left open (`open_canary`;
+        the restart's own "start" record does not close it), when the runtime serves its stable
+        version. Otherwise, or when the candidate is refused now, the canary is recorded as
+        rolled back, with why; the stable version serves everyone. Never raises."""
+        runtime = self._runtime
+        if pending is None:
+            return None
+        serving = runtime.serving_version
+        if serving == pending.stable_version:
+            try:
+                self.start(pending.version, pending.weight, resumed_from=pending.started_at)
+                return self._status
+            except EngineError as exc:
+                why = f"not resumed after a restart: {type(exc).__name__}: {exc}"
+        else:
+            why = f"not resumed after a restart: serving {serving}, not its stable {pending.stable_version}"
+        record = DeployRecord(
+            time.time(), pending.version, pending.stable_version, "canary", "rolled_back", why, 0.0
+        )
+        self._note(record, 0.0)
+        return None
 
     def _note(self, record: DeployRecord, weight: float) -> None:
         """Into the registry's deploy history and, as a `CanaryChanged`, to subscribers."""

@@ -3,6 +3,12 @@
 During a deploy two replicas run side by side: the new one takes every new request, the
 old one keeps decoding the requests that started on it until it drains, then is dropped.
 Only the runtime's loop thread touches a replica once it is serving.
+
+Every prompt is prefilled in chunks of `prefill_block` tokens that start at multiples of
+it, with the prefix cache or without: a block's keys and values are then computed by the
+same operations whether the blocks before it were computed just now or copied from the
+cache, which is what makes answers bit-identical with and without the cache (the cost of
+chunking against one whole-prompt forward is measured in docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -13,7 +19,7 @@ from typing import Any
 
 import torch
 
-from .prefix_cache import PrefixCache
+from .prefix_cache import PrefixCache, frequent_prefixes
 from .scheduler import Request
 from .step_times import StepTimes
 
@@ -22,10 +28,19 @@ __all__ = ["Replica"]
 
 class Replica:
     def __init__(
-        self, version: str, model: Any, *, max_batch: int, max_seq_len: int, prefix: PrefixCache | None = None
+        self,
+        version: str,
+        model: Any,
+        *,
+        max_batch: int,
+        max_seq_len: int,
+        prefix: PrefixCache | None = None,
+        prefill_block: int = 64,
     ) -> None:
         self.version = version
         self.prefix = prefix
+        # the chunk of a prefill: the prefix cache's block when there is one
+        self.prefill_block = prefix.block_tokens if prefix is not None else prefill_block
         self.model = model
         self.max_batch = max_batch
         self.cap = max_batch  # requests it runs at once; SLA routing lowers it to hold a path's SLA
@@ -60,16 +75,24 @@ class Replica:
         self.step_times.observe_prefill(len(request.prompt_ids), time.perf_counter() - t0)
         return logits
 
-    def preload(self, prompts: Sequence[Sequence[int]]) -> int:
-        """Prefill each prompt into a scratch slot so that its blocks enter the prefix cache,
-        before (or beside) serving -> the prompt tokens of the distinct blocks they cover."""
+    def prefill_uncached(self, slot: int, prompt: Sequence[int]) -> torch.Tensor:
+        """The same chunked prefill into `slot`, leaving the prefix cache alone (warm-up)."""
+        ids = torch.tensor(list(prompt), dtype=torch.long, device=self.device)
+        return self.model.prefill_blocks(self.cache, slot, ids, start=0, block=self.prefill_block)
+
+    def preload(self, prompts: Sequence[Sequence[int]], *, top: int | None = None) -> int:
+        """Prefill into the prefix cache, before (or beside) serving, either every prompt
+        (`top` None) or the `top` most frequent block prefixes among them (recorded
+        traffic: `frequent_prefixes`) -> the prompt tokens of the distinct blocks covered."""
         if self.prefix is None:
             return 0
         block = self.prefix.block_tokens
+        lists = [[int(t) for t in prompt][: self.max_seq_len] for prompt in prompts]
+        if top is not None:
+            lists = frequent_prefixes(lists, block, top)
         scratch = None
         covered: set[str] = set()
-        for prompt in prompts:
-            ids = [int(t) for t in prompt][: self.max_seq_len]
+        for ids in lists:
             if len(ids) < block:
                 continue
             if scratch is None:
@@ -81,9 +104,9 @@ class Replica:
     def _prefill(self, cache: Any, slot: int, prompt: Sequence[int], *, count: bool = True) -> torch.Tensor:
         ids = torch.tensor(prompt, dtype=torch.long, device=self.device)
         prefix = self.prefix
+        block = self.prefill_block
         if prefix is None:
-            return self.model.prefill(cache, slot, ids)
-        block = prefix.block_tokens
+            return self.model.prefill_blocks(cache, slot, ids, start=0, block=block)
         keys = prefix.keys(self.version, prompt)
         # at least the last token is always prefilled: its logits start the answer
         usable = keys[: (len(prompt) - 1) // block]

@@ -15,6 +15,7 @@ from torch import nn
 from .attention import Attention, AttentionStep
 from .config import ModelConfig
 from .moe import GroupedExperts, MoEFeedForward
+from .native import NativeKernels
 from .projection import Projection, projection
 from .rope import RopeTable, inverse_frequencies
 
@@ -74,23 +75,24 @@ class Transformer(nn.Module):
         self.rope: RopeTable | None = None  # made by init_buffers once the weights are real
         self._bound: _Bound | None = None
 
-    def init_buffers(self, device: torch.device) -> None:
+    def init_buffers(self, device: torch.device, kernels: NativeKernels | None = None) -> None:
         """Once the weights are real: compute what the checkpoint does not store (RoPE tables,
-        in the embeddings' dtype) and bind the hot path's plain references to the weights."""
+        in the embeddings' dtype) and bind the hot path's plain references to the weights
+        (on the native kernels' packed copies when `kernels` is given: paths.py)."""
         inv_freq = inverse_frequencies(self.config.head_dim, self.config.rope_theta, device)
         self.rope = RopeTable(inv_freq, self.tok_embeddings.weight.dtype)
         layers = []
         for block in self.layers:
             assert isinstance(block, Block)
-            block.attention.bind()
-            block.moe.bind()
+            block.attention.bind(kernels)
+            block.moe.bind(kernels)
             layers.append((block.attention_norm.weight, block.attention, block.ffn_norm.weight, block.moe))
         eps = self.config.rms_norm_eps
         self._bound = _Bound(
             self.tok_embeddings.weight,
             tuple(layers),
             self.norm.weight,
-            projection(self.output, head=True),
+            projection(self.output, head=True, kernels=kernels),
             (eps, torch.full((1, 1, 1), eps, device=device)),
         )
 

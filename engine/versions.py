@@ -15,9 +15,18 @@ from typing import Any
 
 from .errors import InvalidVersionName, RegistryCorrupt
 
-__all__ = ["QUANTS", "VERSION_RULE", "VersionInfo", "VersionName", "hash_weight_files", "weight_files"]
+__all__ = [
+    "QUANTS",
+    "VERSION_RULE",
+    "WEIGHT_QUANTS",
+    "VersionInfo",
+    "VersionName",
+    "hash_weight_files",
+    "weight_files",
+]
 
-QUANTS = ("fp32", "bf16", "fp16", "int8")
+QUANTS = ("fp32", "bf16", "fp16", "int8", "int4")
+WEIGHT_QUANTS = ("int8", "int4")  # the quants that load quantized: `load(quantize=quant)`
 VERSION_RULE = (
     "a version name is [arch]_[dataset]_[quant]-v[major].[minor]: arch and dataset are lowercase "
     f"letters and digits, quant is one of {', '.join(QUANTS)}, major and minor are integers "
@@ -74,7 +83,7 @@ class VersionInfo:
     @property
     def quantize(self) -> str | None:
         """The `quantize=` argument of `engine.load` for this version."""
-        return "int8" if self.quant == "int8" else None
+        return self.quant if self.quant in WEIGHT_QUANTS else None
 
     def to_json(self) -> dict[str, Any]:
         return {

@@ -9,12 +9,16 @@ from __future__ import annotations
 import os
 import shutil
 import socket
+import tempfile
 import uuid
 from collections.abc import Iterator
 
 import pytest
 
 IN_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
+# the engine's native kernels and path verdicts (engine/paths.py) are cached per session,
+# never in the developer's home directory; subprocesses (a started `infersight serve`) inherit it
+os.environ.setdefault("INFERSIGHT_CACHE_DIR", tempfile.mkdtemp(prefix="infersight-test-cache-"))
 POSTGRES_ADMIN_URL = os.environ.get(
     "INFERSIGHT_TEST_POSTGRES", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 )

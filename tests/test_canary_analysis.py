@@ -115,16 +115,44 @@ class _FakeControl:
 
 
 class _Finished:
-    def __init__(self, version: str, duration: float) -> None:
+    def __init__(self, version: str, duration: float, request_id: str = "") -> None:
         self.model_version, self.duration_s, self.output_tokens, self.finish_reason = (
             version,
             duration,
             30,
             "stop",
         )
+        self.request_id = request_id
+
+
+class _Started:
+    def __init__(self, version: str, request_id: str) -> None:
+        self.model_version, self.request_id = version, request_id
 
 
 RequestFinished = type("RequestFinished", (_Finished,), {})
+RequestStarted = type("RequestStarted", (_Started,), {})
+
+
+def test_latency_compares_only_requests_that_ran_beside_the_other_arm() -> None:
+    controller = CanaryController(_FakeControl(), CanaryPolicy(requests_per_step=10_000, latency_baseline=5))
+    controller.begin("m_d_fp32-v1.1", "m_d_fp32-v1.0", 0.1)
+    # alone (nothing of the other arm running): a slow canary here says nothing of the release
+    for i in range(60):
+        version = "m_d_fp32-v1.1" if i % 2 else "m_d_fp32-v1.0"
+        controller.on_event(RequestStarted(version, f"alone-{i}"))
+        controller.on_event(RequestFinished(version, 0.9 if i % 2 else 0.1, f"alone-{i}"))
+    assert controller.analysis is not None
+    latency = next(c for c in controller.analysis.checks() if c.name == "latency")
+    assert latency.canary_n == latency.stable_n == 0 and controller.served == {True: 30, False: 30}
+    # side by side: compared
+    for i in range(10):
+        controller.on_event(RequestStarted("m_d_fp32-v1.0", f"s-{i}"))
+        controller.on_event(RequestStarted("m_d_fp32-v1.1", f"c-{i}"))
+        controller.on_event(RequestFinished("m_d_fp32-v1.0", 0.1, f"s-{i}"))
+        controller.on_event(RequestFinished("m_d_fp32-v1.1", 0.1, f"c-{i}"))
+    latency = next(c for c in controller.analysis.checks() if c.name == "latency")
+    assert (latency.canary_n, latency.stable_n) == (10, 10)
 
 
 @pytest.mark.parametrize("bad", [True, False])
@@ -150,3 +178,44 @@ def test_controller_rolls_back_a_bad_canary_and_steps_up_a_good_one(bad: bool) -
     else:
         assert [c[0] for c in control.calls] == ["weight", "promote"] and control.calls[0][1] == 0.5
         assert [d.weight for d in decided] == [0.5, 1.0]
+
+
+def _answer(rng: random.Random, topic: int, dims: int = 16, spread: float = 0.3) -> list[float]:
+    """A unit-norm 'answer embedding' near the axis of `topic`."""
+    v = [rng.gauss(0.0, spread) for _ in range(dims)]
+    v[topic] += 1.0
+    norm = sum(x * x for x in v) ** 0.5
+    return [x / norm for x in v]
+
+
+@pytest.mark.parametrize("drifted", [False, True])
+def test_output_drift_compares_answers_with_the_stable_versions_own(drifted: bool) -> None:
+    policy = CanaryPolicy(requests_per_step=10_000, drift_baseline=20)
+    analysis = CanaryAnalysis(policy)
+    rng = random.Random(7)
+    for i in range(3000):
+        canary = i % 10 == 0
+        # stable answers about topics 0-2; a drifted canary answers about topics 3-5
+        topic = rng.randrange(3) + (3 if canary and drifted else 0)
+        analysis.observe_output(canary, _answer(rng, topic))
+    check = next(c for c in analysis.checks() if c.name == "output_drift")
+    assert check.canary_n == 300 and check.stable_n == 2700 - 20  # the baseline fixes the reference only
+    if drifted:
+        assert analysis.verdict().action == "rollback" and "output_drift" in analysis.verdict().reason
+        assert check.canary is not None and check.stable is not None and check.canary < check.stable
+    else:
+        assert not check.regressed and analysis.verdict().action == "continue"
+
+
+def test_a_canary_whose_few_outputs_all_have_one_length_is_not_rolled_back() -> None:
+    # the real-runtime false rollback: max_tokens 8, the canary's 31 answers all 8 tokens
+    # (no spread), the stable's averaging 7.6 with some shorter ones; the same release
+    analysis = CanaryAnalysis(CanaryPolicy(requests_per_step=10_000))
+    rng = random.Random(11)
+    for i in range(289):
+        canary = i % 9 == 0
+        tokens = 8 if canary or rng.random() < 0.8 else rng.randint(2, 7)
+        analysis.observe(canary, error_type=None, latency_s=None, output_tokens=tokens)
+    check = next(c for c in analysis.checks() if c.name == "output_length")
+    assert check.canary == 8.0 and check.stable is not None and check.stable < 7.8
+    assert not check.regressed and analysis.verdict().action == "continue"

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import socket
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 from _demo_registry import BAD, GOOD, private_copy, shared_demo_registry
@@ -146,3 +148,78 @@ def test_cli_starts_and_reports_a_canary_on_a_running_server(
     finally:
         server.should_exit = True
         thread.join(30)
+
+
+def _logged(service: Any, want: Callable[[list[str]], bool]) -> bool:
+    """The canary rows of `deploys` satisfy `want` once the runtime's events (delivered by
+    its loop thread) reached the deploy log; flushed here rather than waiting for its tick."""
+    for _ in range(100):
+        service.components["deploy_log"].flush()
+        with service.db.connect() as conn:
+            query = select(deploys.c.outcome).where(deploys.c.reason == "canary").order_by(deploys.c.id)
+            if want(list(conn.execute(query).scalars())):
+                return True
+        time.sleep(0.1)
+    return False
+
+
+def _canary_app(tmp: object, registry: object, database_url: str | None = None) -> object:
+    cfg = config(tmp, engine=EngineConfig(registry=registry, version=GOOD, max_batch_size=2, max_seq_len=256,  # type: ignore[arg-type]
+                                          max_prompt_tokens=128, max_tokens_limit=8),
+                 database_url=database_url)  # fmt: skip
+    return create_app(cfg)
+
+
+def test_a_restarted_service_resumes_the_canary_with_its_stored_evidence(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    tmp = tmp_path_factory.mktemp("canary-restart")
+    registry = private_copy(shared_demo_registry(tmp_path_factory), tmp / "registry")
+    app = _canary_app(tmp, registry)
+    with TestClient(app, raise_server_exceptions=False) as client:  # type: ignore[arg-type]
+        r = client.post("/api/v1/models/canary", json={"version": BAD, "weight": 0.5}, headers=auth())
+        assert r.status_code == 200, r.text
+        for i in range(10):
+            body = {"prompt": "how do i top up my card", "max_tokens": 2, "user": f"c{i}"}
+            assert client.post("/v1/completions", json=body).status_code == 200
+        before = client.get("/api/v1/models/canary").json()
+        assert app.state.service.writer.flush()  # type: ignore[attr-defined]
+    again = _canary_app(tmp, registry)  # the same registry and store: a restart
+    with TestClient(again, raise_server_exceptions=False) as client:  # type: ignore[arg-type]
+        now = client.get("/api/v1/models/canary").json()
+        assert (now["version"], now["stable_version"], now["weight"]) == (BAD, GOOD, 0.5)
+        # the analysis goes on with what the store recorded, not from zero
+        assert (now["canary_requests"], now["stable_requests"]) == (
+            before["canary_requests"],
+            before["stable_requests"],
+        )
+        assert now["canary_requests"] + now["stable_requests"] == 10
+        service = again.state.service  # type: ignore[attr-defined]
+        assert _logged(service, lambda outcomes: outcomes == ["started", "resumed"])
+        assert client.post("/api/v1/models/canary/abort", headers=auth()).status_code == 200
+
+
+def test_a_second_replica_on_the_same_postgresql_refuses_another_canary(
+    tmp_path_factory: pytest.TempPathFactory, postgres_url: str
+) -> None:
+    shared = shared_demo_registry(tmp_path_factory)
+    a_dir, b_dir = tmp_path_factory.mktemp("replica-a"), tmp_path_factory.mktemp("replica-b")
+    a = _canary_app(a_dir, private_copy(shared, a_dir / "registry"), postgres_url)
+    b = _canary_app(b_dir, private_copy(shared, b_dir / "registry"), postgres_url)
+    with (
+        TestClient(a, raise_server_exceptions=False) as ca,
+        TestClient(b, raise_server_exceptions=False) as cb,
+    ):  # type: ignore[arg-type]
+        r = ca.post("/api/v1/models/canary", json={"version": BAD, "weight": 0.1}, headers=auth())
+        assert r.status_code == 200, r.text
+        b.state.service.components["replicas"].publish()  # type: ignore[attr-defined]
+        a.state.service.components["replicas"].publish()  # type: ignore[attr-defined]
+        r = cb.post("/api/v1/models/canary", json={"version": BAD, "weight": 0.2}, headers=auth())
+        a_id = a.state.service.replica_id  # type: ignore[attr-defined]
+        assert r.status_code == 409 and _field(r) == "body.version" and a_id in r.json()["error"]["message"]
+        assert cb.get("/api/v1/models/canary").json()["version"] is None  # B serves its stable version only
+        assert ca.post("/api/v1/models/canary/abort", headers=auth()).status_code == 200
+        assert _logged(a.state.service, lambda outcomes: outcomes[-1:] == ["rolled_back"])  # type: ignore[attr-defined]
+        r = cb.post("/api/v1/models/canary", json={"version": BAD, "weight": 0.2}, headers=auth())
+        assert r.status_code == 200, r.text  # A's canary ended: B may run one
+        assert cb.post("/api/v1/models/canary/abort", headers=auth()).status_code == 200

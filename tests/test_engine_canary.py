@@ -9,6 +9,7 @@ import _engine_serving_support as support
 import pytest
 from _engine_serving_support import V1, V2, prompt
 from infersight.engine.errors import CanaryRunning, InvalidCanaryWeight, NoCanary, VersionNotFound
+from infersight.engine.registry import Registry
 from infersight.engine.runtime import Runtime
 from infersight.engine.runtime_canary import user_bucket
 
@@ -121,3 +122,51 @@ def test_a_rollback_during_a_canary_rolls_the_canary_back(runtime: Runtime) -> N
     assert (outcome.from_version, outcome.to_version) == (V2, V1)
     assert runtime.canary.status is None and runtime.serving_version == V1
     assert runtime.history()[-1].outcome == "rolled_back"
+
+
+def test_a_canary_survives_a_restart_with_its_weight_users_and_start_time(registry: Registry) -> None:
+    first = Runtime(registry, max_batch_size=2, max_prompt_tokens=64, max_seq_len=96)
+    first.start(V1)
+    first.canary.start(V2, 0.1)
+    first.canary.set_weight(0.5)
+    began = first.canary.status
+    assert began is not None
+    user = _users(0.5, True, 1)[0]
+    first.stop()  # a crash or a restart: nothing ended the canary
+    again = Runtime(registry, max_batch_size=2, max_prompt_tokens=64, max_seq_len=96)
+    again.start()  # the last good version: the stable one
+    try:
+        status = again.canary.status
+        assert status is not None and (status.version, status.stable_version, status.weight) == (V2, V1, 0.5)
+        assert status.started_at == began.started_at  # the same canary, not a new one
+        assert again.submit(prompt(1, 4), max_new_tokens=2, user=user).result(timeout=60).model_version == V2
+        assert [r.outcome for r in again.history() if r.reason == "canary"] == [
+            "started",
+            "reweighted",
+            "resumed",
+        ]
+        again.canary.abort("done")
+    finally:
+        again.stop()
+    third = Runtime(registry, max_batch_size=2, max_prompt_tokens=64, max_seq_len=96)
+    third.start()
+    try:
+        assert third.canary.status is None  # rolled back before the restart: stays ended
+    finally:
+        third.stop()
+
+
+def test_a_canary_is_not_resumed_beside_another_version(registry: Registry) -> None:
+    first = Runtime(registry, max_batch_size=2, max_prompt_tokens=64, max_seq_len=96)
+    first.start(V1)
+    first.canary.start(V2, 0.2)
+    first.stop()
+    again = Runtime(registry, max_batch_size=2, max_prompt_tokens=64, max_seq_len=96)
+    again.start(V2)  # an operator restarted on the candidate itself
+    try:
+        assert again.canary.status is None and again.serving_version == V2
+        last = again.history()[-1]
+        assert (last.reason, last.outcome, last.to_version) == ("canary", "rolled_back", V1)
+        assert "not resumed after a restart" in last.message
+    finally:
+        again.stop()

@@ -4,9 +4,11 @@ Logits within 1e-4 max abs difference and identical greedy tokens, across top-k,
 counts, GQA ratios, an explicit head_dim, a sliding window, tied embeddings, odd sizes
 (the gather fallback) and the serving hooks (each decode row at its own position).
 
-On this CPU in fp32 the engine runs its experts and projections on oneDNN-blocked weights;
-the `stacked` cases turn that off (as on a build without oneDNN), so the `_grouped_mm` and
-gather paths that bf16 and CUDA use are held to the same reference.
+In fp32 on CPU `load` may choose either decode path (engine/paths.py): the eager one, with
+experts and projections on oneDNN-blocked weights, or the native C kernels. The `expert_path`
+cases force each: `blocked` (eager), `native`, and `stacked` (eager with oneDNN turned off,
+as on a build without it), so the `_grouped_mm` and gather paths that bf16 and CUDA use are
+held to the same reference too.
 """
 
 from __future__ import annotations
@@ -15,17 +17,24 @@ from pathlib import Path
 
 import pytest
 import torch
-from infersight.engine import load, onednn
+from infersight.engine import load, loading, onednn
 from infersight.engine.moe import BlockedExperts, GroupedExperts
+from infersight.engine.native import NativeProjection
 
 from tests._engine_checkpoints import greedy_reference, save_checkpoint
 
 TOL = 1e-4
 
 
-@pytest.fixture(params=["blocked", "stacked"])
+@pytest.fixture(params=["blocked", "native", "stacked"])
 def expert_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Run the test on oneDNN-blocked weights, then again with oneDNN turned off."""
+    """Run the test on the eager path (oneDNN-blocked weights), on the native kernels, then
+    on the eager path with oneDNN turned off: every `load` in the test is forced onto it."""
+    forced = "native" if request.param == "native" else "eager"
+    choose = loading.choose
+    monkeypatch.setattr(
+        loading, "choose", lambda config, **kw: choose(config, **(kw | {"requested": forced}))
+    )
     if request.param == "stacked":
         monkeypatch.setattr(onednn, "available", lambda weight: False)
     return str(request.param)
@@ -66,7 +75,7 @@ def test_logits_and_greedy_tokens_match_transformers(
     )
 
 
-def test_greedy_tokens_match_transformers_generate(tmp_path: Path) -> None:
+def test_greedy_tokens_match_transformers_generate(tmp_path: Path, expert_path: str) -> None:
     ref = save_checkpoint(tmp_path, 3, eos_token_id=None)
     model = load(tmp_path, device="cpu")
     ids = torch.randint(0, 96, (3, 5), generator=torch.Generator().manual_seed(3))
@@ -78,15 +87,15 @@ def test_greedy_tokens_match_transformers_generate(tmp_path: Path) -> None:
     assert torch.equal(model.generate(ids, 12), expected)
 
 
-def test_explicit_head_dim_wider_than_hidden_over_heads_matches(tmp_path: Path) -> None:
+def test_explicit_head_dim_wider_than_hidden_over_heads_matches(tmp_path: Path, expert_path: str) -> None:
     _compare(tmp_path, head_dim=32, num_attention_heads=4, num_key_value_heads=2)
 
 
-def test_sliding_window_shorter_than_the_sequence_matches(tmp_path: Path) -> None:
+def test_sliding_window_shorter_than_the_sequence_matches(tmp_path: Path, expert_path: str) -> None:
     _compare(tmp_path, sliding_window=4, prompt_len=9, steps=6)
 
 
-def test_tied_embeddings_match_and_use_the_embedding_values(tmp_path: Path) -> None:
+def test_tied_embeddings_match_and_use_the_embedding_values(tmp_path: Path, expert_path: str) -> None:
     _compare(tmp_path, tie_word_embeddings=True)
     net = load(tmp_path, device="cpu").network
     # on CPU the head is a column-major copy (layout.HEAD_LAYOUT); the values are the embedding's
@@ -96,9 +105,13 @@ def test_tied_embeddings_match_and_use_the_embedding_values(tmp_path: Path) -> N
 def test_sizes_grouped_mm_cannot_take_fall_back_and_still_match(tmp_path: Path, expert_path: str) -> None:
     # intermediate 50 fp32 = 200-byte rows: not a multiple of 16, so _grouped_mm refuses them
     _compare(tmp_path, hidden_size=72, intermediate_size=50)
-    experts = load(tmp_path, device="cpu").network.layers[0].moe.experts
+    model = load(tmp_path, device="cpu")
+    experts = model.network.layers[0].moe.experts
     if expert_path == "blocked":  # oneDNN takes any size
-        assert isinstance(experts, BlockedExperts)
+        assert isinstance(experts, BlockedExperts) and model.engine_path.name == "eager"
+    elif expert_path == "native":  # so do the native kernels (masked tails)
+        assert isinstance(experts, BlockedExperts) and model.engine_path.name == "native"
+        assert isinstance(experts.loop.pairs[0][0], NativeProjection)
     else:
         assert isinstance(experts, GroupedExperts) and not experts.grouped
 
@@ -108,7 +121,7 @@ def test_without_onednn_aligned_sizes_take_grouped_mm(
 ) -> None:
     monkeypatch.setattr(onednn, "available", lambda weight: False)
     save_checkpoint(tmp_path, 1)
-    experts = load(tmp_path, device="cpu").network.layers[0].moe.experts
+    experts = load(tmp_path, device="cpu", engine_path="eager").network.layers[0].moe.experts
     assert isinstance(experts, GroupedExperts) and experts.grouped
 
 
@@ -139,7 +152,7 @@ def test_decode_rows_at_their_own_positions_match_full_recompute(tmp_path: Path,
             seqs[slot] = torch.cat([seqs[slot], logits[row].argmax()[None]])
 
 
-def test_reusing_a_slot_for_a_shorter_prompt_ignores_the_old_keys(tmp_path: Path) -> None:
+def test_reusing_a_slot_for_a_shorter_prompt_ignores_the_old_keys(tmp_path: Path, expert_path: str) -> None:
     ref = save_checkpoint(tmp_path, 6)
     model = load(tmp_path, device="cpu")
     cache = model.new_cache(max_batch=1, max_seq_len=16)
@@ -150,3 +163,8 @@ def test_reusing_a_slot_for_a_shorter_prompt_ignores_the_old_keys(tmp_path: Path
     with torch.no_grad():
         expected = ref(torch.tensor([[5, 9, 1, 7]])).logits[0, -1]
     assert (logits[0] - expected).abs().max().item() < TOL
+
+
+def test_a_long_prompt_matches_on_every_path(tmp_path: Path, expert_path: str) -> None:
+    # 2 x 61 rows per product: the native kernel's 8-row chunks and a 5-row remainder
+    _compare(tmp_path, prompt_len=61, steps=4, seed=9)

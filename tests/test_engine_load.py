@@ -231,8 +231,8 @@ def test_unreadable_tokenizer_is_tokenizer_invalid(ckpt: Path, never_builds: Non
 
 
 def test_unknown_quantization_is_refused_before_reading(ckpt: Path, never_builds: None) -> None:
-    with pytest.raises(UnsupportedQuantization, match="int4"):
-        load(ckpt, quantize="int4")
+    with pytest.raises(UnsupportedQuantization, match="int3"):
+        load(ckpt, quantize="int3")
 
 
 def test_experts_stored_stacked_as_transformers_v5_holds_them_load_too(

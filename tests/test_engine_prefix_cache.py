@@ -12,10 +12,12 @@ import torch
 from _engine_serving_support import V1, V2, prompt
 from conftest import free_port, missing_service
 from infersight.engine import load
-from infersight.engine.prefix_cache import PrefixCache, PrefixCacheStats
+from infersight.engine.prefix_cache import PrefixCache, PrefixCacheStats, frequent_prefixes
 from infersight.engine.prefix_cache_redis import RedisTier
 from infersight.engine.registry import Registry
 from infersight.engine.runtime import Runtime
+from infersight.engine.runtime_replica import Replica
+from infersight.engine.scheduler import Request
 
 tiny_checkpoints, registry, greedy = support.tiny_checkpoints, support.registry, support.greedy  # fixtures
 Greedy = Callable[[str, list[int], int], list[int]]
@@ -103,12 +105,58 @@ def test_outputs_are_bit_identical_with_and_without_the_cache_across_batch_compo
         assert stats.bytes_held > 0 and stats.evictions == 0
     finally:
         on.stop()
-    plain = runtime_with(registry, None)  # no cache at all: the same tokens (greedy rows)
+    plain = runtime_with(registry, None, prefill_block=BLOCK)  # no cache object at all
     try:
-        got = serve(plain, jobs)
-        assert [got[i] for i in (0, 2, 3, 5)] == [expected[i] for i in (0, 2, 3, 5)]
+        assert serve(plain, jobs) == expected  # every row, sampled ones too, bit for bit
+        assert serve(plain, list(reversed(jobs))) == list(reversed(expected))
+        assert plain.prefix_cache_stats() == {}
     finally:
         plain.stop()
+
+
+def test_logits_are_bit_identical_with_and_without_the_cache_in_any_batch(tiny_checkpoints: dict) -> None:
+    # the logits of each request's first token and of every later step, with the cache
+    # off, cold and warm, each request admitted alone or beside others in another slot
+    model = load(tiny_checkpoints[V1])
+
+    def logits_of(
+        replica: Replica, batches: list[list[list[int]]]
+    ) -> dict[tuple[int, ...], list[torch.Tensor]]:
+        seen: dict[tuple[int, ...], list[torch.Tensor]] = {}
+        for batch in batches:
+            reqs = [Request(str(i), p, 3, 0.0, 1.0, None, 0, None, 0.0) for i, p in enumerate(batch)]  # type: ignore[arg-type]
+            with torch.inference_mode():
+                for r in reqs:
+                    replica.admit(r)
+                    first = replica.prefill(r)
+                    seen[tuple(r.prompt_ids)] = [first]
+                    r.tokens.append(int(first.argmax()))
+                for _ in range(3):
+                    for r, row in zip(reqs, replica.decode(reqs), strict=True):
+                        seen[tuple(r.prompt_ids)].append(row)
+                        r.tokens.append(int(row.argmax()))
+            for r in reqs:
+                replica.release(r)
+        return seen
+
+    prompts = [chat(1), chat(2, 9), prompt(50, 6), chat(3, 8)]
+    compositions = [
+        [[prompts[0]], [prompts[1], prompts[2]], [prompts[3], prompts[0], prompts[1]]],
+        [
+            [prompts[1], prompts[0], prompts[3]],
+            [prompts[2]],
+            [prompts[0], prompts[3]],
+        ],  # other slots, neighbours
+    ]
+    off = Replica(V1, model, max_batch=3, max_seq_len=96, prefill_block=BLOCK)
+    on = Replica(V1, model, max_batch=3, max_seq_len=96, prefix=PrefixCache(block_tokens=BLOCK))
+    for batches in compositions:  # the first is cold for `on`, the second warm
+        expected, got = logits_of(off, batches), logits_of(on, batches)
+        assert expected.keys() == got.keys()
+        for key, rows in expected.items():
+            assert len(rows) == len(got[key]) == 4
+            assert all(torch.equal(a, b) for a, b in zip(rows, got[key], strict=True))
+    assert on.prefix is not None and on.prefix.stats()[V1].hits >= 4 * len(SYSTEM) // BLOCK
 
 
 def test_versions_never_share_blocks(registry: Registry, greedy: Greedy) -> None:
@@ -204,5 +252,30 @@ def test_redis_unreachable_falls_back_to_local_and_counts_the_failure(registry: 
         assert out[0] == out[1] and len(out[0]) == 5
         stats = rt.prefix_cache_stats()[V1]
         assert stats.shared_failures >= 1 and stats.hits == len(chat(1)) // BLOCK  # second one: local hits
+    finally:
+        rt.stop()
+
+
+def test_the_most_frequent_block_prefixes_are_chosen_from_recorded_prompts() -> None:
+    other = [50 + i for i in range(2 * BLOCK)]  # a second, rarer shared head of two blocks
+    recorded = [chat(q) for q in range(6)] + [other + prompt(q, 4) for q in range(3)] + [prompt(90, 20)]
+    got = frequent_prefixes(recorded, BLOCK, top=2)
+    # the system prompt (5 blocks, 6 prompts) first, then the other head (2 blocks, 3 prompts):
+    # not every block of them, and not the prompts seen once
+    assert got == [SYSTEM, other]
+    assert frequent_prefixes(recorded, BLOCK, top=0) == []
+    # past those, a prompt seen once is its own prefix (its whole blocks; questions shorter
+    # than a block add none)
+    assert frequent_prefixes(recorded, BLOCK, top=50) == [SYSTEM, other, prompt(90, 20)[: 2 * BLOCK]]
+
+
+def test_start_and_deploy_prefill_the_top_prefixes_of_recorded_prompts(registry: Registry) -> None:
+    recorded = [chat(q) for q in range(8)]  # no whole prompt repeats; the system prompt does
+    cache = PrefixCache(block_tokens=BLOCK, max_bytes=64 << 20)
+    rt = runtime_with(registry, cache, preload_source=lambda v: recorded, preload_top=1)
+    try:
+        assert rt.prefix_cache_stats()[V1].blocks_held == len(SYSTEM) // BLOCK  # only the system prompt
+        rt.submit(chat(42), max_new_tokens=1).result(timeout=60)
+        assert rt.prefix_cache_stats()[V1].hits == len(SYSTEM) // BLOCK  # a new question starts warm
     finally:
         rt.stop()

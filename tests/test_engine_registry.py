@@ -49,7 +49,7 @@ def test_version_names_parse_and_format_back(name: str, parts: tuple[object, ...
         "mixtral-banking-int8-v1.2",
         "mixtral_banking_int8-v1",
         "Mixtral_banking_int8-v1.2",
-        "mixtral_banking_int4-v1.2",
+        "mixtral_banking_int3-v1.2",
         "mixtral_banking_int8-v01.2",
         "mixtral_int8-v1.2",
         "mixtral_banking_int8_v1.2",

@@ -169,3 +169,14 @@ def test_v1_models_lists_the_stable_name_that_keeps_working_across_a_deploy(serv
     finally:
         assert client.post("/api/v1/models/rollback", headers=auth()).status_code == 200
     assert client.post("/v1/completions", json=req).json()["model"] == GOOD
+
+
+def test_metrics_name_the_decode_path_the_serving_version_runs_on(served) -> None:  # type: ignore[no-untyped-def]
+    app, client = served
+    path = app.state.service.components["backend"].runtime.engine_paths()[GOOD]
+    metrics = client.get("/metrics").text
+    assert (
+        f'infersight_engine_path_info{{cpu="{path.cpu}",model="mixtral_banking",model_version="{GOOD}",'
+        f'path="{path.name}",reason="{path.reason.split(":")[0]}"}} 1.0'
+    ) in metrics
+    assert path.name in ("eager", "native") and path.reason in ("measured", "cached")

@@ -11,34 +11,47 @@ from fastapi.testclient import TestClient
 from infersight.monitor.service import ConfigInvalid, EngineConfig, create_app, load_config
 
 
-def test_frequent_recorded_prompts_are_prefilled_at_deploy_and_counted_on_metrics(
+def test_frequent_recorded_prefixes_are_prefilled_at_deploy_and_counted_on_metrics(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
     tmp = tmp_path_factory.mktemp("prefix")
     registry = private_copy(shared_demo_registry(tmp_path_factory), tmp / "registry")
     cfg = config(tmp, engine=EngineConfig(registry=registry, version=GOOD, max_batch_size=2, max_seq_len=256,
-                                          max_prompt_tokens=128, max_tokens_limit=16, prefix_cache_mb=64, prefix_block_tokens=4,
-                                          preload_prompts=1))  # fmt: skip
+                                          max_prompt_tokens=128, max_tokens_limit=16, prefix_cache_mb=64,
+                                          prefix_block_tokens=8, preload_prompts=2))  # fmt: skip
+    system = "you are the assistant of a retail bank. answer in two short sentences. never ask for a pin. "
+    questions = ["how do i top up my card", "what is the exchange rate today", "my card was declined",
+                 "where is my transfer", "can i change my pin"]  # fmt: skip
     app = create_app(cfg)
     with TestClient(app, raise_server_exceptions=False) as client:
         service = app.state.service
         runtime = service.components["backend"].runtime
-        frequent, rare = "how do i top up my card please", "what is the exchange rate today"
         answers = []
-        for text in (frequent, frequent, rare, frequent):
-            r = client.post("/v1/completions", json={"prompt": text, "max_tokens": 4, "temperature": 0})
+        for text in [*questions, questions[0]]:  # no whole prompt is frequent; the system prompt is
+            r = client.post(
+                "/v1/completions", json={"prompt": system + text, "max_tokens": 4, "temperature": 0}
+            )
             assert r.status_code == 200, r.text
             answers.append(r.json()["choices"][0]["text"])
-        assert answers[0] == answers[1] == answers[3]  # the warm repeats answer as the cold one
+        assert answers[0] == answers[-1]  # the warm repeat answers as the cold one
         assert service.writer.flush()
         r = client.post("/api/v1/models/deploy", json={"version": BAD}, headers=auth())
         assert r.status_code == 200, r.text
         held = runtime.prefix_cache_stats()[BAD]
-        assert held.blocks_held > 0 and held.hits == 0  # prefilled before BAD took any traffic
-        r = client.post("/v1/completions", json={"prompt": frequent, "max_tokens": 2, "temperature": 0})
+        system_blocks = len(runtime.tokenizer.encode(system, add_special_tokens=False).ids) // 8
+        # read from the stored records and prefilled before BAD took any traffic: the shared
+        # system prompt's blocks, as sent and as a chat (the two most frequent prefixes), and
+        # none of the questions' blocks
+        assert system_blocks >= 2 and held.hits == 0
+        assert 2 * system_blocks - 1 <= held.blocks_held <= 2 * system_blocks + 1
+        r = client.post(
+            "/v1/completions", json={"prompt": system + "is there a fee for this", "max_tokens": 2}
+        )
         assert r.status_code == 200
-        assert runtime.prefix_cache_stats()[BAD].hits > 0  # its first request found its prefix
-        assert runtime.prefix_cache_stats()[BAD].misses == 0
+        first = runtime.prefix_cache_stats()[BAD]
+        assert (
+            first.hits == system_blocks and first.misses <= 1
+        )  # its first request, a new question, was warm
         metrics = client.get("/metrics").text
         assert f'infersight_prefix_cache_hits_total{{model="mixtral_banking",version="{GOOD}"}}' in metrics
         assert f'infersight_prefix_cache_bytes{{model="mixtral_banking",version="{BAD}"}}' in metrics

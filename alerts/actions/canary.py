@@ -12,11 +12,20 @@ Checks (a regression is a significant difference in the bad direction only):
 - `server_errors`: share of requests that failed for a server-side reason (client errors
   and cancellations are the caller's doing and are not counted);
 - `latency`: share of requests slower than the stable version's p90, the threshold fixed
-  from the stable's first `latency_baseline` requests (exceedances, a two-proportion test);
+  from the stable's first `latency_baseline` requests (exceedances, a two-proportion test).
+  Only requests that ran at some point while the other arm had one running are compared: the
+  isolated canary replica adds its own forward to every step it is busy, which a canary
+  request always pays and a stable request only when a canary request runs beside it
+  (measured: without this, equal canaries were rolled back on latency; docs/benchmarks.md);
 - `relevance`: mean relevance of answer to prompt (a drop is a regression);
-- `output_drift`: mean output length in tokens, either direction (a proxy for the drift of
-  the outputs the service's drift module reports per version).
-Each check runs at alpha / 4 (Bonferroni), so a good canary is rolled back with
+- `output_drift`: how close each answer's embedding lies to what the stable version
+  answers: the cosine to the mean (unit-norm) embedding of the stable's first
+  `drift_baseline` scored answers, which fix that reference and are not tested. Canary
+  answers that drift away (other topics, other language, degenerate text) score lower;
+  a drop is a regression, as for relevance, on the same sampled answers;
+- `output_length`: mean output length in tokens, either direction (every request has one,
+  before any answer is scored).
+Each check runs at alpha / 5 (Bonferroni), so a good canary is rolled back with
 probability at most `alpha` over its whole life.
 """
 
@@ -24,7 +33,7 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -37,6 +46,7 @@ __all__ = [
     "CanaryPolicy",
     "CanaryRuntime",
     "CheckState",
+    "StoredRequest",
     "Verdict",
     "msprt_lambda",
 ]
@@ -72,6 +82,8 @@ class CanaryPolicy:
     tau_rate: float = 0.05  # prior sd of an error-rate / exceedance difference
     tau_relevance: float = 0.1  # prior sd of a mean relevance difference
     tau_length: float = 8.0  # prior sd of a mean output-length difference (tokens)
+    drift_baseline: int = 20  # stable answers whose mean embedding is the output reference
+    tau_similarity: float = 0.1  # prior sd of a mean difference in cosine to that reference
 
 
 @dataclass
@@ -144,7 +156,12 @@ class _Check:
             p = (c.mean * c.n + s.mean * s.n + 1.0) / (c.n + s.n + 2.0)
             variance = p * (1 - p) * (1.0 / c.n + 1.0 / s.n)
         else:
-            variance = c.var / c.n + s.var / s.n
+            # a mean: the arms' pooled within-arm variance, as under "no difference" the two
+            # share one distribution. A per-arm plug-in made a canary whose few answers all
+            # had the same length (capped at max_tokens: variance 0) look certain of a
+            # 0.4-token difference (a false rollback on the real runtime, docs/benchmarks.md)
+            pooled_var = ((c.n - 1) * c.var + (s.n - 1) * s.var) / max(1, c.n + s.n - 2)
+            variance = pooled_var * (1.0 / c.n + 1.0 / s.n)
         lam = msprt_lambda(delta, variance, self.tau)
         bad = {"higher_is_worse": delta > 0, "lower_is_worse": delta < 0, "either": delta != 0}[
             self.direction
@@ -173,8 +190,13 @@ class CanaryAnalysis:
             "server_errors": _Check("server_errors", "higher_is_worse", p.tau_rate),
             "latency": _Check("latency", "higher_is_worse", p.tau_rate),
             "relevance": _Check("relevance", "lower_is_worse", p.tau_relevance),
-            "output_drift": _Check("output_drift", "either", p.tau_length),
+            "output_drift": _Check("output_drift", "lower_is_worse", p.tau_similarity),
+            "output_length": _Check("output_length", "either", p.tau_length),
         }
+        self._reference_sum: list[float] | None = None  # sum of the stable's baseline embeddings
+        self._reference_n = 0
+        self._reference: list[float] | None = None  # their mean, unit norm, once fixed
+        self._pending_outputs: list[tuple[bool, list[float]]] = []  # canary answers before that
         self._alpha = p.alpha / len(self._checks)
         self._stable_latencies: list[float] = []
         self._pending_latency: list[tuple[bool, float]] = []
@@ -204,11 +226,31 @@ class CanaryAnalysis:
         if error_type is None and latency_s is not None:
             self._latency(canary, latency_s)
         if error_type is None and output_tokens is not None:
-            self._add("output_drift", canary, float(output_tokens), pooled=False)
+            self._add("output_length", canary, float(output_tokens), pooled=False)
 
     def observe_relevance(self, canary: bool, relevance: float) -> None:
         """The relevance of one answer to its prompt (scored later, on a sample)."""
         self._add("relevance", canary, float(relevance), pooled=False)
+
+    def observe_output(self, canary: bool, embedding: Sequence[float]) -> None:
+        """The unit-norm embedding of one answer (scored later, on a sample)."""
+        vector = [float(x) for x in embedding]
+        if self._reference is None:
+            if canary:
+                self._pending_outputs.append((canary, vector))
+                return
+            total = self._reference_sum or [0.0] * len(vector)
+            self._reference_sum = [a + b for a, b in zip(total, vector, strict=True)]
+            self._reference_n += 1
+            if self._reference_n < self.policy.drift_baseline:
+                return
+            norm = math.sqrt(sum(x * x for x in self._reference_sum)) or 1.0
+            self._reference = [x / norm for x in self._reference_sum]
+            pending, self._pending_outputs = self._pending_outputs, []
+            for arm, v in pending:
+                self._add("output_drift", arm, _dot(self._reference, v), pooled=False)
+            return
+        self._add("output_drift", canary, _dot(self._reference, vector), pooled=False)
 
     def _add(self, name: str, canary: bool, x: float, *, pooled: bool) -> None:
         check = self._checks[name]
@@ -259,6 +301,10 @@ class CanaryAnalysis:
         self.at_step = 0
 
 
+def _dot(a: Sequence[float], b: Sequence[float]) -> float:
+    return sum(x * y for x, y in zip(a, b, strict=True))
+
+
 class CanaryRuntime(Protocol):
     """What the controller needs of `Runtime.canary` (engine/runtime_canary.py)."""
 
@@ -270,6 +316,16 @@ class CanaryRuntime(Protocol):
     def promote(self, message: str = "") -> Any: ...
 
     def abort(self, message: str = "") -> Any: ...
+
+
+@dataclass(frozen=True)
+class StoredRequest:
+    """A request as the store recorded it, for `CanaryController.replay`."""
+
+    version: str
+    error_type: str | None
+    output_tokens: int | None
+    relevance: float | None
 
 
 @dataclass(frozen=True)
@@ -311,6 +367,9 @@ class CanaryController:
         self.stable: str | None = None
         self.served = {True: 0, False: 0}  # requests each arm served during the canary
         self.decisions: list[CanaryDecision] = []
+        # request ids running on each arm, and those that ran beside one of the other arm
+        self._running: dict[bool, set[str]] = {True: set(), False: set()}
+        self._overlapped: set[str] = set()
         self._lock = threading.Lock()
         self._busy = False
 
@@ -324,6 +383,7 @@ class CanaryController:
             self.analysis = CanaryAnalysis(dataclasses.replace(self.policy, steps=steps))
             self.version, self.stable = version, stable
             self.served = {True: 0, False: 0}
+            self._running, self._overlapped = {True: set(), False: set()}, set()
 
     def end(self) -> None:
         """The canary ended by hand (promoted or aborted by an operator): stop analysing."""
@@ -338,16 +398,26 @@ class CanaryController:
     def on_event(self, event: Any) -> None:
         """Engine subscriber: cheap (a lock and a few adds); decisions run on another thread."""
         kind = type(event).__name__
-        if kind not in ("RequestFinished", "RequestFailed"):
+        if kind not in ("RequestStarted", "RequestFinished", "RequestFailed"):
             return
         with self._lock:
             arm = self._arm(event.model_version)
             if arm is None or self.analysis is None:
                 return
+            rid = event.request_id
+            if kind == "RequestStarted":
+                self._running[arm].add(rid)
+                if self._running[not arm]:  # these ran beside each other
+                    self._overlapped.add(rid)
+                    self._overlapped.update(self._running[not arm])
+                return
+            self._running[arm].discard(rid)
+            beside = rid in self._overlapped
+            self._overlapped.discard(rid)
             self.served[arm] += 1
             if kind == "RequestFinished":
                 error = "cancelled" if event.finish_reason == "cancelled" else None
-                self.analysis.observe(arm, error_type=error, latency_s=event.duration_s,
+                self.analysis.observe(arm, error_type=error, latency_s=event.duration_s if beside else None,
                                       output_tokens=event.output_tokens)  # fmt: skip
             else:
                 self.analysis.observe(arm, error_type=event.error_type, latency_s=None)
@@ -360,6 +430,34 @@ class CanaryController:
                 return
             self.analysis.observe_relevance(arm, value)
         self._maybe_decide()
+
+    def on_output(self, version: str, embedding: Sequence[float]) -> None:
+        with self._lock:
+            arm = self._arm(version)
+            if arm is None or self.analysis is None:
+                return
+            self.analysis.observe_output(arm, embedding)
+        self._maybe_decide()
+
+    def replay(self, rows: Iterable[StoredRequest]) -> int:
+        """Feed the analysis begun by `begin` with the requests stored since the canary
+        started, oldest first (a restarted service resumes the canary with its evidence,
+        not a fresh test); decides once, after the last. -> the rows fed."""
+        n = 0
+        with self._lock:
+            for row in rows:
+                arm = self._arm(row.version)
+                if arm is None or self.analysis is None:
+                    continue
+                self.served[arm] += 1
+                # no latency: the store does not say which requests ran beside the other arm
+                self.analysis.observe(arm, error_type=row.error_type, latency_s=None,
+                                      output_tokens=row.output_tokens)  # fmt: skip
+                if row.relevance is not None:
+                    self.analysis.observe_relevance(arm, row.relevance)
+                n += 1
+        self._maybe_decide()
+        return n
 
     def _maybe_decide(self) -> None:
         with self._lock:

@@ -3,7 +3,7 @@
 infersight models init-demo DIR [--small]  the demo model: fp32, int8 and a corrupted release
                                            (--small: and the small demo model's int8 build)
 infersight models list DIR                 registered versions and the deploy history's last good
-infersight models register DIR NAME CHECKPOINT [--quantize int8] [--parent P] [--copy]
+infersight models register DIR NAME CHECKPOINT [--quantize int8|int4] [--parent P] [--copy]
 infersight models canary VERSION --weight W [--url URL] [--token T]   start a canary on a server
 infersight models canary --status|--promote|--abort [--url URL]       its state, or end it by hand
 """
@@ -53,7 +53,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     reg.add_argument("checkpoint", metavar="CHECKPOINT", help="directory with config.json and *.safetensors")
     reg.add_argument(
-        "--quantize", choices=["int8"], help="serve with weight-only int8 (the name's quant must be int8)"
+        "--quantize", choices=["int8", "int4"], help="serve weight-only int8 or int4 (the name's quant must match)"
     )
     reg.add_argument("--parent", help="the version this one derives from (must be registered)")
     reg.add_argument("--copy", action="store_true", help="copy the checkpoint into the registry")

@@ -72,13 +72,11 @@ class EngineBackend:
         try:
             registry = Registry(cfg.registry)
             fixed = service.config.model
-            frequent = FrequentPrompts(
-                service.db, model=lambda version: fixed or model_of(version), top=cfg.preload_prompts
-            )
+            frequent = FrequentPrompts(service.db, model=lambda version: fixed or model_of(version))
             runtime = Runtime(
                 registry, max_batch_size=cfg.max_batch_size, max_prompt_tokens=cfg.max_prompt_tokens,
                 max_seq_len=cfg.max_seq_len, device=cfg.device, prefix_cache=build_prefix_cache(cfg),
-                preload_source=frequent,
+                preload_source=frequent, preload_top=cfg.preload_prompts, prefill_block=cfg.prefix_block_tokens,
             )  # fmt: skip
             routing = service.config.routing
             version = routing.standard.version if routing is not None else None
@@ -88,7 +86,7 @@ class EngineBackend:
                 if not versions:
                     raise BackendUnavailable(f"no model version registered in {registry.root}")
                 version = versions[-1].name
-            runtime.start(version)
+            runtime.start(version, resume_canary=False)  # resumed once the deploy log listens
         except EngineError as exc:
             raise BackendUnavailable(f"the embedded runtime did not start: {exc}") from exc
         if service.config.routing is not None:
@@ -104,7 +102,7 @@ class EngineBackend:
     def observe_events(self) -> None:
         """Feed the live statistics from the runtime's events (queue, in flight, timings),
         and expose the prefix cache's counters (read from the runtime at scrape time)."""
-        from infersight.collectors import EngineAdapter
+        from infersight.collectors import EngineAdapter, EnginePathCollector
 
         from .prefix_cache import PrefixCacheCollector
 
@@ -112,6 +110,10 @@ class EngineBackend:
             prefix_metrics = CollectorRegistry(auto_describe=False)
             prefix_metrics.register(PrefixCacheCollector(self.runtime, model=self.model_name))
             self.service.exposition.add(prefix_metrics)
+        if hasattr(self.runtime, "engine_paths"):
+            path_metrics = CollectorRegistry(auto_describe=False)
+            path_metrics.register(EnginePathCollector(self.runtime, model=self.model_name))
+            self.service.exposition.add(path_metrics)
 
         stats = self.service.components.get("stats")
         if stats is not None:
@@ -129,6 +131,33 @@ class EngineBackend:
             self.service.exposition.add(self.route_metrics.registry)
             self.service.components["routing"] = self.route_metrics
             self._unsubscribe_routing = self.runtime.subscribe(self.route_metrics.on_event)
+
+    def resume_canary(self) -> None:
+        """After a restart: the canary the registry's deploy history left running serves
+        again beside the stable version (`CanaryControl.resume`), and its analysis goes on
+        from the requests the store recorded since it started, not from zero."""
+        control, controller = getattr(self.runtime, "canary", None), self.canary_controller
+        if control is None or controller is None or not self._owned:
+            return
+        from infersight.engine.runtime_canary import open_canary
+
+        try:
+            pending = open_canary(self.runtime.registry.history.records())
+        except Exception:  # an unreadable history: serve the stable version, as started
+            log.exception("the deploy history could not be read: no canary resumed")
+            return
+        if pending is None or pending.stable_version != self.runtime.serving_version:
+            control.resume(pending)  # records why it was not resumed
+            return
+        controller.begin(pending.version, pending.stable_version, pending.weight)  # before its first request
+        status = control.resume(pending)
+        if status is None:
+            controller.end()
+            return
+        try:
+            controller.replay(_stored_since(self.service, status))
+        except Exception:  # the store is down: the analysis starts from now; serving goes on
+            log.exception("canary %s: its stored requests could not be replayed", status.version)
 
     def _hang_up(self, handle: Any) -> None:
         """The client went away: stop generating for it, counted as `cancelled`."""
@@ -385,6 +414,27 @@ def _canary_controller(service: Service, runtime: Any) -> Any:
     from infersight.alerts.actions.canary import CanaryController
 
     return CanaryController(control, on_decision=lambda d: _canary_decided(service, d))
+
+
+def _stored_since(service: Service, status: Any) -> list[Any]:
+    """The two versions' stored requests since the canary started, oldest first."""
+    import datetime as dt
+
+    from infersight.alerts.actions.canary import StoredRequest
+    from infersight.monitor.store.tables import requests
+    from sqlalchemy import select
+
+    c = requests.c
+    query = (
+        select(c.model_version, c.error_type, c.output_tokens, c.relevance)
+        .where(
+            c.model_version.in_([status.version, status.stable_version]),
+            c.started_at >= dt.datetime.fromtimestamp(status.started_at, dt.UTC),
+        )
+        .order_by(c.started_at, c.id)
+    )
+    with service.db.connect() as conn:
+        return [StoredRequest(*row) for row in conn.execute(query)]
 
 
 def _canary_decided(service: Service, decision: Any) -> None:

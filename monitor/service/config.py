@@ -47,12 +47,13 @@ class EngineConfig:
     # OpenAI `user` field only; the header wins when both are sent)
     canary_user_header: str | None = None
     # the prefix KV cache: reuse the keys and values of shared prompt prefixes, LRU over
-    # blocks of prefix_block_tokens under this budget (0: off, the default: with it on every
-    # prompt is prefilled in blocks, which costs prompts that share nothing; see
-    # docs/benchmarks.md); at start and at every deploy the preload_prompts most frequent
-    # recorded prompts are prefilled before traffic
-    prefix_cache_mb: float = 0.0
-    prefix_block_tokens: int = 16
+    # blocks of prefix_block_tokens under this budget (0 turns it off). Every prompt is
+    # prefilled in such blocks, cache or not, so a miss costs nothing over no cache and the
+    # answers are the same bits (docs/benchmarks.md). At start and at every deploy the
+    # preload_prompts most frequent block prefixes of the recorded prompts are prefilled
+    # before traffic
+    prefix_cache_mb: float = 256.0
+    prefix_block_tokens: int = 64
     preload_prompts: int = 32
     # a shared tier so that a new replica starts warm, e.g. "redis://127.0.0.1:6379/0" (off)
     prefix_cache_redis_url: str | None = None

@@ -92,7 +92,7 @@ class DeployLog:
                     conn.execute(insert(deploys), rows)
                 for row in rows:
                     # a canary's start and each step deploy it to more users; its rollback rolls back
-                    outcome = {"started": "deployed", "reweighted": "deployed"}.get(
+                    outcome = {"started": "deployed", "reweighted": "deployed", "resumed": "deployed"}.get(
                         row["outcome"], row["outcome"]
                     )
                     self.deploys_total.labels(outcome).inc()

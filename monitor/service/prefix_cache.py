@@ -3,10 +3,13 @@ preloaded from the most frequent prompts in the store, and exposed to Prometheus
 
 The engine knows nothing of the store: the runtime takes a `preload_source(version)` and
 calls it at start and at every deploy, before the version takes traffic. This module's
-`FrequentPrompts` answers it with the `top` most frequent sampled prompts of the last
+`FrequentPrompts` answers it with the `sample` most recent recorded prompts of the last
 `window_s` seconds of the model's traffic (any version: a new version has none yet), each
 as sent on /v1/completions and as a one-message chat rendered by the served template, so
-that both routes find their template and question prefilled.
+that both routes find their template prefilled; the runtime then prefills the
+`preload_prompts` most frequent block prefixes among them (`engine.prefix_cache.
+frequent_prefixes`): a system prompt shared by many different questions is one frequent
+prefix even though no whole prompt repeats.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from infersight.monitor.store.tables import requests
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
-from sqlalchemy import func, select
+from sqlalchemy import select
 from sqlalchemy.engine import Engine
 
 from .chat_template import render_chat
@@ -49,35 +52,33 @@ def build_prefix_cache(cfg: EngineConfig) -> PrefixCache | None:
 
 
 class FrequentPrompts:
-    """`preload_source` for the runtime: the most frequent recorded prompts of `model`."""
+    """`preload_source` for the runtime: the recorded prompts of `model` the runtime ranks."""
 
     def __init__(
         self,
         db: Engine,
         *,
         model: Callable[[str], str],  # version -> the model its records name
-        top: int,
+        sample: int = 2000,
         window_s: float = 7 * 24 * 3600,
         now: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC),
     ) -> None:
-        self.db, self.model, self.top, self.window_s, self.now = db, model, top, window_s, now
+        self.db, self.model, self.sample, self.window_s, self.now = db, model, sample, window_s, now
 
     def prompts(self, version: str) -> list[str]:
-        """The `top` most frequent sampled prompts of `version`'s model, most frequent first."""
-        if self.top <= 0:
+        """Up to `sample` recorded prompts of `version`'s model, newest first."""
+        if self.sample <= 0:
             return []
         since = self.now() - dt.timedelta(seconds=self.window_s)
-        count = func.count().label("n")
         query = (
-            select(requests.c.prompt, count)
+            select(requests.c.prompt)
             .where(
                 requests.c.model == self.model(version),
                 requests.c.prompt.is_not(None),
                 requests.c.started_at >= since,
             )
-            .group_by(requests.c.prompt)
-            .order_by(count.desc(), func.max(requests.c.started_at).desc())
-            .limit(self.top)
+            .order_by(requests.c.started_at.desc())
+            .limit(self.sample)
         )
         with self.db.connect() as conn:
             return [str(row[0]) for row in conn.execute(query) if row[0]]

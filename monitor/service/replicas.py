@@ -35,7 +35,7 @@ from typing import Any
 
 from infersight.alerts.rules.sources import RemoteResources
 from infersight.collectors import InferenceStats, MergedStats, RemoteStats, SlotExporter, SlotRecord
-from infersight.monitor.store.tables import replica_slots, replicas
+from infersight.monitor.store.tables import deploys, replica_slots, replicas
 from sqlalchemy import Connection, Engine, Table, delete, insert, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 
@@ -246,6 +246,25 @@ class Replicas:
                 )
             ).all()
         return [(r[0], r[1]) for r in rows]
+
+    def open_canaries(self) -> list[tuple[str, str]]:
+        """(replica, canary version) of every other live replica whose runtime runs a canary
+        now, read from its rows in `deploys` (the last canary row of each is a start, a step
+        or a resume): one canary at a time across the replicas of a database."""
+        live = [r for r, _ in self._live(replicas.c.serving_version)]
+        if not live:
+            return []
+        c = deploys.c
+        with self.db.connect() as conn:
+            rows = conn.execute(
+                select(c.replica, c.to_version, c.outcome)
+                .where(c.replica.in_(live), c.reason.in_(["canary", "canary-promote"]))
+                .order_by(c.at, c.id)
+            ).all()
+        last = {r[0]: (r[1], r[2]) for r in rows}
+        return sorted(
+            (r, v) for r, (v, outcome) in last.items() if outcome in ("started", "reweighted", "resumed")
+        )
 
     # -- action targets (alerts.actions.ReplicaTargets) -----------------------------------
     def replicas_for(self, labels: Mapping[str, str]) -> list[str]:

@@ -114,6 +114,7 @@ def _wire_backend(service: Service) -> None:
             replica=service.replica_id,
         )
         service.components["deploy_log"] = deploy_log
+        backend.resume_canary()
         deploy_log.flush()
         service.scheduler.add("deploy_log", deploy_log.flush, 1.0)
 

@@ -213,6 +213,9 @@ class DriftWiring:
             if canary is not None:
                 for value in values:
                     canary.on_relevance(version, value)
+        if canary is not None:  # the answers themselves: the canary's output-drift check
+            for item, vector in zip(with_response, embedded.response_embeddings, strict=True):
+                canary.on_output(item.model_version, vector.tolist())
         self._stream(items, embedded)
         trim_heap()  # the model's buffers of this batch go back to the OS (memory.py)
         return len(items)

@@ -218,6 +218,12 @@ async def canary(body: CanaryRequest, request: Request) -> CanaryResult:
         raise HTTPException(
             409, {"field": "body.version", "reason": f"{body.version} is the serving version"}
         )
+    replicas = request.app.state.service.components.get("replicas")
+    elsewhere = await run_in_threadpool(replicas.open_canaries) if replicas is not None else []
+    if elsewhere:
+        where = ", ".join(f"{v} on replica {r}" for r, v in elsewhere)
+        raise HTTPException(409, {"field": "body.version", "reason": f"canary {where} is running: "
+                                  "promote or abort it there first"})  # fmt: skip
     controller = getattr(component(request, "backend"), "canary_controller", None)
     if controller is not None:  # before the first request can reach the candidate
         controller.begin(body.version, runtime.serving_version, body.weight)

@@ -1,0 +1,496 @@
+"""Side by side on the same CPU: infersight.engine, llama.cpp (llama-cpp-python) and transformers.
+
+Same random Mixtral weights on every side: transformers' `save_pretrained` writes the
+checkpoint, the engine and transformers load it, and this file's own GGUF exporter (below,
+`export_gguf`, with the `gguf` package) writes it as f32, q8_0 and q4_0 for llama.cpp.
+Pairs compared: engine fp32 / llama.cpp f32, engine int8 / q8_0, engine int4 / q4_0, plus
+transformers fp32 (eager experts off: its default grouped_mm).
+
+llama.cpp runs in a throwaway venv outside the repository (default
+~/.cache/infersight-bench/llamacpp-venv; made on first use with `pip install
+llama-cpp-python gguf safetensors numpy`, which compiles llama.cpp for this CPU: several
+minutes). It is driven from a worker process of that venv (this same file, `--worker`)
+that keeps the models and contexts loaded and answers one measurement per request on its
+stdin, so the sides alternate inside each round while each side's process stays warm.
+
+Measured (tokens/s; each figure the median over rounds):
+- decode at batch 1 and 8: each of the B sequences is prefilled with an 8-token prompt,
+  then `--steps` decode steps of B tokens are timed (logits of every row computed, as
+  serving needs them). llama.cpp batch 8: its batched decode through the low-level API,
+  one `llama_batch` of 8 tokens per step with seq_id b and pos p for sequence b, on a
+  context with n_seq_max=8 and a unified KV cache (`kv_unified`), logits requested for all
+  8 tokens; the engine: `prefill` of 8 slots, then `decode(cache, slots, ids, positions)`;
+  transformers: a [8, 1] forward with its DynamicCache;
+- prefill of a 16- and a 128-token prompt at batch 1 (one forward, logits of the last).
+Rounds alternate threads 1 and 2 and, within each, every side.
+
+    .venv/bin/python benchmarks/engine_vs_llamacpp.py [--rounds 5] [--steps 32] [--configs small,medium,odd]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+VENV = Path(
+    os.environ.get("INFERSIGHT_LLAMACPP_VENV", "~/.cache/infersight-bench/llamacpp-venv")
+).expanduser()
+PACKAGES = ["llama-cpp-python", "gguf", "safetensors", "numpy"]
+
+CONFIGS: dict[str, dict[str, Any]] = {
+    "small": {"hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 2, "vocab_size": 8000},
+    "medium": {"hidden_size": 512, "intermediate_size": 1024, "num_hidden_layers": 4, "vocab_size": 32000},
+    # intermediate 1408 = 11 x 128: not a power of two (still a multiple of 32, as q4_0 needs)
+    "odd": {"hidden_size": 512, "intermediate_size": 1408, "num_hidden_layers": 4, "vocab_size": 32000},
+}
+COMMON = {
+    "num_attention_heads": 8,
+    "num_key_value_heads": 2,
+    "num_local_experts": 8,
+    "num_experts_per_tok": 2,
+    "max_position_embeddings": 4096,
+}
+PAIRS = [("fp32", "f32"), ("int8", "q8_0"), ("int4", "q4_0")]
+CASES = [("decode", 1), ("decode", 8), ("prefill", 16), ("prefill", 128)]
+PROMPT = 8  # tokens each decode sequence is prefilled with
+# wall: elapsed time (a quiet machine); cpu: the measuring process's CPU time, which other
+# processes on a shared machine cannot inflate by preempting it. cpu is only meaningful with
+# one thread (with more, it counts the threads' spin-waiting too).
+CLOCKS: dict[str, Callable[[], float]] = {"wall": time.perf_counter, "cpu": time.process_time}
+
+
+# --------------------------------------------------------------------------------------
+# The llama.cpp side: GGUF export and measurement (runs in the throwaway venv: numpy, gguf,
+# safetensors, llama_cpp; no torch)
+
+
+def _permute_rope(w: Any, heads: int) -> Any:
+    """HF q/k rows [H * hd, D] rotate pairs (i, i + hd/2) (NeoX order); llama.cpp's llama
+    architecture rotates adjacent pairs (2i, 2i+1): interleave each head's two halves."""
+    rows, cols = w.shape
+    hd = rows // heads
+    return w.reshape(heads, 2, hd // 2, cols).swapaxes(1, 2).reshape(rows, cols)
+
+
+def export_gguf(checkpoint: Path, out: Path, qtype: str) -> None:
+    """A transformers Mixtral checkpoint (one safetensors file) -> a GGUF file of llama.cpp's
+    "llama" architecture with stacked experts. Norms and the router stay f32; every other
+    weight (embedding and lm head included, as llama.cpp's converter does) is `qtype`."""
+    import gguf
+    import numpy as np
+    from safetensors.numpy import load_file
+
+    cfg = json.loads((checkpoint / "config.json").read_text())
+    # transformers 5 writes "head_dim": null and keeps rope_theta under rope_parameters
+    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+    rope = cfg.get("rope_theta") or (cfg.get("rope_parameters") or {}).get("rope_theta", 10000.0)
+    H, Hkv, E = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["num_local_experts"]
+    t = load_file(str(checkpoint / "model.safetensors"))
+    kind = {"f32": gguf.GGMLQuantizationType.F32, "q8_0": gguf.GGMLQuantizationType.Q8_0,
+            "q4_0": gguf.GGMLQuantizationType.Q4_0}[qtype]  # fmt: skip
+    file_type = {"f32": gguf.LlamaFileType.ALL_F32, "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0,
+                 "q4_0": gguf.LlamaFileType.MOSTLY_Q4_0}[qtype]  # fmt: skip
+
+    w = gguf.GGUFWriter(str(out), "llama")
+    w.add_name(f"infersight-bench-{qtype}")
+    w.add_context_length(cfg["max_position_embeddings"])
+    w.add_embedding_length(cfg["hidden_size"])
+    w.add_block_count(cfg["num_hidden_layers"])
+    w.add_feed_forward_length(cfg["intermediate_size"])
+    w.add_head_count(H)
+    w.add_head_count_kv(Hkv)
+    w.add_key_length(head_dim)
+    w.add_value_length(head_dim)
+    w.add_rope_dimension_count(head_dim)
+    w.add_rope_freq_base(float(rope))
+    w.add_layer_norm_rms_eps(float(cfg["rms_norm_eps"]))
+    w.add_expert_count(E)
+    w.add_expert_used_count(cfg["num_experts_per_tok"])
+    w.add_vocab_size(cfg["vocab_size"])
+    w.add_file_type(file_type)
+    w.add_tokenizer_model("none")  # token ids only: llama.cpp makes vocab_size dummy tokens
+
+    def put(name: str, a: Any, *, keep_f32: bool = False) -> None:
+        a = np.ascontiguousarray(a, dtype=np.float32)
+        if keep_f32 or kind == gguf.GGMLQuantizationType.F32:
+            w.add_tensor(name, a)
+        else:
+            w.add_tensor(name, gguf.quants.quantize(a, kind), raw_dtype=kind)
+
+    head = t["lm_head.weight"] if "lm_head.weight" in t else t["model.embed_tokens.weight"]
+    put("token_embd.weight", t["model.embed_tokens.weight"])
+    put("output_norm.weight", t["model.norm.weight"], keep_f32=True)
+    put("output.weight", head)
+    for n in range(cfg["num_hidden_layers"]):
+        p, b = f"model.layers.{n}.", f"blk.{n}."
+        put(b + "attn_norm.weight", t[p + "input_layernorm.weight"], keep_f32=True)
+        put(b + "attn_q.weight", _permute_rope(t[p + "self_attn.q_proj.weight"], H))
+        put(b + "attn_k.weight", _permute_rope(t[p + "self_attn.k_proj.weight"], Hkv))
+        put(b + "attn_v.weight", t[p + "self_attn.v_proj.weight"])
+        put(b + "attn_output.weight", t[p + "self_attn.o_proj.weight"])
+        put(b + "ffn_norm.weight", t[p + "post_attention_layernorm.weight"], keep_f32=True)
+        if p + "mlp.experts.gate_up_proj" in t:  # transformers 5's stacked layout
+            gate_up, down = t[p + "mlp.experts.gate_up_proj"], t[p + "mlp.experts.down_proj"]
+            inter = gate_up.shape[1] // 2
+            gate, up, router = gate_up[:, :inter], gate_up[:, inter:], t[p + "mlp.gate.weight"]
+        else:
+            x = p + "block_sparse_moe.experts."
+            gate = np.stack([t[f"{x}{e}.w1.weight"] for e in range(E)])
+            up = np.stack([t[f"{x}{e}.w3.weight"] for e in range(E)])
+            down = np.stack([t[f"{x}{e}.w2.weight"] for e in range(E)])
+            router = t[p + "block_sparse_moe.gate.weight"]
+        put(b + "ffn_gate_inp.weight", router, keep_f32=True)
+        put(b + "ffn_gate_exps.weight", gate)
+        put(b + "ffn_up_exps.weight", up)
+        put(b + "ffn_down_exps.weight", down)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+class LlamaSide:
+    """One GGUF model with a context for up to 8 sequences, measured through the low-level API."""
+
+    def __init__(self, path: str, vocab: int) -> None:
+        import llama_cpp as L
+
+        self.L, self.vocab = L, vocab
+        mp = L.llama_model_default_params()
+        self.model = L.llama_model_load_from_file(path.encode(), mp)
+        if not self.model:
+            raise RuntimeError(f"llama.cpp could not load {path}")
+        cp = L.llama_context_default_params()
+        cp.n_ctx, cp.n_batch, cp.n_ubatch, cp.n_seq_max = 2048, 256, 256, 8
+        cp.kv_unified = True
+        cp.n_threads = cp.n_threads_batch = 2
+        self.ctx = L.llama_init_from_model(self.model, cp)
+        self.batch = L.llama_batch_init(256, 0, 8)
+
+    def _run(self, tokens: list[tuple[int, int, int]], logits_all: bool) -> None:
+        """One llama_decode of (token, pos, seq) rows."""
+        b = self.batch
+        b.n_tokens = len(tokens)
+        for i, (tok, pos, seq) in enumerate(tokens):
+            b.token[i], b.pos[i], b.n_seq_id[i] = tok, pos, 1
+            b.seq_id[i][0] = seq
+            b.logits[i] = logits_all or i == len(tokens) - 1
+        rc = self.L.llama_decode(self.ctx, b)
+        if rc != 0:
+            raise RuntimeError(f"llama_decode returned {rc}")
+
+    def last_logits(self, ids: list[int]) -> list[float]:
+        """Logits at the last position of one prompt (the exporter's check against the engine)."""
+        L = self.L
+        L.llama_memory_clear(L.llama_get_memory(self.ctx), True)
+        self._run([(tok, i, 0) for i, tok in enumerate(ids)], False)
+        row = L.llama_get_logits_ith(self.ctx, -1)
+        return [float(row[i]) for i in range(self.vocab)]
+
+    def measure(self, kind: str, size: int, threads: int, steps: int, clock: Callable[[], float]) -> float:
+        L = self.L
+        L.llama_set_n_threads(self.ctx, threads, threads)
+        L.llama_memory_clear(L.llama_get_memory(self.ctx), True)
+        if kind == "prefill":
+            prompt = [((7 * i + 3) % self.vocab, i, 0) for i in range(size)]
+            self._run(prompt[:8], False)  # warm
+            L.llama_memory_clear(L.llama_get_memory(self.ctx), True)
+            t = clock()
+            self._run(prompt, False)
+            return size / (clock() - t)
+        for s in range(size):
+            self._run([((11 * s + i) % self.vocab, i, s) for i in range(PROMPT)], False)
+        self._run([((5 * s + 1) % self.vocab, PROMPT, s) for s in range(size)], True)  # warm step
+        t = clock()
+        for step in range(steps):
+            self._run([((13 * step + s) % self.vocab, PROMPT + 1 + step, s) for s in range(size)], True)
+        return size * steps / (clock() - t)
+
+
+def worker() -> None:
+    """Requests on stdin, one JSON object a line: export, load, measure, info."""
+    sides: dict[str, LlamaSide] = {}
+    for line in sys.stdin:
+        req = json.loads(line)
+        try:
+            if req["op"] == "export":
+                export_gguf(Path(req["checkpoint"]), Path(req["out"]), req["qtype"])
+                reply: dict[str, Any] = {"ok": True}
+            elif req["op"] == "load":
+                sides[req["key"]] = LlamaSide(req["path"], req["vocab"])
+                reply = {"ok": True}
+            elif req["op"] == "logits":
+                reply = {"ok": True, "logits": sides[req["key"]].last_logits(req["ids"])}
+            elif req["op"] == "measure":
+                side = sides[req["key"]]
+                tok_s = side.measure(
+                    req["kind"], req["size"], req["threads"], req["steps"], CLOCKS[req["clock"]]
+                )
+                reply = {"ok": True, "tok_s": tok_s}
+            else:
+                import llama_cpp
+
+                info = llama_cpp.llama_print_system_info().decode()
+                reply = {"ok": True, "version": llama_cpp.__version__, "system": info}
+        except Exception as exc:  # reported to the parent, which stops
+            reply = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+        print(json.dumps(reply), flush=True)
+
+
+# --------------------------------------------------------------------------------------
+# The parent: checkpoints, the engine and transformers sides, rounds, the table
+
+
+def ensure_venv() -> Path:
+    python = VENV / "bin" / "python"
+    probe = [str(python), "-c", "import llama_cpp, gguf, safetensors, numpy"]
+    if python.exists() and subprocess.run(probe, capture_output=True).returncode == 0:
+        return python
+    print(f"installing {' '.join(PACKAGES)} into {VENV} (compiles llama.cpp: minutes)", flush=True)
+    subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True)
+    # native kernels for this CPU; the multimodal library (unused here) is skipped
+    env = os.environ | {"CMAKE_ARGS": os.environ.get("CMAKE_ARGS", "-DGGML_NATIVE=ON -DLLAVA_BUILD=OFF")}
+    subprocess.run([str(python), "-m", "pip", "install", "--quiet", *PACKAGES], check=True, env=env)
+    return python
+
+
+class Worker:
+    def __init__(self, python: Path) -> None:
+        self.proc = subprocess.Popen(
+            [str(python), __file__, "--worker"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,  # llama.cpp logs every tensor it loads; errors come back as replies
+            text=True,
+        )
+
+    def ask(self, **req: Any) -> dict[str, Any]:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(json.dumps(req) + "\n")
+        self.proc.stdin.flush()
+        reply = json.loads(self.proc.stdout.readline())
+        if not reply["ok"]:
+            raise RuntimeError(f"llama.cpp worker: {reply['error']}")
+        return reply
+
+    def close(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        self.proc.wait(timeout=60)
+
+
+def cpu_description() -> tuple[str, str]:
+    """(model name, the SIMD flags that matter here) of this CPU."""
+    from infersight.engine.quant import cpu_model
+
+    flags = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                wanted = ("avx2", "fma", "avx512", "amx", "vnni", "bf16", "f16c")
+                flags = " ".join(f for f in line.split(":", 1)[1].split() if f.startswith(wanted))
+                break
+    except OSError:
+        pass
+    return cpu_model(), flags
+
+
+class EngineSide:
+    def __init__(self, path: Path, quantize: str | None) -> None:
+        from infersight.engine import load
+
+        self.model = load(path, device="cpu", quantize=quantize)
+        self.vocab = self.model.config.vocab_size
+        self.cache = self.model.new_cache(8, 512)
+
+    def measure(self, kind: str, size: int, threads: int, steps: int, clock: Callable[[], float]) -> float:
+        import torch
+
+        torch.set_num_threads(threads)
+        m, cache, v = self.model, self.cache, self.vocab
+        with torch.inference_mode():
+            if kind == "prefill":
+                ids = torch.tensor([(7 * i + 3) % v for i in range(size)])
+                m.prefill(cache, 0, ids[:8])  # warm
+                t = clock()
+                m.prefill(cache, 0, ids)
+                return size / (clock() - t)
+            for s in range(size):
+                m.prefill(cache, s, torch.tensor([(11 * s + i) % v for i in range(PROMPT)]))
+            slots = torch.arange(size)
+            m.decode(
+                cache,
+                slots,
+                torch.tensor([(5 * s + 1) % v for s in range(size)]),
+                torch.full((size,), PROMPT),
+            )
+            t = clock()
+            for step in range(steps):
+                ids = torch.tensor([(13 * step + s) % v for s in range(size)])
+                m.decode(cache, slots, ids, torch.full((size,), PROMPT + 1 + step))
+            return size * steps / (clock() - t)
+
+
+class TransformersSide:
+    def __init__(self, path: Path) -> None:
+        from transformers import MixtralForCausalLM
+
+        self.model = MixtralForCausalLM.from_pretrained(path).eval()
+        self.vocab = self.model.config.vocab_size
+
+    def measure(self, kind: str, size: int, threads: int, steps: int, clock: Callable[[], float]) -> float:
+        import torch
+        from transformers import DynamicCache
+
+        torch.set_num_threads(threads)
+        v = self.vocab
+        with torch.inference_mode():
+            if kind == "prefill":
+                ids = torch.tensor([[(7 * i + 3) % v for i in range(size)]])
+                self.model(ids[:, :8], logits_to_keep=1)  # warm
+                t = clock()
+                self.model(ids, logits_to_keep=1)
+                return size / (clock() - t)
+            cache = DynamicCache()
+            prompt = torch.tensor([[(11 * s + i) % v for i in range(PROMPT)] for s in range(size)])
+            self.model(prompt, past_key_values=cache, use_cache=True, logits_to_keep=1)
+            self.model(
+                torch.tensor([[(5 * s + 1) % v] for s in range(size)]), past_key_values=cache, use_cache=True
+            )
+            t = clock()
+            for step in range(steps):
+                ids = torch.tensor([[(13 * step + s) % v] for s in range(size)])
+                self.model(ids, past_key_values=cache, use_cache=True)
+            return size * steps / (clock() - t)
+
+
+def write_checkpoint(directory: Path, name: str) -> Path:
+    import torch
+    from transformers import MixtralConfig, MixtralForCausalLM
+
+    torch.manual_seed(0)
+    MixtralForCausalLM(MixtralConfig(**(CONFIGS[name] | COMMON))).save_pretrained(directory / name)
+    return directory / name
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=32, help="decode steps timed per measurement")
+    parser.add_argument("--configs", default="small,medium,odd")
+    parser.add_argument("--threads", default="1,2")
+    parser.add_argument("--clock", choices=sorted(CLOCKS), default="wall", help="see CLOCKS")
+    parser.add_argument("--json", type=Path, help="also write every measurement here")
+    args = parser.parse_args()
+    if args.worker:
+        worker()
+        return
+
+    import torch
+
+    names = args.configs.split(",")
+    threads = [int(n) for n in args.threads.split(",")]
+    model, flags = cpu_description()
+    print(f"CPU: {model}; {os.cpu_count()} logical CPUs; flags: {flags}")
+    python = ensure_venv()
+    llama = Worker(python)
+    info = llama.ask(op="info")
+    print(
+        f"torch {torch.__version__}; llama-cpp-python {info['version']}; llama.cpp: {info['system'].strip()}"
+    )
+    sides: dict[tuple[str, str], Any] = {}  # (config, side) -> measurer
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in names:
+            ckpt = write_checkpoint(Path(tmp), name)
+            vocab = CONFIGS[name]["vocab_size"]
+            for engine_quant, qtype in PAIRS:
+                gguf_path = Path(tmp) / f"{name}-{qtype}.gguf"
+                llama.ask(op="export", checkpoint=str(ckpt), out=str(gguf_path), qtype=qtype)
+                llama.ask(op="load", key=f"{name}/{qtype}", path=str(gguf_path), vocab=vocab)
+                sides[(name, f"llama.cpp {qtype}")] = f"{name}/{qtype}"
+                t = time.perf_counter()
+                sides[(name, f"engine {engine_quant}")] = EngineSide(
+                    ckpt, None if engine_quant == "fp32" else engine_quant
+                )
+                print(f"{name}: engine {engine_quant} loaded in {time.perf_counter() - t:.1f} s", flush=True)
+            sides[(name, "transformers fp32")] = TransformersSide(ckpt)
+            # the exporter's check: llama.cpp f32 and the engine fp32 give the same logits
+            ids = [(17 * i + 5) % vocab for i in range(24)]
+            theirs = torch.tensor(llama.ask(op="logits", key=f"{name}/f32", ids=ids)["logits"])
+            engine = sides[(name, "engine fp32")].model
+            with torch.inference_mode():
+                ours = engine.logits(torch.tensor([ids]))[0, -1]
+            diff = (theirs - ours).abs().max().item()
+            print(f"{name}: llama.cpp f32 vs engine fp32, last-position logits: max |diff| {diff:.2e} "
+                  f"(largest logit {ours.abs().max().item():.2f}), same argmax: {bool(theirs.argmax() == ours.argmax())}")  # fmt: skip
+
+        results: dict[tuple[str, str, int, str, int], list[float]] = {}
+        for r in range(args.rounds):
+            started = time.perf_counter()
+            for n_threads in threads if r % 2 == 0 else threads[::-1]:
+                for name in names:
+                    for kind, size in CASES:
+                        for (config, side), measurer in sides.items():
+                            if config != name:
+                                continue
+                            if isinstance(measurer, str):
+                                tok_s = llama.ask(op="measure", key=measurer, kind=kind, size=size,
+                                                  threads=n_threads, steps=args.steps, clock=args.clock)["tok_s"]  # fmt: skip
+                            else:
+                                tok_s = measurer.measure(
+                                    kind, size, n_threads, args.steps, CLOCKS[args.clock]
+                                )
+                            results.setdefault((name, side, n_threads, kind, size), []).append(tok_s)
+            print(f"round {r + 1}/{args.rounds}: {time.perf_counter() - started:.0f} s", flush=True)
+            if args.json:  # after every round: a run cut short keeps the rounds it finished
+                args.json.write_text(json.dumps([[*k, v] for k, v in results.items()], indent=1))
+        llama.close()
+
+    medians = {k: statistics.median(v) for k, v in results.items()}
+    print_tables(medians, names, threads)
+
+
+def print_tables(
+    medians: dict[tuple[str, str, int, str, int], float], names: list[str], threads: list[int]
+) -> None:
+    sides = [s for pair in PAIRS for s in (f"llama.cpp {pair[1]}", f"engine {pair[0]}")] + [
+        "transformers fp32"
+    ]
+    for n_threads in threads:
+        print(
+            f"\n{n_threads} thread(s), tokens/s (median); engine columns: ratio to the llama.cpp column before"
+        )
+        print("| config | case | " + " | ".join(sides) + " |")
+        print("|---|---|" + "---|" * len(sides))
+        for name in names:
+            for kind, size in CASES:
+                cells = []
+                for i, side in enumerate(sides):
+                    v = medians[(name, side, n_threads, kind, size)]
+                    if side.startswith("engine"):
+                        ref = medians[(name, sides[i - 1], n_threads, kind, size)]
+                        cells.append(f"{v:.0f} ({v / ref:.2f}x)")
+                    else:
+                        cells.append(f"{v:.0f}")
+                label = f"decode b{size}" if kind == "decode" else f"prefill {size}"
+                print(f"| {name} | {label} | " + " | ".join(cells) + " |")
+        print("\nengine int4 / engine int8, decode batch 1:", ", ".join(
+            f"{name} {medians[(name, 'engine int4', n_threads, 'decode', 1)] / medians[(name, 'engine int8', n_threads, 'decode', 1)]:.2f}x"
+            for name in names
+        ))  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

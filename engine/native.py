@@ -1,0 +1,231 @@
+"""Native decode kernels: a small C/OpenMP library built with the machine's C compiler.
+
+What it replaces: the few-row fp32 products of decode (attention's QKV and output
+projections, each expert's two projections, the lm head). oneDNN's blocked kernel (onednn.py) streams
+those weights from memory, but each call goes through oneDNN's primitive cache and a thread
+fork-join sized for large products; the kernel here is one pass over the row-major weight,
+every batch row against each 4-row block of it while that block is in L1, with the residual
+sum and a scale folded in (the MoE routing weight), so nothing is written twice.
+
+Built once per (source, compiler, CPU model) into a cache directory and loaded with ctypes:
+no torch headers, so a build takes about a second, and a restart finds the library already
+built. The build uses `-march=native`: with AVX-512 the kernel uses 512-bit FMAs and masked
+tails; without it, the same loop in plain C (auto-vectorised for what the CPU has). Whether
+the library is *used* is not decided here: paths.py measures it against oneDNN on this
+machine at load and keeps the faster.
+
+The library links OpenMP by soname (`libgomp.so.1`), which torch has already loaded, so it
+shares torch's thread pool and `torch.set_num_threads` governs it too.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+
+from .errors import KernelUnavailable
+
+__all__ = ["NativeKernels", "NativeProjection", "build", "compiler", "pack"]
+
+SOURCE = r"""
+#include <stdint.h>
+#include <stddef.h>
+#ifdef __AVX512F__
+#include <immintrin.h>
+#endif
+
+/* Rows m0..m0+MR-1 of out against one 16-column block of the packed weight wb [K][16]:
+   acc[i] += x[m0 + i, k] * wb[k][:], one 64-byte weight load feeds MR FMAs. */
+static inline __attribute__((always_inline)) void rows(
+        const float *x, const float *wb, const float *residual, float *out,
+        int64_t m0, const int MR, int64_t n0, int nr, int64_t N, int64_t K, float alpha) {
+#ifdef __AVX512F__
+    __m512 acc[8];
+    for (int i = 0; i < MR; i++) acc[i] = _mm512_setzero_ps();
+    for (int64_t k = 0; k < K; k++) {
+        __m512 wv = _mm512_load_ps(wb + k * 16);
+        for (int i = 0; i < MR; i++)
+            acc[i] = _mm512_fmadd_ps(_mm512_set1_ps(x[(m0 + i) * K + k]), wv, acc[i]);
+    }
+    __mmask16 cols = (__mmask16)((1u << nr) - 1u);
+    __m512 a = _mm512_set1_ps(alpha);
+    for (int i = 0; i < MR; i++) {
+        int64_t at = (m0 + i) * N + n0;
+        __m512 y = _mm512_mul_ps(acc[i], a);
+        if (residual) y = _mm512_add_ps(y, _mm512_maskz_loadu_ps(cols, residual + at));
+        _mm512_mask_storeu_ps(out + at, cols, y);
+    }
+#else
+    float acc[8][16] = {{0}};
+    for (int64_t k = 0; k < K; k++)
+        for (int i = 0; i < MR; i++)
+            for (int j = 0; j < 16; j++) acc[i][j] += x[(m0 + i) * K + k] * wb[k * 16 + j];
+    for (int i = 0; i < MR; i++)
+        for (int j = 0; j < nr; j++) {
+            int64_t at = (m0 + i) * N + n0 + j;
+            out[at] = (residual ? residual[at] : 0.0f) + alpha * acc[i][j];
+        }
+#endif
+}
+
+/* out [M, N] = residual [M, N] (or 0) + alpha * x [M, K] @ W^T, W packed as [ceil(N/16)][K][16]
+   (zero-padded, 64-byte aligned); contiguous fp32. Parallel over 16-column blocks: each block
+   (K * 64 bytes) is read from memory once and stays in cache for every row of x. */
+void infersight_linear_f32(const float *x, const float *wp, const float *residual, float *out,
+                           int64_t M, int64_t N, int64_t K, float alpha) {
+    int64_t blocks = (N + 15) / 16;
+    int parallel = N * K >= (1 << 16);
+#pragma omp parallel for schedule(static) if (parallel)
+    for (int64_t b = 0; b < blocks; b++) {
+        const float *wb = wp + b * K * 16;
+        int64_t n0 = b * 16;
+        int nr = N - n0 < 16 ? (int)(N - n0) : 16;
+        int64_t m0 = 0;
+        for (; m0 + 8 <= M; m0 += 8) rows(x, wb, residual, out, m0, 8, n0, nr, N, K, alpha);
+        switch (M - m0) {
+            case 1: rows(x, wb, residual, out, m0, 1, n0, nr, N, K, alpha); break;
+            case 2: rows(x, wb, residual, out, m0, 2, n0, nr, N, K, alpha); break;
+            case 3: rows(x, wb, residual, out, m0, 3, n0, nr, N, K, alpha); break;
+            case 4: rows(x, wb, residual, out, m0, 4, n0, nr, N, K, alpha); break;
+            case 5: rows(x, wb, residual, out, m0, 5, n0, nr, N, K, alpha); break;
+            case 6: rows(x, wb, residual, out, m0, 6, n0, nr, N, K, alpha); break;
+            case 7: rows(x, wb, residual, out, m0, 7, n0, nr, N, K, alpha); break;
+            default: break;
+        }
+    }
+}
+
+int infersight_has_avx512(void) {
+#ifdef __AVX512F__
+    return 1;
+#else
+    return 0;
+#endif
+}
+"""
+
+FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC")
+
+
+def compiler() -> str | None:
+    """The C compiler to build with: $CC, else cc or gcc on PATH; None when there is none."""
+    for name in (os.environ.get("CC"), "cc", "gcc"):
+        if name and shutil.which(name):
+            return name
+    return None
+
+
+class NativeKernels:
+    """The loaded library. `linear` is the one entry point; `avx512` says which loop it was built with."""
+
+    def __init__(self, path: Path) -> None:
+        try:
+            lib = ctypes.CDLL(str(path))
+            fn = lib.infersight_linear_f32
+            avx512 = bool(lib.infersight_has_avx512())
+        except (OSError, AttributeError) as exc:
+            raise KernelUnavailable(f"cannot load {path}: {exc}") from exc
+        p, i64 = ctypes.c_void_p, ctypes.c_int64
+        fn.argtypes = [p, p, p, p, i64, i64, i64, ctypes.c_float]
+        fn.restype = None
+        self.path, self.avx512, self._fn = path, avx512, fn
+
+    def linear(
+        self,
+        x: torch.Tensor,
+        packed: torch.Tensor,
+        n: int,
+        residual: torch.Tensor | None = None,
+        alpha: float = 1.0,
+    ) -> torch.Tensor:
+        """x [M, K] fp32, a weight [n, K] as `pack` made it -> residual + alpha * x W^T [M, n]."""
+        x = x.contiguous()
+        out = torch.empty((x.shape[0], n), dtype=torch.float32)
+        if residual is not None:
+            residual = residual.contiguous()
+        self._fn(
+            x.data_ptr(),
+            packed.data_ptr(),
+            None if residual is None else residual.data_ptr(),
+            out.data_ptr(),
+            x.shape[0],
+            n,
+            x.shape[1],
+            alpha,
+        )
+        return out
+
+
+def pack(weight: torch.Tensor) -> torch.Tensor:
+    """weight [N, K] -> [ceil(N/16), K, 16] (zero rows pad N): the kernel's layout, in which a
+    16-column block of the product is one contiguous run of memory."""
+    N, K = weight.shape
+    full, tail = divmod(N, 16)
+    out = torch.empty((full + (tail > 0), K, 16), dtype=torch.float32)  # 64-byte aligned (torch's allocator)
+    if full:  # one pass over the weight, whatever its strides (a column-major head too)
+        out[:full].copy_(weight[: full * 16].unflatten(0, (full, 16)).transpose(1, 2))
+    if tail:
+        out[full].zero_()
+        out[full, :, :tail].copy_(weight[full * 16 :].t())
+    return out
+
+
+class NativeProjection:
+    """A CPU fp32 projection on the native kernel, any row count. Same calls as projection.py's
+    classes: `p(x)` and `p.add(residual, x, alpha)` (the residual and the scale fused in)."""
+
+    __slots__ = ("kernels", "n", "packed")
+
+    def __init__(self, weight: torch.Tensor, kernels: NativeKernels) -> None:
+        self.packed, self.n, self.kernels = pack(weight), weight.shape[0], kernels  # replaces the weight
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return self.kernels.linear(x, self.packed, self.n)
+
+    def add(self, residual: torch.Tensor, x: torch.Tensor, alpha: float = 1.0) -> torch.Tensor:
+        return self.kernels.linear(x, self.packed, self.n, residual, alpha)
+
+
+def build(cache_dir: Path, *, cpu: str) -> tuple[NativeKernels, bool]:
+    """Build (or find already built) the library for this CPU in `cache_dir` -> (kernels, was cached).
+
+    Raises KernelUnavailable when there is no compiler, the build fails or the result will
+    not load; the caller falls back to the eager path.
+    """
+    cc = compiler()
+    if cc is None:
+        raise KernelUnavailable("no C compiler (cc, gcc or $CC) on PATH")
+    key = hashlib.sha256("\0".join((SOURCE, cc, *FLAGS, cpu)).encode()).hexdigest()[:16]
+    target = cache_dir / f"infersight_native_{key}.so"
+    if target.is_file():
+        return NativeKernels(target), True
+    try:
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        _compile(cc, cache_dir, target)
+    except OSError as exc:  # an unwritable cache directory, a full disk
+        raise KernelUnavailable(f"cannot build into {cache_dir}: {exc}") from exc
+    return NativeKernels(target), False
+
+
+def _compile(cc: str, cache_dir: Path, target: Path) -> None:
+    with tempfile.TemporaryDirectory(dir=cache_dir) as tmp:
+        src = Path(tmp) / "native.c"
+        src.write_text(SOURCE)
+        built = Path(tmp) / target.name
+        try:
+            done = subprocess.run(
+                [cc, *FLAGS, str(src), "-o", str(built)], capture_output=True, text=True, timeout=120
+            )
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise KernelUnavailable(f"{cc} did not run: {exc}") from exc
+        if done.returncode != 0:
+            first = (done.stderr.strip().splitlines() or ["no output"])[0]
+            raise KernelUnavailable(f"{cc} failed ({done.returncode}): {first}")
+        os.replace(built, target)  # atomic: a concurrent load sees the whole library or none

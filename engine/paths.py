@@ -1,0 +1,234 @@
+"""Which decode path a model runs on, chosen by measuring this machine at load.
+
+Two paths for CPU fp32 products: `eager` (oneDNN-blocked weights, onednn.py; MKL where oneDNN
+is absent, and for small lm heads) and `native` (the C kernels of native.py, lm head included). Which is faster depends on the CPU (its
+vector width, caches, memory), on the thread count and on the model's shapes, so it is not
+fixed from one machine's results: at the first load on a machine, `choose` times both on the
+model's own projection shapes (attention QKV and output, the experts' two projections) at
+the row counts of batch-1 and batch-8 decode, alternating the two in rounds, and keeps the
+faster in total. The verdict is cached in `cache_dir` per CPU model, torch version, thread
+count and shape set, so a restart only builds (or finds) the library and reads the verdict.
+
+Never an error: no compiler, a failed build or a library that will not load leaves the model
+on the eager path with one log line, and `MoEModel.engine_path` says which path it is on and
+why (the collectors export it as `infersight_engine_path_info`). Other devices, dtypes and
+quantised models have no native path (`eager`, reason "not applicable").
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from . import native, onednn
+from .config import ModelConfig
+from .errors import InvalidInput, KernelUnavailable
+
+__all__ = ["PATHS", "EnginePath", "choose", "cpu_model", "default_cache_dir"]
+
+log = logging.getLogger("infersight.engine")
+
+PATHS = ("auto", "eager", "native")  # what `load(..., engine_path=)` accepts
+ROWS = (1, 8)  # the row counts measured: batch-1 and batch-8 decode
+STREAM_BYTES = 32 << 20  # weights cycled per measurement, beyond the caches as in real decode
+MAX_COPIES = 16  # small weights stay cache-resident in the model too: a few copies say enough
+BUDGET_S = 4.0  # measuring never holds a load up much longer (serve's start must stay < +30 s)
+
+
+@dataclass(frozen=True)
+class EnginePath:
+    """The path a loaded model decodes on, and why."""
+
+    name: str  # "eager" | "native"
+    cpu: str  # the CPU model the choice was made for
+    reason: str  # "measured", "cached", "requested", "not applicable", or why the native path failed
+    setup_s: float  # time this load spent building and measuring (0 when nothing was done)
+    speedups: tuple[tuple[int, float], ...] = ()  # (rows, eager time / native time) as measured
+
+    def describe(self) -> str:
+        ratios = ", ".join(f"{rows} rows {ratio:.2f}x" for rows, ratio in self.speedups)
+        return f"{self.name} ({self.reason}{'; native vs eager: ' + ratios if ratios else ''})"
+
+
+def cpu_model() -> str:
+    """The CPU's model name (/proc/cpuinfo on Linux), else platform's processor string."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown"
+
+
+def default_cache_dir() -> Path:
+    """$INFERSIGHT_CACHE_DIR/engine, else $XDG_CACHE_HOME (or ~/.cache)/infersight/engine."""
+    root = os.environ.get("INFERSIGHT_CACHE_DIR")
+    if root:
+        return Path(root) / "engine"
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "infersight" / "engine"
+
+
+def choose(
+    config: ModelConfig,
+    *,
+    requested: str,
+    device: torch.device,
+    dtype: torch.dtype,
+    quantize: str | None,
+    cache_dir: Path | None = None,
+) -> tuple[EnginePath, native.NativeKernels | None]:
+    """The path for a model about to be bound, and the native kernels when that path is native."""
+    if requested not in PATHS:
+        raise InvalidInput(f"engine_path must be one of {', '.join(PATHS)}, got {requested!r}")
+    cpu = cpu_model() if device.type == "cpu" else device.type
+    if device.type != "cpu" or dtype != torch.float32 or quantize is not None:
+        return EnginePath("eager", cpu, "not applicable", 0.0), None
+    if requested == "eager":
+        return EnginePath("eager", cpu, "requested", 0.0), None
+    start = time.perf_counter()
+    cache_dir = cache_dir if cache_dir is not None else default_cache_dir()
+    try:
+        kernels, _ = native.build(cache_dir, cpu=cpu)
+    except KernelUnavailable as exc:
+        log.warning("engine: native kernels unavailable (%s); decoding on the eager path", exc)
+        return EnginePath("eager", cpu, f"fallback: {exc}", time.perf_counter() - start), None
+    if requested == "native":
+        return EnginePath("native", cpu, "requested", time.perf_counter() - start), kernels
+
+    shapes = _shapes(config)
+    key = f"{cpu}|torch {torch.__version__}|{shapes}"
+    verdicts = _read_verdicts(cache_dir)
+    found = verdicts.get(key)
+    if found is not None:
+        speedups = tuple((int(r), float(x)) for r, x in found["speedups"])
+        name, reason = str(found["path"]), "cached"
+    else:
+        try:
+            speedups = measure(kernels, shapes)
+        except Exception as exc:  # a kernel that fails on this machine must not stop the load
+            log.warning("engine: measuring the native kernels failed (%s); decoding on the eager path", exc)
+            return EnginePath("eager", cpu, f"fallback: {exc}", time.perf_counter() - start), None
+        name, reason = ("native" if _native_wins(speedups) else "eager"), "measured"
+        verdicts[key] = {"path": name, "speedups": [list(s) for s in speedups]}
+        _write_verdicts(cache_dir, verdicts)
+    path = EnginePath(name, cpu, reason, time.perf_counter() - start, speedups)
+    log.info("engine: decoding on the %s path", path.describe())
+    return path, kernels if name == "native" else None
+
+
+def measure(
+    kernels: native.NativeKernels,
+    shapes: tuple[tuple[int, int], ...],
+    *,
+    rounds: int = 7,
+    budget_s: float = BUDGET_S,
+) -> tuple[tuple[int, float], ...]:
+    """(rows, eager time / native time) summed over `shapes` [(N, K)...], each weight cycled
+    through enough copies to stream from memory; the fastest of `rounds` alternated rounds.
+
+    Timed on one thread in this thread's CPU time: other processes (a shared machine) and
+    the serving loop's threads cannot inflate it, where wall-clock timing of two OpenMP
+    threads on a busy machine swung 100x between rounds. Past `budget_s` it stops after two
+    rounds per row count."""
+    deadline = time.perf_counter() + budget_s
+    blocked_eager = onednn.available(torch.empty(1))  # as the eager path binds: blocked, else MKL
+    sides: dict[str, list[tuple[Callable[[torch.Tensor], torch.Tensor], int]]] = {"eager": [], "native": []}
+    for n, k in shapes:
+        copies = min(MAX_COPIES, max(2, STREAM_BYTES // (len(shapes) * n * k * 4)))
+        for _ in range(copies):
+            w = torch.randn(n, k)
+            proj = native.NativeProjection(w, kernels)
+            sides["native"].append((proj, k))
+            if blocked_eager:
+                blocked = onednn.block(w)
+                sides["eager"].append((partial(_blocked, blocked), k))
+            else:
+                wt = w.t()
+                sides["eager"].append((partial(_dense, wt), k))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # this thread's OpenMP setting: a serving loop elsewhere keeps its own
+    try:
+        return tuple((rows, _ratio(sides, shapes, rows, rounds, deadline)) for rows in ROWS)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _ratio(
+    sides: dict[str, list[tuple[Callable[[torch.Tensor], torch.Tensor], int]]],
+    shapes: tuple[tuple[int, int], ...],
+    rows: int,
+    rounds: int,
+    deadline: float,
+) -> float:
+    """eager time / native time at `rows` rows, in this thread's CPU time."""
+    xs = {k: torch.randn(rows, k) for _, k in shapes}
+    times: dict[str, list[float]] = {"eager": [], "native": []}
+    for side in sides.values():  # warm-up: oneDNN sets up each weight at its first call
+        for fn, k in side:
+            fn(xs[k])
+    for done in range(rounds):
+        if done >= 2 and time.perf_counter() > deadline:
+            break
+        for name, side in sides.items():
+            t0 = time.thread_time()
+            for fn, k in side:
+                fn(xs[k])
+            times[name].append(time.thread_time() - t0)
+    return min(times["eager"]) / max(min(times["native"]), 1e-9)
+
+
+def _native_wins(speedups: tuple[tuple[int, float], ...]) -> bool:
+    """Native when it is faster over batch-1 and batch-8 together (geometric mean)."""
+    return statistics.geometric_mean(x for _, x in speedups) > 1.0
+
+
+def _shapes(config: ModelConfig) -> tuple[tuple[int, int], ...]:
+    """The (N, K) of the projections the native path replaces: QKV, output, w1|w3, w2."""
+    c = config
+    qkv = (c.num_attention_heads + 2 * c.num_key_value_heads) * c.head_dim
+    return (
+        (qkv, c.hidden_size),
+        (c.hidden_size, c.num_attention_heads * c.head_dim),
+        (2 * c.intermediate_size, c.hidden_size),
+        (c.hidden_size, c.intermediate_size),
+    )
+
+
+def _read_verdicts(cache_dir: Path) -> dict[str, Any]:
+    try:
+        data = json.loads((cache_dir / "paths.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _write_verdicts(cache_dir: Path, verdicts: dict[str, Any]) -> None:
+    """Best effort (a read-only cache only costs a re-measurement next time); atomic replace."""
+    try:
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        tmp = cache_dir / f"paths.json.{os.getpid()}"
+        tmp.write_text(json.dumps(verdicts, indent=1, sort_keys=True))
+        os.replace(tmp, cache_dir / "paths.json")
+    except OSError as exc:
+        log.info("engine: could not cache the path verdict in %s: %s", cache_dir, exc)
+
+
+def _blocked(blocked: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    return onednn.linear(x, blocked)
+
+
+def _dense(wt: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    return torch.mm(x, wt)

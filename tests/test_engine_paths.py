@@ -1,0 +1,185 @@
+"""The decode path is chosen by measuring at load, cached across restarts, and a machine that
+cannot build the native kernels serves on the eager path with one log line, never an error.
+
+Exactness of each path against transformers is tests/test_engine_exact.py's job; here the
+eager fallbacks are also checked to produce the eager path's logits.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import stat
+from pathlib import Path
+
+import pytest
+import torch
+from infersight.collectors import EnginePathCollector
+from infersight.engine import EnginePath, InvalidInput, load
+from infersight.engine.native import NativeProjection
+from infersight.engine.paths import cpu_model
+from prometheus_client import CollectorRegistry, generate_latest
+
+from tests._engine_checkpoints import save_checkpoint
+
+IDS = torch.tensor([[3, 17, 42, 5, 61]])
+
+
+@pytest.fixture
+def cache_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    path = tmp_path / "cache"
+    monkeypatch.setenv("INFERSIGHT_CACHE_DIR", str(path))
+    return path / "engine"
+
+
+@pytest.fixture
+def checkpoint(tmp_path: Path) -> Path:
+    save_checkpoint(tmp_path / "ckpt", 11)
+    return tmp_path / "ckpt"
+
+
+def _fake_compiler(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, script: str) -> None:
+    """$CC is a shell script standing in for a broken compiler (the only stand-in here)."""
+    cc = tmp_path / "broken-cc"
+    cc.write_text("#!/bin/sh\n" + script)
+    cc.chmod(cc.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("CC", str(cc))
+
+
+def _engine_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.name == "infersight.engine" and r.levelno >= logging.WARNING
+    ]
+
+
+def test_first_load_measures_and_a_restart_reads_the_cached_verdict(
+    checkpoint: Path, cache_dir: Path
+) -> None:
+    first = load(checkpoint, device="cpu")
+    assert first.engine_path.reason == "measured"
+    assert first.engine_path.cpu == cpu_model()
+    assert [rows for rows, _ in first.engine_path.speedups] == [1, 8]
+    assert all(ratio > 0 for _, ratio in first.engine_path.speedups)
+    verdicts = json.loads((cache_dir / "paths.json").read_text())
+    ((key, verdict),) = verdicts.items()
+    assert cpu_model() in key and verdict["path"] == first.engine_path.name
+    assert len(list(cache_dir.glob("infersight_native_*.so"))) == 1
+
+    again = load(checkpoint, device="cpu")  # a restart: same machine, same shapes
+    assert again.engine_path.reason == "cached"
+    assert again.engine_path.name == first.engine_path.name
+    assert again.engine_path.speedups == first.engine_path.speedups  # as measured, through JSON
+    assert torch.allclose(again.logits(IDS), first.logits(IDS), atol=1e-5)
+
+
+def test_the_chosen_path_is_the_one_measured_faster(checkpoint: Path, cache_dir: Path) -> None:
+    model = load(checkpoint, device="cpu")
+    ratios = [ratio for _, ratio in model.engine_path.speedups]
+    geometric = (ratios[0] * ratios[1]) ** 0.5
+    assert model.engine_path.name == ("native" if geometric > 1.0 else "eager")
+    wqkv = model.network.layers[0].attention._bound[0]
+    assert isinstance(wqkv, NativeProjection) == (model.engine_path.name == "native")
+
+
+def test_missing_compiler_falls_back_to_eager_with_one_log_line(
+    checkpoint: Path, cache_dir: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.delenv("CC", raising=False)
+    monkeypatch.setenv("PATH", str(checkpoint))  # no cc, no gcc
+    caplog.set_level(logging.INFO, logger="infersight.engine")
+    model = load(checkpoint, device="cpu", engine_path="native")
+    assert model.engine_path.name == "eager"
+    assert model.engine_path.reason.startswith("fallback: no C compiler")
+    (line,) = _engine_warnings(caplog)
+    assert "eager path" in line and "no C compiler" in line
+    eager = load(checkpoint, device="cpu", engine_path="eager")
+    assert torch.equal(model.logits(IDS), eager.logits(IDS))
+
+
+def test_failed_compilation_falls_back_to_eager_with_one_log_line(
+    tmp_path: Path,
+    checkpoint: Path,
+    cache_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    _fake_compiler(tmp_path, monkeypatch, 'echo "native.c:1: error: unknown target" >&2\nexit 1\n')
+    caplog.set_level(logging.INFO, logger="infersight.engine")
+    model = load(checkpoint, device="cpu")  # auto
+    assert model.engine_path.name == "eager"
+    assert "failed (1): native.c:1: error: unknown target" in model.engine_path.reason
+    assert len(_engine_warnings(caplog)) == 1
+    assert model.generate(IDS, 3).shape == (1, 3)
+
+
+def test_a_library_that_will_not_load_falls_back_to_eager(
+    tmp_path: Path,
+    checkpoint: Path,
+    cache_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # "builds" a file that is not a shared library: the compiler ran, the result is unusable
+    _fake_compiler(tmp_path, monkeypatch, 'while [ "$1" != "-o" ]; do shift; done\necho junk > "$2"\n')
+    model = load(checkpoint, device="cpu", engine_path="native")
+    assert model.engine_path.name == "eager" and "cannot load" in model.engine_path.reason
+    assert len(_engine_warnings(caplog)) == 1
+
+
+def test_an_unwritable_cache_directory_falls_back_to_eager(
+    tmp_path: Path, checkpoint: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    blocker = tmp_path / "not-a-directory"
+    blocker.write_text("")
+    monkeypatch.setenv("INFERSIGHT_CACHE_DIR", str(blocker))  # .../engine cannot be made under a file
+    model = load(checkpoint, device="cpu")
+    assert model.engine_path.name == "eager" and "cannot build into" in model.engine_path.reason
+    assert len(_engine_warnings(caplog)) == 1
+
+
+def test_paths_without_a_native_variant_are_eager_and_say_so(checkpoint: Path, cache_dir: Path) -> None:
+    int8 = load(checkpoint, device="cpu", quantize="int8")
+    assert int8.engine_path == EnginePath("eager", cpu_model(), "not applicable", 0.0)
+    forced = load(checkpoint, device="cpu", engine_path="eager")
+    assert (forced.engine_path.name, forced.engine_path.reason) == ("eager", "requested")
+    assert not cache_dir.exists()  # nothing was built or measured for either
+
+
+def test_an_unknown_engine_path_is_refused_naming_the_choices(checkpoint: Path) -> None:
+    with pytest.raises(InvalidInput, match="engine_path must be one of auto, eager, native, got 'fast'"):
+        load(checkpoint, device="cpu", engine_path="fast")
+
+
+class _Runtime:
+    def __init__(self, paths: dict[str, EnginePath | None]) -> None:
+        self.paths = paths
+
+    def engine_paths(self) -> dict[str, EnginePath | None]:
+        return self.paths
+
+
+def test_path_info_metric_names_each_serving_versions_path() -> None:
+    registry = CollectorRegistry()
+    runtime = _Runtime(
+        {
+            "mixtral_support_fp32-v1.0": EnginePath(
+                "native", "AMD EPYC", "cached", 0.25, ((1, 1.3), (8, 1.1))
+            ),
+            "mixtral_support_fp32-v1.1": EnginePath("eager", "AMD EPYC", "fallback: no C compiler", 0.01),
+        }
+    )
+    registry.register(EnginePathCollector(runtime, model="mixtral"))
+    text = generate_latest(registry).decode()
+    assert (
+        'infersight_engine_path_info{cpu="AMD EPYC",model="mixtral",model_version="mixtral_support_fp32-v1.0",'
+        'path="native",reason="cached"} 1.0'
+    ) in text
+    assert 'model_version="mixtral_support_fp32-v1.1",path="eager",reason="fallback"} 1.0' in text
+    assert (
+        'infersight_engine_path_setup_seconds{model="mixtral",model_version="mixtral_support_fp32-v1.0"} 0.25'
+        in text
+    )
+    runtime.paths = {}
+    assert "infersight_engine_path_info{" not in generate_latest(registry).decode()
