@@ -72,6 +72,13 @@ def test_requests_the_length_breaker_shed_are_counted_apart_not_as_server_errors
     assert rate.value == pytest.approx(0.02)
     assert stats.client_outcome_counts() == {SHED: 40}
     assert not is_server_error(SHED) and is_server_error("PathOverloaded")
+    # ... but a shed request spends its SLO's budget, latency or availability
+    from infersight.alerts.rules.slo import SLO
+
+    fast = SLO("fast-latency", 0.999, 86400.0, threshold_s=0.1, path="fast")
+    availability = SLO("availability", 0.995, 86400.0)
+    assert fast.is_bad(0.001, SHED) and availability.is_bad(0.001, SHED)
+    assert not fast.is_bad(0.05, None) and not availability.is_bad(0.05, "client_error")
 
 
 def test_gpu_activity_memory_and_slope_from_the_fake_nvml_boundary() -> None:
