@@ -31,6 +31,7 @@ import random
 import tempfile
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -96,9 +97,11 @@ def _workload(tokenizer: object, seed: int) -> tuple[list[list[int]], list[list[
 
 
 def run_side(
-    rt: Runtime, rate: float, seconds: float, long_share: float, prompts: tuple, seed: int
-) -> list[Outcome]:  # type: ignore[type-arg]
-    """Open-loop Poisson arrivals at `rate` for `seconds`; waits for every request."""
+    rt: Runtime, rate: float, seconds: float, long_share: float, prompts: tuple, seed: int,  # type: ignore[type-arg]
+    caps_seen: Counter[tuple[int, int]] | None = None,
+) -> list[Outcome]:
+    """Open-loop Poisson arrivals at `rate` for `seconds`; waits for every request. With
+    `caps_seen`, counts the routed paths' (fast, standard) batch caps every 50 ms meanwhile."""
     shorts, longs = prompts
     rng = random.Random(seed)
     schedule: list[tuple[float, bool, list[int]]] = []
@@ -111,6 +114,15 @@ def run_side(
         schedule.append((t, is_long, rng.choice(longs if is_long else shorts)))
     outcomes: list[Outcome | None] = [None] * len(schedule)
     waiters: list[threading.Thread] = []
+    done_sampling = threading.Event()
+
+    def sample_caps() -> None:
+        while caps_seen is not None and not done_sampling.wait(0.05):
+            caps = rt.routing.caps()
+            caps_seen[(caps.get("fast", 0), caps.get("standard", 0))] += 1
+
+    sampler = threading.Thread(target=sample_caps, daemon=True)
+    sampler.start()
     start = time.perf_counter()
     for i, (at, is_long, ids) in enumerate(schedule):
         delay = start + at - time.perf_counter()
@@ -132,6 +144,8 @@ def run_side(
         waiters.append(w)
     for w in waiters:
         w.join(180)
+    done_sampling.set()
+    sampler.join()
     return [o for o in outcomes if o is not None]
 
 
@@ -198,17 +212,23 @@ def main() -> None:
         for rt in sides.values():  # warm the step-time measurements (and the allocator) before timing
             run_side(rt, 5.0, 3.0, args.long_share, prompts, seed=1)
         results: dict[tuple[str, float], list[Outcome]] = {}
+        caps_seen: dict[tuple[str, float], Counter[tuple[int, int]]] = {}
         for rate in rates:
             for r in range(args.rounds):
                 order = list(sides.items())
                 if r % 2:
                     order.reverse()
                 for name, rt in order:
+                    seen = caps_seen.setdefault((name, rate), Counter()) if name.startswith("dual") else None
                     outcomes = run_side(
-                        rt, rate, args.seconds, args.long_share, prompts, seed=1000 * r + int(rate)
+                        rt, rate, args.seconds, args.long_share, prompts, seed=1000 * r + int(rate), caps_seen=seen
                     )
                     results.setdefault((name, rate), []).extend(outcomes)
             _print_rate(rate, {name: summarize(results[(name, rate)]) for name in sides})
+            for name in sides:
+                if (name, rate) in caps_seen:
+                    common = ", ".join(f"{f}/{s} {n}x" for (f, s), n in caps_seen[(name, rate)].most_common(3))
+                    print(f"{name}: batch caps (fast/standard) sampled during the load: {common}")
         for name, rt in sides.items():
             if name.startswith("dual"):
                 print(f"{name}: batch caps at the end {rt.routing.caps()}; route counts {rt.routing.counts()}")
