@@ -17,7 +17,8 @@ breaker sheds (503) counts as a miss; the dual side's fast breaker sends request
 standard path instead of shedding them (`breaker_action: standard`).
 
 Reported per side and rate: share within its SLA, share within 100 ms, p50/p99 of short and
-long requests, and for the dual side how many spilled over or were shed.
+long requests, and for the dual sides how many spilled over or were shed and the batch caps
+(fast/standard) sampled every 50 ms during the load.
 """
 
 from __future__ import annotations
