@@ -15,7 +15,7 @@ import torch
 
 from .errors import CheckpointRejected, ChecksumMismatch, WarmupFailed
 from .prefix_cache import PrefixCache
-from .runtime_replica import Replica
+from .runtime_loop import Replica
 from .versions import VersionInfo, hash_weight_files
 
 __all__ = ["DeployOutcome", "prepare_replica"]

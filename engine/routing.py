@@ -41,8 +41,7 @@ from .step_times import BATCH_LADDER
 
 if TYPE_CHECKING:
     from .runtime import Runtime
-    from .runtime_replica import Replica
-    from .scheduler import PendingQueue, Request
+    from .runtime_loop import PendingQueue, Replica, Request
 
 __all__ = [
     "PATHS",

@@ -41,9 +41,7 @@ from .registry import Registry
 from .requests import RequestHandle
 from .routing import RouteControl
 from .runtime_canary import CanaryControl, open_canary
-from .runtime_loop import LoopState, Swap, run_loop
-from .runtime_replica import Replica
-from .scheduler import PendingQueue, Request
+from .runtime_loop import LoopState, PendingQueue, Replica, Request, Swap, run_loop
 
 __all__ = ["Runtime"]
 

@@ -16,8 +16,7 @@ from infersight.engine.prefix_cache import PrefixCache, PrefixCacheStats, freque
 from infersight.engine.prefix_cache_redis import RedisTier
 from infersight.engine.registry import Registry
 from infersight.engine.runtime import Runtime
-from infersight.engine.runtime_replica import Replica
-from infersight.engine.scheduler import Request
+from infersight.engine.runtime_loop import Replica, Request
 
 tiny_checkpoints, registry, greedy = support.tiny_checkpoints, support.registry, support.greedy  # fixtures
 Greedy = Callable[[str, list[int], int], list[int]]
