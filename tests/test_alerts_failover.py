@@ -122,7 +122,7 @@ def test_growing_process_memory_fires_the_shipped_leak_rule_and_fails_over_to_th
     with LocalReceiver() as hook:
         cfg = _service_config(tmp_path, registry, shipped_leak_rule_in_seconds(tmp_path, hook.url), V1)
         with running(cfg, nvml=nvml) as (app, _client):
-            runtime = app.state.service.components["backend"].runtime
+            runtime = app.state.service.parts.backend.runtime
             assert runtime.serving_version == V0
             time.sleep(2.0)  # about ten evaluations of a process whose memory holds still: nothing happens
             assert _runs(app, "failover") == [] and runtime.serving_version == V0
@@ -152,7 +152,7 @@ def test_failover_without_a_backup_is_refused_and_pages_remediation_failed(
             start_leaking(leaking_process)
             [run] = wait_for(lambda: [r for r in _runs(app, "failover") if r.state != "pending"], timeout=60)
             assert run.state == "refused" and json.loads(run.detail)["refused"] == "bad_parameters"
-            assert app.state.service.components["backend"].runtime.serving_version == V0
+            assert app.state.service.parts.backend.runtime.serving_version == V0
 
             def paged() -> list[Any]:
                 return [

@@ -154,7 +154,7 @@ def _logged(service: Any, want: Callable[[list[str]], bool]) -> bool:
     """The canary rows of `deploys` satisfy `want` once the runtime's events (delivered by
     its loop thread) reached the deploy log; flushed here rather than waiting for its tick."""
     for _ in range(100):
-        service.components["deploy_log"].flush()
+        service.parts.deploy_log.flush()
         with service.db.connect() as conn:
             query = select(deploys.c.outcome).where(deploys.c.reason == "canary").order_by(deploys.c.id)
             if want(list(conn.execute(query).scalars())):
@@ -212,8 +212,8 @@ def test_a_second_replica_on_the_same_postgresql_refuses_another_canary(
     ):  # type: ignore[arg-type]
         r = ca.post("/api/v1/models/canary", json={"version": BAD, "weight": 0.1}, headers=auth())
         assert r.status_code == 200, r.text
-        b.state.service.components["replicas"].publish()  # type: ignore[attr-defined]
-        a.state.service.components["replicas"].publish()  # type: ignore[attr-defined]
+        b.state.service.parts.replicas.publish()  # type: ignore[attr-defined]
+        a.state.service.parts.replicas.publish()  # type: ignore[attr-defined]
         r = cb.post("/api/v1/models/canary", json={"version": BAD, "weight": 0.2}, headers=auth())
         a_id = a.state.service.replica_id  # type: ignore[attr-defined]
         assert r.status_code == 409 and _field(r) == "body.version" and a_id in r.json()["error"]["message"]

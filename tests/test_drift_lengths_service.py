@@ -72,7 +72,7 @@ def _service(tmp_path: Path, *, stale_after_s: float | None = None) -> Any:
         alerting=AlertingConfig(rules=rules),
     )  # fmt: skip
     service = Service(cfg)
-    service.components["drift_detector"] = DriftDetector(real_embedder(), DetectorConfig(alpha=0.01))
+    service.parts.drift_detector = DriftDetector(real_embedder(), DetectorConfig(alpha=0.01))
     return running(cfg, service=service)
 
 
@@ -137,7 +137,7 @@ def test_drift_alert_of_a_version_that_stops_receiving_requests_resolves(tmp_pat
         assert firing
         # V2 is rolled back: no request reaches it any more; V1 keeps serving
         _send(client, [event(1000 + i, model_version=V1, prompt=t) for i, t in enumerate(bank[100:130])])
-        wiring = app.state.service.components["drift"]
+        wiring = app.state.service.parts.drift
         wait_for(lambda: ("mixtral_banking", V2) not in wiring.drift_p_values("prompt"), timeout=30)
         resolved = wait_for(
             lambda: [a for a in client.get("/api/v1/alerts?state=resolved").json()["alerts"]

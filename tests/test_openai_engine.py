@@ -173,7 +173,7 @@ def test_v1_models_lists_the_stable_name_that_keeps_working_across_a_deploy(serv
 
 def test_metrics_name_the_decode_path_the_serving_version_runs_on(served) -> None:  # type: ignore[no-untyped-def]
     app, client = served
-    path = app.state.service.components["backend"].runtime.engine_paths()[GOOD]
+    path = app.state.service.parts.backend.runtime.engine_paths()[GOOD]
     metrics = client.get("/metrics").text
     assert (
         f'infersight_engine_path_info{{cpu="{path.cpu}",model="mixtral_banking",model_version="{GOOD}",'

@@ -118,7 +118,7 @@ def test_requests_are_routed_by_length_and_records_and_metrics_carry_the_path(se
     page = client.get("/api/v1/overview", headers=auth()).json()["routing"]
     assert [p["path"] for p in page["paths"]] == ["fast", "standard"]
     assert page["paths"][0]["version"] == INT8 and page["paths"][0]["requests"]["short"] >= 1
-    assert service.components["routing"] is not None
+    assert service.parts.routing is not None
 
     def stored_paths() -> set[str | None]:
         with service.db.connect() as conn:
@@ -129,7 +129,7 @@ def test_requests_are_routed_by_length_and_records_and_metrics_carry_the_path(se
 
 def test_a_flood_of_long_prompts_opens_the_breaker_short_ones_keep_their_sla_and_it_closes(served) -> None:  # type: ignore[no-untyped-def]
     app, client = served
-    routing = app.state.service.components["backend"].runtime.routing  # type: ignore[attr-defined]
+    routing = app.state.service.parts.backend.runtime.routing  # type: ignore[attr-defined]
     stop = threading.Event()
     refused: list[dict[str, str]] = []
 
@@ -145,7 +145,7 @@ def test_a_flood_of_long_prompts_opens_the_breaker_short_ones_keep_their_sla_and
         t.start()
     try:
         wait_for(lambda: any(b.state == "open" for b in routing.statuses()), timeout=40.0, interval=0.1)
-        standard = app.state.service.components["backend"].runtime._state  # type: ignore[attr-defined]
+        standard = app.state.service.parts.backend.runtime._state  # type: ignore[attr-defined]
         wait_for(lambda: not standard.current.running, timeout=20.0, interval=0.02)  # admitted long ones done
         shorts = []
         deadline = time.monotonic() + 60.0

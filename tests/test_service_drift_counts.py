@@ -35,7 +35,7 @@ def test_text_counts_per_version_match_a_full_recount_tick_after_tick(tmp_path: 
     quiet = ScheduleConfig(drift_s=3600.0, embed_s=3600.0, timeseries_s=0.2)  # the test runs the ticks
     cfg = dataclasses.replace(config(tmp_path), drift=DriftConfig(enabled=True), schedule=quiet)
     with running(cfg) as (app, client):
-        wiring = app.state.service.components["drift"]
+        wiring = app.state.service.parts.drift
         since = dt.datetime.now(dt.UTC) - dt.timedelta(hours=24)
 
         def send(start: int, n: int, version: str, with_text: int) -> None:

@@ -25,7 +25,7 @@ def test_frequent_recorded_prefixes_are_prefilled_at_deploy_and_counted_on_metri
     app = create_app(cfg)
     with TestClient(app, raise_server_exceptions=False) as client:
         service = app.state.service
-        runtime = service.components["backend"].runtime
+        runtime = service.parts.backend.runtime
         answers = []
         for text in [*questions, questions[0]]:  # no whole prompt is frequent; the system prompt is
             r = client.post(

@@ -126,7 +126,7 @@ def test_ten_thousand_random_model_names_leave_metrics_and_memory_bounded(tmp_pa
     rng = random.Random(7)
     cfg = config(tmp_path, limits=dataclasses.replace(LimitsConfig(), max_events_per_batch=1000))
     with running(cfg) as (app, client):
-        stats = app.state.service.components["stats"]
+        stats = app.state.service.parts.stats
         cap = stats.max_label_values
 
         def send(n: int) -> None:

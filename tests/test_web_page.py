@@ -269,7 +269,7 @@ def test_page_draws_live_latency_and_memory_from_the_service(
     assert len(rows) == 2 and "mixtral_banking_int8-v1.2" in rows[0] and "deployed" in rows[0]
 
     # GPU: drawn when the service's GPU collector runs; otherwise a clear notice
-    if live.app.state.service.components["gpu"].enabled:
+    if live.app.state.service.parts.gpu.enabled:
         browser.wait_for("!!document.querySelector('#chart-gpu-sm path.series')", what="the GPU chart")
     else:
         assert browser.visible("#no-gpu") and "No GPU" in browser.evaluate(

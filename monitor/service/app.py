@@ -39,7 +39,7 @@ def create_app(config: ServiceConfig, *, service: Service | None = None, **servi
         try:
             yield
         finally:
-            aclose = getattr(svc.components.get("backend"), "aclose", None)
+            aclose = getattr(svc.parts.backend, "aclose", None)
             if aclose is not None:
                 await aclose()  # httpx closes on the loop its connections belong to
             await run_in_threadpool(svc.stop)

@@ -115,7 +115,7 @@ class EngineBackend:
             path_metrics.register(EnginePathCollector(self.runtime, model=self.model_name))
             self.service.exposition.add(path_metrics)
 
-        stats = self.service.components.get("stats")
+        stats = self.service.parts.stats
         if stats is not None:
             self._adapter = EngineAdapter(stats, model=self.model_name)
             self._unsubscribe = self.runtime.subscribe(self._adapter)
@@ -129,7 +129,7 @@ class EngineBackend:
 
             self.route_metrics = RouteMetrics(self.runtime, routing)
             self.service.exposition.add(self.route_metrics.registry)
-            self.service.components["routing"] = self.route_metrics
+            self.service.parts.routing = self.route_metrics
             self._unsubscribe_routing = self.runtime.subscribe(self.route_metrics.on_event)
 
     def resume_canary(self) -> None:
@@ -444,7 +444,7 @@ def _canary_decided(service: Service, decision: Any) -> None:
 
     log.warning("canary %s beside %s: %s (weight now %.0f%%): %s", decision.version, decision.stable_version,
                 decision.action, decision.weight * 100, decision.reason)  # fmt: skip
-    deploy_log = service.components.get("deploy_log")
+    deploy_log = service.parts.deploy_log
     if deploy_log is not None:
         deploy_log.flush()
     if decision.action != "rollback":
@@ -466,7 +466,7 @@ def _canary_decided(service: Service, decision: Any) -> None:
             )  # fmt: skip
     except Exception:  # the rollback happened; a store outage must not hide it from the log
         log.exception("canary %s: could not record the CanaryRegression alert", decision.version)
-    alerts = service.components.get("alerts")
+    alerts = service.parts.alerts
     if alerts is not None:
         try:
             alerts.snapshot_after_canary(decision)

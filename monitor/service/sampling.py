@@ -44,9 +44,9 @@ def timeseries_point(
 def sample_timeseries(service: Service) -> None:
     schedule = service.config.schedule
     point = timeseries_point(
-        service.components.get("stats"),
-        service.components.get("gpu"),
-        service.components.get("process"),
+        service.parts.stats,
+        service.parts.gpu,
+        service.parts.process,
         window_s=schedule.timeseries_window_s,
         tick_s=schedule.timeseries_s,
     )

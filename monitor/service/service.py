@@ -9,8 +9,9 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from infersight.monitor.store import connect, current_revision, head_revision, sqlite_url, upgrade
 from infersight.monitor.store.retention import enforce_retention, prune_snapshot_files
@@ -29,7 +30,40 @@ from .security import load_or_create_token
 from .timeseries import Timeseries
 from .writer import RequestWriter
 
-__all__ = ["Service"]
+if TYPE_CHECKING:
+    from infersight.collectors import GPUCollector, InferenceStats, ProcessCollector
+    from infersight.monitor.drift import DriftDetector
+
+    from .backend_engine import EngineBackend
+    from .backend_proxy import ProxyBackend
+    from .cost import CostMeter
+    from .deploy_log import DeployLog
+    from .replicas import Replicas
+    from .routing import RouteMetrics
+    from .upstream_metrics import UpstreamQueueScraper
+    from .wiring_alerts import AlertsWiring
+    from .wiring_drift import DriftWiring
+
+__all__ = ["Parts", "Service"]
+
+
+@dataclass
+class Parts:
+    """The parts wiring.py puts into a started service, each under its own typed name;
+    None until wired, or when the configuration leaves the part out."""
+
+    stats: InferenceStats | None = None  # the live statistics (collectors)
+    gpu: GPUCollector | None = None
+    process: ProcessCollector | None = None
+    cost: CostMeter | None = None  # with `cost:` only
+    backend: EngineBackend | ProxyBackend | None = None  # the /v1 backend
+    deploy_log: DeployLog | None = None  # embedded runtime only
+    routing: RouteMetrics | None = None  # embedded runtime with `routing:` only
+    upstream_metrics: UpstreamQueueScraper | None = None  # proxy mode only
+    drift: DriftWiring | None = None
+    drift_detector: DriftDetector | None = None  # set before start() to score with this detector
+    alerts: AlertsWiring | None = None
+    replicas: Replicas | None = None  # with a shared (PostgreSQL) store
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +103,7 @@ class Service:
         self._runtime_seam = runtime
         self._upstream_transport = upstream_transport
         self._nvml_seam = nvml  # the pynvml module or a stand-in (None: import pynvml)
-        self.components: dict[str, Any] = {}  # wired parts by name (stats, backend, alerts, drift, ...)
+        self.parts = Parts()  # the wired parts, typed (wiring.py)
         self.replica_id = new_replica_id()  # this process among the replicas on one database
         self.started_at: float | None = None
         self._started_mono: float | None = None
@@ -152,7 +186,7 @@ class Service:
             problems["database"] = f"unreachable: {type(exc).__name__}"
         if self.pipeline is None or not self.scheduler.running:
             problems["service"] = "not started"
-        backend = self.components.get("backend")
+        backend = self.parts.backend
         if backend is not None:
             why = backend.not_ready()
             if why:

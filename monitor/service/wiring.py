@@ -1,11 +1,11 @@
 """Wiring the other packages into a started `Service`: the collectors (live statistics,
 GPU and process samplers), the `/v1` backend, drift and alerts. Each part is stored in
-`service.components` under its name; the routers read them from there."""
+`service.parts` under its typed name; the routers read them from there."""
 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import psutil
 
@@ -33,20 +33,22 @@ def wire_components(service: Service) -> None:
 
 
 def unwire_components(service: Service) -> None:
-    replicas = service.components.pop("replicas", None)
+    parts = service.parts
+    replicas, parts.replicas = parts.replicas, None
     if replicas is not None:
         try:
             replicas.withdraw()
         except Exception as exc:  # the database may be gone; the heartbeat then just goes stale
             log.warning("could not withdraw replica %s: %s", replicas.id, exc)
-    deploy_log = service.components.pop("deploy_log", None)
+    deploy_log, parts.deploy_log = parts.deploy_log, None
     if deploy_log is not None:
         deploy_log.close()
-    backend = service.components.pop("backend", None)
+    backend, parts.backend = parts.backend, None
     if backend is not None:
         backend.close()
-    for name in ("gpu", "process", "upstream_metrics"):
-        collector = service.components.pop(name, None)
+    collectors = (parts.gpu, parts.process, parts.upstream_metrics)
+    parts.gpu = parts.process = parts.upstream_metrics = None
+    for collector in collectors:
         close = getattr(collector, "close", None) or getattr(collector, "stop", None)
         if close is not None:
             close()
@@ -56,7 +58,7 @@ def _wire_collectors(service: Service) -> None:
     from infersight.collectors import GPUCollector, InferenceStats, ProcessCollector
 
     stats = InferenceStats(service.registry, max_label_values=service.config.limits.max_label_values)
-    service.components["stats"] = stats
+    service.parts.stats = stats
     assert service.pipeline is not None
     service.pipeline.add_observer(stats)
     service.pipeline.label_set = stats.label_set  # drift's per-version state is capped alike
@@ -69,15 +71,15 @@ def _wire_collectors(service: Service) -> None:
     except psutil.Error as exc:
         raise ConfigInvalid("supervise_pid", f"cannot watch process {pid}: {type(exc).__name__}") from exc
     gpu = GPUCollector(service.registry, nvml=service._nvml_seam, pid=pid)
-    service.components["gpu"] = gpu
-    service.components["process"] = process
+    service.parts.gpu = gpu
+    service.parts.process = process
     if service.config.cost is not None:
         from .cost import CostMeter
 
         cost = service.config.cost
         devices = (lambda: len(gpu.latest()) if gpu.enabled else 1) if cost.per == "device" else (lambda: 1)
         meter = CostMeter(cost.per_hour, devices=devices, window_s=cost.window_s, label_set=stats.label_set)
-        service.components["cost"] = meter
+        service.parts.cost = meter
         service.registry.register(meter)
         service.pipeline.add_observer(meter, every_record=True)
 
@@ -95,7 +97,7 @@ def _wire_backend(service: Service) -> None:
     if config.upstream is not None:
         from .backend_proxy import ProxyBackend
 
-        service.components["backend"] = ProxyBackend(
+        service.parts.backend = ProxyBackend(
             service, config.upstream, transport=service._upstream_transport
         )
         _wire_upstream_metrics(service)
@@ -104,7 +106,7 @@ def _wire_backend(service: Service) -> None:
         from .deploy_log import DeployLog
 
         backend = EngineBackend.start(service)
-        service.components["backend"] = backend
+        service.parts.backend = backend
         backend.observe_events()
         deploy_log = DeployLog(
             service.db,
@@ -113,7 +115,7 @@ def _wire_backend(service: Service) -> None:
             model=backend.model_name,
             replica=service.replica_id,
         )
-        service.components["deploy_log"] = deploy_log
+        service.parts.deploy_log = deploy_log
         backend.resume_canary()
         deploy_log.flush()
         service.scheduler.add("deploy_log", deploy_log.flush, 1.0)
@@ -128,14 +130,15 @@ def _wire_upstream_metrics(service: Service) -> None:
     url = upstream.url.rstrip("/") + "/metrics" if upstream.metrics_url is None else upstream.metrics_url
     if not url:
         return
+    from .backend_proxy import ProxyBackend
+
+    stats, backend = service.parts.stats, service.parts.backend
+    assert stats is not None and isinstance(backend, ProxyBackend)  # wired just before
     scraper = UpstreamQueueScraper(
-        url, service.components["stats"], service.components["backend"], model=upstream.model,
+        url, stats, backend, model=upstream.model,
         registry=service.registry,
         timeout_s=min(5.0, upstream.timeout_s),
     )  # fmt: skip
-    service.components["upstream_metrics"] = scraper
+    service.parts.upstream_metrics = scraper
     service.scheduler.add("upstream_metrics", scraper.scrape_once, service.config.schedule.upstream_metrics_s)
 
-
-def component(service: Service, name: str) -> Any:
-    return service.components.get(name)

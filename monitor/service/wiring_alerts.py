@@ -52,11 +52,11 @@ class ServiceSnapshotSource:
         return generate_latest(registry).decode("utf-8", "replace")
 
     def latest_drift_report(self) -> Mapping[str, Any] | None:
-        drift = self.service.components.get("drift")
+        drift = self.service.parts.drift
         return drift.latest_report_json() if drift is not None else None
 
     def version_config(self, version: str | None) -> Mapping[str, Any] | None:
-        runtime = getattr(self.service.components.get("backend"), "runtime", None)
+        runtime = getattr(self.service.parts.backend, "runtime", None)
         if runtime is None or version is None or version not in runtime.registry:
             return None
         info = runtime.registry.get(version)
@@ -79,7 +79,7 @@ class AlertsWiring:
         except a.RuleParseError as exc:
             raise ConfigInvalid("alerting.rules", str(exc)) from exc
         db = service.db
-        runtime = getattr(service.components.get("backend"), "runtime", None)
+        runtime = getattr(service.parts.backend, "runtime", None)
         self.control = a.RuntimeControl(runtime) if runtime is not None else None
         self.snapshot_source = ServiceSnapshotSource(service)
         backup = service.config.engine.backup_version if service.config.engine is not None else None
@@ -92,10 +92,10 @@ class AlertsWiring:
                                      replica=self.replicas.id if self.replicas else None,
                                      targets=self.replicas)  # fmt: skip
         live = a.LiveSignals(
-            self.replicas.merged if self.replicas is not None else service.components.get("stats"),
-            gpu=service.components.get("gpu"),
-            process=service.components.get("process"),
-            quality=service.components.get("drift"),
+            self.replicas.merged if self.replicas is not None else service.parts.stats,
+            gpu=service.parts.gpu,
+            process=service.parts.process,
+            quality=service.parts.drift,
             replica=self.replicas.id if self.replicas is not None else None,
             remote=self.replicas.remote_resources if self.replicas is not None else None,
         )
@@ -125,7 +125,7 @@ class AlertsWiring:
             max_failed_checks=cfg.analysis_failed_checks, min_requests=cfg.analysis_min_requests,
             p99_ratio=cfg.analysis_p99_ratio,
         )  # fmt: skip
-        drift = service.components.get("drift")
+        drift = service.parts.drift
         metrics = a.StoreVersionMetrics(db, output_drift=getattr(drift, "output_drift_p_value", None))
         self.analyzer = a.DeployAnalyzer(db, metrics, self.runner, policy=policy, owner=self.runner.owner)
         self.alertmanager = a.AlertmanagerHandler(db, self.runner)
@@ -159,7 +159,7 @@ class AlertsWiring:
 
     def _explain_rollback(self, check: Any) -> None:
         """The deploy history says which checks failed, with their figures."""
-        deploy_log = self.service.components.get("deploy_log")
+        deploy_log = self.service.parts.deploy_log
         before, after = check.rollback.before_version, check.rollback.after_version
         if deploy_log is None or before is None or after is None:
             return
@@ -260,7 +260,7 @@ def _replicas(service: Service, config: Any, runtime: Any) -> Any:
 
     from .replicas import Replicas
 
-    stats = service.components.get("stats")
+    stats = service.parts.stats
     if stats is None:
         return None
     kinds = ("latency_quantile", "error_rate", "request_rate")
@@ -269,7 +269,7 @@ def _replicas(service: Service, config: Any, runtime: Any) -> Any:
     return Replicas(
         service.db, stats, publish_s=service.config.schedule.publish_s, horizon_s=max(windows, default=300.0),
         serving_version=(lambda: runtime.serving_version) if runtime is not None else (lambda: None),
-        gpu=service.components.get("gpu"), process=service.components.get("process"), replica_id=service.replica_id,
+        gpu=service.parts.gpu, process=service.parts.process, replica_id=service.replica_id,
     )  # fmt: skip
 
 
@@ -285,12 +285,12 @@ def wire_alerts(service: Service) -> AlertsWiring | None:
     from .metrics_store import AlertStoreCollector
 
     wiring = AlertsWiring(service)
-    service.components["alerts"] = wiring
+    service.parts.alerts = wiring
     # store-wide figures come from the leader alone: a sum over replicas counts them once
     service.registry.register(AlertStoreCollector(service.db, leading=service.scheduler.leader.is_leader))
     schedule = service.config.schedule
     if wiring.replicas is not None:
-        service.components["replicas"] = wiring.replicas
+        service.parts.replicas = wiring.replicas
         service.scheduler.add("replicas_publish", wiring.replicas.publish, schedule.publish_s, run_now=True)
         service.scheduler.add("replicas_prune", wiring.replicas.prune, 60.0, leader_only=True)
     service.scheduler.add("replica_actions", wiring.run_own_actions, schedule.rules_s)
@@ -299,7 +299,7 @@ def wire_alerts(service: Service) -> AlertsWiring | None:
     service.scheduler.add("post_deploy", wiring.analyze, schedule.post_deploy_s)
     # the collect action's collections keep the requests that arrive after it ran
     service.scheduler.add("collect", lambda: fill_collections(service.db), schedule.rules_s, leader_only=True)
-    deploy_log = service.components.get("deploy_log")
+    deploy_log = service.parts.deploy_log
     if deploy_log is not None:
         deploy_log.listeners.append(wiring.on_version_deployed)
     return wiring

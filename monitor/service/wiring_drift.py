@@ -207,7 +207,7 @@ class DriftWiring:
         by_version: dict[tuple[str, str], list[float]] = {}
         for item, value in zip(with_response, embedded.relevance, strict=True):
             by_version.setdefault((item.model, item.model_version), []).append(float(value))
-        canary = getattr(self.service.components.get("backend"), "canary_controller", None)
+        canary = getattr(self.service.parts.backend, "canary_controller", None)
         for (model, version), values in by_version.items():
             self.metrics.observe_relevance(values, model=model, model_version=version)
             if canary is not None:
@@ -304,9 +304,9 @@ class DriftWiring:
 def wire_drift(service: Service) -> DriftWiring | None:
     if not service.config.drift.enabled:
         return None
-    wiring = DriftWiring(service, detector=service.components.get("drift_detector"))
+    wiring = DriftWiring(service, detector=service.parts.drift_detector)
     wiring.store_configured_reference()
-    service.components["drift"] = wiring
+    service.parts.drift = wiring
     schedule = service.config.schedule
     service.scheduler.add("drift", wiring.evaluate, schedule.drift_s, leader_only=True)
     service.scheduler.add("embed", wiring.embed, schedule.embed_s)

@@ -15,7 +15,7 @@ from starlette.concurrency import run_in_threadpool
 
 from ..errors import BackendUnavailable
 from ..security import require_token
-from ._deps import component, get_service
+from ._deps import get_service
 
 __all__ = ["mount_alertmanager", "router"]
 
@@ -23,7 +23,7 @@ router = APIRouter(tags=["alerts"])
 
 
 def _alerts(request: Request) -> Any:
-    wiring = component(request, "alerts")
+    wiring = get_service(request).parts.alerts
     if wiring is None:
         raise BackendUnavailable("alerting is disabled in this service's config")
     return wiring
@@ -151,7 +151,7 @@ class _LazyHandler:
         self.app = app
 
     def handle(self, body: Any) -> Any:
-        wiring = self.app.state.service.components.get("alerts")
+        wiring = self.app.state.service.parts.alerts
         if wiring is None:
             raise BackendUnavailable("alerting is disabled in this service's config")
         return wiring.alertmanager.handle(body)

@@ -12,7 +12,7 @@ from starlette.concurrency import run_in_threadpool
 
 from ..errors import BackendUnavailable
 from ..security import require_token
-from ._deps import component, get_service
+from ._deps import get_service
 
 __all__ = ["router"]
 
@@ -20,7 +20,7 @@ router = APIRouter(tags=["drift"])
 
 
 def _drift(request: Request) -> Any:
-    wiring = component(request, "drift")
+    wiring = get_service(request).parts.drift
     if wiring is None:
         raise BackendUnavailable("drift scoring is disabled in this service's config")
     return wiring

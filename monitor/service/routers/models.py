@@ -17,7 +17,7 @@ from starlette.concurrency import run_in_threadpool
 
 from ..errors import NoRuntime
 from ..security import require_token
-from ._deps import component, get_service
+from ._deps import get_service
 
 __all__ = ["recent_deploys", "router"]
 
@@ -95,7 +95,7 @@ def recent_deploys(db: Any, limit: int = 20) -> list[dict[str, Any]]:
 
 
 def _runtime(request: Request) -> Any:
-    backend = component(request, "backend")
+    backend = get_service(request).parts.backend
     runtime = getattr(backend, "runtime", None)
     if runtime is None:
         raise NoRuntime("no embedded runtime here (proxy mode): deploy on the upstream server")
@@ -105,7 +105,7 @@ def _runtime(request: Request) -> Any:
 @router.get("/api/v1/models", summary="Versions, the serving one, and the deploy history")
 async def list_versions(request: Request) -> dict[str, Any]:
     service = get_service(request)
-    backend = component(request, "backend")
+    backend = get_service(request).parts.backend
     runtime = getattr(backend, "runtime", None)
     versions: list[dict[str, Any]] = []
     serving = None
@@ -130,7 +130,7 @@ def _outcome(outcome: Any, label: str) -> DeployResult:
 
 
 def _flush_log(request: Request) -> None:
-    log = component(request, "deploy_log")
+    log = get_service(request).parts.deploy_log
     if log is not None:
         log.flush()
 
@@ -179,7 +179,7 @@ async def rollback(request: Request) -> DeployResult:
 def _canary_result(request: Request) -> CanaryResult:
     runtime = _runtime(request)
     status = runtime.canary.status
-    controller = getattr(component(request, "backend"), "canary_controller", None)
+    controller = getattr(get_service(request).parts.backend, "canary_controller", None)
     served = controller.served if controller is not None else {True: 0, False: 0}
     decisions = [asdict(d) for d in controller.decisions[-10:]] if controller is not None else []
     return CanaryResult(
@@ -218,13 +218,13 @@ async def canary(body: CanaryRequest, request: Request) -> CanaryResult:
         raise HTTPException(
             409, {"field": "body.version", "reason": f"{body.version} is the serving version"}
         )
-    replicas = request.app.state.service.components.get("replicas")
+    replicas = request.app.state.service.parts.replicas
     elsewhere = await run_in_threadpool(replicas.open_canaries) if replicas is not None else []
     if elsewhere:
         where = ", ".join(f"{v} on replica {r}" for r, v in elsewhere)
         raise HTTPException(409, {"field": "body.version", "reason": f"canary {where} is running: "
                                   "promote or abort it there first"})  # fmt: skip
-    controller = getattr(component(request, "backend"), "canary_controller", None)
+    controller = getattr(get_service(request).parts.backend, "canary_controller", None)
     if controller is not None:  # before the first request can reach the candidate
         controller.begin(body.version, runtime.serving_version, body.weight)
     try:
@@ -251,7 +251,7 @@ async def canary_action(action: str, request: Request) -> CanaryResult:
     runtime = _runtime(request)
     if action not in ("promote", "abort"):
         raise HTTPException(404, {"field": "path.action", "reason": "one of: promote, abort"})
-    controller = getattr(component(request, "backend"), "canary_controller", None)
+    controller = getattr(get_service(request).parts.backend, "canary_controller", None)
     call = runtime.canary.promote if action == "promote" else runtime.canary.abort
     try:
         await run_in_threadpool(call, f"{action} by the operator (API)")

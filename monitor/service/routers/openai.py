@@ -21,7 +21,7 @@ from pydantic import BaseModel, ValidationError
 
 from ..errors import BackendUnavailable
 from ..openai_schema import ChatRequest, CompletionRequest, ObservedRequest
-from ._deps import component
+from ._deps import get_service
 
 __all__ = ["router"]
 
@@ -38,7 +38,7 @@ _RESPONSES: dict[int | str, dict[str, Any]] = {
 
 
 def _backend(request: Request) -> Any:
-    backend = component(request, "backend")
+    backend = get_service(request).parts.backend
     if backend is None:
         raise BackendUnavailable("no model is served here: start with an engine registry or --upstream URL")
     return backend

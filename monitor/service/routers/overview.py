@@ -8,7 +8,7 @@ from typing import Any
 from fastapi import APIRouter, Query, Request
 from starlette.concurrency import run_in_threadpool
 
-from ._deps import component, get_service
+from ._deps import get_service
 from .models import recent_deploys
 
 __all__ = ["router"]
@@ -18,12 +18,12 @@ router = APIRouter(tags=["page"])
 
 def _overview(request: Request) -> dict[str, Any]:
     service = get_service(request)
-    backend = component(request, "backend")
+    backend = get_service(request).parts.backend
     runtime = getattr(backend, "runtime", None)
-    alerts = component(request, "alerts")
-    drift = component(request, "drift")
-    cost = component(request, "cost")
-    routing = component(request, "routing")
+    alerts = get_service(request).parts.alerts
+    drift = get_service(request).parts.drift
+    cost = get_service(request).parts.cost
+    routing = get_service(request).parts.routing
     firing = alerts.firing_summary() if alerts is not None else []
     problems = service.readiness()
     return {

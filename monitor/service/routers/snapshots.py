@@ -15,7 +15,7 @@ from starlette.concurrency import run_in_threadpool
 
 from ..errors import BackendUnavailable
 from ..security import require_token
-from ._deps import component, get_service
+from ._deps import get_service
 
 __all__ = ["router"]
 
@@ -76,9 +76,9 @@ async def take(request: Request, body: SnapshotIn | None = None) -> dict[str, An
     from infersight.alerts import take_snapshot
 
     service = get_service(request)
-    wiring = component(request, "alerts")
+    wiring = get_service(request).parts.alerts
     body = body or SnapshotIn(reason="taken by hand", requests=100)
-    runtime = getattr(component(request, "backend"), "runtime", None)
+    runtime = getattr(get_service(request).parts.backend, "runtime", None)
     if wiring is None:
         raise BackendUnavailable("alerting is disabled: snapshots need the alert engine's action")
     result = await run_in_threadpool(
