@@ -1,0 +1,30 @@
+"""requests.system_prompt: what a chat request put before its question (its system messages)
+
+Kept so that the prefix cache's preload renders recorded chats as they were sent: a system
+prompt shared by many requests is then one frequent prefix, prefilled at start and at deploy.
+
+Revision ID: 0007_system_prompt
+Revises: 0005_dataset
+Create Date: 2026-12-01 13:30:00
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import sqlalchemy as sa
+from alembic import op
+
+revision: str = "0007_system_prompt"
+down_revision: str | Sequence[str] | None = "0005_dataset"
+branch_labels: str | Sequence[str] | None = None
+depends_on: str | Sequence[str] | None = None
+
+
+def upgrade() -> None:
+    op.add_column("requests", sa.Column("system_prompt", sa.Text(), nullable=True))
+
+
+def downgrade() -> None:
+    with op.batch_alter_table("requests") as batch:  # SQLite drops a column by copying the table
+        batch.drop_column("system_prompt")
