@@ -12,11 +12,15 @@ from _demo_registry import BAD, GOOD, private_copy, shared_demo_registry
 from _service_support import auth, config, running
 from infersight.monitor.records import InferenceRecord, InvalidRecord
 from infersight.monitor.service import EngineConfig, ServiceConfig
-from infersight.monitor.service.openai_schema import MAX_SYSTEM_CHARS, ChatRequest
+from infersight.monitor.service.chat_template import render_chat
+from infersight.monitor.service.openai_schema import MAX_SYSTEM_CHARS, ChatMessage, ChatRequest
 from infersight.monitor.store.tables import requests
 from sqlalchemy import select
 
-SYSTEM = "you are the assistant of a retail bank. answer in two short sentences. never ask for a pin. "
+SYSTEM = ("you are the assistant of a retail bank. answer in two short sentences. never ask for a pin. "
+          "if the customer is upset, apologise once and point them to the branch finder.")
+NEW = "is there a fee for this"  # the first question after the restart
+NEW_AT_DEPLOY = "how long does a transfer take"  # the first question after the deploy
 QUESTIONS = ["how do i top up my card", "what is the exchange rate today", "my card was declined",
              "where is my transfer", "can i change my pin"]  # fmt: skip
 BLOCK = 8
@@ -28,18 +32,34 @@ def _config(tmp: Path, registry: Path) -> ServiceConfig:
                                            prefix_block_tokens=BLOCK, preload_prompts=2))  # fmt: skip
 
 
+def _messages(question: str) -> list[dict[str, str]]:
+    return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}]
+
+
+def _shared_blocks(tokenizer: Any, new_question: str, recorded: list[str]) -> int:
+    """Full blocks a new chat shares with every recorded one (as the served template renders them)."""
+    def ids(question: str) -> list[int]:
+        text = render_chat([ChatMessage.model_validate(m) for m in _messages(question)])
+        return list(tokenizer.encode(text, add_special_tokens=False).ids)
+
+    new = ids(new_question)
+    common = min(next((i for i, (a, b) in enumerate(zip(new, ids(q), strict=False)) if a != b), len(new))
+                 for q in recorded)  # fmt: skip
+    return common // BLOCK
+
+
 def _chat(client: Any, question: str, *, stream: bool = False) -> None:
-    body = {"messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}],
+    body = {"messages": _messages(question),
             "max_tokens": 2, "temperature": 0, "stream": stream}  # fmt: skip
     r = client.post("/v1/chat/completions", json=body)
     assert r.status_code == 200, r.text
 
 
-def _first_chat_stats(client: Any, runtime: Any, version: str) -> Any:
+def _first_chat_stats(client: Any, runtime: Any, version: str, question: str) -> Any:
     """The version's counters after its first request: a chat with the shared system prompt."""
     before = runtime.prefix_cache_stats().get(version)
     assert before is None or before.hits + before.misses == 0  # nothing served by it yet
-    _chat(client, "is there a fee for this")
+    _chat(client, question)
     return runtime.prefix_cache_stats()[version]
 
 
@@ -59,23 +79,24 @@ def test_a_recorded_chat_system_prompt_is_preloaded_after_a_restart_and_at_a_dep
 
     with running(cfg) as (app, client):  # a restart: a new runtime reading the same store
         runtime = app.state.service.components["backend"].runtime
-        system_blocks = len(runtime.tokenizer.encode("system: " + SYSTEM, add_special_tokens=False).ids) // BLOCK
-        assert system_blocks >= 2
-        warm = _first_chat_stats(client, runtime, GOOD)
-        assert warm.hits >= system_blocks - 1 and warm.tokens_saved >= BLOCK * (system_blocks - 1)
+        shared = _shared_blocks(runtime.tokenizer, NEW, QUESTIONS)
+        assert shared >= 4
+        warm = _first_chat_stats(client, runtime, GOOD, NEW)  # every shared block was prefilled at start
+        assert warm.hits == shared and warm.tokens_saved == shared * BLOCK
         assert app.state.service.writer.flush()
         r = client.post("/api/v1/models/deploy", json={"version": BAD}, headers=auth())
         assert r.status_code == 200, r.text
-        deployed = _first_chat_stats(client, runtime, BAD)  # BAD's first request, before any of its own
-        assert deployed.hits >= system_blocks - 1 and deployed.tokens_saved > 0
+        deployed = _first_chat_stats(client, runtime, BAD, NEW_AT_DEPLOY)  # before BAD served anything
+        shared = _shared_blocks(runtime.tokenizer, NEW_AT_DEPLOY, [*QUESTIONS, NEW])
+        assert deployed.hits == shared and deployed.tokens_saved == shared * BLOCK
         metrics = client.get("/metrics").text
         line = f'infersight_prefix_cache_tokens_saved_total{{model="mixtral_banking",version="{BAD}"}}'
         assert f"{line} {float(deployed.tokens_saved)}" in metrics
 
     with running(_config(tmp / "control", registry)) as (app, client):  # the control: no stored chats
         runtime = app.state.service.components["backend"].runtime
-        cold = _first_chat_stats(client, runtime, GOOD)
-        assert cold.hits == 0 and cold.tokens_saved == 0 and cold.misses >= system_blocks
+        cold = _first_chat_stats(client, runtime, GOOD, NEW)
+        assert cold.hits == 0 and cold.tokens_saved == 0 and cold.misses >= shared
 
 
 def test_a_chat_keeps_its_system_messages_before_the_question_joined_and_capped() -> None:
