@@ -17,8 +17,10 @@ from infersight.monitor.service.openai_schema import MAX_SYSTEM_CHARS, ChatMessa
 from infersight.monitor.store.tables import requests
 from sqlalchemy import select
 
-SYSTEM = ("you are the assistant of a retail bank. answer in two short sentences. never ask for a pin. "
-          "if the customer is upset, apologise once and point them to the branch finder.")
+SYSTEM = (
+    "you are the assistant of a retail bank. answer in two short sentences. never ask for a pin. "
+    "if the customer is upset, apologise once and point them to the branch finder."
+)
 NEW = "is there a fee for this"  # the first question after the restart
 NEW_AT_DEPLOY = "how long does a transfer take"  # the first question after the deploy
 QUESTIONS = ["how do i top up my card", "what is the exchange rate today", "my card was declined",
@@ -38,6 +40,7 @@ def _messages(question: str) -> list[dict[str, str]]:
 
 def _shared_blocks(tokenizer: Any, new_question: str, recorded: list[str]) -> int:
     """Full blocks a new chat shares with every recorded one (as the served template renders them)."""
+
     def ids(question: str) -> list[int]:
         text = render_chat([ChatMessage.model_validate(m) for m in _messages(question)])
         return list(tokenizer.encode(text, add_special_tokens=False).ids)
@@ -112,7 +115,12 @@ def test_a_chat_keeps_its_system_messages_before_the_question_joined_and_capped(
     assert chat.last_user_text() == "second question"
     assert ChatRequest.model_validate({"messages": [{"role": "user", "content": "hi"}]}).system_text() is None
     long = ChatRequest.model_validate(
-        {"messages": [{"role": "system", "content": "x" * (MAX_SYSTEM_CHARS + 5)}, {"role": "user", "content": "q"}]}
+        {
+            "messages": [
+                {"role": "system", "content": "x" * (MAX_SYSTEM_CHARS + 5)},
+                {"role": "user", "content": "q"},
+            ]
+        }
     )
     assert long.system_text() == "x" * MAX_SYSTEM_CHARS
 

@@ -290,7 +290,9 @@ class EngineBackend:
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
             return StreamingResponse(
-                self._sse(handle, stream, timer, chat, include_usage, observed_prompt, len(prompt_ids), system),
+                self._sse(
+                    handle, stream, timer, chat, include_usage, observed_prompt, len(prompt_ids), system
+                ),
                 media_type="text/event-stream",
                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
             )

@@ -216,6 +216,7 @@ dataset_items = Table(
     Column("prompt", Text, nullable=False),
     Column("response", Text),
     Column("relevance", Float),
+    Column("system_prompt", Text),
     Index("ix_dataset_items_version_time", "model_version", "started_at"),
 )
 
