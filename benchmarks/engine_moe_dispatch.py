@@ -47,7 +47,7 @@ def gather(w13: torch.Tensor, w2: torch.Tensor) -> Callable[[Route], torch.Tenso
 def host_loop(w13: torch.Tensor, w2: torch.Tensor, kind: str) -> Callable[[Route], torch.Tensor]:
     """The engine's `ExpertLoop` (a host loop over the experts that got tokens) on per-expert
     projections of `kind`: "dense" (MKL, `x @ W.t()`), "blocked" (oneDNN) or "int8"."""
-    from infersight.engine.moe import ExpertLoop
+    from infersight.engine.network import ExpertLoop
     from infersight.engine.projection import BlockedProjection, DenseProjection, Int8Projection
     from infersight.engine.quant import int8_rows
 

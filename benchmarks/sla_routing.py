@@ -1,5 +1,5 @@
-"""SLA routing (fast int8 + standard fp32) against a single fp32 path and a single int8 path,
-at the same open-loop request rates, in one run.
+"""SLA routing (fast: the small demo model, int8; standard: the demo model, fp32 or int8) against
+a single fp32 path and a single int8 path of the demo model, at the same open-loop rates, in one run.
 
     .venv/bin/python benchmarks/sla_routing.py [--rates 5,10,15,20,30] [--seconds 8] [--rounds 3] [--threads N]
 
@@ -8,14 +8,17 @@ the server does: open loop) of a fixed mix: `--long-share` (20%) long prompts of
 test questions joined (about 100-130 tokens, 32 output tokens), the rest one short Banking77
 question (8 output tokens). Greedy decoding. A request's SLA is its class's: short ones the
 fast SLA (50 ms), long ones the standard SLA (200 ms), on every side, so "within SLA" means
-the same on the three. Latency is from the scheduled arrival to the last token (a late
-submit counts against the server). The three sides are three runtimes on the same registry
-(the demo model), run one at a time, alternated in rounds at each rate. A request the length
+the same on every side. Latency is from the scheduled arrival to the last token (a late
+submit counts against the server). The sides are runtimes on the same registry, run one at a
+time, alternated in rounds at each rate: two dual sides (the small demo model, `SMALL_DEMO`
+in engine/demo.py, int8, as the fast path; the demo model fp32 or int8 as the standard path),
+single fp32 and single int8 of the demo model. A request the length
 breaker sheds (503) counts as a miss; the dual side's fast breaker sends requests to the
 standard path instead of shedding them (`breaker_action: standard`).
 
 Reported per side and rate: share within its SLA, share within 100 ms, p50/p99 of short and
-long requests, and for the dual side how many spilled over or were shed.
+long requests, and for the dual sides how many spilled over or were shed and the batch caps
+(fast/standard) sampled every 50 ms during the load.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import random
 import tempfile
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +43,7 @@ from infersight.monitor.data import banking77
 
 FP32 = "mixtral_banking_fp32-v1.0"
 INT8 = "mixtral_banking_int8-v1.0"
+SMALL = "mixtralsmall_banking_int8-v1.0"  # the small demo model (SMALL_DEMO), int8: the fast path
 SHORT_NEW, LONG_NEW = 8, 32
 FAST_SLA_MS, STANDARD_SLA_MS = 50.0, 200.0
 
@@ -60,21 +65,23 @@ def _cpu() -> str:
 
 
 def _registry(root: Path) -> Path:
+    """The demo registry with the small demo model's int8 build (`models init-demo --small`)."""
     from infersight.monitor.cli import main
 
     with contextlib.redirect_stdout(io.StringIO()):
-        assert main(["models", "init-demo", str(root / "registry")]) == 0
+        assert main(["models", "init-demo", str(root / "registry"), "--small", "--no-corrupted"]) == 0
     return root / "registry"
 
 
-def _runtime(registry: Path, version: str, routed: bool) -> Runtime:
+def _runtime(registry: Path, version: str, standard: str | None) -> Runtime:
+    """A runtime serving `version`; routed (SMALL fast, `standard` standard) unless None."""
     rt = Runtime(Registry(registry), max_batch_size=16, max_prompt_tokens=512, max_seq_len=512)
     rt.start(version)
-    if routed:
+    if standard is not None:
         rt.routing.start(
             RoutingSpec(
-                fast=PathSpec(INT8, FAST_SLA_MS, max_prompt_tokens=48, max_new_tokens=SHORT_NEW * 2),
-                standard=PathSpec(FP32, STANDARD_SLA_MS),
+                fast=PathSpec(SMALL, FAST_SLA_MS, max_prompt_tokens=48, max_new_tokens=SHORT_NEW * 2),
+                standard=PathSpec(standard, STANDARD_SLA_MS),
                 breaker_action="standard",  # a short request the fast breaker turns away is served standard
             )
         )
@@ -91,9 +98,11 @@ def _workload(tokenizer: object, seed: int) -> tuple[list[list[int]], list[list[
 
 
 def run_side(
-    rt: Runtime, rate: float, seconds: float, long_share: float, prompts: tuple, seed: int
-) -> list[Outcome]:  # type: ignore[type-arg]
-    """Open-loop Poisson arrivals at `rate` for `seconds`; waits for every request."""
+    rt: Runtime, rate: float, seconds: float, long_share: float, prompts: tuple, seed: int,  # type: ignore[type-arg]
+    caps_seen: Counter[tuple[int, int]] | None = None,
+) -> list[Outcome]:
+    """Open-loop Poisson arrivals at `rate` for `seconds`; waits for every request. With
+    `caps_seen`, counts the routed paths' (fast, standard) batch caps every 50 ms meanwhile."""
     shorts, longs = prompts
     rng = random.Random(seed)
     schedule: list[tuple[float, bool, list[int]]] = []
@@ -106,6 +115,15 @@ def run_side(
         schedule.append((t, is_long, rng.choice(longs if is_long else shorts)))
     outcomes: list[Outcome | None] = [None] * len(schedule)
     waiters: list[threading.Thread] = []
+    done_sampling = threading.Event()
+
+    def sample_caps() -> None:
+        while caps_seen is not None and not done_sampling.wait(0.05):
+            caps = rt.routing.caps()
+            caps_seen[(caps.get("fast", 0), caps.get("standard", 0))] += 1
+
+    sampler = threading.Thread(target=sample_caps, daemon=True)
+    sampler.start()
     start = time.perf_counter()
     for i, (at, is_long, ids) in enumerate(schedule):
         delay = start + at - time.perf_counter()
@@ -127,6 +145,8 @@ def run_side(
         waiters.append(w)
     for w in waiters:
         w.join(180)
+    done_sampling.set()
+    sampler.join()
     return [o for o in outcomes if o is not None]
 
 
@@ -181,9 +201,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         registry = args.registry or _registry(Path(tmp))
         sides = {
-            "dual (int8 fast + fp32 standard)": _runtime(registry, FP32, routed=True),
-            "single fp32": _runtime(registry, FP32, routed=False),
-            "single int8": _runtime(registry, INT8, routed=False),
+            "dual (small int8 + fp32)": _runtime(registry, FP32, standard=FP32),
+            "dual (small int8 + int8)": _runtime(registry, INT8, standard=INT8),
+            "single fp32": _runtime(registry, FP32, standard=None),
+            "single int8": _runtime(registry, INT8, standard=None),
         }
         first = next(iter(sides.values()))
         prompts = _workload(first.tokenizer, seed=7)
@@ -192,19 +213,26 @@ def main() -> None:
         for rt in sides.values():  # warm the step-time measurements (and the allocator) before timing
             run_side(rt, 5.0, 3.0, args.long_share, prompts, seed=1)
         results: dict[tuple[str, float], list[Outcome]] = {}
+        caps_seen: dict[tuple[str, float], Counter[tuple[int, int]]] = {}
         for rate in rates:
             for r in range(args.rounds):
                 order = list(sides.items())
                 if r % 2:
                     order.reverse()
                 for name, rt in order:
+                    seen = caps_seen.setdefault((name, rate), Counter()) if name.startswith("dual") else None
                     outcomes = run_side(
-                        rt, rate, args.seconds, args.long_share, prompts, seed=1000 * r + int(rate)
+                        rt, rate, args.seconds, args.long_share, prompts, seed=1000 * r + int(rate), caps_seen=seen
                     )
                     results.setdefault((name, rate), []).extend(outcomes)
             _print_rate(rate, {name: summarize(results[(name, rate)]) for name in sides})
-        caps = first.routing.caps()
-        print(f"dual: batch caps at the end {caps}; route counts {first.routing.counts()}")
+            for name in sides:
+                if (name, rate) in caps_seen:
+                    common = ", ".join(f"{f}/{s} {n}x" for (f, s), n in caps_seen[(name, rate)].most_common(3))
+                    print(f"{name}: batch caps (fast/standard) sampled during the load: {common}")
+        for name, rt in sides.items():
+            if name.startswith("dual"):
+                print(f"{name}: batch caps at the end {rt.routing.caps()}; route counts {rt.routing.counts()}")
         for rt in sides.values():
             rt.stop(drain=False)
     if hasattr(os, "getloadavg"):

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from infersight.monitor.records import CANCELLED, CLIENT_ERROR, InferenceRecord
+from infersight.monitor.records import CANCELLED, CLIENT_ERROR, SHED, InferenceRecord
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
@@ -34,6 +34,7 @@ __all__ = ["EngineAdapter", "EnginePathCollector"]
 
 # What `Runtime.submit` refuses before the model sees anything: the request's fault.
 _REFUSED_REQUESTS = frozenset({"PromptTooLong", "InvalidRequest"})
+_SHED_BY = "PathOverloaded"  # SLA routing's length breaker refused it: outcome `shed`, no error
 
 
 @dataclass
@@ -169,7 +170,11 @@ class EngineAdapter:
                 queue_s=None if req is None else req.queue_s,
                 prompt_tokens=None if req is None else req.prompt_tokens,
                 output_tokens=None if req is None else req.tokens,
-                error_type=CLIENT_ERROR if e.error_type in _REFUSED_REQUESTS else e.error_type,
+                error_type=CLIENT_ERROR
+                if e.error_type in _REFUSED_REQUESTS
+                else SHED
+                if e.error_type == _SHED_BY
+                else e.error_type,
                 source="engine",
             )
         )

@@ -99,8 +99,9 @@ _ERRORS = (
 )
 _CLIENT = (
     "infersight_client_outcomes",
-    "Requests ended by the client, not errors: outcome client_error (refused: e.g. an over-long "
-    "prompt, an upstream 4xx) or cancelled (the client hung up).",
+    "Requests that ended without a server error: outcome client_error (refused: e.g. an over-long "
+    "prompt, an upstream 4xx), cancelled (the client hung up) or shed (refused with 503 by SLA "
+    "routing's length breaker).",
 )
 
 

@@ -298,7 +298,8 @@ class InferenceStats(Collector):
     def client_outcome_counts(
         self, *, model: str | None = None, model_version: str | None = None
     ) -> dict[str, int]:
-        """Requests the client ended (client_error, cancelled) since start: not errors."""
+        """Requests that ended without a server error (client_error, cancelled, shed) since
+        start."""
         totals: dict[str, int] = {}
         with self._fold_lock:
             for series in self._fold_matching(model, model_version, self.clock()):

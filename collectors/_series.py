@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 from ddsketch import DDSketch
 from ddsketch.mapping import LogarithmicMapping
-from infersight.monitor.records import CANCELLED, CLIENT_ERROR, CLIENT_OUTCOMES, is_server_error
+from infersight.monitor.records import CANCELLED, CLIENT_ERROR, NOT_ERRORS, is_server_error
 from prometheus_client.utils import floatToGoString
 
 __all__ = [
@@ -260,7 +260,7 @@ class Series:
         self.tokens = {"input": HistogramState(TOKEN_BUCKETS), "output": HistogramState(TOKEN_BUCKETS)}
         self.windows = windows
         self.errors: dict[str, int] = {}  # server errors by error_type
-        self.client_outcomes: dict[str, int] = {}  # client_error, cancelled: never errors
+        self.client_outcomes: dict[str, int] = {}  # client_error, cancelled, shed: never errors
 
     # -- hot path -------------------------------------------------------------------
     def enter(self) -> None:
@@ -350,7 +350,7 @@ def _count_errors(errors: dict[str, int], client: dict[str, int], column: tuple[
     for error_type in column:
         if error_type is None:
             continue
-        if error_type in CLIENT_OUTCOMES:
+        if error_type in NOT_ERRORS:
             client[error_type] = client.get(error_type, 0) + 1
             continue
         if error_type not in errors and len(errors) >= MAX_ERROR_TYPES:

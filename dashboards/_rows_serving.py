@@ -14,7 +14,7 @@ _TPOT = "gen_ai_server_time_per_output_token_seconds"
 _QUEUE = "gen_ai_server_request_queue_time_seconds"
 _TOKENS = "gen_ai_server_token_usage"
 _ERRORS = "gen_ai_server_request_errors_total"
-_CLIENT = "infersight_client_outcomes_total"  # refused for the client's fault, hung up: not errors
+_CLIENT = "infersight_client_outcomes_total"  # refused for the client's fault, hung up, shed: not errors
 
 
 def _percentiles(histogram: str) -> list[Target]:
@@ -160,7 +160,8 @@ def traffic() -> Section:
                 stack=True,
                 description="Server errors by error_type; beside them, not counted as errors, requests "
                 "refused for the client's fault (client_error: an over-long prompt, an upstream 4xx) "
-                "and requests whose client hung up (cancelled).",
+                "and requests whose client hung up (cancelled); requests SLA routing's length breaker "
+                "refused with 503 (shed) count here too, as SLO misses but not errors.",
             ),
             heatmap(
                 "Prompt length (input tokens)",

@@ -15,7 +15,6 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .cache import KVCache
     from .config import ModelConfig
     from .deploy import DeployOutcome
     from .deploy_history import DeployRecord
@@ -31,6 +30,7 @@ if TYPE_CHECKING:
         DeployRefused,
         EngineError,
         GenerationFailed,
+        InvalidArgument,
         InvalidCanaryWeight,
         InvalidInput,
         InvalidRequest,
@@ -55,6 +55,7 @@ if TYPE_CHECKING:
     )
     from .loading import load
     from .model import MoEModel
+    from .network import KVCache
     from .paths import EnginePath
     from .prefix_cache import PrefixCache, PrefixCacheStats
     from .prefix_cache_redis import RedisTier
@@ -77,6 +78,7 @@ _EXPORTS: dict[str, str] = {
     "DeployRefused": ".errors",
     "EngineError": ".errors",
     "GenerationFailed": ".errors",
+    "InvalidArgument": ".errors",
     "InvalidCanaryWeight": ".errors",
     "InvalidInput": ".errors",
     "InvalidRequest": ".errors",
@@ -98,7 +100,7 @@ _EXPORTS: dict[str, str] = {
     "VersionExists": ".errors",
     "VersionNotFound": ".errors",
     "WarmupFailed": ".errors",
-    "KVCache": ".cache",
+    "KVCache": ".network",
     "ModelConfig": ".config",
     "load": ".loading",
     "MoEModel": ".model",
@@ -139,6 +141,7 @@ __all__ = [
     "EngineError",
     "EnginePath",
     "GenerationFailed",
+    "InvalidArgument",
     "InvalidCanaryWeight",
     "InvalidInput",
     "InvalidRequest",

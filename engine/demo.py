@@ -41,7 +41,7 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
-__all__ = ["DEMO_EOS_TOKEN", "DemoSpec", "write_demo_checkpoint"]
+__all__ = ["DEMO_EOS_TOKEN", "SMALL_DEMO", "DemoSpec", "write_demo_checkpoint"]
 
 DEMO_EOS_TOKEN = "[SEP]"
 # English function words: the demo model's prior prefers the content words of a prompt.
@@ -158,6 +158,8 @@ _FUNCTION_WORDS = frozenset(
 @dataclass(frozen=True, slots=True)
 class DemoSpec:
     hidden_size: int = 256
+    # layer 0 copies; every later layer's attention is off (its experts add a little noise)
+    num_hidden_layers: int = 2
     # one query head per (lag, gain): positive gains copy the token `lag` back, negative ones
     # suppress it (lags 0 and 1: the model does not repeat what it just said)
     heads: tuple[tuple[int, float], ...] = ((3, 2.0), (5, 2.0), (8, 2.0), (13, 2.0), (0, -2.0), (1, -2.0))
@@ -173,6 +175,11 @@ class DemoSpec:
     function_word_penalty: float = 3.0  # logit prior against punctuation, word pieces, function words
     expert_scale: float = 0.02  # size of the experts' (noise) contribution
     seed: int = 0
+
+
+# The fast path's model for SLA routing: the same copy-back behaviour with half the width and
+# one layer (lm_head, [V, hidden], is most of a decode step's work). See docs/benchmarks.md.
+SMALL_DEMO = DemoSpec(hidden_size=128, num_hidden_layers=1)
 
 
 def write_demo_checkpoint(
@@ -199,7 +206,7 @@ def write_demo_checkpoint(
         "vocab_size": vocab_size,
         "hidden_size": spec.hidden_size,
         "intermediate_size": spec.intermediate_size,
-        "num_hidden_layers": 2,
+        "num_hidden_layers": spec.num_hidden_layers,
         "num_attention_heads": len(spec.heads),
         "num_key_value_heads": 1,
         "head_dim": spec.hidden_size,
@@ -297,7 +304,7 @@ def _weights(
         "model.norm.weight": torch.ones(d),
         "lm_head.weight": lm_head,
     }
-    for layer in range(2):
+    for layer in range(spec.num_hidden_layers):
         p = f"model.layers.{layer}"
         on = layer == 0
         tensors[f"{p}.input_layernorm.weight"] = torch.ones(d)

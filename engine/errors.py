@@ -9,11 +9,13 @@
      │    ├── UnsupportedConfig          config.json asks for something the engine does not implement
      │    └── TokenizerInvalid           tokenizer.json is present but cannot be read
      ├── UnsupportedQuantization         `quantize=` names a scheme the engine does not have, or one the sizes do not fit
-     ├── InvalidSamplingParams           temperature < 0, top_p outside (0, 1]
-     ├── InvalidInput                    token ids of the wrong shape, type or range
-     ├── CacheCapacityExceeded           a sequence or slot does not fit the KV cache
-     ├── PromptTooLong                   serving: a request over the runtime's length limits (at submit)
-     ├── InvalidRequest                  serving: empty prompt, max_new_tokens < 1, bad sampling values
+     ├── InvalidArgument                 an argument refused before any work (also a ValueError)
+     │    ├── InvalidSamplingParams      temperature < 0, top_p outside (0, 1]
+     │    ├── InvalidInput               token ids of the wrong shape, type or range
+     │    ├── CacheCapacityExceeded      a sequence or slot does not fit the KV cache
+     │    ├── PromptTooLong              serving: a request over the runtime's length limits (at submit)
+     │    ├── InvalidRequest             serving: empty prompt, max_new_tokens < 1, bad sampling values
+     │    └── InvalidCanaryWeight        a canary weight outside (0, 1]
      ├── RuntimeNotRunning               serving: submit/deploy before start() or while stopping
      ├── PathOverloaded                  SLA routing: a path's length breaker is open for this length
      ├── GenerationFailed                serving: the model raised on a request (re-raised by result())
@@ -32,7 +34,6 @@
           ├── NoPreviousVersion          rollback() with no earlier good version
           ├── CanaryRunning              a canary (or deploy) while a canary is running
           └── NoCanary                   promote/abort/reweight with no canary running
-     InvalidCanaryWeight                 a canary weight outside (0, 1]  (also a ValueError)
 
 Every checkpoint error is raised before any weight is assigned, so `load` either returns a
 whole model or nothing. Argument errors also derive from `ValueError`.
@@ -52,6 +53,7 @@ __all__ = [
     "DeployRefused",
     "EngineError",
     "GenerationFailed",
+    "InvalidArgument",
     "InvalidCanaryWeight",
     "InvalidInput",
     "InvalidRequest",
@@ -141,22 +143,27 @@ class UnsupportedQuantization(EngineError, ValueError):
         )
 
 
-class InvalidSamplingParams(EngineError, ValueError):
-    pass
+class InvalidArgument(EngineError, ValueError):
+    """An argument the engine refuses before doing any work: the family every argument
+    check raises (one `except InvalidArgument` catches them all; each is also a ValueError)."""
 
 
-class InvalidInput(EngineError, ValueError):
-    pass
+class InvalidSamplingParams(InvalidArgument):
+    """temperature < 0, top_p outside (0, 1]."""
 
 
-class CacheCapacityExceeded(EngineError, ValueError):
-    pass
+class InvalidInput(InvalidArgument):
+    """Token ids of the wrong shape, type or range."""
+
+
+class CacheCapacityExceeded(InvalidArgument):
+    """A sequence or slot does not fit the KV cache."""
 
 
 # --- serving: runtime, registry, deploys (engine/runtime.py, registry.py, deploy.py) ---
 
 
-class PromptTooLong(EngineError, ValueError):
+class PromptTooLong(InvalidArgument):
     """A request over the runtime's length limits, refused in `submit` before the model."""
 
     def __init__(self, message: str, *, limit_name: str, limit: int, got: int) -> None:
@@ -166,7 +173,7 @@ class PromptTooLong(EngineError, ValueError):
         self.got = got
 
 
-class InvalidRequest(EngineError, ValueError):
+class InvalidRequest(InvalidArgument):
     """A request with a bad parameter (empty prompt, max_new_tokens < 1, top_p out of range...)."""
 
 
@@ -254,5 +261,5 @@ class NoCanary(DeployRefused):
     """Promote, abort or reweight with no canary running."""
 
 
-class InvalidCanaryWeight(EngineError, ValueError):
+class InvalidCanaryWeight(InvalidArgument):
     """A canary's share of traffic outside (0, 1]."""

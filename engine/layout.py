@@ -113,7 +113,7 @@ def build_state(
     quantizer: Quantizer | None = None,
     column_major_head: bool = False,
 ) -> dict[str, torch.Tensor]:
-    """The engine's state dict (module names of transformer.py) from a checked checkpoint."""
+    """The engine's state dict (module names of network.py) from a checked checkpoint."""
     stacked = stacked_experts(ckpt.infos)
 
     def experts(moe: str) -> dict[str, Callable[[torch.dtype], torch.Tensor]]:

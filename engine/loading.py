@@ -18,10 +18,9 @@ from .config import ModelConfig
 from .errors import CheckpointNotFound, TokenizerInvalid, UnsupportedQuantization
 from .layout import build_state, expected_tensors, stacked_experts
 from .model import MoEModel
-from .moe import grouped_mm_supported
+from .network import Transformer, grouped_mm_supported, quantize_network
 from .paths import choose
-from .quant import QUANTIZERS, quantize_network, weight_format
-from .transformer import Transformer
+from .quant import QUANTIZERS, weight_format
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer

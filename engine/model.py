@@ -13,13 +13,11 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from .attention import AttentionStep
-from .cache import KVCache
 from .config import ModelConfig
 from .errors import CacheCapacityExceeded, InvalidInput
+from .network import AttentionStep, KVCache, Transformer
 from .paths import EnginePath, cpu_model
 from .sampling import check_sampling, sample
-from .transformer import Transformer
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer

@@ -61,7 +61,6 @@ __all__ = [
     "int4_groups",
     "int4_matmul",
     "int8_rows",
-    "quantize_network",
     "weight_format",
 ]
 
@@ -339,27 +338,3 @@ class Int4Experts(nn.Module):
             groups = k // int4_group_size(k)
             self.register_buffer(f"{name}_weight", torch.empty(experts, n, k // 2, dtype=torch.uint8))
             self.register_buffer(f"{name}_scales_zeros", torch.empty(experts, groups, n, 2, dtype=fmt.dtype))
-
-
-def quantize_network(network: nn.Module, fmt: WeightFormat) -> None:
-    """Swap the modules of a (meta-device) `Transformer` for their quantized twins, in place."""
-    from .transformer import Block, Transformer
-
-    assert isinstance(network, Transformer) and fmt.scheme in QUANTIZERS
-    c = network.config
-
-    def linear(old: nn.Module) -> Int8Linear | Int4Linear:
-        assert isinstance(old, nn.Linear)
-        if fmt.scheme == "int4":
-            return Int4Linear(old.in_features, old.out_features, fmt)
-        return Int8Linear(old.in_features, old.out_features, fmt.dtype)
-
-    network.output = linear(network.output)
-    for block in network.layers:
-        assert isinstance(block, Block)
-        block.attention.wqkv = linear(block.attention.wqkv)
-        block.attention.wo = linear(block.attention.wo)
-        sizes = (c.num_local_experts, c.hidden_size, c.intermediate_size)
-        block.moe.experts = (
-            Int4Experts(*sizes, fmt) if fmt.scheme == "int4" else Int8Experts(*sizes, fmt.dtype)
-        )

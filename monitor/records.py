@@ -19,6 +19,8 @@ __all__ = [
     "CLIENT_ERROR",
     "CLIENT_OUTCOMES",
     "MAX_TEXT_CHARS",
+    "NOT_ERRORS",
+    "SHED",
     "InferenceRecord",
     "InvalidRecord",
     "RecordSource",
@@ -39,12 +41,17 @@ _MAX_TOKENS = 2**31 - 1  # the store's INTEGER
 CLIENT_ERROR = "client_error"
 CANCELLED = "cancelled"
 CLIENT_OUTCOMES = frozenset({CLIENT_ERROR, CANCELLED})
+# A request SLA routing's length breaker refused (503 + Retry-After): the breaker doing its
+# job, not a failure. It misses its path's SLO but is no server error, so a flood the breaker
+# sheds does not also raise the error rate (ErrorRateSpike, the post-deploy analysis).
+SHED = "shed"
+NOT_ERRORS = CLIENT_OUTCOMES | {SHED}  # outcomes kept under their own label, never errors
 
 
 def is_server_error(error_type: str | None) -> bool:
     """True when a call with this `error_type` failed on the server's side: what error
     rates, error-rate alerts and the post-deploy analysis count."""
-    return error_type is not None and error_type not in CLIENT_OUTCOMES
+    return error_type is not None and error_type not in NOT_ERRORS
 
 
 class InvalidRecord(ValueError):
@@ -124,7 +131,8 @@ _KNOWN = frozenset(_FIELDS)
 
 def _builder() -> Callable[..., InferenceRecord]:
     """`build_record(*the first 14 fields, positionally, path=None, system_prompt=None)`: an
-    `InferenceRecord` without the dataclass `__init__`, for values already checked (by `from_json`, or made by the SDK itself).
+    `InferenceRecord` without the dataclass `__init__`, for values already checked (by
+    `from_json`, or made by the SDK itself).
 
     A frozen dataclass sets each field through `object.__setattr__`; this writes each slot
     through its member descriptor instead, which about halves the cost (docs/benchmarks.md):

@@ -15,7 +15,7 @@ from infersight.alerts import Evaluator, LiveSignals, Signal, StoreSignals, load
 from infersight.alerts.rules.sources import least_squares_slope
 from infersight.collectors import GPUCollector, InferenceStats, ProcessCollector
 from infersight.collectors.fake_nvml import FakeDevice, FakeNVML
-from infersight.monitor.records import InferenceRecord
+from infersight.monitor.records import SHED, InferenceRecord, is_server_error
 from infersight.monitor.store.tables import requests
 from sqlalchemy import Engine, insert
 from test_alerts_support import Clock, database
@@ -58,6 +58,27 @@ def test_latency_quantile_and_error_rate_per_version_from_the_real_sketches() ->
     [merged] = live.read(P99, [])
     assert merged.labels == () and 0.199 < merged.value < 2.0
     assert live.read(Signal("error_rate", window_s=60, min_requests=1000), ["model_version"]) == []
+
+
+def test_requests_the_length_breaker_shed_are_counted_apart_not_as_server_errors() -> None:
+    """A flood the breaker sheds (503) must not also page as an error-rate spike."""
+    stats = InferenceStats(window_s=600, interval_s=1)
+    now = time.time()
+    for i in range(100):  # 40 shed, 2 real failures, the rest served
+        error = SHED if i < 40 else "GenerationFailed" if i < 42 else None
+        stats.observe(InferenceRecord(request_id=f"r-{i}", model="bank", model_version="v1",
+                                      started_at=now, duration_s=0.01, error_type=error))  # fmt: skip
+    [rate] = LiveSignals(stats).read(ERRORS, ["model_version"])
+    assert rate.value == pytest.approx(0.02)
+    assert stats.client_outcome_counts() == {SHED: 40}
+    assert not is_server_error(SHED) and is_server_error("PathOverloaded")
+    # ... but a shed request spends its SLO's budget, latency or availability
+    from infersight.alerts.rules.slo import SLO
+
+    fast = SLO("fast-latency", 0.999, 86400.0, threshold_s=0.1, path="fast")
+    availability = SLO("availability", 0.995, 86400.0)
+    assert fast.is_bad(0.001, SHED) and availability.is_bad(0.001, SHED)
+    assert not fast.is_bad(0.05, None) and not availability.is_bad(0.05, "client_error")
 
 
 def test_gpu_activity_memory_and_slope_from_the_fake_nvml_boundary() -> None:

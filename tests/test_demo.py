@@ -21,7 +21,7 @@ STEPS = [
     "demo model", "data", "service", "baseline traffic", "baseline drift check", "topic shift traffic",
     "drift flagged", "drift explained", "drift alert", "bad release canary", "canary rolled back",
     "snapshot", "page", "bad release deployed", "automatic rollback", "rollback snapshot", "rollback page",
-    "rolled-back drift resolved",
+    "rolled-back drift resolved", "incident data", "prefix cache",
 ]  # fmt: skip
 
 
@@ -58,6 +58,11 @@ def test_the_demo_plays_every_step_of_the_incident(
     for collection in collections:
         assert collection.kind == "any" and collection.n == 200
         assert collection.reason == "automatic rollback of mixtral_banking_fp32-v1.1"
+    # the demo exported what the collections kept, through the API, and the cache saved prefill
+    exported = [json.loads(x) for x in (tmp_path / "incident-data.jsonl").read_text().splitlines()]
+    assert exported and all(r["model_version"] == "mixtral_banking_fp32-v1.0" for r in exported)
+    [cache] = [s for s in result.steps if s.name == "prefix cache"]
+    assert float(cache.detail.split(" prompt blocks")[0]) > 0, cache.detail
 
 
 def test_the_demo_names_the_step_that_did_not_happen(tmp_path: Path) -> None:

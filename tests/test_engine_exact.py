@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 import torch
 from infersight.engine import load, loading, onednn
-from infersight.engine.moe import BlockedExperts, GroupedExperts
 from infersight.engine.native import NativeProjection
+from infersight.engine.network import BlockedExperts, GroupedExperts
 
 from tests._engine_checkpoints import greedy_reference, save_checkpoint
 

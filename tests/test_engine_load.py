@@ -22,7 +22,7 @@ from infersight.engine import (
     UnsupportedQuantization,
     load,
 )
-from infersight.engine.moe import BlockedExperts
+from infersight.engine.network import BlockedExperts
 from safetensors.torch import load_file, save_file
 
 from tests._engine_checkpoints import save_checkpoint

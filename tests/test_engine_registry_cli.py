@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -36,6 +37,15 @@ def test_init_demo_registers_fp32_int8_and_the_corrupted_release(
     assert main(["models", "init-demo", str(root)]) == 0  # again: nothing rewritten
     assert capsys.readouterr().out.count("kept") == 3
     assert Registry(root).get(good.name) == good
+
+    assert main(["models", "init-demo", str(root), "--small"]) == 0  # SLA routing's fast path beside
+    assert capsys.readouterr().out.count("kept") == 3
+    small = Registry(root).get("mixtralsmall_banking_int8-v1.0")
+    assert small.quant == "int8" and small.path != good.path
+    assert json.loads((small.path / "config.json").read_text())["hidden_size"] < json.loads(
+        (good.path / "config.json").read_text()
+    )["hidden_size"]
+    versions[small.name] = small
 
     assert main(["models", "list", str(root)]) == 0
     listing = capsys.readouterr().out

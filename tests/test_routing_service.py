@@ -16,6 +16,8 @@ from _service_support import auth, config, wait_for
 from fastapi.testclient import TestClient
 from infersight.monitor.service import ConfigInvalid, create_app
 from infersight.monitor.service.config_file import config_from_mapping
+from infersight.monitor.store.tables import requests
+from sqlalchemy import select
 
 INT8 = "mixtral_banking_int8-v1.0"
 SHORT = "Where is my new card? It has not arrived."
@@ -118,6 +120,12 @@ def test_requests_are_routed_by_length_and_records_and_metrics_carry_the_path(se
     assert page["paths"][0]["version"] == INT8 and page["paths"][0]["requests"]["short"] >= 1
     assert service.components["routing"] is not None
 
+    def stored_paths() -> set[str | None]:
+        with service.db.connect() as conn:
+            return set(conn.execute(select(requests.c.path)).scalars())
+
+    wait_for(lambda: {"fast", "standard"} <= stored_paths(), timeout=10.0)  # the requests table keeps it
+
 
 def test_a_flood_of_long_prompts_opens_the_breaker_short_ones_keep_their_sla_and_it_closes(served) -> None:  # type: ignore[no-untyped-def]
     app, client = served
@@ -156,6 +164,12 @@ def test_a_flood_of_long_prompts_opens_the_breaker_short_ones_keep_their_sla_and
     assert within >= 0.9, [round(s, 3) for s in sorted(shorts)[-5:]]
     assert refused and all(int(h["retry-after"]) >= 1 for h in refused)
     assert (_metric(client, 'infersight_route_requests_total{path="standard",reason="shed"}') or 0) >= 1
+    # shed requests are their own outcome: SLO misses, not server errors (no error-rate page)
+    metrics = client.get("/metrics").text
+    shed = [ln for ln in metrics.splitlines() if ln.startswith("infersight_client_outcomes_total{") and 'outcome="shed"' in ln]
+    assert shed and float(shed[0].rsplit(" ", 1)[1]) >= len(refused)
+    assert not [ln for ln in metrics.splitlines() if ln.startswith("gen_ai_server_request_errors_total{")]
+    assert (_metric(client, 'infersight_slo_attainment_ratio{path="standard",window="5m"}') or 1.0) < 1.0
     for _ in range(3):
         _ask(client, SHORT, 4)
     wait_for(lambda: all(b.state == "closed" for b in routing.statuses()), timeout=30.0, interval=0.2)

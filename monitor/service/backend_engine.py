@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from fastapi import HTTPException
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from infersight.monitor.records import CANCELLED, CLIENT_ERROR
+from infersight.monitor.records import CANCELLED, CLIENT_ERROR, SHED
 from prometheus_client import CollectorRegistry
 
 from . import openai_format as fmt
@@ -277,7 +277,7 @@ class EngineBackend:
             field = "body.messages" if chat else "body.prompt"
             return JSONResponse(fmt_error(400, str(exc), field, "context_length_exceeded"), status_code=400)
         except PathOverloaded as exc:  # SLA routing's length breaker is open for this length
-            self._record(request_id, serving, timer, len(prompt_ids), 0, None, type(exc).__name__,
+            self._record(request_id, serving, timer, len(prompt_ids), 0, None, SHED,
                          observed_prompt, None, path=exc.path, system=system)  # fmt: skip
             retry = str(max(1, math.ceil(exc.retry_after_s)))
             return JSONResponse(fmt_error(503, str(exc), None, "path_overloaded"), status_code=503,

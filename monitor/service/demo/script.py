@@ -141,6 +141,7 @@ def _play(options: DemoOptions, tl: Timeline, state: dict[str, Any]) -> None:
             _bad_release(base, client, tl, bad_traffic, hook, state)
             _bad_deploy(base, client, tl, bad_traffic, hook, state)
             _stale_drift_resolved(tl, hook, sizes)
+            _incident_data(base, client, tl, root, state)
             time.sleep(options.linger_s)
             if options.keep_running:
                 tl.note(f"the service keeps running at {base}/ (Ctrl-C to stop)")
@@ -471,6 +472,29 @@ def _stale_drift_resolved(tl: Timeline, hook: WebhookReceiver, sizes: _Sizes) ->
     )
 
 
+def _incident_data(base: str, client: httpx.Client, tl: Timeline, root: Path, state: dict[str, Any]) -> None:
+    """What the incident leaves for the next release: the requests collected after the
+    rollback, exported as JSONL through the API, and what the prefix KV cache saved."""
+    r = client.get("/api/v1/dataset", params={"version": GOOD, "kind": "collected"})
+    if r.status_code != 200:
+        raise tl.fail("incident data", f"the dataset export answered {r.status_code}: {r.text[:200]}")
+    rows = [line for line in r.text.splitlines() if line.strip()]
+    if not rows:
+        raise tl.fail("incident data", f"no request of {GOOD} was collected after the rollback")
+    path = root / "incident-data.jsonl"
+    path.write_text("\n".join(rows) + "\n", encoding="utf-8")
+    state["dataset"] = str(path)
+    tl.done("incident data", f"{len(rows)} requests collected after the rollback, exported to {path}")
+    saved = hits = 0.0
+    for line in httpx.get(f"{base}/metrics", timeout=30).text.splitlines():
+        if line.startswith("infersight_prefix_cache_tokens_saved_total{"):
+            saved += float(line.rsplit(" ", 1)[1])
+        elif line.startswith("infersight_prefix_cache_hits_total{"):
+            hits += float(line.rsplit(" ", 1)[1])
+    tl.done("prefix cache", f"{hits:.0f} prompt blocks served from the prefix KV cache, {saved:.0f} prompt "
+                            "tokens not prefilled (the chat template and shared prefixes)")  # fmt: skip
+
+
 def _summary(out: TextIO, tl: Timeline, state: dict[str, Any], failed: str | None) -> None:
     print("", file=out)
     if failed is None:
@@ -486,5 +510,7 @@ def _summary(out: TextIO, tl: Timeline, state: dict[str, Any], failed: str | Non
         service_dir = Path(state["snapshot"]).parent.parent  # <data_dir>/snapshots/<id>.html
         print(f"  its requests as a data set: infersight dataset export --data-dir {service_dir} "
               f"--version {BAD} --kind snapshot bad-release.jsonl", file=out)  # fmt: skip
+    if state.get("dataset"):
+        print(f"  the traffic after the rollback, as a data set: {state['dataset']}", file=out)
     print("  to watch it on the page: infersight demo --keep-running, then open the URL it prints", file=out)
     out.flush()

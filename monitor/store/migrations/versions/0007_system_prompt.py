@@ -5,7 +5,7 @@ Kept so that the prefix cache's preload renders recorded chats as they were sent
 prompt shared by many requests is then one frequent prefix, prefilled at start and at deploy.
 
 Revision ID: 0007_system_prompt
-Revises: 0005_dataset
+Revises: 0006_request_path
 Create Date: 2026-12-01 13:30:00
 """
 
@@ -17,7 +17,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision: str = "0007_system_prompt"
-down_revision: str | Sequence[str] | None = "0005_dataset"
+down_revision: str | Sequence[str] | None = "0006_request_path"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 _TABLES = ("requests", "dataset_items")
