@@ -82,6 +82,7 @@ class InferenceRecord:
     response: str | None = None
     source: RecordSource = "sdk"
     path: str | None = None  # SLA routing's path ("fast", "standard") in the embedded runtime
+    system_prompt: str | None = None  # a chat's system messages, sampled like `prompt` (the cache preload)
 
     def to_json(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in _FIELDS}
@@ -119,16 +120,19 @@ class InferenceRecord:
             _text(obj, "response"),
             source,
             _label(obj, "path", required=False),
+            _text(obj, "system_prompt"),
         )
 
 
 _FIELDS = tuple(f.name for f in fields(InferenceRecord))
+_OPTIONAL = ("path", "system_prompt")  # added after the first 14, so optional to `build_record`
 _KNOWN = frozenset(_FIELDS)
 
 
 def _builder() -> Callable[..., InferenceRecord]:
-    """`build_record(*the first 14 fields, positionally, path=None)`: an `InferenceRecord` without the dataclass
-    `__init__`, for values already checked (by `from_json`, or made by the SDK itself).
+    """`build_record(*the first 14 fields, positionally, path=None, system_prompt=None)`: an
+    `InferenceRecord` without the dataclass `__init__`, for values already checked (by
+    `from_json`, or made by the SDK itself).
 
     A frozen dataclass sets each field through `object.__setattr__`; this writes each slot
     through its member descriptor instead, which about halves the cost (docs/benchmarks.md):
@@ -136,7 +140,8 @@ def _builder() -> Callable[..., InferenceRecord]:
     The result is an ordinary, equal, immutable record. Generated once, at import, from the
     dataclass's own fields (as `dataclasses` generates `__init__`), so it cannot drift from them.
     """
-    params = ", ".join(_FIELDS[:-1]) + f", {_FIELDS[-1]}=None"  # `path`, added last, is optional
+    assert _FIELDS[-len(_OPTIONAL) :] == _OPTIONAL
+    params = ", ".join([*_FIELDS[: -len(_OPTIONAL)], *(f"{name}=None" for name in _OPTIONAL)])
     body = "".join(f"    _set_{name}(record, {name})\n" for name in _FIELDS)
     source = f"def build_record({params}):\n    record = _new(_cls)\n{body}    return record\n"
     namespace: dict[str, Any] = {"_new": object.__new__, "_cls": InferenceRecord}

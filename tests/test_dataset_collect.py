@@ -76,7 +76,7 @@ def test_a_drift_alert_collects_the_next_n_requests_of_its_version_once(db: Engi
     after = clock.now
     _traffic(db, after, 100, 2, version=V1)  # another version's traffic
     _traffic(db, after, 200, 1, version=V2, prompt=None, response=None)  # text not sampled: nothing to keep
-    _traffic(db, after + dt.timedelta(seconds=5), 300, 3, version=V2)
+    _traffic(db, after + dt.timedelta(seconds=5), 300, 3, version=V2, system_prompt="answer briefly")
     assert fill_collections(db) == 3
     assert fill_collections(db) == 0  # a second fill keeps nothing twice
     _traffic(db, after + dt.timedelta(seconds=10), 400, 5, version=V2)
@@ -93,6 +93,7 @@ def test_a_drift_alert_collects_the_next_n_requests_of_its_version_once(db: Engi
     exported = list(iter_dataset(db, DatasetQuery(V2, "collected")))
     assert [r["request_id"] for r in exported] == ["req-300", "req-301", "req-302", "req-400"]
     assert exported[0]["prompt"] == "how do I top up my card 300" and exported[0]["answer"]
+    assert exported[0]["system_prompt"] == "answer briefly" and exported[-1]["system_prompt"] is None
 
 
 @pytest.mark.parametrize(

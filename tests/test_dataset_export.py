@@ -137,21 +137,25 @@ def test_the_redact_hook_applies_to_every_exported_text_and_a_failing_hook_drops
 ) -> None:
     with engine.begin() as conn:
         conn.execute(insert(requests), [
-            request_row(1, at=T0, version=V2, prompt="my mail is bob@example.com", response="mail bob@example.com"),
+            request_row(1, at=T0, version=V2, prompt="my mail is bob@example.com", response="mail bob@example.com",
+                        system_prompt="you answer for ann@example.org"),  # a chat's system messages
         ])  # fmt: skip
     out = export_dataset(engine, DatasetQuery(V2), tmp_path / "out.jsonl",
                          redact=load_redactor("test_dataset_export:mask_emails"))  # fmt: skip
     text = out.path.read_text()
-    assert "example.com" not in text
+    assert "example.com" not in text and "example.org" not in text
     row = json.loads(text)
     assert row["prompt"] == "my mail is <email>" and row["answer"] == "mail <email>"
+    assert row["system_prompt"] == "you answer for <email>"
+    assert row["messages"][0] == {"role": "system", "content": "you answer for <email>"}
     assert stat.S_IMODE(out.path.stat().st_mode) == 0o600  # user text: the owner's only
 
     refused = export_dataset(engine, DatasetQuery(V2), tmp_path / "refused.jsonl", redact=refuse_everything)
     row = json.loads(refused.path.read_text())
     assert refused.redaction_failed == 1 and row["redaction_failed"]
     assert row["prompt"] is None and row["answer"] is None and row["messages"] is None
-    assert "bob" not in refused.path.read_text()  # never the unredacted text
+    assert row["system_prompt"] is None
+    assert "bob" not in refused.path.read_text() and "ann" not in refused.path.read_text()  # never unredacted
 
 
 def test_bad_queries_are_typed_errors() -> None:

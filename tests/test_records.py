@@ -68,12 +68,32 @@ def test_a_non_object_event_is_refused() -> None:
 def test_build_record_makes_the_same_immutable_record_as_the_constructor() -> None:
     from dataclasses import FrozenInstanceError, fields
 
-    values = ("r1", "m", "v1", 1.5, 0.25, 0.1, 0.01, 0.02, 7, 9, "Timeout", "p", "r", "proxy", "fast")
+    values = (
+        "r1",
+        "m",
+        "v1",
+        1.5,
+        0.25,
+        0.1,
+        0.01,
+        0.02,
+        7,
+        9,
+        "Timeout",
+        "p",
+        "r",
+        "proxy",
+        "fast",
+        "be brief",
+    )
     assert len(values) == len(fields(InferenceRecord))
     built = build_record(*values)
     assert type(built) is InferenceRecord
     assert built == InferenceRecord(*values) and hash(built) == hash(InferenceRecord(*values))
     assert built.to_json()["source"] == "proxy" and built.output_tokens == 9 and built.path == "fast"
-    assert build_record(*values[:-1]) == InferenceRecord(*values[:-1])  # `path` is optional (the SDK omits it)
+    assert built.system_prompt == "be brief"
+    # `path` and `system_prompt` are optional (the SDK omits them)
+    assert build_record(*values[:-1]) == InferenceRecord(*values[:-1])
+    assert build_record(*values[:-2]) == InferenceRecord(*values[:-2])
     with pytest.raises(FrozenInstanceError):
         built.model = "other"  # type: ignore[misc]

@@ -16,7 +16,7 @@ from sqlalchemy.exc import IntegrityError
 __all__ = ["fill_collections"]
 
 _COPIED = ("request_id", "model", "model_version", "started_at", "duration_s", "ttft_s", "prompt_tokens",
-           "output_tokens", "error_type", "prompt", "response", "relevance")  # fmt: skip
+           "output_tokens", "error_type", "prompt", "response", "relevance", "system_prompt")  # fmt: skip
 
 
 def fill_collections(engine: Engine, *, now: dt.datetime | None = None) -> int:

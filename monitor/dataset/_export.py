@@ -1,5 +1,6 @@
 """Export a version's requests as JSONL, one object a line, ready for a fine-tuning or
-validation set: the prompt and the answer (also as chat `messages`), timestamps, version,
+validation set: the prompt and the answer (also as chat `messages`, after the system prompt a
+recorded chat had, through the same `redact` hook), timestamps, version,
 relevance, and what the drift reports said of the text (novel, witness, in a drifted window).
 
 Kinds (None: every request of the version that kept its text):
@@ -201,10 +202,15 @@ def iter_dataset(
         answer, why_a = (None, None) if r.response is None else prepare_text(
             r.response, max_text_chars=_UNLIMITED, max_payload_chars=_UNLIMITED, redact=redact
         )  # fmt: skip
-        failed = "redaction_failed" in (why_p, why_a)
+        system, why_s = (None, None) if r.system_prompt is None else prepare_text(
+            r.system_prompt, max_text_chars=_UNLIMITED, max_payload_chars=_UNLIMITED, redact=redact
+        )  # fmt: skip
+        failed = "redaction_failed" in (why_p, why_a, why_s)
         messages = None
         if prompt is not None and answer is not None:
             messages = [{"role": "user", "content": prompt}, {"role": "assistant", "content": answer}]
+            if system is not None:
+                messages.insert(0, {"role": "system", "content": system})
         yield {
             "request_id": r.request_id,
             "model": r.model,
@@ -216,6 +222,7 @@ def iter_dataset(
             "prompt_tokens": r.prompt_tokens,
             "output_tokens": r.output_tokens,
             "error_type": r.error_type,
+            "system_prompt": None if prompt is None else system,  # a chat's system messages
             "prompt": prompt,
             "answer": None if prompt is None else answer,
             "messages": messages,

@@ -211,7 +211,7 @@ class EngineBackend:
     async def chat(self, req: ChatRequest, raw: bytes, headers: Any) -> Response:
         return await self._serve(
             req, render_chat(req.messages), req.last_user_text(), req.token_budget(), chat=True,
-            user=self._user(req, headers),
+            user=self._user(req, headers), system=req.system_text(),
         )  # fmt: skip
 
     def _user(self, req: CompletionRequest | ChatRequest, headers: Any) -> str | None:
@@ -231,6 +231,7 @@ class EngineBackend:
         *,
         chat: bool,
         user: str | None = None,
+        system: str | None = None,  # a chat's system messages, kept in its record
     ) -> Response:
         from infersight.engine.errors import InvalidRequest, PathOverloaded, PromptTooLong, RuntimeNotRunning
 
@@ -271,14 +272,13 @@ class EngineBackend:
                 text=observed_prompt,
             )  # fmt: skip
         except PromptTooLong as exc:
-            self._record(
-                request_id, serving, timer, len(prompt_ids), 0, None, CLIENT_ERROR, observed_prompt, None
-            )
+            self._record(request_id, serving, timer, len(prompt_ids), 0, None, CLIENT_ERROR, observed_prompt, None,
+                         system=system)  # fmt: skip
             field = "body.messages" if chat else "body.prompt"
             return JSONResponse(fmt_error(400, str(exc), field, "context_length_exceeded"), status_code=400)
         except PathOverloaded as exc:  # SLA routing's length breaker is open for this length
             self._record(request_id, serving, timer, len(prompt_ids), 0, None, SHED,
-                         observed_prompt, None, path=exc.path)  # fmt: skip
+                         observed_prompt, None, path=exc.path, system=system)  # fmt: skip
             retry = str(max(1, math.ceil(exc.retry_after_s)))
             return JSONResponse(fmt_error(503, str(exc), None, "path_overloaded"), status_code=503,
                                 headers={"Retry-After": retry})  # fmt: skip
@@ -290,15 +290,18 @@ class EngineBackend:
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
             return StreamingResponse(
-                self._sse(handle, stream, timer, chat, include_usage, observed_prompt, len(prompt_ids)),
+                self._sse(
+                    handle, stream, timer, chat, include_usage, observed_prompt, len(prompt_ids), system
+                ),
                 media_type="text/event-stream",
                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
             )
-        return await self._whole(handle, stream, timer, chat, observed_prompt, len(prompt_ids))
+        return await self._whole(handle, stream, timer, chat, observed_prompt, len(prompt_ids), system)
 
     async def _whole(
-        self, handle: Any, stream: TextStream, timer: CallTimer, chat: bool, prompt: str, n_prompt: int
-    ) -> Response:
+        self, handle: Any, stream: TextStream, timer: CallTimer, chat: bool, prompt: str, n_prompt: int,
+        system: str | None,
+    ) -> Response:  # fmt: skip
         from infersight.engine.errors import GenerationFailed
 
         try:
@@ -311,18 +314,18 @@ class EngineBackend:
             completion = await handle.aresult()
         except GenerationFailed as exc:
             self._record(handle.request_id, handle.model_version, timer, n_prompt, stream.token_count, None,
-                         type(exc).__name__, prompt, None, path=getattr(handle, "path", None))  # fmt: skip
+                         type(exc).__name__, prompt, None, path=getattr(handle, "path", None), system=system)  # fmt: skip
             raise BackendUnavailable(f"generation failed: {exc}") from None
         except asyncio.CancelledError:  # the client went away: stop generating for it
             self._hang_up(handle)
             self._record(handle.request_id, handle.model_version, timer, n_prompt, stream.token_count, None,
-                         CANCELLED, prompt, None, path=getattr(handle, "path", None))  # fmt: skip
+                         CANCELLED, prompt, None, path=getattr(handle, "path", None), system=system)  # fmt: skip
             raise
         stream.flush()
         finish = "stop" if stream.stopped else _FINISH.get(completion.finish_reason, "stop")
         n_out = stream.token_count
         self._record(handle.request_id, completion.model_version, timer, n_prompt, n_out, completion.queue_s, None,
-                     prompt, stream.text, path=getattr(handle, "path", None))  # fmt: skip
+                     prompt, stream.text, path=getattr(handle, "path", None), system=system)  # fmt: skip
         u = fmt.usage(n_prompt, n_out)
         body = (fmt.chat_response if chat else fmt.completion_response)(
             handle.request_id, completion.model_version, stream.text, finish, u
@@ -331,7 +334,7 @@ class EngineBackend:
 
     async def _sse(
         self, handle: Any, stream: TextStream, timer: CallTimer, chat: bool, include_usage: bool, prompt: str,
-        n_prompt: int,
+        n_prompt: int, system: str | None,
     ) -> AsyncIterator[bytes]:  # fmt: skip
         from infersight.engine.errors import GenerationFailed
 
@@ -387,18 +390,19 @@ class EngineBackend:
                 prompt,
                 stream.text,
                 path=getattr(handle, "path", None),
+                system=system,
             )
 
     def _record(
         self, request_id: str, version: str | None, timer: CallTimer, prompt_tokens: int, output_tokens: int,
         queue_s: float | None, error: str | None, prompt: str | None, response: str | None,
-        *, path: str | None = None,
+        *, path: str | None = None, system: str | None = None,
     ) -> None:  # fmt: skip
         record = make_record(
             request_id=request_id, model=self.model_name, model_version=version or "unknown", timer=timer,
             source="engine", prompt_tokens=prompt_tokens, output_tokens=output_tokens, queue_s=queue_s,
             error_type=error, prompt=prompt, response=response if error is None else None,
-            text_sample_rate=self.service.config.text_sample_rate, path=path,
+            text_sample_rate=self.service.config.text_sample_rate, path=path, system_prompt=system,
         )  # fmt: skip
         route_metrics = getattr(self, "route_metrics", None)
         if route_metrics is not None:

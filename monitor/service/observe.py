@@ -58,6 +58,7 @@ def make_record(
     text_sample_rate: float = 1.0,
     rng: random.Random | None = None,
     path: str | None = None,
+    system_prompt: str | None = None,
 ) -> InferenceRecord:
     timer.finish()
     keep_text = text_sample_rate >= 1.0 or (rng or random).random() < text_sample_rate
@@ -77,4 +78,5 @@ def make_record(
         response=response[:MAX_TEXT_CHARS] if keep_text and response is not None else None,
         source=source,
         path=path,
+        system_prompt=system_prompt[:MAX_TEXT_CHARS] if keep_text and system_prompt is not None else None,
     )

@@ -63,6 +63,9 @@ class CompletionRequest(_Sampling):
         return self.prompt if isinstance(self.prompt, str) else self.prompt[0]
 
 
+MAX_SYSTEM_CHARS = 8192  # a chat's system messages kept in its record (beyond: cut)
+
+
 class ContentPart(BaseModel):
     model_config = ConfigDict(extra="ignore")
     type: str = Field(max_length=64)
@@ -96,6 +99,16 @@ class ChatRequest(_Sampling):
             if message.role == "user":
                 return message.text()
         return self.messages[-1].text()
+
+    def system_text(self) -> str | None:
+        """The system (and developer) messages before the last user message, joined by newlines
+        and cut at `MAX_SYSTEM_CHARS`; None when there are none. Earlier turns are left out: what
+        the record keeps is the part many requests share (the prefix cache's preload reads it)."""
+        users = [i for i, m in enumerate(self.messages) if m.role == "user"]
+        before = self.messages[: users[-1]] if users else self.messages[:-1]
+        texts = [m.text() for m in before if m.role in ("system", "developer")]
+        joined = "\n".join(t for t in texts if t)
+        return joined[:MAX_SYSTEM_CHARS] or None
 
 
 _MAX_OBSERVED = 256  # model names longer than a label may be are cut (the record's own limit)

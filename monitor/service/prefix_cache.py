@@ -6,7 +6,9 @@ calls it at start and at every deploy, before the version takes traffic. This mo
 `FrequentPrompts` answers it with the `sample` most recent recorded prompts of the last
 `window_s` seconds of the model's traffic (any version: a new version has none yet), each
 as sent on /v1/completions and as a one-message chat rendered by the served template, so
-that both routes find their template prefilled; the runtime then prefills the
+that both routes find their template prefilled; a recorded chat that had a system prompt
+(`requests.system_prompt`) is rendered as the [system, user] chat it was instead, so that
+its system prompt is a prefix as the next such chat sends it; the runtime then prefills the
 `preload_prompts` most frequent block prefixes among them (`engine.prefix_cache.
 frequent_prefixes`): a system prompt shared by many different questions is one frequent
 prefix even though no whole prompt repeats.
@@ -65,13 +67,13 @@ class FrequentPrompts:
     ) -> None:
         self.db, self.model, self.sample, self.window_s, self.now = db, model, sample, window_s, now
 
-    def prompts(self, version: str) -> list[str]:
-        """Up to `sample` recorded prompts of `version`'s model, newest first."""
+    def prompts(self, version: str) -> list[tuple[str, str | None]]:
+        """Up to `sample` recorded (prompt, system prompt) of `version`'s model, newest first."""
         if self.sample <= 0:
             return []
         since = self.now() - dt.timedelta(seconds=self.window_s)
         query = (
-            select(requests.c.prompt)
+            select(requests.c.prompt, requests.c.system_prompt)
             .where(
                 requests.c.model == self.model(version),
                 requests.c.prompt.is_not(None),
@@ -81,13 +83,17 @@ class FrequentPrompts:
             .limit(self.sample)
         )
         with self.db.connect() as conn:
-            return [str(row[0]) for row in conn.execute(query) if row[0]]
+            return [(str(row[0]), row[1] or None) for row in conn.execute(query) if row[0]]
 
     def __call__(self, version: str) -> list[str]:
         out: list[str] = []
-        for text in self.prompts(version):
-            out.append(text)
-            out.append(render_chat([ChatMessage(role="user", content=text, name=None)]))
+        for text, system in self.prompts(version):
+            user = ChatMessage(role="user", content=text, name=None)
+            if system is None:
+                out.append(text)
+                out.append(render_chat([user]))
+            else:  # a chat as it was sent (its system messages joined into one)
+                out.append(render_chat([ChatMessage(role="system", content=system, name=None), user]))
         return out
 
 

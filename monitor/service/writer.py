@@ -47,7 +47,8 @@ def _text(value: str | None) -> str | None:
 
 
 _COLUMNS = ("request_id", "model", "model_version", "started_at", "duration_s", "ttft_s", "tpot_s", "queue_s",
-            "prompt_tokens", "output_tokens", "error_type", "prompt", "response", "source", "path")  # fmt: skip
+            "prompt_tokens", "output_tokens", "error_type", "prompt", "response", "source", "path",
+            "system_prompt")  # fmt: skip
 _SQLITE_INSERT = (
     f"INSERT OR IGNORE INTO requests ({', '.join(_COLUMNS)}) VALUES ({', '.join('?' for _ in _COLUMNS)})"
 )
@@ -58,7 +59,7 @@ def _values(r: InferenceRecord, started_at: Any) -> tuple[Any, ...]:
     """The row of `r` in `_COLUMNS` order, with `started_at` as the backend takes it."""
     return (_text(r.request_id), _text(r.model), _text(r.model_version), started_at, r.duration_s, r.ttft_s,
             r.tpot_s, r.queue_s, r.prompt_tokens, r.output_tokens, _text(r.error_type), _text(r.prompt),
-            _text(r.response), r.source, _text(r.path))  # fmt: skip
+            _text(r.response), r.source, _text(r.path), _text(r.system_prompt))  # fmt: skip
 
 
 def _sqlite_row(r: InferenceRecord) -> tuple[Any, ...]:

@@ -108,6 +108,7 @@ requests = Table(
     Column("source", String(16), nullable=False),
     Column("relevance", Float),  # prompt-response cosine, filled in by the drift module
     Column("path", String(16)),  # SLA routing's path (fast, standard); NULL without routing
+    Column("system_prompt", Text),  # a chat's system messages (sampled like `prompt`), for the cache preload
     Index("ix_requests_version_time", "model_version", "started_at"),
     Index("ix_requests_started_at", "started_at"),
 )
@@ -216,6 +217,7 @@ dataset_items = Table(
     Column("prompt", Text, nullable=False),
     Column("response", Text),
     Column("relevance", Float),
+    Column("system_prompt", Text),
     Index("ix_dataset_items_version_time", "model_version", "started_at"),
 )
 

@@ -48,6 +48,7 @@ _RECORD_SCHEMA: dict[str, Any] = {
         "response": {"type": ["string", "null"]},
         "source": {"type": "string", "enum": ["sdk", "engine", "proxy"]},
         "path": {"type": ["string", "null"], "minLength": 1, "maxLength": 256},  # SLA routing's path
+        "system_prompt": {"type": ["string", "null"]},  # a chat's system messages (optional)
     },
 }
 assert set(_RECORD_SCHEMA["properties"]) == {f.name for f in fields(InferenceRecord)}
