@@ -81,7 +81,7 @@ def test_a_recorded_chat_system_prompt_is_preloaded_after_a_restart_and_at_a_dep
         assert sorted(rows) == sorted((q, SYSTEM) for q in QUESTIONS)  # the question stays the prompt
 
     with running(cfg) as (app, client):  # a restart: a new runtime reading the same store
-        runtime = app.state.service.components["backend"].runtime
+        runtime = app.state.service.parts.backend.runtime
         shared = _shared_blocks(runtime.tokenizer, NEW, QUESTIONS)
         assert shared >= 4
         warm = _first_chat_stats(client, runtime, GOOD, NEW)  # every shared block was prefilled at start
@@ -97,7 +97,7 @@ def test_a_recorded_chat_system_prompt_is_preloaded_after_a_restart_and_at_a_dep
         assert f"{line} {float(deployed.tokens_saved)}" in metrics
 
     with running(_config(tmp / "control", registry)) as (app, client):  # the control: no stored chats
-        runtime = app.state.service.components["backend"].runtime
+        runtime = app.state.service.parts.backend.runtime
         cold = _first_chat_stats(client, runtime, GOOD, NEW)
         assert cold.hits == 0 and cold.tokens_saved == 0 and cold.misses >= shared
 
