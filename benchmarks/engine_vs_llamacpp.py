@@ -290,7 +290,7 @@ class Worker:
 
 def cpu_description() -> tuple[str, str]:
     """(model name, the SIMD flags that matter here) of this CPU."""
-    from infersight.engine.quant import cpu_model
+    from infersight.engine.paths import cpu_model
 
     flags = ""
     try:

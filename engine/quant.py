@@ -32,7 +32,6 @@ import json
 import logging
 import math
 import os
-import platform
 import statistics
 import time
 from collections.abc import Callable
@@ -44,6 +43,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .errors import UnsupportedQuantization
+from .paths import cpu_model
 
 __all__ = [
     "QUANTIZERS",
@@ -153,15 +153,6 @@ class Int4Choice:
 _PROBE = (4096, 1024)  # (N, K): a decode-sized projection, 2 MiB in int4 (streamed, not cached)
 _CHOICES: dict[str, Int4Choice] = {}  # per process: the file is read at most once per key
 
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "unknown"
 
 
 def _cache_file() -> Path:
