@@ -34,7 +34,7 @@ import numpy as np
 from infersight.monitor.data import banking77, hotels
 from infersight.monitor.drift import (
     CachedEmbedder,
-    DriftConfig,
+    DetectorConfig,
     DriftDetector,
     EmbeddedWindow,
     SentenceTransformerEmbedder,
@@ -78,7 +78,7 @@ def throughput(inner: SentenceTransformerEmbedder, texts: list[str]) -> dict[str
         start = time.perf_counter()
         model.encode(texts, batch_size=inner.batch_size, normalize_embeddings=True, convert_to_numpy=True)
         raw.append(time.perf_counter() - start)
-        detector = DriftDetector(CachedEmbedder(inner), DriftConfig())  # a cold cache every round
+        detector = DriftDetector(CachedEmbedder(inner), DetectorConfig())  # a cold cache every round
         start = time.perf_counter()
         detector.score(TextWindow.of(texts[:half]), TextWindow.of(texts[half:]))
         ours.append(time.perf_counter() - start)
@@ -158,7 +158,7 @@ def ours(path: Path) -> list[dict[str, Any]]:
     for i in range(int(data["n"])):
         ref, cur = EmbeddedWindow.from_arrays(data[f"ref_{i}"]), EmbeddedWindow.from_arrays(data[f"cur_{i}"])
         start = time.perf_counter()
-        tests = run_tests(ref, cur, DriftConfig(options=TestOptions(seed=i)))
+        tests = run_tests(ref, cur, DetectorConfig(options=TestOptions(seed=i)))
         seconds = time.perf_counter() - start
         p = {t.test: t.p_value for t in tests}
         results.append(

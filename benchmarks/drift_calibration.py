@@ -120,10 +120,10 @@ def _flags(ref: Any, cur_rows: np.ndarray, fitted_clusters: Any, config: Any) ->
 
 
 def batch(corpus: Corpus, args: argparse.Namespace) -> dict[str, Any]:
-    from infersight.monitor.drift import DriftConfig, EmbeddedWindow
+    from infersight.monitor.drift import DetectorConfig, EmbeddedWindow
     from infersight.monitor.drift._explain import fit_clusters
 
-    config = DriftConfig(alpha=ALPHA)
+    config = DetectorConfig(alpha=ALPHA)
     null: dict[str, list[float]] = {}
     power: dict[str, list[int]] = {}
     seconds = []

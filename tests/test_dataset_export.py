@@ -25,7 +25,7 @@ from infersight.monitor.dataset import (
     load_redactor,
     parse_since,
 )
-from infersight.monitor.drift import DriftConfig, DriftDetector, ReportContext, TextWindow, save_report
+from infersight.monitor.drift import DetectorConfig, DriftDetector, ReportContext, TextWindow, save_report
 from infersight.monitor.store import connect, upgrade
 from infersight.monitor.store.tables import requests
 from sqlalchemy import Engine, insert
@@ -77,7 +77,7 @@ def _incident(engine: Engine, pool: Pool, tmp_path: Path) -> dict[str, list[str]
     )  # text not sampled
     with engine.begin() as conn:
         conn.execute(insert(requests), rows)
-    detector = DriftDetector(TableEmbedder(pool), DriftConfig())
+    detector = DriftDetector(TableEmbedder(pool), DetectorConfig())
     ctx = ReportContext(created_at=(shift + dt.timedelta(minutes=1)).isoformat(), model_version=V2,
                         since=shift.isoformat(), until=(shift + dt.timedelta(seconds=30)).isoformat())  # fmt: skip
     report = detector.score(

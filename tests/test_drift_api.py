@@ -22,7 +22,7 @@ def test_all_lists_every_public_name_and_only_existing_ones() -> None:
 
 
 def test_the_statistics_internals_are_not_exported() -> None:
-    """The tests' functions are reached through the detector and `DriftConfig.tests`;
+    """The tests' functions are reached through the detector and `DetectorConfig.tests`;
     their modules (`_mmd`, `_stat_tests`, `_streaming`) keep them for tests and benchmarks."""
     internal = {"holm_adjust", "mmd_exact_test", "mmd_rff_test", "mmd_test", "novelty_test",
                 "relevance_drop_test", "get_test", "run_tests", "design_cusum", "TailCusum"}  # fmt: skip

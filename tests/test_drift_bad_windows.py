@@ -11,7 +11,7 @@ import pytest
 from _drift_helpers import Pool, TableEmbedder, real_pool
 from infersight.monitor.drift import (
     CurrentWindowEmpty,
-    DriftConfig,
+    DetectorConfig,
     DriftDetector,
     DriftReport,
     ReferenceWindowEmpty,
@@ -29,13 +29,13 @@ def pool() -> Pool:
 def _score(pool: Pool, reference: TextWindow, current: TextWindow) -> DriftReport:
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # a division by zero or an invalid value fails the test
-        report = DriftDetector(TableEmbedder(pool), DriftConfig()).score(reference, current)
+        report = DriftDetector(TableEmbedder(pool), DetectorConfig()).score(reference, current)
         json.loads(report.dumps())  # finite floats only (allow_nan=False)
     return report
 
 
 def test_too_small_and_empty_windows_keep_their_typed_errors(pool: Pool) -> None:
-    detector = DriftDetector(TableEmbedder(pool), DriftConfig())
+    detector = DriftDetector(TableEmbedder(pool), DetectorConfig())
     texts = pool.banking_texts
     with pytest.raises(WindowTooSmall, match="reference"):
         detector.score(TextWindow.of(texts[:3]), TextWindow.of(texts[100:200]))
@@ -46,7 +46,7 @@ def test_too_small_and_empty_windows_keep_their_typed_errors(pool: Pool) -> None
     with pytest.raises(CurrentWindowEmpty):
         detector.score(TextWindow.of(texts[:100]), TextWindow.of(()))
     with pytest.raises(WindowTooSmall):
-        novelty_test(pool.banking[:3], pool.banking[3:10], DriftConfig().options)
+        novelty_test(pool.banking[:3], pool.banking[3:10], DetectorConfig().options)
     with pytest.raises(WindowTooSmall):
         relevance_drop_test(np.asarray([0.5]), np.asarray([0.4, 0.3]))
 

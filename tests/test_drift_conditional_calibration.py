@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from _drift_helpers import Pool, real_pool
-from infersight.monitor.drift import DriftConfig, EmbeddedWindow, StreamingDetector, TestOptions
+from infersight.monitor.drift import DetectorConfig, EmbeddedWindow, StreamingDetector, TestOptions
 from infersight.monitor.drift._detector import run_tests
 from infersight.monitor.drift._stat_tests import relevance_drop_test
 
@@ -36,7 +36,7 @@ def _per_reference_rates(pool: Pool) -> dict[str, list[float]]:
         rest = order[N_REF:]
         # the seed is part of the configuration in use; 250 permutations instead of 1000 keep
         # the test fast and change only the p-value's resolution, not its law
-        config = DriftConfig(alpha=ALPHA, options=TestOptions(seed=r, permutations=250))
+        config = DetectorConfig(alpha=ALPHA, options=TestOptions(seed=r, permutations=250))
         counts = dict.fromkeys(rates, 0)
         for _ in range(WINDOWS):
             current = EmbeddedWindow.from_arrays(pool.banking[rng.choice(rest, N_CUR, replace=False)])

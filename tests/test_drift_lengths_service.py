@@ -18,8 +18,7 @@ from infersight.alerts.rules.config import load_config as load_alert_config
 from infersight.alerts.rules.promql import signal_promql
 from infersight.alerts.rules.signals import Signal
 from infersight.monitor.data import banking77, hotels
-from infersight.monitor.drift import DriftConfig as DetectorConfig
-from infersight.monitor.drift import DriftDetector, RequestLengths
+from infersight.monitor.drift import DetectorConfig, DriftDetector, RequestLengths
 from infersight.monitor.service import AlertingConfig, Service
 from infersight.monitor.service.config import DriftConfig, ScheduleConfig
 from infersight.monitor.store.tables import requests

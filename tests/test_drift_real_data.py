@@ -11,7 +11,7 @@ import pytest
 from _drift_helpers import Pool, TableEmbedder, real_pool
 from infersight.monitor.drift import (
     NOVEL_CLUSTER,
-    DriftConfig,
+    DetectorConfig,
     DriftDetector,
     EmbeddedWindow,
     TestOptions,
@@ -46,7 +46,7 @@ def test_disjoint_banking77_samples_raise_false_alarms_at_most_at_alpha(pool: Po
         idx = rng.permutation(len(pool.banking))
         ref = EmbeddedWindow.from_arrays(pool.banking[idx[:600]])
         cur = EmbeddedWindow.from_arrays(pool.banking[idx[600:900]])
-        tests = run_tests(ref, cur, DriftConfig(alpha=ALPHA, options=TestOptions(seed=i)))
+        tests = run_tests(ref, cur, DetectorConfig(alpha=ALPHA, options=TestOptions(seed=i)))
         alarms += any(t.drifted for t in tests)
     rate = alarms / splits
     # alpha plus two binomial standard errors of a 200-split estimate
@@ -63,7 +63,7 @@ def test_ten_percent_hotel_utterances_in_a_300_text_window_are_detected(pool: Po
         tests = run_tests(
             EmbeddedWindow.from_arrays(pool.banking[ref]),
             EmbeddedWindow.from_arrays(current),
-            DriftConfig(alpha=ALPHA, options=TestOptions(seed=i)),
+            DetectorConfig(alpha=ALPHA, options=TestOptions(seed=i)),
         )
         detected += any(t.drifted for t in tests)
     # measured: 30 of 30; at least 27 of 30 (90%)
@@ -72,7 +72,7 @@ def test_ten_percent_hotel_utterances_in_a_300_text_window_are_detected(pool: Po
 
 def test_explanation_points_at_the_hotel_utterances(pool: Pool) -> None:
     rng = np.random.default_rng(13)
-    detector = DriftDetector(TableEmbedder(pool), DriftConfig(alpha=ALPHA))
+    detector = DriftDetector(TableEmbedder(pool), DetectorConfig(alpha=ALPHA))
     hotel_texts = set(pool.hotel_texts)
     witness_hits = 0
     for _ in range(3):
@@ -97,7 +97,7 @@ def test_explanation_points_at_the_hotel_utterances(pool: Pool) -> None:
 
 
 def test_a_window_of_only_banking_is_reported_without_drift_and_with_a_stable_json_shape(pool: Pool) -> None:
-    detector = DriftDetector(TableEmbedder(pool), DriftConfig(alpha=ALPHA))
+    detector = DriftDetector(TableEmbedder(pool), DetectorConfig(alpha=ALPHA))
     reference = TextWindow.of(pool.banking_texts[:600])
     current = TextWindow.of(pool.banking_texts[600:900])
     report = detector.score(reference, current)
@@ -135,7 +135,7 @@ def test_answers_that_stop_matching_their_questions_are_caught_while_prompts_are
     reference = TextWindow.of([texts[i] for i in ref_rows], [texts[closest[i]] for i in ref_rows])
     unrelated = rng.permutation(idx[900:])[:300]  # the new release answers something else
     current = TextWindow.of([texts[i] for i in cur_rows], [texts[j] for j in unrelated])
-    report = DriftDetector(TableEmbedder(pool), DriftConfig(alpha=ALPHA)).score(reference, current)
+    report = DriftDetector(TableEmbedder(pool), DetectorConfig(alpha=ALPHA)).score(reference, current)
     by_name = {(t.field, t.test): t for t in report.tests}
     assert by_name[("relevance", "relevance_drop")].drifted
     assert not by_name[("prompt", "mmd")].drifted and not by_name[("prompt", "novelty")].drifted

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from infersight.monitor.drift import (
-    DriftConfig,
+    DetectorConfig,
     EmbeddedWindow,
     EmbeddingMismatch,
     StatTest,
@@ -140,7 +140,7 @@ def test_effect_floor_keeps_a_significant_but_trivial_shift_from_being_drift() -
     tests = run_tests(
         EmbeddedWindow.from_arrays(ref),
         EmbeddedWindow.from_arrays(cur),
-        DriftConfig(effect_floors=floors, options=TestOptions(permutations=200)),
+        DetectorConfig(effect_floors=floors, options=TestOptions(permutations=200)),
     )
     mmd = next(t for t in tests if t.test == "mmd")
     assert mmd.p_adjusted < 0.05 and not mmd.drifted
@@ -158,4 +158,4 @@ def test_arrays_of_different_dimension_or_with_nan_are_refused() -> None:
 
 def test_config_refuses_an_unknown_test_name() -> None:
     with pytest.raises(UnknownTest, match="valid tests are"):
-        DriftConfig(tests=("mmd", "ks"))
+        DetectorConfig(tests=("mmd", "ks"))

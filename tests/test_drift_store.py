@@ -12,7 +12,7 @@ from _drift_helpers import Pool, TableEmbedder, real_pool
 from _store_helpers import database_url, request_row
 from infersight.monitor.drift import (
     CONFIGURED_REFERENCE,
-    DriftConfig,
+    DetectorConfig,
     DriftDetector,
     DriftMetrics,
     ReferenceNotFound,
@@ -121,7 +121,7 @@ def test_references_from_a_time_range_of_traffic_and_from_the_first_requests_aft
 def test_evaluate_window_stores_the_report_fills_relevance_and_sets_the_gauges(
     engine: Engine, pool: Pool
 ) -> None:
-    detector = DriftDetector(TableEmbedder(pool), DriftConfig())
+    detector = DriftDetector(TableEmbedder(pool), DetectorConfig())
     ref_window = TextWindow.of(pool.banking_texts[:500], pool.banking_texts[500:1000])
     stored = save_reference(
         engine,
@@ -186,7 +186,7 @@ def test_evaluate_window_stores_the_report_fills_relevance_and_sets_the_gauges(
 def test_the_reference_policy_stores_the_configured_file_once_else_each_versions_first_requests(
     engine: Engine, pool: Pool, tmp_path: Path
 ) -> None:
-    detector = DriftDetector(TableEmbedder(pool), config=DriftConfig())
+    detector = DriftDetector(TableEmbedder(pool), config=DetectorConfig())
     # without a configured file: nothing until the version's first `window` requests are in
     policy = ReferencePolicy(engine, detector, window=20)
     _insert_traffic(engine, list(pool.banking_texts[:10]), [None] * 10, start=T0)

@@ -51,7 +51,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 def _run(args: argparse.Namespace) -> int:
     from infersight.monitor.drift import (
         CachedEmbedder,
-        DriftConfig,
+        DetectorConfig,
         DriftDetector,
         DriftError,
         SentenceTransformerEmbedder,
@@ -74,7 +74,7 @@ def _run(args: argparse.Namespace) -> int:
     try:
         reference = read_window(args.reference, "reference")
         current = read_window(args.current, "current")
-        config = DriftConfig(
+        config = DetectorConfig(
             alpha=args.alpha, options=TestOptions(permutations=args.permutations, seed=args.seed)
         )
         embedder = CachedEmbedder(SentenceTransformerEmbedder(args.model, progress=not args.no_progress))

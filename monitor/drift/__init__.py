@@ -72,7 +72,7 @@ from ._stat_tests import (
     DEFAULT_EFFECT_FLOORS,
     RELEVANCE_BUCKETS,
     STAT_TESTS,
-    DriftConfig,
+    DetectorConfig,
     RelevanceComparison,
     RelevanceSummary,
 )
@@ -109,7 +109,7 @@ __all__ = [
     "CachedEmbedder",
     "ClusterShare",
     "CurrentWindowEmpty",
-    "DriftConfig",
+    "DetectorConfig",
     "DriftDetector",
     "DriftError",
     "DriftMetrics",

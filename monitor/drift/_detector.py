@@ -19,7 +19,7 @@ from ._explain import ClusterModel, FieldExplanation, explain_field, fit_cluster
 from ._mmd import StatResult
 from ._report import DriftReport, FieldVerdict, ReportContext, TestResult
 from ._stat_tests import (
-    DriftConfig,
+    DetectorConfig,
     RelevanceComparison,
     get_test,
     holm_adjust,
@@ -43,7 +43,7 @@ __all__ = [
 FIELDS = ("prompt", "response")
 
 
-def tested_fields(reference: EmbeddedWindow, current: EmbeddedWindow, config: DriftConfig) -> tuple[str, ...]:
+def tested_fields(reference: EmbeddedWindow, current: EmbeddedWindow, config: DetectorConfig) -> tuple[str, ...]:
     """prompt always; response when both windows hold enough responses."""
     fields = ["prompt"]
     if len(reference.responses) >= config.min_reference and len(current.responses) >= config.min_current:
@@ -52,7 +52,7 @@ def tested_fields(reference: EmbeddedWindow, current: EmbeddedWindow, config: Dr
 
 
 def check_sizes(
-    reference: EmbeddedWindow | TextWindow, current: EmbeddedWindow | TextWindow, config: DriftConfig
+    reference: EmbeddedWindow | TextWindow, current: EmbeddedWindow | TextWindow, config: DetectorConfig
 ) -> None:
     """Window sizes (checked before anything is embedded, and again before testing)."""
     if len(reference.prompts) == 0:
@@ -66,7 +66,7 @@ def check_sizes(
 
 
 def run_tests(
-    reference: EmbeddedWindow, current: EmbeddedWindow, config: DriftConfig
+    reference: EmbeddedWindow, current: EmbeddedWindow, config: DetectorConfig
 ) -> tuple[TestResult, ...]:
     check_sizes(reference, current, config)
     raw: list[tuple[str, StatResult]] = []
@@ -132,11 +132,11 @@ class DriftDetector:
     LRU cache. The embedder is the only seam: statistics tests pass fixed arrays.
     """
 
-    def __init__(self, embedder: Embedder | None = None, config: DriftConfig | None = None) -> None:
+    def __init__(self, embedder: Embedder | None = None, config: DetectorConfig | None = None) -> None:
         self.embedder: Embedder = (
             embedder if embedder is not None else CachedEmbedder(SentenceTransformerEmbedder())
         )
-        self.config = config or DriftConfig()
+        self.config = config or DetectorConfig()
         self._fitted: OrderedDict[object, FittedReference] = OrderedDict()
         self._fitted_lock = threading.Lock()
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ._mmd import kernel_from_gram, median_widths
-from ._stat_tests import DriftConfig, holm_adjust, nearest, split_reference
+from ._stat_tests import DetectorConfig, holm_adjust, nearest, split_reference
 
 __all__ = [
     "NOVEL_CLUSTER",
@@ -311,7 +311,7 @@ def explain_field(
     reference: tuple[tuple[str, ...], np.ndarray],
     current: tuple[tuple[str, ...], np.ndarray],
     clusters: ClusterModel,
-    config: DriftConfig,
+    config: DetectorConfig,
 ) -> FieldExplanation:
     ref_texts, ref_rows = reference
     cur_texts, cur_rows = current
@@ -369,7 +369,7 @@ def _novelty(
     ref_rows: np.ndarray,
     cur_texts: tuple[str, ...],
     cur_rows: np.ndarray,
-    config: DriftConfig,
+    config: DetectorConfig,
 ) -> tuple[Novelty, np.ndarray, tuple[int, int]]:
     options = config.options
     bank_rows, cal_rows = split_reference(ref_rows.shape[0], options.calibration_fraction, seed=options.seed)
@@ -401,7 +401,7 @@ def _novelty(
 
 
 def _projection(
-    ref_rows: np.ndarray, cur_rows: np.ndarray, novel: np.ndarray, config: DriftConfig
+    ref_rows: np.ndarray, cur_rows: np.ndarray, novel: np.ndarray, config: DetectorConfig
 ) -> Projection:
     seed = config.options.seed
     fit_idx = _subsample(ref_rows.shape[0], config.explain_max_points, seed)

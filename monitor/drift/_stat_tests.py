@@ -1,4 +1,4 @@
-"""The tests a detector runs besides MMD, their registry, and `DriftConfig` (which tests,
+"""The tests a detector runs besides MMD, their registry, and `DetectorConfig` (which tests,
 at what level, with which effect floors).
 
 - Conditional calibration: Bounds that hold for the one reference a team keeps, not only on average over references.
@@ -73,7 +73,7 @@ __all__ = [
     "DEFAULT_EFFECT_FLOORS",
     "RELEVANCE_BUCKETS",
     "STAT_TESTS",
-    "DriftConfig",
+    "DetectorConfig",
     "RelevanceComparison",
     "RelevanceSummary",
     "exceedance_upper",
@@ -306,7 +306,7 @@ DEFAULT_EFFECT_FLOORS: Mapping[str, float] = MappingProxyType(
 
 
 @dataclass(frozen=True)
-class DriftConfig:
+class DetectorConfig:
     alpha: float = 0.05  # family-wise: Holm across every test and field of a report
     tests: tuple[str, ...] = ("mmd", "novelty")  # run on prompts and on responses
     relevance_test: bool = True  # one-sided relevance drop when both windows have responses

@@ -55,7 +55,7 @@ class DriftWiring:
             embedder = d.CachedEmbedder(
                 d.SentenceTransformerEmbedder(), max_entries=self.config.embedding_cache
             )
-            detector = d.DriftDetector(embedder, config=d.DriftConfig(alpha=self.config.alpha))
+            detector = d.DriftDetector(embedder, config=d.DetectorConfig(alpha=self.config.alpha))
         self.detector = detector
         self.metrics = d.DriftMetrics(service.registry)
         self.alarms = Counter(
