@@ -12,15 +12,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
+from torch import nn
 
 from .checkpoint import Checkpoint
 from .config import ModelConfig
 from .errors import CheckpointNotFound, TokenizerInvalid, UnsupportedQuantization
 from .layout import build_state, expected_tensors, stacked_experts
 from .model import MoEModel
-from .network import Transformer, grouped_mm_supported, quantize_network
+from .network import Block, Transformer, grouped_mm_supported
 from .paths import choose
-from .quant import QUANTIZERS, weight_format
+from .quant import QUANTIZERS, Int4Experts, Int4Linear, Int8Experts, Int8Linear, WeightFormat, weight_format
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
@@ -102,3 +103,26 @@ def _tokenizer(directory: Path) -> Tokenizer | None:
         return Tokenizer.from_file(str(path))
     except Exception as exc:  # tokenizers raises bare Exception subclasses from Rust
         raise TokenizerInvalid(str(path), f"cannot be read by tokenizers: {exc}") from exc
+
+
+def quantize_network(network: Transformer, fmt: WeightFormat) -> None:
+    """Swap the modules of a (meta-device) network for their quantized twins, in place: its lm
+    head, each block's attention projections and experts."""
+    assert fmt.scheme in QUANTIZERS
+    c = network.config
+
+    def linear(old: nn.Module) -> Int8Linear | Int4Linear:
+        assert isinstance(old, nn.Linear)
+        if fmt.scheme == "int4":
+            return Int4Linear(old.in_features, old.out_features, fmt)
+        return Int8Linear(old.in_features, old.out_features, fmt.dtype)
+
+    network.output = linear(network.output)
+    for block in network.layers:
+        assert isinstance(block, Block)
+        block.attention.wqkv = linear(block.attention.wqkv)
+        block.attention.wo = linear(block.attention.wo)
+        sizes = (c.num_local_experts, c.hidden_size, c.intermediate_size)
+        block.moe.experts = (
+            Int4Experts(*sizes, fmt) if fmt.scheme == "int4" else Int8Experts(*sizes, fmt.dtype)
+        )

@@ -28,7 +28,7 @@ from .projection import (
     Projection,
     projection,
 )
-from .quant import QUANTIZERS, Int4Experts, Int4Linear, Int8Experts, Int8Linear, WeightFormat
+from .quant import Int4Experts, Int8Experts
 
 __all__ = [
     "Attention",
@@ -44,7 +44,6 @@ __all__ = [
     "apply_rope",
     "grouped_mm_supported",
     "inverse_frequencies",
-    "quantize_network",
     "rope_tables",
 ]
 
@@ -597,25 +596,3 @@ class _Bound(NamedTuple):
     norm: torch.Tensor  # [D]
     head: Projection
     eps: tuple[float, torch.Tensor]  # the norms' eps, and as a [1, 1, 1] fp32 tensor (rms_norm)
-
-
-def quantize_network(network: nn.Module, fmt: WeightFormat) -> None:
-    """Swap the modules of a (meta-device) `Transformer` for their quantized twins, in place."""
-    assert isinstance(network, Transformer) and fmt.scheme in QUANTIZERS
-    c = network.config
-
-    def linear(old: nn.Module) -> Int8Linear | Int4Linear:
-        assert isinstance(old, nn.Linear)
-        if fmt.scheme == "int4":
-            return Int4Linear(old.in_features, old.out_features, fmt)
-        return Int8Linear(old.in_features, old.out_features, fmt.dtype)
-
-    network.output = linear(network.output)
-    for block in network.layers:
-        assert isinstance(block, Block)
-        block.attention.wqkv = linear(block.attention.wqkv)
-        block.attention.wo = linear(block.attention.wo)
-        sizes = (c.num_local_experts, c.hidden_size, c.intermediate_size)
-        block.moe.experts = (
-            Int4Experts(*sizes, fmt) if fmt.scheme == "int4" else Int8Experts(*sizes, fmt.dtype)
-        )

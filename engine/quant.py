@@ -154,7 +154,6 @@ _PROBE = (4096, 1024)  # (N, K): a decode-sized projection, 2 MiB in int4 (strea
 _CHOICES: dict[str, Int4Choice] = {}  # per process: the file is read at most once per key
 
 
-
 def _cache_file() -> Path:
     root = os.environ.get("INFERSIGHT_CACHE_DIR") or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "infersight"
