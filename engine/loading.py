@@ -19,6 +19,7 @@ from .config import ModelConfig
 from .errors import CheckpointNotFound, TokenizerInvalid, UnsupportedQuantization
 from .layout import build_state, expected_tensors, stacked_experts
 from .model import MoEModel
+from .native_step import step_for
 from .network import Block, Transformer, grouped_mm_supported
 from .paths import choose
 from .quant import QUANTIZERS, Int4Experts, Int4Linear, Int8Experts, Int8Linear, WeightFormat, weight_format
@@ -86,6 +87,7 @@ def load(
         dtype=dtype,
         path=directory,
         engine_path=chosen,
+        native_step=step_for(network, kernels) if kernels is not None else None,
     )
 
 

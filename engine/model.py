@@ -15,6 +15,7 @@ import torch
 
 from .config import ModelConfig
 from .errors import CacheCapacityExceeded, InvalidInput
+from .native_step import NativeStep
 from .network import AttentionStep, KVCache, Transformer
 from .paths import EnginePath, cpu_model
 from .sampling import check_sampling, sample
@@ -37,6 +38,7 @@ class MoEModel:
         dtype: torch.dtype,
         path: Path | None = None,
         engine_path: EnginePath | None = None,
+        native_step: NativeStep | None = None,
     ) -> None:
         self.network = network.eval()
         self.config = config
@@ -47,6 +49,7 @@ class MoEModel:
         self.path = path
         # the decode path chosen at load (paths.py); a model built by hand runs the eager one
         self.engine_path = engine_path or EnginePath("eager", cpu_model(), "not applicable", 0.0)
+        self.native_step = native_step  # the native path's decode step in one C call (native_step.py)
 
     def __repr__(self) -> str:
         c = self.config
@@ -234,6 +237,8 @@ class MoEModel:
         kv_len: int,
         uniform: bool,
     ) -> torch.Tensor:
+        if self.native_step is not None:  # masks by each row's position (and the window) itself
+            return self.native_step(cache, slots, ids, positions, kv_len)
         window = self.config.sliding_window
         mask = None
         if not uniform or (window is not None and kv_len > window):

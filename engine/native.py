@@ -23,6 +23,7 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import os
+import platform
 import shutil
 import subprocess
 import tempfile
@@ -32,7 +33,7 @@ import torch
 
 from .errors import KernelUnavailable
 
-__all__ = ["NativeKernels", "NativeProjection", "build", "compiler", "pack"]
+__all__ = ["NativeKernels", "NativeProjection", "build", "compiler", "cpu_model", "pack"]
 
 SOURCE = r"""
 #include <stdint.h>
@@ -102,6 +103,313 @@ void infersight_linear_f32(const float *x, const float *wp, const float *residua
     }
 }
 
+/* ---- the decode step: every layer of one token per row in one parallel region ---------- */
+#include <math.h>
+#include <string.h>
+#include <omp.h>
+
+typedef struct {
+    int64_t D, H, Hkv, hd, I, E, topk, V, layers, window; /* window 0: none */
+    float eps, scale;
+    const float *embed;                 /* [V, D] */
+    const float *const *attn_norm;      /* [layers] -> [D] */
+    const float *const *wqkv;           /* [layers] -> packed [(H + 2 Hkv) hd] x D */
+    const float *const *wo;             /* [layers] -> packed D x H hd */
+    const float *const *ffn_norm;       /* [layers] -> [D] */
+    const float *const *gate;           /* [layers] -> packed E x D (the router) */
+    const float *const *w13;            /* [layers * E] -> packed 2I x D (w1 rows, then w3) */
+    const float *const *w2;             /* [layers * E] -> packed D x I */
+    const float *norm;                  /* [D] */
+    const float *head;                  /* packed V x D */
+} infersight_model;
+
+/* out[r][0..15] = x[r, :] . wb[:, 0..15] for r < MR (x rows ldx apart), wb one packed block [K][16]. */
+static inline __attribute__((always_inline)) void tile(
+        const float *x, int64_t ldx, const float *wb, int64_t K, const int MR, float *out) {
+#ifdef __AVX512F__
+    if (MR == 1) { /* one row: four chains hide the FMA latency */
+        __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        int64_t k = 0;
+        for (; k + 4 <= K; k += 4) {
+            a0 = _mm512_fmadd_ps(_mm512_set1_ps(x[k]), _mm512_load_ps(wb + k * 16), a0);
+            a1 = _mm512_fmadd_ps(_mm512_set1_ps(x[k + 1]), _mm512_load_ps(wb + k * 16 + 16), a1);
+            a2 = _mm512_fmadd_ps(_mm512_set1_ps(x[k + 2]), _mm512_load_ps(wb + k * 16 + 32), a2);
+            a3 = _mm512_fmadd_ps(_mm512_set1_ps(x[k + 3]), _mm512_load_ps(wb + k * 16 + 48), a3);
+        }
+        for (; k < K; k++) a0 = _mm512_fmadd_ps(_mm512_set1_ps(x[k]), _mm512_load_ps(wb + k * 16), a0);
+        _mm512_storeu_ps(out, _mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
+        return;
+    }
+    if (MR == 2) {
+        __m512 a0 = _mm512_setzero_ps(), a1 = a0, b0 = a0, b1 = a0;
+        const float *y = x + ldx;
+        int64_t k = 0;
+        for (; k + 2 <= K; k += 2) {
+            __m512 w0 = _mm512_load_ps(wb + k * 16), w1 = _mm512_load_ps(wb + k * 16 + 16);
+            a0 = _mm512_fmadd_ps(_mm512_set1_ps(x[k]), w0, a0);
+            b0 = _mm512_fmadd_ps(_mm512_set1_ps(y[k]), w0, b0);
+            a1 = _mm512_fmadd_ps(_mm512_set1_ps(x[k + 1]), w1, a1);
+            b1 = _mm512_fmadd_ps(_mm512_set1_ps(y[k + 1]), w1, b1);
+        }
+        for (; k < K; k++) {
+            __m512 w0 = _mm512_load_ps(wb + k * 16);
+            a0 = _mm512_fmadd_ps(_mm512_set1_ps(x[k]), w0, a0);
+            b0 = _mm512_fmadd_ps(_mm512_set1_ps(y[k]), w0, b0);
+        }
+        _mm512_storeu_ps(out, _mm512_add_ps(a0, a1));
+        _mm512_storeu_ps(out + 16, _mm512_add_ps(b0, b1));
+        return;
+    }
+    __m512 acc[8];
+    for (int i = 0; i < MR; i++) acc[i] = _mm512_setzero_ps();
+    for (int64_t k = 0; k < K; k++) {
+        __m512 wv = _mm512_load_ps(wb + k * 16);
+        for (int i = 0; i < MR; i++) acc[i] = _mm512_fmadd_ps(_mm512_set1_ps(x[i * ldx + k]), wv, acc[i]);
+    }
+    for (int i = 0; i < MR; i++) _mm512_storeu_ps(out + i * 16, acc[i]);
+#else
+    float acc[8][16] = {{0}};
+    for (int64_t k = 0; k < K; k++)
+        for (int i = 0; i < MR; i++)
+            for (int j = 0; j < 16; j++) acc[i][j] += x[i * ldx + k] * wb[k * 16 + j];
+    for (int i = 0; i < MR; i++)
+        for (int j = 0; j < 16; j++) out[i * 16 + j] = acc[i][j];
+#endif
+}
+
+/* tile for any rows m (<= 8 per call, chunked here): out [m][16] */
+static void tiles(const float *x, int64_t ldx, int64_t m, const float *wb, int64_t K, float *out) {
+    for (int64_t r = 0; r < m; r += 8) {
+        int64_t n = m - r < 8 ? m - r : 8;
+        const float *xr = x + r * ldx;
+        float *o = out + r * 16;
+        switch (n) {
+            case 1: tile(xr, ldx, wb, K, 1, o); break;
+            case 2: tile(xr, ldx, wb, K, 2, o); break;
+            case 3: tile(xr, ldx, wb, K, 3, o); break;
+            case 4: tile(xr, ldx, wb, K, 4, o); break;
+            case 5: tile(xr, ldx, wb, K, 5, o); break;
+            case 6: tile(xr, ldx, wb, K, 6, o); break;
+            case 7: tile(xr, ldx, wb, K, 7, o); break;
+            default: tile(xr, ldx, wb, K, 8, o); break;
+        }
+    }
+}
+
+/* Inside a parallel region: out [M, N] (+)= x [M, K] @ W^T, W packed; `add`: accumulate into out.
+   Work-shared over 16-column blocks; ends with the loop's barrier. acc: this thread's [M][16]. */
+static void linear_for(const float *x, int64_t M, const float *wp, int64_t N, int64_t K,
+                       float *out, int add, float *acc) {
+    int64_t blocks = (N + 15) / 16;
+#pragma omp for schedule(static)
+    for (int64_t b = 0; b < blocks; b++) {
+        int64_t n0 = b * 16, nr = N - n0 < 16 ? N - n0 : 16;
+        tiles(x, K, M, wp + b * K * 16, K, acc);
+        for (int64_t i = 0; i < M; i++)
+            for (int64_t j = 0; j < nr; j++) {
+                float *o = out + i * N + n0 + j;
+                *o = add ? *o + acc[i * 16 + j] : acc[i * 16 + j];
+            }
+    }
+}
+
+static inline float dot(const float *a, const float *b, int64_t n) {
+#ifdef __AVX512F__
+    __m512 s = _mm512_setzero_ps();
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) s = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), s);
+    if (i < n) {
+        __mmask16 k = (__mmask16)((1u << (n - i)) - 1u);
+        s = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(k, a + i), _mm512_maskz_loadu_ps(k, b + i), s);
+    }
+    return _mm512_reduce_add_ps(s);
+#else
+    float s = 0.0f;
+    for (int64_t i = 0; i < n; i++) s += a[i] * b[i];
+    return s;
+#endif
+}
+
+static void rms_norm_rows(const float *x, const float *w, float *out, int64_t M, int64_t D, float eps) {
+    for (int64_t i = 0; i < M; i++) {
+        const float *r = x + i * D;
+        float ss = dot(r, r, D);
+        float inv = 1.0f / sqrtf(eps + ss / (float)D);
+        for (int64_t j = 0; j < D; j++) out[i * D + j] = r[j] * inv * w[j];
+    }
+}
+
+/* Floats of scratch one step of B rows on `threads` threads needs (the caller keeps one per B). */
+int64_t infersight_step_scratch(const infersight_model *m, int64_t B, int64_t threads) {
+    int64_t bk = B * m->topk, NQ = (m->H + 2 * m->Hkv) * m->hd;
+    int64_t floats = 2 * B * m->D + B * NQ + B * m->H * m->hd + B * m->E + bk
+                     + bk * m->D + bk * 2 * m->I + bk * m->I + threads * (2 * B * 16 + m->hd);
+    int64_t ints = 2 * bk + 3 * m->E + 1;
+    return floats + 2 * ints + 16;
+}
+
+static inline float silu_mul(float g, float u) { return g / (1.0f + expf(-g)) * u; }
+
+/* One decode step: tokens[b] at positions[b] of cache slot slots[b] -> logits [B, V], the
+   keys and values written into the cache. One parallel region; between its phases only the
+   work-sharing loops' barriers. */
+void infersight_decode_step(const infersight_model *m, int64_t B, const int64_t *tokens,
+                            const int64_t *slots, const int64_t *positions,
+                            float *kcache, float *vcache, int64_t max_batch, int64_t S,
+                            const float *rope_cos, const float *rope_sin,
+                            float *logits, float *scratch, int64_t threads) {
+    const int64_t D = m->D, H = m->H, Hkv = m->Hkv, hd = m->hd, I = m->I, E = m->E, topk = m->topk;
+    const int64_t NQ = (H + 2 * Hkv) * hd, bk = B * topk, heads = H + 2 * Hkv;
+    const int64_t per_kv = max_batch * Hkv * S * hd, stride = 2 * B * 16 + hd;
+    const int fused = I % 16 == 0; /* w1 block j and w3 block I/16 + j cover the same columns */
+    const int64_t iblocks = (I + 15) / 16, dblocks = (D + 15) / 16;
+    float *x = scratch, *xn = x + B * D, *qkv = xn + B * D, *attn = qkv + B * NQ;
+    float *router = attn + B * H * hd, *sel_w = router + B * E, *xe = sel_w + bk;
+    float *h = xe + bk * D, *act = h + bk * 2 * I, *per_thread = act + bk * I;
+    int64_t *sel_e = (int64_t *)(void *)(((uintptr_t)(per_thread + threads * stride) + 15) & ~(uintptr_t)15);
+    int64_t *order = sel_e + bk, *group = order + bk, *count = group + E + 1, *active = count + E;
+    int64_t n_active = 0;
+
+    for (int64_t b = 0; b < B; b++) memcpy(x + b * D, m->embed + tokens[b] * D, D * sizeof(float));
+
+#pragma omp parallel num_threads((int)threads)
+    {
+        int tid = omp_get_thread_num();
+        float *acc = per_thread + tid * stride, *acc2 = acc + B * 16, *tmp = acc2 + B * 16;
+        for (int64_t l = 0; l < m->layers; l++) {
+            float *kc = kcache + l * per_kv, *vc = vcache + l * per_kv;
+#pragma omp single
+            rms_norm_rows(x, m->attn_norm[l], xn, B, D, m->eps);
+            linear_for(xn, B, m->wqkv[l], NQ, D, qkv, 0, acc);
+            /* RoPE on the q and k heads; k and v into the cache */
+#pragma omp for schedule(static)
+            for (int64_t item = 0; item < B * heads; item++) {
+                int64_t b = item / heads, head = item % heads, pos = positions[b];
+                float *v = qkv + b * NQ + head * hd;
+                if (head < H + Hkv) {
+                    const float *c = rope_cos + pos * hd, *s = rope_sin + pos * hd;
+                    int64_t half = hd / 2;
+                    for (int64_t i = 0; i < hd; i++) tmp[i] = v[i];
+                    for (int64_t i = 0; i < hd; i++) v[i] = tmp[i] * c[i] + tmp[(i + half) % hd] * s[i];
+                }
+                if (head >= H) {
+                    int64_t g = head < H + Hkv ? head - H : head - H - Hkv;
+                    float *dst = (head < H + Hkv ? kc : vc) + ((slots[b] * Hkv + g) * S + pos) * hd;
+                    memcpy(dst, v, hd * sizeof(float));
+                }
+            }
+            /* attention: each (row, query head) over its slot's positions, one pass (running max) */
+#pragma omp for schedule(static)
+            for (int64_t item = 0; item < B * H; item++) {
+                int64_t b = item / H, head = item % H, g = head / (H / Hkv), pos = positions[b];
+                const float *q = qkv + b * NQ + head * hd;
+                const float *keys = kc + (slots[b] * Hkv + g) * S * hd;
+                const float *vals = vc + (slots[b] * Hkv + g) * S * hd;
+                float *o = attn + b * H * hd + head * hd, mx = -INFINITY, sum = 0.0f;
+                int64_t t0 = m->window > 0 && pos - m->window + 1 > 0 ? pos - m->window + 1 : 0;
+                for (int64_t i = 0; i < hd; i++) o[i] = 0.0f;
+                for (int64_t t = t0; t <= pos; t++) {
+                    const float *k = keys + t * hd, *vv = vals + t * hd;
+                    float s = dot(q, k, hd) * m->scale;
+                    if (s > mx) {
+                        float r = expf(mx - s);
+                        sum *= r;
+                        for (int64_t i = 0; i < hd; i++) o[i] *= r;
+                        mx = s;
+                    }
+                    float p = expf(s - mx);
+                    sum += p;
+                    for (int64_t i = 0; i < hd; i++) o[i] += p * vv[i];
+                }
+                for (int64_t i = 0; i < hd; i++) o[i] /= sum;
+            }
+            linear_for(attn, B, m->wo[l], D, H * hd, x, 1, acc); /* x += attention */
+#pragma omp single
+            rms_norm_rows(x, m->ffn_norm[l], xn, B, D, m->eps);
+            linear_for(xn, B, m->gate[l], E, D, router, 0, acc);
+            /* routing: each row's top-k logits, softmax over them (== softmax over all experts,
+               top-k, renormalised); the (row, k) pairs grouped by expert, their x copied in */
+#pragma omp single
+            {
+                for (int64_t e = 0; e < E; e++) count[e] = 0;
+                for (int64_t b = 0; b < B; b++) {
+                    const float *r = router + b * E;
+                    int64_t *chosen = sel_e + b * topk;
+                    float *w = sel_w + b * topk, sum = 0.0f;
+                    for (int64_t j = 0; j < topk; j++) {
+                        int64_t best = -1;
+                        for (int64_t e = 0; e < E; e++) {
+                            int taken = 0;
+                            for (int64_t u = 0; u < j; u++) taken |= chosen[u] == e;
+                            if (!taken && (best < 0 || r[e] > r[best])) best = e;
+                        }
+                        chosen[j] = best;
+                        count[best]++;
+                    }
+                    for (int64_t j = 0; j < topk; j++) sum += (w[j] = expf(r[chosen[j]] - r[chosen[0]]));
+                    for (int64_t j = 0; j < topk; j++) w[j] /= sum;
+                }
+                n_active = 0;
+                group[0] = 0;
+                for (int64_t e = 0; e < E; e++) {
+                    group[e + 1] = group[e] + count[e];
+                    if (count[e]) active[n_active++] = e;
+                    count[e] = group[e];
+                }
+                for (int64_t p = 0; p < bk; p++) {
+                    int64_t at = count[sel_e[p]]++;
+                    order[at] = p;
+                    memcpy(xe + at * D, xn + (p / topk) * D, D * sizeof(float));
+                }
+            }
+            /* the chosen experts' w1 and w3 (and SiLU(w1 x) * w3 x when the blocks line up) */
+            if (fused) {
+#pragma omp for schedule(static)
+                for (int64_t item = 0; item < n_active * iblocks; item++) {
+                    int64_t e = active[item / iblocks], j = item % iblocks;
+                    int64_t g0 = group[e], n = group[e + 1] - g0;
+                    const float *w = m->w13[l * E + e];
+                    tiles(xe + g0 * D, D, n, w + j * D * 16, D, acc);
+                    tiles(xe + g0 * D, D, n, w + (iblocks + j) * D * 16, D, acc2);
+                    for (int64_t i = 0; i < n; i++)
+                        for (int64_t c = 0; c < 16; c++)
+                            act[(g0 + i) * I + j * 16 + c] = silu_mul(acc[i * 16 + c], acc2[i * 16 + c]);
+                }
+            } else {
+                int64_t hblocks = (2 * I + 15) / 16;
+#pragma omp for schedule(static)
+                for (int64_t item = 0; item < n_active * hblocks; item++) {
+                    int64_t e = active[item / hblocks], j = item % hblocks;
+                    int64_t g0 = group[e], n = group[e + 1] - g0, nr = 2 * I - j * 16 < 16 ? 2 * I - j * 16 : 16;
+                    tiles(xe + g0 * D, D, n, m->w13[l * E + e] + j * D * 16, D, acc);
+                    for (int64_t i = 0; i < n; i++)
+                        for (int64_t c = 0; c < nr; c++) h[(g0 + i) * 2 * I + j * 16 + c] = acc[i * 16 + c];
+                }
+#pragma omp for schedule(static)
+                for (int64_t r = 0; r < bk; r++)
+                    for (int64_t c = 0; c < I; c++) act[r * I + c] = silu_mul(h[r * 2 * I + c], h[r * 2 * I + I + c]);
+            }
+            /* w2, scaled by each pair's routing weight, summed into its row's residual */
+#pragma omp for schedule(static)
+            for (int64_t j = 0; j < dblocks; j++) {
+                int64_t n0 = j * 16, nr = D - n0 < 16 ? D - n0 : 16;
+                for (int64_t a = 0; a < n_active; a++) {
+                    int64_t e = active[a], g0 = group[e], n = group[e + 1] - g0;
+                    tiles(act + g0 * I, I, n, m->w2[l * E + e] + j * I * 16, I, acc);
+                    for (int64_t i = 0; i < n; i++) {
+                        int64_t p = order[g0 + i];
+                        float w = sel_w[p], *o = x + (p / topk) * D + n0;
+                        for (int64_t c = 0; c < nr; c++) o[c] += w * acc[i * 16 + c];
+                    }
+                }
+            }
+        }
+#pragma omp single
+        rms_norm_rows(x, m->norm, xn, B, D, m->eps);
+        linear_for(xn, B, m->head, m->V, D, logits, 0, acc);
+    }
+}
+
 int infersight_has_avx512(void) {
 #ifdef __AVX512F__
     return 1;
@@ -112,6 +420,18 @@ int infersight_has_avx512(void) {
 """
 
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC")
+
+
+def cpu_model() -> str:
+    """The CPU's model name (/proc/cpuinfo on Linux), else platform's processor string."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown"
 
 
 def compiler() -> str | None:
@@ -130,12 +450,20 @@ class NativeKernels:
             lib = ctypes.CDLL(str(path))
             fn = lib.infersight_linear_f32
             avx512 = bool(lib.infersight_has_avx512())
+            step, step_scratch = lib.infersight_decode_step, lib.infersight_step_scratch
         except (OSError, AttributeError) as exc:
             raise KernelUnavailable(f"cannot load {path}: {exc}") from exc
         p, i64 = ctypes.c_void_p, ctypes.c_int64
         fn.argtypes = [p, p, p, p, i64, i64, i64, ctypes.c_float]
         fn.restype = None
+        # native_step.py: (model, rows, ids, slots, positions, k cache, v cache, max batch,
+        # max length, rope cos, rope sin, logits, scratch, threads); the scratch size in floats
+        step.argtypes = [p, i64, p, p, p, p, p, i64, i64, p, p, p, p, i64]
+        step.restype = None
+        step_scratch.argtypes = [p, i64, i64]
+        step_scratch.restype = i64
         self.path, self.avx512, self._fn = path, avx512, fn
+        self.step, self.step_scratch = step, step_scratch
 
     def linear(
         self,

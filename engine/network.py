@@ -196,12 +196,12 @@ class Attention(nn.Module):
         self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
         self.wqkv: nn.Module = nn.Linear(dim, (heads + 2 * kv_heads) * head_dim, bias=False)
         self.wo: nn.Module = nn.Linear(heads * head_dim, dim, bias=False)
-        self._bound: tuple[Projection, Projection] | None = None  # (wqkv, wo), made by bind()
+        self.bound: tuple[Projection, Projection] | None = None  # (wqkv, wo), made by bind()
 
     def bind(self, kernels: NativeKernels | None = None) -> None:
         """Plain matmul objects for the hot path, once the weights are real (see projection.py);
         `kernels`: the native path's (paths.py)."""
-        self._bound = (projection(self.wqkv, kernels=kernels), projection(self.wo, kernels=kernels))
+        self.bound = (projection(self.wqkv, kernels=kernels), projection(self.wo, kernels=kernels))
 
     def forward(
         self,
@@ -213,8 +213,8 @@ class Attention(nn.Module):
         layer: int,
     ) -> torch.Tensor:
         """x [B, T, D] (normed), residual [B*T, D] -> residual + attention(x) [B*T, D]."""
-        assert self._bound is not None, "bind() first"
-        wqkv, wo = self._bound
+        assert self.bound is not None, "bind() first"
+        wqkv, wo = self.bound
         B, T, D = x.shape
         H, Hkv, hd = self.heads, self.kv_heads, self.head_dim
         qkv = wqkv(x.view(B * T, D)).view(B, T, H + 2 * Hkv, hd)
@@ -439,7 +439,7 @@ class MoEFeedForward(nn.Module):
         # (router weight, batched experts, expert loop, arange(E)) as plain references, made by
         # bind(): a tuple is not registered as a parameter or submodule, and reading it skips
         # the ~1 us nn.Module attribute lookup
-        self._bound: tuple[torch.Tensor, Batched, ExpertLoop, torch.Tensor] | None = None
+        self.bound: tuple[torch.Tensor, Batched, ExpertLoop, torch.Tensor] | None = None
 
     def bind(self, kernels: NativeKernels | None = None) -> None:
         """Make the hot path's references once the weights are real. In fp32 on a CPU with
@@ -453,12 +453,12 @@ class MoEFeedForward(nn.Module):
         loop = _expert_loop(self.experts)
         batched: Batched = self.experts if isinstance(self.experts, GroupedExperts) else loop
         gate = self.gate.weight
-        self._bound = (gate, batched, loop, torch.arange(self.num_experts, device=gate.device))
+        self.bound = (gate, batched, loop, torch.arange(self.num_experts, device=gate.device))
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         """x [N, D] (normed), residual [N, D] -> residual + MoE(x) [N, D]."""
-        assert self._bound is not None, "bind() first"
-        gate, batched, loop, expert_range = self._bound  # gate: full precision, also in int8 models
+        assert self.bound is not None, "bind() first"
+        gate, batched, loop, expert_range = self.bound  # gate: full precision, also in int8 models
         logits = F.linear(x if x.dtype == gate.dtype else x.to(gate.dtype), gate)  # [N, E]
         top, chosen = torch.topk(logits, self.top_k, dim=-1)  # [N, k]
         weights = torch.softmax(top, dim=-1, dtype=torch.float32)
@@ -540,7 +540,7 @@ class Transformer(nn.Module):
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.output: nn.Module = nn.Linear(c.hidden_size, c.vocab_size, bias=False)
         self.rope: RopeTable | None = None  # made by init_buffers once the weights are real
-        self._bound: _Bound | None = None
+        self.bound: Bound | None = None
 
     def init_buffers(self, device: torch.device, kernels: NativeKernels | None = None) -> None:
         """Once the weights are real: compute what the checkpoint does not store (RoPE tables,
@@ -555,7 +555,7 @@ class Transformer(nn.Module):
             block.moe.bind(kernels)
             layers.append((block.attention_norm.weight, block.attention, block.ffn_norm.weight, block.moe))
         eps = self.config.rms_norm_eps
-        self._bound = _Bound(
+        self.bound = Bound(
             self.tok_embeddings.weight,
             tuple(layers),
             self.norm.weight,
@@ -573,8 +573,8 @@ class Transformer(nn.Module):
         last_only: bool,
     ) -> torch.Tensor:
         """tokens, positions [B, T] (every position < span) -> fp32 logits [B, T, V] ([B, V] if last_only)."""
-        assert self.rope is not None and self._bound is not None, "init_buffers() first"
-        embeddings, layers, norm, head, eps = self._bound
+        assert self.rope is not None and self.bound is not None, "init_buffers() first"
+        embeddings, layers, norm, head, eps = self.bound
         B, T = tokens.shape
         x = F.embedding(tokens, embeddings)  # [B, T, D]
         cos, sin = self.rope.lookup(positions, span, step.write_at)
@@ -587,7 +587,7 @@ class Transformer(nn.Module):
         return head(rms_norm(x, norm, *eps).reshape(-1, x.shape[-1])).float().view(*x.shape[:-1], -1)
 
 
-class _Bound(NamedTuple):
+class Bound(NamedTuple):
     """The weights the forward reads, as plain references (nn.Module attribute lookups and
     `__call__` cost ~1-1.5 us each here; a decode step of the small model is ~1 ms)."""
 

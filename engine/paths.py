@@ -1,13 +1,14 @@
 """Which decode path a model runs on, chosen by measuring this machine at load.
 
-Two paths for CPU fp32 products: `eager` (oneDNN-blocked weights, onednn.py; MKL where oneDNN
-is absent, and for small lm heads) and `native` (the C kernels of native.py, lm head included). Which is faster depends on the CPU (its
-vector width, caches, memory), on the thread count and on the model's shapes, so it is not
-fixed from one machine's results: at the first load on a machine, `choose` times both on the
-model's own projection shapes (attention QKV and output, the experts' two projections) at
-the row counts of batch-1 and batch-8 decode, alternating the two in rounds, and keeps the
-faster in total. The verdict is cached in `cache_dir` per CPU model, torch version, thread
-count and shape set, so a restart only builds (or finds) the library and reads the verdict.
+Two paths for CPU fp32 decode: `eager` (torch ops, oneDNN-blocked weights, onednn.py; MKL where
+oneDNN is absent, and for small lm heads) and `native` (the C library of native.py: its packed
+products for prefill, and the whole decode step in one call, native_step.py). Which is
+faster depends on the CPU (its vector width, caches, memory), on the thread count and on the
+model's shapes, so it is not fixed from one machine's results: at the first load on a
+machine, `choose` times decode steps of a stand-in model with the model's layer shapes on
+both paths at batch 1 and 8, alternating the two in rounds, and keeps the faster. The
+verdict is cached in `cache_dir` per CPU model, torch version and shapes, so a restart only
+builds (or finds) the library and reads the verdict.
 
 Never an error: no compiler, a failed build or a library that will not load leaves the model
 on the eager path with one log line, and `MoEModel.engine_path` says which path it is on and
@@ -17,23 +18,24 @@ quantised models have no native path (`eager`, reason "not applicable").
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
-import platform
 import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from . import native, onednn
+from . import native, native_step
 from .config import ModelConfig
 from .errors import InvalidInput, KernelUnavailable
+from .native import cpu_model
+from .network import AttentionStep, KVCache, Transformer, grouped_mm_supported
 
 __all__ = ["PATHS", "EnginePath", "choose", "cpu_model", "default_cache_dir"]
 
@@ -42,7 +44,9 @@ log = logging.getLogger("infersight.engine")
 PATHS = ("auto", "eager", "native")  # what `load(..., engine_path=)` accepts
 ROWS = (1, 8)  # the row counts measured: batch-1 and batch-8 decode
 STREAM_BYTES = 32 << 20  # weights cycled per measurement, beyond the caches as in real decode
-MAX_COPIES = 16  # small weights stay cache-resident in the model too: a few copies say enough
+STAND_IN_VOCAB = 1024  # the measuring model's vocabulary: its head is one product on either path
+STAND_IN_CONTEXT = 48  # the measured steps attend over this many cached positions
+STEPS_PER_ROUND = 4
 BUDGET_S = 4.0  # measuring never holds a load up much longer (serve's start must stay < +30 s)
 
 
@@ -59,18 +63,6 @@ class EnginePath:
     def describe(self) -> str:
         ratios = ", ".join(f"{rows} rows {ratio:.2f}x" for rows, ratio in self.speedups)
         return f"{self.name} ({self.reason}{'; native vs eager: ' + ratios if ratios else ''})"
-
-
-def cpu_model() -> str:
-    """The CPU's model name (/proc/cpuinfo on Linux), else platform's processor string."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "unknown"
 
 
 def default_cache_dir() -> Path:
@@ -109,7 +101,8 @@ def choose(
         return EnginePath("native", cpu, "requested", time.perf_counter() - start), kernels
 
     shapes = _shapes(config)
-    key = f"{cpu}|torch {torch.__version__}|{shapes}"
+    c = config
+    key = f"{cpu}|torch {torch.__version__}|step|{shapes}|{c.num_local_experts}x{c.num_experts_per_tok}"
     verdicts = _read_verdicts(cache_dir)
     found = verdicts.get(key)
     if found is not None:
@@ -117,7 +110,7 @@ def choose(
         name, reason = str(found["path"]), "cached"
     else:
         try:
-            speedups = measure(kernels, shapes)
+            speedups = measure(kernels, config)
         except Exception as exc:  # a kernel that fails on this machine must not stop the load
             log.warning("engine: measuring the native kernels failed (%s); decoding on the eager path", exc)
             return EnginePath("eager", cpu, f"fallback: {exc}", time.perf_counter() - start), None
@@ -131,61 +124,113 @@ def choose(
 
 def measure(
     kernels: native.NativeKernels,
-    shapes: tuple[tuple[int, int], ...],
+    config: ModelConfig,
     *,
     rounds: int = 7,
     budget_s: float = BUDGET_S,
 ) -> tuple[tuple[int, float], ...]:
-    """(rows, eager time / native time) summed over `shapes` [(N, K)...], each weight cycled
-    through enough copies to stream from memory; the fastest of `rounds` alternated rounds.
+    """(rows, eager step time / native step time): whole decode steps of a stand-in model with
+    `config`'s layer shapes and random weights, bound once each way, at batch 1 and 8; the
+    fastest of `rounds` alternated rounds. As many layers as fit STREAM_BYTES (at least one, at
+    most the model's), so that their weights stream from memory as in real decode; a small
+    vocabulary (the lm head is one product on either path).
 
     Timed on one thread in this thread's CPU time: other processes (a shared machine) and
     the serving loop's threads cannot inflate it, where wall-clock timing of two OpenMP
-    threads on a busy machine swung 100x between rounds. Past `budget_s` it stops after two
-    rounds per row count."""
+    threads on a busy machine swung 100x between rounds. (The native step's other gain, one
+    fork-join per phase instead of one per op, only shows with more threads: this errs
+    towards eager.) Past `budget_s` it stops after two rounds per row count."""
     deadline = time.perf_counter() + budget_s
-    blocked_eager = onednn.available(torch.empty(1))  # as the eager path binds: blocked, else MKL
-    sides: dict[str, list[tuple[Callable[[torch.Tensor], torch.Tensor], int]]] = {"eager": [], "native": []}
-    for n, k in shapes:
-        copies = min(MAX_COPIES, max(2, STREAM_BYTES // (len(shapes) * n * k * 4)))
-        for _ in range(copies):
-            w = torch.randn(n, k)
-            proj = native.NativeProjection(w, kernels)
-            sides["native"].append((proj, k))
-            if blocked_eager:
-                blocked = onednn.block(w)
-                sides["eager"].append((partial(_blocked, blocked), k))
-            else:
-                wt = w.t()
-                sides["eager"].append((partial(_dense, wt), k))
+    c = config
+    layer_bytes = (
+        4
+        * c.hidden_size
+        * (
+            (c.num_attention_heads + 2 * c.num_key_value_heads) * c.head_dim
+            + c.num_attention_heads * c.head_dim
+            + 3 * c.num_local_experts * c.intermediate_size
+        )
+    )
+    layers = max(1, min(c.num_hidden_layers, STREAM_BYTES // layer_bytes))
+    stand_in = dataclasses.replace(c, num_hidden_layers=layers, vocab_size=min(c.vocab_size, STAND_IN_VOCAB))
+    eager = _stand_in(stand_in, None)
+    step = native_step.NativeStep(_stand_in(stand_in, kernels), kernels)
+    context = STAND_IN_CONTEXT
+    cache = KVCache.allocate(
+        layers=layers,
+        max_batch=max(ROWS),
+        kv_heads=c.num_key_value_heads,
+        max_seq_len=context,
+        head_dim=c.head_dim,
+        dtype=torch.float32,
+        device=torch.device("cpu"),
+    )
+    cache.k.normal_()
+    cache.v.normal_()
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # this thread's OpenMP setting: a serving loop elsewhere keeps its own
     try:
-        return tuple((rows, _ratio(sides, shapes, rows, rounds, deadline)) for rows in ROWS)
+        with torch.inference_mode():
+            return tuple(
+                (rows, _ratio(eager, step, cache, rows, context - 1, rounds, deadline)) for rows in ROWS
+            )
     finally:
         torch.set_num_threads(threads)
 
 
+def _stand_in(config: ModelConfig, kernels: native.NativeKernels | None) -> Transformer:
+    """A network of `config`'s shapes with random weights, bound for the native path (`kernels`) or the eager one."""
+    generator = torch.Generator().manual_seed(0)
+    network = Transformer(
+        config,
+        grouped_experts=grouped_mm_supported(
+            config.hidden_size, config.intermediate_size, torch.float32, torch.device("cpu")
+        ),
+    )
+    with torch.no_grad():
+        for param in network.parameters():
+            param.normal_(0.0, 0.05, generator=generator)
+    network.init_buffers(torch.device("cpu"), kernels)
+    return network
+
+
 def _ratio(
-    sides: dict[str, list[tuple[Callable[[torch.Tensor], torch.Tensor], int]]],
-    shapes: tuple[tuple[int, int], ...],
+    eager: Transformer,
+    step: native_step.NativeStep,
+    cache: KVCache,
     rows: int,
+    position: int,
     rounds: int,
     deadline: float,
 ) -> float:
-    """eager time / native time at `rows` rows, in this thread's CPU time."""
-    xs = {k: torch.randn(rows, k) for _, k in shapes}
+    """eager step time / native step time at `rows` rows, every row at `position`, in this thread's CPU time."""
+    ids = torch.arange(rows) % eager.config.vocab_size
+    slots = torch.arange(rows)
+    positions = torch.full((rows,), position)
+    attention = AttentionStep(
+        cache=cache,
+        rows=slice(0, rows),
+        slots=slots,
+        positions=positions,
+        write_at=position,
+        kv_len=position + 1,
+    )
+    sides: dict[str, Callable[[], torch.Tensor]] = {
+        "eager": lambda: eager(
+            ids[:, None], positions[:, None], attention, span=position + 1, last_only=True
+        ),
+        "native": lambda: step(cache, slots, ids, positions, position + 1),
+    }
     times: dict[str, list[float]] = {"eager": [], "native": []}
-    for side in sides.values():  # warm-up: oneDNN sets up each weight at its first call
-        for fn, k in side:
-            fn(xs[k])
+    for run in sides.values():  # warm-up: oneDNN sets up each weight at its first call
+        run()
     for done in range(rounds):
         if done >= 2 and time.perf_counter() > deadline:
             break
-        for name, side in sides.items():
+        for name, run in sides.items():
             t0 = time.thread_time()
-            for fn, k in side:
-                fn(xs[k])
+            for _ in range(STEPS_PER_ROUND):
+                run()
             times[name].append(time.thread_time() - t0)
     return min(times["eager"]) / max(min(times["native"]), 1e-9)
 
@@ -224,11 +269,3 @@ def _write_verdicts(cache_dir: Path, verdicts: dict[str, Any]) -> None:
         os.replace(tmp, cache_dir / "paths.json")
     except OSError as exc:
         log.info("engine: could not cache the path verdict in %s: %s", cache_dir, exc)
-
-
-def _blocked(blocked: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    return onednn.linear(x, blocked)
-
-
-def _dense(wt: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    return torch.mm(x, wt)

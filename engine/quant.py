@@ -43,7 +43,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .errors import UnsupportedQuantization
-from .paths import cpu_model
+from .native import cpu_model
 
 __all__ = [
     "QUANTIZERS",

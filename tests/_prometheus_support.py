@@ -19,9 +19,7 @@ __all__ = ["prometheus_server", "query", "query_range", "wait_for_prometheus"]
 
 
 @contextmanager
-def prometheus_server(
-    tmp_path: Path, targets: list[int], rule_files: Sequence[Path] = ()
-) -> Iterator[str]:
+def prometheus_server(tmp_path: Path, targets: list[int], rule_files: Sequence[Path] = ()) -> Iterator[str]:
     """Prometheus scraping 127.0.0.1:<port> for each of `targets` (evaluating `rule_files`);
     yields its base URL."""
     binary = require_executable("prometheus")

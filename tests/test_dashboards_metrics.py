@@ -228,7 +228,10 @@ def test_dashboard_groups_and_legends_by_labels_the_metrics_carry(probe: str) ->
             names = metric_names(target["expr"])
             if not names or not all(n.startswith(prefixes) for n in names):
                 continue
-            carried = set().union(*(labels.get(n, set()) for n in names)) | {"le", "instance"}  # instance: the scrape's
+            carried = set().union(*(labels.get(n, set()) for n in names)) | {
+                "le",
+                "instance",
+            }  # instance: the scrape's
             used = {
                 lab.strip()
                 for group in _GROUPING.findall(target["expr"])

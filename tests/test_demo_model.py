@@ -44,7 +44,9 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> Registry:
     registry.register(GOOD, good)
     registry.register(INT8, good, quantize="int8", parent=GOOD)
     registry.register(BAD, bad, parent=GOOD)
-    registry.register(SMALL, write_demo_checkpoint(root / "small", _minilm_dir(), spec=SMALL_DEMO), quantize="int8")
+    registry.register(
+        SMALL, write_demo_checkpoint(root / "small", _minilm_dir(), spec=SMALL_DEMO), quantize="int8"
+    )
     return registry
 
 
@@ -89,7 +91,9 @@ def test_demo_answers_are_relevant_and_the_corrupted_release_answers_are_not(dem
     int8 = relevance(_answers(demo, INT8, prompts))
     bad = relevance(_answers(demo, BAD, prompts))
     small = relevance(_answers(demo, SMALL, prompts))
-    print(f"relevance: fp32 {good.mean():.3f} int8 {int8.mean():.3f} corrupted {bad.mean():.3f} small int8 {small.mean():.3f}")
+    print(
+        f"relevance: fp32 {good.mean():.3f} int8 {int8.mean():.3f} corrupted {bad.mean():.3f} small int8 {small.mean():.3f}"
+    )
     assert good.mean() >= GOOD_AT_LEAST and int8.mean() >= GOOD_AT_LEAST and small.mean() >= GOOD_AT_LEAST
     assert bad.mean() <= BAD_AT_MOST
     assert (good > bad).float().mean() >= 0.8  # prompt by prompt, not only on average

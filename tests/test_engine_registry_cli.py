@@ -42,9 +42,10 @@ def test_init_demo_registers_fp32_int8_and_the_corrupted_release(
     assert capsys.readouterr().out.count("kept") == 3
     small = Registry(root).get("mixtralsmall_banking_int8-v1.0")
     assert small.quant == "int8" and small.path != good.path
-    assert json.loads((small.path / "config.json").read_text())["hidden_size"] < json.loads(
-        (good.path / "config.json").read_text()
-    )["hidden_size"]
+    assert (
+        json.loads((small.path / "config.json").read_text())["hidden_size"]
+        < json.loads((good.path / "config.json").read_text())["hidden_size"]
+    )
     versions[small.name] = small
 
     assert main(["models", "list", str(root)]) == 0

@@ -100,7 +100,9 @@ def small_limit(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any,
 
 
 @pytest.mark.parametrize(("path", "token"), ROUTES)
-def test_an_oversize_body_is_413_on_every_route_chunked_or_declared(small_limit, path: str, token: bool) -> None:  # type: ignore[no-untyped-def]
+def test_an_oversize_body_is_413_on_every_route_chunked_or_declared(
+    small_limit, path: str, token: bool
+) -> None:  # type: ignore[no-untyped-def]
     app, client = small_limit
     headers = {**(auth() if token else {}), "content-type": "application/json"}
     before = _stored(app)

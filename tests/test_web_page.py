@@ -384,7 +384,9 @@ def test_snapshot_uses_the_remembered_token_and_is_stored(live: Live, browser: B
     browser.click("#token-submit")
     toast = _toast(browser, "the snapshot outcome")
     assert "Done: take a snapshot" in toast, toast
-    stored = httpx.get(live.url + "api/v1/snapshots", headers={"Authorization": f"Bearer {TOKEN}"}, timeout=10).json()["snapshots"]
+    stored = httpx.get(
+        live.url + "api/v1/snapshots", headers={"Authorization": f"Bearer {TOKEN}"}, timeout=10
+    ).json()["snapshots"]
     assert stored and stored[0]["reason"] == "taken from the web page" and stored[0]["trigger"] == "manual"
     assert stored[0]["snapshot_id"] in toast
     assert not browser.page_errors()
