@@ -128,6 +128,7 @@ def test_without_onednn_aligned_sizes_take_grouped_mm(
 def test_decode_rows_at_their_own_positions_match_full_recompute(tmp_path: Path, expert_path: str) -> None:
     ref = save_checkpoint(tmp_path, 5)
     model = load(tmp_path, device="cpu")
+    assert (model.native_step is not None) == (expert_path == "native")  # decode in one C call
     gen = torch.Generator().manual_seed(5)
     prompts = {3: torch.randint(0, 96, (6,), generator=gen), 0: torch.randint(0, 96, (2,), generator=gen)}
     prompts[5] = torch.randint(0, 96, (11,), generator=gen)
@@ -150,6 +151,30 @@ def test_decode_rows_at_their_own_positions_match_full_recompute(tmp_path: Path,
                 expected = ref(seqs[slot][None]).logits[0, -1]
             assert (logits[row] - expected).abs().max().item() < TOL
             seqs[slot] = torch.cat([seqs[slot], logits[row].argmax()[None]])
+
+
+def test_more_rows_than_a_kernel_tile_under_a_sliding_window_match(tmp_path: Path, expert_path: str) -> None:
+    # 11 rows: the native step's products run 8-row tiles and a remainder, its attention
+    # drops the positions that slid out of the window (4) row by row
+    ref = save_checkpoint(tmp_path, 8, sliding_window=4)
+    model = load(tmp_path, device="cpu")
+    gen = torch.Generator().manual_seed(8)
+    seqs = [torch.randint(0, 96, (2 + i % 5,), generator=gen) for i in range(11)]
+    cache = model.new_cache(max_batch=12, max_seq_len=16)
+    for slot, seq in enumerate(seqs):  # prompt i in slot i + 1; slot 0 stays empty
+        model.prefill(cache, slot + 1, seq[:-1])
+    slots = torch.arange(11).flip(0) + 1  # rows in reverse slot order
+    order = slots - 1
+    logits = model.decode(
+        cache,
+        slots,
+        torch.stack([seqs[i][-1] for i in order]),
+        torch.tensor([len(seqs[i]) - 1 for i in order]),
+    )
+    with torch.no_grad():
+        for row, i in enumerate(order.tolist()):
+            expected = ref(seqs[i][None]).logits[0, -1]
+            assert (logits[row] - expected).abs().max().item() < TOL
 
 
 def test_reusing_a_slot_for_a_shorter_prompt_ignores_the_old_keys(tmp_path: Path, expert_path: str) -> None:
