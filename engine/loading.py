@@ -21,7 +21,7 @@ from .layout import build_state, expected_tensors, stacked_experts
 from .model import MoEModel
 from .native_step import step_for
 from .network import Block, Transformer, grouped_mm_supported
-from .paths import choose
+from .paths import choose, settle
 from .quant import QUANTIZERS, Int4Experts, Int4Linear, Int8Experts, Int8Linear, WeightFormat, weight_format
 
 if TYPE_CHECKING:
@@ -78,6 +78,8 @@ def load(
     if config.tie_word_embeddings and quantize is None and not column_major_head:
         network.output.weight = network.tok_embeddings.weight  # one tensor, as in the checkpoint
     network.init_buffers(target, kernels)
+    step = step_for(network, kernels) if kernels is not None else None
+    chosen = settle(chosen, network, step, quantize=quantize)
     return MoEModel(
         network,
         config,
@@ -87,7 +89,7 @@ def load(
         dtype=dtype,
         path=directory,
         engine_path=chosen,
-        native_step=step_for(network, kernels) if kernels is not None else None,
+        native_step=step if chosen.name == "native" else None,
     )
 
 

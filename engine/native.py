@@ -121,7 +121,79 @@ typedef struct {
     const float *const *w2;             /* [layers * E] -> packed D x I */
     const float *norm;                  /* [D] */
     const float *head;                  /* packed V x D */
+    /* quantized (int8 weight-only models): the projections' pointers above are int8 [N, K]
+       row-major, with per-row scales here; embedding and KV cache bf16; norms, router, RoPE fp32 */
+    int64_t quantized;
+    const float *const *wqkv_s, *const *wo_s, *const *w13_s, *const *w2_s;
+    const float *head_s;
 } infersight_model;
+
+static inline float bf16_in(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+static inline uint16_t bf16_out(float f) { /* round to nearest even, as torch's conversion */
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 64u); /* NaN stays NaN */
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+/* out[r * 16 + c] = s[c] * x_r . w[c] for r < MR, c < 4, w int8 rows K apart (row c0 + c of
+   the caller's 16-column block; rows past `nc` repeat the last, their results unused). */
+static inline __attribute__((always_inline)) void quad8(
+        const float *x, int64_t ldx, const int8_t *w, const float *s, int64_t nc, int64_t K,
+        const int MR, float *out) {
+    const int8_t *rw[4];
+    for (int c = 0; c < 4; c++) rw[c] = w + (c < nc ? c : nc - 1) * K;
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+    __m512 acc[4][4];
+    for (int r = 0; r < MR; r++)
+        for (int c = 0; c < 4; c++) acc[r][c] = _mm512_setzero_ps();
+    for (int64_t k = 0; k < K; k += 16) {
+        __mmask16 km = K - k >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (K - k)) - 1u);
+        __m512 wv[4];
+        for (int c = 0; c < 4; c++)
+            wv[c] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(km, rw[c] + k)));
+        for (int r = 0; r < MR; r++) {
+            __m512 xv = _mm512_maskz_loadu_ps(km, x + r * ldx + k);
+            for (int c = 0; c < 4; c++) acc[r][c] = _mm512_fmadd_ps(xv, wv[c], acc[r][c]);
+        }
+    }
+    for (int r = 0; r < MR; r++)
+        for (int c = 0; c < nc; c++) out[r * 16 + c] = s[c] * _mm512_reduce_add_ps(acc[r][c]);
+#else
+    for (int r = 0; r < MR; r++)
+        for (int c = 0; c < nc; c++) {
+            float a = 0.0f;
+            for (int64_t k = 0; k < K; k++) a += x[r * ldx + k] * (float)rw[c][k];
+            out[r * 16 + c] = s[c] * a;
+        }
+#endif
+}
+
+/* out [M][16]: rows n0..n0+nr-1 (nr <= 16) of an int8 weight [N, K] with scales [N], for M rows of x */
+static void rows8(const float *x, int64_t ldx, int64_t M, const int8_t *w, const float *s,
+                  int64_t n0, int64_t nr, int64_t K, float *out) {
+    for (int64_t r = 0; r < M; r += 4) {
+        int64_t n = M - r < 4 ? M - r : 4;
+        for (int64_t c = 0; c < nr; c += 4) {
+            const int8_t *wc = w + (n0 + c) * K;
+            const float *sc = s + n0 + c, *xr = x + r * ldx;
+            int64_t nc = nr - c < 4 ? nr - c : 4;
+            float *o = out + r * 16 + c;
+            switch (n) {
+                case 1: quad8(xr, ldx, wc, sc, nc, K, 1, o); break;
+                case 2: quad8(xr, ldx, wc, sc, nc, K, 2, o); break;
+                case 3: quad8(xr, ldx, wc, sc, nc, K, 3, o); break;
+                default: quad8(xr, ldx, wc, sc, nc, K, 4, o); break;
+            }
+        }
+    }
+}
 
 /* out[r][0..15] = x[r, :] . wb[:, 0..15] for r < MR (x rows ldx apart), wb one packed block [K][16]. */
 static inline __attribute__((always_inline)) void tile(
@@ -196,15 +268,23 @@ static void tiles(const float *x, int64_t ldx, int64_t m, const float *wb, int64
     }
 }
 
-/* Inside a parallel region: out [M, N] (+)= x [M, K] @ W^T, W packed; `add`: accumulate into out.
+/* out [M][16] = columns n0..n0+nr-1 (n0 a multiple of 16, nr <= 16) of x [M, K] @ W^T: W
+   packed fp32 (scales unused), or int8 rows with scales `s` when `quantized`. */
+static void block(int64_t quantized, const float *x, int64_t ldx, int64_t M, const void *w,
+                  const float *s, int64_t n0, int64_t nr, int64_t K, float *out) {
+    if (quantized) rows8(x, ldx, M, (const int8_t *)w, s, n0, nr, K, out);
+    else tiles(x, ldx, M, (const float *)w + (n0 / 16) * K * 16, K, out);
+}
+
+/* Inside a parallel region: out [M, N] (+)= x [M, K] @ W^T (see `block`); `add`: accumulate into out.
    Work-shared over 16-column blocks; ends with the loop's barrier. acc: this thread's [M][16]. */
-static void linear_for(const float *x, int64_t M, const float *wp, int64_t N, int64_t K,
-                       float *out, int add, float *acc) {
+static void linear_for(int64_t quantized, const float *x, int64_t M, const void *w,
+                       const float *s, int64_t N, int64_t K, float *out, int add, float *acc) {
     int64_t blocks = (N + 15) / 16;
 #pragma omp for schedule(static)
     for (int64_t b = 0; b < blocks; b++) {
         int64_t n0 = b * 16, nr = N - n0 < 16 ? N - n0 : 16;
-        tiles(x, K, M, wp + b * K * 16, K, acc);
+        block(quantized, x, K, M, w, s, n0, nr, K, acc);
         for (int64_t i = 0; i < M; i++)
             for (int64_t j = 0; j < nr; j++) {
                 float *o = out + i * N + n0 + j;
@@ -243,7 +323,7 @@ static void rms_norm_rows(const float *x, const float *w, float *out, int64_t M,
 int64_t infersight_step_scratch(const infersight_model *m, int64_t B, int64_t threads) {
     int64_t bk = B * m->topk, NQ = (m->H + 2 * m->Hkv) * m->hd;
     int64_t floats = 2 * B * m->D + B * NQ + B * m->H * m->hd + B * m->E + bk
-                     + bk * m->D + bk * 2 * m->I + bk * m->I + threads * (2 * B * 16 + m->hd);
+                     + bk * m->D + bk * 2 * m->I + bk * m->I + threads * (2 * B * 16 + 2 * m->hd);
     int64_t ints = 2 * bk + 3 * m->E + 1;
     return floats + 2 * ints + 16;
 }
@@ -255,13 +335,15 @@ static inline float silu_mul(float g, float u) { return g / (1.0f + expf(-g)) * 
    work-sharing loops' barriers. */
 void infersight_decode_step(const infersight_model *m, int64_t B, const int64_t *tokens,
                             const int64_t *slots, const int64_t *positions,
-                            float *kcache, float *vcache, int64_t max_batch, int64_t S,
+                            void *kcache, void *vcache, int64_t max_batch, int64_t S,
                             const float *rope_cos, const float *rope_sin,
                             float *logits, float *scratch, int64_t threads) {
     const int64_t D = m->D, H = m->H, Hkv = m->Hkv, hd = m->hd, I = m->I, E = m->E, topk = m->topk;
     const int64_t NQ = (H + 2 * Hkv) * hd, bk = B * topk, heads = H + 2 * Hkv;
-    const int64_t per_kv = max_batch * Hkv * S * hd, stride = 2 * B * 16 + hd;
-    const int fused = I % 16 == 0; /* w1 block j and w3 block I/16 + j cover the same columns */
+    const int64_t per_kv = max_batch * Hkv * S * hd, stride = 2 * B * 16 + 2 * hd;
+    const int64_t q8 = m->quantized, esz = q8 ? 2 : 4; /* cache element: bf16 or fp32 */
+    /* w1 block j and w3 block I/16 + j cover the same columns (int8 rows: any I) */
+    const int fused = q8 || I % 16 == 0;
     const int64_t iblocks = (I + 15) / 16, dblocks = (D + 15) / 16;
     float *x = scratch, *xn = x + B * D, *qkv = xn + B * D, *attn = qkv + B * NQ;
     float *router = attn + B * H * hd, *sel_w = router + B * E, *xe = sel_w + bk;
@@ -270,17 +352,22 @@ void infersight_decode_step(const infersight_model *m, int64_t B, const int64_t 
     int64_t *order = sel_e + bk, *group = order + bk, *count = group + E + 1, *active = count + E;
     int64_t n_active = 0;
 
-    for (int64_t b = 0; b < B; b++) memcpy(x + b * D, m->embed + tokens[b] * D, D * sizeof(float));
+    for (int64_t b = 0; b < B; b++) {
+        if (q8)
+            for (int64_t j = 0; j < D; j++) x[b * D + j] = bf16_in(((const uint16_t *)m->embed)[tokens[b] * D + j]);
+        else
+            memcpy(x + b * D, m->embed + tokens[b] * D, D * sizeof(float));
+    }
 
 #pragma omp parallel num_threads((int)threads)
     {
         int tid = omp_get_thread_num();
-        float *acc = per_thread + tid * stride, *acc2 = acc + B * 16, *tmp = acc2 + B * 16;
+        float *acc = per_thread + tid * stride, *acc2 = acc + B * 16, *tmp = acc2 + B * 16, *tmp2 = tmp + hd;
         for (int64_t l = 0; l < m->layers; l++) {
-            float *kc = kcache + l * per_kv, *vc = vcache + l * per_kv;
+            char *kc = (char *)kcache + l * per_kv * esz, *vc = (char *)vcache + l * per_kv * esz;
 #pragma omp single
             rms_norm_rows(x, m->attn_norm[l], xn, B, D, m->eps);
-            linear_for(xn, B, m->wqkv[l], NQ, D, qkv, 0, acc);
+            linear_for(q8, xn, B, m->wqkv[l], q8 ? m->wqkv_s[l] : 0, NQ, D, qkv, 0, acc);
             /* RoPE on the q and k heads; k and v into the cache */
 #pragma omp for schedule(static)
             for (int64_t item = 0; item < B * heads; item++) {
@@ -294,8 +381,11 @@ void infersight_decode_step(const infersight_model *m, int64_t B, const int64_t 
                 }
                 if (head >= H) {
                     int64_t g = head < H + Hkv ? head - H : head - H - Hkv;
-                    float *dst = (head < H + Hkv ? kc : vc) + ((slots[b] * Hkv + g) * S + pos) * hd;
-                    memcpy(dst, v, hd * sizeof(float));
+                    char *dst = (head < H + Hkv ? kc : vc) + ((slots[b] * Hkv + g) * S + pos) * hd * esz;
+                    if (q8)
+                        for (int64_t i = 0; i < hd; i++) ((uint16_t *)dst)[i] = bf16_out(v[i]);
+                    else
+                        memcpy(dst, v, hd * sizeof(float));
                 }
             }
             /* attention: each (row, query head) over its slot's positions, one pass (running max) */
@@ -303,13 +393,20 @@ void infersight_decode_step(const infersight_model *m, int64_t B, const int64_t 
             for (int64_t item = 0; item < B * H; item++) {
                 int64_t b = item / H, head = item % H, g = head / (H / Hkv), pos = positions[b];
                 const float *q = qkv + b * NQ + head * hd;
-                const float *keys = kc + (slots[b] * Hkv + g) * S * hd;
-                const float *vals = vc + (slots[b] * Hkv + g) * S * hd;
+                const char *keys = kc + (slots[b] * Hkv + g) * S * hd * esz;
+                const char *vals = vc + (slots[b] * Hkv + g) * S * hd * esz;
                 float *o = attn + b * H * hd + head * hd, mx = -INFINITY, sum = 0.0f;
                 int64_t t0 = m->window > 0 && pos - m->window + 1 > 0 ? pos - m->window + 1 : 0;
                 for (int64_t i = 0; i < hd; i++) o[i] = 0.0f;
                 for (int64_t t = t0; t <= pos; t++) {
-                    const float *k = keys + t * hd, *vv = vals + t * hd;
+                    const float *k = (const float *)(const void *)(keys + t * hd * esz);
+                    const float *vv = (const float *)(const void *)(vals + t * hd * esz);
+                    if (q8) {
+                        for (int64_t i = 0; i < hd; i++) tmp[i] = bf16_in(((const uint16_t *)k)[i]);
+                        for (int64_t i = 0; i < hd; i++) tmp2[i] = bf16_in(((const uint16_t *)vv)[i]);
+                        k = tmp;
+                        vv = tmp2;
+                    }
                     float s = dot(q, k, hd) * m->scale;
                     if (s > mx) {
                         float r = expf(mx - s);
@@ -323,10 +420,10 @@ void infersight_decode_step(const infersight_model *m, int64_t B, const int64_t 
                 }
                 for (int64_t i = 0; i < hd; i++) o[i] /= sum;
             }
-            linear_for(attn, B, m->wo[l], D, H * hd, x, 1, acc); /* x += attention */
+            linear_for(q8, attn, B, m->wo[l], q8 ? m->wo_s[l] : 0, D, H * hd, x, 1, acc); /* x += attention */
 #pragma omp single
             rms_norm_rows(x, m->ffn_norm[l], xn, B, D, m->eps);
-            linear_for(xn, B, m->gate[l], E, D, router, 0, acc);
+            linear_for(0, xn, B, m->gate[l], 0, E, D, router, 0, acc); /* the router: fp32 always */
             /* routing: each row's top-k logits, softmax over them (== softmax over all experts,
                top-k, renormalised); the (row, k) pairs grouped by expert, their x copied in */
 #pragma omp single
@@ -368,11 +465,12 @@ void infersight_decode_step(const infersight_model *m, int64_t B, const int64_t 
                 for (int64_t item = 0; item < n_active * iblocks; item++) {
                     int64_t e = active[item / iblocks], j = item % iblocks;
                     int64_t g0 = group[e], n = group[e + 1] - g0;
-                    const float *w = m->w13[l * E + e];
-                    tiles(xe + g0 * D, D, n, w + j * D * 16, D, acc);
-                    tiles(xe + g0 * D, D, n, w + (iblocks + j) * D * 16, D, acc2);
+                    const float *w = m->w13[l * E + e], *ws = q8 ? m->w13_s[l * E + e] : 0;
+                    int64_t nr = I - j * 16 < 16 ? I - j * 16 : 16;
+                    block(q8, xe + g0 * D, D, n, w, ws, j * 16, nr, D, acc);
+                    block(q8, xe + g0 * D, D, n, w, ws, q8 ? I + j * 16 : (iblocks + j) * 16, nr, D, acc2);
                     for (int64_t i = 0; i < n; i++)
-                        for (int64_t c = 0; c < 16; c++)
+                        for (int64_t c = 0; c < nr; c++)
                             act[(g0 + i) * I + j * 16 + c] = silu_mul(acc[i * 16 + c], acc2[i * 16 + c]);
                 }
             } else {
@@ -395,7 +493,7 @@ void infersight_decode_step(const infersight_model *m, int64_t B, const int64_t 
                 int64_t n0 = j * 16, nr = D - n0 < 16 ? D - n0 : 16;
                 for (int64_t a = 0; a < n_active; a++) {
                     int64_t e = active[a], g0 = group[e], n = group[e + 1] - g0;
-                    tiles(act + g0 * I, I, n, m->w2[l * E + e] + j * I * 16, I, acc);
+                    block(q8, act + g0 * I, I, n, m->w2[l * E + e], q8 ? m->w2_s[l * E + e] : 0, n0, nr, I, acc);
                     for (int64_t i = 0; i < n; i++) {
                         int64_t p = order[g0 + i];
                         float w = sel_w[p], *o = x + (p / topk) * D + n0;
@@ -406,7 +504,7 @@ void infersight_decode_step(const infersight_model *m, int64_t B, const int64_t 
         }
 #pragma omp single
         rms_norm_rows(x, m->norm, xn, B, D, m->eps);
-        linear_for(xn, B, m->head, m->V, D, logits, 0, acc);
+        linear_for(q8, xn, B, m->head, m->head_s, m->V, D, logits, 0, acc);
     }
 }
 

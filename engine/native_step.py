@@ -27,12 +27,15 @@ import ctypes
 import torch
 
 from .native import NativeKernels, NativeProjection, pack
-from .network import Block, BlockedExperts, KVCache, Transformer
+from .network import Block, BlockedExperts, KVCache, RopeTable, Transformer
+from .projection import Int8Projection
+from .quant import Int8Experts
 
 __all__ = ["NativeStep", "step_for"]
 
 _SIZES = ("D", "H", "Hkv", "hd", "I", "E", "topk", "V", "layers", "window")
 _POINTERS = ("embed", "attn_norm", "wqkv", "wo", "ffn_norm", "gate", "w13", "w2", "norm", "head")
+_SCALES = ("wqkv_s", "wo_s", "w13_s", "w2_s", "head_s")
 
 
 class StepModel(ctypes.Structure):
@@ -43,60 +46,126 @@ class StepModel(ctypes.Structure):
         ("eps", ctypes.c_float),
         ("scale", ctypes.c_float),
         *((name, ctypes.c_void_p) for name in _POINTERS),
+        ("quantized", ctypes.c_int64),
+        *((name, ctypes.c_void_p) for name in _SCALES),
     ]
 
 
+Weights = tuple[torch.Tensor, torch.Tensor | None]
+"""A projection as the C step reads it: packed fp32 (no scales), or int8 [N, K] and fp32 scales [N]."""
+
+
+def _weights(p: object) -> Weights | None:
+    if isinstance(p, NativeProjection):
+        return p.packed, None
+    if isinstance(p, Int8Projection):
+        return p.weight.contiguous(), p.scales.float().contiguous()
+    return None
+
+
+def _experts(experts: object) -> list[tuple[Weights, Weights]] | None:
+    if isinstance(experts, BlockedExperts):
+        pairs = [(_weights(a), _weights(b)) for a, b in experts.loop.pairs]
+        return None if any(a is None or b is None for a, b in pairs) else pairs  # type: ignore[return-value]
+    if isinstance(experts, Int8Experts):
+        w13 = zip(experts.w13_weight.unbind(0), experts.w13_scales.float().unbind(0), strict=True)
+        w2 = zip(experts.w2_weight.unbind(0), experts.w2_scales.float().unbind(0), strict=True)
+        return [((a[0].contiguous(), a[1]), (b[0].contiguous(), b[1])) for a, b in zip(w13, w2, strict=True)]
+    return None
+
+
 def step_for(network: Transformer, kernels: NativeKernels) -> NativeStep | None:
-    """The native step over a network bound on the native path (`init_buffers(..., kernels)`);
-    None when some weight is not on the native kernels (another dtype or device)."""
-    assert network.bound is not None and network.rope is not None, "init_buffers() first"
-    if network.bound.embeddings.dtype != torch.float32 or network.bound.embeddings.device.type != "cpu":
+    """The native step over a bound CPU network: fp32 on the native path's packed weights
+    (`init_buffers(..., kernels)`), or int8 weight-only (bf16 activations) on its own int8
+    tensors. None for anything else (other dtypes, int4, other devices)."""
+    bound = network.bound
+    assert bound is not None and network.rope is not None, "init_buffers() first"
+    if bound.embeddings.device.type != "cpu" or bound.embeddings.dtype not in (torch.float32, torch.bfloat16):
         return None
-    if not isinstance(network.bound.head, NativeProjection):
+    head = _weights(bound.head)
+    if head is None:
         return None
+    layers = []
     for block in network.layers:
         assert isinstance(block, Block)
-        if not isinstance(block.moe.experts, BlockedExperts) or block.attention.bound is None:
+        if block.attention.bound is None:
             return None
-        wqkv, wo = block.attention.bound
-        pairs = block.moe.experts.loop.pairs
-        if not all(isinstance(p, NativeProjection) for p in (wqkv, wo, *(q for pair in pairs for q in pair))):
+        qkv, wo = (_weights(p) for p in block.attention.bound)
+        experts = _experts(block.moe.experts)
+        if qkv is None or wo is None or experts is None:
             return None
-    return NativeStep(network, kernels)
+        layers.append((block, qkv, wo, experts))
+    quantized = head[1] is not None
+    kinds = {
+        w[1] is not None
+        for _, qkv, wo, experts in layers
+        for w in (qkv, wo, *(x for e in experts for x in e))
+    }
+    want = torch.bfloat16 if quantized else torch.float32
+    if kinds != {quantized} or bound.embeddings.dtype != want:
+        return None
+    return NativeStep(network, kernels, head, layers)
 
 
 class NativeStep:
     """`step(cache, slots, ids, positions, kv_len)` -> fp32 logits [B, V]: the decode step of
-    `MoEModel.decode`, one C call. Holds references to every tensor the C side reads."""
+    `MoEModel.decode`, one C call. Holds references to every tensor the C side reads. Made by
+    `step_for`."""
 
-    def __init__(self, network: Transformer, kernels: NativeKernels) -> None:
+    def __init__(
+        self,
+        network: Transformer,
+        kernels: NativeKernels,
+        head: Weights,
+        layers: list[tuple[Block, Weights, Weights, list[tuple[Weights, Weights]]]],
+    ) -> None:
         c, bound = network.config, network.bound
-        assert bound is not None and network.rope is not None and isinstance(bound.head, NativeProjection)
-        self.kernels, self.rope = kernels, network.rope
+        assert bound is not None and network.rope is not None
+        quantized = head[1] is not None
+        self.kernels = kernels
+        # int8 models compute in bf16 on the eager path; here activations are fp32, RoPE too
+        self.rope = RopeTable(network.rope.inv_freq, torch.float32) if quantized else network.rope
         keep: list[object] = []  # every tensor and array the struct points into
 
-        def array(tensors: list[torch.Tensor]) -> int:
-            arr = (ctypes.c_void_p * len(tensors))(*(t.data_ptr() for t in tensors))
+        def array(tensors: list[torch.Tensor | None]) -> int:
+            if any(t is None for t in tensors):
+                return 0
+            arr = (ctypes.c_void_p * len(tensors))(*(t.data_ptr() for t in tensors if t is not None))
             keep.extend((arr, *tensors))
             return ctypes.addressof(arr)
 
-        norms1, qkv, wo, norms2, gates, w13, w2 = [], [], [], [], [], [], []
-        for block in network.layers:
-            assert isinstance(block, Block) and isinstance(block.moe.experts, BlockedExperts)
-            assert block.attention.bound is not None
-            a, o = block.attention.bound
-            assert isinstance(a, NativeProjection) and isinstance(o, NativeProjection)
-            norms1.append(block.attention_norm.weight.contiguous())
-            norms2.append(block.ffn_norm.weight.contiguous())
-            qkv.append(a.packed)
-            wo.append(o.packed)
-            gates.append(pack(block.moe.gate.weight.float()))
-            for up, down in block.moe.experts.loop.pairs:
-                assert isinstance(up, NativeProjection) and isinstance(down, NativeProjection)
-                w13.append(up.packed)
-                w2.append(down.packed)
-        embed, norm = bound.embeddings.contiguous(), bound.norm.contiguous()
-        keep.extend((embed, norm, bound.head.packed))
+        def fp32(t: torch.Tensor) -> torch.Tensor:
+            return t.float().contiguous()
+
+        columns: dict[str, list[torch.Tensor | None]] = {
+            k: []
+            for k in (
+                "attn_norm",
+                "ffn_norm",
+                "gate",
+                "wqkv",
+                "wqkv_s",
+                "wo",
+                "wo_s",
+                "w13",
+                "w13_s",
+                "w2",
+                "w2_s",
+            )
+        }
+        for block, qkv, wo, experts in layers:
+            columns["attn_norm"].append(fp32(block.attention_norm.weight))
+            columns["ffn_norm"].append(fp32(block.ffn_norm.weight))
+            columns["gate"].append(pack(fp32(block.moe.gate.weight)))
+            for name, (w, scales) in (("wqkv", qkv), ("wo", wo)):
+                columns[name].append(w)
+                columns[name + "_s"].append(scales)
+            for up, down in experts:
+                for name, (w, scales) in (("w13", up), ("w2", down)):
+                    columns[name].append(w)
+                    columns[name + "_s"].append(scales)
+        embed, norm = bound.embeddings.contiguous(), fp32(bound.norm)
+        keep.extend((embed, norm, *head))
         self.model = StepModel(
             D=c.hidden_size,
             H=c.num_attention_heads,
@@ -111,15 +180,11 @@ class NativeStep:
             eps=c.rms_norm_eps,
             scale=c.head_dim**-0.5,
             embed=embed.data_ptr(),
-            attn_norm=array(norms1),
-            wqkv=array(qkv),
-            wo=array(wo),
-            ffn_norm=array(norms2),
-            gate=array(gates),
-            w13=array(w13),
-            w2=array(w2),
             norm=norm.data_ptr(),
-            head=bound.head.packed.data_ptr(),
+            head=head[0].data_ptr(),
+            quantized=int(quantized),
+            head_s=head[1].data_ptr() if head[1] is not None else 0,
+            **{name: array(tensors) for name, tensors in columns.items()},
         )
         self._keep, self._address = keep, ctypes.addressof(self.model)
         self._scratch: dict[tuple[int, int], torch.Tensor] = {}  # (rows, threads) -> buffer

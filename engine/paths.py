@@ -37,7 +37,7 @@ from .errors import InvalidInput, KernelUnavailable
 from .native import cpu_model
 from .network import AttentionStep, KVCache, Transformer, grouped_mm_supported
 
-__all__ = ["PATHS", "EnginePath", "choose", "cpu_model", "default_cache_dir"]
+__all__ = ["PATHS", "EnginePath", "choose", "cpu_model", "default_cache_dir", "settle"]
 
 log = logging.getLogger("infersight.engine")
 
@@ -47,6 +47,7 @@ STREAM_BYTES = 32 << 20  # weights cycled per measurement, beyond the caches as 
 STAND_IN_VOCAB = 1024  # the measuring model's vocabulary: its head is one product on either path
 STAND_IN_CONTEXT = 48  # the measured steps attend over this many cached positions
 STEPS_PER_ROUND = 4
+TO_MEASURE = "to measure"  # choose's reason for a path that `settle` measures on the loaded model
 BUDGET_S = 4.0  # measuring never holds a load up much longer (serve's start must stay < +30 s)
 
 
@@ -86,7 +87,8 @@ def choose(
     if requested not in PATHS:
         raise InvalidInput(f"engine_path must be one of {', '.join(PATHS)}, got {requested!r}")
     cpu = cpu_model() if device.type == "cpu" else device.type
-    if device.type != "cpu" or dtype != torch.float32 or quantize is not None:
+    int8 = quantize == "int8" and dtype == torch.bfloat16
+    if device.type != "cpu" or not (int8 or (dtype == torch.float32 and quantize is None)):
         return EnginePath("eager", cpu, "not applicable", 0.0), None
     if requested == "eager":
         return EnginePath("eager", cpu, "requested", 0.0), None
@@ -100,14 +102,13 @@ def choose(
     if requested == "native":
         return EnginePath("native", cpu, "requested", time.perf_counter() - start), kernels
 
-    shapes = _shapes(config)
-    c = config
-    key = f"{cpu}|torch {torch.__version__}|step|{shapes}|{c.num_local_experts}x{c.num_experts_per_tok}"
     verdicts = _read_verdicts(cache_dir)
-    found = verdicts.get(key)
+    found = verdicts.get(_key(cpu, config, quantize))
     if found is not None:
         speedups = tuple((int(r), float(x)) for r, x in found["speedups"])
         name, reason = str(found["path"]), "cached"
+    elif int8:  # its weights are not repacked: both paths run on the loaded model (`settle`)
+        return EnginePath("native", cpu, TO_MEASURE, time.perf_counter() - start), kernels
     else:
         try:
             speedups = measure(kernels, config)
@@ -115,11 +116,54 @@ def choose(
             log.warning("engine: measuring the native kernels failed (%s); decoding on the eager path", exc)
             return EnginePath("eager", cpu, f"fallback: {exc}", time.perf_counter() - start), None
         name, reason = ("native" if _native_wins(speedups) else "eager"), "measured"
-        verdicts[key] = {"path": name, "speedups": [list(s) for s in speedups]}
+        verdicts[_key(cpu, config, quantize)] = {"path": name, "speedups": [list(s) for s in speedups]}
         _write_verdicts(cache_dir, verdicts)
     path = EnginePath(name, cpu, reason, time.perf_counter() - start, speedups)
     log.info("engine: decoding on the %s path", path.describe())
     return path, kernels if name == "native" else None
+
+
+def settle(
+    path: EnginePath,
+    network: Transformer,
+    step: native_step.NativeStep | None,
+    *,
+    quantize: str | None,
+    cache_dir: Path | None = None,
+) -> EnginePath:
+    """The final path of a bound network: `path` itself, unless `choose` left it to measure on
+    the loaded model (int8), or the native path has no step for this network (then eager)."""
+    if path.name == "native" and step is None:
+        return dataclasses.replace(path, name="eager", reason="not applicable")
+    if path.reason != TO_MEASURE or step is None:
+        return path
+    start = time.perf_counter()
+    try:
+        speedups = _timed(
+            network, step, network.config.num_hidden_layers, network.tok_embeddings.weight.dtype, rounds=7
+        )
+    except Exception as exc:  # a kernel that fails on this machine must not stop the load
+        log.warning("engine: measuring the native step failed (%s); decoding on the eager path", exc)
+        return EnginePath("eager", path.cpu, f"fallback: {exc}", path.setup_s + time.perf_counter() - start)
+    name = "native" if _native_wins(speedups) else "eager"
+    cache_dir = cache_dir if cache_dir is not None else default_cache_dir()
+    verdicts = _read_verdicts(cache_dir)
+    verdicts[_key(path.cpu, network.config, quantize)] = {
+        "path": name,
+        "speedups": [list(s) for s in speedups],
+    }
+    _write_verdicts(cache_dir, verdicts)
+    settled = EnginePath(name, path.cpu, "measured", path.setup_s + time.perf_counter() - start, speedups)
+    log.info("engine: decoding on the %s path", settled.describe())
+    return settled
+
+
+def _key(cpu: str, config: ModelConfig, quantize: str | None) -> str:
+    c = config
+    return (
+        f"{cpu}|torch {torch.__version__}|step {quantize or 'fp32'}|{_shapes(c)}"
+        f"|{c.num_local_experts}x{c.num_experts_per_tok}"
+    )
 
 
 def measure(
@@ -140,7 +184,6 @@ def measure(
     threads on a busy machine swung 100x between rounds. (The native step's other gain, one
     fork-join per phase instead of one per op, only shows with more threads: this errs
     towards eager.) Past `budget_s` it stops after two rounds per row count."""
-    deadline = time.perf_counter() + budget_s
     c = config
     layer_bytes = (
         4
@@ -154,15 +197,31 @@ def measure(
     layers = max(1, min(c.num_hidden_layers, STREAM_BYTES // layer_bytes))
     stand_in = dataclasses.replace(c, num_hidden_layers=layers, vocab_size=min(c.vocab_size, STAND_IN_VOCAB))
     eager = _stand_in(stand_in, None)
-    step = native_step.NativeStep(_stand_in(stand_in, kernels), kernels)
-    context = STAND_IN_CONTEXT
+    step = native_step.step_for(_stand_in(stand_in, kernels), kernels)
+    if step is None:  # not for a CPU fp32 network bound on the native kernels: a bug, not a machine's lack
+        raise KernelUnavailable("no native step for the stand-in network")
+    return _timed(eager, step, layers, torch.float32, rounds=rounds, budget_s=budget_s)
+
+
+def _timed(
+    eager: Transformer,
+    step: native_step.NativeStep,
+    layers: int,
+    dtype: torch.dtype,
+    *,
+    rounds: int,
+    budget_s: float = BUDGET_S,
+) -> tuple[tuple[int, float], ...]:
+    """(rows, eager / native step time) at ROWS rows: `eager` run as a network, `step` as the C call."""
+    deadline = time.perf_counter() + budget_s
+    c, context = eager.config, STAND_IN_CONTEXT
     cache = KVCache.allocate(
         layers=layers,
         max_batch=max(ROWS),
         kv_heads=c.num_key_value_heads,
         max_seq_len=context,
         head_dim=c.head_dim,
-        dtype=torch.float32,
+        dtype=dtype,
         device=torch.device("cpu"),
     )
     cache.k.normal_()

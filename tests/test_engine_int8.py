@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from infersight.engine import load
+from infersight.engine import load, loading
 from infersight.engine.quant import Int8Experts, Int8Linear, int8_rows
 from safetensors.torch import load_file, save_file
 
@@ -30,6 +30,17 @@ def ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
     directory = tmp_path_factory.mktemp("int8")
     save_checkpoint(directory, 21, **SHAPE)
     return directory
+
+
+@pytest.fixture(params=["eager", "native"])
+def int8_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every `load` in the test forced onto one decode path: the eager int8 kernels, or the
+    native step (native_step.py) reading the same int8 weights."""
+    choose = loading.choose
+    monkeypatch.setattr(
+        loading, "choose", lambda config, **kw: choose(config, **(kw | {"requested": request.param}))
+    )
+    return str(request.param)
 
 
 @pytest.fixture(scope="module")
@@ -57,8 +68,11 @@ def test_int8_equals_the_model_with_dequantized_weights(
     assert (int8.logits(ids) - reference).abs().max().item() < 0.15 * reference.abs().max().item()
 
 
-def test_int8_logits_and_greedy_tokens_stay_close_to_fp32(ckpt: Path, ids: torch.Tensor) -> None:
+def test_int8_logits_and_greedy_tokens_stay_close_to_fp32(
+    ckpt: Path, ids: torch.Tensor, int8_path: str
+) -> None:
     fp32, int8 = load(ckpt, device="cpu"), load(ckpt, device="cpu", quantize="int8")
+    assert (int8.native_step is not None) == (int8_path == "native")
     a, b = fp32.logits(ids), int8.logits(ids)
     assert b.dtype == torch.float32 and b.shape == a.shape
     # stated tolerance: max abs error under 15% of the largest logit, top-1 agreement >= 90%
@@ -89,8 +103,11 @@ def test_router_gate_stays_full_precision_and_the_rest_is_int8(ckpt: Path) -> No
     assert held == full // 4
 
 
-def test_int8_serving_hooks_agree_with_its_full_forward(ckpt: Path, ids: torch.Tensor) -> None:
+def test_int8_serving_hooks_agree_with_its_full_forward(
+    ckpt: Path, ids: torch.Tensor, int8_path: str
+) -> None:
     model = load(ckpt, device="cpu", quantize="int8")
+    assert model.engine_path.name == int8_path
     cache = model.new_cache(max_batch=2, max_seq_len=32)
     full = model.logits(ids[:1, :10])[0]
     last = model.prefill(cache, 1, ids[0, :9])

@@ -140,11 +140,27 @@ def test_an_unwritable_cache_directory_falls_back_to_eager(
 
 
 def test_paths_without_a_native_variant_are_eager_and_say_so(checkpoint: Path, cache_dir: Path) -> None:
-    int8 = load(checkpoint, device="cpu", quantize="int8")
-    assert int8.engine_path == EnginePath("eager", cpu_model(), "not applicable", 0.0)
+    int4 = load(checkpoint, device="cpu", quantize="int4")
+    assert int4.engine_path == EnginePath("eager", cpu_model(), "not applicable", 0.0)
+    assert int4.native_step is None
     forced = load(checkpoint, device="cpu", engine_path="eager")
     assert (forced.engine_path.name, forced.engine_path.reason) == ("eager", "requested")
     assert not cache_dir.exists()  # nothing was built or measured for either
+
+
+def test_int8_is_measured_on_the_loaded_model_and_the_verdict_cached(
+    checkpoint: Path, cache_dir: Path
+) -> None:
+    first = load(checkpoint, device="cpu", quantize="int8")
+    assert first.engine_path.reason == "measured"
+    assert [rows for rows, _ in first.engine_path.speedups] == [1, 8]
+    geometric = (first.engine_path.speedups[0][1] * first.engine_path.speedups[1][1]) ** 0.5
+    assert first.engine_path.name == ("native" if geometric > 1.0 else "eager")
+    assert (first.native_step is not None) == (first.engine_path.name == "native")
+    again = load(checkpoint, device="cpu", quantize="int8")
+    assert again.engine_path.reason == "cached" and again.engine_path.name == first.engine_path.name
+    fp32 = load(checkpoint, device="cpu")  # its own verdict: not the int8 one
+    assert fp32.engine_path.reason == "measured"
 
 
 def test_an_unknown_engine_path_is_refused_naming_the_choices(checkpoint: Path) -> None:
