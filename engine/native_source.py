@@ -1,0 +1,502 @@
+"""The C source of the native library (native.py builds it; the Python side of each entry point
+is in native.py and native_step.py).
+
+Entry points:
+- `infersight_linear_f32`: out = residual + alpha * x W^T for any number of rows, W packed as
+  [N/16][K][16] (native.py's `pack`): each 16-column block is one contiguous run, read once
+  for up to 8 rows at a time, one FMA per row for each 64-byte load.
+- `infersight_decode_step` (and `infersight_step_scratch`, its scratch size): a whole decode
+  step of the Mixtral network for B rows inside one OpenMP parallel region (native_step.py
+  says what it computes and why). fp32 models read the packed weights; int8 weight-only ones
+  read the engine's int8 [N, K] rows and per-row scales, dequantised in registers, with a
+  bf16 embedding and KV cache.
+- `infersight_has_avx512`: which loops the build took.
+
+With AVX-512 (F, and BW/VL for the int8 loads) the loops use 512-bit FMAs and masked tails;
+without it, the same loops in plain C, auto-vectorised for what the CPU has. The router,
+norms and RoPE stay fp32 in both model kinds.
+"""
+
+__all__ = ["SOURCE"]
+
+SOURCE = r"""
+#include <stdint.h>
+#include <stddef.h>
+#ifdef __AVX512F__
+#include <immintrin.h>
+#endif
+
+/* Rows m0..m0+MR-1 of out against one 16-column block of the packed weight wb [K][16]:
+   acc[i] += x[m0 + i, k] * wb[k][:], one 64-byte weight load feeds MR FMAs. */
+static inline __attribute__((always_inline)) void rows(
+        const float *x, const float *wb, const float *residual, float *out,
+        int64_t m0, const int MR, int64_t n0, int nr, int64_t N, int64_t K, float alpha) {
+#ifdef __AVX512F__
+    __m512 acc[8];
+    for (int i = 0; i < MR; i++) acc[i] = _mm512_setzero_ps();
+    for (int64_t k = 0; k < K; k++) {
+        __m512 wv = _mm512_load_ps(wb + k * 16);
+        for (int i = 0; i < MR; i++)
+            acc[i] = _mm512_fmadd_ps(_mm512_set1_ps(x[(m0 + i) * K + k]), wv, acc[i]);
+    }
+    __mmask16 cols = (__mmask16)((1u << nr) - 1u);
+    __m512 a = _mm512_set1_ps(alpha);
+    for (int i = 0; i < MR; i++) {
+        int64_t at = (m0 + i) * N + n0;
+        __m512 y = _mm512_mul_ps(acc[i], a);
+        if (residual) y = _mm512_add_ps(y, _mm512_maskz_loadu_ps(cols, residual + at));
+        _mm512_mask_storeu_ps(out + at, cols, y);
+    }
+#else
+    float acc[8][16] = {{0}};
+    for (int64_t k = 0; k < K; k++)
+        for (int i = 0; i < MR; i++)
+            for (int j = 0; j < 16; j++) acc[i][j] += x[(m0 + i) * K + k] * wb[k * 16 + j];
+    for (int i = 0; i < MR; i++)
+        for (int j = 0; j < nr; j++) {
+            int64_t at = (m0 + i) * N + n0 + j;
+            out[at] = (residual ? residual[at] : 0.0f) + alpha * acc[i][j];
+        }
+#endif
+}
+
+/* out [M, N] = residual [M, N] (or 0) + alpha * x [M, K] @ W^T, W packed as [ceil(N/16)][K][16]
+   (zero-padded, 64-byte aligned); contiguous fp32. Parallel over 16-column blocks: each block
+   (K * 64 bytes) is read from memory once and stays in cache for every row of x. */
+void infersight_linear_f32(const float *x, const float *wp, const float *residual, float *out,
+                           int64_t M, int64_t N, int64_t K, float alpha) {
+    int64_t blocks = (N + 15) / 16;
+    int parallel = N * K >= (1 << 16);
+#pragma omp parallel for schedule(static) if (parallel)
+    for (int64_t b = 0; b < blocks; b++) {
+        const float *wb = wp + b * K * 16;
+        int64_t n0 = b * 16;
+        int nr = N - n0 < 16 ? (int)(N - n0) : 16;
+        int64_t m0 = 0;
+        for (; m0 + 8 <= M; m0 += 8) rows(x, wb, residual, out, m0, 8, n0, nr, N, K, alpha);
+        switch (M - m0) {
+            case 1: rows(x, wb, residual, out, m0, 1, n0, nr, N, K, alpha); break;
+            case 2: rows(x, wb, residual, out, m0, 2, n0, nr, N, K, alpha); break;
+            case 3: rows(x, wb, residual, out, m0, 3, n0, nr, N, K, alpha); break;
+            case 4: rows(x, wb, residual, out, m0, 4, n0, nr, N, K, alpha); break;
+            case 5: rows(x, wb, residual, out, m0, 5, n0, nr, N, K, alpha); break;
+            case 6: rows(x, wb, residual, out, m0, 6, n0, nr, N, K, alpha); break;
+            case 7: rows(x, wb, residual, out, m0, 7, n0, nr, N, K, alpha); break;
+            default: break;
+        }
+    }
+}
+
+/* ---- the decode step: every layer of one token per row in one parallel region ---------- */
+#include <math.h>
+#include <string.h>
+#include <omp.h>
+
+typedef struct {
+    int64_t D, H, Hkv, hd, I, E, topk, V, layers, window; /* window 0: none */
+    float eps, scale;
+    const float *embed;                 /* [V, D] */
+    const float *const *attn_norm;      /* [layers] -> [D] */
+    const float *const *wqkv;           /* [layers] -> packed [(H + 2 Hkv) hd] x D */
+    const float *const *wo;             /* [layers] -> packed D x H hd */
+    const float *const *ffn_norm;       /* [layers] -> [D] */
+    const float *const *gate;           /* [layers] -> packed E x D (the router) */
+    const float *const *w13;            /* [layers * E] -> packed 2I x D (w1 rows, then w3) */
+    const float *const *w2;             /* [layers * E] -> packed D x I */
+    const float *norm;                  /* [D] */
+    const float *head;                  /* packed V x D */
+    /* quantized (int8 weight-only models): the projections' pointers above are int8 [N, K]
+       row-major, with per-row scales here; embedding and KV cache bf16; norms, router, RoPE fp32 */
+    int64_t quantized;
+    const float *const *wqkv_s, *const *wo_s, *const *w13_s, *const *w2_s;
+    const float *head_s;
+} infersight_model;
+
+static inline float bf16_in(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+static inline uint16_t bf16_out(float f) { /* round to nearest even, as torch's conversion */
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 64u); /* NaN stays NaN */
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+/* out[r * 16 + c] = s[c] * x_r . w[c] for r < MR, c < 4, w int8 rows K apart (row c0 + c of
+   the caller's 16-column block; rows past `nc` repeat the last, their results unused). */
+static inline __attribute__((always_inline)) void quad8(
+        const float *x, int64_t ldx, const int8_t *w, const float *s, int64_t nc, int64_t K,
+        const int MR, float *out) {
+    const int8_t *rw[4];
+    for (int c = 0; c < 4; c++) rw[c] = w + (c < nc ? c : nc - 1) * K;
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+    __m512 acc[4][4];
+    for (int r = 0; r < MR; r++)
+        for (int c = 0; c < 4; c++) acc[r][c] = _mm512_setzero_ps();
+    for (int64_t k = 0; k < K; k += 16) {
+        __mmask16 km = K - k >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (K - k)) - 1u);
+        __m512 wv[4];
+        for (int c = 0; c < 4; c++)
+            wv[c] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(km, rw[c] + k)));
+        for (int r = 0; r < MR; r++) {
+            __m512 xv = _mm512_maskz_loadu_ps(km, x + r * ldx + k);
+            for (int c = 0; c < 4; c++) acc[r][c] = _mm512_fmadd_ps(xv, wv[c], acc[r][c]);
+        }
+    }
+    for (int r = 0; r < MR; r++)
+        for (int c = 0; c < nc; c++) out[r * 16 + c] = s[c] * _mm512_reduce_add_ps(acc[r][c]);
+#else
+    for (int r = 0; r < MR; r++)
+        for (int c = 0; c < nc; c++) {
+            float a = 0.0f;
+            for (int64_t k = 0; k < K; k++) a += x[r * ldx + k] * (float)rw[c][k];
+            out[r * 16 + c] = s[c] * a;
+        }
+#endif
+}
+
+/* out [M][16]: rows n0..n0+nr-1 (nr <= 16) of an int8 weight [N, K] with scales [N], for M rows of x */
+static void rows8(const float *x, int64_t ldx, int64_t M, const int8_t *w, const float *s,
+                  int64_t n0, int64_t nr, int64_t K, float *out) {
+    for (int64_t r = 0; r < M; r += 4) {
+        int64_t n = M - r < 4 ? M - r : 4;
+        for (int64_t c = 0; c < nr; c += 4) {
+            const int8_t *wc = w + (n0 + c) * K;
+            const float *sc = s + n0 + c, *xr = x + r * ldx;
+            int64_t nc = nr - c < 4 ? nr - c : 4;
+            float *o = out + r * 16 + c;
+            switch (n) {
+                case 1: quad8(xr, ldx, wc, sc, nc, K, 1, o); break;
+                case 2: quad8(xr, ldx, wc, sc, nc, K, 2, o); break;
+                case 3: quad8(xr, ldx, wc, sc, nc, K, 3, o); break;
+                default: quad8(xr, ldx, wc, sc, nc, K, 4, o); break;
+            }
+        }
+    }
+}
+
+/* out[r][0..15] = x[r, :] . wb[:, 0..15] for r < MR (x rows ldx apart), wb one packed block [K][16]. */
+static inline __attribute__((always_inline)) void tile(
+        const float *x, int64_t ldx, const float *wb, int64_t K, const int MR, float *out) {
+#ifdef __AVX512F__
+    if (MR == 1) { /* one row: four chains hide the FMA latency */
+        __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        int64_t k = 0;
+        for (; k + 4 <= K; k += 4) {
+            a0 = _mm512_fmadd_ps(_mm512_set1_ps(x[k]), _mm512_load_ps(wb + k * 16), a0);
+            a1 = _mm512_fmadd_ps(_mm512_set1_ps(x[k + 1]), _mm512_load_ps(wb + k * 16 + 16), a1);
+            a2 = _mm512_fmadd_ps(_mm512_set1_ps(x[k + 2]), _mm512_load_ps(wb + k * 16 + 32), a2);
+            a3 = _mm512_fmadd_ps(_mm512_set1_ps(x[k + 3]), _mm512_load_ps(wb + k * 16 + 48), a3);
+        }
+        for (; k < K; k++) a0 = _mm512_fmadd_ps(_mm512_set1_ps(x[k]), _mm512_load_ps(wb + k * 16), a0);
+        _mm512_storeu_ps(out, _mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
+        return;
+    }
+    if (MR == 2) {
+        __m512 a0 = _mm512_setzero_ps(), a1 = a0, b0 = a0, b1 = a0;
+        const float *y = x + ldx;
+        int64_t k = 0;
+        for (; k + 2 <= K; k += 2) {
+            __m512 w0 = _mm512_load_ps(wb + k * 16), w1 = _mm512_load_ps(wb + k * 16 + 16);
+            a0 = _mm512_fmadd_ps(_mm512_set1_ps(x[k]), w0, a0);
+            b0 = _mm512_fmadd_ps(_mm512_set1_ps(y[k]), w0, b0);
+            a1 = _mm512_fmadd_ps(_mm512_set1_ps(x[k + 1]), w1, a1);
+            b1 = _mm512_fmadd_ps(_mm512_set1_ps(y[k + 1]), w1, b1);
+        }
+        for (; k < K; k++) {
+            __m512 w0 = _mm512_load_ps(wb + k * 16);
+            a0 = _mm512_fmadd_ps(_mm512_set1_ps(x[k]), w0, a0);
+            b0 = _mm512_fmadd_ps(_mm512_set1_ps(y[k]), w0, b0);
+        }
+        _mm512_storeu_ps(out, _mm512_add_ps(a0, a1));
+        _mm512_storeu_ps(out + 16, _mm512_add_ps(b0, b1));
+        return;
+    }
+    __m512 acc[8];
+    for (int i = 0; i < MR; i++) acc[i] = _mm512_setzero_ps();
+    for (int64_t k = 0; k < K; k++) {
+        __m512 wv = _mm512_load_ps(wb + k * 16);
+        for (int i = 0; i < MR; i++) acc[i] = _mm512_fmadd_ps(_mm512_set1_ps(x[i * ldx + k]), wv, acc[i]);
+    }
+    for (int i = 0; i < MR; i++) _mm512_storeu_ps(out + i * 16, acc[i]);
+#else
+    float acc[8][16] = {{0}};
+    for (int64_t k = 0; k < K; k++)
+        for (int i = 0; i < MR; i++)
+            for (int j = 0; j < 16; j++) acc[i][j] += x[i * ldx + k] * wb[k * 16 + j];
+    for (int i = 0; i < MR; i++)
+        for (int j = 0; j < 16; j++) out[i * 16 + j] = acc[i][j];
+#endif
+}
+
+/* tile for any rows m (<= 8 per call, chunked here): out [m][16] */
+static void tiles(const float *x, int64_t ldx, int64_t m, const float *wb, int64_t K, float *out) {
+    for (int64_t r = 0; r < m; r += 8) {
+        int64_t n = m - r < 8 ? m - r : 8;
+        const float *xr = x + r * ldx;
+        float *o = out + r * 16;
+        switch (n) {
+            case 1: tile(xr, ldx, wb, K, 1, o); break;
+            case 2: tile(xr, ldx, wb, K, 2, o); break;
+            case 3: tile(xr, ldx, wb, K, 3, o); break;
+            case 4: tile(xr, ldx, wb, K, 4, o); break;
+            case 5: tile(xr, ldx, wb, K, 5, o); break;
+            case 6: tile(xr, ldx, wb, K, 6, o); break;
+            case 7: tile(xr, ldx, wb, K, 7, o); break;
+            default: tile(xr, ldx, wb, K, 8, o); break;
+        }
+    }
+}
+
+/* out [M][16] = columns n0..n0+nr-1 (n0 a multiple of 16, nr <= 16) of x [M, K] @ W^T: W
+   packed fp32 (scales unused), or int8 rows with scales `s` when `quantized`. */
+static void block(int64_t quantized, const float *x, int64_t ldx, int64_t M, const void *w,
+                  const float *s, int64_t n0, int64_t nr, int64_t K, float *out) {
+    if (quantized) rows8(x, ldx, M, (const int8_t *)w, s, n0, nr, K, out);
+    else tiles(x, ldx, M, (const float *)w + (n0 / 16) * K * 16, K, out);
+}
+
+/* Inside a parallel region: out [M, N] (+)= x [M, K] @ W^T (see `block`); `add`: accumulate into out.
+   Work-shared over 16-column blocks; ends with the loop's barrier. acc: this thread's [M][16]. */
+static void linear_for(int64_t quantized, const float *x, int64_t M, const void *w,
+                       const float *s, int64_t N, int64_t K, float *out, int add, float *acc) {
+    int64_t blocks = (N + 15) / 16;
+#pragma omp for schedule(static)
+    for (int64_t b = 0; b < blocks; b++) {
+        int64_t n0 = b * 16, nr = N - n0 < 16 ? N - n0 : 16;
+        block(quantized, x, K, M, w, s, n0, nr, K, acc);
+        for (int64_t i = 0; i < M; i++)
+            for (int64_t j = 0; j < nr; j++) {
+                float *o = out + i * N + n0 + j;
+                *o = add ? *o + acc[i * 16 + j] : acc[i * 16 + j];
+            }
+    }
+}
+
+static inline float dot(const float *a, const float *b, int64_t n) {
+#ifdef __AVX512F__
+    __m512 s = _mm512_setzero_ps();
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) s = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), s);
+    if (i < n) {
+        __mmask16 k = (__mmask16)((1u << (n - i)) - 1u);
+        s = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(k, a + i), _mm512_maskz_loadu_ps(k, b + i), s);
+    }
+    return _mm512_reduce_add_ps(s);
+#else
+    float s = 0.0f;
+    for (int64_t i = 0; i < n; i++) s += a[i] * b[i];
+    return s;
+#endif
+}
+
+static void rms_norm_rows(const float *x, const float *w, float *out, int64_t M, int64_t D, float eps) {
+    for (int64_t i = 0; i < M; i++) {
+        const float *r = x + i * D;
+        float ss = dot(r, r, D);
+        float inv = 1.0f / sqrtf(eps + ss / (float)D);
+        for (int64_t j = 0; j < D; j++) out[i * D + j] = r[j] * inv * w[j];
+    }
+}
+
+/* Floats of scratch one step of B rows on `threads` threads needs (the caller keeps one per B). */
+int64_t infersight_step_scratch(const infersight_model *m, int64_t B, int64_t threads) {
+    int64_t bk = B * m->topk, NQ = (m->H + 2 * m->Hkv) * m->hd;
+    int64_t floats = 2 * B * m->D + B * NQ + B * m->H * m->hd + B * m->E + bk
+                     + bk * m->D + bk * 2 * m->I + bk * m->I + threads * (2 * B * 16 + 2 * m->hd);
+    int64_t ints = 2 * bk + 3 * m->E + 1;
+    return floats + 2 * ints + 16;
+}
+
+static inline float silu_mul(float g, float u) { return g / (1.0f + expf(-g)) * u; }
+
+/* One decode step: tokens[b] at positions[b] of cache slot slots[b] -> logits [B, V], the
+   keys and values written into the cache. One parallel region; between its phases only the
+   work-sharing loops' barriers. */
+void infersight_decode_step(const infersight_model *m, int64_t B, const int64_t *tokens,
+                            const int64_t *slots, const int64_t *positions,
+                            void *kcache, void *vcache, int64_t max_batch, int64_t S,
+                            const float *rope_cos, const float *rope_sin,
+                            float *logits, float *scratch, int64_t threads) {
+    const int64_t D = m->D, H = m->H, Hkv = m->Hkv, hd = m->hd, I = m->I, E = m->E, topk = m->topk;
+    const int64_t NQ = (H + 2 * Hkv) * hd, bk = B * topk, heads = H + 2 * Hkv;
+    const int64_t per_kv = max_batch * Hkv * S * hd, stride = 2 * B * 16 + 2 * hd;
+    const int64_t q8 = m->quantized, esz = q8 ? 2 : 4; /* cache element: bf16 or fp32 */
+    /* w1 block j and w3 block I/16 + j cover the same columns (int8 rows: any I) */
+    const int fused = q8 || I % 16 == 0;
+    const int64_t iblocks = (I + 15) / 16, dblocks = (D + 15) / 16;
+    float *x = scratch, *xn = x + B * D, *qkv = xn + B * D, *attn = qkv + B * NQ;
+    float *router = attn + B * H * hd, *sel_w = router + B * E, *xe = sel_w + bk;
+    float *h = xe + bk * D, *act = h + bk * 2 * I, *per_thread = act + bk * I;
+    int64_t *sel_e = (int64_t *)(void *)(((uintptr_t)(per_thread + threads * stride) + 15) & ~(uintptr_t)15);
+    int64_t *order = sel_e + bk, *group = order + bk, *count = group + E + 1, *active = count + E;
+    int64_t n_active = 0;
+
+    for (int64_t b = 0; b < B; b++) {
+        if (q8)
+            for (int64_t j = 0; j < D; j++) x[b * D + j] = bf16_in(((const uint16_t *)m->embed)[tokens[b] * D + j]);
+        else
+            memcpy(x + b * D, m->embed + tokens[b] * D, D * sizeof(float));
+    }
+
+#pragma omp parallel num_threads((int)threads)
+    {
+        int tid = omp_get_thread_num();
+        float *acc = per_thread + tid * stride, *acc2 = acc + B * 16, *tmp = acc2 + B * 16, *tmp2 = tmp + hd;
+        for (int64_t l = 0; l < m->layers; l++) {
+            char *kc = (char *)kcache + l * per_kv * esz, *vc = (char *)vcache + l * per_kv * esz;
+#pragma omp single
+            rms_norm_rows(x, m->attn_norm[l], xn, B, D, m->eps);
+            linear_for(q8, xn, B, m->wqkv[l], q8 ? m->wqkv_s[l] : 0, NQ, D, qkv, 0, acc);
+            /* RoPE on the q and k heads; k and v into the cache */
+#pragma omp for schedule(static)
+            for (int64_t item = 0; item < B * heads; item++) {
+                int64_t b = item / heads, head = item % heads, pos = positions[b];
+                float *v = qkv + b * NQ + head * hd;
+                if (head < H + Hkv) {
+                    const float *c = rope_cos + pos * hd, *s = rope_sin + pos * hd;
+                    int64_t half = hd / 2;
+                    for (int64_t i = 0; i < hd; i++) tmp[i] = v[i];
+                    for (int64_t i = 0; i < hd; i++) v[i] = tmp[i] * c[i] + tmp[(i + half) % hd] * s[i];
+                }
+                if (head >= H) {
+                    int64_t g = head < H + Hkv ? head - H : head - H - Hkv;
+                    char *dst = (head < H + Hkv ? kc : vc) + ((slots[b] * Hkv + g) * S + pos) * hd * esz;
+                    if (q8)
+                        for (int64_t i = 0; i < hd; i++) ((uint16_t *)dst)[i] = bf16_out(v[i]);
+                    else
+                        memcpy(dst, v, hd * sizeof(float));
+                }
+            }
+            /* attention: each (row, query head) over its slot's positions, one pass (running max) */
+#pragma omp for schedule(static)
+            for (int64_t item = 0; item < B * H; item++) {
+                int64_t b = item / H, head = item % H, g = head / (H / Hkv), pos = positions[b];
+                const float *q = qkv + b * NQ + head * hd;
+                const char *keys = kc + (slots[b] * Hkv + g) * S * hd * esz;
+                const char *vals = vc + (slots[b] * Hkv + g) * S * hd * esz;
+                float *o = attn + b * H * hd + head * hd, mx = -INFINITY, sum = 0.0f;
+                int64_t t0 = m->window > 0 && pos - m->window + 1 > 0 ? pos - m->window + 1 : 0;
+                for (int64_t i = 0; i < hd; i++) o[i] = 0.0f;
+                for (int64_t t = t0; t <= pos; t++) {
+                    const float *k = (const float *)(const void *)(keys + t * hd * esz);
+                    const float *vv = (const float *)(const void *)(vals + t * hd * esz);
+                    if (q8) {
+                        for (int64_t i = 0; i < hd; i++) tmp[i] = bf16_in(((const uint16_t *)k)[i]);
+                        for (int64_t i = 0; i < hd; i++) tmp2[i] = bf16_in(((const uint16_t *)vv)[i]);
+                        k = tmp;
+                        vv = tmp2;
+                    }
+                    float s = dot(q, k, hd) * m->scale;
+                    if (s > mx) {
+                        float r = expf(mx - s);
+                        sum *= r;
+                        for (int64_t i = 0; i < hd; i++) o[i] *= r;
+                        mx = s;
+                    }
+                    float p = expf(s - mx);
+                    sum += p;
+                    for (int64_t i = 0; i < hd; i++) o[i] += p * vv[i];
+                }
+                for (int64_t i = 0; i < hd; i++) o[i] /= sum;
+            }
+            linear_for(q8, attn, B, m->wo[l], q8 ? m->wo_s[l] : 0, D, H * hd, x, 1, acc); /* x += attention */
+#pragma omp single
+            rms_norm_rows(x, m->ffn_norm[l], xn, B, D, m->eps);
+            linear_for(0, xn, B, m->gate[l], 0, E, D, router, 0, acc); /* the router: fp32 always */
+            /* routing: each row's top-k logits, softmax over them (== softmax over all experts,
+               top-k, renormalised); the (row, k) pairs grouped by expert, their x copied in */
+#pragma omp single
+            {
+                for (int64_t e = 0; e < E; e++) count[e] = 0;
+                for (int64_t b = 0; b < B; b++) {
+                    const float *r = router + b * E;
+                    int64_t *chosen = sel_e + b * topk;
+                    float *w = sel_w + b * topk, sum = 0.0f;
+                    for (int64_t j = 0; j < topk; j++) {
+                        int64_t best = -1;
+                        for (int64_t e = 0; e < E; e++) {
+                            int taken = 0;
+                            for (int64_t u = 0; u < j; u++) taken |= chosen[u] == e;
+                            if (!taken && (best < 0 || r[e] > r[best])) best = e;
+                        }
+                        chosen[j] = best;
+                        count[best]++;
+                    }
+                    for (int64_t j = 0; j < topk; j++) sum += (w[j] = expf(r[chosen[j]] - r[chosen[0]]));
+                    for (int64_t j = 0; j < topk; j++) w[j] /= sum;
+                }
+                n_active = 0;
+                group[0] = 0;
+                for (int64_t e = 0; e < E; e++) {
+                    group[e + 1] = group[e] + count[e];
+                    if (count[e]) active[n_active++] = e;
+                    count[e] = group[e];
+                }
+                for (int64_t p = 0; p < bk; p++) {
+                    int64_t at = count[sel_e[p]]++;
+                    order[at] = p;
+                    memcpy(xe + at * D, xn + (p / topk) * D, D * sizeof(float));
+                }
+            }
+            /* the chosen experts' w1 and w3 (and SiLU(w1 x) * w3 x when the blocks line up) */
+            if (fused) {
+#pragma omp for schedule(static)
+                for (int64_t item = 0; item < n_active * iblocks; item++) {
+                    int64_t e = active[item / iblocks], j = item % iblocks;
+                    int64_t g0 = group[e], n = group[e + 1] - g0;
+                    const float *w = m->w13[l * E + e], *ws = q8 ? m->w13_s[l * E + e] : 0;
+                    int64_t nr = I - j * 16 < 16 ? I - j * 16 : 16;
+                    block(q8, xe + g0 * D, D, n, w, ws, j * 16, nr, D, acc);
+                    block(q8, xe + g0 * D, D, n, w, ws, q8 ? I + j * 16 : (iblocks + j) * 16, nr, D, acc2);
+                    for (int64_t i = 0; i < n; i++)
+                        for (int64_t c = 0; c < nr; c++)
+                            act[(g0 + i) * I + j * 16 + c] = silu_mul(acc[i * 16 + c], acc2[i * 16 + c]);
+                }
+            } else {
+                int64_t hblocks = (2 * I + 15) / 16;
+#pragma omp for schedule(static)
+                for (int64_t item = 0; item < n_active * hblocks; item++) {
+                    int64_t e = active[item / hblocks], j = item % hblocks;
+                    int64_t g0 = group[e], n = group[e + 1] - g0, nr = 2 * I - j * 16 < 16 ? 2 * I - j * 16 : 16;
+                    tiles(xe + g0 * D, D, n, m->w13[l * E + e] + j * D * 16, D, acc);
+                    for (int64_t i = 0; i < n; i++)
+                        for (int64_t c = 0; c < nr; c++) h[(g0 + i) * 2 * I + j * 16 + c] = acc[i * 16 + c];
+                }
+#pragma omp for schedule(static)
+                for (int64_t r = 0; r < bk; r++)
+                    for (int64_t c = 0; c < I; c++) act[r * I + c] = silu_mul(h[r * 2 * I + c], h[r * 2 * I + I + c]);
+            }
+            /* w2, scaled by each pair's routing weight, summed into its row's residual */
+#pragma omp for schedule(static)
+            for (int64_t j = 0; j < dblocks; j++) {
+                int64_t n0 = j * 16, nr = D - n0 < 16 ? D - n0 : 16;
+                for (int64_t a = 0; a < n_active; a++) {
+                    int64_t e = active[a], g0 = group[e], n = group[e + 1] - g0;
+                    block(q8, act + g0 * I, I, n, m->w2[l * E + e], q8 ? m->w2_s[l * E + e] : 0, n0, nr, I, acc);
+                    for (int64_t i = 0; i < n; i++) {
+                        int64_t p = order[g0 + i];
+                        float w = sel_w[p], *o = x + (p / topk) * D + n0;
+                        for (int64_t c = 0; c < nr; c++) o[c] += w * acc[i * 16 + c];
+                    }
+                }
+            }
+        }
+#pragma omp single
+        rms_norm_rows(x, m->norm, xn, B, D, m->eps);
+        linear_for(q8, xn, B, m->head, m->head_s, m->V, D, logits, 0, acc);
+    }
+}
+
+int infersight_has_avx512(void) {
+#ifdef __AVX512F__
+    return 1;
+#else
+    return 0;
+#endif
+}
+"""
