@@ -316,8 +316,9 @@ static inline float silu_mul(float g, float u) { return g / (1.0f + expf(-g)) * 
 
 /* One decode step: tokens[b] at positions[b] of cache slot slots[b] -> logits [B, V], the
    keys and values written into the cache. One parallel region; between its phases only the
-   work-sharing loops' barriers. */
-void infersight_decode_step(const infersight_model *m, int64_t B, const int64_t *tokens,
+   work-sharing loops' barriers. Returns -1, or the first row whose token id is not in
+   [0, V) (then nothing is computed or written). */
+int64_t infersight_decode_step(const infersight_model *m, int64_t B, const int64_t *tokens,
                             const int64_t *slots, const int64_t *positions,
                             void *kcache, void *vcache, int64_t max_batch, int64_t S,
                             const float *rope_cos, const float *rope_sin,
@@ -336,6 +337,8 @@ void infersight_decode_step(const infersight_model *m, int64_t B, const int64_t 
     int64_t *order = sel_e + bk, *group = order + bk, *count = group + E + 1, *active = count + E;
     int64_t n_active = 0;
 
+    for (int64_t b = 0; b < B; b++)
+        if (tokens[b] < 0 || tokens[b] >= m->V) return b;
     for (int64_t b = 0; b < B; b++) {
         if (q8)
             for (int64_t j = 0; j < D; j++) x[b * D + j] = bf16_in(((const uint16_t *)m->embed)[tokens[b] * D + j]);
@@ -490,6 +493,7 @@ void infersight_decode_step(const infersight_model *m, int64_t B, const int64_t 
         rms_norm_rows(x, m->norm, xn, B, D, m->eps);
         linear_for(q8, xn, B, m->head, m->head_s, m->V, D, logits, 0, acc);
     }
+    return -1;
 }
 
 int infersight_has_avx512(void) {

@@ -26,6 +26,7 @@ import ctypes
 
 import torch
 
+from .errors import InvalidInput
 from .native import NativeKernels, NativeProjection, pack
 from .network import Block, BlockedExperts, KVCache, RopeTable, Transformer
 from .projection import Int8Projection
@@ -187,6 +188,8 @@ class NativeStep:
             **{name: array(tensors) for name, tensors in columns.items()},
         )
         self._keep, self._address = keep, ctypes.addressof(self.model)
+        self._cache_dtype = torch.bfloat16 if quantized else torch.float32
+        self._cache_shape = (c.num_hidden_layers, c.num_key_value_heads, c.head_dim)
         self._scratch: dict[tuple[int, int], torch.Tensor] = {}  # (rows, threads) -> buffer
 
     def __call__(
@@ -194,6 +197,11 @@ class NativeStep:
     ) -> torch.Tensor:
         """ids, slots, positions [B] int64 on the CPU, every position < kv_len <= the cache's
         length, slots distinct and in range (MoEModel checks) -> fp32 logits [B, V]."""
+        k = cache.k
+        if k.dtype != self._cache_dtype or (k.shape[0], k.shape[2], k.shape[4]) != self._cache_shape:
+            raise InvalidInput(
+                f"a KV cache of {k.dtype} {list(k.shape)} is not this model's (new_cache makes one)"
+            )
         B = ids.shape[0]
         threads = torch.get_num_threads()
         scratch = self._scratch.get((B, threads))
@@ -203,7 +211,7 @@ class NativeStep:
         cos, sin = self.rope.lookup(positions, kv_len, 0)  # views of rows 0..: the whole table's start
         logits = torch.empty((B, self.model.V), dtype=torch.float32)
         ids, slots, positions = ids.contiguous(), slots.contiguous(), positions.contiguous()
-        self.kernels.step(
+        bad = self.kernels.step(
             self._address,
             B,
             ids.data_ptr(),
@@ -219,4 +227,6 @@ class NativeStep:
             scratch.data_ptr(),
             threads,
         )
+        if bad >= 0:
+            raise InvalidInput(f"token ids must lie in [0, {self.model.V}), got {int(ids[bad])}")
         return logits

@@ -17,6 +17,7 @@ import torch
 from infersight.collectors import EnginePathCollector
 from infersight.engine import EnginePath, InvalidInput, load
 from infersight.engine.native import NativeProjection
+from infersight.engine.network import KVCache
 from infersight.engine.paths import cpu_model
 from prometheus_client import CollectorRegistry, generate_latest
 
@@ -161,6 +162,29 @@ def test_int8_is_measured_on_the_loaded_model_and_the_verdict_cached(
     assert again.engine_path.reason == "cached" and again.engine_path.name == first.engine_path.name
     fp32 = load(checkpoint, device="cpu")  # its own verdict: not the int8 one
     assert fp32.engine_path.reason == "measured"
+
+
+def test_the_native_step_refuses_a_token_id_outside_the_vocabulary(checkpoint: Path, cache_dir: Path) -> None:
+    model = load(checkpoint, device="cpu", engine_path="native")
+    assert model.native_step is not None
+    cache = model.new_cache(max_batch=2, max_seq_len=8)
+    model.prefill(cache, 0, torch.tensor([3, 4]))
+    before = cache.k.clone()
+    with pytest.raises(InvalidInput, match=r"token ids must lie in \[0, 96\), got 96"):
+        model.decode(cache, torch.tensor([0, 1]), torch.tensor([5, 96]), torch.tensor([2, 0]))
+    assert torch.equal(cache.k, before)  # nothing was written
+    c = model.config
+    foreign = KVCache.allocate(  # a bf16 cache, as an int8 model's: not what this fp32 step reads
+        layers=c.num_hidden_layers,
+        max_batch=1,
+        kv_heads=c.num_key_value_heads,
+        max_seq_len=8,
+        head_dim=c.head_dim,
+        dtype=torch.bfloat16,
+        device=torch.device("cpu"),
+    )
+    with pytest.raises(InvalidInput, match="not this model's"):
+        model.decode(foreign, torch.tensor([0]), torch.tensor([5]), torch.tensor([0]))
 
 
 def test_an_unknown_engine_path_is_refused_naming_the_choices(checkpoint: Path) -> None:
