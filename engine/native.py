@@ -62,13 +62,15 @@ def compiler() -> str | None:
 
 
 class NativeKernels:
-    """The loaded library. `linear` is the one entry point; `avx512` says which loop it was built with."""
+    """The loaded library: `linear` (the packed product), `step` and `step_scratch` (the decode
+    step: native_step.py); `avx512` and `vnni` say which loops it was built with."""
 
     def __init__(self, path: Path) -> None:
         try:
             lib = ctypes.CDLL(str(path))
             fn = lib.infersight_linear_f32
             avx512 = bool(lib.infersight_has_avx512())
+            vnni = bool(lib.infersight_has_vnni())
             step, step_scratch = lib.infersight_decode_step, lib.infersight_step_scratch
         except (OSError, AttributeError) as exc:
             raise KernelUnavailable(f"cannot load {path}: {exc}") from exc
@@ -81,7 +83,7 @@ class NativeKernels:
         step.restype = i64  # -1, or the first row with a token id out of range
         step_scratch.argtypes = [p, i64, i64]
         step_scratch.restype = i64
-        self.path, self.avx512, self._fn = path, avx512, fn
+        self.path, self.avx512, self.vnni, self._fn = path, avx512, vnni, fn
         self.step, self.step_scratch = step, step_scratch
 
     def linear(

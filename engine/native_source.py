@@ -110,6 +110,7 @@ typedef struct {
     int64_t quantized;
     const float *const *wqkv_s, *const *wo_s, *const *w13_s, *const *w2_s;
     const float *head_s;
+    int64_t act8; /* quantized: int8 activations too (VNNI builds only; else ignored) */
 } infersight_model;
 
 static inline float bf16_in(uint16_t h) {
@@ -140,8 +141,10 @@ static inline __attribute__((always_inline)) void quad8(
     for (int64_t k = 0; k < K; k += 16) {
         __mmask16 km = K - k >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (K - k)) - 1u);
         __m512 wv[4];
-        for (int c = 0; c < 4; c++)
+        for (int c = 0; c < 4; c++) {
+            if ((k & 63) == 0) _mm_prefetch((const char *)(rw[c] + k + 8 * K), _MM_HINT_T0); /* see quadv */
             wv[c] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(km, rw[c] + k)));
+        }
         for (int r = 0; r < MR; r++) {
             __m512 xv = _mm512_maskz_loadu_ps(km, x + r * ldx + k);
             for (int c = 0; c < 4; c++) acc[r][c] = _mm512_fmadd_ps(xv, wv[c], acc[r][c]);
@@ -252,10 +255,122 @@ static void tiles(const float *x, int64_t ldx, int64_t m, const float *wb, int64
     }
 }
 
+/* int8 activations for VNNI: a matrix [M, K] as per-64-column blocks of |round(x / s)| (u8,
+   rows Kp = 64 * nb apart, zero-padded), the blocks' sign masks and scales s = max|x| / 127. */
+typedef struct { uint8_t *a; uint64_t *neg; float *s; int64_t Kp, nb; } qact;
+
+static qact qact_at(char **at, int64_t rows, int64_t K) {
+    qact q;
+    q.nb = (K + 63) / 64;
+    q.Kp = q.nb * 64;
+    q.a = (uint8_t *)*at;
+    q.neg = (uint64_t *)(void *)(*at + rows * q.Kp);
+    q.s = (float *)(void *)(*at + rows * q.Kp + rows * q.nb * 8);
+    *at += ((rows * q.Kp + rows * q.nb * 12) + 63) / 64 * 64;
+    return q;
+}
+
+static int64_t qact_bytes(int64_t rows, int64_t K) {
+    int64_t nb = (K + 63) / 64;
+    return ((rows * nb * 64 + rows * nb * 12) + 63) / 64 * 64;
+}
+
+static void quantize_row(const qact *q, int64_t row, const float *x, int64_t K) {
+    for (int64_t b = 0; b < q->nb; b++) {
+        int64_t k0 = b * 64, n = K - k0 < 64 ? K - k0 : 64;
+        float mx = 0.0f;
+        for (int64_t i = 0; i < n; i++) mx = fmaxf(mx, fabsf(x[k0 + i]));
+        float inv = mx > 0.0f ? 127.0f / mx : 0.0f;
+        uint64_t ng = 0;
+        uint8_t *a = q->a + row * q->Kp + k0;
+        for (int64_t i = 0; i < 64; i++) {
+            int v = i < n ? (int)nearbyintf(x[k0 + i] * inv) : 0;
+            if (v < 0) {
+                ng |= 1ull << i;
+                v = -v;
+            }
+            a[i] = (uint8_t)(v > 127 ? 127 : v);
+        }
+        q->neg[row * q->nb + b] = ng;
+        q->s[row * q->nb + b] = mx / 127.0f;
+    }
+}
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+#define INFERSIGHT_VNNI 1
+/* As quad8, with the activations int8 too: one dpbusd per 64 weights and row. */
+static inline __attribute__((always_inline)) void quadv(
+        const qact *q, int64_t r0, const int8_t *w, const float *s, int64_t nc, int64_t K,
+        const int MR, float *out) {
+    const int8_t *rw[4];
+    for (int c = 0; c < 4; c++) rw[c] = w + (c < nc ? c : nc - 1) * K;
+    __m512 acc[4][4];
+    const __m512i zero = _mm512_setzero_si512();
+    for (int r = 0; r < MR; r++)
+        for (int c = 0; c < 4; c++) acc[r][c] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < q->nb; b++) {
+        int64_t k = b * 64;
+        __mmask64 km = K - k >= 64 ? ~(__mmask64)0 : (((__mmask64)1 << (K - k)) - 1);
+        __m512i wv[4];
+        for (int c = 0; c < 4; c++) {
+            /* the same line two quads on (rows are contiguous): short row runs give the
+               hardware prefetcher too little to ramp up on */
+            _mm_prefetch((const char *)(rw[c] + k + 8 * K), _MM_HINT_T0);
+            wv[c] = _mm512_maskz_loadu_epi8(km, rw[c] + k);
+        }
+        for (int r = 0; r < MR; r++) {
+            int64_t row = r0 + r;
+            __m512i xa = _mm512_loadu_si512((const void *)(q->a + row * q->Kp + k));
+            __mmask64 ng = q->neg[row * q->nb + b];
+            __m512 xs = _mm512_set1_ps(q->s[row * q->nb + b]);
+            for (int c = 0; c < 4; c++) {
+                __m512i ws = _mm512_mask_sub_epi8(wv[c], ng, zero, wv[c]);
+                __m512i dp = _mm512_dpbusd_epi32(zero, xa, ws);
+                acc[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dp), xs, acc[r][c]);
+            }
+        }
+    }
+    for (int r = 0; r < MR; r++)
+        for (int c = 0; c < nc; c++) out[r * 16 + c] = s[c] * _mm512_reduce_add_ps(acc[r][c]);
+}
+
+static void rowsv(const qact *q, int64_t r0, int64_t M, const int8_t *w, const float *s,
+                  int64_t n0, int64_t nr, int64_t K, float *out) {
+    for (int64_t r = 0; r < M; r += 4) {
+        int64_t n = M - r < 4 ? M - r : 4;
+        for (int64_t c = 0; c < nr; c += 4) {
+            const int8_t *wc = w + (n0 + c) * K;
+            const float *sc = s + n0 + c;
+            int64_t nc = nr - c < 4 ? nr - c : 4;
+            float *o = out + r * 16 + c;
+            switch (n) {
+                case 1: quadv(q, r0 + r, wc, sc, nc, K, 1, o); break;
+                case 2: quadv(q, r0 + r, wc, sc, nc, K, 2, o); break;
+                case 3: quadv(q, r0 + r, wc, sc, nc, K, 3, o); break;
+                default: quadv(q, r0 + r, wc, sc, nc, K, 4, o); break;
+            }
+        }
+    }
+}
+#else
+#define INFERSIGHT_VNNI 0
+#endif
+
+int infersight_has_vnni(void) { return INFERSIGHT_VNNI; }
+
 /* out [M][16] = columns n0..n0+nr-1 (n0 a multiple of 16, nr <= 16) of x [M, K] @ W^T: W
    packed fp32 (scales unused), or int8 rows with scales `s` when `quantized`. */
 static void block(int64_t quantized, const float *x, int64_t ldx, int64_t M, const void *w,
-                  const float *s, int64_t n0, int64_t nr, int64_t K, float *out) {
+                  const float *s, int64_t n0, int64_t nr, int64_t K, float *out, const qact *qx, int64_t r0) {
+#if INFERSIGHT_VNNI
+    if (quantized && qx) {
+        rowsv(qx, r0, M, (const int8_t *)w, s, n0, nr, K, out);
+        return;
+    }
+#else
+    (void)qx;
+    (void)r0;
+#endif
     if (quantized) rows8(x, ldx, M, (const int8_t *)w, s, n0, nr, K, out);
     else tiles(x, ldx, M, (const float *)w + (n0 / 16) * K * 16, K, out);
 }
@@ -263,12 +378,13 @@ static void block(int64_t quantized, const float *x, int64_t ldx, int64_t M, con
 /* Inside a parallel region: out [M, N] (+)= x [M, K] @ W^T (see `block`); `add`: accumulate into out.
    Work-shared over 16-column blocks; ends with the loop's barrier. acc: this thread's [M][16]. */
 static void linear_for(int64_t quantized, const float *x, int64_t M, const void *w,
-                       const float *s, int64_t N, int64_t K, float *out, int add, float *acc) {
+                       const float *s, int64_t N, int64_t K, float *out, int add, float *acc,
+                       const qact *qx) {
     int64_t blocks = (N + 15) / 16;
 #pragma omp for schedule(static)
     for (int64_t b = 0; b < blocks; b++) {
         int64_t n0 = b * 16, nr = N - n0 < 16 ? N - n0 : 16;
-        block(quantized, x, K, M, w, s, n0, nr, K, acc);
+        block(quantized, x, K, M, w, s, n0, nr, K, acc, qx, 0);
         for (int64_t i = 0; i < M; i++)
             for (int64_t j = 0; j < nr; j++) {
                 float *o = out + i * N + n0 + j;
@@ -309,7 +425,8 @@ int64_t infersight_step_scratch(const infersight_model *m, int64_t B, int64_t th
     int64_t floats = 2 * B * m->D + B * NQ + B * m->H * m->hd + B * m->E + bk
                      + bk * m->D + bk * 2 * m->I + bk * m->I + threads * (2 * B * 16 + 2 * m->hd);
     int64_t ints = 2 * bk + 3 * m->E + 1;
-    return floats + 2 * ints + 16;
+    int64_t bytes = qact_bytes(B, m->D) + qact_bytes(B, m->H * m->hd) + qact_bytes(bk, m->D) + qact_bytes(bk, m->I);
+    return floats + 2 * ints + bytes / 4 + 64;
 }
 
 static inline float silu_mul(float g, float u) { return g / (1.0f + expf(-g)) * u; }
@@ -336,6 +453,10 @@ int64_t infersight_decode_step(const infersight_model *m, int64_t B, const int64
     int64_t *sel_e = (int64_t *)(void *)(((uintptr_t)(per_thread + threads * stride) + 15) & ~(uintptr_t)15);
     int64_t *order = sel_e + bk, *group = order + bk, *count = group + E + 1, *active = count + E;
     int64_t n_active = 0;
+    const int v8 = q8 && m->act8 && INFERSIGHT_VNNI;
+    char *qat = (char *)(((uintptr_t)(active + E) + 63) & ~(uintptr_t)63);
+    qact qxn = qact_at(&qat, B, D), qattn = qact_at(&qat, B, H * hd);
+    qact qxe = qact_at(&qat, bk, D), qa = qact_at(&qat, bk, I);
 
     for (int64_t b = 0; b < B; b++)
         if (tokens[b] < 0 || tokens[b] >= m->V) return b;
@@ -353,8 +474,12 @@ int64_t infersight_decode_step(const infersight_model *m, int64_t B, const int64
         for (int64_t l = 0; l < m->layers; l++) {
             char *kc = (char *)kcache + l * per_kv * esz, *vc = (char *)vcache + l * per_kv * esz;
 #pragma omp single
-            rms_norm_rows(x, m->attn_norm[l], xn, B, D, m->eps);
-            linear_for(q8, xn, B, m->wqkv[l], q8 ? m->wqkv_s[l] : 0, NQ, D, qkv, 0, acc);
+            {
+                rms_norm_rows(x, m->attn_norm[l], xn, B, D, m->eps);
+                if (v8)
+                    for (int64_t b = 0; b < B; b++) quantize_row(&qxn, b, xn + b * D, D);
+            }
+            linear_for(q8, xn, B, m->wqkv[l], q8 ? m->wqkv_s[l] : 0, NQ, D, qkv, 0, acc, v8 ? &qxn : 0);
             /* RoPE on the q and k heads; k and v into the cache */
 #pragma omp for schedule(static)
             for (int64_t item = 0; item < B * heads; item++) {
@@ -407,10 +532,14 @@ int64_t infersight_decode_step(const infersight_model *m, int64_t B, const int64
                 }
                 for (int64_t i = 0; i < hd; i++) o[i] /= sum;
             }
-            linear_for(q8, attn, B, m->wo[l], q8 ? m->wo_s[l] : 0, D, H * hd, x, 1, acc); /* x += attention */
+            if (v8) {
+#pragma omp for schedule(static)
+                for (int64_t b = 0; b < B; b++) quantize_row(&qattn, b, attn + b * H * hd, H * hd);
+            }
+            linear_for(q8, attn, B, m->wo[l], q8 ? m->wo_s[l] : 0, D, H * hd, x, 1, acc, v8 ? &qattn : 0); /* x += attention */
 #pragma omp single
             rms_norm_rows(x, m->ffn_norm[l], xn, B, D, m->eps);
-            linear_for(0, xn, B, m->gate[l], 0, E, D, router, 0, acc); /* the router: fp32 always */
+            linear_for(0, xn, B, m->gate[l], 0, E, D, router, 0, acc, 0); /* the router: fp32 always */
             /* routing: each row's top-k logits, softmax over them (== softmax over all experts,
                top-k, renormalised); the (row, k) pairs grouped by expert, their x copied in */
 #pragma omp single
@@ -445,6 +574,8 @@ int64_t infersight_decode_step(const infersight_model *m, int64_t B, const int64
                     order[at] = p;
                     memcpy(xe + at * D, xn + (p / topk) * D, D * sizeof(float));
                 }
+                if (v8)
+                    for (int64_t r = 0; r < bk; r++) quantize_row(&qxe, r, xe + r * D, D);
             }
             /* the chosen experts' w1 and w3 (and SiLU(w1 x) * w3 x when the blocks line up) */
             if (fused) {
@@ -454,8 +585,9 @@ int64_t infersight_decode_step(const infersight_model *m, int64_t B, const int64
                     int64_t g0 = group[e], n = group[e + 1] - g0;
                     const float *w = m->w13[l * E + e], *ws = q8 ? m->w13_s[l * E + e] : 0;
                     int64_t nr = I - j * 16 < 16 ? I - j * 16 : 16;
-                    block(q8, xe + g0 * D, D, n, w, ws, j * 16, nr, D, acc);
-                    block(q8, xe + g0 * D, D, n, w, ws, q8 ? I + j * 16 : (iblocks + j) * 16, nr, D, acc2);
+                    const qact *qx = v8 ? &qxe : 0;
+                    block(q8, xe + g0 * D, D, n, w, ws, j * 16, nr, D, acc, qx, g0);
+                    block(q8, xe + g0 * D, D, n, w, ws, q8 ? I + j * 16 : (iblocks + j) * 16, nr, D, acc2, qx, g0);
                     for (int64_t i = 0; i < n; i++)
                         for (int64_t c = 0; c < nr; c++)
                             act[(g0 + i) * I + j * 16 + c] = silu_mul(acc[i * 16 + c], acc2[i * 16 + c]);
@@ -474,13 +606,18 @@ int64_t infersight_decode_step(const infersight_model *m, int64_t B, const int64
                 for (int64_t r = 0; r < bk; r++)
                     for (int64_t c = 0; c < I; c++) act[r * I + c] = silu_mul(h[r * 2 * I + c], h[r * 2 * I + I + c]);
             }
+            if (v8) {
+#pragma omp for schedule(static)
+                for (int64_t r = 0; r < bk; r++) quantize_row(&qa, r, act + r * I, I);
+            }
             /* w2, scaled by each pair's routing weight, summed into its row's residual */
 #pragma omp for schedule(static)
             for (int64_t j = 0; j < dblocks; j++) {
                 int64_t n0 = j * 16, nr = D - n0 < 16 ? D - n0 : 16;
                 for (int64_t a = 0; a < n_active; a++) {
                     int64_t e = active[a], g0 = group[e], n = group[e + 1] - g0;
-                    block(q8, act + g0 * I, I, n, m->w2[l * E + e], q8 ? m->w2_s[l * E + e] : 0, n0, nr, I, acc);
+                    block(q8, act + g0 * I, I, n, m->w2[l * E + e], q8 ? m->w2_s[l * E + e] : 0, n0, nr, I, acc,
+                          v8 ? &qa : 0, g0);
                     for (int64_t i = 0; i < n; i++) {
                         int64_t p = order[g0 + i];
                         float w = sel_w[p], *o = x + (p / topk) * D + n0;
@@ -490,8 +627,12 @@ int64_t infersight_decode_step(const infersight_model *m, int64_t B, const int64
             }
         }
 #pragma omp single
-        rms_norm_rows(x, m->norm, xn, B, D, m->eps);
-        linear_for(q8, xn, B, m->head, m->head_s, m->V, D, logits, 0, acc);
+        {
+            rms_norm_rows(x, m->norm, xn, B, D, m->eps);
+            if (v8)
+                for (int64_t b = 0; b < B; b++) quantize_row(&qxn, b, xn + b * D, D);
+        }
+        linear_for(q8, xn, B, m->head, m->head_s, m->V, D, logits, 0, acc, v8 ? &qxn : 0);
     }
     return -1;
 }

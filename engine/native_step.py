@@ -49,6 +49,7 @@ class StepModel(ctypes.Structure):
         *((name, ctypes.c_void_p) for name in _POINTERS),
         ("quantized", ctypes.c_int64),
         *((name, ctypes.c_void_p) for name in _SCALES),
+        ("act8", ctypes.c_int64),
     ]
 
 
@@ -188,9 +189,20 @@ class NativeStep:
             **{name: array(tensors) for name, tensors in columns.items()},
         )
         self._keep, self._address = keep, ctypes.addressof(self.model)
+        self.quantized = quantized
         self._cache_dtype = torch.bfloat16 if quantized else torch.float32
         self._cache_shape = (c.num_hidden_layers, c.num_key_value_heads, c.head_dim)
         self._scratch: dict[tuple[int, int], torch.Tensor] = {}  # (rows, threads) -> buffer
+
+    @property
+    def act8(self) -> bool:
+        """int8 models: whether activations are quantised to int8 per 64-column block (VNNI's
+        dpbusd) rather than the weights dequantised to fp32 in registers. paths.settle measures both."""
+        return bool(self.model.act8)
+
+    @act8.setter
+    def act8(self, on: bool) -> None:
+        self.model.act8 = int(on and self.quantized and self.kernels.vnni)
 
     def __call__(
         self, cache: KVCache, slots: torch.Tensor, ids: torch.Tensor, positions: torch.Tensor, kv_len: int

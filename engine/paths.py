@@ -132,29 +132,40 @@ def settle(
     cache_dir: Path | None = None,
 ) -> EnginePath:
     """The final path of a bound network: `path` itself, unless `choose` left it to measure on
-    the loaded model (int8), or the native path has no step for this network (then eager)."""
+    the loaded model (int8), or the native path has no step for this network (then eager).
+
+    int8 on a CPU with VNNI has two native variants (`NativeStep.act8`: int8 activations and
+    dpbusd, or fp32 activations and the weights dequantised in registers); both are timed
+    against eager and the verdict keeps the faster (a restart reads it back). When requested
+    without a measurement, int8 activations where the CPU has VNNI."""
     if path.name == "native" and step is None:
         return dataclasses.replace(path, name="eager", reason="not applicable")
-    if path.reason != TO_MEASURE or step is None:
+    if step is None or not step.quantized:
+        return path
+    cache_dir = cache_dir if cache_dir is not None else default_cache_dir()
+    key = _key(path.cpu, network.config, quantize)
+    if path.reason != TO_MEASURE:
+        step.act8 = bool(_read_verdicts(cache_dir).get(key, {}).get("act8", True))
         return path
     start = time.perf_counter()
+    timed: dict[bool, tuple[tuple[int, float], ...]] = {}
     try:
-        speedups = _timed(
-            network, step, network.config.num_hidden_layers, network.tok_embeddings.weight.dtype, rounds=7
-        )
+        for act8 in (False, True) if step.kernels.vnni else (False,):
+            step.act8 = act8
+            timed[act8] = _timed(
+                network, step, network.config.num_hidden_layers, network.tok_embeddings.weight.dtype, rounds=5
+            )
     except Exception as exc:  # a kernel that fails on this machine must not stop the load
         log.warning("engine: measuring the native step failed (%s); decoding on the eager path", exc)
         return EnginePath("eager", path.cpu, f"fallback: {exc}", path.setup_s + time.perf_counter() - start)
+    act8 = max(timed, key=lambda a: statistics.geometric_mean(x for _, x in timed[a]))
+    step.act8, speedups = act8, timed[act8]
     name = "native" if _native_wins(speedups) else "eager"
-    cache_dir = cache_dir if cache_dir is not None else default_cache_dir()
     verdicts = _read_verdicts(cache_dir)
-    verdicts[_key(path.cpu, network.config, quantize)] = {
-        "path": name,
-        "speedups": [list(s) for s in speedups],
-    }
+    verdicts[key] = {"path": name, "speedups": [list(s) for s in speedups], "act8": act8}
     _write_verdicts(cache_dir, verdicts)
     settled = EnginePath(name, path.cpu, "measured", path.setup_s + time.perf_counter() - start, speedups)
-    log.info("engine: decoding on the %s path", settled.describe())
+    log.info("engine: decoding on the %s path%s", settled.describe(), " (int8 activations)" if act8 else "")
     return settled
 
 

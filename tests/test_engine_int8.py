@@ -12,7 +12,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from infersight.engine import load, loading
+from infersight.engine import EnginePath, load, loading
+from infersight.engine.native_step import NativeStep
+from infersight.engine.network import Transformer
 from infersight.engine.quant import Int8Experts, Int8Linear, int8_rows
 from safetensors.torch import load_file, save_file
 
@@ -32,15 +34,24 @@ def ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return directory
 
 
-@pytest.fixture(params=["eager", "native"])
+@pytest.fixture(params=["eager", "native-dequant", "native-act8"])
 def int8_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """Every `load` in the test forced onto one decode path: the eager int8 kernels, or the
-    native step (native_step.py) reading the same int8 weights."""
-    choose = loading.choose
-    monkeypatch.setattr(
-        loading, "choose", lambda config, **kw: choose(config, **(kw | {"requested": request.param}))
-    )
-    return str(request.param)
+    native step (native_step.py) reading the same int8 weights, with fp32 activations
+    (weights dequantised in registers) or int8 ones (VNNI; where the CPU lacks it, the
+    setter keeps fp32 and this case repeats the previous one)."""
+    name = str(request.param).split("-")[0]
+    choose, settle = loading.choose, loading.settle
+
+    def settled(path: EnginePath, network: Transformer, step: NativeStep | None, **kw: object) -> EnginePath:
+        out = settle(path, network, step, **kw)  # type: ignore[arg-type]
+        if step is not None:
+            step.act8 = request.param == "native-act8"
+        return out
+
+    monkeypatch.setattr(loading, "choose", lambda config, **kw: choose(config, **(kw | {"requested": name})))
+    monkeypatch.setattr(loading, "settle", settled)
+    return name
 
 
 @pytest.fixture(scope="module")
