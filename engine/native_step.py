@@ -9,15 +9,21 @@ prefix, the output projection and residual, RMSNorm, router, top-k and softmax, 
 experts' SwiGLU weighted into the residual), the final norm and the lm head inside one
 OpenMP parallel region whose phases are separated only by work-sharing barriers.
 
-It reads the model's own tensors by pointer: the packed weights the native path already
-made (`NativeProjection`, bound by `Transformer.init_buffers`), the norms' weights, the
-embedding, the RoPE table and the caller's KV cache; the only copy it makes is the router
-weight packed (experts x hidden floats per layer). Prefill and the full forward stay on the
-per-op path; both write and read the same cache layout.
+It reads the model's own tensors by pointer: the norms' weights, the embedding, the RoPE
+table, the caller's KV cache, and the projections as the model holds them: fp32 models the
+packed copies the native path already made (`NativeProjection`, bound by
+`Transformer.init_buffers`, also used by prefill), int8 weight-only models the engine's own
+int8 [N, K] rows and per-row scales (quant.py), with the bf16 embedding and KV cache of
+those models. The only copies it makes are small: the router weight packed, and for int8
+the norms and scales in fp32. Prefill and the full forward stay on the per-op path; both
+write and read the same cache layout.
 
-Exactness: the same operations in fp32 as the eager path, in a different summation order
+Exactness: fp32 runs the same operations as the eager path in another summation order
 (rounding-level differences); tests/test_engine_exact.py holds the native path, decode
-included, to transformers' logits and greedy tokens.
+included, to transformers' logits and greedy tokens. int8 computes its activations in fp32
+where the eager int8 path rounds them to bf16 at every op, or (`act8`, VNNI) quantises them
+to int8 per 64-column block as llama.cpp's q8_0 does; tests/test_engine_int8.py holds all
+three to the same tolerances against fp32.
 """
 
 from __future__ import annotations
