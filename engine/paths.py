@@ -7,7 +7,7 @@ faster depends on the CPU (its vector width, caches, memory), on the thread coun
 model's shapes, so it is not fixed from one machine's results: at the first load on a
 machine, `choose` times decode steps of a stand-in model with the model's layer shapes on
 both paths at batch 1 and 8, alternating the two in rounds, and keeps the faster. The
-verdict is cached in `cache_dir` per CPU model, torch version and shapes, so a restart only
+verdict is cached in `cache_dir` per CPU model, torch version, library build and shapes, so a restart only
 builds (or finds) the library and reads the verdict.
 
 Never an error: no compiler, a failed build or a library that will not load leaves the model
@@ -103,7 +103,7 @@ def choose(
         return EnginePath("native", cpu, "requested", time.perf_counter() - start), kernels
 
     verdicts = _read_verdicts(cache_dir)
-    found = verdicts.get(_key(cpu, config, quantize))
+    found = verdicts.get(_key(cpu, config, quantize, kernels))
     if found is not None:
         speedups = tuple((int(r), float(x)) for r, x in found["speedups"])
         name, reason = str(found["path"]), "cached"
@@ -116,7 +116,10 @@ def choose(
             log.warning("engine: measuring the native kernels failed (%s); decoding on the eager path", exc)
             return EnginePath("eager", cpu, f"fallback: {exc}", time.perf_counter() - start), None
         name, reason = ("native" if _native_wins(speedups) else "eager"), "measured"
-        verdicts[_key(cpu, config, quantize)] = {"path": name, "speedups": [list(s) for s in speedups]}
+        verdicts[_key(cpu, config, quantize, kernels)] = {
+            "path": name,
+            "speedups": [list(s) for s in speedups],
+        }
         _write_verdicts(cache_dir, verdicts)
     path = EnginePath(name, cpu, reason, time.perf_counter() - start, speedups)
     log.info("engine: decoding on the %s path", path.describe())
@@ -143,7 +146,7 @@ def settle(
     if step is None or not step.quantized:
         return path
     cache_dir = cache_dir if cache_dir is not None else default_cache_dir()
-    key = _key(path.cpu, network.config, quantize)
+    key = _key(path.cpu, network.config, quantize, step.kernels)
     if path.reason != TO_MEASURE:
         step.act8 = bool(_read_verdicts(cache_dir).get(key, {}).get("act8", True))
         return path
@@ -169,10 +172,12 @@ def settle(
     return settled
 
 
-def _key(cpu: str, config: ModelConfig, quantize: str | None) -> str:
+def _key(cpu: str, config: ModelConfig, quantize: str | None, kernels: native.NativeKernels) -> str:
+    """What a verdict holds for: the CPU, torch, the library build (its file name carries the
+    hash of its source: changed kernels are measured again), fp32 or int8, and the shapes."""
     c = config
     return (
-        f"{cpu}|torch {torch.__version__}|step {quantize or 'fp32'}|{_shapes(c)}"
+        f"{cpu}|torch {torch.__version__}|{kernels.path.stem}|step {quantize or 'fp32'}|{_shapes(c)}"
         f"|{c.num_local_experts}x{c.num_experts_per_tok}"
     )
 
