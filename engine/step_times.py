@@ -12,14 +12,22 @@ The loop thread writes (one float update per step); router threads read. A read 
 an update half-applied across two sizes, which only makes a prediction one step stale.
 On CUDA a decode call returns before the kernels finish, so there the timing reads only
 the launch and predictions are optimistic (measured on CPU only so far).
+
+`batch_cap` turns the measurements into a path's batch cap (a rung of the ladder): the rung
+that serves the most requests per second while a request in a full batch still finishes
+within the SLA. A batch size larger than any measured one is predicted optimistically (a
+step never costs less at a larger batch, so the largest measured size's step is a lower
+bound): the cap grows to it while the bound holds the SLA, the larger batches get measured
+once the load fills them, and the cap comes back down if they turn out too slow.
 """
 
 from __future__ import annotations
 
 import bisect
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-__all__ = ["BATCH_LADDER", "StepTimes", "StepTimesSnapshot"]
+__all__ = ["BATCH_LADDER", "StepTimes", "StepTimesSnapshot", "batch_cap"]
 
 # the batch caps a path may run at, smallest first (the seeds' 1-4-8-16 ladder)
 BATCH_LADDER = (1, 4, 8, 16)
@@ -93,6 +101,18 @@ class StepTimes:
             return table[hi] * batch / hi if len(sizes) == 1 else _line(sizes[-2], sizes[-1], table, batch)
         return _line(sizes[i - 1], sizes[i], table, batch)
 
+    def optimistic_decode_s(self, batch: int) -> float | None:
+        """`decode_s`, except above the largest measured size: that size's step (a lower
+        bound; None: nothing measured yet)."""
+        sizes = self._sizes
+        if sizes and batch > sizes[-1]:
+            return self._decode[sizes[-1]]
+        return self.decode_s(batch)
+
+    def measured(self, batch: int) -> bool:
+        """True when `batch` is within the measured sizes (its prediction is no guess)."""
+        return bool(self._sizes) and batch <= self._sizes[-1]
+
     def prefill_s(self, tokens: int) -> float | None:
         per = self._prefill_per_token
         return None if per is None else per * max(0, tokens)
@@ -109,6 +129,41 @@ class StepTimes:
         return StepTimesSnapshot(
             dict(self._decode), self._prefill_per_token, self._service, self._output_tokens, self.steps
         )
+
+
+def batch_cap(
+    times: StepTimes,
+    rungs: Sequence[int],
+    *,
+    sla_s: float,
+    output_tokens: float,
+    prefill_s: float,
+    beside_s: float = 0.0,
+) -> int:
+    """The batch cap among `rungs` for a path whose requests make `output_tokens` tokens
+    after a `prefill_s` prefill, with `beside_s` of the other replica's work added to every
+    step (one loop thread steps both).
+
+    A request in a full batch of c is predicted to take c prefills (its own and those of
+    the requests that replace the ones finishing beside it: a full batch turns over about
+    once in a request's life) plus `output_tokens` steps at batch c. The cap is the rung of
+    most requests per second (c / that latency) among those whose latency holds `sla_s`,
+    the larger on a tie; a cap only bounds the batch, so a large one costs nothing while
+    the load is light. When no rung holds the SLA, the rung of most requests per second.
+    Unmeasured sizes count optimistically (`optimistic_decode_s`), so a larger rung is
+    tried, and measured, as long as its lower bound allows it. With nothing measured, the
+    largest rung."""
+    best: tuple[bool, float, int] | None = None
+    for c in rungs:
+        step = times.optimistic_decode_s(c)
+        if step is None:
+            return max(rungs)
+        latency = c * prefill_s + max(1.0, output_tokens) * (step + beside_s)
+        per_s = c / latency if latency > 0 else float("inf")
+        key = (latency <= sla_s, per_s, c)
+        if best is None or key >= best:
+            best = key
+    return best[2] if best is not None else 1
 
 
 def _ewma(old: float | None, new: float) -> float:
