@@ -402,31 +402,34 @@ class RouteControl:
 
     def hold(self) -> Replica | None:
         """Before each step (the loop thread): the replica to leave out of it. The standard
-        replica sits the step out (no admission, no decode) when a fast request would miss
+        replica sits the step out (no admission, no decode) when a fast request, running or
+        about to be admitted (taken as arrived now, with the path's mean output), would miss
         its deadline with both replicas stepped but meets it with the fast one alone, and no
         running standard request that meets its own deadline now would miss it for the wait
         (the fast path's remaining steps). Predictions are the measured step times."""
         state, spec = self._runtime._state, self.spec
         fast, standard = state.fast, state.current
-        if spec is None or fast is None or standard is None or not fast.running:
+        if spec is None or fast is None or standard is None:
             return None
+        joining = min(len(state.fast_queue), max(0, fast.cap - len(fast.running)))
         admitting = min(max(0, standard.cap - len(standard.running)), len(state.queue))
-        if not standard.running and not admitting:
+        if not (fast.running or joining) or not (standard.running or admitting):
             return None
-        fast_step = fast.step_times.decode_s(len(fast.running))
-        standard_step = standard.step_times.decode_s(len(standard.running)) or 0.0
-        prefill = standard.step_times.prefill_s(int(self._prompt_tokens.get("standard", 0.0))) or 0.0
+        fast_step = fast.step_times.decode_s(len(fast.running) + joining)
         if fast_step is None:
             return None
+        standard_step = standard.step_times.decode_s(len(standard.running)) or 0.0
+        prompt = int(self._prompt_tokens.get("standard", 0))
+        admission = admitting * (standard.step_times.prefill_s(prompt) or 0.0)  # this step's prefills
         now, fast_sla = time.monotonic(), spec.fast.sla_ms / 1000.0
+        prefill = fast.step_times.prefill_s(int(self._prompt_tokens.get("fast", 0))) or 0.0
+        newcomer = (now, max(1.0, fast.step_times.output_tokens or 1.0), prefill)
+        fast_requests = [(r.arrival, r.max_new_tokens - len(r.tokens), 0.0) for r in fast.running.values()]
         at_risk, wait = False, 0.0
-        for r in fast.running.values():
-            left = r.max_new_tokens - len(r.tokens)
-            alone = now + left * fast_step
-            at_risk = (
-                at_risk or alone <= r.arrival + fast_sla < alone + left * standard_step + admitting * prefill
-            )
-            wait = max(wait, left * fast_step)
+        for arrival, left, own in [*fast_requests, *[newcomer] * joining]:
+            alone = now + own + left * fast_step
+            at_risk = at_risk or alone <= arrival + fast_sla < alone + left * standard_step + admission
+            wait = max(wait, alone - now)
         if not at_risk:
             return None
         standard_sla = spec.standard.sla_ms / 1000.0
