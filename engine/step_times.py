@@ -109,10 +109,6 @@ class StepTimes:
             return self._decode[sizes[-1]]
         return self.decode_s(batch)
 
-    def measured(self, batch: int) -> bool:
-        """True when `batch` is within the measured sizes (its prediction is no guess)."""
-        return bool(self._sizes) and batch <= self._sizes[-1]
-
     def prefill_s(self, tokens: int) -> float | None:
         per = self._prefill_per_token
         return None if per is None else per * max(0, tokens)
