@@ -347,10 +347,10 @@ class RouteControl:
 
     def adapt(self) -> None:
         """Each path's batch cap, a rung of 1-4-8-16 (up to its KV slots), from its measured
-        steps, prefill and output length (`batch_cap`: the most requests per second that
-        still finish within the SLA in a full batch). The standard path counts the fast
-        replica's step beside each of its own; the fast path does not, since the loop holds
-        the standard replica back while a fast request's deadline is at risk (`hold`)."""
+        steps, prefill, output length and arrival rate (`batch_cap`: the most requests per
+        second that still finish within the SLA in a batch of that size). The standard path
+        counts the fast replica's step beside each of its own; the fast path does not, since
+        the loop holds the standard replica back while a fast deadline is at risk (`hold`)."""
         spec = self.spec
         if spec is None:
             return
@@ -369,6 +369,7 @@ class RouteControl:
                 output_tokens=times.output_tokens or 1.0,
                 prefill_s=times.prefill_s(int(self._prompt_tokens.get(name, 0.0))) or 0.0,
                 beside_s=beside,
+                arrival_rate=self.arrival_rate(name),
             )
 
     def arrival_rate(self, path: str) -> float:

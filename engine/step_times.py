@@ -24,6 +24,7 @@ once the load fills them, and the cap comes back down if they turn out too slow.
 from __future__ import annotations
 
 import bisect
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -135,27 +136,31 @@ def batch_cap(
     output_tokens: float,
     prefill_s: float,
     beside_s: float = 0.0,
+    arrival_rate: float = math.inf,
 ) -> int:
     """The batch cap among `rungs` for a path whose requests make `output_tokens` tokens
     after a `prefill_s` prefill, with `beside_s` of the other replica's work added to every
-    step (one loop thread steps both).
+    step (one loop thread steps both), and `arrival_rate` requests a second (default: as
+    many as the batch takes).
 
-    A request in a full batch of c is predicted to take c prefills (its own and those of
-    the requests that replace the ones finishing beside it: a full batch turns over about
-    once in a request's life) plus `output_tokens` steps at batch c. The cap is the rung of
-    most requests per second (c / that latency) among those whose latency holds `sla_s`,
-    the larger on a tie; a cap only bounds the batch, so a large one costs nothing while
-    the load is light. When no rung holds the SLA, the rung of most requests per second.
-    Unmeasured sizes count optimistically (`optimistic_decode_s`), so a larger rung is
-    tried, and measured, as long as its lower bound allows it. With nothing measured, the
-    largest rung."""
+    A request in a batch of c is predicted to take its own prefill, those of the requests
+    that join while it runs (the arrivals of its lifetime, at most c - 1: a full batch
+    turns over about once in a request's life) and `output_tokens` steps at batch c. The cap
+    is the rung of most requests per second (c / that latency) among those whose latency
+    holds `sla_s`, the larger on a tie; a cap only bounds the batch, so a large one costs
+    nothing while the load is light. When no rung holds the SLA, the rung of most requests
+    per second. Unmeasured sizes count optimistically (`optimistic_decode_s`), so a larger
+    rung is tried, and measured, as long as its lower bound allows it. With nothing
+    measured, the largest rung."""
     best: tuple[bool, float, int] | None = None
     for c in rungs:
         step = times.optimistic_decode_s(c)
         if step is None:
             return max(rungs)
-        latency = c * prefill_s + max(1.0, output_tokens) * (step + beside_s)
-        per_s = c / latency if latency > 0 else float("inf")
+        decoding = max(1.0, output_tokens) * (step + beside_s)
+        joining = min(c - 1.0, arrival_rate * (decoding + prefill_s))
+        latency = (1.0 + joining) * prefill_s + decoding
+        per_s = c / latency if latency > 0 else math.inf
         key = (latency <= sla_s, per_s, c)
         if best is None or key >= best:
             best = key

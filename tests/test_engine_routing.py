@@ -4,6 +4,7 @@ the batch ladder, and the length breaker's states."""
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -140,6 +141,18 @@ def test_the_batch_cap_is_the_rung_of_most_requests_per_second_within_the_sla() 
     assert batch_cap(StepTimes(), BATCH_LADDER, sla_s=0.05, output_tokens=8, prefill_s=0.0) == 16
 
 
+def test_a_path_with_few_arrivals_gets_the_larger_cap_its_prefills_allow() -> None:
+    times = _steps((1, 0.002), (4, 0.003), (8, 0.005), (16, 0.008))
+
+    def cap(arrival_rate: float) -> int:
+        return batch_cap(times, BATCH_LADDER, sla_s=0.050, output_tokens=8, prefill_s=0.005,
+                         arrival_rate=arrival_rate)  # fmt: skip
+
+    # saturated, a request in a full batch of 8 waits for 8 prefills of 5 ms: 40 + 8 x 5 = 80 ms;
+    # at 2 a second hardly another one joins during its 45 ms
+    assert (cap(math.inf), cap(100.0), cap(2.0)) == (4, 4, 8)
+
+
 def test_a_rung_not_measured_yet_is_tried_and_given_up_once_measured_too_slow() -> None:
     times = _steps((1, 0.002))  # only single requests seen: a larger batch costs at least 2 ms
 
@@ -164,8 +177,14 @@ def test_adapt_sets_each_paths_cap_from_its_own_measurements(runtime: Runtime) -
     standard.step_times.observe_service(0.1, 8)
     standard.step_times.observe_prefill(200, 0.008)
     runtime.routing.adapt()
-    # fast (50 ms): a batch of 8 takes 8 x 1 ms prefills + 8 x 5 ms = 48 ms, 16: 112 ms;
-    # standard (200 ms): 8 x 8 ms + 8 x 18 ms = 208 ms misses, 4 x 8 ms + 8 x 10 ms = 112 ms holds
+    # one arrival each so far: no request joins a running one, a batch costs its own prefill
+    # fast (50 ms): 8 takes 1 ms + 8 x 5 ms = 41 ms, 16: 97 ms; standard (200 ms): 8 takes
+    # 8 ms + 8 x 18 ms = 152 ms, 16: 280 ms
+    assert runtime.routing.caps() == {"fast": 8, "standard": 8}
+    for _ in range(64):  # a burst of long requests: a full batch turns over in a request's life
+        runtime.routing.decide(LONG, 8, None)
+    runtime.routing.adapt()
+    # standard: 8 x 8 ms prefills + 8 x 18 ms = 208 ms misses, 4 x 8 ms + 8 x 10 ms = 112 ms holds
     assert runtime.routing.caps() == {"fast": 8, "standard": 4}
 
 
