@@ -256,6 +256,11 @@ def main() -> None:
             if name.startswith("dual"):
                 print(f"{name}: batch caps at the end {rt.routing.caps()}; route counts {rt.routing.counts()}; "
                       f"steps the standard replica sat out for the fast path: {rt.routing.held}")  # fmt: skip
+                for path, snap in rt.routing.step_times().items():
+                    steps = ", ".join(f"{b}: {s * 1000:.1f}" for b, s in sorted(snap.decode_s.items()))
+                    prefill = (snap.prefill_s_per_token or 0.0) * 1000
+                    print(f"  {path}: decode ms by batch {{{steps}}}, prefill {prefill:.2f} ms/token, "
+                          f"output {snap.output_tokens or 0:.1f} tokens")  # fmt: skip
         for rt in sides.values():
             rt.stop(drain=False)
     if hasattr(os, "getloadavg"):

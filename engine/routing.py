@@ -20,8 +20,11 @@ request is routed once, at submit, and never moves:
    503 + Retry-After) or, with `breaker_action="standard"`, sent from the fast path to the
    standard one (`reason="breaker"`).
 
-Each path's batch cap follows the 1-4-8-16 ladder: the largest rung whose measured step
-time lets a typical request of the path finish within its SLA (`RouteControl.adapt`).
+Each path's batch cap follows the 1-4-8-16 ladder: the rung that serves the most requests
+per second while a typical request of the path, in a batch of that size, still finishes
+within its SLA (`RouteControl.adapt`, `step_times.batch_cap`). One loop thread steps both
+replicas, so before each step `RouteControl.hold` may keep the standard replica out of it
+(no admission, no decode) while a fast request's deadline is at risk.
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ from .deploy import RuntimeHost
 from .errors import InvalidRequest, PathOverloaded, RuntimeNotRunning
 from .events import BreakerChanged
 from .runtime_loop import Swap, apply_swap
-from .step_times import BATCH_LADDER, batch_cap
+from .step_times import BATCH_LADDER, StepTimesSnapshot, batch_cap
 
 if TYPE_CHECKING:
     from .runtime_loop import PendingQueue, Replica, Request
@@ -382,6 +385,10 @@ class RouteControl:
 
     def caps(self) -> dict[str, int]:
         return {name: r.cap for name in PATHS if (r := self._sides(name)[0]) is not None}
+
+    def step_times(self) -> dict[str, StepTimesSnapshot]:
+        """Each path's measured step times (what its cap and predictions come from)."""
+        return {name: r.step_times.snapshot() for name in PATHS if (r := self._sides(name)[0]) is not None}
 
     def counts(self) -> dict[tuple[str, str], int]:
         """Requests routed so far by (path, reason); "shed" counts breaker refusals."""

@@ -18,7 +18,8 @@ that serves the most requests per second while a request in a full batch still f
 within the SLA. A batch size larger than any measured one is predicted optimistically (a
 step never costs less at a larger batch, so the largest measured size's step is a lower
 bound): the cap grows to it while the bound holds the SLA, the larger batches get measured
-once the load fills them, and the cap comes back down if they turn out too slow.
+once the load fills them, and the cap comes back down if they turn out too slow. Sizes not
+measured for a while count as unmeasured again, so a busy spell does not pin a cap down.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ __all__ = ["BATCH_LADDER", "StepTimes", "StepTimesSnapshot", "batch_cap"]
 # the batch caps a path may run at, smallest first (the seeds' 1-4-8-16 ladder)
 BATCH_LADDER = (1, 4, 8, 16)
 _ALPHA = 0.2  # weight of the newest observation: about the last ten steps count
+_FRESH_STEPS = 1000  # a batch size not measured for this many steps is a guess again (batch_cap)
 
 
 @dataclass(frozen=True)
@@ -51,6 +53,7 @@ class StepTimes:
     def __init__(self) -> None:
         self._decode: dict[int, float] = {}
         self._sizes: list[int] = []
+        self._seen: dict[int, int] = {}  # batch size -> the step it was last measured at
         self._prefill_per_token: float | None = None
         self._service: float | None = None
         self._output_tokens: float | None = None
@@ -62,6 +65,7 @@ class StepTimes:
         if batch < 1 or not seconds >= 0.0:
             return
         self.steps += 1
+        self._seen[batch] = self.steps
         old = self._decode.get(batch)
         if old is None:
             bisect.insort(self._sizes, batch)
@@ -103,12 +107,15 @@ class StepTimes:
         return _line(sizes[i - 1], sizes[i], table, batch)
 
     def optimistic_decode_s(self, batch: int) -> float | None:
-        """`decode_s`, except above the largest measured size: that size's step (a lower
-        bound; None: nothing measured yet)."""
-        sizes = self._sizes
-        if sizes and batch > sizes[-1]:
-            return self._decode[sizes[-1]]
-        return self.decode_s(batch)
+        """`decode_s` up to the largest size measured within the last `_FRESH_STEPS` steps;
+        above it, that size's step (a lower bound: a larger batch never steps faster). So a
+        size measured slow in a busy spell is tried, and measured, again later instead of
+        keeping a cap down for good. None: nothing measured yet."""
+        fresh = [b for b, at in list(self._seen.items()) if self.steps - at < _FRESH_STEPS]
+        if not fresh:
+            return None
+        top = max(fresh)
+        return self._decode[top] if batch > top else self.decode_s(batch)
 
     def prefill_s(self, tokens: int) -> float | None:
         per = self._prefill_per_token

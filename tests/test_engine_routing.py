@@ -163,6 +163,11 @@ def test_a_rung_not_measured_yet_is_tried_and_given_up_once_measured_too_slow() 
     times.observe_decode(16, 0.012)  # the load filled it: measured 12 ms, 16 + 96 ms misses
     # between 1 and 16 the line: 8 -> 6.7 ms (61 ms, misses), 4 -> 4 ms (36 ms, holds)
     assert cap() == 4
+    for _ in range(999):  # single requests again for a while: 16 was measured 999 steps ago
+        times.observe_decode(1, 0.002)
+    assert cap() == 4
+    times.observe_decode(1, 0.002)  # 1000 steps ago: maybe a busy spell, it is tried again
+    assert cap() == 16
 
 
 def test_adapt_sets_each_paths_cap_from_its_own_measurements(runtime: Runtime) -> None:
