@@ -29,7 +29,6 @@ import argparse
 import contextlib
 import io
 import os
-import platform
 import random
 import tempfile
 import threading
@@ -41,6 +40,7 @@ from pathlib import Path
 
 import torch
 from infersight.engine import PathOverloaded, PathSpec, Registry, RoutingSpec, Runtime
+from infersight.engine.paths import cpu_model
 from infersight.monitor.data import banking77
 
 FP32 = "mixtral_banking_fp32-v1.0"
@@ -56,14 +56,6 @@ class Outcome:
     latency_s: float | None  # None: shed (503)
     path: str | None
     reason: str | None
-
-
-def _cpu() -> str:
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return platform.processor() or "unknown"
 
 
 def _registry(root: Path) -> Path:
@@ -203,7 +195,7 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     rates = [float(r) for r in args.rates.split(",")]
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    print(f"CPU: {_cpu()}, {os.cpu_count()} cores, load average {load:.1f} at the start; "
+    print(f"CPU: {cpu_model()}, {os.cpu_count()} cores, load average {load:.1f} at the start; "
           f"torch {torch.__version__}, {torch.get_num_threads()} threads")  # fmt: skip
     print(f"mix: {1 - args.long_share:.0%} short Banking77 questions ({SHORT_NEW} output tokens, SLA "
           f"{FAST_SLA_MS:.0f} ms), {args.long_share:.0%} long prompts of 8 questions ({LONG_NEW} output tokens, "
