@@ -326,7 +326,9 @@ class RouteControl:
 
     def predict_s(self, path: str, prompt_tokens: int, max_new_tokens: int) -> float | None:
         """Predicted arrival-to-last-token seconds of a request submitted now on `path`,
-        from measured step times (None until that path has served a request)."""
+        from measured step times (None until that path has served a request). The other
+        replica's step counts beside each of this path's, except on the fast path when the
+        request meets its SLA without it: the loop then holds the standard replica back."""
         replica, queue, other = self._sides(path)
         if replica is None:
             return None
@@ -346,7 +348,11 @@ class RouteControl:
             if service is None:
                 return None
             wait = math.ceil((waiting - free + 1) / cap) * service
-        return wait + prefill + max_new_tokens * (decode + beside)
+        alone = wait + prefill + max_new_tokens * decode
+        spec = self.spec
+        if path == "fast" and spec is not None and alone <= spec.fast.sla_ms / 1000.0:
+            return alone
+        return alone + max_new_tokens * beside
 
     def adapt(self) -> None:
         """Each path's batch cap, a rung of 1-4-8-16 (up to its KV slots), from its measured
