@@ -22,12 +22,10 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from infersight.monitor.records import CANCELLED, CLIENT_ERROR, SHED
 from prometheus_client import CollectorRegistry
 
-from . import openai_format as fmt
-from .chat_template import render_chat
-from .detokenize import TextStream
+from . import openai_api as fmt
 from .errors import BackendUnavailable
-from .observe import CallTimer, make_record
-from .openai_schema import ChatRequest, CompletionRequest
+from .openai_api import ChatRequest, CompletionRequest, TextStream, render_chat
+from .pipeline import CallTimer, make_record
 
 if TYPE_CHECKING:
     from .service import Service
@@ -65,7 +63,7 @@ class EngineBackend:
         from infersight.engine.registry import Registry
         from infersight.engine.runtime import Runtime
 
-        from .prefix_cache import FrequentPrompts, build_prefix_cache
+        from .runtime_store import FrequentPrompts, build_prefix_cache
 
         cfg = service.config.engine
         assert cfg is not None
@@ -104,7 +102,7 @@ class EngineBackend:
         and expose the prefix cache's counters (read from the runtime at scrape time)."""
         from infersight.collectors import EngineAdapter, EnginePathCollector
 
-        from .prefix_cache import PrefixCacheCollector
+        from .runtime_store import PrefixCacheCollector
 
         if hasattr(self.runtime, "prefix_cache_stats"):
             prefix_metrics = CollectorRegistry(auto_describe=False)
@@ -494,7 +492,7 @@ def _piece(rid: str, version: str, text: str, chat: bool) -> dict[str, Any]:
 
 
 def fmt_error(status: int, message: str, field: str | None, code: str | None) -> dict[str, Any]:
-    from .errors_http import error_body
+    from .errors import error_body
 
     body = error_body(status, message, field)
     body["error"]["code"] = code

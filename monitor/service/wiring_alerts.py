@@ -1,4 +1,6 @@
-"""Wiring the alert engine (infersight.alerts) into a started service.
+"""The alert engine in a started service, and the alert figures read from the store.
+
+Wiring the alert engine (infersight.alerts) into a started service.
 
 - Rules: `Evaluator` over the live statistics (`LiveSignals`: latency, errors, queue, GPU,
   memory slopes, drift p-values) and the store (`StoreSignals`: relevance of sampled
@@ -15,25 +17,34 @@
   with the `RemediationFailed` alert (and a warning at start).
 - Post-deploy analysis: `DeployAnalyzer`, started by each deploy the runtime reports.
 - Inbound Alertmanager webhooks: the alerts package's router, mounted behind the token.
-"""
+
+Metrics read from the shared store at scrape time: firing alerts by name and severity,
+outbox backlog and dead letters. Every replica would read the same figures, so only the
+leader exports them (`leading`): a dashboard's `sum()` over instances counts each once."""
 
 from __future__ import annotations
 
+import collections
 import datetime as dt
 import json
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import Counter, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
+from sqlalchemy import Engine, func, select
+from sqlalchemy.exc import SQLAlchemyError
 
 from .errors import ConfigInvalid
 
 if TYPE_CHECKING:
     from .service import Service
 
-__all__ = ["AlertsWiring", "ServiceSnapshotSource", "check_backups"]
+__all__ = ["AlertStoreCollector", "AlertsWiring", "ServiceSnapshotSource", "check_backups"]
 
 log = logging.getLogger(__name__)
 
@@ -282,8 +293,6 @@ def wire_alerts(service: Service) -> AlertsWiring | None:
         return None
     from infersight.monitor.dataset import fill_collections
 
-    from .metrics_store import AlertStoreCollector
-
     wiring = AlertsWiring(service)
     service.parts.alerts = wiring
     # store-wide figures come from the leader alone: a sum over replicas counts them once
@@ -303,3 +312,44 @@ def wire_alerts(service: Service) -> AlertsWiring | None:
     if deploy_log is not None:
         deploy_log.listeners.append(wiring.on_version_deployed)
     return wiring
+
+
+class AlertStoreCollector(Collector):
+    def __init__(self, db: Engine, *, leading: Callable[[], bool] = lambda: True) -> None:
+        self.db = db
+        self.leading = leading
+
+    def collect(self) -> Iterator[Metric]:
+        from infersight.monitor.store.tables import alerts, outbox
+
+        if not self.leading():
+            return
+
+        firing = GaugeMetricFamily(
+            "infersight_alerts_firing", "Alerts firing now", labels=["alertname", "severity"]
+        )
+        pending = GaugeMetricFamily("infersight_outbox_pending", "Notifications waiting to be delivered")
+        dead = GaugeMetricFamily(
+            "infersight_outbox_dead_letters", "Notifications that exhausted their retries"
+        )
+        try:
+            with self.db.connect() as conn:
+                rows = conn.execute(
+                    select(alerts.c.alertname, alerts.c.labels).where(alerts.c.state == "firing")
+                ).all()
+                states: dict[str, int] = dict(
+                    conn.execute(select(outbox.c.state, func.count()).group_by(outbox.c.state)).all()
+                )
+        except SQLAlchemyError as exc:  # a scrape never fails because the database is away
+            log.warning("alert metrics unavailable: %s", exc)
+            return
+        counts = collections.Counter(
+            (name, str(json.loads(labels).get("severity", ""))) for name, labels in rows
+        )
+        for (name, severity), n in sorted(counts.items()):
+            firing.add_metric([name, severity], n)
+        pending.add_metric([], states.get("pending", 0))
+        dead.add_metric([], states.get("dead", 0))
+        yield firing
+        yield pending
+        yield dead

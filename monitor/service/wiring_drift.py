@@ -32,8 +32,8 @@ from infersight.monitor.store.tables import requests
 from prometheus_client import Counter
 from sqlalchemy import bindparam, func, select, update
 
-from .memory import trim_heap
-from .reservoir import SampledText
+from .jobs import trim_heap
+from .pipeline import SampledText
 
 if TYPE_CHECKING:
     from .service import Service
