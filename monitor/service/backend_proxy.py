@@ -43,14 +43,13 @@ from infersight.monitor.records import CANCELLED, CLIENT_ERROR
 from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.parser import text_string_to_metric_families
 
-from .backend_engine import submit_record
 from .config import UpstreamConfig
 from .errors import UpstreamUnreachable
 from .openai_api import ObservedRequest
-from .pipeline import CallTimer, make_record
+from .pipeline import CallTimer, RecordPipeline, make_record
 
 if TYPE_CHECKING:
-    from .service import Service
+    from .metrics import ServiceMetrics
 
 __all__ = ["QUEUE_METRICS", "ProxyBackend", "SSEObserver", "UpstreamQueueScraper", "queue_depths"]
 
@@ -119,9 +118,20 @@ def _choice_text(choice: dict[str, Any], chat: bool) -> str:
 class ProxyBackend:
     passes_through = True  # the router hands over the body unvalidated (openai_schema.ObservedRequest)
 
-    def __init__(self, service: Service, config: UpstreamConfig, *, transport: Any = None) -> None:
-        self.service = service
+    def __init__(
+        self,
+        config: UpstreamConfig,
+        *,
+        pipeline: RecordPipeline,
+        metrics: ServiceMetrics,
+        text_sample_rate: float = 1.0,
+        transport: Any = None,
+    ) -> None:
+        """Records each call into `pipeline`, counts upstream failures in `metrics`."""
         self.config = config
+        self.pipeline = pipeline
+        self.metrics = metrics
+        self.text_sample_rate = text_sample_rate
         self.client = httpx.AsyncClient(
             base_url=config.url.rstrip("/"),
             timeout=httpx.Timeout(config.timeout_s, connect=min(10.0, config.timeout_s)),
@@ -179,7 +189,7 @@ class ProxyBackend:
             upstream = await self.client.send(request, stream=True)
         except httpx.HTTPError as exc:
             kind = "UpstreamTimeout" if isinstance(exc, httpx.TimeoutException) else "UpstreamUnreachable"
-            self.service.metrics.proxy_errors.labels(kind).inc()
+            self.metrics.proxy_errors.labels(kind).inc()
             self._record(rid, req.model, timer, None, None, kind, prompt, None)
             raise UpstreamUnreachable(
                 f"upstream {self.config.url} did not answer: {type(exc).__name__}"
@@ -215,7 +225,7 @@ class ProxyBackend:
                 yield chunk
         except httpx.HTTPError as exc:
             error = "UpstreamStreamBroken"
-            self.service.metrics.proxy_errors.labels(error).inc()
+            self.metrics.proxy_errors.labels(error).inc()
             yield (
                 b'data: {"error":{"type":"upstream_error","message":"upstream stream broke off: '
                 + type(exc).__name__.encode()
@@ -238,7 +248,7 @@ class ProxyBackend:
     ) -> None:
         timer.finish()
         if status != 200:
-            self.service.metrics.proxy_errors.labels(f"http_{status}").inc()
+            self.metrics.proxy_errors.labels(f"http_{status}").inc()
             self._record(rid, req.model, timer, None, None, _status_outcome(status), prompt, None)
             return
         try:
@@ -268,9 +278,9 @@ class ProxyBackend:
         record = make_record(
             request_id=rid, model=self.config.model or version, model_version=version, timer=timer, source="proxy",
             prompt_tokens=prompt_tokens, output_tokens=output_tokens, error_type=error, prompt=prompt,
-            response=response if error is None else None, text_sample_rate=self.service.config.text_sample_rate,
+            response=response if error is None else None, text_sample_rate=self.text_sample_rate,
         )  # fmt: skip
-        submit_record(self.service, record)
+        self.pipeline.submit_one(record)
 
 
 def _status_outcome(status: int) -> str:

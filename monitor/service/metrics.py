@@ -29,15 +29,12 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from infersight.monitor.records import InferenceRecord
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
-
-if TYPE_CHECKING:
-    from .service import Service
 
 __all__ = [
     "SERIES",
@@ -46,7 +43,6 @@ __all__ = [
     "ServiceMetrics",
     "Timeseries",
     "VersionCost",
-    "sample_timeseries",
     "timeseries_point",
 ]
 
@@ -329,15 +325,3 @@ def timeseries_point(
         rss = getattr(sample, "rss_bytes", None) if sample is not None else None
         point["process_rss_bytes"] = None if rss is None else float(rss)
     return point
-
-
-def sample_timeseries(service: Service) -> None:
-    schedule = service.config.schedule
-    point = timeseries_point(
-        service.parts.stats,
-        service.parts.gpu,
-        service.parts.process,
-        window_s=schedule.timeseries_window_s,
-        tick_s=schedule.timeseries_s,
-    )
-    service.timeseries.append(service.clock(), point)

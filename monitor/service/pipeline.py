@@ -110,6 +110,14 @@ class RecordPipeline:
         self.metrics.store_write_queue.set(self.writer.queued_rows)
         return future
 
+    def submit_one(self, record: InferenceRecord, *, observe: bool = True) -> None:
+        """Hand one observed call (served or proxied) over; a full store queue drops it,
+        counted as `dropped`: the client's answer never waits on the store."""
+        try:
+            self.submit([record], observe=observe)
+        except IngestOverloaded:
+            self.metrics.ingest_events.labels("dropped").inc()
+
     def _labels(self, record: InferenceRecord) -> tuple[str, str]:
         if self.label_set is None:
             return record.model, record.model_version

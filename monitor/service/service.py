@@ -34,7 +34,7 @@ from .jobs import (
     new_replica_id,
     trim_heap,
 )
-from .metrics import CombinedRegistry, ServiceMetrics, Timeseries, sample_timeseries
+from .metrics import CombinedRegistry, ServiceMetrics, Timeseries, timeseries_point
 from .pipeline import RecordPipeline, RequestWriter, TextReservoir
 from .security import load_or_create_token
 
@@ -51,7 +51,7 @@ if TYPE_CHECKING:
     from .wiring_alerts import AlertsWiring
     from .wiring_drift import DriftWiring
 
-__all__ = ["Parts", "Service", "unwire_components", "wire_components"]
+__all__ = ["Parts", "Service"]
 
 
 @dataclass
@@ -136,7 +136,7 @@ class Service:
             on_error=lambda exc: self.metrics.store_write_errors.inc(),
         )
         self.pipeline = RecordPipeline(self.writer, self.metrics, reservoir=self.reservoir)
-        wire_components(self)
+        _wire(self)
         snapshot_dir = self.data_dir / "snapshots"
         self.scheduler.add(
             "retention",
@@ -163,7 +163,7 @@ class Service:
             return
         self.started_at = None
         self.scheduler.shutdown(wait=True)
-        unwire_components(self)
+        _unwire(self)
         if self.writer is not None:
             self.writer.close()
             self.writer = None
@@ -198,19 +198,25 @@ class Service:
         return problems
 
 
-def wire_components(service: Service) -> None:
-    from .wiring_alerts import wire_alerts
-    from .wiring_drift import wire_drift
-
+# -- wiring: each part gets what it uses, and is kept in `service.parts` ------------------
+def _wire(service: Service) -> None:
     _wire_collectors(service)
     _wire_backend(service)
-    wire_drift(service)
-    wire_alerts(service)
+    _wire_drift(service)
+    _wire_alerts(service)
     schedule = service.config.schedule
-    service.scheduler.add("timeseries", lambda: sample_timeseries(service), schedule.timeseries_s)
+    service.scheduler.add("timeseries", lambda: _sample_timeseries(service), schedule.timeseries_s)
 
 
-def unwire_components(service: Service) -> None:
+def _sample_timeseries(service: Service) -> None:
+    schedule, parts = service.config.schedule, service.parts
+    point = timeseries_point(
+        parts.stats, parts.gpu, parts.process, window_s=schedule.timeseries_window_s, tick_s=schedule.timeseries_s
+    )
+    service.timeseries.append(service.clock(), point)
+
+
+def _unwire(service: Service) -> None:
     parts = service.parts
     replicas, parts.replicas = parts.replicas, None
     if replicas is not None:
@@ -275,15 +281,25 @@ def _wire_backend(service: Service) -> None:
     if config.upstream is not None:
         from .backend_proxy import ProxyBackend
 
-        service.parts.backend = ProxyBackend(service, config.upstream, transport=service._upstream_transport)
+        assert service.pipeline is not None
+        service.parts.backend = ProxyBackend(
+            config.upstream, pipeline=service.pipeline, metrics=service.metrics,
+            text_sample_rate=config.text_sample_rate, transport=service._upstream_transport,
+        )  # fmt: skip
         _wire_upstream_metrics(service)
     elif config.engine is not None or service._runtime_seam is not None:
         from .backend_engine import EngineBackend
         from .runtime_store import DeployLog
 
-        backend = EngineBackend.start(service)
-        service.parts.backend = backend
-        backend.observe_events()
+        assert service.pipeline is not None
+        parts = service.parts
+        backend = EngineBackend.start(
+            config, service.db, pipeline=service.pipeline, exposition=service.exposition,
+            runtime=service._runtime_seam, on_canary_decision=lambda decision: _canary_decided(service, decision),
+        )  # fmt: skip
+        parts.backend = backend
+        backend.observe_events(parts.stats)
+        parts.routing = backend.route_metrics
         deploy_log = DeployLog(
             service.db,
             backend.runtime,
@@ -317,3 +333,62 @@ def _wire_upstream_metrics(service: Service) -> None:
     )  # fmt: skip
     service.parts.upstream_metrics = scraper
     service.scheduler.add("upstream_metrics", scraper.scrape_once, service.config.schedule.upstream_metrics_s)
+
+
+def _canary_decided(service: Service, decision: Any) -> None:
+    from .wiring_alerts import record_canary_decision
+
+    parts = service.parts
+    record_canary_decision(service.db, decision, deploy_log=parts.deploy_log, alerts=parts.alerts)
+
+
+def _wire_drift(service: Service) -> None:
+    if not service.config.drift.enabled:
+        return
+    from .wiring_drift import DriftWiring
+
+    parts, scheduler = service.parts, service.scheduler
+    wiring = DriftWiring(
+        service.config.drift, service.db, service.registry, service.reservoir, writer=service.writer,
+        canary=getattr(parts.backend, "canary_controller", None), on_alarm=lambda: scheduler.run_now("drift"),
+        detector=parts.drift_detector,
+    )  # fmt: skip
+    wiring.store_configured_reference()
+    parts.drift = wiring
+    schedule = service.config.schedule
+    scheduler.add("drift", wiring.evaluate, schedule.drift_s, leader_only=True)
+    scheduler.add("embed", wiring.embed, schedule.embed_s)
+
+
+def _wire_alerts(service: Service) -> None:
+    if not service.config.alerting.enabled:
+        return
+    from infersight.monitor.dataset import fill_collections
+
+    from .wiring_alerts import AlertStoreCollector, AlertsWiring
+
+    parts = service.parts
+    assert service.pipeline is not None
+    wiring = AlertsWiring(
+        service.config, service.db, data_dir=service.data_dir, registry=service.registry,
+        exposition=service.exposition, pipeline=service.pipeline, replica_id=service.replica_id,
+        stats=parts.stats, gpu=parts.gpu, process=parts.process, drift=parts.drift,
+        runtime=getattr(parts.backend, "runtime", None), deploy_log=parts.deploy_log,
+    )  # fmt: skip
+    parts.alerts = wiring
+    # store-wide figures come from the leader alone: a sum over replicas counts them once
+    service.registry.register(AlertStoreCollector(service.db, leading=service.scheduler.leader.is_leader))
+    schedule = service.config.schedule
+    if wiring.replicas is not None:
+        service.parts.replicas = wiring.replicas
+        service.scheduler.add("replicas_publish", wiring.replicas.publish, schedule.publish_s, run_now=True)
+        service.scheduler.add("replicas_prune", wiring.replicas.prune, 60.0, leader_only=True)
+    service.scheduler.add("replica_actions", wiring.run_own_actions, schedule.rules_s)
+    service.scheduler.add("rules", wiring.evaluate, schedule.rules_s, leader_only=True)
+    service.scheduler.add("outbox", wiring.dispatch, schedule.outbox_s, leader_only=True)
+    service.scheduler.add("post_deploy", wiring.analyze, schedule.post_deploy_s)
+    # the collect action's collections keep the requests that arrive after it ran
+    service.scheduler.add("collect", lambda: fill_collections(service.db), schedule.rules_s, leader_only=True)
+    deploy_log = service.parts.deploy_log
+    if deploy_log is not None:
+        deploy_log.listeners.append(wiring.on_version_deployed)

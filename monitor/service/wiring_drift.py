@@ -25,42 +25,62 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from infersight.monitor.store.tables import requests
-from prometheus_client import Counter
-from sqlalchemy import bindparam, func, select, update
+from prometheus_client import CollectorRegistry, Counter
+from sqlalchemy import Engine, bindparam, func, select, update
 
 from .jobs import trim_heap
-from .pipeline import SampledText
+from .pipeline import RequestWriter, SampledText, TextReservoir
 
 if TYPE_CHECKING:
-    from .service import Service
+    from .config import DriftConfig
 
-__all__ = ["DriftWiring", "wire_drift"]
+__all__ = ["DriftWiring"]
 
 log = logging.getLogger(__name__)
 _LOOKBACK = dt.timedelta(hours=24)
 
 
 class DriftWiring:
-    def __init__(self, service: Service, *, detector: Any = None) -> None:
+    """Drift scoring over `db`'s requests: texts drained from `reservoir` (their rows
+    flushed by `writer` before their relevance is written), gauges in `registry`, each
+    relevance and answer also shown to the running canary (`canary`, if any);
+    `on_alarm` runs when a streaming chart alarms (the service: the batch test now)."""
+
+    def __init__(
+        self,
+        config: DriftConfig,
+        db: Engine,
+        registry: CollectorRegistry,
+        reservoir: TextReservoir,
+        *,
+        writer: RequestWriter | None = None,
+        canary: Any = None,
+        on_alarm: Callable[[], None] = lambda: None,
+        detector: Any = None,
+    ) -> None:
         from infersight.monitor import drift as d
 
         self.d = d
-        self.service = service
-        self.config = service.config.drift
+        self.config = config
+        self.db = db
+        self.reservoir = reservoir
+        self.writer = writer
+        self.canary = canary
+        self.on_alarm = on_alarm
         if detector is None:
             embedder = d.CachedEmbedder(
                 d.SentenceTransformerEmbedder(), max_entries=self.config.embedding_cache
             )
             detector = d.DriftDetector(embedder, config=d.DetectorConfig(alpha=self.config.alpha))
         self.detector = detector
-        self.metrics = d.DriftMetrics(service.registry)
+        self.metrics = d.DriftMetrics(registry)
         self.alarms = Counter(
             "infersight_drift_stream_alarms", "Streaming (CUSUM) drift alarms", ["model_version", "signal"],
-            registry=service.registry,
+            registry=registry,
         )  # fmt: skip
         self._lock = threading.Lock()
         self._p_values: dict[str, dict[tuple[str, str], float]] = {"prompt": {}, "response": {}}
@@ -75,7 +95,7 @@ class DriftWiring:
         self._text_counts: dict[tuple[str, str], int] = {}
         self._counted_to = 0
         self._streams: dict[str, Any] = {}
-        self.references = d.ReferencePolicy(service.db, detector, window=self.config.window,
+        self.references = d.ReferencePolicy(db, detector, window=self.config.window,
                                             configured_path=self.config.reference)  # fmt: skip
 
     # -- references: the policy is the drift package's (ReferencePolicy) ------------------
@@ -106,7 +126,7 @@ class DriftWiring:
             since_v = max(since, stored.info.created_at) if stored.info.source == "deploy" else since
             try:
                 report = self.d.evaluate_window(
-                    self.service.db, detector=self.detector, model_version=version, reference=stored,
+                    self.db, detector=self.detector, model_version=version, reference=stored,
                     since=since_v, until=now + dt.timedelta(seconds=1), model=model, metrics=self.metrics,
                     max_current=self.config.window,
                 )  # fmt: skip
@@ -155,7 +175,7 @@ class DriftWiring:
         10-minute run.) The counts are a trigger, not a statistic: a row committed out of id
         order on PostgreSQL may be missed, which only delays an evaluation."""
         r = requests.c
-        with self.service.db.connect() as conn:
+        with self.db.connect() as conn:
             top = conn.execute(select(func.max(r.id))).scalar() or 0
             if top <= self._counted_to:
                 rows: list[Any] = []
@@ -196,7 +216,7 @@ class DriftWiring:
 
     # -- streaming ----------------------------------------------------------------------
     def embed(self) -> int:
-        items = self.service.reservoir.drain()
+        items = self.reservoir.drain()
         items = [i for i in items if i.prompt]
         if not items:
             return 0
@@ -207,7 +227,7 @@ class DriftWiring:
         by_version: dict[tuple[str, str], list[float]] = {}
         for item, value in zip(with_response, embedded.relevance, strict=True):
             by_version.setdefault((item.model, item.model_version), []).append(float(value))
-        canary = getattr(self.service.parts.backend, "canary_controller", None)
+        canary = self.canary
         for (model, version), values in by_version.items():
             self.metrics.observe_relevance(values, model=model, model_version=version)
             if canary is not None:
@@ -223,9 +243,9 @@ class DriftWiring:
     def _store_relevance(self, items: list[SampledText], values: Any) -> None:
         if not items:
             return
-        if self.service.writer is not None:
-            self.service.writer.flush(10.0)  # the rows must exist before their relevance is set
-        with self.service.db.begin() as conn:
+        if self.writer is not None:
+            self.writer.flush(10.0)  # the rows must exist before their relevance is set
+        with self.db.begin() as conn:
             conn.execute(
                 update(requests)
                 .where(requests.c.request_id == bindparam("rid"))
@@ -248,7 +268,7 @@ class DriftWiring:
                 self.alarms.labels(item.model_version, signal).inc()
                 alarmed.add(item.model_version)
         if alarmed:
-            self.service.scheduler.run_now("drift")
+            self.on_alarm()
 
     def _stream_for(self, version: str) -> Any:
         if version in self._streams:
@@ -279,7 +299,7 @@ class DriftWiring:
 
     def output_drift_p_value(self, new: str, old: str, since: dt.datetime) -> float | None:
         """Responses of `new` since the deploy against `old`'s before it (post-deploy check)."""
-        db, n = self.service.db, self.config.window
+        db, n = self.db, self.config.window
         before = self.d.traffic_window(db, model_version=old, since=since - _LOOKBACK, until=since, limit=n)
         after = self.d.traffic_window(
             db, model_version=new, since=since, until=dt.datetime.now(dt.UTC), limit=n
@@ -293,21 +313,9 @@ class DriftWiring:
         return float(fields[0].p_value) if fields else None
 
     def latest_summary(self) -> dict[str, Any] | None:
-        found = self.d.list_reports(self.service.db, limit=1)
+        found = self.d.list_reports(self.db, limit=1)
         return found[0] if found else None
 
     def latest_report_json(self) -> dict[str, Any] | None:
         summary = self.latest_summary()
-        return None if summary is None else self.d.load_report(self.service.db, int(summary["id"]))
-
-
-def wire_drift(service: Service) -> DriftWiring | None:
-    if not service.config.drift.enabled:
-        return None
-    wiring = DriftWiring(service, detector=service.parts.drift_detector)
-    wiring.store_configured_reference()
-    service.parts.drift = wiring
-    schedule = service.config.schedule
-    service.scheduler.add("drift", wiring.evaluate, schedule.drift_s, leader_only=True)
-    service.scheduler.add("embed", wiring.embed, schedule.embed_s)
-    return wiring
+        return None if summary is None else self.d.load_report(self.db, int(summary["id"]))
