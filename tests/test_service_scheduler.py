@@ -94,8 +94,7 @@ _REPLICA = textwrap.dedent(
     """
     import sys, time
     from prometheus_client import CollectorRegistry
-    from infersight.monitor.service.jobs import ServiceScheduler
-    from infersight.monitor.service.leader import leader_lock_for
+    from infersight.monitor.service.jobs import ServiceScheduler, leader_lock_for
     from infersight.monitor.service.metrics import ServiceMetrics
     from infersight.monitor.store import connect
 

@@ -21,9 +21,8 @@ from fastapi.staticfiles import StaticFiles
 from starlette.concurrency import run_in_threadpool
 
 from .config import ServiceConfig
-from .errors import install_error_handlers
+from .http_edge import BodySizeLimit, install_error_handlers
 from .routers import ingest, models, monitoring
-from .security import BodySizeLimit
 from .service import Service
 
 __all__ = ["create_app", "mount_page", "web_root"]

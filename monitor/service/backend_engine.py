@@ -491,7 +491,7 @@ def _piece(rid: str, version: str, text: str, chat: bool) -> dict[str, Any]:
 
 
 def fmt_error(status: int, message: str, field: str | None, code: str | None) -> dict[str, Any]:
-    from .errors import error_body
+    from .http_edge import error_body
 
     body = error_body(status, message, field)
     body["error"]["code"] = code

@@ -26,6 +26,7 @@ from sqlalchemy import Engine, text
 
 from .config import ServiceConfig, is_loopback
 from .errors import ConfigInvalid, InsecureBind
+from .http_edge import load_or_create_token
 from .jobs import (
     LeaderLock,
     ServiceScheduler,
@@ -36,7 +37,6 @@ from .jobs import (
 )
 from .metrics import CombinedRegistry, ServiceMetrics, Timeseries, timeseries_point
 from .pipeline import RecordPipeline, RequestWriter, TextReservoir
-from .security import load_or_create_token
 
 if TYPE_CHECKING:
     from infersight.collectors import GPUCollector, InferenceStats, ProcessCollector
@@ -211,7 +211,11 @@ def _wire(service: Service) -> None:
 def _sample_timeseries(service: Service) -> None:
     schedule, parts = service.config.schedule, service.parts
     point = timeseries_point(
-        parts.stats, parts.gpu, parts.process, window_s=schedule.timeseries_window_s, tick_s=schedule.timeseries_s
+        parts.stats,
+        parts.gpu,
+        parts.process,
+        window_s=schedule.timeseries_window_s,
+        tick_s=schedule.timeseries_s,
     )
     service.timeseries.append(service.clock(), point)
 

@@ -52,7 +52,13 @@ if TYPE_CHECKING:
     from .runtime_store import DeployLog
     from .wiring_drift import DriftWiring
 
-__all__ = ["AlertStoreCollector", "AlertsWiring", "ServiceSnapshotSource", "check_backups", "record_canary_decision"]
+__all__ = [
+    "AlertStoreCollector",
+    "AlertsWiring",
+    "ServiceSnapshotSource",
+    "check_backups",
+    "record_canary_decision",
+]
 
 log = logging.getLogger(__name__)
 

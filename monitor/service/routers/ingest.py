@@ -28,7 +28,7 @@ from infersight.monitor.records import InferenceRecord, InvalidRecord
 from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
 
-from ..security import require_token
+from ..http_edge import require_token
 from . import get_service
 
 __all__ = ["router"]

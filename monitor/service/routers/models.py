@@ -35,8 +35,8 @@ from sqlalchemy import select
 from starlette.concurrency import run_in_threadpool
 
 from ..errors import BackendUnavailable, NoRuntime
+from ..http_edge import require_token
 from ..openai_api import ChatRequest, CompletionRequest, ObservedRequest
-from ..security import require_token
 from . import get_service
 
 __all__ = ["recent_deploys", "router"]

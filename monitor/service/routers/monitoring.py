@@ -29,7 +29,7 @@ from sqlalchemy import select
 from starlette.concurrency import run_in_threadpool
 
 from ..errors import BackendUnavailable
-from ..security import require_token
+from ..http_edge import require_token
 from . import get_service
 from .models import recent_deploys
 
