@@ -1,7 +1,7 @@
 """Serving `/v1` with the embedded runtime (`infersight.engine.Runtime`).
 
 Prompts are tokenized with the serving version's tokenizer (chat through the documented
-template of chat_template.py), generated with the runtime's continuous batching, and
+template of openai_api.py), generated with the runtime's continuous batching, and
 streamed as SSE. Every call becomes an `InferenceRecord` (source "engine") with its
 measured latency, time to first token, token counts and, sampled, its text. What the
 client caused is recorded under its own label, never as a server error: a prompt over

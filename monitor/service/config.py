@@ -1,7 +1,7 @@
 """The service's configuration: the dataclasses and the YAML file that builds them.
 
 The service's configuration: frozen dataclasses, built from a YAML file plus the
-environment (`load_config`, in config_file.py) or directly in code and tests.
+environment (`load_config`, below) or directly in code and tests.
 
 Secrets never need to be in the file: `INFERSIGHT_TOKEN` (bearer token),
 `INFERSIGHT_DATABASE_URL`, `INFERSIGHT_UPSTREAM_API_KEY`; receivers' secrets are named by

@@ -1,4 +1,5 @@
-"""The HTTP edge every router shares: who may call (the bearer token), how much a request may send (the body size limit), and how every error becomes a JSON answer.
+"""The HTTP edge every router shares: who may call (the bearer token), how much a request may
+send (the body size limit), and how every error becomes a JSON answer.
 
 Bearer-token checks and the request body size limit.
 

@@ -1,4 +1,5 @@
-"""Running the service's periodic work: the scheduler, leader election among replicas, and the heap kept flat.
+"""Running the service's periodic work: the scheduler, leader election among replicas, and the
+heap kept flat.
 
 The service's periodic jobs on APScheduler 3's `BackgroundScheduler`.
 

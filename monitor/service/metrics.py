@@ -1,4 +1,5 @@
-"""What the service measures and exposes: its own Prometheus metrics and the combined `/metrics`, the cost meter, and the page's timeseries.
+"""What the service measures and exposes: its own Prometheus metrics and the combined
+`/metrics`, the cost meter, and the page's timeseries.
 
 The service's own Prometheus metrics (ingest, store writes, scheduler, drift backlog),
 registered in the registry the service owns; `/metrics` exposes it with the collectors'.

@@ -1,4 +1,5 @@
-"""The OpenAI-compatible surface: request bodies, answers and SSE in the OpenAI wire format, the chat template and streaming detokenization.
+"""The OpenAI-compatible surface: request bodies, answers and SSE in the OpenAI wire format,
+the chat template and streaming detokenization.
 
 Request bodies of `/v1/completions` and `/v1/chat/completions`.
 

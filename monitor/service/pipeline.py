@@ -1,4 +1,5 @@
-"""The record pipeline: timing a call into an `InferenceRecord`, handing it to the observers, the group-commit writer and the embedding reservoir.
+"""The record pipeline: timing a call into an `InferenceRecord`, handing it to the observers,
+the group-commit writer and the embedding reservoir.
 
 Where every observed call goes: the SDK's batches (ingest), the upstream proxy and the
 embedded runtime's OpenAI endpoints all hand `InferenceRecord`s to one `RecordPipeline`.

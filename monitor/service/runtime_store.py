@@ -1,4 +1,5 @@
-"""What the service keeps in the store for the embedded runtime: its deploy history, and the frequent prompts that warm its prefix cache.
+"""What the service keeps in the store for the embedded runtime: its deploy history, and the
+frequent prompts that warm its prefix cache.
 
 Keeping the store's `deploys` and `model_versions` tables in step with the runtime.
 

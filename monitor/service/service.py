@@ -56,7 +56,7 @@ __all__ = ["Parts", "Service"]
 
 @dataclass
 class Parts:
-    """The parts wiring.py puts into a started service, each under its own typed name;
+    """The parts `_wire` puts into a started service, each under its own typed name;
     None until wired, or when the configuration leaves the part out."""
 
     stats: InferenceStats | None = None  # the live statistics (collectors)
@@ -111,7 +111,7 @@ class Service:
         self._runtime_seam = runtime
         self._upstream_transport = upstream_transport
         self._nvml_seam = nvml  # the pynvml module or a stand-in (None: import pynvml)
-        self.parts = Parts()  # the wired parts, typed (wiring.py)
+        self.parts = Parts()  # the wired parts, typed (`_wire` below)
         self.replica_id = new_replica_id()  # this process among the replicas on one database
         self.started_at: float | None = None
         self._started_mono: float | None = None
@@ -120,7 +120,7 @@ class Service:
 
     # -- lifecycle -------------------------------------------------------------------
     def start(self) -> None:
-        limit_malloc_arenas()  # before the service's threads exist: see memory.py
+        limit_malloc_arenas()  # before the service's threads exist: see jobs.py
         self.schema_revision = upgrade(self.db)
         if self.config.redact is not None:
             from infersight.monitor.dataset import RedactorInvalid, load_redactor

@@ -237,7 +237,7 @@ class DriftWiring:
             for item, vector in zip(with_response, embedded.response_embeddings, strict=True):
                 canary.on_output(item.model_version, vector.tolist())
         self._stream(items, embedded)
-        trim_heap()  # the model's buffers of this batch go back to the OS (memory.py)
+        trim_heap()  # the model's buffers of this batch go back to the OS (jobs.py)
         return len(items)
 
     def _store_relevance(self, items: list[SampledText], values: Any) -> None:

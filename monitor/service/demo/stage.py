@@ -1,4 +1,5 @@
-"""What the demo sets around the service: its alert rules, the traffic it sends and the webhook receiver that checks what arrives.
+"""What the demo sets around the service: its alert rules, the traffic it sends and the webhook
+receiver that checks what arrives.
 
 The demo's alert rules: the shipped quality rules with short timings, a latency SLO, and
 one route to the local signed-webhook receiver.

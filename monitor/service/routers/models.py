@@ -1,4 +1,5 @@
-"""Serving and the models served: the OpenAI-compatible `/v1`, deploys and canaries, and snapshots of what was served.
+"""Serving and the models served: the OpenAI-compatible `/v1`, deploys and canaries, and
+snapshots of what was served.
 
 OpenAI-compatible `/v1/completions`, `/v1/chat/completions` (SSE streaming with
 `"stream": true`) and `/v1/models`, served by the embedded runtime or the upstream proxy.

@@ -1,4 +1,5 @@
-"""What the service knows of its own state: health and `/metrics`, the page's overview and timeseries, alerts and silences, drift.
+"""What the service knows of its own state: health and `/metrics`, the page's overview and
+timeseries, alerts and silences, drift.
 
 `GET /healthz` (the process answers), `/readyz` (store reachable and migrated, jobs
 running, a backend able to serve), `/metrics` (Prometheus text format).
