@@ -4,7 +4,8 @@
   .jsonl/.csv/.txt file) is stored at start as reference "configured" (a new version only
   when its texts changed). Without one, each model version gets a reference from its first
   `drift.window` sampled requests ("deploy").
-- Batch test (leader-only job `drift`, every `schedule.drift_s`): for each model version
+- Batch test (leader-only job `drift`, every `schedule.drift_s`; which versions and when
+  is the drift package's `VersionPolicy`): for each model version
   with enough new sampled texts (half a window), or with half of `drift.min_window` new
   texts once its traffic paused for a tick, the newest `drift.window` of them against the
   reference (`evaluate_window`: report stored with its request-length section, relevance
@@ -30,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from infersight.monitor.store.tables import requests
 from prometheus_client import CollectorRegistry, Counter
-from sqlalchemy import Engine, bindparam, func, select, update
+from sqlalchemy import Engine, bindparam, update
 
 from .jobs import trim_heap
 from .pipeline import RequestWriter, SampledText, TextReservoir
@@ -86,19 +87,14 @@ class DriftWiring:
         self._p_values: dict[str, dict[tuple[str, str], float]] = {"prompt": {}, "response": {}}
         self._relevance: dict[tuple[str, str], float] = {}
         self._lengths: dict[str, dict[tuple[str, str], float]] = {"prompt": {}, "output": {}}
-        self._last_count: dict[str, int] = {}
-        self._tick_count: dict[str, int] = {}  # texts counted at the previous tick
-        # the newest request (any, sampled or not) per (model, version), for expiry
-        self._last_request: dict[tuple[str, str], dt.datetime] = {}
-        # texts recorded per (model, version), counted incrementally: rows with id <= _counted_to
-        # are in _text_counts (see _active_versions)
-        self._text_counts: dict[tuple[str, str], int] = {}
-        self._counted_to = 0
         self._streams: dict[str, Any] = {}
+        # the policy (which reference, which versions, when) is the drift package's
         self.references = d.ReferencePolicy(db, detector, window=self.config.window,
                                             configured_path=self.config.reference)  # fmt: skip
+        self.versions = d.VersionPolicy(db, window=config.window, min_window=config.min_window,
+                                        stale_after_s=config.stale_after_s)  # fmt: skip
 
-    # -- references: the policy is the drift package's (ReferencePolicy) ------------------
+    # -- references ------------------------------------------------------------------------
     def store_configured_reference(self) -> None:
         self.references.store_configured()
 
@@ -110,15 +106,7 @@ class DriftWiring:
         now = dt.datetime.now(dt.UTC)
         since = now - _LOOKBACK
         reports = []
-        for model, version, count in self._active_versions(since):
-            new = count - self._last_count.get(version, 0)
-            # traffic paused (nothing new since the last tick) with some unseen texts: judge them now
-            paused = new >= max(1, self.config.min_window // 2) and self._tick_count.get(version) == count
-            self._tick_count[version] = count
-            if not force and not paused and new < max(self.config.min_window, self.config.window // 2):
-                continue
-            if count < self.config.min_window:
-                continue
+        for model, version, count in self.versions.due(since, force=force):
             stored = self._reference_for(version)
             if stored is None:
                 continue
@@ -133,7 +121,7 @@ class DriftWiring:
             except self.d.WindowError as exc:
                 log.info("no drift verdict for %s yet: %s", version, exc)
                 continue
-            self._last_count[version] = count
+            self.versions.tested(version, count)
             self._remember(model, version, report)
             reports.append(report)
         self.expire(now)
@@ -142,64 +130,23 @@ class DriftWiring:
     def expire(self, now: dt.datetime) -> list[tuple[str, str]]:
         """Drop the drift state of versions with no request for `drift.stale_after_s`;
         returns the (model, version) pairs dropped."""
-        after = self.config.stale_after_s
-        if after is None:
-            return []
-        cutoff = now - dt.timedelta(seconds=after)
         with self._lock:
-            stale = [
-                key for key, last in self._last_request.items() if last < cutoff and self._has_state(key)
-            ]
+            stale = [key for key in self.versions.stale(now) if self._has_state(key)]
             for key in stale:
                 for values in (*self._p_values.values(), *self._lengths.values(), self._relevance):
                     values.pop(key, None)
         for model, version in stale:
             self.metrics.forget(model=model, model_version=version)
             self._streams.pop(version, None)
+            last = self.versions.last_request(model, version)
             log.info("drift state of %s %s dropped: no request since %s", model, version,
-                     self._last_request[(model, version)].isoformat())  # fmt: skip
+                     last.isoformat() if last is not None else "?")  # fmt: skip
         return stale
 
     def _has_state(self, key: tuple[str, str]) -> bool:
         return any(
             key in values for values in (*self._p_values.values(), *self._lengths.values(), self._relevance)
         )
-
-    def _active_versions(self, since: dt.datetime) -> list[tuple[str, str, int]]:
-        """(model, version, texts recorded) for versions with sampled text.
-
-        Counted incrementally: the first call counts the texts of the lookback window, each
-        later call only the rows added since (a primary-key range), so a drift tick costs the
-        same at a million rows as at a thousand. (Counting the whole window each minute grew
-        with the table: at 20,000 events/s it was most of the service's CPU growth over a
-        10-minute run.) The counts are a trigger, not a statistic: a row committed out of id
-        order on PostgreSQL may be missed, which only delays an evaluation."""
-        r = requests.c
-        with self.db.connect() as conn:
-            top = conn.execute(select(func.max(r.id))).scalar() or 0
-            if top <= self._counted_to:
-                rows: list[Any] = []
-            else:
-                where = [r.id > self._counted_to, r.id <= top]
-                if self._counted_to == 0:
-                    where.append(r.started_at >= since)
-                rows = list(
-                    conn.execute(
-                        select(r.model, r.model_version, func.count(r.prompt), func.max(r.started_at))
-                        .where(*where)
-                        .group_by(r.model, r.model_version)
-                    ).all()
-                )
-        for model, version, n, newest in rows:
-            key = (model, version)
-            if isinstance(newest, dt.datetime):
-                previous = self._last_request.get(key)
-                self._last_request[key] = newest if previous is None else max(previous, newest)
-            if not n:
-                continue
-            self._text_counts[key] = self._text_counts.get(key, 0) + int(n)
-        self._counted_to = max(self._counted_to, top)
-        return [(m, v, n) for (m, v), n in sorted(self._text_counts.items())]
 
     def _remember(self, model: str, version: str, report: Any) -> None:
         with self._lock:
