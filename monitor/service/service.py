@@ -1,13 +1,10 @@
-"""The composition root: `Service` and the wiring of the other packages into it.
-
-`Service`: the composition root. It owns the database, the metrics registry, the
-record pipeline, the scheduler and whatever serves `/v1` (embedded runtime or upstream
-proxy), and wires the collectors, drift and alerts packages to them. Nothing here is
-module-level state: two services in one process (tests) share nothing.
-
-Wiring the other packages into a started `Service`: the collectors (live statistics,
-GPU and process samplers), the `/v1` backend, drift and alerts. Each part is stored in
-`service.parts` under its typed name; the routers read them from there."""
+"""The composition root. `Service` owns the database, the metrics registry, the record
+pipeline, the scheduler and whatever serves `/v1` (embedded runtime or upstream proxy),
+and wires the collectors (live statistics, GPU and process samplers), the `/v1` backend,
+drift and alerts to them (`_wire`). Each part is kept in `service.parts` under its typed
+name, where the routers read it, and is handed what it uses as typed parameters: no part
+holds the Service. Nothing here is module-level state: two services in one process
+(tests) share nothing."""
 
 from __future__ import annotations
 
