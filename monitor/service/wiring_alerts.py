@@ -1,6 +1,5 @@
-"""The alert engine in a started service, and the alert figures read from the store.
-
-Wiring the alert engine (infersight.alerts) into a started service.
+"""The alert engine (infersight.alerts) in a started service, and the alert figures read
+from the store.
 
 - Rules: `Evaluator` over the live statistics (`LiveSignals`: latency, errors, queue, GPU,
   memory slopes, drift p-values) and the store (`StoreSignals`: relevance of sampled
