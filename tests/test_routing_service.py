@@ -164,10 +164,15 @@ def test_a_flood_of_long_prompts_opens_the_breaker_short_ones_keep_their_sla_and
     assert within >= 0.9, [round(s, 3) for s in sorted(shorts)[-5:]]
     assert refused and all(int(h["retry-after"]) >= 1 for h in refused)
     assert (_metric(client, 'infersight_route_requests_total{path="standard",reason="shed"}') or 0) >= 1
+
     # shed requests are their own outcome: SLO misses, not server errors (no error-rate page)
     def shed_outcomes() -> float:  # a refusal's record is counted just after its answer is sent
         text = client.get("/metrics").text
-        lines = [ln for ln in text.splitlines() if ln.startswith("infersight_client_outcomes_total{") and 'outcome="shed"' in ln]
+        lines = [
+            ln
+            for ln in text.splitlines()
+            if ln.startswith("infersight_client_outcomes_total{") and 'outcome="shed"' in ln
+        ]
         return float(lines[0].rsplit(" ", 1)[1]) if lines else 0.0
 
     wait_for(lambda: shed_outcomes() >= len(refused), timeout=10.0)
