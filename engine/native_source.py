@@ -8,18 +8,21 @@ Entry points:
 - `infersight_decode_step` (and `infersight_step_scratch`, its scratch size): a whole decode
   step of the Mixtral network for B rows inside one OpenMP parallel region (native_step.py
   says what it computes and why). fp32 models read the packed weights; int8 weight-only ones
-  read the engine's int8 [N, K] rows and per-row scales, dequantised in registers, with a
-  bf16 embedding and KV cache.
-- `infersight_has_avx512`: which loops the build took.
+  read the engine's int8 [N, K] rows and per-row scales (dequantised in registers, or with
+  int8 activations on VNNI: the loops are native_int8.py's), with a bf16 embedding and KV cache.
+- `infersight_has_avx512`, `infersight_has_vnni`: which loops the build took.
 
 With AVX-512 (F, and BW/VL for the int8 loads) the loops use 512-bit FMAs and masked tails;
 without it, the same loops in plain C, auto-vectorised for what the CPU has. The router,
 norms and RoPE stay fp32 in both model kinds.
 """
 
+from .native_int8 import INT8_SOURCE
+
 __all__ = ["SOURCE"]
 
-SOURCE = r"""
+SOURCE = (
+    r"""
 #include <stdint.h>
 #include <stddef.h>
 #ifdef __AVX512F__
@@ -113,251 +116,9 @@ typedef struct {
     int64_t act8; /* quantized: int8 activations too (VNNI builds only; else ignored) */
 } infersight_model;
 
-static inline float bf16_in(uint16_t h) {
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
-
-static inline uint16_t bf16_out(float f) { /* round to nearest even, as torch's conversion */
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 64u); /* NaN stays NaN */
-    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
-
-/* out[r * 16 + c] = s[c] * x_r . w[c] for r < MR, c < 4, w int8 rows K apart (row c0 + c of
-   the caller's 16-column block; rows past `nc` repeat the last, their results unused). */
-static inline __attribute__((always_inline)) void quad8(
-        const float *x, int64_t ldx, const int8_t *w, const float *s, int64_t nc, int64_t K,
-        const int MR, float *out) {
-    const int8_t *rw[4];
-    for (int c = 0; c < 4; c++) rw[c] = w + (c < nc ? c : nc - 1) * K;
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
-    __m512 acc[4][4];
-    for (int r = 0; r < MR; r++)
-        for (int c = 0; c < 4; c++) acc[r][c] = _mm512_setzero_ps();
-    for (int64_t k = 0; k < K; k += 16) {
-        __mmask16 km = K - k >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (K - k)) - 1u);
-        __m512 wv[4];
-        for (int c = 0; c < 4; c++) {
-            if ((k & 63) == 0) _mm_prefetch((const char *)(rw[c] + k + 8 * K), _MM_HINT_T0); /* see quadv */
-            wv[c] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(km, rw[c] + k)));
-        }
-        for (int r = 0; r < MR; r++) {
-            __m512 xv = _mm512_maskz_loadu_ps(km, x + r * ldx + k);
-            for (int c = 0; c < 4; c++) acc[r][c] = _mm512_fmadd_ps(xv, wv[c], acc[r][c]);
-        }
-    }
-    for (int r = 0; r < MR; r++)
-        for (int c = 0; c < nc; c++) out[r * 16 + c] = s[c] * _mm512_reduce_add_ps(acc[r][c]);
-#else
-    for (int r = 0; r < MR; r++)
-        for (int c = 0; c < nc; c++) {
-            float a = 0.0f;
-            for (int64_t k = 0; k < K; k++) a += x[r * ldx + k] * (float)rw[c][k];
-            out[r * 16 + c] = s[c] * a;
-        }
-#endif
-}
-
-/* out [M][16]: rows n0..n0+nr-1 (nr <= 16) of an int8 weight [N, K] with scales [N], for M rows of x */
-static void rows8(const float *x, int64_t ldx, int64_t M, const int8_t *w, const float *s,
-                  int64_t n0, int64_t nr, int64_t K, float *out) {
-    for (int64_t r = 0; r < M; r += 4) {
-        int64_t n = M - r < 4 ? M - r : 4;
-        for (int64_t c = 0; c < nr; c += 4) {
-            const int8_t *wc = w + (n0 + c) * K;
-            const float *sc = s + n0 + c, *xr = x + r * ldx;
-            int64_t nc = nr - c < 4 ? nr - c : 4;
-            float *o = out + r * 16 + c;
-            switch (n) {
-                case 1: quad8(xr, ldx, wc, sc, nc, K, 1, o); break;
-                case 2: quad8(xr, ldx, wc, sc, nc, K, 2, o); break;
-                case 3: quad8(xr, ldx, wc, sc, nc, K, 3, o); break;
-                default: quad8(xr, ldx, wc, sc, nc, K, 4, o); break;
-            }
-        }
-    }
-}
-
-/* out[r][0..15] = x[r, :] . wb[:, 0..15] for r < MR (x rows ldx apart), wb one packed block [K][16]. */
-static inline __attribute__((always_inline)) void tile(
-        const float *x, int64_t ldx, const float *wb, int64_t K, const int MR, float *out) {
-#ifdef __AVX512F__
-    if (MR == 1) { /* one row: four chains hide the FMA latency */
-        __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-        int64_t k = 0;
-        for (; k + 4 <= K; k += 4) {
-            a0 = _mm512_fmadd_ps(_mm512_set1_ps(x[k]), _mm512_load_ps(wb + k * 16), a0);
-            a1 = _mm512_fmadd_ps(_mm512_set1_ps(x[k + 1]), _mm512_load_ps(wb + k * 16 + 16), a1);
-            a2 = _mm512_fmadd_ps(_mm512_set1_ps(x[k + 2]), _mm512_load_ps(wb + k * 16 + 32), a2);
-            a3 = _mm512_fmadd_ps(_mm512_set1_ps(x[k + 3]), _mm512_load_ps(wb + k * 16 + 48), a3);
-        }
-        for (; k < K; k++) a0 = _mm512_fmadd_ps(_mm512_set1_ps(x[k]), _mm512_load_ps(wb + k * 16), a0);
-        _mm512_storeu_ps(out, _mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
-        return;
-    }
-    if (MR == 2) {
-        __m512 a0 = _mm512_setzero_ps(), a1 = a0, b0 = a0, b1 = a0;
-        const float *y = x + ldx;
-        int64_t k = 0;
-        for (; k + 2 <= K; k += 2) {
-            __m512 w0 = _mm512_load_ps(wb + k * 16), w1 = _mm512_load_ps(wb + k * 16 + 16);
-            a0 = _mm512_fmadd_ps(_mm512_set1_ps(x[k]), w0, a0);
-            b0 = _mm512_fmadd_ps(_mm512_set1_ps(y[k]), w0, b0);
-            a1 = _mm512_fmadd_ps(_mm512_set1_ps(x[k + 1]), w1, a1);
-            b1 = _mm512_fmadd_ps(_mm512_set1_ps(y[k + 1]), w1, b1);
-        }
-        for (; k < K; k++) {
-            __m512 w0 = _mm512_load_ps(wb + k * 16);
-            a0 = _mm512_fmadd_ps(_mm512_set1_ps(x[k]), w0, a0);
-            b0 = _mm512_fmadd_ps(_mm512_set1_ps(y[k]), w0, b0);
-        }
-        _mm512_storeu_ps(out, _mm512_add_ps(a0, a1));
-        _mm512_storeu_ps(out + 16, _mm512_add_ps(b0, b1));
-        return;
-    }
-    __m512 acc[8];
-    for (int i = 0; i < MR; i++) acc[i] = _mm512_setzero_ps();
-    for (int64_t k = 0; k < K; k++) {
-        __m512 wv = _mm512_load_ps(wb + k * 16);
-        for (int i = 0; i < MR; i++) acc[i] = _mm512_fmadd_ps(_mm512_set1_ps(x[i * ldx + k]), wv, acc[i]);
-    }
-    for (int i = 0; i < MR; i++) _mm512_storeu_ps(out + i * 16, acc[i]);
-#else
-    float acc[8][16] = {{0}};
-    for (int64_t k = 0; k < K; k++)
-        for (int i = 0; i < MR; i++)
-            for (int j = 0; j < 16; j++) acc[i][j] += x[i * ldx + k] * wb[k * 16 + j];
-    for (int i = 0; i < MR; i++)
-        for (int j = 0; j < 16; j++) out[i * 16 + j] = acc[i][j];
-#endif
-}
-
-/* tile for any rows m (<= 8 per call, chunked here): out [m][16] */
-static void tiles(const float *x, int64_t ldx, int64_t m, const float *wb, int64_t K, float *out) {
-    for (int64_t r = 0; r < m; r += 8) {
-        int64_t n = m - r < 8 ? m - r : 8;
-        const float *xr = x + r * ldx;
-        float *o = out + r * 16;
-        switch (n) {
-            case 1: tile(xr, ldx, wb, K, 1, o); break;
-            case 2: tile(xr, ldx, wb, K, 2, o); break;
-            case 3: tile(xr, ldx, wb, K, 3, o); break;
-            case 4: tile(xr, ldx, wb, K, 4, o); break;
-            case 5: tile(xr, ldx, wb, K, 5, o); break;
-            case 6: tile(xr, ldx, wb, K, 6, o); break;
-            case 7: tile(xr, ldx, wb, K, 7, o); break;
-            default: tile(xr, ldx, wb, K, 8, o); break;
-        }
-    }
-}
-
-/* int8 activations for VNNI: a matrix [M, K] as per-64-column blocks of |round(x / s)| (u8,
-   rows Kp = 64 * nb apart, zero-padded), the blocks' sign masks and scales s = max|x| / 127. */
-typedef struct { uint8_t *a; uint64_t *neg; float *s; int64_t Kp, nb; } qact;
-
-static qact qact_at(char **at, int64_t rows, int64_t K) {
-    qact q;
-    q.nb = (K + 63) / 64;
-    q.Kp = q.nb * 64;
-    q.a = (uint8_t *)*at;
-    q.neg = (uint64_t *)(void *)(*at + rows * q.Kp);
-    q.s = (float *)(void *)(*at + rows * q.Kp + rows * q.nb * 8);
-    *at += ((rows * q.Kp + rows * q.nb * 12) + 63) / 64 * 64;
-    return q;
-}
-
-static int64_t qact_bytes(int64_t rows, int64_t K) {
-    int64_t nb = (K + 63) / 64;
-    return ((rows * nb * 64 + rows * nb * 12) + 63) / 64 * 64;
-}
-
-static void quantize_row(const qact *q, int64_t row, const float *x, int64_t K) {
-    for (int64_t b = 0; b < q->nb; b++) {
-        int64_t k0 = b * 64, n = K - k0 < 64 ? K - k0 : 64;
-        float mx = 0.0f;
-        for (int64_t i = 0; i < n; i++) mx = fmaxf(mx, fabsf(x[k0 + i]));
-        float inv = mx > 0.0f ? 127.0f / mx : 0.0f;
-        uint64_t ng = 0;
-        uint8_t *a = q->a + row * q->Kp + k0;
-        for (int64_t i = 0; i < 64; i++) {
-            int v = i < n ? (int)nearbyintf(x[k0 + i] * inv) : 0;
-            if (v < 0) {
-                ng |= 1ull << i;
-                v = -v;
-            }
-            a[i] = (uint8_t)(v > 127 ? 127 : v);
-        }
-        q->neg[row * q->nb + b] = ng;
-        q->s[row * q->nb + b] = mx / 127.0f;
-    }
-}
-
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
-#define INFERSIGHT_VNNI 1
-/* As quad8, with the activations int8 too: one dpbusd per 64 weights and row. */
-static inline __attribute__((always_inline)) void quadv(
-        const qact *q, int64_t r0, const int8_t *w, const float *s, int64_t nc, int64_t K,
-        const int MR, float *out) {
-    const int8_t *rw[4];
-    for (int c = 0; c < 4; c++) rw[c] = w + (c < nc ? c : nc - 1) * K;
-    __m512 acc[4][4];
-    const __m512i zero = _mm512_setzero_si512();
-    for (int r = 0; r < MR; r++)
-        for (int c = 0; c < 4; c++) acc[r][c] = _mm512_setzero_ps();
-    for (int64_t b = 0; b < q->nb; b++) {
-        int64_t k = b * 64;
-        __mmask64 km = K - k >= 64 ? ~(__mmask64)0 : (((__mmask64)1 << (K - k)) - 1);
-        __m512i wv[4];
-        for (int c = 0; c < 4; c++) {
-            /* the same line two quads on (rows are contiguous): short row runs give the
-               hardware prefetcher too little to ramp up on */
-            _mm_prefetch((const char *)(rw[c] + k + 8 * K), _MM_HINT_T0);
-            wv[c] = _mm512_maskz_loadu_epi8(km, rw[c] + k);
-        }
-        for (int r = 0; r < MR; r++) {
-            int64_t row = r0 + r;
-            __m512i xa = _mm512_loadu_si512((const void *)(q->a + row * q->Kp + k));
-            __mmask64 ng = q->neg[row * q->nb + b];
-            __m512 xs = _mm512_set1_ps(q->s[row * q->nb + b]);
-            for (int c = 0; c < 4; c++) {
-                __m512i ws = _mm512_mask_sub_epi8(wv[c], ng, zero, wv[c]);
-                __m512i dp = _mm512_dpbusd_epi32(zero, xa, ws);
-                acc[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dp), xs, acc[r][c]);
-            }
-        }
-    }
-    for (int r = 0; r < MR; r++)
-        for (int c = 0; c < nc; c++) out[r * 16 + c] = s[c] * _mm512_reduce_add_ps(acc[r][c]);
-}
-
-static void rowsv(const qact *q, int64_t r0, int64_t M, const int8_t *w, const float *s,
-                  int64_t n0, int64_t nr, int64_t K, float *out) {
-    for (int64_t r = 0; r < M; r += 4) {
-        int64_t n = M - r < 4 ? M - r : 4;
-        for (int64_t c = 0; c < nr; c += 4) {
-            const int8_t *wc = w + (n0 + c) * K;
-            const float *sc = s + n0 + c;
-            int64_t nc = nr - c < 4 ? nr - c : 4;
-            float *o = out + r * 16 + c;
-            switch (n) {
-                case 1: quadv(q, r0 + r, wc, sc, nc, K, 1, o); break;
-                case 2: quadv(q, r0 + r, wc, sc, nc, K, 2, o); break;
-                case 3: quadv(q, r0 + r, wc, sc, nc, K, 3, o); break;
-                default: quadv(q, r0 + r, wc, sc, nc, K, 4, o); break;
-            }
-        }
-    }
-}
-#else
-#define INFERSIGHT_VNNI 0
-#endif
-
-int infersight_has_vnni(void) { return INFERSIGHT_VNNI; }
-
+"""
+    + INT8_SOURCE
+    + r"""
 /* out [M][16] = columns n0..n0+nr-1 (n0 a multiple of 16, nr <= 16) of x [M, K] @ W^T: W
    packed fp32 (scales unused), or int8 rows with scales `s` when `quantized`. */
 static void block(int64_t quantized, const float *x, int64_t ldx, int64_t M, const void *w,
@@ -645,3 +406,4 @@ int infersight_has_avx512(void) {
 #endif
 }
 """
+)
