@@ -2,7 +2,7 @@
 conversion for int8 models' embedding and KV cache, the weight-dequantising product
 (`rows8`: 4 int8 weight rows against up to 4 fp32 activation rows per pass), and, where the
 CPU has AVX512-VNNI, the int8-activation product (`rowsv`: activations quantised per
-64-column block, `qact`, one `vpdpbusd` per 64 weights and row). Both prefetch two row-quads
+64-column block, `qact`, one `vpdpbusd` per 64 weights and row). Both prefetch four row-quads
 ahead: the int8 [N, K] rows are short runs the hardware prefetcher does not follow.
 """
 
@@ -38,7 +38,7 @@ static inline __attribute__((always_inline)) void quad8(
         __mmask16 km = K - k >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (K - k)) - 1u);
         __m512 wv[4];
         for (int c = 0; c < 4; c++) {
-            if ((k & 63) == 0) _mm_prefetch((const char *)(rw[c] + k + 8 * K), _MM_HINT_T0); /* see quadv */
+            if ((k & 63) == 0) _mm_prefetch((const char *)(rw[c] + k + 16 * K), _MM_HINT_T0); /* see quadv */
             wv[c] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(km, rw[c] + k)));
         }
         for (int r = 0; r < MR; r++) {
@@ -209,9 +209,9 @@ static inline __attribute__((always_inline)) void quadv(
         __mmask64 km = K - k >= 64 ? ~(__mmask64)0 : (((__mmask64)1 << (K - k)) - 1);
         __m512i wv[4];
         for (int c = 0; c < 4; c++) {
-            /* the same line two quads on (rows are contiguous): short row runs give the
+            /* the same line four quads on (rows are contiguous): short row runs give the
                hardware prefetcher too little to ramp up on */
-            _mm_prefetch((const char *)(rw[c] + k + 8 * K), _MM_HINT_T0);
+            _mm_prefetch((const char *)(rw[c] + k + 16 * K), _MM_HINT_T0);
             wv[c] = _mm512_maskz_loadu_epi8(km, rw[c] + k);
         }
         for (int r = 0; r < MR; r++) {
