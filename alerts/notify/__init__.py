@@ -1,7 +1,7 @@
-"""Notifications, as Alertmanager's stages: routing, grouping and inhibition
-(`routing.py`), silences (`silences.py`), the transactional outbox (`outbox.py`), the
-receivers that turn a notification into an HTTP request (`receivers.py`), and delivery
-with retries over the HTTP seam (`delivery.py`).
+"""Notifications, as Alertmanager's stages: matchers, routing, grouping, inhibition and
+silences (`routing.py`), the transactional outbox (`outbox.py`), and the receivers that
+turn a notification into an HTTP request, with the delivery of the outbox to them, retried
+over the HTTP seam (`receivers.py`).
 
 The public names are exported by `infersight.alerts`.
 """

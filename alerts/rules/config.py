@@ -17,7 +17,8 @@ from typing import Any
 from infersight.collectors import DURATION_BUCKETS
 
 from ..errors import InvalidMatcher, RuleParseError
-from ..notify.matchers import (
+from ..notify.receivers import url_problem
+from ..notify.routing import (
     DEFAULT_PAGERDUTY_URL,
     InhibitRule,
     Matcher,
@@ -25,9 +26,7 @@ from ..notify.matchers import (
     Route,
     parse_matcher,
 )
-from ..notify.receivers import url_problem
-from ._yaml import MarkedMap, Source, iter_items, load_marked, parse_duration
-from .rules import Rule, RuleGroup, parse_groups
+from .rules import MarkedMap, Rule, RuleGroup, Source, iter_items, load_marked, parse_duration, parse_groups
 from .slo import SLO, SLO_GROUP, parse_slos, slo_rules
 
 __all__ = [

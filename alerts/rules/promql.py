@@ -10,9 +10,8 @@ from typing import Any
 
 import yaml
 
-from ._yaml import format_duration
 from .config import AlertConfig
-from .rules import Condition, Rule
+from .rules import Condition, Rule, format_duration
 from .signals import Signal
 from .slo import burn_rate_record, slo_recording_rules
 

@@ -247,7 +247,7 @@ def _load_rules(path: str | None) -> AlertConfig:
 
 
 def _rules_check(args: argparse.Namespace) -> int:
-    from infersight.alerts.rules._yaml import format_duration
+    from infersight.alerts.rules.rules import format_duration
 
     config = _load_rules(args.rules)
     for rule in config.rules:
