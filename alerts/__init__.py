@@ -69,9 +69,8 @@ from .notify.routing import (
     list_silences,
     parse_matcher,
 )
-from .rules.config import DEFAULT_RULES, AlertConfig, load_config, parse_config
+from .rules.config import DEFAULT_RULES, AlertConfig, export_prometheus, load_config, parse_config
 from .rules.evaluator import Evaluator
-from .rules.promql import export_prometheus
 from .rules.rules import ActionSpec, Condition, Rule, RuleGroup
 from .rules.signals import (
     CompositeSignals,

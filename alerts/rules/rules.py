@@ -206,7 +206,7 @@ OPS: Mapping[str, Callable[[float, float], bool]] = {
     "!=": operator.ne,
 }
 ACTION_TYPES = ("snapshot", "rollback", "hot_reload", "failover", "collect")
-COLLECT_KINDS = ("version", "any", "failed")  # what the collect action keeps (alerts/actions/collect.py)
+COLLECT_KINDS = ("version", "any", "failed")  # what the collect action keeps (alerts/actions/evidence.py)
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@
 A signal is structured, not a query string: `{kind: latency_quantile, metric:
 request_duration, quantile: 0.99, window: 5m}`. Each kind names the labels it can be
 split by (`by`), the parameters it takes, and whether Prometheus can compute it
-(see `promql.py`). `SIGNAL_KINDS` is the explicit table; an unknown kind lists the valid ones.
+(see `signal_promql` in `config.py`). `SIGNAL_KINDS` is the explicit table; an unknown kind lists the valid ones.
 
 Where signal values come from: the `SignalSource`s the evaluator reads.
 
