@@ -1,5 +1,11 @@
-"""The commands over request texts: `infersight drift REFERENCE CURRENT` (is the current
-window still like the reference?) and `infersight dataset` (a version's requests as JSONL).
+"""The commands over request texts: `infersight drift` and `infersight dataset` (whose
+description is `_DATASET_DOC` below).
+
+`infersight drift REFERENCE CURRENT`: is the current window still like the reference?
+Reads .jsonl (`prompt`, optional `response`), .csv (`text` or `prompt` column, optional
+`response`) or plain text (one per line); embeds with all-MiniLM-L6-v2 (or `--model DIR`)
+with a progress bar on stderr; prints the verdict, or one JSON object with `--json`;
+`--report FILE.html` writes a self-contained HTML report.
 """
 
 from __future__ import annotations

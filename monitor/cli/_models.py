@@ -1,6 +1,22 @@
-"""The commands that manage what the service serves and how it alerts and shows it:
-`infersight models` (the model registry), `infersight rules` (check or export a rule file)
-and `infersight dashboards` (export or push the Grafana dashboard).
+"""The commands that manage what the service serves, and how it alerts and shows it.
+
+`infersight models`: the model registry the embedded runtime serves from.
+
+infersight models init-demo DIR [--small]  the demo model: fp32, int8 and a corrupted release
+                                           (--small: and the small demo model's int8 build)
+infersight models list DIR                 registered versions and the deploy history's last good
+infersight models register DIR NAME CHECKPOINT [--quantize int8|int4] [--parent P] [--copy]
+infersight models canary VERSION --weight W [--url URL] [--token T]   start a canary on a server
+infersight models canary --status|--promote|--abort [--url URL]       its state, or end it by hand
+
+`infersight rules`: check a rule file, or export it as a Prometheus rule file. Without a
+rule file, the default rule set shipped with infersight is used.
+
+    infersight rules check [RULES.yaml]
+    infersight rules export FILE [--rules RULES.yaml]
+
+`infersight dashboards export DIR` and `infersight dashboards push --url URL --token TOKEN`:
+the Grafana dashboard as files with a provisioning YAML, or uploaded.
 """
 
 from __future__ import annotations

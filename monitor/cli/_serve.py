@@ -1,6 +1,6 @@
 """The commands that run the service: `infersight serve` (the sidecar) and `infersight demo`
-(the whole loop on this machine, played as an incident). Each subcommand's description is
-its `_*_DOC` text below.
+(the whole loop on this machine, played as an incident). Each subcommand's `--help`
+description is its `_*_DOC` text below.
 """
 
 from __future__ import annotations
