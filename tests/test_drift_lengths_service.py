@@ -163,7 +163,7 @@ def test_length_drift_rules_take_prompt_or_output_and_export_to_promql(tmp_path:
 
 
 def test_drift_stale_after_must_be_positive(tmp_path: Path) -> None:
-    from infersight.monitor.service.config_file import load_config
+    from infersight.monitor.service.config import load_config
     from infersight.monitor.service.errors import ConfigInvalid
 
     path = tmp_path / "infersight.yaml"

@@ -46,11 +46,6 @@ OPEN_CYCLES: dict[str, set[str]] = {
     "engine: the runtime, its canary, its SLA routing and deploy (lazy imports both ways)": {
         "engine", "engine.deploy", "engine.runtime", "engine.runtime_canary", "engine.routing",
     },
-    "monitor.service: parts that hold a `service: Service` back-reference": {
-        "monitor.service.service", "monitor.service.wiring", "monitor.service.wiring_alerts",
-        "monitor.service.wiring_drift", "monitor.service.sampling", "monitor.service.backend_engine",
-        "monitor.service.backend_proxy",
-    },
 }  # fmt: skip
 
 

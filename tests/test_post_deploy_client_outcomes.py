@@ -29,8 +29,7 @@ from infersight.monitor.service.config import (
     ScheduleConfig,
     ServiceConfig,
 )
-from infersight.monitor.service.demo.receiver import WebhookReceiver, new_secret
-from infersight.monitor.service.demo.traffic import SYSTEM, sample, send_chats
+from infersight.monitor.service.demo.stage import SYSTEM, WebhookReceiver, new_secret, sample, send_chats
 from infersight.monitor.store.tables import alerts, deploy_analyses, deploys, requests
 from sqlalchemy import select
 

@@ -15,7 +15,7 @@ from _demo_registry import GOOD, private_copy, shared_demo_registry
 from _service_support import auth, config, wait_for
 from fastapi.testclient import TestClient
 from infersight.monitor.service import ConfigInvalid, create_app
-from infersight.monitor.service.config_file import config_from_mapping
+from infersight.monitor.service.config import config_from_mapping
 from infersight.monitor.store.tables import requests
 from sqlalchemy import select
 

@@ -47,14 +47,14 @@ def test_text_counts_per_version_match_a_full_recount_tick_after_tick(tmp_path: 
                 client.post("/api/v1/events", json={"events": events}, headers=auth()).json()["accepted"] == n
             )
 
-        assert wiring._active_versions(since) == []
+        assert wiring.versions.active(since) == []
         send(0, 40, V1, with_text=30)
-        assert wiring._active_versions(since) == _recount(app) == [("mixtral_banking", V1, 30)]
-        assert wiring._active_versions(since) == [("mixtral_banking", V1, 30)]  # nothing new: unchanged
+        assert wiring.versions.active(since) == _recount(app) == [("mixtral_banking", V1, 30)]
+        assert wiring.versions.active(since) == [("mixtral_banking", V1, 30)]  # nothing new: unchanged
         send(100, 25, V2, with_text=5)
         send(200, 10, V1, with_text=10)
         assert (
-            wiring._active_versions(since)
+            wiring.versions.active(since)
             == _recount(app)
             == [
                 ("mixtral_banking", V1, 40),

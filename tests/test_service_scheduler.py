@@ -10,8 +10,12 @@ import time
 from pathlib import Path
 
 from _service_support import wait_for
-from infersight.monitor.service.jobs import ServiceScheduler
-from infersight.monitor.service.leader import FileLeaderLock, PostgresLeaderLock, leader_lock_for
+from infersight.monitor.service.jobs import (
+    FileLeaderLock,
+    PostgresLeaderLock,
+    ServiceScheduler,
+    leader_lock_for,
+)
 from infersight.monitor.service.metrics import ServiceMetrics
 from infersight.monitor.store import connect
 from prometheus_client import CollectorRegistry
@@ -90,8 +94,7 @@ _REPLICA = textwrap.dedent(
     """
     import sys, time
     from prometheus_client import CollectorRegistry
-    from infersight.monitor.service.jobs import ServiceScheduler
-    from infersight.monitor.service.leader import leader_lock_for
+    from infersight.monitor.service.jobs import ServiceScheduler, leader_lock_for
     from infersight.monitor.service.metrics import ServiceMetrics
     from infersight.monitor.store import connect
 

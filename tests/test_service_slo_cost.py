@@ -10,7 +10,7 @@ from _service_support import auth, config, event, running, wait_for
 from infersight.monitor.records import InferenceRecord
 from infersight.monitor.service import AlertingConfig, ConfigInvalid, load_config
 from infersight.monitor.service.config import CostConfig
-from infersight.monitor.service.cost import CostMeter
+from infersight.monitor.service.metrics import CostMeter
 
 RULES = """
 groups: []

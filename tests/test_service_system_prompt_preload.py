@@ -12,8 +12,7 @@ from _demo_registry import BAD, GOOD, private_copy, shared_demo_registry
 from _service_support import auth, config, running
 from infersight.monitor.records import InferenceRecord, InvalidRecord
 from infersight.monitor.service import EngineConfig, ServiceConfig
-from infersight.monitor.service.chat_template import render_chat
-from infersight.monitor.service.openai_schema import MAX_SYSTEM_CHARS, ChatMessage, ChatRequest
+from infersight.monitor.service.openai_api import MAX_SYSTEM_CHARS, ChatMessage, ChatRequest, render_chat
 from infersight.monitor.store.tables import requests
 from sqlalchemy import select
 

@@ -16,7 +16,7 @@ from infersight.alerts import SLOLedger, export_prometheus, parse_config
 from infersight.collectors import InferenceStats, serve_metrics
 from infersight.dashboards import build_dashboard
 from infersight.monitor.records import InferenceRecord
-from infersight.monitor.service.cost import CostMeter
+from infersight.monitor.service.metrics import CostMeter
 from prometheus_client import CollectorRegistry
 
 from tests.conftest import free_port

@@ -58,7 +58,7 @@ def _register_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 def build_config(args: argparse.Namespace, env: dict[str, str]) -> Any:
     from infersight.monitor.service import ConfigInvalid, EngineConfig, UpstreamConfig, load_config
-    from infersight.monitor.service.config_file import check_config
+    from infersight.monitor.service.config import check_config
 
     try:
         cfg = load_config(args.config, env)

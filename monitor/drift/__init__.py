@@ -75,6 +75,7 @@ from ._stat_tests import (
     RelevanceSummary,
 )
 from ._streaming import StreamingDetector, StreamUpdate
+from ._versions import VersionPolicy  # drift policy: which versions, when (moved from the service)
 from ._windows import (
     INPUT_FORMATS,
     CachedEmbedder,
@@ -157,6 +158,7 @@ __all__ = [
     "TextWindow",
     "UnknownInputFormat",
     "UnknownTest",
+    "VersionPolicy",
     "WindowError",
     "WindowTooSmall",
     "count_words",

@@ -17,8 +17,8 @@ from .config import (
     ScheduleConfig,
     ServiceConfig,
     UpstreamConfig,
+    load_config,
 )
-from .config_file import load_config
 from .errors import (
     BackendUnavailable,
     ConfigInvalid,

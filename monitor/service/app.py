@@ -1,25 +1,31 @@
-"""`create_app(config)`: the FastAPI application of `infersight serve`.
+"""The FastAPI application of `infersight serve` and the built-in page it mounts.
+
+`create_app(config)`: the FastAPI application of `infersight serve`.
 
 The app owns a `Service` (built from the config unless one is given), starts it in the
 lifespan and stops it on shutdown. Nothing lives at module level: every app is separate.
-"""
+
+`/`: the built-in web page (assets written by infersight.dashboards under web/)."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from importlib import resources
+from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI
+from fastapi.responses import HTMLResponse
+from fastapi.staticfiles import StaticFiles
 from starlette.concurrency import run_in_threadpool
 
 from .config import ServiceConfig
-from .errors_http import install_error_handlers
-from .routers import dataset, health, ingest, models, openai, overview, web
-from .security import BodySizeLimit
+from .http_edge import BodySizeLimit, install_error_handlers
+from .routers import ingest, models, monitoring
 from .service import Service
 
-__all__ = ["create_app"]
+__all__ = ["create_app", "mount_page", "web_root"]
 
 _DESCRIPTION = """Observability and drift monitoring sidecar for LLM inference.
 
@@ -54,18 +60,31 @@ def create_app(config: ServiceConfig, *, service: Service | None = None, **servi
     app.state.token = svc.token
     install_error_handlers(app)
     app.add_middleware(BodySizeLimit, max_bytes=config.limits.max_body_bytes)
-    for module in (health, ingest, openai, models, overview, dataset):
+    for module in (monitoring, ingest, models):
         app.include_router(module.router)
-    _include_optional_routers(app, svc)
-    web.mount(app)
+    monitoring.mount_alertmanager(app)
+    mount_page(app)
     return app
 
 
-def _include_optional_routers(app: FastAPI, svc: Service) -> None:
-    """Alerts, silences, drift, snapshots and the Alertmanager receiver."""
-    from .routers import alerting, drift, snapshots
+def web_root() -> Path | None:
+    try:
+        root = Path(str(resources.files("infersight.dashboards").joinpath("web")))
+    except ModuleNotFoundError:
+        return None
+    return root if (root / "index.html").is_file() else None
 
-    app.include_router(alerting.router)
-    app.include_router(drift.router)
-    alerting.mount_alertmanager(app)
-    app.include_router(snapshots.router)
+
+def mount_page(app: FastAPI) -> None:
+    root = web_root()
+    if root is not None:
+        app.mount("/", StaticFiles(directory=root, html=True), name="web")
+        return
+
+    @app.get("/", include_in_schema=False)
+    async def no_page() -> HTMLResponse:
+        return HTMLResponse(
+            "<!doctype html><title>infersight</title><p>The web page assets are not installed; "
+            "the API is at <a href='/docs'>/docs</a>.</p>",
+            status_code=200,
+        )

@@ -1,7 +1,7 @@
 """Serving `/v1` with the embedded runtime (`infersight.engine.Runtime`).
 
 Prompts are tokenized with the serving version's tokenizer (chat through the documented
-template of chat_template.py), generated with the runtime's continuous batching, and
+template of openai_api.py), generated with the runtime's continuous batching, and
 streamed as SSE. Every call becomes an `InferenceRecord` (source "engine") with its
 measured latency, time to first token, token counts and, sampled, its text. What the
 client caused is recorded under its own label, never as a server error: a prompt over
@@ -14,23 +14,26 @@ import asyncio
 import logging
 import math
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
 from fastapi import HTTPException
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from infersight.monitor.records import CANCELLED, CLIENT_ERROR, SHED
 from prometheus_client import CollectorRegistry
+from sqlalchemy import Engine
 
-from . import openai_format as fmt
-from .chat_template import render_chat
-from .detokenize import TextStream
+from . import openai_api as fmt
 from .errors import BackendUnavailable
-from .observe import CallTimer, make_record
-from .openai_schema import ChatRequest, CompletionRequest
+from .openai_api import ChatRequest, CompletionRequest, TextStream, render_chat
+from .pipeline import CallTimer, make_record
 
 if TYPE_CHECKING:
-    from .service import Service
+    from infersight.collectors import InferenceStats
+
+    from .config import ServiceConfig
+    from .metrics import CombinedRegistry
+    from .pipeline import RecordPipeline
 
 __all__ = ["EngineBackend"]
 
@@ -48,37 +51,70 @@ def _temperature(value: float) -> float:
 
 
 class EngineBackend:
-    def __init__(self, service: Service, runtime: Any, *, owned: bool) -> None:
-        self.service = service
+    """Serves `/v1` with `runtime`; records each call into `pipeline`, exposes the runtime's
+    collectors in `exposition`, reads the canary's stored requests from `db`, and hands every
+    canary decision to `on_canary_decision` (the composition root's: log, alert, snapshot)."""
+
+    def __init__(
+        self,
+        runtime: Any,
+        *,
+        owned: bool,
+        config: ServiceConfig,
+        db: Engine,
+        pipeline: RecordPipeline,
+        exposition: CombinedRegistry,
+        on_canary_decision: Callable[[Any], None] = lambda decision: None,
+    ) -> None:
+        self.config = config
+        self.db = db
+        self.pipeline = pipeline
+        self.exposition = exposition
         self.runtime = runtime
         self._owned = owned
-        cfg = service.config.engine
+        cfg = config.engine
         self.max_tokens_limit = cfg.max_tokens_limit if cfg is not None else 1024
         self.user_header = cfg.canary_user_header if cfg is not None else None
-        self.canary_controller = _canary_controller(service, runtime)
+        self.canary_controller = _canary_controller(runtime, on_canary_decision)
+        self.route_metrics: Any = None  # SLA routing's metrics, with `routing:` only
 
     @classmethod
-    def start(cls, service: Service) -> EngineBackend:
-        if service._runtime_seam is not None:
-            return cls(service, service._runtime_seam, owned=False)
+    def start(
+        cls,
+        config: ServiceConfig,
+        db: Engine,
+        *,
+        pipeline: RecordPipeline,
+        exposition: CombinedRegistry,
+        runtime: Any = None,
+        on_canary_decision: Callable[[Any], None] = lambda decision: None,
+    ) -> EngineBackend:
+        """Start the configured runtime (`config.engine`), or wrap the given `runtime`."""
+
+        def backend(runtime: Any, *, owned: bool) -> EngineBackend:
+            return cls(runtime, owned=owned, config=config, db=db, pipeline=pipeline, exposition=exposition,
+                       on_canary_decision=on_canary_decision)  # fmt: skip
+
+        if runtime is not None:
+            return backend(runtime, owned=False)
         from infersight.engine.errors import EngineError
         from infersight.engine.registry import Registry
         from infersight.engine.runtime import Runtime
 
-        from .prefix_cache import FrequentPrompts, build_prefix_cache
+        from .runtime_store import FrequentPrompts, build_prefix_cache
 
-        cfg = service.config.engine
+        cfg = config.engine
         assert cfg is not None
         try:
             registry = Registry(cfg.registry)
-            fixed = service.config.model
-            frequent = FrequentPrompts(service.db, model=lambda version: fixed or model_of(version))
+            fixed = config.model
+            frequent = FrequentPrompts(db, model=lambda version: fixed or model_of(version))
             runtime = Runtime(
                 registry, max_batch_size=cfg.max_batch_size, max_prompt_tokens=cfg.max_prompt_tokens,
                 max_seq_len=cfg.max_seq_len, device=cfg.device, prefix_cache=build_prefix_cache(cfg),
                 preload_source=frequent, preload_top=cfg.preload_prompts, prefill_block=cfg.prefix_block_tokens,
             )  # fmt: skip
-            routing = service.config.routing
+            routing = config.routing
             version = routing.standard.version if routing is not None else None
             version = version or cfg.version or registry.history.last_good()
             if version is None:
@@ -89,33 +125,32 @@ class EngineBackend:
             runtime.start(version, resume_canary=False)  # resumed once the deploy log listens
         except EngineError as exc:
             raise BackendUnavailable(f"the embedded runtime did not start: {exc}") from exc
-        if service.config.routing is not None:
+        if config.routing is not None:
             from .routing import start_routing
 
             try:
-                start_routing(runtime, service.config.routing)
+                start_routing(runtime, config.routing)
             except Exception:
                 runtime.stop(drain=False)
                 raise
-        return cls(service, runtime, owned=True)
+        return backend(runtime, owned=True)
 
-    def observe_events(self) -> None:
+    def observe_events(self, stats: InferenceStats | None) -> None:
         """Feed the live statistics from the runtime's events (queue, in flight, timings),
         and expose the prefix cache's counters (read from the runtime at scrape time)."""
         from infersight.collectors import EngineAdapter, EnginePathCollector
 
-        from .prefix_cache import PrefixCacheCollector
+        from .runtime_store import PrefixCacheCollector
 
         if hasattr(self.runtime, "prefix_cache_stats"):
             prefix_metrics = CollectorRegistry(auto_describe=False)
             prefix_metrics.register(PrefixCacheCollector(self.runtime, model=self.model_name))
-            self.service.exposition.add(prefix_metrics)
+            self.exposition.add(prefix_metrics)
         if hasattr(self.runtime, "engine_paths"):
             path_metrics = CollectorRegistry(auto_describe=False)
             path_metrics.register(EnginePathCollector(self.runtime, model=self.model_name))
-            self.service.exposition.add(path_metrics)
+            self.exposition.add(path_metrics)
 
-        stats = self.service.parts.stats
         if stats is not None:
             self._adapter = EngineAdapter(stats, model=self.model_name)
             self._unsubscribe = self.runtime.subscribe(self._adapter)
@@ -123,13 +158,12 @@ class EngineBackend:
                 stats.series(self.model_name, self.runtime.serving_version, trusted=True)
         if self.canary_controller is not None:
             self._unsubscribe_canary = self.runtime.subscribe(self.canary_controller.on_event)
-        routing = self.service.config.routing
+        routing = self.config.routing
         if routing is not None and getattr(self.runtime, "routing", None) is not None:
             from .routing import RouteMetrics
 
             self.route_metrics = RouteMetrics(self.runtime, routing)
-            self.service.exposition.add(self.route_metrics.registry)
-            self.service.parts.routing = self.route_metrics
+            self.exposition.add(self.route_metrics.registry)
             self._unsubscribe_routing = self.runtime.subscribe(self.route_metrics.on_event)
 
     def resume_canary(self) -> None:
@@ -155,7 +189,7 @@ class EngineBackend:
             controller.end()
             return
         try:
-            controller.replay(_stored_since(self.service, status))
+            controller.replay(_stored_since(self.db, status))
         except Exception:  # the store is down: the analysis starts from now; serving goes on
             log.exception("canary %s: its stored requests could not be replayed", status.version)
 
@@ -183,8 +217,8 @@ class EngineBackend:
 
     @property
     def model_name(self) -> str:
-        if self.service.config.model:
-            return self.service.config.model
+        if self.config.model:
+            return self.config.model
         return model_of(self.runtime.serving_version)
 
     async def models(self) -> dict[str, Any]:
@@ -402,25 +436,25 @@ class EngineBackend:
             request_id=request_id, model=self.model_name, model_version=version or "unknown", timer=timer,
             source="engine", prompt_tokens=prompt_tokens, output_tokens=output_tokens, queue_s=queue_s,
             error_type=error, prompt=prompt, response=response if error is None else None,
-            text_sample_rate=self.service.config.text_sample_rate, path=path, system_prompt=system,
+            text_sample_rate=self.config.text_sample_rate, path=path, system_prompt=system,
         )  # fmt: skip
         route_metrics = getattr(self, "route_metrics", None)
         if route_metrics is not None:
             route_metrics.observe(path, record.duration_s, error)
-        submit_record(self.service, record, observe=False)  # the EngineAdapter fed the statistics
+        self.pipeline.submit_one(record, observe=False)  # the EngineAdapter fed the statistics
 
 
-def _canary_controller(service: Service, runtime: Any) -> Any:
+def _canary_controller(runtime: Any, on_decision: Callable[[Any], None]) -> Any:
     """The controller that analyses and steps canaries (None without the runtime's canary support)."""
     control = getattr(runtime, "canary", None)
     if control is None:
         return None
     from infersight.alerts.actions.canary import CanaryController
 
-    return CanaryController(control, on_decision=lambda d: _canary_decided(service, d))
+    return CanaryController(control, on_decision=on_decision)
 
 
-def _stored_since(service: Service, status: Any) -> list[Any]:
+def _stored_since(db: Engine, status: Any) -> list[Any]:
     """The two versions' stored requests since the canary started, oldest first."""
     import datetime as dt
 
@@ -437,45 +471,8 @@ def _stored_since(service: Service, status: Any) -> list[Any]:
         )
         .order_by(c.started_at, c.id)
     )
-    with service.db.connect() as conn:
+    with db.connect() as conn:
         return [StoredRequest(*row) for row in conn.execute(query)]
-
-
-def _canary_decided(service: Service, decision: Any) -> None:
-    """Every decision goes to the log and the deploy log; a rollback also raises the
-    `CanaryRegression` alert with the check and its figures (notified like any alert)."""
-    import datetime as dt
-
-    log.warning("canary %s beside %s: %s (weight now %.0f%%): %s", decision.version, decision.stable_version,
-                decision.action, decision.weight * 100, decision.reason)  # fmt: skip
-    deploy_log = service.parts.deploy_log
-    if deploy_log is not None:
-        deploy_log.flush()
-    if decision.action != "rollback":
-        return
-    from infersight.alerts.actions.canary import CANARY_ALERT
-    from infersight.alerts.lifecycle import push_alert
-
-    now = dt.datetime.now(dt.UTC)
-    share = decision.canary_requests / max(1, decision.canary_requests + decision.stable_requests)
-    try:
-        with service.db.begin() as conn:
-            push_alert(
-                conn, CANARY_ALERT,
-                {"severity": "critical", "model_version": decision.version, "previous_version": decision.stable_version},
-                {"summary": f"canary {decision.version} regressed against {decision.stable_version} and was rolled "
-                            f"back: {decision.reason}; it served {share:.1%} of requests",
-                 "runbook_url": "https://runbooks.example.org/infersight#canary-regression"},
-                now=now, ends_at=now + dt.timedelta(hours=1),
-            )  # fmt: skip
-    except Exception:  # the rollback happened; a store outage must not hide it from the log
-        log.exception("canary %s: could not record the CanaryRegression alert", decision.version)
-    alerts = service.parts.alerts
-    if alerts is not None:
-        try:
-            alerts.snapshot_after_canary(decision)
-        except Exception:
-            log.exception("canary %s: no snapshot at the rollback", decision.version)
 
 
 def model_of(version: str | None) -> str:
@@ -494,21 +491,8 @@ def _piece(rid: str, version: str, text: str, chat: bool) -> dict[str, Any]:
 
 
 def fmt_error(status: int, message: str, field: str | None, code: str | None) -> dict[str, Any]:
-    from .errors_http import error_body
+    from .http_edge import error_body
 
     body = error_body(status, message, field)
     body["error"]["code"] = code
     return body
-
-
-def submit_record(service: Service, record: Any, *, observe: bool = True) -> None:
-    """Hand one observed call to the pipeline; a full store queue drops it (counted)."""
-    from .errors import IngestOverloaded
-
-    pipeline = service.pipeline
-    if pipeline is None:
-        return
-    try:
-        pipeline.submit([record], observe=observe)
-    except IngestOverloaded:
-        service.metrics.ingest_events.labels("dropped").inc()

@@ -1,4 +1,6 @@
-"""Serving `/v1` by proxying to an existing OpenAI-compatible server (vLLM, TGI,
+"""The `/v1` backend of proxy mode: the upstream OpenAI-compatible server, observed.
+
+Serving `/v1` by proxying to an existing OpenAI-compatible server (vLLM, TGI,
 llama.cpp's server) with httpx, observing every request.
 
 The client's body goes upstream byte for byte and the upstream's answer comes back
@@ -9,29 +11,47 @@ per token as vLLM and llama.cpp send them), and keeps the prompt and answer text
 (sampled) for drift. Every call becomes an `InferenceRecord` with source "proxy"; an
 upstream 4xx is recorded as the client's `client_error` and a client that hangs up as
 `cancelled`, neither a server error.
-"""
+
+The upstream server's own queue depth, read from its Prometheus text (proxy mode).
+
+A proxy sees a request only while it is in flight, not whether the upstream has it queued
+or running; vLLM and TGI say so on their `/metrics`. `UpstreamQueueScraper.scrape_once`
+(a scheduler job) reads that page and sets the proxy's `gen_ai_server_requests_waiting`
+series, which is what the `queue_depth` signal reads, so `GPUUnderusedWhileQueued` can fire
+beside vLLM.
+
+- vLLM: `vllm:num_requests_waiting{model_name=...}` (summed over its engines), one series
+  per model name, labelled as the proxy labels that model's requests.
+- TGI: `tgi_queue_size` (no model label): the series of the model the upstream's latest
+  answer named (or the configured `upstream.model`).
+
+A page that cannot be read (unreachable, an HTTP error, not Prometheus text) counts in
+`infersight_upstream_metrics_errors_total{reason}` and sets the depths it had set back to 0:
+a queue nobody can see is not reported as one."""
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import httpx
 import orjson
 from fastapi.responses import Response, StreamingResponse
 from infersight.monitor.records import CANCELLED, CLIENT_ERROR
+from prometheus_client import CollectorRegistry, Counter
+from prometheus_client.parser import text_string_to_metric_families
 
-from .backend_engine import submit_record
 from .config import UpstreamConfig
 from .errors import UpstreamUnreachable
-from .observe import CallTimer, make_record
-from .openai_schema import ObservedRequest
+from .openai_api import ObservedRequest
+from .pipeline import CallTimer, RecordPipeline, make_record
 
 if TYPE_CHECKING:
-    from .service import Service
+    from .metrics import ServiceMetrics
 
-__all__ = ["ProxyBackend", "SSEObserver"]
+__all__ = ["QUEUE_METRICS", "ProxyBackend", "SSEObserver", "UpstreamQueueScraper", "queue_depths"]
 
 _FORWARDED = ("content-type", "accept", "authorization", "openai-organization", "openai-project")
 
@@ -98,9 +118,20 @@ def _choice_text(choice: dict[str, Any], chat: bool) -> str:
 class ProxyBackend:
     passes_through = True  # the router hands over the body unvalidated (openai_schema.ObservedRequest)
 
-    def __init__(self, service: Service, config: UpstreamConfig, *, transport: Any = None) -> None:
-        self.service = service
+    def __init__(
+        self,
+        config: UpstreamConfig,
+        *,
+        pipeline: RecordPipeline,
+        metrics: ServiceMetrics,
+        text_sample_rate: float = 1.0,
+        transport: Any = None,
+    ) -> None:
+        """Records each call into `pipeline`, counts upstream failures in `metrics`."""
         self.config = config
+        self.pipeline = pipeline
+        self.metrics = metrics
+        self.text_sample_rate = text_sample_rate
         self.client = httpx.AsyncClient(
             base_url=config.url.rstrip("/"),
             timeout=httpx.Timeout(config.timeout_s, connect=min(10.0, config.timeout_s)),
@@ -158,7 +189,7 @@ class ProxyBackend:
             upstream = await self.client.send(request, stream=True)
         except httpx.HTTPError as exc:
             kind = "UpstreamTimeout" if isinstance(exc, httpx.TimeoutException) else "UpstreamUnreachable"
-            self.service.metrics.proxy_errors.labels(kind).inc()
+            self.metrics.proxy_errors.labels(kind).inc()
             self._record(rid, req.model, timer, None, None, kind, prompt, None)
             raise UpstreamUnreachable(
                 f"upstream {self.config.url} did not answer: {type(exc).__name__}"
@@ -194,7 +225,7 @@ class ProxyBackend:
                 yield chunk
         except httpx.HTTPError as exc:
             error = "UpstreamStreamBroken"
-            self.service.metrics.proxy_errors.labels(error).inc()
+            self.metrics.proxy_errors.labels(error).inc()
             yield (
                 b'data: {"error":{"type":"upstream_error","message":"upstream stream broke off: '
                 + type(exc).__name__.encode()
@@ -217,7 +248,7 @@ class ProxyBackend:
     ) -> None:
         timer.finish()
         if status != 200:
-            self.service.metrics.proxy_errors.labels(f"http_{status}").inc()
+            self.metrics.proxy_errors.labels(f"http_{status}").inc()
             self._record(rid, req.model, timer, None, None, _status_outcome(status), prompt, None)
             return
         try:
@@ -247,9 +278,9 @@ class ProxyBackend:
         record = make_record(
             request_id=rid, model=self.config.model or version, model_version=version, timer=timer, source="proxy",
             prompt_tokens=prompt_tokens, output_tokens=output_tokens, error_type=error, prompt=prompt,
-            response=response if error is None else None, text_sample_rate=self.service.config.text_sample_rate,
+            response=response if error is None else None, text_sample_rate=self.text_sample_rate,
         )  # fmt: skip
-        submit_record(self.service, record)
+        self.pipeline.submit_one(record)
 
 
 def _status_outcome(status: int) -> str:
@@ -263,3 +294,120 @@ def _status_outcome(status: int) -> str:
 
 def _int(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**31 else None
+
+
+log = logging.getLogger(__name__)
+
+# metric name -> the label naming the model (None: the upstream serves one model and says not which)
+QUEUE_METRICS: dict[str, str | None] = {"vllm:num_requests_waiting": "model_name", "tgi_queue_size": None}
+_MAX_BYTES = 4 * 1024 * 1024  # a metrics page larger than this is not read
+_MAX_MODELS = 64  # distinct model names taken from one page (an upstream serves a handful)
+
+
+class _Stats(Protocol):
+    def series(self, model: str, model_version: str) -> Any: ...
+
+
+class _Proxy(Protocol):
+    last_model_version: str | None
+
+
+def queue_depths(text: str) -> dict[str | None, int]:
+    """Requests waiting per model name (None: unnamed) in a Prometheus text page.
+    Raises ValueError when the text is not Prometheus exposition format."""
+    out: dict[str | None, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name not in QUEUE_METRICS:
+                continue
+            label = QUEUE_METRICS[sample.name]
+            name = sample.labels.get(label) if label is not None else None
+            if name is None and label is not None:
+                continue
+            if name not in out and len(out) >= _MAX_MODELS:
+                continue
+            if sample.value == sample.value:  # NaN: no reading
+                out[name] = out.get(name, 0.0) + float(sample.value)
+    return {name: max(0, round(value)) for name, value in out.items()}
+
+
+class UpstreamQueueScraper:
+    def __init__(
+        self,
+        url: str,
+        stats: _Stats,
+        proxy: _Proxy,
+        *,
+        model: str | None = None,
+        registry: CollectorRegistry | None = None,
+        timeout_s: float = 5.0,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        """`model`: the proxy's configured `upstream.model` (the `model` label of its series)."""
+        self.url = url
+        self.stats = stats
+        self.proxy = proxy
+        self.model = model
+        self.client = httpx.Client(timeout=timeout_s, transport=transport)
+        self.errors = Counter(
+            "infersight_upstream_metrics_errors", "Failed reads of the upstream's Prometheus metrics",
+            ["reason"], registry=registry,
+        )  # fmt: skip
+        self._set: set[tuple[str, str]] = set()  # the series whose depth this scraper set
+
+    def scrape_once(self) -> dict[tuple[str, str], int]:
+        """Read the page and set each series' queue depth; returns what was set."""
+        try:
+            text = self._fetch()
+            try:
+                depths = queue_depths(text)
+            except ValueError as exc:
+                raise _ScrapeFailed("unparsable", str(exc)[:200]) from exc
+        except _ScrapeFailed as exc:
+            self.errors.labels(exc.reason).inc()
+            log.debug("upstream metrics at %s: %s", self.url, exc)
+            depths = {}
+        return self._apply(depths)
+
+    def _fetch(self) -> str:
+        try:
+            with self.client.stream("GET", self.url, headers={"Accept": "text/plain"}) as resp:
+                if resp.status_code != 200:
+                    raise _ScrapeFailed("http_status", f"answered {resp.status_code}")
+                body = b""
+                for chunk in resp.iter_bytes():
+                    body += chunk
+                    if len(body) > _MAX_BYTES:
+                        raise _ScrapeFailed("too_large", f"more than {_MAX_BYTES} bytes")
+        except httpx.HTTPError as exc:
+            raise _ScrapeFailed("unreachable", type(exc).__name__) from exc
+        try:
+            return body.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise _ScrapeFailed("unparsable", "not UTF-8") from exc
+
+    def _labels(self, name: str | None) -> tuple[str, str]:
+        """The (model, model_version) the proxy records that model's requests under."""
+        version = name or self.proxy.last_model_version or self.model or "unknown"
+        return self.model or version, version
+
+    def _apply(self, depths: dict[str | None, int]) -> dict[tuple[str, str], int]:
+        now: dict[tuple[str, str], int] = {}
+        for name, depth in depths.items():
+            key = self._labels(name)
+            now[key] = now.get(key, 0) + depth
+        for key in self._set - now.keys():
+            self.stats.series(*key).set_waiting(0)
+        for key, depth in now.items():
+            self.stats.series(*key).set_waiting(depth)
+        self._set = set(now)
+        return now
+
+    def close(self) -> None:
+        self.client.close()
+
+
+class _ScrapeFailed(Exception):
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason

@@ -39,7 +39,7 @@ from infersight.monitor.store.tables import deploys, replica_slots, replicas
 from sqlalchemy import Connection, Engine, Table, delete, insert, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 
-from .leader import new_replica_id
+from .jobs import new_replica_id
 
 __all__ = ["GPUReading", "ProcessReading", "Replicas"]
 

@@ -1,8 +1,10 @@
-"""`Service`: the composition root. It owns the database, the metrics registry, the
-record pipeline, the scheduler and whatever serves `/v1` (embedded runtime or upstream
-proxy), and wires the collectors, drift and alerts packages to them. Nothing here is
-module-level state: two services in one process (tests) share nothing.
-"""
+"""The composition root. `Service` owns the database, the metrics registry, the record
+pipeline, the scheduler and whatever serves `/v1` (embedded runtime or upstream proxy),
+and wires the collectors (live statistics, GPU and process samplers), the `/v1` backend,
+drift and alerts to them (`_wire`). Each part is kept in `service.parts` under its typed
+name, where the routers read it, and is handed what it uses as typed parameters: no part
+holds the Service. Nothing here is module-level state: two services in one process
+(tests) share nothing."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import psutil
 from infersight.monitor.store import connect, current_revision, head_revision, sqlite_url, upgrade
 from infersight.monitor.store.retention import enforce_retention, prune_snapshot_files
 from prometheus_client import CollectorRegistry
@@ -20,27 +23,28 @@ from sqlalchemy import Engine, text
 
 from .config import ServiceConfig, is_loopback
 from .errors import ConfigInvalid, InsecureBind
-from .jobs import ServiceScheduler
-from .leader import LeaderLock, leader_lock_for, new_replica_id
-from .memory import limit_malloc_arenas, trim_heap
-from .metrics import CombinedRegistry, ServiceMetrics
-from .pipeline import RecordPipeline
-from .reservoir import TextReservoir
-from .security import load_or_create_token
-from .timeseries import Timeseries
-from .writer import RequestWriter
+from .http_edge import load_or_create_token
+from .jobs import (
+    LeaderLock,
+    ServiceScheduler,
+    leader_lock_for,
+    limit_malloc_arenas,
+    new_replica_id,
+    trim_heap,
+)
+from .metrics import CombinedRegistry, ServiceMetrics, Timeseries, timeseries_point
+from .pipeline import RecordPipeline, RequestWriter, TextReservoir
 
 if TYPE_CHECKING:
     from infersight.collectors import GPUCollector, InferenceStats, ProcessCollector
     from infersight.monitor.drift import DriftDetector
 
     from .backend_engine import EngineBackend
-    from .backend_proxy import ProxyBackend
-    from .cost import CostMeter
-    from .deploy_log import DeployLog
+    from .backend_proxy import ProxyBackend, UpstreamQueueScraper
+    from .metrics import CostMeter
     from .replicas import Replicas
     from .routing import RouteMetrics
-    from .upstream_metrics import UpstreamQueueScraper
+    from .runtime_store import DeployLog
     from .wiring_alerts import AlertsWiring
     from .wiring_drift import DriftWiring
 
@@ -49,7 +53,7 @@ __all__ = ["Parts", "Service"]
 
 @dataclass
 class Parts:
-    """The parts wiring.py puts into a started service, each under its own typed name;
+    """The parts `_wire` puts into a started service, each under its own typed name;
     None until wired, or when the configuration leaves the part out."""
 
     stats: InferenceStats | None = None  # the live statistics (collectors)
@@ -64,6 +68,7 @@ class Parts:
     drift_detector: DriftDetector | None = None  # set before start() to score with this detector
     alerts: AlertsWiring | None = None
     replicas: Replicas | None = None  # with a shared (PostgreSQL) store
+
 
 log = logging.getLogger(__name__)
 
@@ -103,7 +108,7 @@ class Service:
         self._runtime_seam = runtime
         self._upstream_transport = upstream_transport
         self._nvml_seam = nvml  # the pynvml module or a stand-in (None: import pynvml)
-        self.parts = Parts()  # the wired parts, typed (wiring.py)
+        self.parts = Parts()  # the wired parts, typed (`_wire` below)
         self.replica_id = new_replica_id()  # this process among the replicas on one database
         self.started_at: float | None = None
         self._started_mono: float | None = None
@@ -112,7 +117,7 @@ class Service:
 
     # -- lifecycle -------------------------------------------------------------------
     def start(self) -> None:
-        limit_malloc_arenas()  # before the service's threads exist: see memory.py
+        limit_malloc_arenas()  # before the service's threads exist: see jobs.py
         self.schema_revision = upgrade(self.db)
         if self.config.redact is not None:
             from infersight.monitor.dataset import RedactorInvalid, load_redactor
@@ -128,9 +133,7 @@ class Service:
             on_error=lambda exc: self.metrics.store_write_errors.inc(),
         )
         self.pipeline = RecordPipeline(self.writer, self.metrics, reservoir=self.reservoir)
-        from .wiring import wire_components
-
-        wire_components(self)
+        _wire(self)
         snapshot_dir = self.data_dir / "snapshots"
         self.scheduler.add(
             "retention",
@@ -157,9 +160,7 @@ class Service:
             return
         self.started_at = None
         self.scheduler.shutdown(wait=True)
-        from .wiring import unwire_components
-
-        unwire_components(self)
+        _unwire(self)
         if self.writer is not None:
             self.writer.close()
             self.writer = None
@@ -192,3 +193,203 @@ class Service:
             if why:
                 problems["backend"] = why
         return problems
+
+
+# -- wiring: each part gets what it uses, and is kept in `service.parts` ------------------
+def _wire(service: Service) -> None:
+    _wire_collectors(service)
+    _wire_backend(service)
+    _wire_drift(service)
+    _wire_alerts(service)
+    schedule = service.config.schedule
+    service.scheduler.add("timeseries", lambda: _sample_timeseries(service), schedule.timeseries_s)
+
+
+def _sample_timeseries(service: Service) -> None:
+    schedule, parts = service.config.schedule, service.parts
+    point = timeseries_point(
+        parts.stats,
+        parts.gpu,
+        parts.process,
+        window_s=schedule.timeseries_window_s,
+        tick_s=schedule.timeseries_s,
+    )
+    service.timeseries.append(service.clock(), point)
+
+
+def _unwire(service: Service) -> None:
+    parts = service.parts
+    replicas, parts.replicas = parts.replicas, None
+    if replicas is not None:
+        try:
+            replicas.withdraw()
+        except Exception as exc:  # the database may be gone; the heartbeat then just goes stale
+            log.warning("could not withdraw replica %s: %s", replicas.id, exc)
+    deploy_log, parts.deploy_log = parts.deploy_log, None
+    if deploy_log is not None:
+        deploy_log.close()
+    backend, parts.backend = parts.backend, None
+    if backend is not None:
+        backend.close()
+    collectors = (parts.gpu, parts.process, parts.upstream_metrics)
+    parts.gpu = parts.process = parts.upstream_metrics = None
+    for collector in collectors:
+        close = getattr(collector, "close", None) or getattr(collector, "stop", None)
+        if close is not None:
+            close()
+
+
+def _wire_collectors(service: Service) -> None:
+    from infersight.collectors import GPUCollector, InferenceStats, ProcessCollector
+
+    stats = InferenceStats(service.registry, max_label_values=service.config.limits.max_label_values)
+    service.parts.stats = stats
+    assert service.pipeline is not None
+    service.pipeline.add_observer(stats)
+    service.pipeline.label_set = stats.label_set  # drift's per-version state is capped alike
+    pid = service.config.supervise_pid  # None: this process (the server, with the embedded runtime)
+    if pid is None and service.config.upstream is not None:
+        log.warning("proxy mode without supervise_pid: the process collector watches the sidecar itself, "
+                    "not the inference server (give --supervise-pid)")  # fmt: skip
+    try:
+        process = ProcessCollector(service.registry, pid=pid)
+    except psutil.Error as exc:
+        raise ConfigInvalid("supervise_pid", f"cannot watch process {pid}: {type(exc).__name__}") from exc
+    gpu = GPUCollector(service.registry, nvml=service._nvml_seam, pid=pid)
+    service.parts.gpu = gpu
+    service.parts.process = process
+    if service.config.cost is not None:
+        from .metrics import CostMeter
+
+        cost = service.config.cost
+        devices = (lambda: len(gpu.latest()) if gpu.enabled else 1) if cost.per == "device" else (lambda: 1)
+        meter = CostMeter(cost.per_hour, devices=devices, window_s=cost.window_s, label_set=stats.label_set)
+        service.parts.cost = meter
+        service.registry.register(meter)
+        service.pipeline.add_observer(meter, every_record=True)
+
+    def sample() -> None:  # on the scheduler, not on threads of their own
+        if gpu.enabled:
+            gpu.sample_once()
+        process.sample_once()
+
+    sample()
+    service.scheduler.add("sample_collectors", sample, service.config.schedule.sample_s)
+
+
+def _wire_backend(service: Service) -> None:
+    config = service.config
+    if config.upstream is not None:
+        from .backend_proxy import ProxyBackend
+
+        assert service.pipeline is not None
+        service.parts.backend = ProxyBackend(
+            config.upstream, pipeline=service.pipeline, metrics=service.metrics,
+            text_sample_rate=config.text_sample_rate, transport=service._upstream_transport,
+        )  # fmt: skip
+        _wire_upstream_metrics(service)
+    elif config.engine is not None or service._runtime_seam is not None:
+        from .backend_engine import EngineBackend
+        from .runtime_store import DeployLog
+
+        assert service.pipeline is not None
+        parts = service.parts
+        backend = EngineBackend.start(
+            config, service.db, pipeline=service.pipeline, exposition=service.exposition,
+            runtime=service._runtime_seam, on_canary_decision=lambda decision: _canary_decided(service, decision),
+        )  # fmt: skip
+        parts.backend = backend
+        backend.observe_events(parts.stats)
+        parts.routing = backend.route_metrics
+        deploy_log = DeployLog(
+            service.db,
+            backend.runtime,
+            service.registry,
+            model=backend.model_name,
+            replica=service.replica_id,
+        )
+        service.parts.deploy_log = deploy_log
+        backend.resume_canary()
+        deploy_log.flush()
+        service.scheduler.add("deploy_log", deploy_log.flush, 1.0)
+
+
+def _wire_upstream_metrics(service: Service) -> None:
+    """The upstream's own queue depth (vLLM, TGI), read from its Prometheus text."""
+    from .backend_proxy import UpstreamQueueScraper
+
+    upstream = service.config.upstream
+    assert upstream is not None
+    url = upstream.url.rstrip("/") + "/metrics" if upstream.metrics_url is None else upstream.metrics_url
+    if not url:
+        return
+    from .backend_proxy import ProxyBackend
+
+    stats, backend = service.parts.stats, service.parts.backend
+    assert stats is not None and isinstance(backend, ProxyBackend)  # wired just before
+    scraper = UpstreamQueueScraper(
+        url, stats, backend, model=upstream.model,
+        registry=service.registry,
+        timeout_s=min(5.0, upstream.timeout_s),
+    )  # fmt: skip
+    service.parts.upstream_metrics = scraper
+    service.scheduler.add("upstream_metrics", scraper.scrape_once, service.config.schedule.upstream_metrics_s)
+
+
+def _canary_decided(service: Service, decision: Any) -> None:
+    from .wiring_alerts import record_canary_decision
+
+    parts = service.parts
+    record_canary_decision(service.db, decision, deploy_log=parts.deploy_log, alerts=parts.alerts)
+
+
+def _wire_drift(service: Service) -> None:
+    if not service.config.drift.enabled:
+        return
+    from .wiring_drift import DriftWiring
+
+    parts, scheduler = service.parts, service.scheduler
+    wiring = DriftWiring(
+        service.config.drift, service.db, service.registry, service.reservoir, writer=service.writer,
+        canary=getattr(parts.backend, "canary_controller", None), on_alarm=lambda: scheduler.run_now("drift"),
+        detector=parts.drift_detector,
+    )  # fmt: skip
+    wiring.store_configured_reference()
+    parts.drift = wiring
+    schedule = service.config.schedule
+    scheduler.add("drift", wiring.evaluate, schedule.drift_s, leader_only=True)
+    scheduler.add("embed", wiring.embed, schedule.embed_s)
+
+
+def _wire_alerts(service: Service) -> None:
+    if not service.config.alerting.enabled:
+        return
+    from infersight.monitor.dataset import fill_collections
+
+    from .wiring_alerts import AlertStoreCollector, AlertsWiring
+
+    parts = service.parts
+    assert service.pipeline is not None
+    wiring = AlertsWiring(
+        service.config, service.db, data_dir=service.data_dir, registry=service.registry,
+        exposition=service.exposition, pipeline=service.pipeline, replica_id=service.replica_id,
+        stats=parts.stats, gpu=parts.gpu, process=parts.process, drift=parts.drift,
+        runtime=getattr(parts.backend, "runtime", None), deploy_log=parts.deploy_log,
+    )  # fmt: skip
+    parts.alerts = wiring
+    # store-wide figures come from the leader alone: a sum over replicas counts them once
+    service.registry.register(AlertStoreCollector(service.db, leading=service.scheduler.leader.is_leader))
+    schedule = service.config.schedule
+    if wiring.replicas is not None:
+        service.parts.replicas = wiring.replicas
+        service.scheduler.add("replicas_publish", wiring.replicas.publish, schedule.publish_s, run_now=True)
+        service.scheduler.add("replicas_prune", wiring.replicas.prune, 60.0, leader_only=True)
+    service.scheduler.add("replica_actions", wiring.run_own_actions, schedule.rules_s)
+    service.scheduler.add("rules", wiring.evaluate, schedule.rules_s, leader_only=True)
+    service.scheduler.add("outbox", wiring.dispatch, schedule.outbox_s, leader_only=True)
+    service.scheduler.add("post_deploy", wiring.analyze, schedule.post_deploy_s)
+    # the collect action's collections keep the requests that arrive after it ran
+    service.scheduler.add("collect", lambda: fill_collections(service.db), schedule.rules_s, leader_only=True)
+    deploy_log = service.parts.deploy_log
+    if deploy_log is not None:
+        deploy_log.listeners.append(wiring.on_version_deployed)

@@ -1,4 +1,5 @@
-"""Wiring the alert engine (infersight.alerts) into a started service.
+"""The alert engine (infersight.alerts) in a started service, and the alert figures read
+from the store.
 
 - Rules: `Evaluator` over the live statistics (`LiveSignals`: latency, errors, queue, GPU,
   memory slopes, drift p-values) and the store (`StoreSignals`: relevance of sampled
@@ -15,25 +16,48 @@
   with the `RemediationFailed` alert (and a warning at start).
 - Post-deploy analysis: `DeployAnalyzer`, started by each deploy the runtime reports.
 - Inbound Alertmanager webhooks: the alerts package's router, mounted behind the token.
-"""
+
+Metrics read from the shared store at scrape time: firing alerts by name and severity,
+outbox backlog and dead letters. Every replica would read the same figures, so only the
+leader exports them (`leading`): a dashboard's `sum()` over instances counts each once."""
 
 from __future__ import annotations
 
+import collections
 import datetime as dt
 import json
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from prometheus_client import Counter, generate_latest
+from prometheus_client import CollectorRegistry, Counter, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
+from sqlalchemy import Engine, func, select
+from sqlalchemy.exc import SQLAlchemyError
 
 from .errors import ConfigInvalid
 
 if TYPE_CHECKING:
-    from .service import Service
+    from infersight.collectors import GPUCollector, InferenceStats, ProcessCollector
 
-__all__ = ["AlertsWiring", "ServiceSnapshotSource", "check_backups"]
+    from .config import ServiceConfig
+    from .metrics import CombinedRegistry
+    from .pipeline import RecordPipeline
+    from .replicas import Replicas
+    from .runtime_store import DeployLog
+    from .wiring_drift import DriftWiring
+
+__all__ = [
+    "AlertStoreCollector",
+    "AlertsWiring",
+    "ServiceSnapshotSource",
+    "check_backups",
+    "record_canary_decision",
+]
 
 log = logging.getLogger(__name__)
 
@@ -41,22 +65,22 @@ log = logging.getLogger(__name__)
 class ServiceSnapshotSource:
     """What a snapshot holds beyond the `requests` table."""
 
-    def __init__(self, service: Service) -> None:
-        self.service = service
+    def __init__(self, exposition: CombinedRegistry, drift: DriftWiring | None, runtime: Any) -> None:
+        self.exposition = exposition
+        self.drift = drift
+        self.runtime = runtime
 
     def metrics_text(self) -> str:
-        from prometheus_client import CollectorRegistry
-
         registry = CollectorRegistry(auto_describe=False)
-        registry.register(self.service.exposition)
+        registry.register(self.exposition)
         return generate_latest(registry).decode("utf-8", "replace")
 
     def latest_drift_report(self) -> Mapping[str, Any] | None:
-        drift = self.service.parts.drift
+        drift = self.drift
         return drift.latest_report_json() if drift is not None else None
 
     def version_config(self, version: str | None) -> Mapping[str, Any] | None:
-        runtime = getattr(self.service.parts.backend, "runtime", None)
+        runtime = self.runtime
         if runtime is None or version is None or version not in runtime.registry:
             return None
         info = runtime.registry.get(version)
@@ -69,33 +93,58 @@ class ServiceSnapshotSource:
 
 
 class AlertsWiring:
-    def __init__(self, service: Service) -> None:
+    """The alert engine over `db`: rules on the live statistics (`stats`, `gpu`, `process`,
+    merged across replicas with a shared store) and on `drift`'s quality signals, actions on
+    the embedded `runtime` (None in proxy mode), the SLO ledger fed by `pipeline`, metrics in
+    `registry`, snapshots with what `exposition` exposes, deploy explanations in `deploy_log`."""
+
+    def __init__(
+        self,
+        config: ServiceConfig,
+        db: Engine,
+        *,
+        data_dir: Path,
+        registry: CollectorRegistry,
+        exposition: CombinedRegistry,
+        pipeline: RecordPipeline,
+        replica_id: str,
+        stats: InferenceStats | None = None,
+        gpu: GPUCollector | None = None,
+        process: ProcessCollector | None = None,
+        drift: DriftWiring | None = None,
+        runtime: Any = None,
+        deploy_log: DeployLog | None = None,
+    ) -> None:
         from infersight import alerts as a
 
-        self.service = service
-        cfg = service.config.alerting
+        cfg = config.alerting
+        self.settings = cfg
+        self.db = db
+        self.data_dir = data_dir
+        self.deploy_log = deploy_log
         try:
             self.config = a.load_config(cfg.rules, env=os.environ)
         except a.RuleParseError as exc:
             raise ConfigInvalid("alerting.rules", str(exc)) from exc
-        db = service.db
-        runtime = getattr(service.parts.backend, "runtime", None)
         self.control = a.RuntimeControl(runtime) if runtime is not None else None
-        self.snapshot_source = ServiceSnapshotSource(service)
-        backup = service.config.engine.backup_version if service.config.engine is not None else None
+        self.snapshot_source = ServiceSnapshotSource(exposition, drift, runtime)
+        backup = config.engine.backup_version if config.engine is not None else None
         if runtime is not None:
             check_backups(self.config, getattr(runtime, "registry", None), backup)
-        self.replicas = _replicas(service, self.config, runtime)
-        self.runner = a.ActionRunner(db, data_dir=service.data_dir, control=self.control,
+        self.replicas = _replicas(
+            db, self.config, runtime, stats, gpu=gpu, process=process, publish_s=config.schedule.publish_s,
+            replica_id=replica_id,
+        )  # fmt: skip
+        self.runner = a.ActionRunner(db, data_dir=data_dir, control=self.control,
                                      snapshots=self.snapshot_source, backup_version=backup,
                                      owner=self.replicas.id if self.replicas else None,
                                      replica=self.replicas.id if self.replicas else None,
                                      targets=self.replicas)  # fmt: skip
         live = a.LiveSignals(
-            self.replicas.merged if self.replicas is not None else service.parts.stats,
-            gpu=service.parts.gpu,
-            process=service.parts.process,
-            quality=service.parts.drift,
+            self.replicas.merged if self.replicas is not None else stats,
+            gpu=gpu,
+            process=process,
+            quality=drift,
             replica=self.replicas.id if self.replicas is not None else None,
             remote=self.replicas.remote_resources if self.replicas is not None else None,
         )
@@ -104,15 +153,14 @@ class AlertsWiring:
         self.slo_ledger = a.SLOLedger(self.config.slos) if self.config.slos else None
         by_kind: dict[str, Any] = {"dead_letters": store, "relevance": store}
         if self.slo_ledger is not None:
-            assert service.pipeline is not None
-            service.pipeline.add_observer(self.slo_ledger, every_record=True)
-            service.registry.register(self.slo_ledger)
+            pipeline.add_observer(self.slo_ledger, every_record=True)
+            registry.register(self.slo_ledger)
             by_kind["slo_burn_rate"] = self.slo_ledger
         self.signals = a.CompositeSignals(live, **by_kind)
         self.evaluator = a.Evaluator(db, self.config, self.signals)
         self.notifications = Counter(
             "infersight_notifications", "Notification delivery attempts", ["receiver", "outcome"],
-            registry=service.registry,
+            registry=registry,
         )  # fmt: skip
         for receiver in self.config.receivers:  # at 0 from the first scrape: a first page is an increase
             for outcome in ("delivered", "retried", "dead"):
@@ -125,7 +173,6 @@ class AlertsWiring:
             max_failed_checks=cfg.analysis_failed_checks, min_requests=cfg.analysis_min_requests,
             p99_ratio=cfg.analysis_p99_ratio,
         )  # fmt: skip
-        drift = service.parts.drift
         metrics = a.StoreVersionMetrics(db, output_drift=getattr(drift, "output_drift_p_value", None))
         self.analyzer = a.DeployAnalyzer(db, metrics, self.runner, policy=policy, owner=self.runner.owner)
         self.alertmanager = a.AlertmanagerHandler(db, self.runner)
@@ -159,7 +206,7 @@ class AlertsWiring:
 
     def _explain_rollback(self, check: Any) -> None:
         """The deploy history says which checks failed, with their figures."""
-        deploy_log = self.service.parts.deploy_log
+        deploy_log = self.deploy_log
         before, after = check.rollback.before_version, check.rollback.after_version
         if deploy_log is None or before is None or after is None:
             return
@@ -174,18 +221,18 @@ class AlertsWiring:
 
         reason = f"automatic rollback after deploy: {'; '.join(check.failures)}"
         result = take_snapshot(
-            self.service.db, data_dir=self.service.data_dir, requests_n=self.service.config.alerting.snapshot_requests,
+            self.db, data_dir=self.data_dir, requests_n=self.settings.snapshot_requests,
             trigger="post_deploy", reason=reason, now=dt.datetime.now(dt.UTC),
             model_version=check.rollback.before_version, source=self.snapshot_source,
         )  # fmt: skip
         log.warning("post-deploy analysis rolled back %s; snapshot %s", check.rollback.before_version,
                     result.html_path)  # fmt: skip
-        n = self.service.config.alerting.collect_after_rollback
+        n = self.settings.collect_after_rollback
         if n > 0:  # the incident's data: what comes next, now answered by the previous version
             from infersight.alerts import open_collection
 
             open_collection(
-                self.service.db, collection_id=f"rollback-{check.rollback.run_id}", kind="any", n=n,
+                self.db, collection_id=f"rollback-{check.rollback.run_id}", kind="any", n=n,
                 model_version=None, reason=f"automatic rollback of {check.rollback.before_version}",
                 now=dt.datetime.now(dt.UTC),
             )  # fmt: skip
@@ -196,17 +243,17 @@ class AlertsWiring:
         from infersight.alerts import take_snapshot
 
         result = take_snapshot(
-            self.service.db, data_dir=self.service.data_dir, requests_n=self.service.config.alerting.snapshot_requests,
+            self.db, data_dir=self.data_dir, requests_n=self.settings.snapshot_requests,
             trigger="canary", reason=f"canary rolled back: {decision.reason}", now=dt.datetime.now(dt.UTC),
             model_version=decision.version, source=self.snapshot_source,
         )  # fmt: skip
         log.warning("canary %s rolled back; snapshot %s", decision.version, result.html_path)
-        n = self.service.config.alerting.collect_after_rollback
+        n = self.settings.collect_after_rollback
         if n > 0:  # the incident's data, as after a post-deploy rollback
             from infersight.alerts import open_collection
 
             open_collection(
-                self.service.db, collection_id=f"canary-{decision.version}-{int(decision.at)}", kind="any", n=n,
+                self.db, collection_id=f"canary-{decision.version}-{int(decision.at)}", kind="any", n=n,
                 model_version=None, reason=f"automatic rollback of {decision.version}", now=dt.datetime.now(dt.UTC),
             )  # fmt: skip
 
@@ -218,7 +265,7 @@ class AlertsWiring:
         from infersight.monitor.store.tables import alerts
         from sqlalchemy import select
 
-        with self.service.db.connect() as conn:
+        with self.db.connect() as conn:
             rows = conn.execute(
                 select(alerts).where(alerts.c.state == "firing").order_by(alerts.c.fired_at.desc())
             ).all()
@@ -254,22 +301,24 @@ def check_backups(config: Any, registry: Any, backup: str | None) -> None:
                             "and raise RemediationFailed", where, rule.name)  # fmt: skip
 
 
-def _replicas(service: Service, config: Any, runtime: Any) -> Any:
+def _replicas(
+    db: Engine, config: Any, runtime: Any, stats: InferenceStats | None, *, gpu: GPUCollector | None,
+    process: ProcessCollector | None, publish_s: float, replica_id: str,
+) -> Replicas | None:  # fmt: skip
     """This replica's share of the shared store (None without live statistics)."""
     from infersight.alerts.rules.signals import Signal
 
     from .replicas import Replicas
 
-    stats = service.parts.stats
     if stats is None:
         return None
     kinds = ("latency_quantile", "error_rate", "request_rate")
     signals: list[Signal] = [r.condition.signal for g in config.groups for r in g.rules]
     windows = [s.window_s for s in signals if s.kind in kinds and s.window_s]
     return Replicas(
-        service.db, stats, publish_s=service.config.schedule.publish_s, horizon_s=max(windows, default=300.0),
+        db, stats, publish_s=publish_s, horizon_s=max(windows, default=300.0),
         serving_version=(lambda: runtime.serving_version) if runtime is not None else (lambda: None),
-        gpu=service.parts.gpu, process=service.parts.process, replica_id=service.replica_id,
+        gpu=gpu, process=process, replica_id=replica_id,
     )  # fmt: skip
 
 
@@ -277,29 +326,78 @@ def _iso(value: dt.datetime | None) -> str | None:
     return None if value is None else value.astimezone(dt.UTC).isoformat().replace("+00:00", "Z")
 
 
-def wire_alerts(service: Service) -> AlertsWiring | None:
-    if not service.config.alerting.enabled:
-        return None
-    from infersight.monitor.dataset import fill_collections
+class AlertStoreCollector(Collector):
+    def __init__(self, db: Engine, *, leading: Callable[[], bool] = lambda: True) -> None:
+        self.db = db
+        self.leading = leading
 
-    from .metrics_store import AlertStoreCollector
+    def collect(self) -> Iterator[Metric]:
+        from infersight.monitor.store.tables import alerts, outbox
 
-    wiring = AlertsWiring(service)
-    service.parts.alerts = wiring
-    # store-wide figures come from the leader alone: a sum over replicas counts them once
-    service.registry.register(AlertStoreCollector(service.db, leading=service.scheduler.leader.is_leader))
-    schedule = service.config.schedule
-    if wiring.replicas is not None:
-        service.parts.replicas = wiring.replicas
-        service.scheduler.add("replicas_publish", wiring.replicas.publish, schedule.publish_s, run_now=True)
-        service.scheduler.add("replicas_prune", wiring.replicas.prune, 60.0, leader_only=True)
-    service.scheduler.add("replica_actions", wiring.run_own_actions, schedule.rules_s)
-    service.scheduler.add("rules", wiring.evaluate, schedule.rules_s, leader_only=True)
-    service.scheduler.add("outbox", wiring.dispatch, schedule.outbox_s, leader_only=True)
-    service.scheduler.add("post_deploy", wiring.analyze, schedule.post_deploy_s)
-    # the collect action's collections keep the requests that arrive after it ran
-    service.scheduler.add("collect", lambda: fill_collections(service.db), schedule.rules_s, leader_only=True)
-    deploy_log = service.parts.deploy_log
+        if not self.leading():
+            return
+
+        firing = GaugeMetricFamily(
+            "infersight_alerts_firing", "Alerts firing now", labels=["alertname", "severity"]
+        )
+        pending = GaugeMetricFamily("infersight_outbox_pending", "Notifications waiting to be delivered")
+        dead = GaugeMetricFamily(
+            "infersight_outbox_dead_letters", "Notifications that exhausted their retries"
+        )
+        try:
+            with self.db.connect() as conn:
+                rows = conn.execute(
+                    select(alerts.c.alertname, alerts.c.labels).where(alerts.c.state == "firing")
+                ).all()
+                states: dict[str, int] = dict(
+                    conn.execute(select(outbox.c.state, func.count()).group_by(outbox.c.state)).all()
+                )
+        except SQLAlchemyError as exc:  # a scrape never fails because the database is away
+            log.warning("alert metrics unavailable: %s", exc)
+            return
+        counts = collections.Counter(
+            (name, str(json.loads(labels).get("severity", ""))) for name, labels in rows
+        )
+        for (name, severity), n in sorted(counts.items()):
+            firing.add_metric([name, severity], n)
+        pending.add_metric([], states.get("pending", 0))
+        dead.add_metric([], states.get("dead", 0))
+        yield firing
+        yield pending
+        yield dead
+
+
+def record_canary_decision(
+    db: Engine, decision: Any, *, deploy_log: DeployLog | None, alerts: AlertsWiring | None
+) -> None:
+    """Every decision goes to the log and the deploy log; a rollback also raises the
+    `CanaryRegression` alert with the check and its figures (notified like any alert) and,
+    with alerting on, takes its snapshot."""
+    log.warning("canary %s beside %s: %s (weight now %.0f%%): %s", decision.version, decision.stable_version,
+                decision.action, decision.weight * 100, decision.reason)  # fmt: skip
     if deploy_log is not None:
-        deploy_log.listeners.append(wiring.on_version_deployed)
-    return wiring
+        deploy_log.flush()
+    if decision.action != "rollback":
+        return
+    from infersight.alerts.actions.canary import CANARY_ALERT
+    from infersight.alerts.lifecycle import push_alert
+
+    now = dt.datetime.now(dt.UTC)
+    share = decision.canary_requests / max(1, decision.canary_requests + decision.stable_requests)
+    try:
+        with db.begin() as conn:
+            push_alert(
+                conn, CANARY_ALERT,
+                {"severity": "critical", "model_version": decision.version, "previous_version": decision.stable_version},
+                {"summary": f"canary {decision.version} regressed against {decision.stable_version} and was rolled "
+                            f"back: {decision.reason}; it served {share:.1%} of requests",
+                 "runbook_url": "https://runbooks.example.org/infersight#canary-regression"},
+                now=now, ends_at=now + dt.timedelta(hours=1),
+            )  # fmt: skip
+    except Exception:  # the rollback happened; a store outage must not hide it from the log
+        log.exception("canary %s: could not record the CanaryRegression alert", decision.version)
+    if alerts is not None:
+        try:
+            alerts.snapshot_after_canary(decision)
+        except Exception:
+            log.exception("canary %s: no snapshot at the rollback", decision.version)

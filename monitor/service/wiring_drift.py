@@ -4,7 +4,8 @@
   .jsonl/.csv/.txt file) is stored at start as reference "configured" (a new version only
   when its texts changed). Without one, each model version gets a reference from its first
   `drift.window` sampled requests ("deploy").
-- Batch test (leader-only job `drift`, every `schedule.drift_s`): for each model version
+- Batch test (leader-only job `drift`, every `schedule.drift_s`; which versions and when
+  is the drift package's `VersionPolicy`): for each model version
   with enough new sampled texts (half a window), or with half of `drift.min_window` new
   texts once its traffic paused for a tick, the newest `drift.window` of them against the
   reference (`evaluate_window`: report stored with its request-length section, relevance
@@ -25,60 +26,75 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from infersight.monitor.store.tables import requests
-from prometheus_client import Counter
-from sqlalchemy import bindparam, func, select, update
+from prometheus_client import CollectorRegistry, Counter
+from sqlalchemy import Engine, bindparam, update
 
-from .memory import trim_heap
-from .reservoir import SampledText
+from .jobs import trim_heap
+from .pipeline import RequestWriter, SampledText, TextReservoir
 
 if TYPE_CHECKING:
-    from .service import Service
+    from .config import DriftConfig
 
-__all__ = ["DriftWiring", "wire_drift"]
+__all__ = ["DriftWiring"]
 
 log = logging.getLogger(__name__)
 _LOOKBACK = dt.timedelta(hours=24)
 
 
 class DriftWiring:
-    def __init__(self, service: Service, *, detector: Any = None) -> None:
+    """Drift scoring over `db`'s requests: texts drained from `reservoir` (their rows
+    flushed by `writer` before their relevance is written), gauges in `registry`, each
+    relevance and answer also shown to the running canary (`canary`, if any);
+    `on_alarm` runs when a streaming chart alarms (the service: the batch test now)."""
+
+    def __init__(
+        self,
+        config: DriftConfig,
+        db: Engine,
+        registry: CollectorRegistry,
+        reservoir: TextReservoir,
+        *,
+        writer: RequestWriter | None = None,
+        canary: Any = None,
+        on_alarm: Callable[[], None] = lambda: None,
+        detector: Any = None,
+    ) -> None:
         from infersight.monitor import drift as d
 
         self.d = d
-        self.service = service
-        self.config = service.config.drift
+        self.config = config
+        self.db = db
+        self.reservoir = reservoir
+        self.writer = writer
+        self.canary = canary
+        self.on_alarm = on_alarm
         if detector is None:
             embedder = d.CachedEmbedder(
                 d.SentenceTransformerEmbedder(), max_entries=self.config.embedding_cache
             )
             detector = d.DriftDetector(embedder, config=d.DetectorConfig(alpha=self.config.alpha))
         self.detector = detector
-        self.metrics = d.DriftMetrics(service.registry)
+        self.metrics = d.DriftMetrics(registry)
         self.alarms = Counter(
             "infersight_drift_stream_alarms", "Streaming (CUSUM) drift alarms", ["model_version", "signal"],
-            registry=service.registry,
+            registry=registry,
         )  # fmt: skip
         self._lock = threading.Lock()
         self._p_values: dict[str, dict[tuple[str, str], float]] = {"prompt": {}, "response": {}}
         self._relevance: dict[tuple[str, str], float] = {}
         self._lengths: dict[str, dict[tuple[str, str], float]] = {"prompt": {}, "output": {}}
-        self._last_count: dict[str, int] = {}
-        self._tick_count: dict[str, int] = {}  # texts counted at the previous tick
-        # the newest request (any, sampled or not) per (model, version), for expiry
-        self._last_request: dict[tuple[str, str], dt.datetime] = {}
-        # texts recorded per (model, version), counted incrementally: rows with id <= _counted_to
-        # are in _text_counts (see _active_versions)
-        self._text_counts: dict[tuple[str, str], int] = {}
-        self._counted_to = 0
         self._streams: dict[str, Any] = {}
-        self.references = d.ReferencePolicy(service.db, detector, window=self.config.window,
+        # the policy (which reference, which versions, when) is the drift package's
+        self.references = d.ReferencePolicy(db, detector, window=self.config.window,
                                             configured_path=self.config.reference)  # fmt: skip
+        self.versions = d.VersionPolicy(db, window=config.window, min_window=config.min_window,
+                                        stale_after_s=config.stale_after_s)  # fmt: skip
 
-    # -- references: the policy is the drift package's (ReferencePolicy) ------------------
+    # -- references ------------------------------------------------------------------------
     def store_configured_reference(self) -> None:
         self.references.store_configured()
 
@@ -90,15 +106,7 @@ class DriftWiring:
         now = dt.datetime.now(dt.UTC)
         since = now - _LOOKBACK
         reports = []
-        for model, version, count in self._active_versions(since):
-            new = count - self._last_count.get(version, 0)
-            # traffic paused (nothing new since the last tick) with some unseen texts: judge them now
-            paused = new >= max(1, self.config.min_window // 2) and self._tick_count.get(version) == count
-            self._tick_count[version] = count
-            if not force and not paused and new < max(self.config.min_window, self.config.window // 2):
-                continue
-            if count < self.config.min_window:
-                continue
+        for model, version, count in self.versions.due(since, force=force):
             stored = self._reference_for(version)
             if stored is None:
                 continue
@@ -106,14 +114,14 @@ class DriftWiring:
             since_v = max(since, stored.info.created_at) if stored.info.source == "deploy" else since
             try:
                 report = self.d.evaluate_window(
-                    self.service.db, detector=self.detector, model_version=version, reference=stored,
+                    self.db, detector=self.detector, model_version=version, reference=stored,
                     since=since_v, until=now + dt.timedelta(seconds=1), model=model, metrics=self.metrics,
                     max_current=self.config.window,
                 )  # fmt: skip
             except self.d.WindowError as exc:
                 log.info("no drift verdict for %s yet: %s", version, exc)
                 continue
-            self._last_count[version] = count
+            self.versions.tested(version, count)
             self._remember(model, version, report)
             reports.append(report)
         self.expire(now)
@@ -122,64 +130,23 @@ class DriftWiring:
     def expire(self, now: dt.datetime) -> list[tuple[str, str]]:
         """Drop the drift state of versions with no request for `drift.stale_after_s`;
         returns the (model, version) pairs dropped."""
-        after = self.config.stale_after_s
-        if after is None:
-            return []
-        cutoff = now - dt.timedelta(seconds=after)
         with self._lock:
-            stale = [
-                key for key, last in self._last_request.items() if last < cutoff and self._has_state(key)
-            ]
+            stale = [key for key in self.versions.stale(now) if self._has_state(key)]
             for key in stale:
                 for values in (*self._p_values.values(), *self._lengths.values(), self._relevance):
                     values.pop(key, None)
         for model, version in stale:
             self.metrics.forget(model=model, model_version=version)
             self._streams.pop(version, None)
+            last = self.versions.last_request(model, version)
             log.info("drift state of %s %s dropped: no request since %s", model, version,
-                     self._last_request[(model, version)].isoformat())  # fmt: skip
+                     last.isoformat() if last is not None else "?")  # fmt: skip
         return stale
 
     def _has_state(self, key: tuple[str, str]) -> bool:
         return any(
             key in values for values in (*self._p_values.values(), *self._lengths.values(), self._relevance)
         )
-
-    def _active_versions(self, since: dt.datetime) -> list[tuple[str, str, int]]:
-        """(model, version, texts recorded) for versions with sampled text.
-
-        Counted incrementally: the first call counts the texts of the lookback window, each
-        later call only the rows added since (a primary-key range), so a drift tick costs the
-        same at a million rows as at a thousand. (Counting the whole window each minute grew
-        with the table: at 20,000 events/s it was most of the service's CPU growth over a
-        10-minute run.) The counts are a trigger, not a statistic: a row committed out of id
-        order on PostgreSQL may be missed, which only delays an evaluation."""
-        r = requests.c
-        with self.service.db.connect() as conn:
-            top = conn.execute(select(func.max(r.id))).scalar() or 0
-            if top <= self._counted_to:
-                rows: list[Any] = []
-            else:
-                where = [r.id > self._counted_to, r.id <= top]
-                if self._counted_to == 0:
-                    where.append(r.started_at >= since)
-                rows = list(
-                    conn.execute(
-                        select(r.model, r.model_version, func.count(r.prompt), func.max(r.started_at))
-                        .where(*where)
-                        .group_by(r.model, r.model_version)
-                    ).all()
-                )
-        for model, version, n, newest in rows:
-            key = (model, version)
-            if isinstance(newest, dt.datetime):
-                previous = self._last_request.get(key)
-                self._last_request[key] = newest if previous is None else max(previous, newest)
-            if not n:
-                continue
-            self._text_counts[key] = self._text_counts.get(key, 0) + int(n)
-        self._counted_to = max(self._counted_to, top)
-        return [(m, v, n) for (m, v), n in sorted(self._text_counts.items())]
 
     def _remember(self, model: str, version: str, report: Any) -> None:
         with self._lock:
@@ -196,7 +163,7 @@ class DriftWiring:
 
     # -- streaming ----------------------------------------------------------------------
     def embed(self) -> int:
-        items = self.service.reservoir.drain()
+        items = self.reservoir.drain()
         items = [i for i in items if i.prompt]
         if not items:
             return 0
@@ -207,7 +174,7 @@ class DriftWiring:
         by_version: dict[tuple[str, str], list[float]] = {}
         for item, value in zip(with_response, embedded.relevance, strict=True):
             by_version.setdefault((item.model, item.model_version), []).append(float(value))
-        canary = getattr(self.service.parts.backend, "canary_controller", None)
+        canary = self.canary
         for (model, version), values in by_version.items():
             self.metrics.observe_relevance(values, model=model, model_version=version)
             if canary is not None:
@@ -217,15 +184,15 @@ class DriftWiring:
             for item, vector in zip(with_response, embedded.response_embeddings, strict=True):
                 canary.on_output(item.model_version, vector.tolist())
         self._stream(items, embedded)
-        trim_heap()  # the model's buffers of this batch go back to the OS (memory.py)
+        trim_heap()  # the model's buffers of this batch go back to the OS (jobs.py)
         return len(items)
 
     def _store_relevance(self, items: list[SampledText], values: Any) -> None:
         if not items:
             return
-        if self.service.writer is not None:
-            self.service.writer.flush(10.0)  # the rows must exist before their relevance is set
-        with self.service.db.begin() as conn:
+        if self.writer is not None:
+            self.writer.flush(10.0)  # the rows must exist before their relevance is set
+        with self.db.begin() as conn:
             conn.execute(
                 update(requests)
                 .where(requests.c.request_id == bindparam("rid"))
@@ -248,7 +215,7 @@ class DriftWiring:
                 self.alarms.labels(item.model_version, signal).inc()
                 alarmed.add(item.model_version)
         if alarmed:
-            self.service.scheduler.run_now("drift")
+            self.on_alarm()
 
     def _stream_for(self, version: str) -> Any:
         if version in self._streams:
@@ -279,7 +246,7 @@ class DriftWiring:
 
     def output_drift_p_value(self, new: str, old: str, since: dt.datetime) -> float | None:
         """Responses of `new` since the deploy against `old`'s before it (post-deploy check)."""
-        db, n = self.service.db, self.config.window
+        db, n = self.db, self.config.window
         before = self.d.traffic_window(db, model_version=old, since=since - _LOOKBACK, until=since, limit=n)
         after = self.d.traffic_window(
             db, model_version=new, since=since, until=dt.datetime.now(dt.UTC), limit=n
@@ -293,21 +260,9 @@ class DriftWiring:
         return float(fields[0].p_value) if fields else None
 
     def latest_summary(self) -> dict[str, Any] | None:
-        found = self.d.list_reports(self.service.db, limit=1)
+        found = self.d.list_reports(self.db, limit=1)
         return found[0] if found else None
 
     def latest_report_json(self) -> dict[str, Any] | None:
         summary = self.latest_summary()
-        return None if summary is None else self.d.load_report(self.service.db, int(summary["id"]))
-
-
-def wire_drift(service: Service) -> DriftWiring | None:
-    if not service.config.drift.enabled:
-        return None
-    wiring = DriftWiring(service, detector=service.parts.drift_detector)
-    wiring.store_configured_reference()
-    service.parts.drift = wiring
-    schedule = service.config.schedule
-    service.scheduler.add("drift", wiring.evaluate, schedule.drift_s, leader_only=True)
-    service.scheduler.add("embed", wiring.embed, schedule.embed_s)
-    return wiring
+        return None if summary is None else self.d.load_report(self.db, int(summary["id"]))

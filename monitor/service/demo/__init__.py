@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from .receiver import WebhookReceiver, new_secret, verify_signature
-from .script import DemoOptions, DemoResult, run_demo
-from .timeline import DemoFailed, Step
+from .script import DemoFailed, DemoOptions, DemoResult, Step, run_demo
+from .stage import WebhookReceiver, new_secret, verify_signature
 
 __all__ = [
     "DemoFailed",

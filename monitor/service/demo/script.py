@@ -1,4 +1,6 @@
-"""The scripted incident of `infersight demo`.
+"""The scripted incident of `infersight demo` and the timeline it reports.
+
+The scripted incident of `infersight demo`.
 
 1. the demo model (the engine's `models init-demo`: a good release and a corrupted one);
 2. the service on SQLite with the embedded runtime, a Banking77 drift reference, rules
@@ -20,7 +22,9 @@
 Every drift verdict comes from the service's scheduled drift job on the new traffic, as in
 `infersight serve`; the demo only reads the reports. Each step is checked; the first that
 did not happen ends the demo with its name.
-"""
+
+The demo's record of what happened: named steps, each passed or failed, with a line of
+detail and the time since the demo started."""
 
 from __future__ import annotations
 
@@ -32,20 +36,17 @@ import secrets
 import socket
 import threading
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
 import httpx
 
 from ..config import AlertingConfig, CostConfig, DriftConfig, EngineConfig, ScheduleConfig, ServiceConfig
-from .receiver import WebhookReceiver, new_secret
-from .rules import demo_rules
-from .timeline import DemoFailed, Timeline, wait_until
-from .traffic import sample, send_chats
+from .stage import WebhookReceiver, demo_rules, new_secret, sample, send_chats
 
-__all__ = ["DemoOptions", "DemoResult", "run_demo"]
+__all__ = ["DemoFailed", "DemoOptions", "DemoResult", "Step", "Timeline", "run_demo"]
 
 GOOD = "mixtral_banking_fp32-v1.0"
 BAD = "mixtral_banking_fp32-v1.1"
@@ -442,14 +443,18 @@ def _bad_deploy(
     if not snaps:
         raise tl.fail("rollback snapshot", "no snapshot was taken at the rollback")
     snap = snaps[0]  # type: ignore[index]
-    tl.done("rollback snapshot", f"{snap['request_count']} requests of {snap['model_version']} kept in {snap['path']}")
+    tl.done(
+        "rollback snapshot",
+        f"{snap['request_count']} requests of {snap['model_version']} kept in {snap['path']}",
+    )
     from infersight.alerts import REGRESSION_ALERT
 
     if not wait_until(lambda: REGRESSION_ALERT in hook.alertnames(), 30):
-        raise tl.fail("rollback page", f"no signed {REGRESSION_ALERT} notification reached the webhook receiver")
+        raise tl.fail(
+            "rollback page", f"no signed {REGRESSION_ALERT} notification reached the webhook receiver"
+        )
     tl.done("rollback page", f"{REGRESSION_ALERT} delivered, signature verified ({len(hook.received)} webhooks received, "
                     f"{hook.rejected} rejected)")  # fmt: skip
-
 
 
 def _stale_drift_resolved(tl: Timeline, hook: WebhookReceiver, sizes: _Sizes) -> None:
@@ -514,3 +519,53 @@ def _summary(out: TextIO, tl: Timeline, state: dict[str, Any], failed: str | Non
         print(f"  the traffic after the rollback, as a data set: {state['dataset']}", file=out)
     print("  to watch it on the page: infersight demo --keep-running, then open the URL it prints", file=out)
     out.flush()
+
+
+@dataclass(frozen=True)
+class Step:
+    name: str
+    ok: bool
+    detail: str
+    at_s: float
+
+
+class DemoFailed(Exception):
+    """A step did not happen; `step` names it."""
+
+    def __init__(self, step: str, detail: str) -> None:
+        super().__init__(f"{step}: {detail}")
+        self.step = step
+        self.detail = detail
+
+
+@dataclass
+class Timeline:
+    out: TextIO
+    t0: float = field(default_factory=time.monotonic)
+    steps: list[Step] = field(default_factory=list)
+
+    def done(self, name: str, detail: str) -> None:
+        self._add(Step(name, True, detail, time.monotonic() - self.t0))
+
+    def fail(self, name: str, detail: str) -> DemoFailed:
+        self._add(Step(name, False, detail, time.monotonic() - self.t0))
+        return DemoFailed(name, detail)
+
+    def note(self, text: str) -> None:
+        print(f"  {'':>7}  {text}", file=self.out, flush=True)
+
+    def _add(self, step: Step) -> None:
+        self.steps.append(step)
+        mark = "ok " if step.ok else "FAILED"
+        print(f"  {step.at_s:6.1f}s  [{mark:>6}] {step.name}: {step.detail}", file=self.out, flush=True)
+
+
+def wait_until(predicate: Callable[[], object], timeout_s: float, interval_s: float = 0.25) -> object:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(interval_s)

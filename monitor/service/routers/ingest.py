@@ -1,4 +1,6 @@
-"""`POST /api/v1/events`: batched ingest of `InferenceRecord`s from remote SDKs.
+"""Data in and out: the SDK's batches in, a version's requests out as JSONL.
+
+`POST /api/v1/events`: batched ingest of `InferenceRecord`s from remote SDKs.
 
 Body `{"events": [record, ...]}`; answer `200 {"accepted": n, "rejected": [{"index", "field",
 "reason"}]}`. Each record is validated by `InferenceRecord.from_json`; bad ones are listed
@@ -6,26 +8,32 @@ and the good ones kept. The answer comes once the accepted rows are committed (g
 commit: concurrent batches share one transaction). A full write queue answers 503 with
 Retry-After and accepts nothing. Parsing is orjson on the raw body: no per-event
 pydantic model on the hot path; the schema below is for clients and the OpenAPI document.
-"""
+
+`GET /api/v1/dataset?version=V[&kind=K][&since=T]` (bearer token: it returns user text):
+the version's requests as JSONL, streamed, the same objects `infersight dataset export`
+writes, with the service's `redact` hook applied. Bad input is a 422 naming the field."""
 
 from __future__ import annotations
 
 import asyncio
+import json
+from collections.abc import Iterator
 from dataclasses import fields
 from typing import Any
 
 import orjson
-from fastapi import APIRouter, Depends, HTTPException, Request
-from fastapi.responses import Response
+from fastapi import APIRouter, Depends, HTTPException, Query, Request
+from fastapi.responses import Response, StreamingResponse
 from infersight.monitor.records import InferenceRecord, InvalidRecord
 from pydantic import BaseModel
+from starlette.concurrency import run_in_threadpool
 
-from ..security import require_token
-from ._deps import get_service
+from ..http_edge import require_token
+from . import get_service
 
 __all__ = ["router"]
 
-router = APIRouter(tags=["ingest"])
+ingest_router = APIRouter(tags=["ingest"])
 
 _NUMBER = {"type": ["number", "null"], "minimum": 0}
 _RECORD_SCHEMA: dict[str, Any] = {
@@ -74,7 +82,7 @@ def _unprocessable(field: str, reason: str) -> HTTPException:
     return HTTPException(status_code=422, detail={"field": field, "reason": reason})
 
 
-@router.post(
+@ingest_router.post(
     "/api/v1/events",
     summary="Ingest a batch of observed inference calls",
     response_model=IngestResult,
@@ -126,3 +134,45 @@ async def ingest(request: Request) -> Response:
     return Response(
         orjson.dumps({"accepted": len(records), "rejected": rejected}), media_type="application/json"
     )
+
+
+dataset_router = APIRouter(tags=["dataset"])
+
+
+@dataset_router.get(
+    "/api/v1/dataset", summary="A version's requests as JSONL (prompt, answer, relevance, drift flags)",
+    dependencies=[Depends(require_token)],
+    responses={401: {"description": "token"}, 422: {"description": "unknown kind, bad since"}},
+    response_class=StreamingResponse,
+)  # fmt: skip
+async def export(
+    request: Request,
+    version: str = Query(..., min_length=1, max_length=256, description="model version"),
+    kind: str | None = Query(None, description="drifted, novel, failed, snapshot or collected"),
+    since: str | None = Query(None, max_length=64, description="ISO 8601 time or a duration such as 2h"),
+) -> StreamingResponse:
+    from infersight.monitor.dataset import DatasetError, DatasetQuery, iter_dataset, parse_since
+
+    service = get_service(request)
+    try:
+        query = DatasetQuery(version, kind or None, parse_since(since) if since else None)
+    except DatasetError as exc:
+        raise HTTPException(422, {"field": f"query.{exc.field}", "reason": str(exc)}) from exc
+    rows = iter_dataset(service.db, query, redact=service.redactor)
+    first = await run_in_threadpool(next, rows, None)  # database errors answer before the 200
+
+    def lines() -> Iterator[bytes]:
+        if first is None:
+            return
+        yield (json.dumps(first, ensure_ascii=False) + "\n").encode()
+        for obj in rows:
+            yield (json.dumps(obj, ensure_ascii=False) + "\n").encode()
+
+    return StreamingResponse(lines(), media_type="application/jsonl",
+                             headers={"Cache-Control": "no-store"})  # fmt: skip
+
+
+# one router for the app to include, the groups' tags kept on their endpoints
+router = APIRouter()
+for _part in (ingest_router, dataset_router):
+    router.include_router(_part)

@@ -1,23 +1,42 @@
-"""Bearer-token checks and the request body size limit.
+"""The HTTP edge every router shares: who may call (the bearer token), how much a request may
+send (the body size limit), and how every error becomes a JSON answer.
+
+Bearer-token checks and the request body size limit.
 
 Every state-changing endpoint depends on `require_token`; the comparison is constant-time
 (`hmac.compare_digest`). `BodySizeLimit` is a pure ASGI middleware: a declared
 Content-Length over the limit is refused before the body is read, and a chunked body is
 cut off (413) as soon as it passes the limit, so no handler ever holds more than the limit.
-"""
+
+How errors become HTTP answers: always JSON `{"error": {"type", "message", "field"}}`
+(`param` too, for OpenAI clients), never a 500 for bad input."""
 
 from __future__ import annotations
 
 import hmac
+import logging
 import os
 import secrets
 from pathlib import Path
 from typing import Any
 
-from fastapi import HTTPException, Request
+from fastapi import FastAPI, HTTPException, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from sqlalchemy.exc import OperationalError
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-__all__ = ["BodySizeLimit", "load_or_create_token", "require_token", "token_matches"]
+from .errors import BackendUnavailable, IngestOverloaded, NoRuntime, UpstreamUnreachable
+
+__all__ = [
+    "BodySizeLimit",
+    "error_body",
+    "install_error_handlers",
+    "load_or_create_token",
+    "require_token",
+    "token_matches",
+]
 
 
 def token_matches(expected: str, authorization: str | None) -> bool:
@@ -129,3 +148,65 @@ async def _send_413(send: Send, limit: int) -> None:
     ]
     await send({"type": "http.response.start", "status": 413, "headers": headers})
     await send({"type": "http.response.body", "body": body})
+
+
+log = logging.getLogger(__name__)
+
+_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+          404: "not_found_error", 405: "invalid_request_error", 409: "conflict_error",
+          413: "payload_too_large", 422: "invalid_request_error", 502: "upstream_error",
+          503: "service_unavailable"}  # fmt: skip
+
+
+def error_body(status: int, message: str, field: str | None = None, **extra: Any) -> dict[str, Any]:
+    param = field.split(".", 1)[1] if field and field.startswith("body.") else field
+    return {"error": {"type": _TYPES.get(status, "error"), "message": message, "field": field,
+                      "param": param, "code": None, **extra}}  # fmt: skip
+
+
+def _loc(loc: tuple[Any, ...] | list[Any]) -> str:
+    return ".".join(str(p) for p in loc)
+
+
+async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+    errors = [{"field": _loc(e.get("loc", ())), "reason": str(e.get("msg", ""))} for e in exc.errors()]
+    first = errors[0] if errors else {"field": "body", "reason": "invalid request"}
+    body = error_body(422, f"{first['field']}: {first['reason']}", first["field"], errors=errors)
+    return JSONResponse(body, status_code=422)
+
+
+async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    detail = exc.detail
+    if isinstance(detail, dict):
+        body = error_body(exc.status_code, str(detail.get("reason", "")), detail.get("field"))
+    else:
+        body = error_body(exc.status_code, str(detail))
+    return JSONResponse(body, status_code=exc.status_code, headers=getattr(exc, "headers", None))
+
+
+async def _overloaded(request: Request, exc: IngestOverloaded) -> JSONResponse:
+    return JSONResponse(error_body(503, str(exc)), status_code=503, headers={"Retry-After": "1"})
+
+
+async def _backend(request: Request, exc: BackendUnavailable) -> JSONResponse:
+    status = 502 if isinstance(exc, UpstreamUnreachable) else 503
+    return JSONResponse(error_body(status, str(exc)), status_code=status)
+
+
+async def _no_runtime(request: Request, exc: NoRuntime) -> JSONResponse:
+    return JSONResponse(error_body(409, str(exc)), status_code=409)
+
+
+async def _database(request: Request, exc: OperationalError) -> JSONResponse:
+    log.warning("database unavailable: %s", exc)
+    return JSONResponse(error_body(503, "the database is unavailable; retry later"), status_code=503,
+                        headers={"Retry-After": "2"})  # fmt: skip
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    app.add_exception_handler(RequestValidationError, _validation)  # type: ignore[arg-type]
+    app.add_exception_handler(StarletteHTTPException, _http)  # type: ignore[arg-type]
+    app.add_exception_handler(IngestOverloaded, _overloaded)  # type: ignore[arg-type]
+    app.add_exception_handler(BackendUnavailable, _backend)  # type: ignore[arg-type]
+    app.add_exception_handler(NoRuntime, _no_runtime)  # type: ignore[arg-type]
+    app.add_exception_handler(OperationalError, _database)  # type: ignore[arg-type]

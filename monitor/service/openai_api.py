@@ -1,4 +1,7 @@
-"""Request bodies of `/v1/completions` and `/v1/chat/completions`.
+"""The OpenAI-compatible surface: request bodies, answers and SSE in the OpenAI wire format,
+the chat template and streaming detokenization.
+
+Request bodies of `/v1/completions` and `/v1/chat/completions`.
 
 The embedded runtime validates with `CompletionRequest` / `ChatRequest` (the OpenAI API
 subset it serves; unknown parameters are ignored, as OpenAI-compatible servers do).
@@ -7,13 +10,31 @@ The upstream proxy validates nothing it does not need: it forwards the original 
 untouched and reads only what it observes (`ObservedRequest`: the model name, the prompt
 text when there is one). Token-id prompts, any number of `stop` strings, `tools` and
 `function` messages, extra fields and values outside OpenAI's documented ranges all reach
-the upstream, whose own answer (200 or 4xx) goes back to the client."""
+the upstream, whose own answer (200 or 4xx) goes back to the client.
+
+Answers in the OpenAI wire format: whole responses, streamed chunks, SSE framing.
+
+The chat template of the embedded runtime, documented because the demo model and any
+user checkpoint without a template of its own are prompted with it:
+
+    <role>: <content>\\n        one line per message, in order (system, user, assistant, ...)
+    assistant:                  the model continues from here
+
+Roles are written as given (`system`, `user`, `assistant`, `tool`, `function`, `developer`).
+Upstream servers (proxy mode) apply their own template; this one is not used there.
+
+Streaming detokenization with stop strings: text is released only when no stop string
+can still begin in it, and never ends in half a character (U+FFFD)."""
 
 from __future__ import annotations
 
+import time
+import uuid
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
+import orjson
 from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = [
@@ -23,6 +44,15 @@ __all__ = [
     "ContentPart",
     "ObservedRequest",
     "StreamOptions",
+    "TextStream",
+    "chat_chunk",
+    "chat_response",
+    "completion_chunk",
+    "completion_response",
+    "new_id",
+    "render_chat",
+    "sse",
+    "usage",
 ]
 
 _Stop = Annotated[str, Field(min_length=1, max_length=256)]
@@ -154,3 +184,104 @@ def _text(content: Any) -> str | None:
         parts = [p.get("text") for p in content if isinstance(p, dict) and p.get("type") == "text"]
         return "".join(p for p in parts if isinstance(p, str))
     return None
+
+
+SSE_DONE = b"data: [DONE]\n\n"
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+def sse(obj: Any) -> bytes:
+    return b"data: " + orjson.dumps(obj) + b"\n\n"
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}  # fmt: skip
+
+
+def completion_response(rid: str, model: str, text: str, finish: str, u: dict[str, int]) -> dict[str, Any]:
+    return {
+        "id": rid, "object": "text_completion", "created": int(time.time()), "model": model,
+        "choices": [{"index": 0, "text": text, "finish_reason": finish, "logprobs": None}],
+        "usage": u,
+    }  # fmt: skip
+
+
+def completion_chunk(rid: str, model: str, text: str, finish: str | None) -> dict[str, Any]:
+    return {
+        "id": rid, "object": "text_completion", "created": int(time.time()), "model": model,
+        "choices": [{"index": 0, "text": text, "finish_reason": finish, "logprobs": None}],
+    }  # fmt: skip
+
+
+def chat_response(rid: str, model: str, text: str, finish: str, u: dict[str, int]) -> dict[str, Any]:
+    return {
+        "id": rid, "object": "chat.completion", "created": int(time.time()), "model": model,
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish,
+                     "logprobs": None}],
+        "usage": u,
+    }  # fmt: skip
+
+
+def chat_chunk(rid: str, model: str, delta: dict[str, Any], finish: str | None) -> dict[str, Any]:
+    return {
+        "id": rid, "object": "chat.completion.chunk", "created": int(time.time()), "model": model,
+        "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}],
+    }  # fmt: skip
+
+
+def usage_chunk(rid: str, model: str, obj: str, u: dict[str, int]) -> dict[str, Any]:
+    return {"id": rid, "object": obj, "created": int(time.time()), "model": model, "choices": [], "usage": u}
+
+
+def render_chat(messages: Sequence[ChatMessage]) -> str:
+    lines = [f"{m.role}: {m.text()}" for m in messages]
+    lines.append("assistant:")
+    return "\n".join(lines)
+
+
+class TextStream:
+    def __init__(self, decode: Callable[[list[int]], str], stops: Sequence[str] = ()) -> None:
+        self._decode = decode
+        self._stops = [s for s in stops if s]
+        self._hold = max((len(s) for s in self._stops), default=1) - 1
+        self._ids: list[int] = []
+        self._emitted = 0
+        self.text = ""
+        self.stopped = False  # a stop string was found; the text ends before it
+
+    def push(self, token_id: int) -> str:
+        """Add a token; the newly releasable text ("" when nothing can be released yet)."""
+        if self.stopped:
+            return ""
+        self._ids.append(token_id)
+        text = self._decode(self._ids)
+        for stop in self._stops:
+            at = text.find(stop, max(0, self._emitted - len(stop)))
+            if at != -1:
+                self.stopped = True
+                self.text = text[:at]
+                return self._release(len(self.text))
+        self.text = text
+        safe = len(text) - self._hold
+        if text.endswith("\ufffd"):
+            safe = min(safe, len(text) - 1)
+        return self._release(safe)
+
+    def flush(self) -> str:
+        """The rest of the text at the end of generation."""
+        return self._release(len(self.text))
+
+    @property
+    def token_count(self) -> int:
+        return len(self._ids)
+
+    def _release(self, upto: int) -> str:
+        if upto <= self._emitted:
+            return ""
+        chunk = self.text[self._emitted : upto]
+        self._emitted = upto
+        return chunk

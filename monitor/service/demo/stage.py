@@ -1,4 +1,12 @@
-"""A local webhook receiver that checks Standard Webhooks signatures as a receiver would
+"""What the demo sets around the service: its alert rules, the traffic it sends and the webhook
+receiver that checks what arrives.
+
+The demo's alert rules: the shipped quality rules with short timings, a latency SLO, and
+one route to the local signed-webhook receiver.
+
+Customer-service traffic for the demo: real utterances through the OpenAI endpoint.
+
+A local webhook receiver that checks Standard Webhooks signatures as a receiver would
 (written from the spec, independently of the sender's code): the signed content is
 `{webhook-id}.{webhook-timestamp}.{body}`, HMAC-SHA256 with the base64 secret after
 `whsec_`, sent as `v1,<base64>` (several, space-separated, may be given); the timestamp
@@ -10,14 +18,126 @@ import base64
 import hashlib
 import hmac
 import json
+import random
 import secrets
 import threading
 import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-__all__ = ["ReceivedWebhook", "WebhookReceiver", "new_secret", "verify_signature"]
+import httpx
+
+__all__ = [
+    "ReceivedWebhook",
+    "TrafficResult",
+    "WebhookReceiver",
+    "demo_rules",
+    "new_secret",
+    "send_chats",
+    "verify_signature",
+]
+
+_RULES = """\
+# infersight demo rules: short intervals so the incident plays out in minutes.
+groups:
+  - name: quality
+    interval: 1s
+    rules:
+      - alert: PromptDrift
+        signal: {kind: drift_p_value, field: prompt}
+        op: "<"
+        threshold: 0.01
+        by: [model, model_version]
+        keep_firing_for: 2s
+        labels: {severity: warning, team: ml-quality}
+        annotations:
+          summary: "prompts to {{ $labels.model_version }} drifted from the reference (p = {{ $value | printf \\"%.2g\\" }})"
+        actions:
+          - {type: snapshot, requests: 50, cooldown: 1h}
+slos:
+  # generous on purpose (the demo's story is drift and a bad release, not latency): it shows
+  # the error budget and burn rate on the page and in Grafana without paging
+  - {name: answers-within-30s, objective: 0.99, threshold_ms: 30000, window: 30d}
+receivers:
+  - name: demo-hook
+    webhook: {url: "HOOK_URL", secret: "HOOK_SECRET"}
+route:
+  receiver: demo-hook
+  group_by: [alertname, model_version]
+  group_wait: 0s
+  group_interval: 1s
+  repeat_interval: 1h
+"""
+
+
+def demo_rules(hook_url: str, secret: str) -> str:
+    return _RULES.replace("HOOK_URL", hook_url).replace("HOOK_SECRET", secret)
+
+
+SYSTEM = "you are the assistant of an online bank. answer the customer's question."
+
+
+@dataclass(frozen=True)
+class TrafficResult:
+    sent: int
+    ok: int
+    errors: tuple[str, ...]
+    versions: frozenset[str]
+
+
+def send_chats(
+    base_url: str,
+    utterances: Sequence[str],
+    *,
+    workers: int = 8,
+    max_tokens: int = 16,
+    stream_every: int = 4,
+    users: Sequence[str] | None = None,
+) -> TrafficResult:
+    """One chat completion per utterance, `workers` at a time; every `stream_every`-th streamed;
+    `users[i]` is the OpenAI `user` of the i-th (what keeps a user on one version in a canary)."""
+
+    def one(i: int, text: str, client: httpx.Client) -> tuple[bool, str]:
+        body: dict[str, Any] = {"model": None, "messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": text}],
+                "max_tokens": max_tokens, "temperature": 0.0}  # fmt: skip
+        body.pop("model")
+        if users is not None:
+            body["user"] = users[i]
+        try:
+            if stream_every and i % stream_every == 0:
+                with client.stream("POST", "/v1/chat/completions", json={**body, "stream": True}) as r:
+                    lines = [line for line in r.iter_lines() if line]
+                    if r.status_code != 200 or not lines or lines[-1] != "data: [DONE]":
+                        return False, f"stream {r.status_code}"
+                    return True, ""
+            r = client.post("/v1/chat/completions", json=body)
+            if r.status_code != 200:
+                return False, f"{r.status_code} {r.text[:120]}"
+            return True, str(r.json().get("model"))
+        except httpx.HTTPError as exc:
+            return False, type(exc).__name__
+
+    versions: set[str] = set()
+    errors: list[str] = []
+    ok = 0
+    with httpx.Client(base_url=base_url, timeout=60.0) as client, ThreadPoolExecutor(workers) as pool:
+        for success, info in pool.map(lambda p: one(p[0], p[1], client), enumerate(utterances)):
+            if success:
+                ok += 1
+                if info:
+                    versions.add(info)
+            else:
+                errors.append(info)
+    return TrafficResult(len(utterances), ok, tuple(errors[:5]), frozenset(versions))
+
+
+def sample(texts: Sequence[str], n: int, seed: int) -> list[str]:
+    rng = random.Random(seed)
+    return rng.sample(list(texts), min(n, len(texts)))
+
 
 _TOLERANCE_S = 300
 
