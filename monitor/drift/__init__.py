@@ -23,7 +23,7 @@ from infersight.monitor.extras import require_extra as _require_extra
 
 _require_extra("infersight.monitor.drift", "drift")  # one line when the extra is missing
 
-from ._detector import CONFIGURED_REFERENCE, DriftDetector, ReferencePolicy, evaluate_window
+from ._detector import DriftDetector, evaluate_window
 from ._explain import (
     NOVEL_CLUSTER,
     ClusterShare,
@@ -44,6 +44,7 @@ from ._lengths import (
     read_lengths,
 )
 from ._mmd import StatResult, StatTest, TestOptions
+from ._policy import CONFIGURED_REFERENCE, ReferencePolicy, VersionPolicy  # drift policy
 from ._references import (
     ReferenceInfo,
     StoredReference,
@@ -75,7 +76,6 @@ from ._stat_tests import (
     RelevanceSummary,
 )
 from ._streaming import StreamingDetector, StreamUpdate
-from ._versions import VersionPolicy  # drift policy: which versions, when (moved from the service)
 from ._windows import (
     INPUT_FORMATS,
     CachedEmbedder,

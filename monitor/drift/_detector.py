@@ -4,10 +4,9 @@ The verdict: every test on every field, Holm across all of them, effect floors a
 
 This is the whole decision; the explanation never changes it.
 
-And what the service's scheduler calls: which reference each model version is tested
-against (`ReferencePolicy`: the configured file, or the version's own first requests), and
-`evaluate_window`: a window of recorded traffic against a stored reference, the report
-stored, per-request relevance filled in, the gauges set.
+And what the service's scheduler calls, `evaluate_window`: a window of recorded traffic
+against a stored reference (which one is `_policy.py`'s choice), the report stored,
+per-request relevance filled in, the gauges set.
 """
 
 from __future__ import annotations
@@ -16,22 +15,19 @@ import datetime as dt
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 from infersight.monitor.store.tables import requests
-from sqlalchemy import Engine, bindparam, func, select, update
+from sqlalchemy import Engine, bindparam, select, update
 
 from ._explain import ClusterModel, FieldExplanation, explain_field, fit_clusters
-from ._lengths import LengthDrift, RequestLengths, length_drift, read_lengths
+from ._lengths import LengthDrift, RequestLengths, length_drift
 from ._mmd import StatResult
 from ._references import (
     StoredReference,
     _window,
-    first_requests_after,
     load_reference,
-    save_reference,
     traffic_lengths,
 )
 from ._report import DriftMetrics, DriftReport, FieldVerdict, ReportContext, TestResult, save_report
@@ -50,18 +46,15 @@ from ._windows import (
     SentenceTransformerEmbedder,
     TextWindow,
     embed_window,
-    read_window,
     repetition_notes,
     texts_to_encode,
 )
-from .errors import CurrentWindowEmpty, ReferenceNotFound, ReferenceWindowEmpty, WindowTooSmall
+from .errors import CurrentWindowEmpty, ReferenceWindowEmpty, WindowTooSmall
 
 __all__ = [
-    "CONFIGURED_REFERENCE",
     "FIELDS",
     "DriftDetector",
     "FittedReference",
-    "ReferencePolicy",
     "check_sizes",
     "deciding_test",
     "evaluate_window",
@@ -305,9 +298,6 @@ def _now() -> str:
     return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
 
 
-CONFIGURED_REFERENCE = "configured"  # the name the configured reference file is stored under
-
-
 def fit_stored(detector: DriftDetector, stored: StoredReference) -> FittedReference:
     """The fitted reference for a stored one: its stored embeddings when the detector's
     embedder made them, else its texts embedded now; kept in the detector's cache."""
@@ -444,94 +434,3 @@ def _store_relevance(bind: Engine, rows: list[Any], window: TextWindow, relevanc
                 [{"rid": rid, "rel": rel} for rid, rel in todo],
             )
     return np.asarray([rel for _, rel in todo], dtype=np.float64)
-
-
-class ReferencePolicy:
-    """Which stored reference each model version is tested against (drift policy).
-
-    With a configured file (the service's `drift.reference`), every version is tested
-    against it: stored at start as reference "configured", as a new version of it only when
-    its texts changed. Without one, each model version gets its own reference from its
-    first `window` sampled requests (source "deploy", name "<version>-baseline"), stored
-    once that many exist, with every request's token lengths over the same span."""
-
-    def __init__(
-        self,
-        engine: Engine,
-        detector: DriftDetector,
-        *,
-        window: int,
-        configured_path: str | Path | None = None,
-    ) -> None:
-        self.engine = engine
-        self.detector = detector
-        self.window = window
-        self.configured_path = configured_path
-        self.configured: str | None = None  # the name of the configured reference, once stored
-
-    def store_configured(self) -> None:
-        """Store the configured file as reference "configured" (unchanged texts: kept as is)."""
-        if self.configured_path is None:
-            return
-        path = self.configured_path
-        window = read_window(path, "reference")
-        try:
-            current = load_reference(self.engine, CONFIGURED_REFERENCE)
-            if current.window.prompts == window.prompts and current.window.responses == window.responses:
-                self.configured = CONFIGURED_REFERENCE
-                return
-        except ReferenceNotFound:
-            pass
-        (embedded,) = self.detector.embed(window)
-        lengths = read_lengths(path, window.prompts, window.responses)
-        save_reference(self.engine, CONFIGURED_REFERENCE, window, model_version="*", source="file",
-                       source_detail=str(path), embedded=embedded, embedder=self.detector.embedder_name,
-                       lengths=lengths)  # fmt: skip
-        self.configured = CONFIGURED_REFERENCE
-
-    def stored_for(self, model_version: str) -> StoredReference | None:
-        """The reference `model_version` is tested against, if it is stored yet."""
-        try:
-            if self.configured is not None:
-                return load_reference(self.engine, self.configured, embedder=self.detector.embedder_name)
-            return load_reference(
-                self.engine, model_version=model_version, embedder=self.detector.embedder_name
-            )
-        except ReferenceNotFound:
-            return None
-
-    def reference_for(self, model_version: str) -> StoredReference | None:
-        """`stored_for`, storing the version's deploy baseline first when its first `window`
-        requests are in; None while they are still being collected."""
-        if self.configured is not None:
-            return load_reference(self.engine, self.configured, embedder=self.detector.embedder_name)
-        try:
-            return load_reference(
-                self.engine, model_version=model_version, embedder=self.detector.embedder_name
-            )
-        except ReferenceNotFound:
-            pass
-        first = self._first_seen(model_version)
-        if first is None:
-            return None
-        window = first_requests_after(self.engine, model_version=model_version, after=first, n=self.window)
-        if len(window.prompts) < self.window:
-            return None  # still collecting the reference
-        (embedded,) = self.detector.embed(window)
-        # every request's lengths (sampled text or not) over the same span
-        lengths = traffic_lengths(
-            self.engine, model_version=model_version, since=first, until=dt.datetime.now(dt.UTC)
-        )
-        save_reference(self.engine, f"{model_version}-baseline", window, model_version=model_version,
-                       source="deploy", source_detail=f"first {len(window.prompts)} requests after {first.isoformat()}",
-                       embedded=embedded, embedder=self.detector.embedder_name, lengths=lengths)  # fmt: skip
-        return load_reference(self.engine, model_version=model_version, embedder=self.detector.embedder_name)
-
-    def _first_seen(self, model_version: str) -> dt.datetime | None:
-        with self.engine.connect() as conn:
-            value = conn.execute(
-                select(func.min(requests.c.started_at)).where(
-                    requests.c.model_version == model_version, requests.c.prompt.is_not(None)
-                )
-            ).scalar()
-        return value if isinstance(value, dt.datetime) else None
