@@ -48,17 +48,7 @@ from .errors import (
     UnknownSignal,
 )
 from .inbound import AlertmanagerHandler
-from .notify.outbox import Notification, NotifiedAlert
-from .notify.receivers import (
-    Dispatcher,
-    HttpRequest,
-    HttpResponse,
-    HttpSender,
-    HttpxSender,
-    RetryPolicy,
-    build_receivers,
-)
-from .notify.routing import (
+from .notify.matchers import (
     InhibitRule,
     Matcher,
     ReceiverConfig,
@@ -68,6 +58,16 @@ from .notify.routing import (
     expire_silence,
     list_silences,
     parse_matcher,
+)
+from .notify.outbox import Notification, NotifiedAlert
+from .notify.receivers import (
+    Dispatcher,
+    HttpRequest,
+    HttpResponse,
+    HttpSender,
+    HttpxSender,
+    RetryPolicy,
+    build_receivers,
 )
 from .rules.config import DEFAULT_RULES, AlertConfig, export_prometheus, load_config, parse_config
 from .rules.evaluator import Evaluator

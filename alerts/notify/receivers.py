@@ -59,8 +59,8 @@ import httpx
 from sqlalchemy import Engine
 
 from ..errors import DeliveryFailed
+from .matchers import ReceiverConfig
 from .outbox import Notification, OutboxEntry, claim, finish
-from .routing import ReceiverConfig
 
 __all__ = [
     "PAGERDUTY_SEVERITIES",

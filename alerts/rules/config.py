@@ -24,8 +24,7 @@ import yaml
 from infersight.collectors import DURATION_BUCKETS
 
 from ..errors import InvalidMatcher, RuleParseError
-from ..notify.receivers import url_problem
-from ..notify.routing import (
+from ..notify.matchers import (
     DEFAULT_PAGERDUTY_URL,
     InhibitRule,
     Matcher,
@@ -33,6 +32,7 @@ from ..notify.routing import (
     Route,
     parse_matcher,
 )
+from ..notify.receivers import url_problem
 from .rules import (
     Condition,
     MarkedMap,
