@@ -17,8 +17,10 @@ breaker sheds (503) counts as a miss; the dual side's fast breaker sends request
 standard path instead of shedding them (`breaker_action: standard`).
 
 Reported per side and rate: share within its SLA, share within 100 ms, p50/p99 of short and
-long requests, and for the dual sides how many spilled over or were shed and the batch caps
-(fast/standard) sampled every 50 ms during the load.
+long requests and of each path's requests (dual sides), how many spilled over or were shed,
+and for the dual sides the batch caps (fast/standard) sampled every 50 ms during the load;
+at the end, the rates where single fp32 misses its SLA for more than 5% of requests and
+whether each dual side beats both single sides there.
 """
 
 from __future__ import annotations
@@ -27,7 +29,6 @@ import argparse
 import contextlib
 import io
 import os
-import platform
 import random
 import tempfile
 import threading
@@ -39,6 +40,7 @@ from pathlib import Path
 
 import torch
 from infersight.engine import PathOverloaded, PathSpec, Registry, RoutingSpec, Runtime
+from infersight.engine.paths import cpu_model
 from infersight.monitor.data import banking77
 
 FP32 = "mixtral_banking_fp32-v1.0"
@@ -54,14 +56,6 @@ class Outcome:
     latency_s: float | None  # None: shed (503)
     path: str | None
     reason: str | None
-
-
-def _cpu() -> str:
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return platform.processor() or "unknown"
 
 
 def _registry(root: Path) -> Path:
@@ -98,7 +92,12 @@ def _workload(tokenizer: object, seed: int) -> tuple[list[list[int]], list[list[
 
 
 def run_side(
-    rt: Runtime, rate: float, seconds: float, long_share: float, prompts: tuple, seed: int,  # type: ignore[type-arg]
+    rt: Runtime,
+    rate: float,
+    seconds: float,
+    long_share: float,
+    prompts: tuple,
+    seed: int,  # type: ignore[type-arg]
     caps_seen: Counter[tuple[int, int]] | None = None,
 ) -> list[Outcome]:
     """Open-loop Poisson arrivals at `rate` for `seconds`; waits for every request. With
@@ -166,12 +165,16 @@ def summarize(outcomes: list[Outcome]) -> dict[str, float | int | None]:
     within_100 = sum(o.latency_s is not None and o.latency_s <= 0.1 for o in outcomes)
     short = [o.latency_s for o in outcomes if not o.long and o.latency_s is not None]
     long = [o.latency_s for o in outcomes if o.long and o.latency_s is not None]
+    fast = [o.latency_s for o in outcomes if o.path == "fast" and o.latency_s is not None]
+    standard = [o.latency_s for o in outcomes if o.path == "standard" and o.latency_s is not None]
     return {
         "n": n,
         "within_sla": within / n if n else None,
         "within_100ms": within_100 / n if n else None,
         "short_p50": _q(short, 0.5), "short_p99": _q(short, 0.99),
         "long_p50": _q(long, 0.5), "long_p99": _q(long, 0.99),
+        "fast_p50": _q(fast, 0.5), "fast_p99": _q(fast, 0.99),
+        "standard_p50": _q(standard, 0.5), "standard_p99": _q(standard, 0.99),
         "spilled": sum(o.reason == "spill" for o in outcomes),
         "shed": sum(o.reason == "shed" for o in outcomes),
     }  # fmt: skip
@@ -192,7 +195,7 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     rates = [float(r) for r in args.rates.split(",")]
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    print(f"CPU: {_cpu()}, {os.cpu_count()} cores, load average {load:.1f} at the start; "
+    print(f"CPU: {cpu_model()}, {os.cpu_count()} cores, load average {load:.1f} at the start; "
           f"torch {torch.__version__}, {torch.get_num_threads()} threads")  # fmt: skip
     print(f"mix: {1 - args.long_share:.0%} short Banking77 questions ({SHORT_NEW} output tokens, SLA "
           f"{FAST_SLA_MS:.0f} ms), {args.long_share:.0%} long prompts of 8 questions ({LONG_NEW} output tokens, "
@@ -214,6 +217,7 @@ def main() -> None:
             run_side(rt, 5.0, 3.0, args.long_share, prompts, seed=1)
         results: dict[tuple[str, float], list[Outcome]] = {}
         caps_seen: dict[tuple[str, float], Counter[tuple[int, int]]] = {}
+        summaries: dict[float, dict[str, dict[str, float | int | None]]] = {}
         for rate in rates:
             for r in range(args.rounds):
                 order = list(sides.items())
@@ -222,17 +226,33 @@ def main() -> None:
                 for name, rt in order:
                     seen = caps_seen.setdefault((name, rate), Counter()) if name.startswith("dual") else None
                     outcomes = run_side(
-                        rt, rate, args.seconds, args.long_share, prompts, seed=1000 * r + int(rate), caps_seen=seen
+                        rt,
+                        rate,
+                        args.seconds,
+                        args.long_share,
+                        prompts,
+                        seed=1000 * r + int(rate),
+                        caps_seen=seen,
                     )
                     results.setdefault((name, rate), []).extend(outcomes)
-            _print_rate(rate, {name: summarize(results[(name, rate)]) for name in sides})
+            summaries[rate] = {name: summarize(results[(name, rate)]) for name in sides}
+            _print_rate(rate, summaries[rate])
             for name in sides:
                 if (name, rate) in caps_seen:
-                    common = ", ".join(f"{f}/{s} {n}x" for (f, s), n in caps_seen[(name, rate)].most_common(3))
+                    common = ", ".join(
+                        f"{f}/{s} {n}x" for (f, s), n in caps_seen[(name, rate)].most_common(3)
+                    )
                     print(f"{name}: batch caps (fast/standard) sampled during the load: {common}")
+        _verdict(rates, summaries)
         for name, rt in sides.items():
             if name.startswith("dual"):
-                print(f"{name}: batch caps at the end {rt.routing.caps()}; route counts {rt.routing.counts()}")
+                print(f"{name}: batch caps at the end {rt.routing.caps()}; route counts {rt.routing.counts()}; "
+                      f"steps the standard replica sat out for the fast path: {rt.routing.held}")  # fmt: skip
+                for path, snap in rt.routing.step_times().items():
+                    steps = ", ".join(f"{b}: {s * 1000:.1f}" for b, s in sorted(snap.decode_s.items()))
+                    prefill = (snap.prefill_s_per_token or 0.0) * 1000
+                    print(f"  {path}: decode ms by batch {{{steps}}}, prefill {prefill:.2f} ms/token, "
+                          f"output {snap.output_tokens or 0:.1f} tokens")  # fmt: skip
         for rt in sides.values():
             rt.stop(drain=False)
     if hasattr(os, "getloadavg"):
@@ -247,13 +267,32 @@ def _print_rate(rate: float, rows: dict[str, dict[str, float | int | None]]) -> 
         return "—" if v is None else f"{float(v) * 100:.1f}%"  # type: ignore[arg-type]
 
     print(
-        f"\n| rate {rate:g}/s | n | within SLA | within 100 ms | short p50/p99 ms | long p50/p99 ms | spilled | shed |"
+        f"\n| rate {rate:g}/s | n | within SLA | within 100 ms | short p50/p99 ms | long p50/p99 ms "
+        "| fast path p50/p99 ms | standard path p50/p99 ms | spilled | shed |"
     )
-    print("|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for name, s in rows.items():
         print(f"| {name} | {s['n']} | {pct(s['within_sla'])} | {pct(s['within_100ms'])} | "
               f"{ms(s['short_p50'])}/{ms(s['short_p99'])} | {ms(s['long_p50'])}/{ms(s['long_p99'])} | "
+              f"{ms(s['fast_p50'])}/{ms(s['fast_p99'])} | {ms(s['standard_p50'])}/{ms(s['standard_p99'])} | "
               f"{s['spilled']} | {s['shed']} |", flush=True)  # fmt: skip
+
+
+def _verdict(rates: list[float], rows: dict[float, dict[str, dict[str, float | int | None]]]) -> None:
+    """The rates where single fp32 misses its SLA for more than 5% of requests, and whether
+    each dual side beats both single sides on the share within SLA there."""
+    missing = [r for r in rates if (rows[r]["single fp32"]["within_sla"] or 0.0) < 0.95]
+    print(f"\nsingle fp32 misses its SLA for more than 5% of requests at: "
+          f"{', '.join(f'{r:g}/s' for r in missing) or 'none of the rates run'}")  # fmt: skip
+    for rate in missing:
+        singles = max(rows[rate][n]["within_sla"] or 0.0 for n in ("single fp32", "single int8"))
+        for name, s in rows[rate].items():
+            if name.startswith("dual"):
+                share = s["within_sla"] or 0.0
+                verdict = "beats" if share > singles else "does not beat"
+                print(
+                    f"  {rate:g}/s: {name} {share:.1%} within SLA {verdict} the best single side ({singles:.1%})"
+                )
 
 
 if __name__ == "__main__":

@@ -3,22 +3,30 @@
 Every check runs on the caller's thread while the serving version keeps serving; only a
 replica that passed all of them is handed to the loop thread to swap in. A failure
 raises a `DeployRefused` subclass that says which check failed and why.
+
+`RuntimeHost` is what the runtime's controls that deploy beside the serving version (the
+canary, SLA routing's fast path) use of the `Runtime` holding them: they take it as this
+protocol, so they never import runtime.py, which imports them.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, NoReturn, Protocol
 
 import torch
 
-from .errors import CheckpointRejected, ChecksumMismatch, WarmupFailed
+from .errors import CheckpointRejected, ChecksumMismatch, DeployRefused, WarmupFailed
 from .prefix_cache import PrefixCache
-from .runtime_loop import Replica
+from .runtime_loop import LoopState, Replica
 from .versions import VersionInfo, hash_weight_files
 
-__all__ = ["DeployOutcome", "prepare_replica"]
+if TYPE_CHECKING:
+    from .registry import Registry
+
+__all__ = ["DeployOutcome", "RuntimeHost", "prepare_replica"]
 
 _WARMUP_PROMPT = 8
 _WARMUP_STEPS = 2
@@ -40,6 +48,39 @@ class DeployOutcome:
     preloaded_tokens: int = 0  # prompt tokens those prompts left in the prefix cache
 
 
+class RuntimeHost(Protocol):
+    """The runtime as its canary and routing controls see it (`Runtime` is one)."""
+
+    registry: Registry
+    _state: LoopState
+    _thread: threading.Thread | None
+    _deploy_lock: threading.Lock
+
+    @property
+    def serving_version(self) -> str | None: ...
+
+    @property
+    def is_running(self) -> bool: ...
+
+    def _prepare(
+        self, version: str, reason: str, *, from_version: str | None
+    ) -> tuple[Replica, DeployOutcome]:
+        """Load, verify and warm `version` up beside the serving one; raises DeployRefused."""
+        ...
+
+    def _refused(
+        self,
+        exc: DeployRefused,
+        serving: str | None,
+        *,
+        to_version: str | None = None,
+        reason: str = "rollback",
+        cause: BaseException | None = None,
+    ) -> NoReturn:
+        """Record the refusal in the deploy history, tell subscribers, raise `exc`."""
+        ...
+
+
 @dataclass(frozen=True, slots=True)
 class PreparedTimings:
     verify_s: float
@@ -57,7 +98,7 @@ def prepare_replica(
     prefix: PrefixCache | None = None,
     prefill_block: int = 64,
 ) -> tuple[Replica, PreparedTimings]:
-    from . import load  # the model core; imported here so the registry stays light
+    from .loading import load  # the model core; imported here so the registry stays light
 
     t0 = time.perf_counter()
     verify_checksum(info)

@@ -20,8 +20,11 @@ request is routed once, at submit, and never moves:
    503 + Retry-After) or, with `breaker_action="standard"`, sent from the fast path to the
    standard one (`reason="breaker"`).
 
-Each path's batch cap follows the 1-4-8-16 ladder: the largest rung whose measured step
-time lets a typical request of the path finish within its SLA (`RouteControl.adapt`).
+Each path's batch cap follows the 1-4-8-16 ladder: the rung that serves the most requests
+per second while a typical request of the path, in a batch of that size, still finishes
+within its SLA (`RouteControl.adapt`, `step_times.batch_cap`). One loop thread steps both
+replicas, so before each step `RouteControl.hold` may keep the standard replica out of it
+(no admission, no decode) while a fast request's deadline is at risk.
 """
 
 from __future__ import annotations
@@ -34,13 +37,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
+from .deploy import RuntimeHost
 from .errors import InvalidRequest, PathOverloaded, RuntimeNotRunning
 from .events import BreakerChanged
 from .runtime_loop import Swap, apply_swap
-from .step_times import BATCH_LADDER
+from .step_times import BATCH_LADDER, StepTimesSnapshot, batch_cap
 
 if TYPE_CHECKING:
-    from .runtime import Runtime
     from .runtime_loop import PendingQueue, Replica, Request
 
 __all__ = [
@@ -211,7 +214,7 @@ class LengthBreaker:
 class RouteControl:
     """The runtime's handle for SLA routing (`runtime.routing`)."""
 
-    def __init__(self, runtime: Runtime) -> None:
+    def __init__(self, runtime: RuntimeHost) -> None:
         self._runtime = runtime
         self.spec: RoutingSpec | None = None
         self.breakers: dict[str, LengthBreaker] = {}
@@ -219,6 +222,7 @@ class RouteControl:
         self._count_lock = threading.Lock()
         self._arrivals: dict[str, deque[float]] = {name: deque(maxlen=64) for name in PATHS}
         self._prompt_tokens: dict[str, float] = {}  # per path: mean prompt length (EWMA)
+        self.held = 0  # steps the standard replica sat out for the fast path (`hold`)
 
     @property
     def active(self) -> bool:
@@ -248,6 +252,7 @@ class RouteControl:
             }  # fmt: skip
             self.spec = spec
             runtime._state.on_finished = self._finished
+            runtime._state.hold = self.hold
             apply_swap(
                 runtime._state,
                 runtime._thread,
@@ -267,6 +272,7 @@ class RouteControl:
                     "routing stop",
                 )
             runtime._state.on_finished = None
+            runtime._state.hold = None
             self.spec = None
 
     # -- deciding ------------------------------------------------------------------------
@@ -320,7 +326,9 @@ class RouteControl:
 
     def predict_s(self, path: str, prompt_tokens: int, max_new_tokens: int) -> float | None:
         """Predicted arrival-to-last-token seconds of a request submitted now on `path`,
-        from measured step times (None until that path has served a request)."""
+        from measured step times (None until that path has served a request). The other
+        replica's step counts beside each of this path's, except on the fast path when the
+        request meets its SLA without it: the loop then holds the standard replica back."""
         replica, queue, other = self._sides(path)
         if replica is None:
             return None
@@ -340,51 +348,38 @@ class RouteControl:
             if service is None:
                 return None
             wait = math.ceil((waiting - free + 1) / cap) * service
-        return wait + prefill + max_new_tokens * (decode + beside)
+        alone = wait + prefill + max_new_tokens * decode
+        spec = self.spec
+        if path == "fast" and spec is not None and alone <= spec.fast.sla_ms / 1000.0:
+            return alone
+        return alone + max_new_tokens * beside
 
     def adapt(self) -> None:
-        """Each path's batch cap, a rung of 1-4-8-16 (up to its KV slots), from measured steps:
-        the smallest rung (the shortest steps) that both lets the path's typical request
-        finish within the SLA and serves twice the path's measured arrival rate (at higher
-        utilisation Poisson bursts queue); when none does both, the measured rung that serves
-        the most requests per second, or a larger one not measured yet (a cap below the
-        arrival rate only grows the queue)."""
+        """Each path's batch cap, a rung of 1-4-8-16 (up to its KV slots), from its measured
+        steps, prefill, output length and arrival rate (`batch_cap`: the most requests per
+        second that still finish within the SLA in a batch of that size). The standard path
+        counts the fast replica's step beside each of its own; the fast path does not, since
+        the loop holds the standard replica back while a fast deadline is at risk (`hold`)."""
         spec = self.spec
         if spec is None:
             return
         for name in PATHS:
             replica, _, other = self._sides(name)
-            if replica is None:
+            if replica is None or replica.step_times.output_tokens is None:
                 continue
             times = replica.step_times
-            tokens = times.output_tokens
-            if tokens is None:
-                continue
-            tokens = max(1.0, tokens)
-            prefill = times.prefill_s(int(self._prompt_tokens.get(name, 0.0))) or 0.0
             beside = 0.0
-            if other is not None and other.running:
+            if name == "standard" and other is not None and other.running:
                 beside = other.step_times.decode_s(len(other.running)) or 0.0
-            sla_s = spec.path(name).sla_ms / 1000.0
-            rate = self.arrival_rate(name)
-            rungs = [c for c in BATCH_LADDER if c <= replica.max_batch] or [replica.max_batch]
-            measured = times.snapshot().decode_s
-            best, best_throughput, chosen = None, 0.0, None
-            for c in rungs:
-                step = times.decode_s(c)
-                if step is None:
-                    continue
-                latency = prefill + tokens * (step + beside)
-                throughput = c / latency if latency > 0 else float("inf")
-                if c in measured and throughput >= best_throughput:
-                    best, best_throughput = c, throughput
-                if chosen is None and latency <= sla_s and throughput >= 2.0 * rate:
-                    chosen = c
-            if chosen is None:  # overloaded: the most requests per second, trying a larger rung
-                # not measured yet (a cap kept small never measures the larger batches)
-                larger = [c for c in rungs if c not in measured and (best is None or c > best)]
-                chosen = larger[0] if larger else best if best is not None else rungs[-1]
-            replica.cap = chosen
+            replica.cap = batch_cap(
+                times,
+                [c for c in BATCH_LADDER if c <= replica.max_batch] or [replica.max_batch],
+                sla_s=spec.path(name).sla_ms / 1000.0,
+                output_tokens=times.output_tokens or 1.0,
+                prefill_s=times.prefill_s(int(self._prompt_tokens.get(name, 0.0))) or 0.0,
+                beside_s=beside,
+                arrival_rate=self.arrival_rate(name),
+            )
 
     def arrival_rate(self, path: str) -> float:
         """Requests per second routed to `path`, over its last 64 arrivals."""
@@ -396,6 +391,10 @@ class RouteControl:
 
     def caps(self) -> dict[str, int]:
         return {name: r.cap for name in PATHS if (r := self._sides(name)[0]) is not None}
+
+    def step_times(self) -> dict[str, StepTimesSnapshot]:
+        """Each path's measured step times (what its cap and predictions come from)."""
+        return {name: r.step_times.snapshot() for name in PATHS if (r := self._sides(name)[0]) is not None}
 
     def counts(self) -> dict[tuple[str, str], int]:
         """Requests routed so far by (path, reason); "shed" counts breaker refusals."""
@@ -414,6 +413,46 @@ class RouteControl:
         return statuses
 
     # -- the loop thread -----------------------------------------------------------------
+
+    def hold(self) -> Replica | None:
+        """Before each step (the loop thread): the replica to leave out of it. The standard
+        replica sits the step out (no admission, no decode) when a fast request, running or
+        about to be admitted (taken as arrived now, with the path's mean output), would miss
+        its deadline with both replicas stepped but meets it with the fast one alone, and no
+        running standard request that meets its own deadline now would miss it for the wait
+        (the fast path's remaining steps). Predictions are the measured step times."""
+        state, spec = self._runtime._state, self.spec
+        fast, standard = state.fast, state.current
+        if spec is None or fast is None or standard is None:
+            return None
+        joining = min(len(state.fast_queue), max(0, fast.cap - len(fast.running)))
+        admitting = min(max(0, standard.cap - len(standard.running)), len(state.queue))
+        if not (fast.running or joining) or not (standard.running or admitting):
+            return None
+        fast_step = fast.step_times.decode_s(len(fast.running) + joining)
+        if fast_step is None:
+            return None
+        standard_step = standard.step_times.decode_s(len(standard.running)) or 0.0
+        prompt = int(self._prompt_tokens.get("standard", 0))
+        admission = admitting * (standard.step_times.prefill_s(prompt) or 0.0)  # this step's prefills
+        now, fast_sla = time.monotonic(), spec.fast.sla_ms / 1000.0
+        prefill = fast.step_times.prefill_s(int(self._prompt_tokens.get("fast", 0))) or 0.0
+        newcomer = (now, max(1.0, fast.step_times.output_tokens or 1.0), prefill)
+        fast_requests = [(r.arrival, r.max_new_tokens - len(r.tokens), 0.0) for r in fast.running.values()]
+        at_risk, wait = False, 0.0
+        for arrival, left, own in [*fast_requests, *[newcomer] * joining]:
+            alone = now + own + left * fast_step
+            at_risk = at_risk or alone <= arrival + fast_sla < alone + left * standard_step + admission
+            wait = max(wait, alone - now)
+        if not at_risk:
+            return None
+        standard_sla = spec.standard.sla_ms / 1000.0
+        for r in standard.running.values():
+            finish = now + (r.max_new_tokens - len(r.tokens)) * (standard_step + fast_step)
+            if finish <= r.arrival + standard_sla < finish + wait:
+                return None
+        self.held += 1
+        return standard
 
     def _finished(self, request: Request, seconds: float) -> None:
         path = request.path

@@ -158,6 +158,7 @@ class Runtime:
         self.canary._status = None
         state.fast = None
         state.on_finished = None
+        state.hold = None
         self.routing.spec = None
 
     def __enter__(self) -> Runtime:

@@ -26,16 +26,12 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-from .deploy import DeployOutcome
+from .deploy import DeployOutcome, RuntimeHost
 from .deploy_history import DeployRecord, Outcome
 from .errors import CanaryRunning, EngineError, InvalidCanaryWeight, NoCanary, RuntimeNotRunning
 from .events import CanaryChanged
 from .runtime_loop import Swap, apply_swap
-
-if TYPE_CHECKING:
-    from .runtime import Runtime
 
 __all__ = ["CanaryControl", "CanaryStatus", "open_canary", "user_bucket"]
 
@@ -80,7 +76,7 @@ def open_canary(records: Sequence[DeployRecord]) -> CanaryStatus | None:
 
 
 class CanaryControl:
-    def __init__(self, runtime: Runtime) -> None:
+    def __init__(self, runtime: RuntimeHost) -> None:
         self._runtime = runtime
         self._lock = threading.Lock()
         self._status: CanaryStatus | None = None

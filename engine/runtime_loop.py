@@ -49,8 +49,6 @@ __all__ = [
 
 
 # ==============================================================================================
-# The waiting room
-#
 # The waiting room: requests not yet running, highest priority first, FIFO within a priority.
 #
 # `Request` is the runtime's own record of one request; after it leaves the queue only the
@@ -126,9 +124,7 @@ class PendingQueue:
 
 
 # ==============================================================================================
-# A replica: one loaded version and its KV cache
-#
-# One loaded version with its own KV cache: the unit the runtime serves and swaps.
+# A replica: one loaded version with its own KV cache, the unit the runtime serves and swaps.
 #
 # During a deploy two replicas run side by side: the new one takes every new request, the
 # old one keeps decoding the requests that started on it until it drains, then is dropped.
@@ -294,6 +290,7 @@ class LoopState:
     fast_queue: PendingQueue = field(default_factory=PendingQueue)
     # called with each finished request and its arrival-to-last-token seconds (SLA routing)
     on_finished: Callable[[Request, float], None] | None = None
+    hold: Callable[[], Replica | None] | None = None  # before each step: a replica to sit it out
     draining: list[Replica] = field(default_factory=list)
     wake: threading.Event = field(default_factory=threading.Event)
     submit_lock: threading.Lock = field(default_factory=threading.Lock)
@@ -398,13 +395,14 @@ def _step(state: LoopState) -> bool:
     if state.fast is None and len(state.fast_queue):  # routed just before the fast path went
         for request in state.fast_queue.drain():
             state.queue.push(request)
+    held = state.hold() if state.hold is not None else None  # SLA routing: the fast path first
     paths = ((state.fast, state.fast_queue), (current, state.queue), (state.canary, state.canary_queue))
     for replica, queue in paths:
-        if replica is not None:
+        if replica is not None and replica is not held:
             _admit(state, replica, queue, groups)
     for replica in _replicas(state):  # one batch per replica: versions never share one
         batch = [r for r in replica.running.values() if r.tokens]
-        if not batch:
+        if not batch or replica is held:
             continue
         try:
             groups.append((batch, replica.decode(batch)))

@@ -12,18 +12,29 @@ The loop thread writes (one float update per step); router threads read. A read 
 an update half-applied across two sizes, which only makes a prediction one step stale.
 On CUDA a decode call returns before the kernels finish, so there the timing reads only
 the launch and predictions are optimistic (measured on CPU only so far).
+
+`batch_cap` turns the measurements into a path's batch cap (a rung of the ladder): the rung
+that serves the most requests per second while a request in a full batch still finishes
+within the SLA. A batch size larger than any measured one is predicted optimistically (a
+step never costs less at a larger batch, so the largest measured size's step is a lower
+bound): the cap grows to it while the bound holds the SLA, the larger batches get measured
+once the load fills them, and the cap comes back down if they turn out too slow. Sizes not
+measured for a while count as unmeasured again, so a busy spell does not pin a cap down.
 """
 
 from __future__ import annotations
 
 import bisect
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-__all__ = ["BATCH_LADDER", "StepTimes", "StepTimesSnapshot"]
+__all__ = ["BATCH_LADDER", "StepTimes", "StepTimesSnapshot", "batch_cap"]
 
 # the batch caps a path may run at, smallest first (the seeds' 1-4-8-16 ladder)
 BATCH_LADDER = (1, 4, 8, 16)
 _ALPHA = 0.2  # weight of the newest observation: about the last ten steps count
+_FRESH_STEPS = 1000  # a batch size not measured for this many steps is a guess again (batch_cap)
 
 
 @dataclass(frozen=True)
@@ -42,6 +53,7 @@ class StepTimes:
     def __init__(self) -> None:
         self._decode: dict[int, float] = {}
         self._sizes: list[int] = []
+        self._seen: dict[int, int] = {}  # batch size -> the step it was last measured at
         self._prefill_per_token: float | None = None
         self._service: float | None = None
         self._output_tokens: float | None = None
@@ -53,6 +65,7 @@ class StepTimes:
         if batch < 1 or not seconds >= 0.0:
             return
         self.steps += 1
+        self._seen[batch] = self.steps
         old = self._decode.get(batch)
         if old is None:
             bisect.insort(self._sizes, batch)
@@ -93,6 +106,17 @@ class StepTimes:
             return table[hi] * batch / hi if len(sizes) == 1 else _line(sizes[-2], sizes[-1], table, batch)
         return _line(sizes[i - 1], sizes[i], table, batch)
 
+    def optimistic_decode_s(self, batch: int) -> float | None:
+        """`decode_s` up to the largest size measured within the last `_FRESH_STEPS` steps;
+        above it, that size's step (a lower bound: a larger batch never steps faster). So a
+        size measured slow in a busy spell is tried, and measured, again later instead of
+        keeping a cap down for good. None: nothing measured yet."""
+        fresh = [b for b, at in list(self._seen.items()) if self.steps - at < _FRESH_STEPS]
+        if not fresh:
+            return None
+        top = max(fresh)
+        return self._decode[top] if batch > top else self.decode_s(batch)
+
     def prefill_s(self, tokens: int) -> float | None:
         per = self._prefill_per_token
         return None if per is None else per * max(0, tokens)
@@ -109,6 +133,45 @@ class StepTimes:
         return StepTimesSnapshot(
             dict(self._decode), self._prefill_per_token, self._service, self._output_tokens, self.steps
         )
+
+
+def batch_cap(
+    times: StepTimes,
+    rungs: Sequence[int],
+    *,
+    sla_s: float,
+    output_tokens: float,
+    prefill_s: float,
+    beside_s: float = 0.0,
+    arrival_rate: float = math.inf,
+) -> int:
+    """The batch cap among `rungs` for a path whose requests make `output_tokens` tokens
+    after a `prefill_s` prefill, with `beside_s` of the other replica's work added to every
+    step (one loop thread steps both), and `arrival_rate` requests a second (default: as
+    many as the batch takes).
+
+    A request in a batch of c is predicted to take its own prefill, those of the requests
+    that join while it runs (the arrivals of its lifetime, at most c - 1: a full batch
+    turns over about once in a request's life) and `output_tokens` steps at batch c. The cap
+    is the rung of most requests per second (c / that latency) among those whose latency
+    holds `sla_s`, the larger on a tie; a cap only bounds the batch, so a large one costs
+    nothing while the load is light. When no rung holds the SLA, the rung of most requests
+    per second. Unmeasured sizes count optimistically (`optimistic_decode_s`), so a larger
+    rung is tried, and measured, as long as its lower bound allows it. With nothing
+    measured, the largest rung."""
+    best: tuple[bool, float, int] | None = None
+    for c in rungs:
+        step = times.optimistic_decode_s(c)
+        if step is None:
+            return max(rungs)
+        decoding = max(1.0, output_tokens) * (step + beside_s)
+        joining = min(c - 1.0, arrival_rate * (decoding + prefill_s))
+        latency = (1.0 + joining) * prefill_s + decoding
+        per_s = c / latency if latency > 0 else math.inf
+        key = (latency <= sla_s, per_s, c)
+        if best is None or key >= best:
+            best = key
+    return best[2] if best is not None else 1
 
 
 def _ewma(old: float | None, new: float) -> float:

@@ -15,7 +15,7 @@ from conftest import require_executable
 from infersight.alerts import Evaluator, RuleParseError, SLOLedger, parse_config
 from infersight.alerts.rules.rules import render
 from infersight.monitor.cli import main
-from infersight.monitor.records import InferenceRecord
+from infersight.monitor.records import SHED, InferenceRecord
 from prometheus_client import CollectorRegistry, generate_latest
 from sqlalchemy import Engine
 from test_alerts_support import Clock, database
@@ -268,6 +268,106 @@ def test_promtool_unit_test_covers_a_fast_burn_and_a_slow_burn(tmp_path: Path) -
     test_file = tmp_path / "tests.yml"
     test_file.write_text(
         yaml.safe_dump({"rule_files": [str(out)], "evaluation_interval": "1m", "tests": [fast, slow, quiet]})
+    )
+    run = subprocess.run(
+        [promtool, "test", "rules", str(test_file)], capture_output=True, text=True, timeout=120
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "SUCCESS" in run.stdout
+
+
+_SHED = 'infersight_client_outcomes_total{model="m",model_version="v1",outcome="shed"}'
+_ROUTE = 'infersight_route_request_duration_seconds_{kind}{{path="fast"{le}}}'
+_ROUTE_SHED = 'infersight_route_requests_total{path="fast",reason="shed"}'
+
+
+def test_promtool_unit_test_counts_shed_requests_as_misses_as_the_ledger_does(tmp_path: Path) -> None:
+    """A request the length breaker shed (503) is bad for every SLO covering it: in the
+    collectors' series it is in the histogram at duration 0 and in the client outcomes, in
+    the routing metrics only in `infersight_route_requests_total{reason="shed"}`."""
+    promtool = require_executable("promtool")
+    rules = (
+        "groups: []\nslos:\n"
+        "  - {name: lat, model: m, objective: 0.999, threshold_ms: 100, window: 30d}\n"
+        "  - {name: avail, model: m, objective: 0.99, window: 30d}\n"
+        "  - {name: fast-latency, path: fast, objective: 0.999, threshold_ms: 50, window: 30d}\n"
+    )
+    out = _export(tmp_path, rules)
+    config = parse_config(rules)
+    clock = Clock()
+    ledger = SLOLedger(config.slos, clock=clock)
+    for i in range(60):  # one minute as the ledger sees it: 30 served in 20 ms, 30 shed
+        ledger.observe(_record(i, 0.02 if i % 2 else 0.0, error_type=None if i % 2 else SHED))
+    for i in range(1008):  # another model's fast path: 1000 served in 20 ms, 8 shed
+        error = SHED if i < 8 else None
+        record = InferenceRecord(
+            f"f{i}", "routed", "v2", 1.7e9, 0.0 if error else 0.02, error_type=error, path="fast"
+        )
+        ledger.observe(record)
+    lat_burn, avail_burn = ledger.burn_rate("lat", 3600), ledger.burn_rate("avail", 3600)
+    fast_burn = ledger.burn_rate("fast-latency", 3600)
+    assert (lat_burn, avail_burn) == (pytest.approx(500.0), pytest.approx(50.0))
+    assert fast_burn == pytest.approx(8 / 1008 / 0.001)  # 7.9: a slow burn, no fast page
+
+    def alert(name: str, slo: str, burn_rate: float) -> dict[str, object]:
+        rule = next(r for r in config.rules if r.name == name and dict(r.labels)["slo"] == slo)
+        labels = {"alertname": name, **dict(rule.labels)}
+        annotations = {k: render(v, labels, burn_rate) for k, v in rule.annotations}
+        return {"exp_labels": dict(rule.labels), "exp_annotations": annotations}
+
+    shed_half = {  # every request within 100 ms, but half of them shed: burn rates 500 and 50, both page
+        "interval": "1m",
+        "input_series": [
+            {"series": _BUCKET.format(le="0.1"), "values": "0+60x600"},  # shed ones at 0 s
+            {"series": _BUCKET.format(le="+Inf"), "values": "0+60x600"},
+            {"series": _COUNT, "values": "0+60x600"},
+            {"series": _SHED, "values": "0+30x600"},
+        ],
+        "alert_rule_test": [
+            {
+                "eval_time": "10m",
+                "alertname": "SLOFastBurn",
+                "exp_alerts": [alert("SLOFastBurn", "avail", 50), alert("SLOFastBurn", "lat", 500)],
+            },
+        ],
+        "promql_expr_test": [
+            {
+                "expr": f'round(infersight_slo:burn_rate:1h{{slo="{slo}"}})',
+                "eval_time": "30m",
+                "exp_samples": [{"labels": f'{{slo="{slo}"}}', "value": value}],
+            }
+            for slo, value in (("lat", 500), ("avail", 50))
+        ],
+    }
+    fast_path = {  # the fast path: every served request within 50 ms, 8 of 1008 shed
+        "interval": "1m",
+        "input_series": [
+            {"series": _ROUTE.format(kind="bucket", le=',le="0.05"'), "values": "0+1000x600"},
+            {"series": _ROUTE.format(kind="bucket", le=',le="+Inf"'), "values": "0+1000x600"},
+            {"series": _ROUTE.format(kind="count", le=""), "values": "0+1000x600"},
+            {"series": _ROUTE_SHED, "values": "0+8x600"},
+        ],
+        "alert_rule_test": [
+            {"eval_time": "2h", "alertname": "SLOFastBurn", "exp_alerts": []},
+            {
+                "eval_time": "2h",
+                "alertname": "SLOSlowBurn",
+                "exp_alerts": [alert("SLOSlowBurn", "fast-latency", fast_burn)],
+            },
+        ],
+        "promql_expr_test": [
+            {
+                "expr": 'round(100 * infersight_slo:burn_rate:1h{slo="fast-latency"})',
+                "eval_time": "2h",
+                "exp_samples": [{"labels": '{slo="fast-latency"}', "value": round(100 * fast_burn)}],
+            },
+        ],
+    }
+    test_file = tmp_path / "tests.yml"
+    test_file.write_text(
+        yaml.safe_dump(
+            {"rule_files": [str(out)], "evaluation_interval": "1m", "tests": [shed_half, fast_path]}
+        )
     )
     run = subprocess.run(
         [promtool, "test", "rules", str(test_file)], capture_output=True, text=True, timeout=120

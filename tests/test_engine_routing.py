@@ -4,16 +4,21 @@ the batch ladder, and the length breaker's states."""
 
 from __future__ import annotations
 
+import math
+import time
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 from _demo_registry import GOOD, private_copy, shared_demo_registry
 from infersight.engine import PathOverloaded, PathSpec, Registry, RouteQuery, RoutingSpec, Runtime
 from infersight.engine.errors import DeployRefused, InvalidRequest
 from infersight.engine.events import BreakerChanged, EngineEvent
-from infersight.engine.routing import LengthBreaker
-from infersight.engine.step_times import StepTimes
+from infersight.engine.routing import LengthBreaker, RouteControl
+from infersight.engine.runtime_loop import LoopState, PendingQueue
+from infersight.engine.step_times import BATCH_LADDER, StepTimes, batch_cap
 
 INT8 = "mixtral_banking_int8-v1.0"
 SHORT = list(range(1000, 1012))  # 12 tokens
@@ -111,20 +116,110 @@ def test_a_fast_path_measured_slow_spills_short_requests_to_the_standard_path(ru
     assert runtime.routing.caps()["fast"] == 16  # no rung holds 50 ms: the one serving the most per second
 
 
-def test_the_batch_cap_is_the_smallest_rung_that_holds_the_sla_at_the_arrival_rate(runtime: Runtime) -> None:
+def _steps(*measured: tuple[int, float]) -> StepTimes:
+    times = StepTimes()
+    for batch, seconds in measured:
+        times.observe_decode(batch, seconds)
+    return times
+
+
+def test_the_batch_cap_is_the_rung_of_most_requests_per_second_within_the_sla() -> None:
+    # steps grow with the batch; 8 output tokens and a 1 ms prefill a request: a request in
+    # a full batch of c takes c ms of prefills + 8 steps: 1: 17 ms, 4: 28, 8: 48, 16: 80
+    times = _steps((1, 0.002), (4, 0.003), (8, 0.005), (16, 0.008))
+
+    def cap(sla_s: float, beside_s: float = 0.0) -> int:
+        return batch_cap(
+            times, BATCH_LADDER, sla_s=sla_s, output_tokens=8, prefill_s=0.001, beside_s=beside_s
+        )
+
+    assert [cap(s) for s in (0.020, 0.030, 0.050, 0.200)] == [1, 4, 8, 16]  # grows as the SLA allows
+    assert cap(0.010) == 16  # none holds: the most per second (16 / 80 ms against 8 / 48, 4 / 28)
+    times.observe_decode(16, 0.028)  # the mean moves to 12 ms: 16 takes 112 ms, 16 / 112 < 8 / 48
+    assert (cap(0.010), cap(0.200)) == (8, 8)
+    assert cap(0.050, beside_s=0.002) == 4  # the other replica's 2 ms a step: 8 takes 64 ms
+    assert batch_cap(StepTimes(), BATCH_LADDER, sla_s=0.05, output_tokens=8, prefill_s=0.0) == 16
+
+
+def test_a_path_with_few_arrivals_gets_the_larger_cap_its_prefills_allow() -> None:
+    times = _steps((1, 0.002), (4, 0.003), (8, 0.005), (16, 0.008))
+
+    def cap(arrival_rate: float) -> int:
+        return batch_cap(times, BATCH_LADDER, sla_s=0.050, output_tokens=8, prefill_s=0.005,
+                         arrival_rate=arrival_rate)  # fmt: skip
+
+    # saturated, a request in a full batch of 8 waits for 8 prefills of 5 ms: 40 + 8 x 5 = 80 ms;
+    # at 2 a second hardly another one joins during its 45 ms
+    assert (cap(math.inf), cap(100.0), cap(2.0)) == (4, 4, 8)
+
+
+def test_a_rung_not_measured_yet_is_tried_and_given_up_once_measured_too_slow() -> None:
+    times = _steps((1, 0.002))  # only single requests seen: a larger batch costs at least 2 ms
+
+    def cap() -> int:
+        return batch_cap(times, BATCH_LADDER, sla_s=0.050, output_tokens=8, prefill_s=0.001)
+
+    assert cap() == 16  # optimistic: 16 ms of prefills + 8 x 2 ms holds 50 ms
+    times.observe_decode(16, 0.012)  # the load filled it: measured 12 ms, 16 + 96 ms misses
+    # between 1 and 16 the line: 8 -> 6.7 ms (61 ms, misses), 4 -> 4 ms (36 ms, holds)
+    assert cap() == 4
+    for _ in range(999):  # single requests again for a while: 16 was measured 999 steps ago
+        times.observe_decode(1, 0.002)
+    assert cap() == 4
+    times.observe_decode(1, 0.002)  # 1000 steps ago: maybe a busy spell, it is tried again
+    assert cap() == 16
+
+
+def test_adapt_sets_each_paths_cap_from_its_own_measurements(runtime: Runtime) -> None:
     runtime.submit(SHORT, max_new_tokens=8).result(30)
-    fast = runtime._state.fast
-    assert fast is not None
-    fast.step_times = StepTimes()  # steps measured steeply growing with the batch (8 tokens a request)
+    runtime.submit(LONG, max_new_tokens=8).result(30)
+    fast, standard = runtime._state.fast, runtime._state.current
+    assert fast is not None and standard is not None
+    fast.step_times = _steps((1, 0.002), (4, 0.003), (8, 0.005), (16, 0.012))
     fast.step_times.observe_service(0.02, 8)
-    for batch, seconds in ((1, 0.002), (4, 0.003), (8, 0.020), (16, 0.060)):
-        fast.step_times.observe_decode(batch, seconds)
+    fast.step_times.observe_prefill(12, 0.001)
+    standard.step_times = _steps((1, 0.004), (16, 0.034))  # 2 + 2c ms a step
+    standard.step_times.observe_service(0.1, 8)
+    standard.step_times.observe_prefill(200, 0.008)
     runtime.routing.adapt()
-    assert runtime.routing.caps()["fast"] == 1  # few arrivals: 16 ms a request holds 50 ms
-    for _ in range(64):  # a burst: ~thousands per second, more than 1 slot at 16 ms serves
-        runtime.routing.decide(SHORT, 8, None)
+    # one arrival each so far: no request joins a running one, a batch costs its own prefill
+    # fast (50 ms): 8 takes 1 ms + 8 x 5 ms = 41 ms, 16: 97 ms; standard (200 ms): 8 takes
+    # 8 ms + 8 x 18 ms = 152 ms, 16: 280 ms
+    assert runtime.routing.caps() == {"fast": 8, "standard": 8}
+    for _ in range(64):  # a burst of long requests: a full batch turns over in a request's life
+        runtime.routing.decide(LONG, 8, None)
     runtime.routing.adapt()
-    assert runtime.routing.caps()["fast"] == 4  # 8 and 16 would break the SLA (160, 480 ms)
+    # standard: 8 x 8 ms prefills + 8 x 18 ms = 208 ms misses, 4 x 8 ms + 8 x 10 ms = 112 ms holds
+    assert runtime.routing.caps() == {"fast": 8, "standard": 4}
+
+
+def _request(arrival: float, made: int, budget: int) -> Any:
+    return SimpleNamespace(arrival=arrival, tokens=[0] * made, max_new_tokens=budget)
+
+
+def _replica(running: list[Any], times: StepTimes, cap: int = 16) -> Any:
+    return SimpleNamespace(running=dict(enumerate(running)), step_times=times, cap=cap)
+
+
+def test_the_standard_replica_sits_a_step_out_while_a_fast_deadline_is_at_risk() -> None:
+    spec = RoutingSpec(PathSpec("fast-v", 50.0), PathSpec("standard-v", 200.0))
+    state = LoopState(queue=PendingQueue())
+    control = RouteControl(SimpleNamespace(_state=state))  # type: ignore[arg-type]
+    control.spec = spec
+    now = time.monotonic()
+    # 6 tokens left at 3 ms a fast step: 18 ms alone; with the standard's 10 ms steps, 78 ms
+    state.fast = _replica([_request(now - 0.020, 2, 8)], _steps((1, 0.003)))
+    long = _request(now - 0.010, 4, 32)  # 28 steps of 13 ms: 364 ms, its 200 ms missed anyway
+    state.current = _replica([long], _steps((1, 0.010)))
+    assert control.hold() is state.current and control.held == 1
+    long.tokens = [0] * 18  # 14 steps left: 182 ms, 190 ms to its deadline: 18 ms more misses it
+    assert control.hold() is None
+    long.tokens = [0] * 28  # 4 left: holding costs it nothing it needs
+    assert control.hold() is state.current
+    state.fast = _replica([_request(now - 0.045, 2, 8)], _steps((1, 0.003)))  # late even alone
+    assert control.hold() is None
+    state.fast = _replica([_request(now, 6, 8)], _steps((1, 0.003)))  # 2 left: 26 ms with both
+    assert control.hold() is None
 
 
 def test_routing_refuses_an_unknown_fast_version_and_non_positive_sla(registry: Path) -> None:

@@ -164,16 +164,22 @@ def test_a_flood_of_long_prompts_opens_the_breaker_short_ones_keep_their_sla_and
     assert within >= 0.9, [round(s, 3) for s in sorted(shorts)[-5:]]
     assert refused and all(int(h["retry-after"]) >= 1 for h in refused)
     assert (_metric(client, 'infersight_route_requests_total{path="standard",reason="shed"}') or 0) >= 1
+
     # shed requests are their own outcome: SLO misses, not server errors (no error-rate page)
     def shed_outcomes() -> float:  # a refusal's record is counted just after its answer is sent
         text = client.get("/metrics").text
-        lines = [ln for ln in text.splitlines() if ln.startswith("infersight_client_outcomes_total{") and 'outcome="shed"' in ln]
+        lines = [
+            ln
+            for ln in text.splitlines()
+            if ln.startswith("infersight_client_outcomes_total{") and 'outcome="shed"' in ln
+        ]
         return float(lines[0].rsplit(" ", 1)[1]) if lines else 0.0
 
     wait_for(lambda: shed_outcomes() >= len(refused), timeout=10.0)
     metrics = client.get("/metrics").text
     assert not [ln for ln in metrics.splitlines() if ln.startswith("gen_ai_server_request_errors_total{")]
-    assert (_metric(client, 'infersight_slo_attainment_ratio{path="standard",window="5m"}') or 1.0) < 1.0
+    attainment = _metric(client, 'infersight_slo_attainment_ratio{path="standard",window="5m"}')
+    assert attainment is not None and attainment < 1.0  # 0.0 too: every long one missed or shed
     for _ in range(3):
         _ask(client, SHORT, 4)
     wait_for(lambda: all(b.state == "closed" for b in routing.statuses()), timeout=30.0, interval=0.2)

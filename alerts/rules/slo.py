@@ -11,8 +11,19 @@ slos:
 An SLO with `threshold_ms` is a latency SLO (a request is bad when it takes longer); without,
 an availability SLO (a request is bad when it fails with a server error: `client_error`,
 `cancelled` and the client-caused errors of `CLIENT_ERROR_TYPES` never count). `model`, `model_version` and `path`
-select the requests it covers. `path` matches a `path` label that a routing layer puts on
-requests; nothing sets that label yet, so today such an SLO covers no request until one does.
+select the requests it covers. `path` matches the `path` that SLA routing (the embedded
+runtime's `routing:`) puts on requests.
+
+A request the length breaker shed (503, outcome `shed`) misses every SLO that covers it, a
+latency SLO and an availability one: it was served neither in time nor at all (yet it is no
+server error, so error-rate alerts do not count it). The ledger counts it so, and so do the
+exported Prometheus rules: without `path`, from the collectors' histogram (a shed request
+is in it with its zero duration, so it is taken out of the good ones) and
+`infersight_client_outcomes_total{outcome="shed"}`; with `path`, from the routing metrics
+that carry the label (`infersight_route_request_duration_seconds{path}`, shed requests
+not in it, and `infersight_route_requests_total{path, reason="shed"}`,
+`infersight_route_request_errors_total{path}`), which have no model labels: there a path
+SLO covers the path's requests whatever the version.
 
 Each SLO becomes multi-window, multi-burn-rate alerts (the SRE workbook's, chapter 5):
 a page when both the 1h and the 5m burn rate exceed 14.4 (2% of a 30-day budget in an
@@ -68,6 +79,7 @@ SLO_GROUP = "slo"  # the rule group the generated alerts belong to
 SELECTOR_LABELS = ("model", "model_version", "path")
 _KEYS = {"name", "objective", "threshold_ms", "window", *SELECTOR_LABELS}
 _DURATION = "gen_ai_server_request_duration_seconds"
+_ROUTE_DURATION = "infersight_route_request_duration_seconds"
 
 
 @dataclass(frozen=True)
@@ -94,7 +106,7 @@ class SLO:
     threshold_s: float | None = None  # None: an availability SLO
     model: str | None = None
     model_version: str | None = None
-    path: str | None = None  # a label a routing layer adds to requests (none does yet)
+    path: str | None = None  # SLA routing's path ("fast", "standard")
     line: int | None = None
 
     @property
@@ -221,22 +233,32 @@ def burn_rate_record(window_s: float) -> str:
     return f"infersight_slo:burn_rate:{format_duration(window_s)}"
 
 
-def _matchers(slo: SLO, *extra: str) -> str:
-    parts = [f'{k}="{v}"' for k, v in slo.selector] + list(extra)
-    return "{" + ",".join(parts) + "}" if parts else ""
-
-
 def error_ratio_promql(slo: SLO, window_s: float) -> str:
-    """The bad share of `slo`'s requests over `window_s` (NaN without traffic)."""
+    """The bad share of `slo`'s requests over `window_s` (NaN without traffic); a shed
+    request is bad, as in the ledger (`SLO.is_bad`)."""
     w = format_duration(window_s)
-    total = f"sum(rate({_DURATION}_count{_matchers(slo)}[{w}]))"
+
+    def rate(series: str, *extra: str, selector: tuple[tuple[str, str], ...] = slo.selector) -> str:
+        matchers = ",".join([f'{k}="{v}"' for k, v in selector] + list(extra))
+        return f"sum(rate({series}{{{matchers}}}[{w}]))" if matchers else f"sum(rate({series}[{w}]))"
+
+    le = f'le="{floatToGoString(slo.threshold_s)}"' if slo.threshold_s is not None else ""
+    if slo.path is not None:  # the routing metrics: a shed request is in none of the histogram's
+        path = (("path", slo.path),)
+        shed = rate("infersight_route_requests_total", f'reason="{SHED}"', selector=path)
+        total = f"({rate(_ROUTE_DURATION + '_count', selector=path)} + ({shed} or vector(0)))"
+        if slo.threshold_s is not None:
+            return f"(1 - {rate(_ROUTE_DURATION + '_bucket', le, selector=path)} / {total})"
+        errors = rate("infersight_route_request_errors_total", selector=path)
+        return f"((({errors} or vector(0)) + ({shed} or vector(0))) / {total})"
+    # the collectors' series: a shed request is in the histogram (duration 0) and is no error
+    shed = rate("infersight_client_outcomes_total", f'outcome="{SHED}"')
+    total = rate(_DURATION + "_count")
     if slo.threshold_s is not None:
-        le = f'le="{floatToGoString(slo.threshold_s)}"'
-        good = f"sum(rate({_DURATION}_bucket{_matchers(slo, le)}[{w}]))"
-        return f"(1 - {good} / {total})"
+        return f"(1 - ({rate(_DURATION + '_bucket', le)} - ({shed} or vector(0))) / {total})"
     server_errors = 'error_type!~"' + "|".join(CLIENT_ERROR_TYPES) + '"'
-    bad = f"sum(rate(gen_ai_server_request_errors_total{_matchers(slo, server_errors)}[{w}]))"
-    return f"((({bad}) or vector(0)) / {total})"
+    errors = rate("gen_ai_server_request_errors_total", server_errors)
+    return f"((({errors} or vector(0)) + ({shed} or vector(0))) / {total})"
 
 
 def slo_recording_rules(slos: tuple[SLO, ...]) -> list[dict[str, Any]]:

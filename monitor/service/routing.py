@@ -5,7 +5,11 @@ Metrics (all by `path`, "fast" or "standard"):
 - `infersight_route_requests_total{path, reason}`: where the router sent requests and why
   ("short", "long", "classifier", "classifier_error", "spill", "breaker"; "shed": refused
   by the open breaker), read from the runtime at scrape time;
-- `infersight_route_request_duration_seconds{path}`: arrival to last token, a histogram;
+- `infersight_route_request_duration_seconds{path}`: arrival to last token, a histogram of
+  the served requests and those the server failed (the collectors' request-duration
+  buckets, so an SLO's threshold is a bucket bound), and
+  `infersight_route_request_errors_total{path}`: those the server failed; with
+  `reason="shed"` above, what the exported path SLOs count (alerts/rules/slo.py);
 - `infersight_slo_attainment_ratio{path, window}`: share of the path's requests (client
   errors excluded, server errors and shed requests counted as misses) within its SLA, over
   the last 5 minutes and the last hour;
@@ -22,8 +26,9 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from infersight.monitor.records import CLIENT_OUTCOMES
-from prometheus_client import CollectorRegistry, Histogram
+from infersight.collectors import DURATION_BUCKETS
+from infersight.monitor.records import NOT_ERRORS, SHED, is_server_error
+from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
@@ -37,7 +42,6 @@ log = logging.getLogger(__name__)
 ATTAINMENT_WINDOWS = (("5m", 300.0), ("1h", 3600.0))
 _BUCKET_S = 10.0
 _STATE_VALUE = {"closed": 0, "half_open": 1, "open": 2}
-_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.0, 5.0, 10.0)
 
 
 def routing_spec(config: RoutingConfig) -> Any:
@@ -89,10 +93,15 @@ class RouteMetrics:
         self.registry = CollectorRegistry(auto_describe=False)
         self.duration = Histogram(
             "infersight_route_request_duration_seconds", "Arrival to last token, by routing path", ["path"],
-            buckets=_BUCKETS, registry=self.registry,
+            buckets=DURATION_BUCKETS, registry=self.registry,
+        )  # fmt: skip
+        self.errors = Counter(
+            "infersight_route_request_errors", "Requests the server failed, by routing path", ["path"],
+            registry=self.registry,
         )  # fmt: skip
         for name in ("fast", "standard"):
             self.duration.labels(name)
+            self.errors.labels(name)
         self.registry.register(_Collector(self))
         self._lock = threading.Lock()
         # path -> bucket index -> [total, within SLA]
@@ -104,11 +113,13 @@ class RouteMetrics:
 
     def observe(self, path: str | None, duration_s: float, error_type: str | None) -> None:
         """One finished (or shed) request of `path`."""
-        if path not in self._buckets or error_type in CLIENT_OUTCOMES:
+        if path not in self._buckets or (error_type in NOT_ERRORS and error_type != SHED):
             return
         ok = error_type is None and duration_s <= self.sla_s(path)
-        if error_type is None:
+        if error_type != SHED:  # shed: counted by the runtime (`reason="shed"`)
             self.duration.labels(path).observe(duration_s)
+        if is_server_error(error_type):
+            self.errors.labels(path).inc()
         index = int(self.clock() // _BUCKET_S)
         with self._lock:
             buckets = self._buckets[path]
