@@ -48,19 +48,40 @@ from .errors import (
     UnknownSignal,
 )
 from .inbound import AlertmanagerHandler
-from .notify.delivery import Dispatcher, RetryPolicy
-from .notify.matchers import InhibitRule, Matcher, ReceiverConfig, Route, parse_matcher
+from .notify.matchers import (
+    InhibitRule,
+    Matcher,
+    ReceiverConfig,
+    Route,
+    Silence,
+    create_silence,
+    expire_silence,
+    list_silences,
+    parse_matcher,
+)
 from .notify.outbox import Notification, NotifiedAlert
-from .notify.receivers import HttpRequest, HttpResponse, HttpSender, HttpxSender, build_receivers
-from .notify.silences import Silence, create_silence, expire_silence, list_silences
-from .rules.config import DEFAULT_RULES, AlertConfig, load_config, parse_config
+from .notify.receivers import (
+    Dispatcher,
+    HttpRequest,
+    HttpResponse,
+    HttpSender,
+    HttpxSender,
+    RetryPolicy,
+    build_receivers,
+)
+from .rules.config import DEFAULT_RULES, AlertConfig, export_prometheus, load_config, parse_config
 from .rules.evaluator import Evaluator
-from .rules.promql import export_prometheus
 from .rules.rules import ActionSpec, Condition, Rule, RuleGroup
-from .rules.signals import Sample, Signal, SignalSource
-from .rules.slo import SLO
-from .rules.slo_ledger import SLOLedger
-from .rules.sources import CompositeSignals, LiveSignals, StaticSignals, StoreSignals
+from .rules.signals import (
+    CompositeSignals,
+    LiveSignals,
+    Sample,
+    Signal,
+    SignalSource,
+    StaticSignals,
+    StoreSignals,
+)
+from .rules.slo import SLO, SLOLedger
 
 __all__ = [
     "CANARY_ALERT",

@@ -42,7 +42,7 @@ def _free_port() -> int:
 
 def _sender(url: str, batch: int, seconds: float, texts: list[str], seed: int, out: Any) -> None:
     from infersight.monitor.records import InferenceRecord
-    from infersight.monitor.sdk._http_sink import HttpSink
+    from infersight.monitor.sdk import HttpSink
 
     sink = HttpSink(url, token=TOKEN, timeout_s=30.0, retries=5)
     rng = random.Random(seed)

@@ -17,11 +17,16 @@ Every collector registers into the `CollectorRegistry` it is given, never the gl
 """
 
 from ._engine_adapter import EngineAdapter, EnginePathCollector
-from ._exposition import MetricsServer, metrics_asgi_app, metrics_wsgi_app, render_metrics, serve_metrics
 from ._gpu import MIN_GPM_INTERVAL_S, GPUCollector, GPUSample
-from ._inference import InferenceStats
+from ._inference import (
+    InferenceStats,
+    MetricsServer,
+    metrics_asgi_app,
+    metrics_wsgi_app,
+    render_metrics,
+    serve_metrics,
+)
 from ._process import ProcessCollector, ProcessSample
-from ._sampling import register as register_fork_handler
 from ._series import (
     DURATION_BUCKETS,
     LATENCY_METRICS,
@@ -31,6 +36,7 @@ from ._series import (
     TTFT_BUCKETS,
     Series,
     Tally,
+    register_fork_handler,
 )
 from ._shared import MergedStats, RemoteStats, SlotExporter, SlotRecord
 from .errors import (

@@ -37,8 +37,7 @@ from typing import Any
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from . import _sampling as _forksafe
-from ._sampling import Periodic, Trend
+from ._series import Periodic, Trend, register_fork_handler
 from .errors import NVMLUnavailable
 
 __all__ = [
@@ -370,7 +369,7 @@ class GPUCollector(Collector):
         except NVMLUnavailable as exc:
             self.disabled_reason = str(exc)
         self._sampler = Periodic(self.sample_once, interval_s, name="infersight-gpu")
-        _forksafe.register(self)
+        register_fork_handler(self)
         if registry is not None:
             registry.register(self)
 

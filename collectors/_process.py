@@ -18,8 +18,7 @@ import psutil
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from . import _sampling as _forksafe
-from ._sampling import Periodic, Trend
+from ._series import Periodic, Trend, register_fork_handler
 
 __all__ = ["ProcessCollector", "ProcessSample"]
 
@@ -54,7 +53,7 @@ class ProcessCollector(Collector):
         self._errors: dict[str, int] = {}
         self._lock = threading.Lock()
         self._sampler = Periodic(self.sample_once, interval_s, name=f"infersight-process-{self.pid}")
-        _forksafe.register(self)
+        register_fork_handler(self)
         if registry is not None:
             registry.register(self)
 

@@ -13,18 +13,22 @@ from infersight.monitor.extras import require_extra as _require_extra
 
 _require_extra("infersight.dashboards", "grafana")  # one line when the extra is missing
 
-from ._dashboard import DASHBOARD_UID, SCHEMA_VERSION, build_dashboard
-from ._export import DASHBOARD_FILE, PROVISIONING_FILE, ExportResult, export_dashboards, provisioning_config
-from ._promql import metric_names
-from ._push import PushResult, push_dashboard
-from ._web import web_assets_dir
-from .errors import (
+from ._dashboard import DASHBOARD_UID, SCHEMA_VERSION, build_dashboard, metric_names
+from ._export import (
+    DASHBOARD_FILE,
+    PROVISIONING_FILE,
     DashboardError,
     ExportDirUnwritable,
+    ExportResult,
     GrafanaPushFailed,
     GrafanaRejected,
     GrafanaUnreachable,
     InvalidGrafanaURL,
+    PushResult,
+    export_dashboards,
+    provisioning_config,
+    push_dashboard,
+    web_assets_dir,
 )
 
 __all__ = [

@@ -1,16 +1,32 @@
-"""The infersight Grafana dashboard: variables, annotations and the rows, as one JSON object."""
+"""The infersight Grafana dashboard: variables, annotations and the rows, as one JSON object;
+and which metric names a PromQL expression (or a Grafana `label_values` query) reads, to
+check that the dashboard refers only to exported metrics.
+
+`metric_names` is not a full PromQL parser. Strings, label matchers, range/offset durations
+and grouping label lists are removed first; what remains is function names (followed by
+`(`), keywords, numbers and metric names.
+"""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
-from ._layout import lay_out
-from ._panels import DATASOURCE
-from ._rows_quality import drift_row, pipeline_row
-from ._rows_serving import headline, latency, routing, slo_cost, traffic
-from ._rows_system import gpu_rows, process_row
+from ._panels import DATASOURCE, lay_out
+from ._rows import (
+    drift_row,
+    gpu_rows,
+    headline,
+    latency,
+    pipeline_row,
+    process_row,
+    routing,
+    slo_cost,
+    traffic,
+)
 
-__all__ = ["DASHBOARD_UID", "SCHEMA_VERSION", "build_dashboard"]
+__all__ = ["DASHBOARD_UID", "SCHEMA_VERSION", "build_dashboard", "metric_names"]
+
 
 SCHEMA_VERSION = 41  # the classic JSON model as Grafana 12 writes it
 DASHBOARD_UID = "infersight-overview"
@@ -138,7 +154,17 @@ def _annotations() -> dict[str, Any]:
 def build_dashboard(*, uid: str = DASHBOARD_UID, title: str = "infersight: LLM serving") -> dict[str, Any]:
     """The dashboard as Grafana's classic JSON model (what /api/dashboards/db and file provisioning take)."""
     panels = lay_out(
-        [headline(), slo_cost(), routing(), latency(), traffic(), gpu_rows(), process_row(), drift_row(), pipeline_row()]
+        [
+            headline(),
+            slo_cost(),
+            routing(),
+            latency(),
+            traffic(),
+            gpu_rows(),
+            process_row(),
+            drift_row(),
+            pipeline_row(),
+        ]
     )
     return {
         "uid": uid,
@@ -160,3 +186,56 @@ def build_dashboard(*, uid: str = DASHBOARD_UID, title: str = "infersight: LLM s
         "templating": _templating(),
         "panels": panels,
     }
+
+
+_STRING = re.compile(r'"(?:\\.|[^"\\])*"|\'(?:\\.|[^\'\\])*\'|`[^`]*`')
+_MATCHERS = re.compile(r"\{[^{}]*\}")
+_RANGE = re.compile(r"\[[^\[\]]*\]")
+_GROUPING = re.compile(r"\b(?:by|without|on|ignoring|group_left|group_right)\s*\([^()]*\)")
+_IDENT = re.compile(r"(?<![\w$.:])([A-Za-z_:][A-Za-z0-9_:]*)(\s*\()?")
+_LABEL_VALUES = re.compile(r"^\s*label_values\s*\((.*)\)\s*$", re.S)
+_KEYWORDS = frozenset(
+    {
+        "and",
+        "or",
+        "unless",
+        "by",
+        "without",
+        "on",
+        "ignoring",
+        "group_left",
+        "group_right",
+        "offset",
+        "bool",
+        "inf",
+        "nan",
+        "Inf",
+        "NaN",
+        "atan2",
+    }
+)
+
+
+def _strip(expr: str) -> str:
+    expr = _STRING.sub('""', expr)
+    expr = _MATCHERS.sub(" ", expr)
+    expr = _RANGE.sub(" ", expr)
+    expr = _GROUPING.sub(" ", expr)
+    return re.sub(r"\boffset\s+-?[0-9a-z]+", " ", expr)
+
+
+def metric_names(expr: str) -> frozenset[str]:
+    """Metric names in `expr`, a PromQL expression or `label_values([metric,] label)`."""
+    lv = _LABEL_VALUES.match(expr)
+    if lv is not None:
+        args = _strip(lv.group(1))
+        if "," not in args:  # label_values(label): no metric
+            return frozenset()
+        expr = args.rsplit(",", 1)[0]
+    names = set()
+    for match in _IDENT.finditer(_strip(expr)):
+        name, call = match.group(1), match.group(2)
+        if call or name in _KEYWORDS:
+            continue
+        names.add(name)
+    return frozenset(names)

@@ -1,4 +1,8 @@
-"""Builders for Grafana panel JSON (classic dashboard model). Ids and gridPos are set by `_layout`."""
+"""The building blocks of the dashboard: builders for Grafana panel JSON (classic dashboard
+model), the layout that places panels on Grafana's 24-column grid and numbers them (rows of
+sections, left to right), and the PromQL fragments the rows share, all filtered by the
+dashboard's variables.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +10,27 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["DATASOURCE", "Target", "heatmap", "row", "stat", "state_timeline", "timeseries", "value_text"]
+__all__ = [
+    "DATASOURCE",
+    "GRID_COLUMNS",
+    "RATE",
+    "Section",
+    "Target",
+    "gpu",
+    "heatmap",
+    "lay_out",
+    "machine",
+    "quantile",
+    "rate",
+    "row",
+    "serving",
+    "stat",
+    "state_timeline",
+    "timeseries",
+    "value_text",
+    "zero_if_empty",
+]
+
 
 DATASOURCE: dict[str, str] = {"type": "prometheus", "uid": "${datasource}"}
 
@@ -199,3 +223,86 @@ def value_text(mapping: dict[str, tuple[str, str]]) -> Json:
             for i, (value, (text, color)) in enumerate(mapping.items())
         },
     }
+
+
+GRID_COLUMNS = 24
+
+
+@dataclass(frozen=True)
+class Section:
+    """A titled row and the panels under it, in reading order (each carries its own w and h)."""
+
+    title: str
+    panels: Sequence[dict[str, Any]]
+
+
+def lay_out(sections: Sequence[Section]) -> list[dict[str, Any]]:
+    """Return new panel dicts with unique ids from 1 and non-overlapping gridPos.
+
+    Panels wrap to the next line when the 24 columns are full; a line is as tall as
+    its tallest panel. Each section starts with a row header on its own line.
+    """
+    out: list[dict[str, Any]] = []
+    y = 0
+    next_id = 1
+    for section in sections:
+        header = row(section.title)
+        header["id"] = next_id
+        header["gridPos"] = {"h": 1, "w": GRID_COLUMNS, "x": 0, "y": y}
+        out.append(header)
+        next_id += 1
+        y += 1
+        x = 0
+        line_height = 0
+        for template in section.panels:
+            panel = dict(template)
+            w = int(template["gridPos"]["w"])
+            h = int(template["gridPos"]["h"])
+            if not 0 < w <= GRID_COLUMNS:
+                raise ValueError(f"panel {template.get('title')!r}: width {w} outside 1..{GRID_COLUMNS}")
+            if x + w > GRID_COLUMNS:
+                y += line_height
+                x, line_height = 0, 0
+            panel["gridPos"] = {"h": h, "w": w, "x": x, "y": y}
+            panel["id"] = next_id
+            next_id += 1
+            out.append(panel)
+            x += w
+            line_height = max(line_height, h)
+        y += line_height
+    return out
+
+
+RATE = "$__rate_interval"
+
+
+def serving(extra: str = "") -> str:
+    """Label matchers for the selected instances, model and model versions (plus any `extra`)."""
+    base = 'instance=~"$instance", model=~"$model", model_version=~"$model_version"'
+    return "{" + base + (", " + extra if extra else "") + "}"
+
+
+def gpu() -> str:
+    return '{instance=~"$instance", gpu=~"$gpu"}'
+
+
+def machine() -> str:
+    """The selected instances (the process and machine metrics of each replica)."""
+    return '{instance=~"$instance"}'
+
+
+def zero_if_empty(label: str) -> str:
+    """To append to a query: `or` one 0 series labelled `label="none"` when the query has no
+    series at all, so a counter nothing has incremented yet shows 0, not "No data"."""
+    return f' or on() label_replace(vector(0), "{label}", "none", "", "")'
+
+
+def rate(metric: str, matchers: str, by: str = "model_version") -> str:
+    """Per-second rate summed by `by` (empty `by`: one total series)."""
+    grouping = f" by ({by})" if by else ""
+    return f"sum{grouping} (rate({metric}{matchers}[{RATE}]))"
+
+
+def quantile(q: float, histogram: str, matchers: str, by: str = "model_version") -> str:
+    """The q-quantile of a Prometheus histogram over the rate window, per `by` group."""
+    return f"histogram_quantile({q}, sum by (le, {by}) (rate({histogram}_bucket{matchers}[{RATE}])))"

@@ -208,7 +208,7 @@ def test_backup_version_comes_from_the_config_file_and_the_flag(tmp_path: Path, 
     _serve.register(parser.add_subparsers())
     args = parser.parse_args(["serve", "--registry", str(registry), "--backup-version", V0])
     assert _serve.build_config(args, {}).engine.backup_version == V0
-    from infersight.monitor.cli._errors import CommandError
+    from infersight.monitor.cli import CommandError
 
     with pytest.raises(CommandError, match="--backup-version"):
         _serve.build_config(

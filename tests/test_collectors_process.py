@@ -9,7 +9,7 @@ import time
 
 import pytest
 from infersight.collectors import ProcessCollector
-from infersight.collectors._sampling import Trend
+from infersight.collectors._series import Trend
 from prometheus_client import CollectorRegistry, generate_latest
 
 

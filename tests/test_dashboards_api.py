@@ -10,16 +10,24 @@ import infersight.dashboards as dashboards
 
 
 def test_all_lists_every_public_name_and_only_existing_ones() -> None:
-    public = {n for n in vars(dashboards) if not n.startswith("_") and n not in {"annotations", "errors"}}
+    public = {n for n in vars(dashboards) if not n.startswith("_") and n != "annotations"}
     assert set(dashboards.__all__) == public
     assert len(dashboards.__all__) == len(set(dashboards.__all__))
 
 
-def test_every_exception_in_errors_is_exported_from_the_package() -> None:
-    errors = importlib.import_module("infersight.dashboards.errors")
-    classes = {n for n, v in vars(errors).items() if inspect.isclass(v) and issubclass(v, Exception)}
-    assert classes <= set(dashboards.__all__)
-    assert set(errors.__all__) == classes
+def test_every_exception_the_package_defines_is_exported_from_it() -> None:
+    defined = set()
+    for info in pkgutil.iter_modules(dashboards.__path__):
+        module = importlib.import_module(f"infersight.dashboards.{info.name}")
+        for name, value in vars(module).items():
+            if (
+                inspect.isclass(value)
+                and issubclass(value, Exception)
+                and value.__module__ == module.__name__
+            ):
+                defined.add(name)
+    assert {"DashboardError", "GrafanaRejected"} <= defined
+    assert defined <= set(dashboards.__all__)
 
 
 def test_private_modules_declare_all() -> None:

@@ -15,7 +15,7 @@ from _drift_helpers import real_embedder
 from _service_support import auth, config, event, running, wait_for
 from infersight.alerts.errors import RuleParseError
 from infersight.alerts.rules.config import load_config as load_alert_config
-from infersight.alerts.rules.promql import signal_promql
+from infersight.alerts.rules.config import signal_promql
 from infersight.alerts.rules.signals import Signal
 from infersight.monitor.data import banking77, hotels
 from infersight.monitor.drift import DetectorConfig, DriftDetector, RequestLengths

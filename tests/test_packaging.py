@@ -110,6 +110,7 @@ def test_architecture_code_map_names_only_what_is_in_the_repository() -> None:
     stages = {"rules/", "notify/", "actions/"}  # alerts/ is laid out in stage folders
     for folder in folders:
         parent = "monitor/" if folder in nested else "alerts/" if folder in stages else ""
+        parent = "monitor/service/" if folder in {"routers/", "demo/"} else parent
         assert (ROOT / (parent + folder)).is_dir(), folder
     for path in re.findall(r"`((?:monitor|alerts|engine|collectors|dashboards)/[\w/]+\.py)`", text):
         assert (ROOT / path).is_file(), f"docs/architecture.md names {path}, which does not exist"

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import infersight.monitor as monitor
 import infersight.monitor.sdk as sdk
-from infersight.monitor.sdk import errors
+from infersight.monitor.sdk import _config
 
 
 def test_all_lists_every_public_name() -> None:
@@ -26,10 +26,12 @@ def test_monitor_package_exports_the_decorator_lazily() -> None:
         assert getattr(monitor, name) is getattr(sdk, name)
 
 
-def test_errors_module_draws_every_exception_in_its_tree() -> None:
-    for name in errors.__all__:
-        assert issubclass(getattr(errors, name), errors.SDKError)
-        assert name in (errors.__doc__ or "")
+def test_every_exception_is_exported_and_drawn_in_the_tree() -> None:
+    exceptions = {n for n, v in vars(_config).items() if inspect.isclass(v) and issubclass(v, Exception)}
+    assert exceptions == {"SDKError", "SDKConfigError", "SinkError", "SinkRejected", "SinkUnavailable"}
+    for name in exceptions:
+        assert issubclass(getattr(sdk, name), sdk.SDKError)
+        assert f"{name} " in (_config.__doc__ or "")
 
 
 def test_importing_and_using_everything_leaves_the_global_registry_untouched() -> None:

@@ -29,7 +29,7 @@ from sqlalchemy import Engine, and_, insert, or_, select, text, update
 
 from ..lifecycle import push_alert
 from ..rules.rules import ActionSpec
-from ..rules.sources import quantile
+from ..rules.signals import quantile
 from .runner import ActionOutcome, ActionRunner
 
 __all__ = [

@@ -18,9 +18,8 @@ from infersight.monitor.store.tables import alert_groups
 from sqlalchemy import Connection, delete, insert, select, update
 
 from ..lifecycle import ActiveAlert, delete_alert, load_alerts
-from .matchers import InhibitRule, ReceiverConfig, Route, inhibited
+from .matchers import InhibitRule, ReceiverConfig, Route, active_silences, inhibited, silenced_by
 from .outbox import Notification, NotifiedAlert, Status, enqueue
-from .silences import active_silences, silenced_by
 
 __all__ = ["FlushResult", "Notifier", "RoutingConfig"]
 

@@ -1,7 +1,9 @@
 """The `infersight` command line.
 
-Each subcommand lives in its own module `_<name>.py` exposing `register(subparsers)`,
-which adds its parser and sets `handler` (a function `(argparse.Namespace) -> int`).
+The subcommands live in three modules by what they act on: `_serve.py` (serve, demo),
+`_models.py` (models, rules, dashboards) and `_data.py` (drift, dataset). Each exposes
+`register(subparsers)`, which adds its parsers and sets each one's `handler` (a function
+`(argparse.Namespace) -> int`).
 Modules import their heavy dependencies inside the handler, so `infersight --help`
 stays fast and works with the base install. A handler reports bad input by raising
 `CommandError`; `main` prints it as one line and exits 2, never with a traceback, and so
@@ -18,11 +20,18 @@ from collections.abc import Sequence
 
 from infersight.monitor.extras import MissingExtra, extra_for_module
 
-from ._errors import CommandError
-
 __all__ = ["CommandError", "main"]
 
-_COMMANDS = ("models", "drift", "rules", "dashboards", "serve", "dataset", "demo")
+# The modules of subcommands, each with `register(subparsers)`, in the order `--help` lists them.
+_COMMAND_MODULES = ("_models", "_data", "_serve")
+
+
+class CommandError(Exception):
+    """Bad input or an unmet precondition, explained in one line."""
+
+    def __init__(self, message: str, *, exit_code: int = 2) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -31,8 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Observability and drift monitoring for LLM inference.",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for name in _COMMANDS:
-        importlib.import_module(f"{__name__}._{name}").register(sub)
+    for name in _COMMAND_MODULES:
+        importlib.import_module(f"{__name__}.{name}").register(sub)
     return parser
 
 

@@ -1,4 +1,6 @@
-"""`infersight models`: the model registry the embedded runtime serves from.
+"""The commands that manage what the service serves, and how it alerts and shows it.
+
+`infersight models`: the model registry the embedded runtime serves from.
 
 infersight models init-demo DIR [--small]  the demo model: fp32, int8 and a corrupted release
                                            (--small: and the small demo model's int8 build)
@@ -6,16 +8,40 @@ infersight models list DIR                 registered versions and the deploy hi
 infersight models register DIR NAME CHECKPOINT [--quantize int8|int4] [--parent P] [--copy]
 infersight models canary VERSION --weight W [--url URL] [--token T]   start a canary on a server
 infersight models canary --status|--promote|--abort [--url URL]       its state, or end it by hand
+
+`infersight rules`: check a rule file, or export it as a Prometheus rule file. Without a
+rule file, the default rule set shipped with infersight is used.
+
+    infersight rules check [RULES.yaml]
+    infersight rules export FILE [--rules RULES.yaml]
+
+`infersight dashboards export DIR` and `infersight dashboards push --url URL --token TOKEN`:
+the Grafana dashboard as files with a provisioning YAML, or uploaded.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import os
+import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ._errors import CommandError
+from . import CommandError
+
+if TYPE_CHECKING:
+    from infersight.alerts import AlertConfig
+
+
+__all__ = ["register"]
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    _register_models(sub)
+    _register_rules(sub)
+    _register_dashboards(sub)
+
 
 DEMO_GOOD = "mixtral_banking_fp32-v1.0"
 DEMO_INT8 = "mixtral_banking_int8-v1.0"
@@ -23,7 +49,7 @@ DEMO_BAD = "mixtral_banking_fp32-v1.1"
 DEMO_SMALL = "mixtralsmall_banking_int8-v1.0"  # SLA routing's fast path (engine.demo.SMALL_DEMO)
 
 
-def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def _register_models(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("models", help="manage the registry of model versions the embedded runtime serves")
     actions = p.add_subparsers(dest="action", required=True, metavar="ACTION")
 
@@ -34,7 +60,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     init.add_argument("directory", metavar="DIR", help="registry directory (created)")
     init.add_argument("--no-corrupted", action="store_true", help=f"skip the corrupted release {DEMO_BAD}")
     init.add_argument(
-        "--small", action="store_true", help=f"also register {DEMO_SMALL}, a smaller model for SLA routing's fast path"
+        "--small",
+        action="store_true",
+        help=f"also register {DEMO_SMALL}, a smaller model for SLA routing's fast path",
     )
     init.set_defaults(handler=_init_demo)
 
@@ -53,7 +81,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     reg.add_argument("checkpoint", metavar="CHECKPOINT", help="directory with config.json and *.safetensors")
     reg.add_argument(
-        "--quantize", choices=["int8", "int4"], help="serve weight-only int8 or int4 (the name's quant must match)"
+        "--quantize",
+        choices=["int8", "int4"],
+        help="serve weight-only int8 or int4 (the name's quant must match)",
     )
     reg.add_argument("--parent", help="the version this one derives from (must be registered)")
     reg.add_argument("--copy", action="store_true", help="copy the checkpoint into the registry")
@@ -209,3 +239,123 @@ def _json(response: object) -> dict[str, Any]:
 
 def _one_line(value: object) -> str:
     return " ".join(str(value).split())[:300]
+
+
+def _register_rules(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("rules", help="check alerting rules, export them for Prometheus")
+    verbs = p.add_subparsers(dest="verb", required=True, metavar="VERB")
+    check = verbs.add_parser("check", help="validate a rule file and list its rules")
+    check.add_argument("rules", nargs="?", help="rule file (default: the shipped default rules)")
+    check.set_defaults(handler=_rules_check)
+    export = verbs.add_parser("export", help="write the rules as a Prometheus rule file")
+    export.add_argument("file", help="where to write the Prometheus rule file ('-' for stdout)")
+    export.add_argument("--rules", help="rule file (default: the shipped default rules)")
+    export.set_defaults(handler=_rules_export)
+
+
+def _load_rules(path: str | None) -> AlertConfig:
+    from infersight.alerts import RuleParseError, load_config
+
+    try:
+        return load_config(path)
+    except RuleParseError as exc:
+        raise CommandError(str(exc)) from exc
+
+
+def _rules_check(args: argparse.Namespace) -> int:
+    from infersight.alerts.rules.rules import format_duration
+
+    config = _load_rules(args.rules)
+    for rule in config.rules:
+        c = rule.condition
+        print(
+            f"{rule.name:28} {rule.severity:8} {c.signal.kind} {c.op} {c.threshold:g}"
+            f" for {format_duration(rule.for_s)}"
+            + (f"  actions: {', '.join(a.type for a in rule.actions)}" if rule.actions else "")
+        )
+    for slo in config.slos:
+        what = (
+            f"latency <= {slo.threshold_s * 1000:g} ms" if slo.threshold_s is not None else "no server error"
+        )
+        where = " ".join(f"{k}={v}" for k, v in slo.selector) or "all requests"
+        print(f"slo {slo.name}: {slo.objective:.4%} {what} over {format_duration(slo.window_s)} ({where})")
+    for name, r in config.receivers.items():
+        state = "enabled" if r.enabled else f"disabled: {r.disabled_reason}"
+        print(f"receiver {name} ({r.type}): {state}")
+    print(f"{config.file}: {len(config.rules)} rules OK")
+    return 0
+
+
+def _rules_export(args: argparse.Namespace) -> int:
+    from infersight.alerts import export_prometheus
+
+    result = export_prometheus(_load_rules(args.rules))
+    if args.file == "-":
+        print(result.text, end="")
+    else:
+        out = Path(args.file)
+        try:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            tmp = out.with_name(out.name + ".tmp")
+            tmp.write_text(result.text, encoding="utf-8")
+            os.replace(tmp, out)
+        except OSError as exc:
+            raise CommandError(f"cannot write {out}: {exc.strerror or exc}") from exc
+        print(f"wrote {len(result.exported)} alerting and {result.recorded} recording rules to {out}")
+    for key in result.skipped:
+        print(f"skipped {key}: no PromQL form", file=sys.stderr)
+    return 0
+
+
+def _register_dashboards(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("dashboards", help="export or push the Grafana dashboards")
+    actions = p.add_subparsers(dest="action", required=True, metavar="ACTION")
+
+    exp = actions.add_parser("export", help="write the dashboard JSON and a Grafana provisioning YAML")
+    exp.add_argument("directory", metavar="DIR")
+    exp.add_argument(
+        "--dashboards-path",
+        help="directory Grafana reads the JSON from, written into the YAML (default: DIR, absolute)",
+    )
+    exp.add_argument("--folder", default="infersight", help="Grafana folder for provisioned dashboards")
+    exp.set_defaults(handler=_dashboards_export)
+
+    push = actions.add_parser("push", help="upload the dashboard to Grafana (overwrites the previous one)")
+    push.add_argument("--url", required=True, help="Grafana base URL, e.g. http://127.0.0.1:3000")
+    push.add_argument(
+        "--token",
+        default=os.environ.get("GRAFANA_TOKEN"),
+        help="service-account token (default: $GRAFANA_TOKEN)",
+    )
+    push.add_argument("--folder", help="folder title or uid (created when missing; default: General)")
+    push.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for Grafana")
+    push.set_defaults(handler=_dashboards_push)
+
+
+def _dashboards_export(args: argparse.Namespace) -> int:
+    from infersight.dashboards import DashboardError, export_dashboards
+
+    try:
+        result = export_dashboards(args.directory, dashboards_path=args.dashboards_path, folder=args.folder)
+    except DashboardError as exc:
+        raise CommandError(str(exc)) from exc
+    print(f"wrote {result.dashboard}")
+    print(
+        f"wrote {result.provisioning} (copy it to Grafana's provisioning/dashboards/; it reads {result.dashboards_path})"
+    )
+    return 0
+
+
+def _dashboards_push(args: argparse.Namespace) -> int:
+    from infersight.dashboards import DashboardError, push_dashboard
+
+    if not args.token:
+        raise CommandError("a Grafana token is required: pass --token or set GRAFANA_TOKEN")
+    if not args.timeout > 0:
+        raise CommandError(f"--timeout must be positive, got {args.timeout}")
+    try:
+        result = push_dashboard(args.url, args.token, folder=args.folder, timeout_s=args.timeout)
+    except DashboardError as exc:
+        raise CommandError(str(exc)) from exc
+    print(f"pushed dashboard {result.uid} version {result.version}: {args.url.rstrip('/')}{result.url}")
+    return 0

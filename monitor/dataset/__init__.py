@@ -15,18 +15,22 @@ from infersight.monitor.extras import require_extra as _require_extra
 
 _require_extra("infersight.monitor.dataset", "service")  # one line when the extra is missing
 
-from ._collections import fill_collections
 from ._export import (
     KINDS,
+    DatasetError,
     DatasetQuery,
     ExportResult,
+    InvalidSince,
+    InvalidVersion,
     Redactor,
+    RedactorInvalid,
+    UnknownKind,
     export_dataset,
+    fill_collections,
     iter_dataset,
     load_redactor,
     parse_since,
 )
-from .errors import DatasetError, InvalidSince, InvalidVersion, RedactorInvalid, UnknownKind
 
 __all__ = [
     "KINDS",

@@ -9,6 +9,23 @@ Kinds (None: every request of the version that kept its text):
 - `failed`: requests that ended in an error;
 - `snapshot`: requests kept in an inference snapshot of the version;
 - `collected`: requests kept by the `collect` action (copied, so they outlive retention).
+
+And filling the collections the `collect` action opens: each keeps (copies into
+`dataset_items`) the next `n` requests with text that started at or after it was opened
+and match its kind. Run by the service's leader on the sample interval, and by an export of
+kind `collected` before it reads. Idempotent: an item is keyed by (collection, request), so
+two fills never keep a request twice, and a full collection is closed (`done_at`).
+
+The errors of the export and of collection:
+
+    DatasetError
+    ├── UnknownKind          (.kind)   --kind is not one of KINDS
+    ├── InvalidSince         (.value)  --since is neither ISO 8601 nor a duration such as 2h
+    ├── InvalidVersion       (.value)  an empty or over-long version name
+    └── RedactorInvalid      (.spec)   the configured `redact` hook cannot be imported or called
+
+Each is also a `ValueError`: bad input, reported in one line (CLI exit 2, HTTP 422 naming
+the field).
 """
 
 from __future__ import annotations
@@ -23,23 +40,125 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from infersight.monitor.sdk._payload import prepare_text
-from infersight.monitor.store.tables import dataset_items, drift_reports, requests, snapshots
-from sqlalchemy import Engine, and_, or_, select, true
-
-from ._collections import fill_collections
-from .errors import InvalidSince, InvalidVersion, RedactorInvalid, UnknownKind
+from infersight.monitor.sdk._config import prepare_text
+from infersight.monitor.store.tables import (
+    dataset_collections,
+    dataset_items,
+    drift_reports,
+    requests,
+    snapshots,
+)
+from sqlalchemy import Engine, and_, func, insert, or_, select, true, update
+from sqlalchemy.exc import IntegrityError
 
 __all__ = [
     "KINDS",
+    "DatasetError",
     "DatasetQuery",
     "ExportResult",
+    "InvalidSince",
+    "InvalidVersion",
     "Redactor",
+    "RedactorInvalid",
+    "UnknownKind",
     "export_dataset",
+    "fill_collections",
     "iter_dataset",
     "load_redactor",
     "parse_since",
 ]
+
+
+class DatasetError(ValueError):
+    field = "dataset"
+
+
+class UnknownKind(DatasetError):
+    field = "kind"
+
+    def __init__(self, kind: str, valid: tuple[str, ...]) -> None:
+        super().__init__(f"unknown kind {kind!r}; valid kinds: {', '.join(valid)}")
+        self.kind = kind
+
+
+class InvalidSince(DatasetError):
+    field = "since"
+
+    def __init__(self, value: str) -> None:
+        super().__init__(
+            f"since {value!r} is neither an ISO 8601 time (2026-12-01T10:00:00Z) nor a duration (90m, 2h, 7d)"
+        )
+        self.value = value
+
+
+class InvalidVersion(DatasetError):
+    field = "version"
+
+    def __init__(self, value: str) -> None:
+        super().__init__(f"version {value!r} must be 1 to 256 characters")
+        self.value = value
+
+
+class RedactorInvalid(DatasetError):
+    field = "redact"
+
+    def __init__(self, spec: str, reason: str) -> None:
+        super().__init__(f"redact hook {spec!r}: {reason}")
+        self.spec = spec
+
+
+_COPIED = ("request_id", "model", "model_version", "started_at", "duration_s", "ttft_s", "prompt_tokens",
+           "output_tokens", "error_type", "prompt", "response", "relevance", "system_prompt")  # fmt: skip
+
+
+def fill_collections(engine: Engine, *, now: dt.datetime | None = None) -> int:
+    """Copy what each open collection still lacks; the number of requests kept."""
+    now = now or dt.datetime.now(dt.UTC)
+    with engine.connect() as conn:
+        open_ = conn.execute(select(dataset_collections).where(dataset_collections.c.done_at.is_(None))).all()
+    return sum(_fill_one(engine, c, now) for c in open_)
+
+
+def _fill_one(engine: Engine, c: Any, now: dt.datetime) -> int:
+    cid: str = c.collection_id
+    kept = select(dataset_items.c.request_id).where(dataset_items.c.collection_id == cid).scalar_subquery()
+    cond = [
+        requests.c.started_at >= c.created_at,
+        requests.c.prompt.is_not(None),
+        requests.c.request_id.not_in(kept),
+    ]
+    kind = c.kind
+    if kind == "version":
+        cond.append(requests.c.model_version == c.model_version)
+    elif kind == "failed":
+        cond.append(requests.c.error_type.is_not(None))
+    try:
+        with engine.begin() as conn:
+            have = conn.execute(
+                select(func.count()).select_from(dataset_items).where(dataset_items.c.collection_id == cid)
+            ).scalar_one()
+            want = int(c.n) - int(have)
+            rows = []
+            if want > 0:
+                q = (
+                    select(*(requests.c[k] for k in _COPIED))
+                    .where(*cond)
+                    .order_by(requests.c.started_at, requests.c.id)
+                    .limit(want)
+                )
+                rows = [{**r._asdict(), "collection_id": cid} for r in conn.execute(q)]
+            if rows:
+                conn.execute(insert(dataset_items), rows)
+            total = int(have) + len(rows)
+            conn.execute(
+                update(dataset_collections)
+                .where(dataset_collections.c.collection_id == cid)
+                .values(collected=total, done_at=now if total >= int(c.n) else None)
+            )
+    except IntegrityError:  # a concurrent fill kept the same request first: the next fill goes on
+        return 0
+    return len(rows)
+
 
 KINDS = ("drifted", "novel", "failed", "snapshot", "collected")
 Redactor = Callable[[str], str]

@@ -23,9 +23,7 @@ from infersight.monitor.extras import require_extra as _require_extra
 
 _require_extra("infersight.monitor.drift", "drift")  # one line when the extra is missing
 
-from ._detector import DriftDetector
-from ._embedding import CachedEmbedder, Embedder, SentenceTransformerEmbedder, default_model_path
-from ._evaluate import CONFIGURED_REFERENCE, ReferencePolicy, evaluate_window
+from ._detector import DriftDetector, evaluate_window
 from ._explain import (
     NOVEL_CLUSTER,
     ClusterShare,
@@ -35,7 +33,6 @@ from ._explain import (
     NoveltyExample,
     Projection,
 )
-from ._html import render_html
 from ._lengths import (
     LENGTH_FIELDS,
     LengthDrift,
@@ -47,6 +44,7 @@ from ._lengths import (
     read_lengths,
 )
 from ._mmd import StatResult, StatTest, TestOptions
+from ._policy import CONFIGURED_REFERENCE, ReferencePolicy, VersionPolicy  # drift policy
 from ._references import (
     ReferenceInfo,
     StoredReference,
@@ -66,6 +64,7 @@ from ._report import (
     TestResult,
     list_reports,
     load_report,
+    render_html,
     save_report,
 )
 from ._stat_tests import (
@@ -77,8 +76,16 @@ from ._stat_tests import (
     RelevanceSummary,
 )
 from ._streaming import StreamingDetector, StreamUpdate
-from ._versions import VersionPolicy  # drift policy: which versions, when (moved from the service)
-from ._windows import INPUT_FORMATS, EmbeddedWindow, TextWindow, read_window
+from ._windows import (
+    INPUT_FORMATS,
+    CachedEmbedder,
+    EmbeddedWindow,
+    Embedder,
+    SentenceTransformerEmbedder,
+    TextWindow,
+    default_model_path,
+    read_window,
+)
 from .errors import (
     BadRecord,
     CurrentWindowEmpty,

@@ -3,6 +3,10 @@
 The verdict: every test on every field, Holm across all of them, effect floors applied.
 
 This is the whole decision; the explanation never changes it.
+
+And what the service's scheduler calls, `evaluate_window`: a window of recorded traffic
+against a stored reference (which one is `_policy.py`'s choice), the report stored,
+per-request relevance filled in, the gauges set.
 """
 
 from __future__ import annotations
@@ -11,13 +15,22 @@ import datetime as dt
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
+from infersight.monitor.store.tables import requests
+from sqlalchemy import Engine, bindparam, select, update
 
-from ._embedding import CachedEmbedder, Embedder, SentenceTransformerEmbedder
 from ._explain import ClusterModel, FieldExplanation, explain_field, fit_clusters
+from ._lengths import LengthDrift, RequestLengths, length_drift
 from ._mmd import StatResult
-from ._report import DriftReport, FieldVerdict, ReportContext, TestResult
+from ._references import (
+    StoredReference,
+    _window,
+    load_reference,
+    traffic_lengths,
+)
+from ._report import DriftMetrics, DriftReport, FieldVerdict, ReportContext, TestResult, save_report
 from ._stat_tests import (
     DetectorConfig,
     RelevanceComparison,
@@ -26,7 +39,16 @@ from ._stat_tests import (
     relevance_drop_test,
     summarize_relevance,
 )
-from ._windows import EmbeddedWindow, TextWindow, embed_window, repetition_notes, texts_to_encode
+from ._windows import (
+    CachedEmbedder,
+    EmbeddedWindow,
+    Embedder,
+    SentenceTransformerEmbedder,
+    TextWindow,
+    embed_window,
+    repetition_notes,
+    texts_to_encode,
+)
 from .errors import CurrentWindowEmpty, ReferenceWindowEmpty, WindowTooSmall
 
 __all__ = [
@@ -35,6 +57,8 @@ __all__ = [
     "FittedReference",
     "check_sizes",
     "deciding_test",
+    "evaluate_window",
+    "fit_stored",
     "run_tests",
     "tested_fields",
 ]
@@ -43,7 +67,9 @@ __all__ = [
 FIELDS = ("prompt", "response")
 
 
-def tested_fields(reference: EmbeddedWindow, current: EmbeddedWindow, config: DetectorConfig) -> tuple[str, ...]:
+def tested_fields(
+    reference: EmbeddedWindow, current: EmbeddedWindow, config: DetectorConfig
+) -> tuple[str, ...]:
     """prompt always; response when both windows hold enough responses."""
     fields = ["prompt"]
     if len(reference.responses) >= config.min_reference and len(current.responses) >= config.min_current:
@@ -270,3 +296,141 @@ def _verdict(
 
 def _now() -> str:
     return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+
+
+def fit_stored(detector: DriftDetector, stored: StoredReference) -> FittedReference:
+    """The fitted reference for a stored one: its stored embeddings when the detector's
+    embedder made them, else its texts embedded now; kept in the detector's cache."""
+    key = ("stored", stored.info.id, detector.embedder_name)
+    source = (
+        stored.embedded
+        if stored.embedded is not None and stored.info.embedder == detector.embedder_name
+        else stored.window
+    )
+    return detector.fit(source, name=stored.info.name, version=stored.info.version, cache_key=key)
+
+
+def evaluate_window(
+    bind: Engine,
+    *,
+    detector: DriftDetector,
+    model_version: str,
+    reference: str | StoredReference | None,
+    since: dt.datetime,
+    until: dt.datetime,
+    model: str | None = None,
+    metrics: DriftMetrics | None = None,
+    store: bool = True,
+    max_current: int = 5000,
+) -> DriftReport:
+    """Requests of `model_version` that started in `[since, until)` (the newest
+    `max_current` with a sampled prompt) against `reference`: a stored reference, its name
+    (newest version), or None for the newest reference of `model_version`.
+
+    Raises `ReferenceNotFound`, `CurrentWindowEmpty` or `WindowTooSmall` (all `DriftError`).
+    """
+    stored = (
+        reference
+        if isinstance(reference, StoredReference)
+        else load_reference(bind, reference, embedder=detector.embedder_name)
+        if reference is not None
+        else load_reference(bind, model_version=model_version, embedder=detector.embedder_name)
+    )
+    fitted = fit_stored(detector, stored)
+    rows = _traffic(bind, model_version, since, until, max_current, model)
+    window = _window(rows, f"requests of {model_version} {since.isoformat()} .. {until.isoformat()}")
+    if not window.prompts:
+        raise CurrentWindowEmpty(window.source)
+    current = detector.embed(window)[0]
+    context = ReportContext(
+        created_at=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        model=model,
+        model_version=model_version,
+        reference_name=stored.info.name,
+        reference_version=stored.info.version,
+        since=since.isoformat(),
+        until=until.isoformat(),
+        embedder=detector.embedder_name,
+        seed=detector.config.options.seed,
+    )
+    report = detector.compare(fitted, current, context=context)
+    report = replace(
+        report, lengths=_lengths(bind, detector, stored, window, rows, model_version, until, model)
+    )
+    fresh = _store_relevance(bind, rows, window, current.relevance)
+    if metrics is not None:
+        metrics.observe_report(report, model=model or "", model_version=model_version)
+        if fresh.size:
+            metrics.observe_relevance(fresh, model=model or "", model_version=model_version)
+    if store:
+        save_report(bind, report, reference_id=stored.info.id, since=since, until=until)
+    return report
+
+
+def _lengths(
+    bind: Engine,
+    detector: DriftDetector,
+    stored: StoredReference,
+    window: TextWindow,
+    rows: list[Any],
+    model_version: str,
+    until: dt.datetime,
+    model: str | None,
+) -> LengthDrift:
+    """The length section: every request's recorded token counts over the text window's span
+    against the reference's stored counts; the texts' word counts when the reference has none."""
+    cfg = detector.config
+    if stored.lengths is not None:
+        reference = stored.lengths
+        current = traffic_lengths(bind, model_version=model_version, since=rows[0].started_at, until=until,
+                                  model=model)  # fmt: skip
+    else:
+        reference = RequestLengths.of_texts(stored.window.prompts, stored.window.responses)
+        current = RequestLengths.of_texts(window.prompts, window.responses)
+    return length_drift(
+        reference, current, alpha=cfg.alpha, min_reference=cfg.min_reference, min_current=cfg.min_current
+    )
+
+
+def _traffic(
+    bind: Engine, model_version: str, since: dt.datetime, until: dt.datetime, limit: int, model: str | None
+) -> list[Any]:
+    r = requests.c
+    query = (
+        select(r.id, r.prompt, r.response, r.relevance, r.started_at)
+        .where(
+            r.prompt.is_not(None),
+            r.model_version == model_version,
+            r.started_at >= since,
+            r.started_at < until,
+        )
+        .order_by(r.started_at.desc(), r.id.desc())
+        .limit(limit)
+    )
+    if model is not None:
+        query = query.where(r.model == model)
+    with bind.connect() as conn:
+        rows = list(conn.execute(query))
+    rows.sort(key=lambda row: (row.started_at, row.id))
+    return [row for row in rows if row.prompt and row.prompt.strip()]
+
+
+def _store_relevance(bind: Engine, rows: list[Any], window: TextWindow, relevance: np.ndarray) -> np.ndarray:
+    """Write the relevance of requests that have a response and none stored yet; returns those values."""
+    with_response = [
+        row
+        for row, resp in zip(rows, window.responses or (None,) * len(rows), strict=True)
+        if resp is not None
+    ]
+    todo = [
+        (row.id, float(value))
+        for row, value in zip(with_response, relevance, strict=True)
+        if row.relevance is None
+    ]
+    if todo:
+        with bind.begin() as conn:
+            conn.execute(
+                update(requests).where(requests.c.id == bindparam("rid")).values(relevance=bindparam("rel")),
+                [{"rid": rid, "rel": rel} for rid, rel in todo],
+            )
+    return np.asarray([rel for _, rel in todo], dtype=np.float64)

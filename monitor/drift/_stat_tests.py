@@ -259,7 +259,9 @@ def relevance_drop_test(
     if y.size < 2:
         raise WindowTooSmall("current relevance", int(y.size), 2)
     w, p = mean_rank_p_value(x, y, opts.reference_confidence)
-    return StatResult("relevance_drop", RELEVANCE_DROP_METHOD, w, float(x.mean() - y.mean()), p, x.size, y.size, 0)
+    return StatResult(
+        "relevance_drop", RELEVANCE_DROP_METHOD, w, float(x.mean() - y.mean()), p, x.size, y.size, 0
+    )
 
 
 def holm_adjust(p_values: Sequence[float]) -> tuple[float, ...]:

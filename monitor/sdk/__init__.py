@@ -20,11 +20,10 @@ the sink from a background thread. The decorator never raises an exception of it
 into the call; the user's exceptions are re-raised unchanged.
 """
 
-from ._config import SDKConfig, Sink
-from ._http_sink import HttpSink
+from ._config import SDKConfig, SDKConfigError, SDKError, Sink, SinkError, SinkRejected, SinkUnavailable
 from ._monitor import Monitor, configure, default_monitor, track
+from ._outbox import HttpSink
 from ._tracker import Call
-from .errors import SDKConfigError, SDKError, SinkError, SinkRejected, SinkUnavailable
 
 __all__ = [
     "Call",

@@ -37,12 +37,9 @@ from infersight.collectors import (
 from infersight.monitor.records import InferenceRecord, build_record
 from prometheus_client.registry import CollectorRegistry
 
-from ._config import SDKConfig, check_sample_rate
-from ._counters import SDKCounters
+from ._config import SDKConfig, SDKConfigError, SDKCounters, check_sample_rate, prepare_text
 from ._outbox import Outbox
-from ._payload import prepare_text
 from ._tracker import Tracker
-from .errors import SDKConfigError
 
 __all__ = ["DEFAULT_MODEL_VERSION", "Monitor", "configure", "default_monitor", "track"]
 

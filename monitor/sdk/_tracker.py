@@ -30,8 +30,7 @@ from typing import Any, Protocol
 
 from infersight.collectors import InferenceStats
 
-from ._config import SDKConfig
-from ._counters import SDKCounters
+from ._config import SDKConfig, SDKCounters
 
 __all__ = ["Call", "Host", "Tracker"]
 

@@ -33,7 +33,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from infersight.alerts.rules.sources import RemoteResources
+from infersight.alerts.rules.signals import RemoteResources
 from infersight.collectors import InferenceStats, MergedStats, RemoteStats, SlotExporter, SlotRecord
 from infersight.monitor.store.tables import deploys, replica_slots, replicas
 from sqlalchemy import Connection, Engine, Table, delete, insert, or_, select, update

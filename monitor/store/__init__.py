@@ -10,8 +10,18 @@ from infersight.monitor.extras import require_extra as _require_extra
 
 _require_extra("infersight.monitor.store", "drift")  # one line when the extra is missing
 
-from .database import connect, current_revision, head_revision, schema_diff, sqlite_url, upgrade
-from .errors import DatabaseUnavailable, MigrationFailed, SchemaTooNew, StoreError
+from .database import (
+    DatabaseUnavailable,
+    MigrationFailed,
+    SchemaTooNew,
+    StoreError,
+    connect,
+    current_revision,
+    head_revision,
+    schema_diff,
+    sqlite_url,
+    upgrade,
+)
 from .retention import RetentionPolicy, RetentionResult, enforce_retention, prune_snapshot_files
 from .tables import UTCDateTime, metadata
 

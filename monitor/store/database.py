@@ -5,6 +5,13 @@ Schema migrations, run programmatically (`infersight serve` upgrades on start).
 Two processes starting together against one PostgreSQL serialise on an advisory lock;
 on SQLite the database file is locked by `BEGIN IMMEDIATE`-style exclusive access
 through a lock file beside it.
+
+The errors of the store:
+
+StoreError
+├── DatabaseUnavailable   the database cannot be reached or opened
+├── SchemaTooNew          the database was migrated by a newer infersight
+└── MigrationFailed       an Alembic revision failed (the transaction was rolled back)
 """
 
 from __future__ import annotations
@@ -25,9 +32,39 @@ from alembic.script import ScriptDirectory
 from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.exc import SQLAlchemyError
 
-from .errors import DatabaseUnavailable, MigrationFailed, SchemaTooNew
+__all__ = [
+    "DatabaseUnavailable",
+    "MigrationFailed",
+    "SchemaTooNew",
+    "StoreError",
+    "current_revision",
+    "head_revision",
+    "schema_diff",
+    "upgrade",
+]
 
-__all__ = ["current_revision", "head_revision", "schema_diff", "upgrade"]
+
+class StoreError(Exception):
+    """Base class of the store's errors."""
+
+
+class DatabaseUnavailable(StoreError):
+    """The database at the configured URL cannot be reached or opened."""
+
+
+class SchemaTooNew(StoreError):
+    """The database is at a revision this version of infersight does not know."""
+
+    def __init__(self, revision: str) -> None:
+        super().__init__(
+            f"database schema is at revision {revision!r}, unknown to this infersight "
+            "(was it upgraded by a newer version?)"
+        )
+        self.revision = revision
+
+
+class MigrationFailed(StoreError):
+    """A migration step failed; nothing was changed."""
 
 
 def sqlite_url(data_dir: str | Path) -> str:

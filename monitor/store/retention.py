@@ -26,7 +26,7 @@ from sqlalchemy import Engine, Table, delete, select
 __all__ = ["RetentionPolicy", "RetentionResult", "enforce_retention", "prune_snapshot_files"]
 
 _SNAPSHOT_SUFFIXES = (".html", ".json", ".tmp")
-# the snapshot ids take_snapshot makes (alerts/actions/snapshot.py): other files are never touched
+# the snapshot ids take_snapshot makes (alerts/actions/evidence.py): other files are never touched
 _SNAPSHOT_ID = re.compile(r"^\d{8}T\d{6}Z-[0-9a-f]{8}$")
 _FILE_GRACE_S = 3600.0  # a file this young may belong to a snapshot whose row is being written
 

@@ -481,6 +481,3 @@ drift_reports = Table(
     Index("ix_drift_reports_created_at", "created_at"),
     Index("ix_drift_reports_version_time", "model_version", "created_at"),
 )
-
-
-
