@@ -17,7 +17,7 @@ from .config import ModelConfig
 from .errors import CacheCapacityExceeded, InvalidInput
 from .network import AttentionStep, KVCache, Transformer
 from .paths import EnginePath, cpu_model
-from .sampling import check_sampling, sample
+from .requests import check_sampling, sample
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
