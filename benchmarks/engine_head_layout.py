@@ -1,6 +1,6 @@
 """Micro-benchmark: the lm head's GEMM on CPU from a row-major vs a column-major weight.
 
-The engine keeps its CPU lm head column-major (engine/layout.py, HEAD_LAYOUT) because MKL's
+The engine keeps its CPU lm head column-major (engine/checkpoint.py, HEAD_LAYOUT) because MKL's
 small-M GEMM on a row-major [V, D] weight has a slow band at decode batch sizes. Timed in CPU
 time of the calling thread, minimum of `--repeats`.
 

@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from .config import ModelConfig
     from .deploy import DeployOutcome
-    from .deploy_history import DeployRecord
     from .errors import (
         CacheCapacityExceeded,
         CanaryRunning,
@@ -57,13 +56,10 @@ if TYPE_CHECKING:
     from .model import MoEModel
     from .network import KVCache
     from .paths import EnginePath
-    from .prefix_cache import PrefixCache, PrefixCacheStats
-    from .prefix_cache_redis import RedisTier
-    from .registry import Registry
-    from .requests import Completion, RequestHandle
+    from .prefix_cache import PrefixCache, PrefixCacheStats, RedisTier
+    from .registry import DeployRecord, Registry, VersionInfo, VersionName
+    from .requests import Completion, RequestHandle, sample
     from .runtime import Runtime
-    from .sampling import sample
-    from .versions import VersionInfo, VersionName
 
 # public name -> the module defining it
 _EXPORTS: dict[str, str] = {
@@ -105,19 +101,19 @@ _EXPORTS: dict[str, str] = {
     "load": ".loading",
     "MoEModel": ".model",
     "EnginePath": ".paths",
-    "sample": ".sampling",
+    "sample": ".requests",
     # serving: runtime, requests, versions
     "Completion": ".requests",
     "DeployOutcome": ".deploy",
-    "DeployRecord": ".deploy_history",
+    "DeployRecord": ".registry",
     "Registry": ".registry",
     "RequestHandle": ".requests",
     "Runtime": ".runtime",
     "PrefixCache": ".prefix_cache",
     "PrefixCacheStats": ".prefix_cache",
-    "RedisTier": ".prefix_cache_redis",
-    "VersionInfo": ".versions",
-    "VersionName": ".versions",
+    "RedisTier": ".prefix_cache",
+    "VersionInfo": ".registry",
+    "VersionName": ".registry",
     # SLA routing: a fast and a standard path in one runtime
     "PathOverloaded": ".errors",
     "PathSpec": ".routing",

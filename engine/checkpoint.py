@@ -2,12 +2,25 @@
 
 `Checkpoint.open` reads only headers (names, shapes, dtypes); `tensor(key)` returns a tensor
 that is a view of the file's private memory map (no copy, nothing read until touched).
+
+Hugging Face Mixtral tensor names, and how they become the engine's fused parameters.
+
+transformers (v4, and v5.24 still) saves one tensor per expert projection:
+`model.layers.N.block_sparse_moe.experts.E.w1|w2|w3.weight`. The engine keeps them stacked
+(`w13` [E, 2I, D], `w2` [E, D, I]) and fuses q/k/v into one `wqkv`. Those fused tensors are
+the only copies made while loading: each is written once, straight from the memory map into
+its final place (dtype conversion folded into the same copy). Every other tensor is the map
+itself when device and dtype already match.
+
+transformers v5's in-memory layout (`model.layers.N.mlp.gate.weight`,
+`mlp.experts.gate_up_proj` [E, 2I, D], `mlp.experts.down_proj` [E, D, I]) is accepted too:
+there the experts are already stacked and are assigned without a copy.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -15,9 +28,11 @@ from typing import Any
 import torch
 from safetensors import SafetensorError, safe_open
 
+from .config import ModelConfig
 from .errors import CheckpointCorrupt, CheckpointMismatch, CheckpointNotFound, NonFiniteWeights
 
-__all__ = ["Checkpoint", "TensorInfo"]
+__all__ = ["Checkpoint", "TensorInfo", "build_state", "expected_tensors", "stacked_experts"]
+
 
 SINGLE = "model.safetensors"
 INDEX = "model.safetensors.index.json"
@@ -122,3 +137,154 @@ def _shards(index: Path) -> dict[str, list[str]]:
             raise CheckpointCorrupt(str(index), f"shard name {name!r} for {key!r} is not a plain file name")
         files.setdefault(name, []).append(key)
     return files
+
+
+Shape = tuple[int, ...]
+# Turns one stored row-major weight [..., N, K] into the entries a module stores, e.g.
+# {"weight": int8, "scales": ...} for int8; None keeps the full-precision weight.
+Quantizer = Callable[[torch.Tensor], dict[str, torch.Tensor]]
+
+
+def stacked_experts(keys: Collection[str]) -> bool:
+    """Whether a checkpoint stores its experts stacked (v5 layout) rather than one per tensor."""
+    return "model.layers.0.mlp.experts.gate_up_proj" in keys
+
+
+def expected_tensors(c: ModelConfig, *, stacked: bool = False) -> tuple[dict[str, Shape], set[str]]:
+    """Checkpoint key -> shape for every required tensor, and the keys that may be present."""
+    D, inter, E, hd = c.hidden_size, c.intermediate_size, c.num_local_experts, c.head_dim
+    H, Hkv = c.num_attention_heads, c.num_key_value_heads
+    expected: dict[str, Shape] = {"model.embed_tokens.weight": (c.vocab_size, D), "model.norm.weight": (D,)}
+    optional: set[str] = set()
+    if c.tie_word_embeddings:
+        optional.add("lm_head.weight")  # some exporters store the tied copy anyway; it is ignored
+    else:
+        expected["lm_head.weight"] = (c.vocab_size, D)
+    for n in range(c.num_hidden_layers):
+        p = f"model.layers.{n}."
+        expected |= {
+            p + "self_attn.q_proj.weight": (H * hd, D),
+            p + "self_attn.k_proj.weight": (Hkv * hd, D),
+            p + "self_attn.v_proj.weight": (Hkv * hd, D),
+            p + "self_attn.o_proj.weight": (D, H * hd),
+            p + "input_layernorm.weight": (D,),
+            p + "post_attention_layernorm.weight": (D,),
+        }
+        if stacked:
+            expected |= {
+                p + "mlp.gate.weight": (E, D),
+                p + "mlp.experts.gate_up_proj": (E, 2 * inter, D),
+                p + "mlp.experts.down_proj": (E, D, inter),
+            }
+            continue
+        expected[p + "block_sparse_moe.gate.weight"] = (E, D)
+        for e in range(E):
+            q = f"{p}block_sparse_moe.experts.{e}."
+            expected |= {
+                q + "w1.weight": (inter, D),
+                q + "w3.weight": (inter, D),
+                q + "w2.weight": (D, inter),
+            }
+    return expected, optional
+
+
+def _fused(
+    ckpt: Checkpoint, groups: list[list[str]], device: torch.device, dtype: torch.dtype
+) -> torch.Tensor:
+    """Stack groups of row-concatenated tensors into one new [G, sum(rows), K] tensor: one copy."""
+    first = ckpt.infos[groups[0][0]].shape
+    rows = sum(ckpt.infos[k].shape[0] for k in groups[0])
+    out = torch.empty((len(groups), rows, first[1]), dtype=dtype, device=device)
+    for g, keys in enumerate(groups):
+        start = 0
+        for key in keys:
+            src = ckpt.tensor(key)
+            out[g, start : start + src.shape[0]].copy_(src)
+            start += src.shape[0]
+    return out
+
+
+# HEAD_LAYOUT: on CPU (MKL) the lm head runs faster from a column-major weight, i.e.
+# F.linear(x, Wt.t()) with Wt = W.t().contiguous(): MKL's small-M GEMM on a row-major weight
+# has a slow band (M 4..12) that decode batches fall into, and one row (batch-1 decode) is
+# faster too; the column-major layout costs one copy of the head at load time and is slower
+# at M 2-3 and 16-128 (benchmarks/engine_head_layout.py; figures in docs/benchmarks.md). It is used for
+# full-precision heads on CPU; CUDA keeps the memory map.
+
+
+def _aligned(t: torch.Tensor, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """`t` itself if usable as is (device, dtype, 16-byte aligned for _grouped_mm), else one copy."""
+    if (t.device, t.dtype) == (device, dtype) and t.data_ptr() % 16 == 0:
+        return t
+    out = torch.empty(t.shape, dtype=dtype, device=device)
+    return out.copy_(t)
+
+
+def build_state(
+    ckpt: Checkpoint,
+    c: ModelConfig,
+    *,
+    device: torch.device,
+    dtype: torch.dtype,
+    quantizer: Quantizer | None = None,
+    column_major_head: bool = False,
+) -> dict[str, torch.Tensor]:
+    """The engine's state dict (module names of network.py) from a checked checkpoint."""
+    stacked = stacked_experts(ckpt.infos)
+
+    def experts(moe: str) -> dict[str, Callable[[torch.dtype], torch.Tensor]]:
+        """w13 and w2, each a function of the dtype wanted: stacked once, or as stored."""
+        if stacked:
+            return {
+                "w13": lambda dt: _aligned(ckpt.tensor(moe + "experts.gate_up_proj"), device, dt),
+                "w2": lambda dt: _aligned(ckpt.tensor(moe + "experts.down_proj"), device, dt),
+            }
+        x, ids = moe + "experts.", range(c.num_local_experts)
+        w13 = [[f"{x}{e}.w1.weight", f"{x}{e}.w3.weight"] for e in ids]
+        w2 = [[f"{x}{e}.w2.weight"] for e in ids]
+        return {
+            "w13": lambda dt: _fused(ckpt, w13, device, dt),
+            "w2": lambda dt: _fused(ckpt, w2, device, dt),
+        }
+
+    def plain(key: str) -> torch.Tensor:
+        t = ckpt.tensor(key)
+        return t if (t.device, t.dtype) == (device, dtype) else t.to(device=device, dtype=dtype)
+
+    def linear(name: str, keys: list[str]) -> dict[str, torch.Tensor]:
+        if quantizer is None:
+            w = plain(keys[0]) if len(keys) == 1 else _fused(ckpt, [keys], device, dtype)[0]
+            return {f"{name}.weight": w}
+        parts = quantizer(_fused(ckpt, [keys], device, torch.float32)[0])
+        return {f"{name}.{k}": v for k, v in parts.items()}
+
+    state: dict[str, torch.Tensor] = {
+        "tok_embeddings.weight": plain("model.embed_tokens.weight"),
+        "norm.weight": plain("model.norm.weight"),
+    }
+    head = "model.embed_tokens.weight" if c.tie_word_embeddings else "lm_head.weight"
+    if column_major_head and quantizer is None:
+        # the lm head as a [V, D] view of a contiguous [D, V] copy (see HEAD_LAYOUT below)
+        w = ckpt.tensor(head)
+        state["output.weight"] = (
+            torch.empty((w.shape[1], w.shape[0]), dtype=dtype, device=device).copy_(w.t()).t()
+        )
+    else:
+        state |= linear("output", [head])
+    for n in range(c.num_hidden_layers):
+        p, m = f"model.layers.{n}.", f"layers.{n}."
+        a = p + "self_attn."
+        state |= linear(m + "attention.wqkv", [a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight"])
+        state |= linear(m + "attention.wo", [a + "o_proj.weight"])
+        state[m + "attention_norm.weight"] = plain(p + "input_layernorm.weight")
+        state[m + "ffn_norm.weight"] = plain(p + "post_attention_layernorm.weight")
+        moe = p + ("mlp." if stacked else "block_sparse_moe.")
+        state[m + "moe.gate.weight"] = ckpt.tensor(moe + "gate.weight").to(
+            device=device, dtype=torch.float32 if quantizer is not None else dtype
+        )
+        for name, make in experts(moe).items():
+            if quantizer is None:
+                state[f"{m}moe.experts.{name}"] = make(dtype)
+            else:
+                state |= {f"{m}moe.experts.{name}_{k}": v for k, v in quantizer(make(torch.float32)).items()}
+    return state

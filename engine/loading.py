@@ -14,10 +14,9 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from .checkpoint import Checkpoint
+from .checkpoint import Checkpoint, build_state, expected_tensors, stacked_experts
 from .config import ModelConfig
 from .errors import CheckpointNotFound, TokenizerInvalid, UnsupportedQuantization
-from .layout import build_state, expected_tensors, stacked_experts
 from .model import MoEModel
 from .native_step import step_for
 from .network import Block, Transformer, grouped_mm_supported

@@ -18,7 +18,7 @@ from .errors import CacheCapacityExceeded, InvalidInput
 from .native_step import NativeStep
 from .network import AttentionStep, KVCache, Transformer
 from .paths import EnginePath, cpu_model
-from .sampling import check_sampling, sample
+from .requests import check_sampling, sample
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer

@@ -5,21 +5,50 @@ lies; `copy=True` copies it into the registry) and records the sha256 of its wei
 files at registration, so a deploy can tell when the bytes on disk changed since.
 Versions are immutable: registering a name twice is refused. The deploy history of a
 runtime serving from this registry lives beside the versions (`deploys.json`).
+
+Model version names and metadata: `[arch]_[dataset]_[quant]-v[major].[minor]`.
+
+A version name says what a deployed model is at a glance (`mixtral_banking_int8-v1.2`).
+The name is checked, never trusted for behaviour: how a version loads comes from its
+metadata (`quant`), which must agree with the name.
+
+The deploy history of a registry, persisted as JSON so that a restart knows the last
+good version.
+
+`good` is a stack of versions that served successfully: a deploy or a failover pushes
+its version, a rollback pops the current one and returns to the one beneath. `records`
+keeps every attempt (refused ones too), newest last, capped at `MAX_RECORDS`.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import re
 import shutil
+import threading
 import time
+from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any, Literal
 
-from .deploy_history import DeployHistory
 from .errors import InvalidVersionName, NotACheckpoint, RegistryCorrupt, VersionExists, VersionNotFound
-from .versions import WEIGHT_QUANTS, VersionInfo, VersionName, hash_weight_files, weight_files
 
-__all__ = ["Registry"]
+__all__ = [
+    "MAX_RECORDS",
+    "QUANTS",
+    "VERSION_RULE",
+    "WEIGHT_QUANTS",
+    "DeployHistory",
+    "DeployRecord",
+    "Registry",
+    "VersionInfo",
+    "VersionName",
+    "hash_weight_files",
+    "weight_files",
+]
+
 
 _META = "version.json"
 _HISTORY = "deploys.json"
@@ -132,3 +161,195 @@ def _write_json(path: Path, data: object) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
     os.replace(tmp, path)
+
+
+QUANTS = ("fp32", "bf16", "fp16", "int8", "int4")
+WEIGHT_QUANTS = ("int8", "int4")  # the quants that load quantized: `load(quantize=quant)`
+VERSION_RULE = (
+    "a version name is [arch]_[dataset]_[quant]-v[major].[minor]: arch and dataset are lowercase "
+    f"letters and digits, quant is one of {', '.join(QUANTS)}, major and minor are integers "
+    "(e.g. mixtral_banking_int8-v1.2)"
+)
+_NAME = re.compile(
+    r"^(?P<arch>[a-z][a-z0-9]*)_(?P<dataset>[a-z][a-z0-9]*)_(?P<quant>[a-z0-9]+)"
+    r"-v(?P<major>0|[1-9][0-9]*)\.(?P<minor>0|[1-9][0-9]*)$"
+)
+_HASH_CHUNK = 1 << 20
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class VersionName:
+    """A parsed version name; `str()` gives it back."""
+
+    arch: str
+    dataset: str
+    quant: str
+    major: int
+    minor: int
+
+    @classmethod
+    def parse(cls, name: str) -> VersionName:
+        match = _NAME.match(name) if isinstance(name, str) else None
+        if match is None:
+            raise InvalidVersionName(f"invalid version name {name!r}: {VERSION_RULE}")
+        if match["quant"] not in QUANTS:
+            raise InvalidVersionName(
+                f"invalid version name {name!r}: unknown quant {match['quant']!r}; {VERSION_RULE}"
+            )
+        return cls(match["arch"], match["dataset"], match["quant"], int(match["major"]), int(match["minor"]))
+
+    def __str__(self) -> str:
+        return f"{self.arch}_{self.dataset}_{self.quant}-v{self.major}.{self.minor}"
+
+
+@dataclass(frozen=True, slots=True)
+class VersionInfo:
+    """One registered version. `sha256` covers the weight files (`files`: name -> sha256)."""
+
+    name: str
+    arch: str
+    dataset: str
+    quant: str
+    major: int
+    minor: int
+    created_at: float
+    sha256: str
+    parent: str | None
+    path: Path
+    files: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def quantize(self) -> str | None:
+        """The `quantize=` argument of `engine.load` for this version."""
+        return self.quant if self.quant in WEIGHT_QUANTS else None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "arch": self.arch,
+            "dataset": self.dataset,
+            "quant": self.quant,
+            "major": self.major,
+            "minor": self.minor,
+            "created_at": self.created_at,
+            "sha256": self.sha256,
+            "parent": self.parent,
+            "path": str(self.path),
+            "files": dict(self.files),
+        }
+
+    @classmethod
+    def from_json(cls, data: Any, *, source: Path) -> VersionInfo:
+        try:
+            parsed = VersionName.parse(data["name"])
+            files = data.get("files") or {}
+            return cls(
+                name=str(parsed),
+                arch=parsed.arch,
+                dataset=parsed.dataset,
+                quant=parsed.quant,
+                major=parsed.major,
+                minor=parsed.minor,
+                created_at=float(data["created_at"]),
+                sha256=str(data["sha256"]),
+                parent=None if data.get("parent") is None else str(data["parent"]),
+                path=Path(data["path"]),
+                files=tuple(sorted((str(k), str(v)) for k, v in files.items())),
+            )
+        except (KeyError, TypeError, ValueError, AttributeError, InvalidVersionName) as exc:
+            raise RegistryCorrupt(
+                f"{source}: unreadable version metadata ({type(exc).__name__}: {exc})"
+            ) from exc
+
+
+def weight_files(checkpoint_dir: Path) -> list[Path]:
+    """The files whose bytes are the model: safetensors shards and their index."""
+    files = sorted(checkpoint_dir.glob("*.safetensors"))
+    index = checkpoint_dir / "model.safetensors.index.json"
+    if index.is_file():
+        files.append(index)
+    return files
+
+
+def hash_weight_files(checkpoint_dir: Path) -> tuple[str, tuple[tuple[str, str], ...]]:
+    """(combined sha256, per-file sha256) of a checkpoint's weight files.
+
+    The combined digest hashes each file's name and digest in name order, so it changes
+    when any byte, name or the set of files changes."""
+    per_file: list[tuple[str, str]] = []
+    combined = hashlib.sha256()
+    for path in weight_files(checkpoint_dir):
+        digest = hashlib.sha256()
+        with path.open("rb") as fh:
+            while chunk := fh.read(_HASH_CHUNK):
+                digest.update(chunk)
+        per_file.append((path.name, digest.hexdigest()))
+        combined.update(f"{path.name}\0{digest.hexdigest()}\n".encode())
+    return combined.hexdigest(), tuple(per_file)
+
+
+MAX_RECORDS = 500
+# the last four: canaries ("resumed": a restart picked up the canary the history left open)
+Outcome = Literal["deployed", "refused", "started", "reweighted", "rolled_back", "resumed"]
+
+
+@dataclass(frozen=True, slots=True)
+class DeployRecord:
+    at: float
+    from_version: str | None
+    to_version: str
+    reason: str  # "start", "deploy", "failover", "rollback", "canary", "canary-promote"
+    outcome: Outcome
+    message: str = ""
+    weight: float | None = None  # a canary's share of users after this record
+
+
+class DeployHistory:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._lock = threading.Lock()
+
+    def records(self) -> list[DeployRecord]:
+        """Every recorded attempt, oldest first."""
+        return self._load()[0]
+
+    def good_versions(self) -> list[str]:
+        """The stack of good versions, the serving (or last serving) one last."""
+        return self._load()[1]
+
+    def last_good(self) -> str | None:
+        stack = self.good_versions()
+        return stack[-1] if stack else None
+
+    def previous_good(self) -> str | None:
+        """The version a rollback returns to."""
+        stack = self.good_versions()
+        return stack[-2] if len(stack) >= 2 else None
+
+    def record(self, record: DeployRecord) -> None:
+        """Append `record` and, when it deployed, update the stack of good versions."""
+        with self._lock:
+            records, stack = self._load()
+            records.append(record)
+            if record.outcome == "deployed":
+                if record.reason == "rollback" and len(stack) >= 2 and stack[-2] == record.to_version:
+                    stack.pop()
+                elif not stack or stack[-1] != record.to_version:
+                    stack.append(record.to_version)
+            payload = {"good": stack, "records": [asdict(r) for r in records[-MAX_RECORDS:]]}
+            tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(payload, indent=2) + "\n")
+            os.replace(tmp, self.path)
+
+    def _load(self) -> tuple[list[DeployRecord], list[str]]:
+        if not self.path.exists():
+            return [], []
+        try:
+            data = json.loads(self.path.read_text())
+            records = [DeployRecord(**r) for r in data["records"]]
+            stack = [str(v) for v in data["good"]]
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise RegistryCorrupt(
+                f"{self.path}: unreadable deploy history ({type(exc).__name__}: {exc})"
+            ) from exc
+        return records, stack

@@ -25,7 +25,6 @@ from typing import Any, Literal, NoReturn
 import torch
 
 from .deploy import DeployOutcome, prepare_replica
-from .deploy_history import DeployRecord
 from .errors import (
     CanaryRunning,
     DeployRefused,
@@ -37,7 +36,7 @@ from .errors import (
 )
 from .events import DeployFailed, EngineEvent, RequestFailed, RequestQueued, VersionDeployed
 from .prefix_cache import PrefixCache, PrefixCacheStats
-from .registry import Registry
+from .registry import DeployRecord, Registry
 from .requests import RequestHandle
 from .routing import RouteControl
 from .runtime_canary import CanaryControl, open_canary

@@ -28,9 +28,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .deploy import DeployOutcome, RuntimeHost
-from .deploy_history import DeployRecord, Outcome
 from .errors import CanaryRunning, EngineError, InvalidCanaryWeight, NoCanary, RuntimeNotRunning
 from .events import CanaryChanged
+from .registry import DeployRecord, Outcome
 from .runtime_loop import Swap, apply_swap
 
 __all__ = ["CanaryControl", "CanaryStatus", "open_canary", "user_bucket"]

@@ -30,8 +30,7 @@ from .events import (
     VersionDeployed,
 )
 from .prefix_cache import PrefixCache, frequent_prefixes
-from .requests import Completion
-from .sampling import sample_requests
+from .requests import Completion, sample_requests
 from .step_times import StepTimes
 
 if TYPE_CHECKING:

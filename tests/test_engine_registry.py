@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from infersight.engine.deploy_history import DeployHistory, DeployRecord
+from infersight.engine.registry import DeployHistory, DeployRecord
 from infersight.engine.errors import (
     InvalidVersionName,
     NotACheckpoint,
@@ -17,7 +17,7 @@ from infersight.engine.errors import (
     VersionNotFound,
 )
 from infersight.engine.registry import Registry
-from infersight.engine.versions import VERSION_RULE, VersionName, hash_weight_files
+from infersight.engine.registry import VERSION_RULE, VersionName, hash_weight_files
 from safetensors.torch import save_file
 
 

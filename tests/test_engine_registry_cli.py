@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 from infersight.engine.registry import Registry
-from infersight.engine.versions import hash_weight_files
+from infersight.engine.registry import hash_weight_files
 from infersight.monitor.cli import main
 
 

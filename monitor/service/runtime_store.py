@@ -183,7 +183,7 @@ def build_prefix_cache(cfg: EngineConfig) -> PrefixCache | None:
     if cfg.prefix_cache_mb <= 0:
         return None
     from infersight.engine.prefix_cache import PrefixCache
-    from infersight.engine.prefix_cache_redis import RedisTier
+    from infersight.engine.prefix_cache import RedisTier
 
     shared = None
     if cfg.prefix_cache_redis_url:
