@@ -204,14 +204,6 @@ def _fused(
     return out
 
 
-# HEAD_LAYOUT: on CPU (MKL) the lm head runs faster from a column-major weight, i.e.
-# F.linear(x, Wt.t()) with Wt = W.t().contiguous(): MKL's small-M GEMM on a row-major weight
-# has a slow band (M 4..12) that decode batches fall into, and one row (batch-1 decode) is
-# faster too; the column-major layout costs one copy of the head at load time and is slower
-# at M 2-3 and 16-128 (benchmarks/engine_head_layout.py; figures in docs/benchmarks.md). It is used for
-# full-precision heads on CPU; CUDA keeps the memory map.
-
-
 def _aligned(t: torch.Tensor, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
     """`t` itself if usable as is (device, dtype, 16-byte aligned for _grouped_mm), else one copy."""
     if (t.device, t.dtype) == (device, dtype) and t.data_ptr() % 16 == 0:
@@ -227,9 +219,9 @@ def build_state(
     device: torch.device,
     dtype: torch.dtype,
     quantizer: Quantizer | None = None,
-    column_major_head: bool = False,
 ) -> dict[str, torch.Tensor]:
-    """The engine's state dict (module names of network.py) from a checked checkpoint."""
+    """The engine's state dict (the names network.py's `build` reads) from a checked
+    checkpoint. Tied embeddings in full precision: the head is the embedding tensor itself."""
     stacked = stacked_experts(ckpt.infos)
 
     def experts(moe: str) -> dict[str, Callable[[torch.dtype], torch.Tensor]]:
@@ -262,15 +254,12 @@ def build_state(
         "tok_embeddings.weight": plain("model.embed_tokens.weight"),
         "norm.weight": plain("model.norm.weight"),
     }
-    head = "model.embed_tokens.weight" if c.tie_word_embeddings else "lm_head.weight"
-    if column_major_head and quantizer is None:
-        # the lm head as a [V, D] view of a contiguous [D, V] copy (see HEAD_LAYOUT below)
-        w = ckpt.tensor(head)
-        state["output.weight"] = (
-            torch.empty((w.shape[1], w.shape[0]), dtype=dtype, device=device).copy_(w.t()).t()
-        )
+    if c.tie_word_embeddings and quantizer is None:
+        state["output.weight"] = state["tok_embeddings.weight"]  # one tensor, as in the checkpoint
     else:
-        state |= linear("output", [head])
+        state |= linear(
+            "output", ["model.embed_tokens.weight" if c.tie_word_embeddings else "lm_head.weight"]
+        )
     for n in range(c.num_hidden_layers):
         p, m = f"model.layers.{n}.", f"layers.{n}."
         a = p + "self_attn."

@@ -2,8 +2,9 @@
 
 Order matters: config, files, names and shapes, NaN/Inf, tokenizer are all checked before a
 single weight is assigned, so a bad checkpoint raises and leaves nothing half-built. The
-network is built on the meta device and receives its tensors with
-`load_state_dict(assign=True)`: tensors used as stored stay views of the memory map.
+network is built by
+network.py's `build`, which makes the plain objects the forward reads straight from the state
+dict: tensors used as stored stay views of the memory map.
 """
 
 from __future__ import annotations
@@ -12,16 +13,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
-from torch import nn
 
 from .checkpoint import Checkpoint, build_state, expected_tensors, stacked_experts
 from .config import ModelConfig
 from .errors import CheckpointNotFound, TokenizerInvalid, UnsupportedQuantization
 from .model import MoEModel
 from .native_step import step_for
-from .network import Block, Transformer, grouped_mm_supported
+from .network import build
 from .paths import choose, settle
-from .quant import QUANTIZERS, Int4Experts, Int4Linear, Int8Experts, Int8Linear, WeightFormat, weight_format
+from .quant import QUANTIZERS, weight_format
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
@@ -62,21 +62,10 @@ def load(
     tokenizer = _tokenizer(directory)
 
     chosen, kernels = choose(config, requested=engine_path, device=target, dtype=dtype, quantize=quantize)
-    grouped = grouped_mm_supported(config.hidden_size, config.intermediate_size, dtype, target)
     fmt = weight_format(quantize, dtype, target) if quantize is not None else None
-    quantizer = fmt.quantize if fmt is not None else None
-    column_major_head = target.type == "cpu" and quantizer is None  # see layout.HEAD_LAYOUT
-    state = build_state(
-        ckpt, config, device=target, dtype=dtype, quantizer=quantizer, column_major_head=column_major_head
-    )
-    with torch.device("meta"):
-        network = Transformer(config, grouped_experts=grouped)
-        if fmt is not None:
-            quantize_network(network, fmt)
-    network.load_state_dict(state, strict=True, assign=True)
-    if config.tie_word_embeddings and quantize is None and not column_major_head:
-        network.output.weight = network.tok_embeddings.weight  # one tensor, as in the checkpoint
-    network.init_buffers(target, kernels)
+    state = build_state(ckpt, config, device=target, dtype=dtype, quantizer=fmt.quantize if fmt else None)
+    network = build(config, state, kernels=kernels, fmt=fmt)
+    del state  # what the network did not keep (stacks replaced by blocked copies) is released
     step = step_for(network, kernels) if kernels is not None else None
     chosen = settle(chosen, network, step, quantize=quantize)
     return MoEModel(
@@ -106,26 +95,3 @@ def _tokenizer(directory: Path) -> Tokenizer | None:
         return Tokenizer.from_file(str(path))
     except Exception as exc:  # tokenizers raises bare Exception subclasses from Rust
         raise TokenizerInvalid(str(path), f"cannot be read by tokenizers: {exc}") from exc
-
-
-def quantize_network(network: Transformer, fmt: WeightFormat) -> None:
-    """Swap the modules of a (meta-device) network for their quantized twins, in place: its lm
-    head, each block's attention projections and experts."""
-    assert fmt.scheme in QUANTIZERS
-    c = network.config
-
-    def linear(old: nn.Module) -> Int8Linear | Int4Linear:
-        assert isinstance(old, nn.Linear)
-        if fmt.scheme == "int4":
-            return Int4Linear(old.in_features, old.out_features, fmt)
-        return Int8Linear(old.in_features, old.out_features, fmt.dtype)
-
-    network.output = linear(network.output)
-    for block in network.layers:
-        assert isinstance(block, Block)
-        block.attention.wqkv = linear(block.attention.wqkv)
-        block.attention.wo = linear(block.attention.wo)
-        sizes = (c.num_local_experts, c.hidden_size, c.intermediate_size)
-        block.moe.experts = (
-            Int4Experts(*sizes, fmt) if fmt.scheme == "int4" else Int8Experts(*sizes, fmt.dtype)
-        )

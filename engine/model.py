@@ -40,7 +40,7 @@ class MoEModel:
         engine_path: EnginePath | None = None,
         native_step: NativeStep | None = None,
     ) -> None:
-        self.network = network.eval()
+        self.network = network
         self.config = config
         self.tokenizer = tokenizer
         self.quantize = quantize

@@ -11,8 +11,8 @@ OpenMP parallel region whose phases are separated only by work-sharing barriers.
 
 It reads the model's own tensors by pointer: the norms' weights, the embedding, the RoPE
 table, the caller's KV cache, and the projections as the model holds them: fp32 models the
-packed copies the native path already made (`NativeProjection`, bound by
-`Transformer.init_buffers`, also used by prefill), int8 weight-only models the engine's own
+packed copies the native path already made (`NativeProjection`, made by network.py's
+`build`, also used by prefill), int8 weight-only models the engine's own
 int8 [N, K] rows and per-row scales (quant.py), with the bf16 embedding and KV cache of
 those models. The only copies it makes are small: the router weight packed, and for int8
 the norms and scales in fp32. Prefill and the full forward stay on the per-op path; both
@@ -34,9 +34,8 @@ import torch
 
 from .errors import InvalidInput
 from .native import NativeKernels, NativeProjection, pack
-from .network import Block, BlockedExperts, KVCache, RopeTable, Transformer
+from .network import KVCache, Layer, MoEFeedForward, RopeTable, Transformer
 from .projection import Int8Projection
-from .quant import Int8Experts
 
 __all__ = ["NativeStep", "step_for"]
 
@@ -71,35 +70,25 @@ def _weights(p: object) -> Weights | None:
     return None
 
 
-def _experts(experts: object) -> list[tuple[Weights, Weights]] | None:
-    if isinstance(experts, BlockedExperts):
-        pairs = [(_weights(a), _weights(b)) for a, b in experts.loop.pairs]
-        return None if any(a is None or b is None for a, b in pairs) else pairs  # type: ignore[return-value]
-    if isinstance(experts, Int8Experts):
-        w13 = zip(experts.w13_weight.unbind(0), experts.w13_scales.float().unbind(0), strict=True)
-        w2 = zip(experts.w2_weight.unbind(0), experts.w2_scales.float().unbind(0), strict=True)
-        return [((a[0].contiguous(), a[1]), (b[0].contiguous(), b[1])) for a, b in zip(w13, w2, strict=True)]
-    return None
+def _experts(moe: MoEFeedForward) -> list[tuple[Weights, Weights]] | None:
+    pairs = [(_weights(a), _weights(b)) for a, b in moe.loop.pairs]
+    return None if any(a is None or b is None for a, b in pairs) else pairs  # type: ignore[return-value]
 
 
 def step_for(network: Transformer, kernels: NativeKernels) -> NativeStep | None:
-    """The native step over a bound CPU network: fp32 on the native path's packed weights
-    (`init_buffers(..., kernels)`), or int8 weight-only (bf16 activations) on its own int8
+    """The native step over a CPU network: fp32 on the native path's packed weights
+    (`build(..., kernels=)`), or int8 weight-only (bf16 activations) on its own int8
     tensors. None for anything else (other dtypes, int4, other devices)."""
-    bound = network.bound
-    assert bound is not None and network.rope is not None, "init_buffers() first"
-    if bound.embeddings.device.type != "cpu" or bound.embeddings.dtype not in (torch.float32, torch.bfloat16):
+    embeddings = network.embeddings
+    if embeddings.device.type != "cpu" or embeddings.dtype not in (torch.float32, torch.bfloat16):
         return None
-    head = _weights(bound.head)
+    head = _weights(network.head)
     if head is None:
         return None
     layers = []
     for block in network.layers:
-        assert isinstance(block, Block)
-        if block.attention.bound is None:
-            return None
-        qkv, wo = (_weights(p) for p in block.attention.bound)
-        experts = _experts(block.moe.experts)
+        qkv, wo = _weights(block.attention.wqkv), _weights(block.attention.wo)
+        experts = _experts(block.moe)
         if qkv is None or wo is None or experts is None:
             return None
         layers.append((block, qkv, wo, experts))
@@ -110,7 +99,7 @@ def step_for(network: Transformer, kernels: NativeKernels) -> NativeStep | None:
         for w in (qkv, wo, *(x for e in experts for x in e))
     }
     want = torch.bfloat16 if quantized else torch.float32
-    if kinds != {quantized} or bound.embeddings.dtype != want:
+    if kinds != {quantized} or embeddings.dtype != want:
         return None
     return NativeStep(network, kernels, head, layers)
 
@@ -125,10 +114,9 @@ class NativeStep:
         network: Transformer,
         kernels: NativeKernels,
         head: Weights,
-        layers: list[tuple[Block, Weights, Weights, list[tuple[Weights, Weights]]]],
+        layers: list[tuple[Layer, Weights, Weights, list[tuple[Weights, Weights]]]],
     ) -> None:
-        c, bound = network.config, network.bound
-        assert bound is not None and network.rope is not None
+        c = network.config
         quantized = head[1] is not None
         self.kernels = kernels
         # int8 models compute in bf16 on the eager path; here activations are fp32, RoPE too
@@ -162,9 +150,9 @@ class NativeStep:
             )
         }
         for block, qkv, wo, experts in layers:
-            columns["attn_norm"].append(fp32(block.attention_norm.weight))
-            columns["ffn_norm"].append(fp32(block.ffn_norm.weight))
-            columns["gate"].append(pack(fp32(block.moe.gate.weight)))
+            columns["attn_norm"].append(fp32(block.attention_norm))
+            columns["ffn_norm"].append(fp32(block.ffn_norm))
+            columns["gate"].append(pack(fp32(block.moe.gate)))
             for name, (w, scales) in (("wqkv", qkv), ("wo", wo)):
                 columns[name].append(w)
                 columns[name + "_s"].append(scales)
@@ -172,7 +160,7 @@ class NativeStep:
                 for name, (w, scales) in (("w13", up), ("w2", down)):
                     columns[name].append(w)
                     columns[name + "_s"].append(scales)
-        embed, norm = bound.embeddings.contiguous(), fp32(bound.norm)
+        embed, norm = network.embeddings.contiguous(), fp32(network.norm)
         keep.extend((embed, norm, *head))
         self.model = StepModel(
             D=c.hidden_size,

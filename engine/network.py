@@ -1,50 +1,44 @@
 """The Mixtral network, top to bottom: rotary embedding, the KV cache, grouped-query
 attention, the Mixture-of-Experts feed-forward, the decoder blocks and the lm head.
 
-Built on the meta device and filled by `load_state_dict(assign=True)` (see loading.py); the
-only buffer it computes itself is RoPE's inverse frequencies (`Transformer.init_buffers`).
+Plain objects, built once at load by `build` from the engine's state dict (checkpoint.py's
+`build_state`): each holds its tensors and projections (projection.py) and the forward reads
+them directly; there is no nn.Module tree. The only tensors computed here are RoPE's tables.
 The matmul kernels it calls (oneDNN-blocked, native, int8, int4) live in projection.py,
-native.py and quant.py; this module decides which one each weight uses.
+native.py and quant.py; `build` decides which one each weight uses.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 from . import onednn
 from .config import ModelConfig
-from .native import NativeKernels, NativeProjection
-from .projection import (
-    BlockedProjection,
-    DenseProjection,
-    Int4Projection,
-    Int8Projection,
-    Projection,
-    projection,
-)
-from .quant import Int4Experts, Int8Experts
+from .native import NativeKernels
+from .projection import DenseProjection, Projection, head_projection, projection
+from .quant import WeightFormat
 
 __all__ = [
     "Attention",
     "AttentionStep",
-    "BlockedExperts",
     "ExpertLoop",
     "GroupedExperts",
     "KVCache",
+    "Layer",
     "MoEFeedForward",
-    "RMSNorm",
     "RopeTable",
     "Transformer",
     "apply_rope",
+    "build",
     "grouped_mm_supported",
     "inverse_frequencies",
     "rope_tables",
+    "state_shapes",
 ]
 
 
@@ -190,18 +184,14 @@ class AttentionStep:
     mask: torch.Tensor | None = None  # additive [B, 1, T|1, L]; None: causal over the new tokens
 
 
-class Attention(nn.Module):
-    def __init__(self, dim: int, heads: int, kv_heads: int, head_dim: int) -> None:
-        super().__init__()
-        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
-        self.wqkv: nn.Module = nn.Linear(dim, (heads + 2 * kv_heads) * head_dim, bias=False)
-        self.wo: nn.Module = nn.Linear(heads * head_dim, dim, bias=False)
-        self.bound: tuple[Projection, Projection] | None = None  # (wqkv, wo), made by bind()
+class Attention:
+    """One layer's attention: the fused QKV and output projections, and the head counts."""
 
-    def bind(self, kernels: NativeKernels | None = None) -> None:
-        """Plain matmul objects for the hot path, once the weights are real (see projection.py);
-        `kernels`: the native path's (paths.py)."""
-        self.bound = (projection(self.wqkv, kernels=kernels), projection(self.wo, kernels=kernels))
+    __slots__ = ("head_dim", "heads", "kv_heads", "wo", "wqkv")
+
+    def __init__(self, wqkv: Projection, wo: Projection, heads: int, kv_heads: int, head_dim: int) -> None:
+        self.wqkv, self.wo = wqkv, wo
+        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
 
     def forward(
         self,
@@ -213,8 +203,7 @@ class Attention(nn.Module):
         layer: int,
     ) -> torch.Tensor:
         """x [B, T, D] (normed), residual [B*T, D] -> residual + attention(x) [B*T, D]."""
-        assert self.bound is not None, "bind() first"
-        wqkv, wo = self.bound
+        wqkv, wo = self.wqkv, self.wo
         B, T, D = x.shape
         H, Hkv, hd = self.heads, self.kv_heads, self.head_dim
         qkv = wqkv(x.view(B * T, D)).view(B, T, H + 2 * Hkv, hd)
@@ -282,7 +271,7 @@ class Attention(nn.Module):
         # One query per row: fold each kv head's query group into the query axis,
         # [B, H, hd] -> [B, Hkv, H/Hkv, hd]. On CPU this beats enable_gqa (no K/V repeat)
         # and the row mask [B, 1, 1, L] broadcasts over the group. SDPA stays: a manual
-        # bmm-softmax-bmm measured 1.5-2.5x slower here at these sizes (B 1-8, L ~50).
+        # bmm-softmax-bmm measured slower at these sizes (B 1-8, L ~50).
         q = qk[:, 0, :H].view(B, Hkv, H // Hkv, hd)
         return F.scaled_dot_product_attention(q, keys, values, attn_mask=step.mask)  # [B, Hkv, H/Hkv, hd]
 
@@ -299,12 +288,12 @@ class Attention(nn.Module):
 #
 # - N > 1 (prefill, batched decode): the (token, k) pairs are sorted by expert and the end
 #   offset of each expert's group comes from the sorted ids. Then, by device and dtype:
-#   - CPU fp32 (`BlockedExperts`): the experts' weights are reordered once into oneDNN's
+#   - CPU fp32 (an `ExpertLoop` as `batched`): the experts' weights are reordered once into oneDNN's
 #     blocked layout (onednn.py) and a host loop runs only the experts that got tokens, one
 #     blocked product per projection (group ends read on the host: free on CPU).
 #   - bf16, CUDA (`GroupedExperts`): one `torch._grouped_mm` per projection over the stacked
 #     weights, no host sync.
-#   - int8 and int4 (`Int8Experts`, `Int4Experts`): the same host loop as CPU fp32, one
+#   - int8 and int4 (an `ExpertLoop` too): the same host loop as CPU fp32, one
 #     quantized product per projection (quant.py says why).
 #   Both host loops are one `ExpertLoop` over per-expert projections (projection.py).
 # - N == 1 on CPU (batch-1 decode): a loop over the k chosen experts; the routing weight and
@@ -370,16 +359,15 @@ class ExpertLoop:
         return w2.add(out, F.silu(gate).mul_(up), alpha=weight)
 
 
-class GroupedExperts(nn.Module):
+class GroupedExperts:
     """E SwiGLU experts as two stacked weights: w13 [E, 2I, D] (w1 rows, then w3) and w2 [E, D, I]."""
 
-    def __init__(self, experts: int, dim: int, intermediate: int, *, grouped: bool = True) -> None:
-        super().__init__()
-        self.w13 = nn.Parameter(torch.empty(experts, 2 * intermediate, dim), requires_grad=False)
-        self.w2 = nn.Parameter(torch.empty(experts, dim, intermediate), requires_grad=False)
-        self.grouped = grouped
+    __slots__ = ("grouped", "w2", "w13")
 
-    def forward(self, xs: torch.Tensor, expert_ids: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    def __init__(self, w13: torch.Tensor, w2: torch.Tensor, *, grouped: bool) -> None:
+        self.w13, self.w2, self.grouped = w13, w2, grouped
+
+    def __call__(self, xs: torch.Tensor, expert_ids: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
         """xs [S, D] sorted by expert, expert_ids [S] sorted, offsets [E] int32 group ends -> [S, D]."""
         if self.grouped:
             h = torch._grouped_mm(xs, self.w13.transpose(-2, -1), offs=offsets)  # [S, 2I]
@@ -390,88 +378,32 @@ class GroupedExperts(nn.Module):
         return torch.einsum("si,sdi->sd", F.silu(gate) * up, self.w2[expert_ids])
 
 
-class BlockedExperts(nn.Module):
-    """CPU fp32 experts on oneDNN-blocked weights (see onednn.py), or on the native kernels'
-    packed weights (native.py) when the model runs the native path: an `ExpertLoop` of
-    `BlockedProjection`s or `NativeProjection`s. Made from loaded `GroupedExperts` by
-    `MoEFeedForward.bind`, which then drops the stacked weights (the copies replace them)."""
+class MoEFeedForward:
+    """One layer's MoE: the router weight (always full precision), the batched experts
+    (`GroupedExperts`, or the `ExpertLoop` itself) and the per-expert loop (`ExpertLoop`)."""
 
-    def __init__(self, experts: GroupedExperts, kernels: NativeKernels | None = None) -> None:
-        super().__init__()
-        pairs = zip(experts.w13.unbind(0), experts.w2.unbind(0), strict=True)
-        make: Callable[[torch.Tensor], Projection] = (
-            BlockedProjection if kernels is None else lambda w: NativeProjection(w, kernels)
-        )
-        self.loop = ExpertLoop(tuple((make(a), make(b)) for a, b in pairs), experts.w2.shape[1])
+    __slots__ = ("batched", "expert_range", "gate", "loop", "top_k")
 
-    def forward(self, xs: torch.Tensor, expert_ids: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
-        return self.loop(xs, expert_ids, offsets)
-
-
-def _expert_loop(experts: nn.Module) -> ExpertLoop:
-    """The per-expert projections of loaded experts, as views of their weights (no copies)."""
-    if isinstance(experts, BlockedExperts):
-        return experts.loop
-    if isinstance(experts, Int8Experts):
-        w13 = zip(experts.w13_weight.unbind(0), experts.w13_scales.unbind(0), strict=True)
-        w2 = zip(experts.w2_weight.unbind(0), experts.w2_scales.unbind(0), strict=True)
-        pairs = tuple((Int8Projection(*a), Int8Projection(*b)) for a, b in zip(w13, w2, strict=True))
-        return ExpertLoop(pairs, experts.w2_weight.shape[1])
-    if isinstance(experts, Int4Experts):
-        p13, p2 = experts.w13_packed, experts.w2_packed
-        w13 = zip(experts.w13_weight.unbind(0), experts.w13_scales_zeros.unbind(0), strict=True)
-        w2 = zip(experts.w2_weight.unbind(0), experts.w2_scales_zeros.unbind(0), strict=True)
-        pairs4 = tuple(
-            (Int4Projection(*a, p13), Int4Projection(*b, p2)) for a, b in zip(w13, w2, strict=True)
-        )
-        return ExpertLoop(pairs4, experts.w2_weight.shape[1])
-    assert isinstance(experts, GroupedExperts)
-    dense = zip(experts.w13.unbind(0), experts.w2.unbind(0), strict=True)
-    return ExpertLoop(tuple((DenseProjection(a), DenseProjection(b)) for a, b in dense), experts.w2.shape[1])
-
-
-class MoEFeedForward(nn.Module):
-    def __init__(self, experts: nn.Module, dim: int, num_experts: int, top_k: int) -> None:
-        super().__init__()
-        self.gate = nn.Linear(dim, num_experts, bias=False)  # router, always kept full precision
-        self.experts = experts
-        self.num_experts, self.top_k = num_experts, top_k
-        # (router weight, batched experts, expert loop, arange(E)) as plain references, made by
-        # bind(): a tuple is not registered as a parameter or submodule, and reading it skips
-        # the ~1 us nn.Module attribute lookup
-        self.bound: tuple[torch.Tensor, Batched, ExpertLoop, torch.Tensor] | None = None
-
-    def bind(self, kernels: NativeKernels | None = None) -> None:
-        """Make the hot path's references once the weights are real. In fp32 on a CPU with
-        oneDNN (or on the native path, `kernels`) the stacked experts are reordered into
-        blocked (packed) weights and released."""
-        if isinstance(self.experts, GroupedExperts) and (
-            (kernels is not None and self.experts.w13.dtype == torch.float32)
-            or onednn.available(self.experts.w13)
-        ):
-            self.experts = BlockedExperts(self.experts, kernels)
-        loop = _expert_loop(self.experts)
-        batched: Batched = self.experts if isinstance(self.experts, GroupedExperts) else loop
-        gate = self.gate.weight
-        self.bound = (gate, batched, loop, torch.arange(self.num_experts, device=gate.device))
+    def __init__(self, gate: torch.Tensor, batched: Batched, loop: ExpertLoop, top_k: int) -> None:
+        self.gate, self.batched, self.loop, self.top_k = gate, batched, loop, top_k
+        self.expert_range = torch.arange(gate.shape[0], device=gate.device)
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         """x [N, D] (normed), residual [N, D] -> residual + MoE(x) [N, D]."""
-        assert self.bound is not None, "bind() first"
-        gate, batched, loop, expert_range = self.bound  # gate: full precision, also in int8 models
+        gate, loop = self.gate, self.loop
         logits = F.linear(x if x.dtype == gate.dtype else x.to(gate.dtype), gate)  # [N, E]
         top, chosen = torch.topk(logits, self.top_k, dim=-1)  # [N, k]
         weights = torch.softmax(top, dim=-1, dtype=torch.float32)
-        if x.shape[0] == 1 and x.device.type == "cpu":  # see the module docstring
+        if x.shape[0] == 1 and x.device.type == "cpu":  # see the section's comment
             out = residual
             for e, w in zip(chosen[0].tolist(), weights[0].tolist(), strict=True):
                 out = loop.add_one(x, e, w, out)
             return out
 
         expert_ids, order = torch.sort(chosen.view(-1), stable=True)  # [S = N k]
-        offsets = torch.searchsorted(expert_ids, expert_range, right=True, out_int32=True)
+        offsets = torch.searchsorted(expert_ids, self.expert_range, right=True, out_int32=True)
         token = order // self.top_k  # the token of each sorted (token, k) pair
-        ys = batched(x[token], expert_ids, offsets)  # [S, D], sorted by expert
+        ys = self.batched(x[token], expert_ids, offsets)  # [S, D], sorted by expert
         ys = ys * weights.view(-1, 1)[order]  # fp32: weighted sums in fp32, as transformers
         if ys.dtype == residual.dtype:
             return residual.index_add(0, token, ys)
@@ -482,20 +414,11 @@ class MoEFeedForward(nn.Module):
 # ==============================================================================================
 # The network
 #
-# The Mixtral network as plain modules: embeddings, decoder blocks, final norm, lm head.
-#
-# Built on the meta device and filled by `load_state_dict(assign=True)` (see loading.py); the
-# only buffer it computes itself is RoPE's inverse frequencies (`init_buffers`).
+# The Mixtral network as plain objects: embeddings, decoder layers, final norm, lm head, each
+# a tensor or a projection read straight by the forward (an nn.Module attribute lookup or
+# `__call__` costs about a microsecond each, against a decode step of about a millisecond
+# for the small benchmark model).
 # ==============================================================================================
-
-
-class RMSNorm(nn.Module):
-    """An RMSNorm's weight; `Transformer.forward` applies it with `rms_norm`."""
-
-    def __init__(self, dim: int, eps: float) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim), requires_grad=False)
-        self.eps = eps
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, eps_t: torch.Tensor) -> torch.Tensor:
@@ -503,67 +426,34 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, eps_t: torch.Ten
     if x.dtype != torch.float32:  # one fused op; normalises in fp32 internally, like transformers' upcast
         return F.rms_norm(x, (x.shape[-1],), weight, eps)
     # fp32: eps + sum(x^2)/D as one batched dot product, then rsqrt and two multiplies in
-    # place: 13 us against F.rms_norm's 16-29 us at [1-8, 256-512] here (F.rms_norm runs
-    # about eight kernels on CPU)
+    # place: fewer kernels than F.rms_norm runs on CPU (about eight)
     rows = x.reshape(-1, 1, x.shape[-1])  # [N, 1, D]
     mean_sq = torch.baddbmm(eps_t, rows, rows.transpose(1, 2), alpha=1.0 / x.shape[-1])
     return torch.mul(rows, mean_sq.rsqrt_()).mul_(weight).view(x.shape)
 
 
-class Block(nn.Module):
-    """The parameters of one decoder layer; `Transformer.forward` runs it."""
+class Layer(NamedTuple):
+    """One decoder layer: a tuple, so that the forward unpacks it in one step."""
 
-    def __init__(self, config: ModelConfig, experts: nn.Module) -> None:
-        super().__init__()
-        c = config
-        self.attention_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
-        self.attention = Attention(c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim)
-        self.ffn_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
-        self.moe = MoEFeedForward(experts, c.hidden_size, c.num_local_experts, c.num_experts_per_tok)
+    attention_norm: torch.Tensor  # [D]
+    attention: Attention
+    ffn_norm: torch.Tensor  # [D]
+    moe: MoEFeedForward
 
 
-class Transformer(nn.Module):
-    def __init__(self, config: ModelConfig, *, grouped_experts: bool = True) -> None:
-        super().__init__()
-        c = config
-        self.config = c
-        self.tok_embeddings = nn.Embedding(c.vocab_size, c.hidden_size)
-        self.layers = nn.ModuleList(
-            Block(
-                c,
-                GroupedExperts(
-                    c.num_local_experts, c.hidden_size, c.intermediate_size, grouped=grouped_experts
-                ),
-            )
-            for _ in range(c.num_hidden_layers)
-        )
-        self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
-        self.output: nn.Module = nn.Linear(c.hidden_size, c.vocab_size, bias=False)
-        self.rope: RopeTable | None = None  # made by init_buffers once the weights are real
-        self.bound: Bound | None = None
+@dataclass(frozen=True, slots=True, eq=False)
+class Transformer:
+    """The network `build` makes: every weight the forward reads, nothing else."""
 
-    def init_buffers(self, device: torch.device, kernels: NativeKernels | None = None) -> None:
-        """Once the weights are real: compute what the checkpoint does not store (RoPE tables,
-        in the embeddings' dtype) and bind the hot path's plain references to the weights
-        (on the native kernels' packed copies when `kernels` is given: paths.py)."""
-        inv_freq = inverse_frequencies(self.config.head_dim, self.config.rope_theta, device)
-        self.rope = RopeTable(inv_freq, self.tok_embeddings.weight.dtype)
-        layers = []
-        for block in self.layers:
-            assert isinstance(block, Block)
-            block.attention.bind(kernels)
-            block.moe.bind(kernels)
-            layers.append((block.attention_norm.weight, block.attention, block.ffn_norm.weight, block.moe))
-        eps = self.config.rms_norm_eps
-        self.bound = Bound(
-            self.tok_embeddings.weight,
-            tuple(layers),
-            self.norm.weight,
-            projection(self.output, head=True, kernels=kernels),
-            (eps, torch.full((1, 1, 1), eps, device=device)),
-        )
+    config: ModelConfig
+    embeddings: torch.Tensor  # [V, D]
+    layers: tuple[Layer, ...]
+    norm: torch.Tensor  # [D]
+    head: Projection  # the lm head (projection.py's `head_projection`: one strategy per device)
+    rope: RopeTable
+    eps: tuple[float, torch.Tensor]  # the norms' eps, and as a [1, 1, 1] fp32 tensor (rms_norm)
 
-    def forward(
+    def __call__(
         self,
         tokens: torch.Tensor,
         positions: torch.Tensor,
@@ -573,26 +463,124 @@ class Transformer(nn.Module):
         last_only: bool,
     ) -> torch.Tensor:
         """tokens, positions [B, T] (every position < span) -> fp32 logits [B, T, V] ([B, V] if last_only)."""
-        assert self.rope is not None and self.bound is not None, "init_buffers() first"
-        embeddings, layers, norm, head, eps = self.bound
+        eps = self.eps
         B, T = tokens.shape
-        x = F.embedding(tokens, embeddings)  # [B, T, D]
+        x = F.embedding(tokens, self.embeddings)  # [B, T, D]
         cos, sin = self.rope.lookup(positions, span, step.write_at)
-        for i, (attention_norm, attention, ffn_norm, moe) in enumerate(layers):
-            # .forward: the modules' own __call__ adds ~1.3 us each for hooks that are never set
+        for i, (attention_norm, attention, ffn_norm, moe) in enumerate(self.layers):
             h = attention.forward(rms_norm(x, attention_norm, *eps), x.view(B * T, -1), cos, sin, step, i)
             x = moe.forward(rms_norm(h, ffn_norm, *eps), h).view(B, T, -1)  # [B, T, D]
         if last_only:
             x = x[:, -1]  # [B, D]
-        return head(rms_norm(x, norm, *eps).reshape(-1, x.shape[-1])).float().view(*x.shape[:-1], -1)
+        logits = self.head(rms_norm(x, self.norm, *eps).reshape(-1, x.shape[-1]))
+        return logits.float().view(*x.shape[:-1], -1)
+
+    def projections(self) -> Iterator[Projection]:
+        """Every projection the forward runs: each layer's attention and experts, then the head."""
+        for layer in self.layers:
+            yield layer.attention.wqkv
+            yield layer.attention.wo
+            for pair in layer.moe.loop.pairs:
+                yield from pair
+        yield self.head
 
 
-class Bound(NamedTuple):
-    """The weights the forward reads, as plain references (nn.Module attribute lookups and
-    `__call__` cost ~1-1.5 us each here; a decode step of the small model is ~1 ms)."""
+def build(
+    config: ModelConfig,
+    state: Mapping[str, torch.Tensor],
+    *,
+    kernels: NativeKernels | None = None,
+    fmt: WeightFormat | None = None,
+) -> Transformer:
+    """The network from the engine's state dict (checkpoint.py's `build_state` names: e.g.
+    `layers.0.attention.wqkv.weight`, and `.scales` or `.scales_zeros` beside it when
+    quantized as `fmt`). `kernels`: the native path's (paths.py), whose packed copies then
+    replace CPU fp32 weights. Every projection is made here, once."""
+    c, embeddings = config, state["tok_embeddings.weight"]
+    device = embeddings.device
 
-    embeddings: torch.Tensor  # [V, D]
-    layers: tuple[tuple[torch.Tensor, Attention, torch.Tensor, MoEFeedForward], ...]
-    norm: torch.Tensor  # [D]
-    head: Projection
-    eps: tuple[float, torch.Tensor]  # the norms' eps, and as a [1, 1, 1] fp32 tensor (rms_norm)
+    def parts(name: str) -> dict[str, torch.Tensor]:
+        return {k[len(name) + 1 :]: v for k, v in state.items() if k.startswith(name + ".")}
+
+    layers = []
+    for n in range(c.num_hidden_layers):
+        m = f"layers.{n}."
+        attention = Attention(
+            projection(parts(m + "attention.wqkv"), kernels=kernels, fmt=fmt),
+            projection(parts(m + "attention.wo"), kernels=kernels, fmt=fmt),
+            c.num_attention_heads,
+            c.num_key_value_heads,
+            c.head_dim,
+        )
+        moe = _moe(parts(m + "moe.experts"), state[m + "moe.gate.weight"], c, kernels, fmt)
+        layers.append(Layer(state[m + "attention_norm.weight"], attention, state[m + "ffn_norm.weight"], moe))
+    eps = c.rms_norm_eps
+    return Transformer(
+        config=c,
+        embeddings=embeddings,
+        layers=tuple(layers),
+        norm=state["norm.weight"],
+        head=head_projection(parts("output"), kernels=kernels, fmt=fmt),
+        rope=RopeTable(inverse_frequencies(c.head_dim, c.rope_theta, device), embeddings.dtype),
+        eps=(eps, torch.full((1, 1, 1), eps, device=device)),
+    )
+
+
+def state_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """The full-precision state dict `build` reads, name -> shape (as checkpoint.py's
+    `build_state` makes it; quantized weights replace `x.weight` by `x.weight` and `x.scales`
+    or `x.scales_zeros`, and `moe.experts.w13` by `w13_weight` and `w13_scales`...)."""
+    D, inter, E, hd = c.hidden_size, c.intermediate_size, c.num_local_experts, c.head_dim
+    qkv = (c.num_attention_heads + 2 * c.num_key_value_heads) * hd
+    shapes: dict[str, tuple[int, ...]] = {
+        "tok_embeddings.weight": (c.vocab_size, D),
+        "norm.weight": (D,),
+        "output.weight": (c.vocab_size, D),
+    }
+    for n in range(c.num_hidden_layers):
+        m = f"layers.{n}."
+        shapes |= {
+            m + "attention.wqkv.weight": (qkv, D),
+            m + "attention.wo.weight": (D, c.num_attention_heads * hd),
+            m + "attention_norm.weight": (D,),
+            m + "ffn_norm.weight": (D,),
+            m + "moe.gate.weight": (E, D),
+            m + "moe.experts.w13": (E, 2 * inter, D),
+            m + "moe.experts.w2": (E, D, inter),
+        }
+    return shapes
+
+
+def _moe(
+    experts: dict[str, torch.Tensor],
+    gate: torch.Tensor,
+    c: ModelConfig,
+    kernels: NativeKernels | None,
+    fmt: WeightFormat | None,
+) -> MoEFeedForward:
+    """One layer's MoE from its stacked experts: `w13` and `w2` (full precision), or each as
+    `_weight` with `_scales` / `_scales_zeros` (quantized). CPU fp32 with oneDNN (or on the
+    native path) runs an `ExpertLoop` of blocked (packed) copies, and the stacks are dropped;
+    quantized experts an `ExpertLoop` of views; the rest `GroupedExperts` on the stacks."""
+    E, D, k = c.num_local_experts, c.hidden_size, c.num_experts_per_tok
+    if "w13" not in experts:  # quantized: per-expert views of the stacked tensors
+        scales = "scales" if "w13_scales" in experts else "scales_zeros"
+
+        def one(w: str, e: int) -> Projection:
+            return projection(
+                {"weight": experts[f"{w}_weight"][e], scales: experts[f"{w}_{scales}"][e]}, fmt=fmt
+            )
+
+        loop = ExpertLoop(tuple((one("w13", e), one("w2", e)) for e in range(E)), D)
+        return MoEFeedForward(gate, loop, loop, k)
+    w13, w2 = experts["w13"], experts["w2"]
+    if (kernels is not None and w13.dtype == torch.float32) or onednn.available(w13):
+        blocked = tuple(
+            (projection({"weight": w13[e]}, kernels=kernels), projection({"weight": w2[e]}, kernels=kernels))
+            for e in range(E)
+        )
+        loop = ExpertLoop(blocked, D)
+        return MoEFeedForward(gate, loop, loop, k)  # the copies replace the stacks, which are dropped
+    loop = ExpertLoop(tuple((DenseProjection(w13[e]), DenseProjection(w2[e])) for e in range(E)), D)
+    grouped = grouped_mm_supported(D, c.intermediate_size, w13.dtype, w13.device)
+    return MoEFeedForward(gate, GroupedExperts(w13, w2, grouped=grouped), loop, k)

@@ -35,7 +35,7 @@ from . import native, native_step
 from .config import ModelConfig
 from .errors import InvalidInput, KernelUnavailable
 from .native import cpu_model
-from .network import AttentionStep, KVCache, Transformer, grouped_mm_supported
+from .network import AttentionStep, KVCache, Transformer, build, state_shapes
 
 __all__ = ["PATHS", "EnginePath", "choose", "cpu_model", "default_cache_dir", "settle"]
 
@@ -156,7 +156,7 @@ def settle(
         for act8 in (False, True) if step.kernels.vnni else (False,):
             step.act8 = act8
             timed[act8] = _timed(
-                network, step, network.config.num_hidden_layers, network.tok_embeddings.weight.dtype, rounds=5
+                network, step, network.config.num_hidden_layers, network.embeddings.dtype, rounds=5
             )
     except Exception as exc:  # a kernel that fails on this machine must not stop the load
         log.warning("engine: measuring the native step failed (%s); decoding on the eager path", exc)
@@ -256,17 +256,9 @@ def _timed(
 def _stand_in(config: ModelConfig, kernels: native.NativeKernels | None) -> Transformer:
     """A network of `config`'s shapes with random weights, bound for the native path (`kernels`) or the eager one."""
     generator = torch.Generator().manual_seed(0)
-    network = Transformer(
-        config,
-        grouped_experts=grouped_mm_supported(
-            config.hidden_size, config.intermediate_size, torch.float32, torch.device("cpu")
-        ),
-    )
-    with torch.no_grad():
-        for param in network.parameters():
-            param.normal_(0.0, 0.05, generator=generator)
-    network.init_buffers(torch.device("cpu"), kernels)
-    return network
+    shapes = state_shapes(config)
+    state = {k: torch.empty(s).normal_(0.0, 0.05, generator=generator) for k, s in shapes.items()}
+    return build(config, state, kernels=kernels)
 
 
 def _ratio(

@@ -1,25 +1,24 @@
 """The linear layers of the hot path as plain objects: oneDNN-blocked (CPU fp32), dense, int8, int4.
 
-`projection(module)` turns an `nn.Linear` or an `Int8Linear` into an object whose call is one
-matmul op (no nn.Module `__call__`, no attribute lookups: about 3 us saved per use on the
-2-core test machine, where a whole batch-1 decode step of the small benchmark model is
-~1 ms), and whose `add` folds a residual in (`torch.addmm`, or oneDNN's add post-op), so
-that the attention output projection and the residual sum are a single op. In fp32 on CPU
-the attention projections run on a oneDNN-blocked copy of their weight (onednn.py says why).
+`projection(parts)` turns a weight as loaded (`{"weight": ...}`, with `"scales"` for int8 or
+`"scales_zeros"` for int4) into an object whose call is one matmul op, and whose `add` folds
+a residual in (`torch.addmm`, or oneDNN's add post-op), so that the attention output
+projection and the residual sum are a single op. In fp32 on CPU the projections run on a
+oneDNN-blocked copy of their weight (onednn.py says why), or on the native kernels' packed
+copy when the model runs the native path (native.py).
 
-`projection(module, head=True)` (the lm head): on CPU in fp32, a large head also gets a
-oneDNN-blocked copy (`torch.ops.mkldnn`, the ops inductor's weight freezing emits for fp32
-linears on CPU) used from 3 rows on; see `_blocked_head_wins`.
+`head_projection(parts)`: the lm head, one strategy per device (see its docstring).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import torch
-from torch import nn
 
 from . import onednn
 from .native import NativeKernels, NativeProjection
-from .quant import Int4Linear, Int8Linear, int4_matmul, int8_matmul
+from .quant import WeightFormat, int4_matmul, int8_matmul
 
 __all__ = [
     "BlockedProjection",
@@ -28,6 +27,7 @@ __all__ = [
     "Int4Projection",
     "Int8Projection",
     "Projection",
+    "head_projection",
     "projection",
 ]
 
@@ -91,17 +91,18 @@ class Int4Projection:
 
 
 class HeadProjection:
-    """The CPU fp32 lm head: MKL on the column-major weight up to 2 rows, a oneDNN-blocked copy
-    of it from 3 rows on (see `_blocked_head_wins` for why)."""
+    """The CPU lm head on the eager path: MKL on a column-major copy of the weight for one or
+    two rows, a oneDNN-blocked copy of it from 3 rows on when oneDNN takes the weight (fp32).
+    See `head_projection` for why."""
 
     __slots__ = ("blocked", "wt")
 
     def __init__(self, weight: torch.Tensor) -> None:
-        self.wt = weight.t()  # [K, N]
-        self.blocked = onednn.block(weight)
+        self.wt = weight.t().contiguous()  # [K, N]: the weight column-major, one copy
+        self.blocked = onednn.block(weight) if onednn.available(weight) else None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if x.shape[0] < 3:
+        if self.blocked is None or x.shape[0] < 3:
             return torch.mm(x, self.wt)
         return onednn.linear(x, self.blocked)
 
@@ -113,40 +114,50 @@ Projection = (
     DenseProjection | BlockedProjection | Int8Projection | Int4Projection | HeadProjection | NativeProjection
 )
 
-BLOCKED_MIN_BYTES = 32 << 20  # smaller heads stay in cache; see _blocked_head_wins
+
+def projection(
+    parts: Mapping[str, torch.Tensor],
+    *,
+    kernels: NativeKernels | None = None,
+    fmt: WeightFormat | None = None,
+) -> Projection:
+    """A projection from its loaded tensors: `weight` [N, K], with `scales` (int8) or
+    `scales_zeros` (int4, stored as `fmt` says). Full-precision CPU fp32 weights run on the
+    native kernels' packed copy when `kernels` is given (the native path, paths.py), else
+    on a oneDNN-blocked copy; other weights (bf16, CUDA, no oneDNN) as stored."""
+    weight = parts["weight"]
+    if "scales" in parts:
+        return Int8Projection(weight, parts["scales"])
+    if "scales_zeros" in parts:
+        assert fmt is not None
+        return Int4Projection(weight, parts["scales_zeros"], fmt.packs(weight.shape[0]))
+    if kernels is not None and weight.dtype == torch.float32 and weight.device.type == "cpu":
+        return NativeProjection(weight, kernels)
+    return BlockedProjection(weight) if onednn.available(weight) else DenseProjection(weight)
 
 
-def projection(module: nn.Module, *, head: bool = False, kernels: NativeKernels | None = None) -> Projection:
-    """`kernels`: the native path (paths.py) for CPU fp32 projections, the head included (its
-    packed copy streams as fast as the oneDNN-blocked one and beats MKL at every row count:
-    docs/benchmarks.md, issue 13 part 2)."""
-    if isinstance(module, Int8Linear):
-        return Int8Projection(module.weight, module.scales)
-    if isinstance(module, Int4Linear):
-        return Int4Projection(module.weight, module.scales_zeros, module.packed)
-    assert isinstance(module, nn.Linear) and module.bias is None
-    if kernels is not None and module.weight.dtype == torch.float32 and module.weight.device.type == "cpu":
-        return NativeProjection(module.weight, kernels)
-    if head:
-        return (
-            HeadProjection(module.weight)
-            if _blocked_head_wins(module.weight)
-            else DenseProjection(module.weight)
-        )
-    return (
-        BlockedProjection(module.weight)
-        if onednn.available(module.weight)
-        else DenseProjection(module.weight)
-    )
+def head_projection(
+    parts: Mapping[str, torch.Tensor],
+    *,
+    kernels: NativeKernels | None = None,
+    fmt: WeightFormat | None = None,
+) -> Projection:
+    """The lm head: one strategy per device and path, whatever the head's size.
 
+    - quantized: the quantized kernel, as every other projection;
+    - CPU fp32 on the native path: the native kernels' packed copy, which streams as fast as
+      the oneDNN-blocked one and beats MKL at every row count;
+    - CPU on the eager path: `HeadProjection`. MKL's small-M GEMM on the stored row-major
+      weight has a slow band at decode batch sizes and is slower at one row too, so it runs
+      on a column-major copy; from 3 rows on oneDNN's blocked copy reads the weight far
+      faster than MKL does, but at one row it loses to MKL and adds a fixed cost per call,
+      so neither kernel alone is fastest at both batch 1 and batch 8;
+    - other devices (CUDA): the stored weight as it is.
 
-def _blocked_head_wins(weight: torch.Tensor) -> bool:
-    """Whether an lm head weight [V, D] gets the oneDNN-blocked copy for batches of 3+ rows.
-
-    MKL's GEMM from 2 to ~16 rows reads the weight far below the memory's speed, oneDNN's
-    blocked layout does not; but oneDNN loses at one row and adds a fixed cost per call, so it
-    is used from 3 rows on and only for heads too large to stay in cache (BLOCKED_MIN_BYTES).
-    The per-row timings and the decode tokens/s it was chosen by are in docs/benchmarks.md
-    (issue 12's section). Cost: a second copy of large heads.
+    The per-row timings these were chosen by are in docs/benchmarks.md
+    (benchmarks/engine_head_layout.py). Cost on CPU: the copies, one or two of the head.
     """
-    return onednn.available(weight) and weight.numel() * weight.element_size() >= BLOCKED_MIN_BYTES
+    weight = parts["weight"]
+    if len(parts) > 1 or (kernels is not None and weight.dtype == torch.float32):
+        return projection(parts, kernels=kernels, fmt=fmt)
+    return HeadProjection(weight) if weight.device.type == "cpu" else DenseProjection(weight)

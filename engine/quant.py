@@ -40,7 +40,6 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 from .errors import UnsupportedQuantization
 from .native import cpu_model
@@ -48,10 +47,6 @@ from .native import cpu_model
 __all__ = [
     "QUANTIZERS",
     "Int4Choice",
-    "Int4Experts",
-    "Int4Linear",
-    "Int8Experts",
-    "Int8Linear",
     "WeightFormat",
     "choice_key",
     "cpu_model",
@@ -262,69 +257,3 @@ def int8_matmul(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor) -> 
     if _packed_kernel_ok(x, weight.shape[1]):
         return torch._weight_int8pack_mm(x.contiguous(), weight, scales)
     return F.linear(x, weight.to(x.dtype)) * scales
-
-
-class Int8Linear(nn.Module):
-    weight: torch.Tensor  # int8 [N, K]
-    scales: torch.Tensor  # [N], activation dtype
-
-    def __init__(self, in_features: int, out_features: int, dtype: torch.dtype) -> None:
-        super().__init__()
-        self.in_features, self.out_features = in_features, out_features
-        self.register_buffer("weight", torch.empty(out_features, in_features, dtype=torch.int8))
-        self.register_buffer("scales", torch.empty(out_features, dtype=dtype))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = int8_matmul(x.reshape(-1, self.in_features), self.weight, self.scales)
-        return y.view(*x.shape[:-1], self.out_features)
-
-
-class Int8Experts(nn.Module):
-    """int8 twin of `GroupedExperts`: w13 [E, 2I, D], w2 [E, D, I] with per-row scales. It holds
-    the weights; `MoEFeedForward` runs them as an `ExpertLoop` of per-expert int8 products."""
-
-    w13_weight: torch.Tensor
-    w13_scales: torch.Tensor
-    w2_weight: torch.Tensor
-    w2_scales: torch.Tensor
-
-    def __init__(self, experts: int, dim: int, intermediate: int, dtype: torch.dtype) -> None:
-        super().__init__()
-        self.register_buffer("w13_weight", torch.empty(experts, 2 * intermediate, dim, dtype=torch.int8))
-        self.register_buffer("w13_scales", torch.empty(experts, 2 * intermediate, dtype=dtype))
-        self.register_buffer("w2_weight", torch.empty(experts, dim, intermediate, dtype=torch.int8))
-        self.register_buffer("w2_scales", torch.empty(experts, dim, dtype=dtype))
-
-
-class Int4Linear(nn.Module):
-    weight: torch.Tensor  # uint8 [N, K/2]: the packed kernel's bytes when `packed`, else nibbles
-    scales_zeros: torch.Tensor  # [K/G, N, 2], activation dtype
-
-    def __init__(self, in_features: int, out_features: int, fmt: WeightFormat) -> None:
-        super().__init__()
-        self.in_features, self.out_features = in_features, out_features
-        self.packed = fmt.packs(out_features)
-        groups = in_features // int4_group_size(in_features)
-        self.register_buffer("weight", torch.empty(out_features, in_features // 2, dtype=torch.uint8))
-        self.register_buffer("scales_zeros", torch.empty(groups, out_features, 2, dtype=fmt.dtype))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = int4_matmul(x.reshape(-1, self.in_features), self.weight, self.scales_zeros, self.packed)
-        return y.view(*x.shape[:-1], self.out_features)
-
-
-class Int4Experts(nn.Module):
-    """int4 twin of `GroupedExperts`, run like `Int8Experts` (an `ExpertLoop`)."""
-
-    w13_weight: torch.Tensor  # [E, 2I, D/2]
-    w13_scales_zeros: torch.Tensor  # [E, D/G, 2I, 2]
-    w2_weight: torch.Tensor  # [E, D, I/2]
-    w2_scales_zeros: torch.Tensor  # [E, I/G, D, 2]
-
-    def __init__(self, experts: int, dim: int, intermediate: int, fmt: WeightFormat) -> None:
-        super().__init__()
-        self.w13_packed, self.w2_packed = fmt.packs(2 * intermediate), fmt.packs(dim)
-        for name, n, k in (("w13", 2 * intermediate, dim), ("w2", dim, intermediate)):
-            groups = k // int4_group_size(k)
-            self.register_buffer(f"{name}_weight", torch.empty(experts, n, k // 2, dtype=torch.uint8))
-            self.register_buffer(f"{name}_scales_zeros", torch.empty(experts, groups, n, 2, dtype=fmt.dtype))

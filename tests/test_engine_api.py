@@ -127,6 +127,6 @@ def test_load_defaults_pick_fp32_on_cpu_and_bf16_for_int8(tmp_path: Path) -> Non
     assert load(tmp_path, device="cpu").dtype == torch.float32
     assert load(tmp_path, device="cpu", quantize="int8").dtype == torch.bfloat16
     assert (
-        load(tmp_path, device="cpu", dtype=torch.bfloat16).network.layers[0].moe.experts.w13.dtype
+        load(tmp_path, device="cpu", dtype=torch.bfloat16).network.layers[0].moe.batched.w13.dtype  # type: ignore[union-attr]
         == torch.bfloat16
     )

@@ -19,7 +19,8 @@ import pytest
 import torch
 from infersight.engine import load, loading, onednn
 from infersight.engine.native import NativeProjection
-from infersight.engine.network import BlockedExperts, GroupedExperts
+from infersight.engine.network import ExpertLoop, GroupedExperts
+from infersight.engine.projection import BlockedProjection, HeadProjection
 
 from tests._engine_checkpoints import greedy_reference, save_checkpoint
 
@@ -98,22 +99,25 @@ def test_sliding_window_shorter_than_the_sequence_matches(tmp_path: Path, expert
 def test_tied_embeddings_match_and_use_the_embedding_values(tmp_path: Path, expert_path: str) -> None:
     _compare(tmp_path, tie_word_embeddings=True)
     net = load(tmp_path, device="cpu").network
-    # on CPU the head is a column-major copy (layout.HEAD_LAYOUT); the values are the embedding's
-    assert torch.equal(net.output.weight, net.tok_embeddings.weight)
+    assert net.layers[0].moe.gate.dtype == torch.float32
+    head = net.head
+    if isinstance(head, HeadProjection):  # the eager path: a column-major copy of the embedding
+        assert torch.equal(head.wt.t(), net.embeddings) and head.wt.is_contiguous()
 
 
 def test_sizes_grouped_mm_cannot_take_fall_back_and_still_match(tmp_path: Path, expert_path: str) -> None:
     # intermediate 50 fp32 = 200-byte rows: not a multiple of 16, so _grouped_mm refuses them
     _compare(tmp_path, hidden_size=72, intermediate_size=50)
     model = load(tmp_path, device="cpu")
-    experts = model.network.layers[0].moe.experts
+    moe = model.network.layers[0].moe
     if expert_path == "blocked":  # oneDNN takes any size
-        assert isinstance(experts, BlockedExperts) and model.engine_path.name == "eager"
+        assert isinstance(moe.batched, ExpertLoop) and model.engine_path.name == "eager"
+        assert isinstance(moe.loop.pairs[0][0], BlockedProjection)
     elif expert_path == "native":  # so do the native kernels (masked tails)
-        assert isinstance(experts, BlockedExperts) and model.engine_path.name == "native"
-        assert isinstance(experts.loop.pairs[0][0], NativeProjection)
+        assert isinstance(moe.batched, ExpertLoop) and model.engine_path.name == "native"
+        assert isinstance(moe.loop.pairs[0][0], NativeProjection)
     else:
-        assert isinstance(experts, GroupedExperts) and not experts.grouped
+        assert isinstance(moe.batched, GroupedExperts) and not moe.batched.grouped
 
 
 def test_without_onednn_aligned_sizes_take_grouped_mm(
@@ -121,7 +125,7 @@ def test_without_onednn_aligned_sizes_take_grouped_mm(
 ) -> None:
     monkeypatch.setattr(onednn, "available", lambda weight: False)
     save_checkpoint(tmp_path, 1)
-    experts = load(tmp_path, device="cpu", engine_path="eager").network.layers[0].moe.experts
+    experts = load(tmp_path, device="cpu", engine_path="eager").network.layers[0].moe.batched
     assert isinstance(experts, GroupedExperts) and experts.grouped
 
 

@@ -18,10 +18,9 @@ import pytest
 import torch
 from infersight.engine import Registry, load
 from infersight.engine.errors import InvalidVersionName, UnsupportedQuantization
+from infersight.engine.projection import Int4Projection
 from infersight.engine.quant import (
     _CHOICES,
-    Int4Experts,
-    Int4Linear,
     choice_key,
     int4_choice,
     int4_dequantize,
@@ -106,7 +105,7 @@ def test_int4_equals_the_model_with_dequantized_weights_on_both_paths(
 
     chosen = int4_choice(torch.float32)
     model = load(ckpt, device="cpu", quantize="int4", dtype=torch.float32)
-    assert isinstance(model.network.output, Int4Linear) and model.network.output.packed is chosen.packed
+    assert isinstance(model.network.head, Int4Projection) and model.network.head.packed is chosen.packed
     assert (model.logits(ids) - reference).abs().max().item() < 1e-4
     # the path the measurement did not pick, forced: the same model
     _CHOICES[choice_key(torch.float32)] = replace(chosen, packed=not chosen.packed)
@@ -114,7 +113,7 @@ def test_int4_equals_the_model_with_dequantized_weights_on_both_paths(
         forced = load(ckpt, device="cpu", quantize="int4", dtype=torch.float32)
     finally:
         _CHOICES[choice_key(torch.float32)] = chosen
-    assert isinstance(forced.network.output, Int4Linear) and forced.network.output.packed is not chosen.packed
+    assert isinstance(forced.network.head, Int4Projection) and forced.network.head.packed is not chosen.packed
     assert (forced.logits(ids) - reference).abs().max().item() < 1e-4
 
 
@@ -136,17 +135,17 @@ def test_router_gate_stays_full_precision_and_the_rest_is_int4(ckpt: Path) -> No
     stored = load_file(ckpt / "model.safetensors")
     net = model.network
     assert model.quantize == "int4"
-    assert isinstance(net.output, Int4Linear) and net.output.weight.dtype == torch.uint8
+    projections = list(net.projections())
+    assert all(isinstance(p, Int4Projection) and p.weight.dtype == torch.uint8 for p in projections)
     for n, block in enumerate(net.layers):
-        assert isinstance(block.attention.wqkv, Int4Linear) and isinstance(block.attention.wo, Int4Linear)
-        experts = block.moe.experts
-        assert isinstance(experts, Int4Experts)
-        assert experts.w13_scales_zeros.shape[1] == 128 // 64 and experts.w2_scales_zeros.shape[1] == 96 // 32
-        gate = block.moe.gate.weight
+        w13, w2 = block.moe.loop.pairs[0]
+        assert isinstance(w13, Int4Projection) and isinstance(w2, Int4Projection)
+        assert w13.scales_zeros.shape[0] == 128 // 64 and w2.scales_zeros.shape[0] == 96 // 32
+        gate = block.moe.gate
         assert gate.dtype == torch.float32
         assert torch.equal(gate, stored[f"model.layers.{n}.block_sparse_moe.gate.weight"])
     full = sum(v.numel() * 4 for k, v in stored.items() if _quantized_keys(k))
-    held = sum(t.numel() for t in net.state_dict().values() if t.dtype == torch.uint8)
+    held = sum(p.weight.numel() for p in projections)  # type: ignore[union-attr]
     assert held == full // 8  # half a byte per weight
 
 
@@ -213,7 +212,7 @@ def test_stand_in_torch_without_the_packed_int4_kernel_falls_back_to_unpack_and_
     try:
         model = load(ckpt, device="cpu", quantize="int4")
         assert not int4_choice(torch.bfloat16).packed
-        assert isinstance(model.network.output, Int4Linear) and not model.network.output.packed
+        assert isinstance(model.network.head, Int4Projection) and not model.network.head.packed
         assert torch.isfinite(model.logits(ids[:1])).all()
     finally:
         _CHOICES.clear()

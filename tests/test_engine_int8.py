@@ -15,7 +15,8 @@ import torch
 from infersight.engine import EnginePath, load, loading
 from infersight.engine.native_step import NativeStep
 from infersight.engine.network import Transformer
-from infersight.engine.quant import Int8Experts, Int8Linear, int8_rows
+from infersight.engine.projection import Int8Projection
+from infersight.engine.quant import int8_rows
 from safetensors.torch import load_file, save_file
 
 from tests._engine_checkpoints import save_checkpoint
@@ -98,19 +99,14 @@ def test_router_gate_stays_full_precision_and_the_rest_is_int8(ckpt: Path) -> No
     model = load(ckpt, device="cpu", quantize="int8")
     stored = load_file(ckpt / "model.safetensors")
     net = model.network
-    assert isinstance(net.output, Int8Linear) and net.output.weight.dtype == torch.int8
+    projections = list(net.projections())
+    assert all(isinstance(p, Int8Projection) and p.weight.dtype == torch.int8 for p in projections)
     for n, block in enumerate(net.layers):
-        assert isinstance(block.attention.wqkv, Int8Linear) and isinstance(block.attention.wo, Int8Linear)
-        assert isinstance(block.moe.experts, Int8Experts)
-        assert (
-            block.moe.experts.w13_weight.dtype == torch.int8
-            and block.moe.experts.w2_weight.dtype == torch.int8
-        )
-        gate = block.moe.gate.weight
+        gate = block.moe.gate
         assert gate.dtype == torch.float32
         assert torch.equal(gate, stored[f"model.layers.{n}.block_sparse_moe.gate.weight"])
     full = sum(v.numel() * 4 for k, v in stored.items() if _quantized_keys(k))
-    held = sum(t.numel() * t.element_size() for t in net.state_dict().values() if t.dtype == torch.int8)
+    held = sum(p.weight.numel() * p.weight.element_size() for p in projections)  # type: ignore[union-attr]
     assert held == full // 4
 
 

@@ -22,7 +22,10 @@ from infersight.engine import (
     UnsupportedQuantization,
     load,
 )
-from infersight.engine.network import BlockedExperts
+from infersight.engine.checkpoint import Checkpoint, build_state
+from infersight.engine.config import ModelConfig
+from infersight.engine.network import ExpertLoop, state_shapes
+from infersight.engine.projection import BlockedProjection, HeadProjection
 from safetensors.torch import load_file, save_file
 
 from tests._engine_checkpoints import save_checkpoint
@@ -79,7 +82,7 @@ def test_loaded_model_reproduces_the_checkpoints_logits(
 
 
 def test_tensors_used_as_stored_are_views_of_the_memory_map(ckpt: Path) -> None:
-    model = load(ckpt, device="cpu")
+    model = load(ckpt, device="cpu", engine_path="eager")
     mapped = []
     for line in Path("/proc/self/maps").read_text().splitlines():
         fields = line.split()
@@ -91,13 +94,19 @@ def test_tensors_used_as_stored_are_views_of_the_memory_map(ckpt: Path) -> None:
         return any(start <= t.data_ptr() < end for start, end in mapped)
 
     net = model.network
-    assert in_map(net.tok_embeddings.weight) and in_map(net.norm.weight)
-    assert in_map(net.layers[1].attention.wo.weight) and in_map(net.layers[1].moe.gate.weight)
-    # the fused tensors (and the CPU head's column-major layout) are the one copy loading makes;
-    # in fp32 on CPU the stacked experts are then reordered for oneDNN and the stack released
-    assert not in_map(net.layers[0].attention.wqkv.weight)
-    assert isinstance(net.layers[0].moe.experts, BlockedExperts)
-    assert not in_map(net.output.weight) and net.output.weight.stride() == (1, 96)
+    assert in_map(net.embeddings) and in_map(net.norm)
+    assert in_map(net.layers[1].attention_norm) and in_map(net.layers[1].moe.gate)
+    # the fused QKV is the one copy loading makes; in fp32 on CPU (eager path) the projections
+    # and experts are then reordered for oneDNN and the head copied column-major
+    wo = net.layers[1].attention.wo
+    assert isinstance(wo, BlockedProjection) and isinstance(net.layers[0].moe.batched, ExpertLoop)
+    assert isinstance(net.head, HeadProjection) and not in_map(net.head.wt) and net.head.wt.is_contiguous()
+
+
+def test_the_state_loading_builds_has_the_names_and_shapes_the_network_reads(ckpt: Path) -> None:
+    config = ModelConfig.from_file(ckpt / "config.json")
+    state = build_state(Checkpoint.open(ckpt), config, device=torch.device("cpu"), dtype=torch.float32)
+    assert {k: tuple(v.shape) for k, v in state.items()} == state_shapes(config)
 
 
 def test_sharded_checkpoint_loads_like_a_single_file(tmp_path: Path) -> None:

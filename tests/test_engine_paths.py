@@ -80,7 +80,7 @@ def test_the_chosen_path_is_the_one_measured_faster(checkpoint: Path, cache_dir:
     ratios = [ratio for _, ratio in model.engine_path.speedups]
     geometric = (ratios[0] * ratios[1]) ** 0.5
     assert model.engine_path.name == ("native" if geometric > 1.0 else "eager")
-    wqkv = model.network.layers[0].attention.bound[0]
+    wqkv = model.network.layers[0].attention.wqkv
     assert isinstance(wqkv, NativeProjection) == (model.engine_path.name == "native")
 
 
