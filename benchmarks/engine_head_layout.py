@@ -1,8 +1,10 @@
-"""Micro-benchmark: the lm head's GEMM on CPU from a row-major vs a column-major weight.
+"""Micro-benchmark: the CPU lm head's candidate kernels at decode row counts.
 
-The engine keeps its CPU lm head column-major (engine/checkpoint.py, HEAD_LAYOUT) because MKL's
-small-M GEMM on a row-major [V, D] weight has a slow band at decode batch sizes. Timed in CPU
-time of the calling thread, minimum of `--repeats`.
+The engine's eager CPU head (engine/projection.py, `head_projection`) runs MKL on a
+column-major copy of the weight for 1-2 rows and a oneDNN-blocked copy from 3 rows on; this
+times the three candidates: MKL on the stored row-major [V, D] weight, MKL on the
+column-major copy, and oneDNN's blocked layout (engine/onednn.py). Timed in CPU time of the
+calling thread, minimum of `--repeats`.
 
     .venv/bin/python benchmarks/engine_head_layout.py [--vocab 32000 --hidden 512 --threads 1]
 """
@@ -15,6 +17,7 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
+from infersight.engine import onednn
 
 
 def fastest(fn: Callable[[], object], repeats: int) -> float:
@@ -37,12 +40,18 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     row_major = torch.randn(args.vocab, args.hidden) * 0.02
     column_major = row_major.t().contiguous().t()  # same [V, D] values, strides (1, V)
-    print("rows M   row-major ms   column-major ms")
+    blocked = onednn.block(row_major) if onednn.available(row_major) else None
+    print("rows M   row-major ms   column-major ms   oneDNN blocked ms")
     for m in (1, 2, 3, 4, 6, 8, 12, 16, 32, 128):
         x = torch.randn(m, args.hidden)
         a = fastest(lambda x=x: F.linear(x, row_major), args.repeats) * 1e3
         b = fastest(lambda x=x: F.linear(x, column_major), args.repeats) * 1e3
-        print(f"{m:6d}   {a:12.2f}   {b:15.2f}")
+        c = (
+            f"{fastest(lambda x=x: onednn.linear(x, blocked), args.repeats) * 1e3:17.2f}"
+            if blocked is not None
+            else f"{'-':>17s}"
+        )
+        print(f"{m:6d}   {a:12.2f}   {b:15.2f}   {c}")
 
 
 if __name__ == "__main__":
