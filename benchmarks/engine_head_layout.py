@@ -1,7 +1,7 @@
 """Micro-benchmark: the CPU lm head's candidate kernels at decode row counts.
 
 The engine's eager CPU head (engine/projection.py, `head_projection`) runs MKL on a
-column-major copy of the weight for 1-2 rows and a oneDNN-blocked copy from 3 rows on; this
+column-major copy of the weight for one row and a oneDNN-blocked copy from 2 rows on; this
 times the three candidates: MKL on the stored row-major [V, D] weight, MKL on the
 column-major copy, and oneDNN's blocked layout (engine/onednn.py). Timed in CPU time of the
 calling thread, minimum of `--repeats`.

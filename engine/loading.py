@@ -1,10 +1,9 @@
 """`load`: a Hugging Face Mixtral checkpoint directory -> a ready `MoEModel`, or a typed error.
 
 Order matters: config, files, names and shapes, NaN/Inf, tokenizer are all checked before a
-single weight is assigned, so a bad checkpoint raises and leaves nothing half-built. The
-network is built by
-network.py's `build`, which makes the plain objects the forward reads straight from the state
-dict: tensors used as stored stay views of the memory map.
+single weight is read, so a bad checkpoint raises and leaves nothing half-built. Then
+checkpoint.py's `build_state` reads the weights and network.py's `build` makes from them the
+plain objects the forward reads: tensors used as stored stay views of the memory map.
 """
 
 from __future__ import annotations

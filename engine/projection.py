@@ -91,9 +91,9 @@ class Int4Projection:
 
 
 class HeadProjection:
-    """The CPU lm head on the eager path: MKL on a column-major copy of the weight for one or
-    two rows, a oneDNN-blocked copy of it from 3 rows on when oneDNN takes the weight (fp32).
-    See `head_projection` for why."""
+    """The CPU lm head on the eager path: MKL on a column-major copy of the weight for one
+    row, a oneDNN-blocked copy of it from 2 rows on when oneDNN takes the weight (fp32). See
+    `head_projection` for why."""
 
     __slots__ = ("blocked", "wt")
 
@@ -102,7 +102,7 @@ class HeadProjection:
         self.blocked = onednn.block(weight) if onednn.available(weight) else None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self.blocked is None or x.shape[0] < 3:
+        if self.blocked is None or x.shape[0] == 1:
             return torch.mm(x, self.wt)
         return onednn.linear(x, self.blocked)
 
@@ -147,10 +147,10 @@ def head_projection(
     - quantized: the quantized kernel, as every other projection;
     - CPU fp32 on the native path: the native kernels' packed copy, which streams as fast as
       the oneDNN-blocked one and beats MKL at every row count;
-    - CPU on the eager path: `HeadProjection`. MKL's small-M GEMM on the stored row-major
-      weight has a slow band at decode batch sizes and is slower at one row too, so it runs
-      on a column-major copy; from 3 rows on oneDNN's blocked copy reads the weight far
-      faster than MKL does, but at one row it loses to MKL and adds a fixed cost per call,
+    - CPU on the eager path: `HeadProjection`. At one row (batch-1 decode) MKL on a
+      column-major copy of the weight is the fastest kernel (MKL on the stored row-major
+      weight is slower at every decode row count); from 2 rows on oneDNN's blocked copy
+      reads the weight far faster than either MKL layout, but at one row it loses to MKL,
       so neither kernel alone is fastest at both batch 1 and batch 8;
     - other devices (CUDA): the stored weight as it is.
 
