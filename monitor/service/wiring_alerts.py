@@ -376,7 +376,7 @@ def record_canary_decision(
         deploy_log.flush()
     if decision.action != "rollback":
         return
-    from infersight.alerts.actions.canary import CANARY_ALERT
+    from infersight.alerts import CANARY_ALERT
     from infersight.alerts.lifecycle import push_alert
 
     now = dt.datetime.now(dt.UTC)
