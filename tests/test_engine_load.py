@@ -13,6 +13,8 @@ import infersight.engine.loading as loading
 import pytest
 import torch
 from infersight.engine import load
+from infersight.engine.checkpoint import Checkpoint, build_state
+from infersight.engine.config import ModelConfig
 from infersight.engine.errors import (
     CheckpointCorrupt,
     CheckpointMismatch,
@@ -22,8 +24,6 @@ from infersight.engine.errors import (
     UnsupportedConfig,
     UnsupportedQuantization,
 )
-from infersight.engine.checkpoint import Checkpoint, build_state
-from infersight.engine.config import ModelConfig
 from infersight.engine.network import ExpertLoop, state_shapes
 from infersight.engine.projection import BlockedProjection, HeadProjection
 from safetensors.torch import load_file, save_file
