@@ -140,7 +140,7 @@ def _shards(index: Path) -> dict[str, list[str]]:
 
 
 Shape = tuple[int, ...]
-# Turns one stored row-major weight [..., N, K] into the entries a module stores, e.g.
+# Turns one stored row-major weight [..., N, K] into the entries its projection holds, e.g.
 # {"weight": int8, "scales": ...} for int8; None keeps the full-precision weight.
 Quantizer = Callable[[torch.Tensor], dict[str, torch.Tensor]]
 

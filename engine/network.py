@@ -441,7 +441,7 @@ class Layer(NamedTuple):
     moe: MoEFeedForward
 
 
-@dataclass(frozen=True, slots=True, eq=False)
+@dataclass(frozen=True, slots=True, eq=False, repr=False)
 class Transformer:
     """The network `build` makes: every weight the forward reads, nothing else."""
 

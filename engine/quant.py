@@ -129,7 +129,7 @@ def int4_matmul(
     return F.linear(x, int4_dequantize(weight, scales_zeros, x.dtype))
 
 
-# scheme -> (weight [..., N, K], activation dtype) -> the tensors its modules store; the
+# scheme -> (weight [..., N, K], activation dtype) -> the tensors its projections hold; the
 # names `load(quantize=)` accepts. int4 takes `packed=` too (see `WeightFormat`).
 QUANTIZERS: dict[str, Callable[..., dict[str, torch.Tensor]]] = {"int8": int8_rows, "int4": int4_groups}
 
@@ -236,7 +236,7 @@ class WeightFormat:
         return self.scheme == "int4" and self.int4_packed and n % 16 == 0
 
     def quantize(self, w: torch.Tensor) -> dict[str, torch.Tensor]:
-        """A row-major weight [..., N, K] -> the tensors its quantized module stores."""
+        """A row-major weight [..., N, K] -> the tensors its quantized projection holds."""
         if self.scheme == "int4":
             return int4_groups(w, self.dtype, packed=self.packs(w.shape[-2]))
         return int8_rows(w, self.dtype)
