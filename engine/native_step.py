@@ -35,14 +35,16 @@ import torch
 from .errors import InvalidInput
 from .native import NativeKernels, NativeProjection, pack
 from .network import Block, BlockedExperts, KVCache, RopeTable, Transformer
-from .projection import Int8Projection
-from .quant import Int8Experts
+from .native_int4 import pack_int4, plain_nibbles
+from .projection import Int4Projection, Int8Projection
+from .quant import Int4Experts, Int8Experts
 
 __all__ = ["NativeStep", "step_for"]
 
 _SIZES = ("D", "H", "Hkv", "hd", "I", "E", "topk", "V", "layers", "window")
 _POINTERS = ("embed", "attn_norm", "wqkv", "wo", "ffn_norm", "gate", "w13", "w2", "norm", "head")
 _SCALES = ("wqkv_s", "wo_s", "w13_s", "w2_s", "head_s")
+_PACKED = ("wqkv", "wo", "w13", "w2", "head")  # int8 activations read these packed (`pack_int8`)
 
 
 class StepModel(ctypes.Structure):
@@ -56,11 +58,21 @@ class StepModel(ctypes.Structure):
         ("quantized", ctypes.c_int64),
         *((name, ctypes.c_void_p) for name in _SCALES),
         ("act8", ctypes.c_int64),
+        *((name + "_p", ctypes.c_void_p) for name in _PACKED),
+        *((name + "_ps", ctypes.c_void_p) for name in _PACKED),
     ]
 
 
 Weights = tuple[torch.Tensor, torch.Tensor | None]
-"""A projection as the C step reads it: packed fp32 (no scales), or int8 [N, K] and fp32 scales [N]."""
+"""A projection as the C step reads it: packed fp32 (no scales), int8 [N, K] and fp32 scales
+[N], or int4 packed (native_int4.py; its scales inside) with an empty scales tensor."""
+
+_INT4 = torch.empty(0, dtype=torch.uint8)  # the scales of an int4 `Weights`: inside the packed blocks
+
+
+def _int4(weight: torch.Tensor, scales_zeros: torch.Tensor, packed: bool) -> Weights:
+    k = 2 * weight.shape[1]
+    return pack_int4(plain_nibbles(weight, k, packed), scales_zeros), _INT4
 
 
 def _weights(p: object) -> Weights | None:
@@ -68,10 +80,12 @@ def _weights(p: object) -> Weights | None:
         return p.packed, None
     if isinstance(p, Int8Projection):
         return p.weight.contiguous(), p.scales.float().contiguous()
+    if isinstance(p, Int4Projection):
+        return _int4(p.weight, p.scales_zeros, p.packed)
     return None
 
 
-def _experts(experts: object) -> list[tuple[Weights, Weights]] | None:
+def _experts(experts: object, int4: bool) -> list[tuple[Weights, Weights]] | None:
     if isinstance(experts, BlockedExperts):
         pairs = [(_weights(a), _weights(b)) for a, b in experts.loop.pairs]
         return None if any(a is None or b is None for a, b in pairs) else pairs  # type: ignore[return-value]
@@ -79,38 +93,77 @@ def _experts(experts: object) -> list[tuple[Weights, Weights]] | None:
         w13 = zip(experts.w13_weight.unbind(0), experts.w13_scales.float().unbind(0), strict=True)
         w2 = zip(experts.w2_weight.unbind(0), experts.w2_scales.float().unbind(0), strict=True)
         return [((a[0].contiguous(), a[1]), (b[0].contiguous(), b[1])) for a, b in zip(w13, w2, strict=True)]
+    if isinstance(experts, Int4Experts) and int4:
+        e = experts
+        i = e.w13_weight.shape[1] // 2
+        out = []
+        for w13, sz13, w2, sz2 in zip(
+            e.w13_weight, e.w13_scales_zeros, e.w2_weight, e.w2_scales_zeros, strict=True
+        ):
+            q13 = plain_nibbles(w13, 2 * w13.shape[1], e.w13_packed)
+            up = torch.cat([pack_int4(q13[:i], sz13[:, :i]), pack_int4(q13[i:], sz13[:, i:])]), _INT4
+            out.append((up, _int4(w2, sz2, e.w2_packed)))
+        return out
     return None
+
+
+def pack_int8(w: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """int8 [N, K] and scales [N] -> the C side's packed layout (native_int8.py, `p8_block`) and
+    the scales zero-padded to whole 16-column blocks: per block of 16 rows, per 64 columns of K,
+    [16 k-quads][16 rows][4 k] int8 and then the block's 16 row sums over those 64 columns (int32)."""
+    n, k = w.shape
+    nb, ng = -(-n // 16), -(-k // 64)
+    padded = torch.zeros(nb * 16, ng * 64, dtype=torch.int8)
+    padded[:n, :k] = w
+    groups = padded.view(nb, 16, ng, 16, 4)  # [block, row, group, k-quad, k]
+    quads = groups.permute(0, 2, 3, 1, 4).reshape(nb, ng, 1024)
+    sums = groups.view(nb, 16, ng, 64).sum(-1, dtype=torch.int32).permute(0, 2, 1).contiguous()
+    packed = torch.cat([quads, sums.view(torch.int8).view(nb, ng, 64)], dim=-1)
+    s = torch.zeros(nb * 16, dtype=torch.float32)
+    s[:n] = scales.float()
+    return packed.contiguous(), s
+
+
+def _pack_w13(w: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """w1 | w3 rows [2I, K] packed as w1's blocks, then w3's (their blocks line up for any I)."""
+    i = w.shape[0] // 2
+    (a, sa), (b, sb) = pack_int8(w[:i], scales[:i]), pack_int8(w[i:], scales[i:])
+    return torch.cat([a, b]), torch.cat([sa, sb])
 
 
 def step_for(network: Transformer, kernels: NativeKernels) -> NativeStep | None:
     """The native step over a bound CPU network: fp32 on the native path's packed weights
-    (`init_buffers(..., kernels)`), or int8 weight-only (bf16 activations) on its own int8
-    tensors. None for anything else (other dtypes, int4, other devices)."""
+    (`init_buffers(..., kernels)`), or int8 or int4 weight-only (bf16 activations; int4 only
+    where the library has the VNNI loops) on packed copies of its own tensors. None for
+    anything else (other dtypes, other devices)."""
     bound = network.bound
     assert bound is not None and network.rope is not None, "init_buffers() first"
     if bound.embeddings.device.type != "cpu" or bound.embeddings.dtype not in (torch.float32, torch.bfloat16):
         return None
+    if isinstance(bound.head, Int4Projection) and not kernels.vnni:
+        return None
     head = _weights(bound.head)
     if head is None:
         return None
+    int4 = head[1] is _INT4
     layers = []
     for block in network.layers:
         assert isinstance(block, Block)
         if block.attention.bound is None:
             return None
         qkv, wo = (_weights(p) for p in block.attention.bound)
-        experts = _experts(block.moe.experts)
+        experts = _experts(block.moe.experts, int4)
         if qkv is None or wo is None or experts is None:
             return None
         layers.append((block, qkv, wo, experts))
     quantized = head[1] is not None
-    kinds = {
-        w[1] is not None
-        for _, qkv, wo, experts in layers
-        for w in (qkv, wo, *(x for e in experts for x in e))
-    }
+
+    def kind(w: Weights) -> str:
+        return "fp32" if w[1] is None else "int4" if w[1] is _INT4 else "int8"
+
+    kinds = {kind(w) for _, qkv, wo, experts in layers for w in (qkv, wo, *(x for e in experts for x in e))}
     want = torch.bfloat16 if quantized else torch.float32
-    if kinds != {quantized} or bound.embeddings.dtype != want:
+    if kinds != {kind(head)} or bound.embeddings.dtype != want:
         return None
     return NativeStep(network, kernels, head, layers)
 
@@ -129,7 +182,7 @@ class NativeStep:
     ) -> None:
         c, bound = network.config, network.bound
         assert bound is not None and network.rope is not None
-        quantized = head[1] is not None
+        quantized, int4 = head[1] is not None, head[1] is _INT4
         self.kernels = kernels
         # int8 models compute in bf16 on the eager path; here activations are fp32, RoPE too
         self.rope = RopeTable(network.rope.inv_freq, torch.float32) if quantized else network.rope
@@ -172,6 +225,22 @@ class NativeStep:
                 for name, (w, scales) in (("w13", up), ("w2", down)):
                     columns[name].append(w)
                     columns[name + "_s"].append(scales)
+        head_p: torch.Tensor | None = None
+        head_ps: torch.Tensor | None = None
+        if int4:  # the packed blocks hold the scales; `_p` (what int8 activations read) the same
+            for name in _PACKED[:4]:
+                columns[name + "_s"] = [None]
+                columns[name + "_p"] = columns[name]
+            head_p = head[0]
+        elif quantized and kernels.vnni:  # int8 activations read packed copies, made once here
+            for name in _PACKED[:4]:
+                packer = _pack_w13 if name == "w13" else pack_int8
+                pairs = [packer(w, sc) for w, sc in zip(columns[name], columns[name + "_s"], strict=True)]  # type: ignore[arg-type]
+                columns[name + "_p"] = [p for p, _ in pairs]
+                columns[name + "_ps"] = [p for _, p in pairs]
+            assert head[1] is not None
+            head_p, head_ps = pack_int8(head[0], head[1])
+            keep.extend((head_p, head_ps))
         embed, norm = bound.embeddings.contiguous(), fp32(bound.norm)
         keep.extend((embed, norm, *head))
         self.model = StepModel(
@@ -190,12 +259,14 @@ class NativeStep:
             embed=embed.data_ptr(),
             norm=norm.data_ptr(),
             head=head[0].data_ptr(),
-            quantized=int(quantized),
-            head_s=head[1].data_ptr() if head[1] is not None else 0,
+            head_s=head[1].data_ptr() if quantized and not int4 else 0,  # type: ignore[union-attr]
+            head_p=head_p.data_ptr() if head_p is not None else 0,
+            head_ps=head_ps.data_ptr() if head_ps is not None else 0,
+            quantized=2 if int4 else int(quantized),
             **{name: array(tensors) for name, tensors in columns.items()},
         )
         self._keep, self._address = keep, ctypes.addressof(self.model)
-        self.quantized = quantized
+        self.quantized, self.int4 = quantized, int4
         self._cache_dtype = torch.bfloat16 if quantized else torch.float32
         self._cache_shape = (c.num_hidden_layers, c.num_key_value_heads, c.head_dim)
         self._scratch: dict[tuple[int, int], torch.Tensor] = {}  # (rows, threads) -> buffer
