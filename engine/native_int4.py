@@ -15,8 +15,9 @@ no sign or offset tricks, and the scale and zero are applied once per group and 
 The packed layout, per block of 16 output columns (rows of the weight) and per group: G / 8
 runs of 64 bytes, run u holding columns k = 8u..8u+7 of the group as byte 4c + j = q[c][8u + j]
 (low nibble) | q[c][8u + 4 + j] << 4 (c the row in the block, j < 4); then the group's 16
-scales and 16 zeros as bf16 (64 bytes). A block is one sequential run of memory; one 64-byte
-load, two masks and a shift feed two `vpdpbusd` per activation row.
+scales and 16 zeros as bf16 (64 bytes). A block is one sequential run of memory (the hardware
+prefetcher follows it); one 64-byte load, two masks and a shift feed two `vpdpbusd` per
+activation row.
 
 Where the CPU lacks AVX512-VNNI the library has no int4 loop and int4 models stay on the
 eager path (`infersight_has_vnni`).
@@ -52,11 +53,9 @@ static inline __attribute__((always_inline)) void p4_tile(
         const int64_t k0 = g * G;
         __m512i ia[4], ib[4];
         for (int r = 0; r < MR; r++) ia[r] = ib[r] = _mm512_setzero_si512();
-        _mm_prefetch((const char *)(wg + 4 * gbytes), _MM_HINT_T0);
         for (int64_t u = 0; u < G / 8; u++) {
             __m512i v = _mm512_loadu_si512((const void *)(wg + u * 64));
             __m512i w0 = _mm512_and_si512(v, lo), w1 = _mm512_and_si512(_mm512_srli_epi16(v, 4), lo);
-            if ((u & 1) == 0) _mm_prefetch((const char *)(wg + 4 * gbytes + u * 64 + 64), _MM_HINT_T0);
             for (int r = 0; r < MR; r++) {
                 const int8_t *a = q->as + (r0 + r) * q->Kp + k0 + 8 * u;
                 int32_t a0, a1;

@@ -207,7 +207,8 @@ static void quantize_row(const qact *q, int64_t row, const float *x, int64_t K) 
 /* The packed int8 layout (native_step.py's `pack_int8`, made once at load): per 16-column
    block, per 64-column group of K, 16 k-quads of [16 columns][4 k] int8 (1024 bytes), then the
    group's 16 column sums of w (int32, 64 bytes). One 64-byte load feeds one dpbusd per row
-   against the row's 4 activations broadcast; a block is one sequential run of memory. */
+   against the row's 4 activations broadcast; a block is one sequential run of memory, which the
+   hardware prefetcher follows (software prefetching here measured slower). */
 #define P8_GROUP 1088
 
 /* out[r][0..15] = x_r . w[n0 + c] for r < MR: `wb` one packed block of nb groups, `s` its 16 scales. */
@@ -219,11 +220,9 @@ static inline __attribute__((always_inline)) void p8_tile(
         const int8_t *wg = wb + g * P8_GROUP;
         __m512i ia[4], ib[4];
         for (int r = 0; r < MR; r++) ia[r] = ib[r] = _mm512_setzero_si512();
-        _mm_prefetch((const char *)(wg + 4 * P8_GROUP), _MM_HINT_T0);
         for (int t = 0; t < 16; t += 2) {
             __m512i w0 = _mm512_load_si512((const void *)(wg + t * 64));
             __m512i w1 = _mm512_load_si512((const void *)(wg + t * 64 + 64));
-            if ((t & 3) == 0) _mm_prefetch((const char *)(wg + 4 * P8_GROUP + t * 64 + 128), _MM_HINT_T0);
             for (int r = 0; r < MR; r++) {
                 const uint8_t *a = q->a + (r0 + r) * q->Kp + g * 64 + t * 4;
                 int32_t a0, a1;
