@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["INT4_SOURCE", "pack_int4", "plain_nibbles"]
+__all__ = ["INT4_SOURCE", "Sources", "pack_int4", "plain_nibbles"]
 
 INT4_SOURCE = r"""
 #if INFERSIGHT_VNNI
@@ -97,7 +97,9 @@ static void p4_block(const qact *q, int64_t r0, int64_t M, const uint8_t *wb, in
 #endif
 """
 
-_SOURCES: dict[tuple[int, int], torch.Tensor] = {}  # (N, K) -> source index of each packed nibble
+Sources = dict[tuple[int, int], torch.Tensor]
+"""(N, K) -> `_packed_sources` of that shape: kept by the caller for one model's weights (its
+experts share shapes), not for the process (a vocabulary-sized head's is N * K int32)."""
 
 
 def _nibbles(weight: torch.Tensor) -> torch.Tensor:
@@ -105,33 +107,36 @@ def _nibbles(weight: torch.Tensor) -> torch.Tensor:
     return torch.stack([weight & 15, weight >> 4], dim=-1).flatten(-2)
 
 
-def _packed_sources(n: int, k: int) -> torch.Tensor:
-    """For torch's packed int4 CPU layout of an [n, k] weight: the row-major index of the weight
-    element each nibble of the packed bytes holds. Found by packing probes (4 bits of every
-    element's index per probe), so nothing here depends on the layout the kernel build chose."""
-    found = _SOURCES.get((n, k))
+def _packed_sources(n: int, k: int, sources: Sources) -> torch.Tensor:
+    """For torch's packed int4 CPU layout of an [n, k] weight: the row-major index (int32) of
+    the weight element each nibble of the packed bytes holds. Found by packing probes (4 bits
+    of every element's index per probe), so nothing here depends on the layout the kernel's
+    build chose; checked to be a permutation."""
+    found = sources.get((n, k))
     if found is None:
-        index = torch.arange(n * k, dtype=torch.int64)
-        found = torch.zeros(n * k, dtype=torch.int64)
+        index = torch.arange(n * k, dtype=torch.int32)
+        found = torch.zeros(n * k, dtype=torch.int32)
         for shift in range(0, max(1, (n * k - 1).bit_length()), 4):
-            probe = ((index >> shift) & 15).to(torch.int32).view(n, k)
+            probe = ((index >> shift) & 15).view(n, k)
             packed = torch._convert_weight_to_int4pack_for_cpu(probe, 1)
-            found |= _nibbles(packed.reshape(-1)).to(torch.int64) << shift
-        if not torch.equal(found.sort().values, index):
+            found |= _nibbles(packed.reshape(-1)).to(torch.int32) << shift
+        seen = torch.zeros(n * k, dtype=torch.bool)
+        seen[found.long()] = True
+        if not bool(seen.all()):
             raise ValueError(f"torch's packed int4 layout of [{n}, {k}] is not a permutation")
-        _SOURCES[(n, k)] = found
+        sources[(n, k)] = found
     return found
 
 
-def plain_nibbles(weight: torch.Tensor, k: int, packed: bool) -> torch.Tensor:
+def plain_nibbles(weight: torch.Tensor, k: int, packed: bool, sources: Sources | None = None) -> torch.Tensor:
     """An int4 weight as quant.py stores it (uint8 [N, K/2]; `packed`: the bytes of torch's
-    packed kernel) -> q uint8 [N, K] in 0..15."""
+    packed kernel) -> q uint8 [N, K] in 0..15. `sources`: the packed layouts found so far."""
     n = weight.shape[0]
     nib = _nibbles(weight.reshape(-1))
     if not packed:
         return nib.view(n, k)
     q = torch.empty(n * k, dtype=torch.uint8)
-    q[_packed_sources(n, k)] = nib
+    q[_packed_sources(n, k, {} if sources is None else sources).long()] = nib
     return q.view(n, k)
 
 

@@ -34,8 +34,8 @@ import torch
 
 from .errors import InvalidInput
 from .native import NativeKernels, NativeProjection, pack
+from .native_int4 import Sources, pack_int4, plain_nibbles
 from .network import Block, BlockedExperts, KVCache, RopeTable, Transformer
-from .native_int4 import pack_int4, plain_nibbles
 from .projection import Int4Projection, Int8Projection
 from .quant import Int4Experts, Int8Experts
 
@@ -70,24 +70,24 @@ Weights = tuple[torch.Tensor, torch.Tensor | None]
 _INT4 = torch.empty(0, dtype=torch.uint8)  # the scales of an int4 `Weights`: inside the packed blocks
 
 
-def _int4(weight: torch.Tensor, scales_zeros: torch.Tensor, packed: bool) -> Weights:
+def _int4(weight: torch.Tensor, scales_zeros: torch.Tensor, packed: bool, sources: Sources) -> Weights:
     k = 2 * weight.shape[1]
-    return pack_int4(plain_nibbles(weight, k, packed), scales_zeros), _INT4
+    return pack_int4(plain_nibbles(weight, k, packed, sources), scales_zeros), _INT4
 
 
-def _weights(p: object) -> Weights | None:
+def _weights(p: object, sources: Sources) -> Weights | None:
     if isinstance(p, NativeProjection):
         return p.packed, None
     if isinstance(p, Int8Projection):
         return p.weight.contiguous(), p.scales.float().contiguous()
     if isinstance(p, Int4Projection):
-        return _int4(p.weight, p.scales_zeros, p.packed)
+        return _int4(p.weight, p.scales_zeros, p.packed, sources)
     return None
 
 
-def _experts(experts: object, int4: bool) -> list[tuple[Weights, Weights]] | None:
+def _experts(experts: object, int4: bool, sources: Sources) -> list[tuple[Weights, Weights]] | None:
     if isinstance(experts, BlockedExperts):
-        pairs = [(_weights(a), _weights(b)) for a, b in experts.loop.pairs]
+        pairs = [(_weights(a, sources), _weights(b, sources)) for a, b in experts.loop.pairs]
         return None if any(a is None or b is None for a, b in pairs) else pairs  # type: ignore[return-value]
     if isinstance(experts, Int8Experts):
         w13 = zip(experts.w13_weight.unbind(0), experts.w13_scales.float().unbind(0), strict=True)
@@ -96,13 +96,13 @@ def _experts(experts: object, int4: bool) -> list[tuple[Weights, Weights]] | Non
     if isinstance(experts, Int4Experts) and int4:
         e = experts
         i = e.w13_weight.shape[1] // 2
-        out = []
+        out: list[tuple[Weights, Weights]] = []
         for w13, sz13, w2, sz2 in zip(
             e.w13_weight, e.w13_scales_zeros, e.w2_weight, e.w2_scales_zeros, strict=True
         ):
-            q13 = plain_nibbles(w13, 2 * w13.shape[1], e.w13_packed)
-            up = torch.cat([pack_int4(q13[:i], sz13[:, :i]), pack_int4(q13[i:], sz13[:, i:])]), _INT4
-            out.append((up, _int4(w2, sz2, e.w2_packed)))
+            q13 = plain_nibbles(w13, 2 * w13.shape[1], e.w13_packed, sources)
+            up: Weights = torch.cat([pack_int4(q13[:i], sz13[:, :i]), pack_int4(q13[i:], sz13[:, i:])]), _INT4
+            out.append((up, _int4(w2, sz2, e.w2_packed, sources)))
         return out
     return None
 
@@ -142,7 +142,8 @@ def step_for(network: Transformer, kernels: NativeKernels) -> NativeStep | None:
         return None
     if isinstance(bound.head, Int4Projection) and not kernels.vnni:
         return None
-    head = _weights(bound.head)
+    sources: Sources = {}  # int4: torch's packed layouts, per shape, while this model is packed
+    head = _weights(bound.head, sources)
     if head is None:
         return None
     int4 = head[1] is _INT4
@@ -151,8 +152,8 @@ def step_for(network: Transformer, kernels: NativeKernels) -> NativeStep | None:
         assert isinstance(block, Block)
         if block.attention.bound is None:
             return None
-        qkv, wo = (_weights(p) for p in block.attention.bound)
-        experts = _experts(block.moe.experts, int4)
+        qkv, wo = (_weights(p, sources) for p in block.attention.bound)
+        experts = _experts(block.moe.experts, int4, sources)
         if qkv is None or wo is None or experts is None:
             return None
         layers.append((block, qkv, wo, experts))

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 import torch
 from infersight.engine import MoEModel, Registry, load, loading
-from infersight.engine.native_int4 import plain_nibbles
 from infersight.engine.errors import InvalidVersionName, UnsupportedQuantization
+from infersight.engine.native_int4 import plain_nibbles
 from infersight.engine.quant import (
     _CHOICES,
     Int4Experts,
@@ -138,7 +138,9 @@ def test_int4_equals_the_model_with_dequantized_weights_on_both_paths(
     assert (forced.logits(ids) - reference).abs().max().item() < 1e-4
 
 
-def test_int4_next_token_distributions_stay_close_to_fp32(ckpt: Path, ids: torch.Tensor, int4_path: str) -> None:
+def test_int4_next_token_distributions_stay_close_to_fp32(
+    ckpt: Path, ids: torch.Tensor, int4_path: str
+) -> None:
     fp32 = load(ckpt, device="cpu")
     int8, int4 = load(ckpt, device="cpu", quantize="int8"), load(ckpt, device="cpu", quantize="int4")
     _on_path(int4, int4_path)
@@ -171,7 +173,9 @@ def test_router_gate_stays_full_precision_and_the_rest_is_int4(ckpt: Path) -> No
     assert held == full // 8  # half a byte per weight
 
 
-def test_int4_serving_hooks_agree_with_its_full_forward(ckpt: Path, ids: torch.Tensor, int4_path: str) -> None:
+def test_int4_serving_hooks_agree_with_its_full_forward(
+    ckpt: Path, ids: torch.Tensor, int4_path: str
+) -> None:
     model = load(ckpt, device="cpu", quantize="int4")
     _on_path(model, int4_path)
     cache = model.new_cache(max_batch=2, max_seq_len=32)
@@ -208,7 +212,10 @@ def test_the_native_int4_step_computes_the_eager_int4_decode(
         for r in range(4):
             m.prefill(cache, r, ids[r, :8])
     for t in range(8, 16):
-        a, b = (m.decode(c, rows, ids[:, t], torch.full((4,), t)) for m, c in zip((eager, fast), caches, strict=True))
+        a, b = (
+            m.decode(c, rows, ids[:, t], torch.full((4,), t))
+            for m, c in zip((eager, fast), caches, strict=True)
+        )
         assert (a - b).abs().max().item() < 0.03 * a.abs().max().item()
         assert torch.equal(a.argmax(-1), b.argmax(-1))
 
