@@ -177,6 +177,39 @@ static int64_t qact_bytes(int64_t rows, int64_t K) {
 }
 
 static void quantize_row(const qact *q, int64_t row, const float *x, int64_t K) {
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+    for (int64_t b = 0; b < q->nb; b++) { /* the loop below, 16 columns per register */
+        int64_t k0 = b * 64, n = K - k0 < 64 ? K - k0 : 64;
+        __m512 v[4];
+        __m512 mx = _mm512_setzero_ps();
+        for (int i = 0; i < 4; i++) {
+            int64_t left = n - 16 * i;
+            __mmask16 km = left >= 16 ? (__mmask16)0xffff : left <= 0 ? 0 : (__mmask16)((1u << left) - 1u);
+            v[i] = _mm512_maskz_loadu_ps(km, x + k0 + 16 * i);
+            mx = _mm512_max_ps(mx, _mm512_abs_ps(v[i]));
+        }
+        float m = _mm512_reduce_max_ps(mx);
+        __m512 inv = _mm512_set1_ps(m > 0.0f ? 127.0f / m : 0.0f);
+        uint8_t *a = q->a + row * q->Kp + k0;
+        int8_t *as = q->as + row * q->Kp + k0;
+        for (int h = 0; h < 2; h++) {
+            __m512i s32 = _mm512_setzero_si512();
+            __m512 xs = _mm512_setzero_ps();
+            for (int i = 2 * h; i < 2 * h + 2; i++) {
+                __m512i vi = _mm512_cvtps_epi32(_mm512_mul_ps(v[i], inv)); /* nearest, ties even */
+                vi = _mm512_max_epi32(_mm512_min_epi32(vi, _mm512_set1_epi32(127)), _mm512_set1_epi32(-127));
+                __m128i b8 = _mm512_cvtepi32_epi8(vi);
+                _mm_storeu_si128((__m128i *)(void *)(as + 16 * i), b8);
+                _mm_storeu_si128((__m128i *)(void *)(a + 16 * i), _mm_xor_si128(b8, _mm_set1_epi8((char)0x80)));
+                s32 = _mm512_add_epi32(s32, vi);
+                xs = _mm512_add_ps(xs, v[i]);
+            }
+            q->asum[row * 2 * q->nb + 2 * b + h] = _mm512_reduce_add_epi32(s32);
+            q->xsum[row * 2 * q->nb + 2 * b + h] = _mm512_reduce_add_ps(xs);
+        }
+        q->s[row * q->nb + b] = m / 127.0f;
+    }
+#else
     for (int64_t b = 0; b < q->nb; b++) {
         int64_t k0 = b * 64, n = K - k0 < 64 ? K - k0 : 64;
         float mx = 0.0f;
@@ -200,6 +233,7 @@ static void quantize_row(const qact *q, int64_t row, const float *x, int64_t K) 
         }
         q->s[row * q->nb + b] = mx / 127.0f;
     }
+#endif
 }
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
