@@ -8,8 +8,10 @@ Entry points:
 - `infersight_decode_step` (and `infersight_step_scratch`, its scratch size): a whole decode
   step of the Mixtral network for B rows inside one OpenMP parallel region (native_step.py
   says what it computes and why). fp32 models read the packed weights; int8 weight-only ones
-  read the engine's int8 [N, K] rows and per-row scales (dequantised in registers, or with
-  int8 activations on VNNI: the loops are native_int8.py's), with a bf16 embedding and KV cache.
+  read the engine's int8 [N, K] rows and per-row scales (dequantised in registers), or with
+  int8 activations on VNNI a packed copy (the loops are native_int8.py's); int4 ones (VNNI
+  only) a packed copy of theirs against int8 activations (native_int4.py); both with a bf16
+  embedding and KV cache.
 - `infersight_has_avx512`, `infersight_has_vnni`: which loops the build took.
 
 With AVX-512 (F, and BW/VL for the int8 loads) the loops use 512-bit FMAs and masked tails;

@@ -14,16 +14,20 @@ table, the caller's KV cache, and the projections as the model holds them: fp32 
 packed copies the native path already made (`NativeProjection`, bound by
 `Transformer.init_buffers`, also used by prefill), int8 weight-only models the engine's own
 int8 [N, K] rows and per-row scales (quant.py), with the bf16 embedding and KV cache of
-those models. The only copies it makes are small: the router weight packed, and for int8
-the norms and scales in fp32. Prefill and the full forward stay on the per-op path; both
-write and read the same cache layout.
+those models. Copies: the router weight packed, for int8 the norms and scales in fp32, and,
+where the library has the VNNI loops, packed copies of the quantised projections made here
+once (int8: `pack_int8`, read with int8 activations; int4: native_int4.py's `pack_int4`,
+its only layout; they add the model's quantised bytes again while the model is loaded).
+Prefill and the full forward stay on the per-op path; both write and read the same cache
+layout.
 
 Exactness: fp32 runs the same operations as the eager path in another summation order
 (rounding-level differences); tests/test_engine_exact.py holds the native path, decode
 included, to transformers' logits and greedy tokens. int8 computes its activations in fp32
 where the eager int8 path rounds them to bf16 at every op, or (`act8`, VNNI) quantises them
 to int8 per 64-column block as llama.cpp's q8_0 does; tests/test_engine_int8.py holds all
-three to the same tolerances against fp32.
+three to the same tolerances against fp32. int4 always quantises its activations so;
+tests/test_engine_int4.py holds it to the eager int4 decode and both to fp32.
 """
 
 from __future__ import annotations
