@@ -107,19 +107,44 @@ def _nibbles(weight: torch.Tensor) -> torch.Tensor:
     return torch.stack([weight & 15, weight >> 4], dim=-1).flatten(-2)
 
 
-def _packed_sources(n: int, k: int, sources: Sources) -> torch.Tensor:
+def _probed(n: int, k: int) -> torch.Tensor:
     """For torch's packed int4 CPU layout of an [n, k] weight: the row-major index (int32) of
-    the weight element each nibble of the packed bytes holds. Found by packing probes (4 bits
-    of every element's index per probe), so nothing here depends on the layout the kernel's
-    build chose; checked to be a permutation."""
+    the weight element each nibble of the packed bytes holds, found by packing probes (4 bits
+    of every element's index per probe): nothing here assumes the layout the kernel's build chose."""
+    index = torch.arange(n * k, dtype=torch.int32)
+    found = torch.zeros(n * k, dtype=torch.int32)
+    for shift in range(0, max(1, (n * k - 1).bit_length()), 4):
+        probe = ((index >> shift) & 15).view(n, k)
+        packed = torch._convert_weight_to_int4pack_for_cpu(probe, 1)
+        found |= _nibbles(packed.reshape(-1)).to(torch.int32) << shift
+    return found
+
+
+def _tiled(n: int, k: int, rows: int) -> torch.Tensor | None:
+    """`_probed(n, k)` built from a probe of one block of `rows` rows and the tail, if the layout
+    packs each block of rows into its own run of bytes alike (checked on a random weight, so a
+    layout that does not is probed in full instead): a vocabulary-sized head costs one block."""
+    blocks, tail = divmod(n, rows)
+    small = _probed(rows + tail, k)
+    first, rest = small[: rows * k], small[rows * k :] - rows * k
+    if bool((first >= rows * k).any()):
+        return None
+    step = torch.arange(blocks, dtype=torch.int32)[:, None] * (rows * k)
+    found = torch.cat([(first[None, :] + step).reshape(-1), rest + blocks * rows * k])
+    q = torch.randint(0, 16, (n, k), dtype=torch.int32, generator=torch.Generator().manual_seed(n + k))
+    nib = _nibbles(torch._convert_weight_to_int4pack_for_cpu(q, 1).reshape(-1))
+    return found if torch.equal(nib, q.reshape(-1)[found.long()].to(torch.uint8)) else None
+
+
+def _packed_sources(n: int, k: int, sources: Sources) -> torch.Tensor:
+    """`_probed(n, k)`, cached in `sources`; from one block's probe (`_tiled`) where that holds."""
     found = sources.get((n, k))
     if found is None:
-        index = torch.arange(n * k, dtype=torch.int32)
-        found = torch.zeros(n * k, dtype=torch.int32)
-        for shift in range(0, max(1, (n * k - 1).bit_length()), 4):
-            probe = ((index >> shift) & 15).view(n, k)
-            packed = torch._convert_weight_to_int4pack_for_cpu(probe, 1)
-            found |= _nibbles(packed.reshape(-1)).to(torch.int32) << shift
+        for rows in (64, 32):
+            if n >= 4 * rows and (found := _tiled(n, k, rows)) is not None:
+                break
+        else:
+            found = _probed(n, k)
         seen = torch.zeros(n * k, dtype=torch.bool)
         seen[found.long()] = True
         if not bool(seen.all()):

@@ -220,7 +220,9 @@ def test_the_native_int4_step_computes_the_eager_int4_decode(
         assert torch.equal(a.argmax(-1), b.argmax(-1))
 
 
-@pytest.mark.parametrize("shape", [(64, 128), (48, 96), (80, 64)])
+@pytest.mark.parametrize(
+    "shape", [(64, 128), (48, 96), (80, 64), (272, 96), (1024, 64)]
+)  # the last two: by blocks
 def test_plain_nibbles_inverts_torchs_packed_int4_layout(shape: tuple[int, int]) -> None:
     n, k = shape
     q = torch.randint(0, 16, (n, k), generator=torch.Generator().manual_seed(n * k), dtype=torch.int32)
