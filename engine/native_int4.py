@@ -171,6 +171,8 @@ def pack_int4(q: torch.Tensor, scales_zeros: torch.Tensor) -> torch.Tensor:
     n, k = q.shape
     ng = scales_zeros.shape[0]
     g = k // ng
+    if g != (64 if k % 64 == 0 else 32) or g * ng != k:  # the C loop's rule (`g4`)
+        raise ValueError(f"int4 groups of {g} over {k} columns are not the native loop's")
     nb = -(-n // 16)
     qp = torch.zeros(nb * 16, k, dtype=torch.uint8)
     qp[:n] = q

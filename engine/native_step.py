@@ -33,6 +33,7 @@ tests/test_engine_int4.py holds it to the eager int4 decode and both to fp32.
 from __future__ import annotations
 
 import ctypes
+import logging
 
 import torch
 
@@ -44,6 +45,8 @@ from .projection import Int4Projection, Int8Projection
 from .quant import Int4Experts, Int8Experts
 
 __all__ = ["NativeStep", "step_for"]
+
+log = logging.getLogger("infersight.engine")
 
 _SIZES = ("D", "H", "Hkv", "hd", "I", "E", "topk", "V", "layers", "window")
 _POINTERS = ("embed", "attn_norm", "wqkv", "wo", "ffn_norm", "gate", "w13", "w2", "norm", "head")
@@ -139,7 +142,16 @@ def step_for(network: Transformer, kernels: NativeKernels) -> NativeStep | None:
     """The native step over a bound CPU network: fp32 on the native path's packed weights
     (`init_buffers(..., kernels)`), or int8 or int4 weight-only (bf16 activations; int4 only
     where the library has the VNNI loops) on packed copies of its own tensors. None for
-    anything else (other dtypes, other devices)."""
+    anything else (other dtypes, other devices), and, with one log line, where packing a
+    quantised model's weights fails (a torch whose int4 layout this cannot read)."""
+    try:
+        return _step_for(network, kernels)
+    except (RuntimeError, ValueError) as exc:
+        log.warning("engine: no native step for this model (%s); decoding on the eager path", exc)
+        return None
+
+
+def _step_for(network: Transformer, kernels: NativeKernels) -> NativeStep | None:
     bound = network.bound
     assert bound is not None and network.rope is not None, "init_buffers() first"
     if bound.embeddings.device.type != "cpu" or bound.embeddings.dtype not in (torch.float32, torch.bfloat16):
