@@ -18,7 +18,9 @@ An alert passes down the folders in order: `rules/` (the rule file, signals, eva
 SLOs, the PromQL export), `notify/` (routing, grouping, inhibition, silences, outbox,
 receivers, delivery), `actions/` (the runner, evidence, post-deploy and canary analysis);
 `inbound.py` takes Alertmanager's webhooks in (`inbound_router.py` mounts it in FastAPI).
-This module is the public API; helpers the stages share stay in their modules.
+This module is the public API; helpers the stages share, the rule file's parts (`Rule`,
+`Route`, `Silence`, ...) and the stages' policies stay in their modules, and every error is
+in `errors` (all derive from `AlertsError`).
 """
 
 from __future__ import annotations
@@ -27,82 +29,29 @@ from infersight.monitor.extras import require_extra as _require_extra
 
 _require_extra("infersight.alerts", "service")  # one line when the extra is missing
 
-from .actions.analysis import (
-    REGRESSION_ALERT,
-    AnalysisPolicy,
-    DeployAnalyzer,
-    StoreVersionMetrics,
-    VersionStats,
-)
-from .actions.canary import CANARY_ALERT, CanaryAnalysis, CanaryController, CanaryPolicy
+from .actions.analysis import REGRESSION_ALERT, AnalysisPolicy, DeployAnalyzer, StoreVersionMetrics
+from .actions.canary import CANARY_ALERT, CanaryController
 from .actions.evidence import SnapshotSource, open_collection, take_snapshot
-from .actions.runner import FAILURE_ALERT, ActionRunner, ModelControl, RuntimeControl
-from .errors import (
-    ActionFailed,
-    ActionRefused,
-    AlertsError,
-    DeliveryFailed,
-    InvalidAlertmanagerPayload,
-    InvalidMatcher,
-    RuleParseError,
-    UnknownSignal,
-)
+from .actions.runner import ActionRunner, ModelControl, RuntimeControl
+from .errors import AlertsError, InvalidMatcher, RuleParseError
 from .inbound import AlertmanagerHandler
-from .notify.matchers import (
-    InhibitRule,
-    Matcher,
-    ReceiverConfig,
-    Route,
-    Silence,
-    create_silence,
-    expire_silence,
-    list_silences,
-    parse_matcher,
-)
-from .notify.outbox import Notification, NotifiedAlert
-from .notify.receivers import (
-    Dispatcher,
-    HttpRequest,
-    HttpResponse,
-    HttpSender,
-    HttpxSender,
-    RetryPolicy,
-    build_receivers,
-)
-from .rules.config import DEFAULT_RULES, AlertConfig, export_prometheus, load_config, parse_config
+from .notify.matchers import Matcher, create_silence, expire_silence, list_silences
+from .notify.receivers import Dispatcher, HttpRequest, HttpResponse, HttpSender, HttpxSender, build_receivers
+from .rules.config import AlertConfig, export_prometheus, load_config
 from .rules.evaluator import Evaluator
-from .rules.rules import ActionSpec, Condition, Rule, RuleGroup
-from .rules.signals import (
-    CompositeSignals,
-    LiveSignals,
-    Sample,
-    Signal,
-    SignalSource,
-    StaticSignals,
-    StoreSignals,
-)
-from .rules.slo import SLO, SLOLedger
+from .rules.signals import CompositeSignals, LiveSignals, SignalSource, StoreSignals
+from .rules.slo import SLOLedger
 
 __all__ = [
     "CANARY_ALERT",
-    "DEFAULT_RULES",
-    "FAILURE_ALERT",
     "REGRESSION_ALERT",
-    "SLO",
-    "ActionFailed",
-    "ActionRefused",
     "ActionRunner",
-    "ActionSpec",
     "AlertConfig",
     "AlertmanagerHandler",
     "AlertsError",
     "AnalysisPolicy",
-    "CanaryAnalysis",
     "CanaryController",
-    "CanaryPolicy",
     "CompositeSignals",
-    "Condition",
-    "DeliveryFailed",
     "DeployAnalyzer",
     "Dispatcher",
     "Evaluator",
@@ -110,32 +59,17 @@ __all__ = [
     "HttpResponse",
     "HttpSender",
     "HttpxSender",
-    "InhibitRule",
-    "InvalidAlertmanagerPayload",
     "InvalidMatcher",
     "LiveSignals",
     "Matcher",
     "ModelControl",
-    "Notification",
-    "NotifiedAlert",
-    "ReceiverConfig",
-    "RetryPolicy",
-    "Route",
-    "Rule",
-    "RuleGroup",
     "RuleParseError",
     "RuntimeControl",
     "SLOLedger",
-    "Sample",
-    "Signal",
     "SignalSource",
-    "Silence",
     "SnapshotSource",
-    "StaticSignals",
     "StoreSignals",
     "StoreVersionMetrics",
-    "UnknownSignal",
-    "VersionStats",
     "build_receivers",
     "create_silence",
     "expire_silence",
@@ -143,7 +77,5 @@ __all__ = [
     "list_silences",
     "load_config",
     "open_collection",
-    "parse_config",
-    "parse_matcher",
     "take_snapshot",
 ]

@@ -29,17 +29,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from infersight.alerts import (
-    ActionRunner,
-    Dispatcher,
-    Evaluator,
-    HttpxSender,
-    LiveSignals,
-    Signal,
-    build_receivers,
-    parse_config,
-)
+from infersight.alerts import ActionRunner, Dispatcher, Evaluator, HttpxSender, LiveSignals, build_receivers
 from infersight.alerts.notify.receivers import verify
+from infersight.alerts.rules.config import parse_config
+from infersight.alerts.rules.signals import Signal
 from infersight.collectors import EngineAdapter, InferenceStats
 from infersight.monitor.store import connect
 from infersight.monitor.store.tables import metadata, requests

@@ -69,7 +69,9 @@ def _values(patterns: list[re.Pattern[str]], text: str) -> list[float | None]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--before", type=Path, required=True, help="a checkout of the other version")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--metric", action="append", default=[], help="regex; group 1 is the number")

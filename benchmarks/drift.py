@@ -36,7 +36,6 @@ from infersight.monitor.drift import (
     CachedEmbedder,
     DetectorConfig,
     DriftDetector,
-    EmbeddedWindow,
     SentenceTransformerEmbedder,
     TestOptions,
     TextWindow,
@@ -44,6 +43,7 @@ from infersight.monitor.drift import (
 from infersight.monitor.drift._detector import run_tests
 from infersight.monitor.drift._mmd import mmd_exact_test, mmd_test
 from infersight.monitor.drift._stat_tests import novelty_test
+from infersight.monitor.drift._windows import EmbeddedWindow
 
 ROOT = Path(__file__).resolve().parents[1]
 BASELINES = ROOT / "benchmarks" / "drift_baselines"

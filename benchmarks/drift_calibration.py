@@ -86,10 +86,10 @@ def old_relevance_p(reference: np.ndarray, current: np.ndarray) -> float:
 
 
 def _flags(ref: Any, cur_rows: np.ndarray, fitted_clusters: Any, config: Any) -> dict[str, bool]:
-    from infersight.monitor.drift import EmbeddedWindow
     from infersight.monitor.drift._detector import run_tests
     from infersight.monitor.drift._explain import _novelty, cluster_shares
     from infersight.monitor.drift._stat_tests import holm_adjust
+    from infersight.monitor.drift._windows import EmbeddedWindow
 
     cur = EmbeddedWindow.from_arrays(cur_rows)
     tests = run_tests(ref, cur, config)
@@ -120,8 +120,9 @@ def _flags(ref: Any, cur_rows: np.ndarray, fitted_clusters: Any, config: Any) ->
 
 
 def batch(corpus: Corpus, args: argparse.Namespace) -> dict[str, Any]:
-    from infersight.monitor.drift import DetectorConfig, EmbeddedWindow
+    from infersight.monitor.drift import DetectorConfig
     from infersight.monitor.drift._explain import fit_clusters
+    from infersight.monitor.drift._windows import EmbeddedWindow
 
     config = DetectorConfig(alpha=ALPHA)
     null: dict[str, list[float]] = {}
@@ -248,12 +249,8 @@ def streaming(corpus: Corpus, args: argparse.Namespace) -> dict[str, Any]:
 
 def cost_once(ref_size: int, window: int) -> dict[str, float]:
     """One process's timings of a `ref_size` vs `window` evaluation (printed as JSON)."""
-    from infersight.monitor.drift import (
-        DriftDetector,
-        EmbeddedWindow,
-        SentenceTransformerEmbedder,
-        TextWindow,
-    )
+    from infersight.monitor.drift import DriftDetector, SentenceTransformerEmbedder, TextWindow
+    from infersight.monitor.drift._windows import EmbeddedWindow
 
     corpus = load_corpus()
     rng = np.random.default_rng(5)

@@ -21,7 +21,8 @@ import time
 
 import numpy as np
 from infersight.monitor.data import banking77
-from infersight.monitor.drift import RequestLengths, count_words, length_drift
+from infersight.monitor.drift import RequestLengths, length_drift
+from infersight.monitor.drift._lengths import count_words
 
 
 def main() -> None:

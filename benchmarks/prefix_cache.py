@@ -43,7 +43,6 @@ SYSTEM = (
 )
 
 
-
 def quantiles(ttft: list[float]) -> str:
     xs = sorted(ttft)
     p99 = xs[min(len(xs) - 1, round(0.99 * (len(xs) - 1)))]

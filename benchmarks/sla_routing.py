@@ -39,7 +39,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from infersight.engine import PathOverloaded, PathSpec, Registry, RoutingSpec, Runtime
+from infersight.engine import PathSpec, Registry, RoutingSpec, Runtime
+from infersight.engine.errors import PathOverloaded
 from infersight.engine.paths import cpu_model
 from infersight.monitor.data import banking77
 

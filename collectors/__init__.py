@@ -14,10 +14,12 @@
 - `serve_metrics`, `render_metrics`, `metrics_asgi_app`, `metrics_wsgi_app`: /metrics.
 
 Every collector registers into the `CollectorRegistry` it is given, never the global one.
+Every error is in `errors` (all derive from `CollectorError`); the other buckets and the
+`Series` handle stay in their modules.
 """
 
 from ._engine_adapter import EngineAdapter, EnginePathCollector
-from ._gpu import MIN_GPM_INTERVAL_S, GPUCollector, GPUSample
+from ._gpu import GPUCollector, GPUSample
 from ._inference import (
     InferenceStats,
     MetricsServer,
@@ -27,35 +29,12 @@ from ._inference import (
     serve_metrics,
 )
 from ._process import ProcessCollector, ProcessSample
-from ._series import (
-    DURATION_BUCKETS,
-    LATENCY_METRICS,
-    QUEUE_TIME_BUCKETS,
-    TOKEN_BUCKETS,
-    TPOT_BUCKETS,
-    TTFT_BUCKETS,
-    Series,
-    Tally,
-    register_fork_handler,
-)
+from ._series import DURATION_BUCKETS, Tally, register_fork_handler
 from ._shared import MergedStats, RemoteStats, SlotExporter, SlotRecord
-from .errors import (
-    CollectorError,
-    InvalidObservation,
-    InvalidQuery,
-    NVMLUnavailable,
-    UnknownMetric,
-    WindowTooLong,
-)
+from .errors import CollectorError, InvalidObservation
 
 __all__ = [
     "DURATION_BUCKETS",
-    "LATENCY_METRICS",
-    "MIN_GPM_INTERVAL_S",
-    "QUEUE_TIME_BUCKETS",
-    "TOKEN_BUCKETS",
-    "TPOT_BUCKETS",
-    "TTFT_BUCKETS",
     "CollectorError",
     "EngineAdapter",
     "EnginePathCollector",
@@ -63,19 +42,14 @@ __all__ = [
     "GPUSample",
     "InferenceStats",
     "InvalidObservation",
-    "InvalidQuery",
     "MergedStats",
     "MetricsServer",
-    "NVMLUnavailable",
     "ProcessCollector",
     "ProcessSample",
     "RemoteStats",
-    "Series",
     "SlotExporter",
     "SlotRecord",
     "Tally",
-    "UnknownMetric",
-    "WindowTooLong",
     "metrics_asgi_app",
     "metrics_wsgi_app",
     "register_fork_handler",

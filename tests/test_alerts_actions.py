@@ -13,15 +13,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from infersight.alerts import (
-    FAILURE_ALERT,
-    ActionRunner,
-    ActionSpec,
-    Evaluator,
-    RuntimeControl,
-    StaticSignals,
-    parse_config,
-)
+from infersight.alerts import ActionRunner, Evaluator, RuntimeControl
+from infersight.alerts.actions.runner import FAILURE_ALERT
+from infersight.alerts.rules.config import parse_config
+from infersight.alerts.rules.rules import ActionSpec
+from infersight.alerts.rules.signals import StaticSignals
 from infersight.monitor.store.tables import action_runs, alerts, outbox, requests, snapshots
 from sqlalchemy import Engine, insert, select
 from test_alerts_support import WHSEC, Clock, database

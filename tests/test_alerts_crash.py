@@ -20,8 +20,10 @@ from test_alerts_support import WHSEC, LocalReceiver, database
 
 CHILD = r"""
 import random, sys, time
-from infersight.alerts import (Dispatcher, Evaluator, HttpxSender, RetryPolicy, StaticSignals,
-                               build_receivers, parse_config)
+from infersight.alerts import Dispatcher, Evaluator, HttpxSender, build_receivers
+from infersight.alerts.notify.receivers import RetryPolicy
+from infersight.alerts.rules.config import parse_config
+from infersight.alerts.rules.signals import StaticSignals
 from infersight.monitor.store import connect
 
 url, hook, phase = sys.argv[1], sys.argv[2], sys.argv[3]

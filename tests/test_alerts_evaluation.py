@@ -8,8 +8,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from infersight.alerts import Evaluator, StaticSignals, parse_config
+from infersight.alerts import Evaluator
 from infersight.alerts.notify import routing as notifier_module
+from infersight.alerts.rules.config import parse_config
+from infersight.alerts.rules.signals import StaticSignals
 from infersight.monitor.store.tables import action_runs, alert_history, alerts, outbox
 from sqlalchemy import Engine, func, select
 from test_alerts_support import Clock, database

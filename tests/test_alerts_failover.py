@@ -26,10 +26,12 @@ import pytest
 import yaml
 from _service_support import config, running, wait_for
 from _tiny_registry import tiny_registry
-from infersight.alerts import FAILURE_ALERT, ActionRunner, ActionSpec, RuntimeControl
+from infersight.alerts import ActionRunner, RuntimeControl
+from infersight.alerts.actions.runner import FAILURE_ALERT
+from infersight.alerts.rules.rules import ActionSpec
 from infersight.collectors.fake_nvml import FakeDevice, FakeNVML
-from infersight.monitor.service import AlertingConfig, ConfigInvalid, EngineConfig
-from infersight.monitor.service.config import ScheduleConfig
+from infersight.monitor.service import ConfigInvalid, EngineConfig
+from infersight.monitor.service.config import AlertingConfig, ScheduleConfig
 from infersight.monitor.store.tables import action_runs, alerts
 from sqlalchemy import select
 from test_alerts_support import WHSEC, Clock, LocalReceiver, database

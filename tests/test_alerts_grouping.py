@@ -9,16 +9,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from infersight.alerts import (
-    Evaluator,
-    StaticSignals,
-    create_silence,
-    expire_silence,
-    list_silences,
-    parse_config,
-    parse_matcher,
-)
+from infersight.alerts import Evaluator, create_silence, expire_silence, list_silences
 from infersight.alerts.errors import InvalidMatcher
+from infersight.alerts.notify.matchers import parse_matcher
+from infersight.alerts.rules.config import parse_config
+from infersight.alerts.rules.signals import StaticSignals
 from infersight.monitor.store.tables import outbox
 from sqlalchemy import Engine, select
 from test_alerts_support import WHSEC, Clock, database

@@ -13,18 +13,11 @@ from pathlib import Path
 
 import pytest
 from conftest import free_port
-from infersight.alerts import (
-    Dispatcher,
-    Evaluator,
-    HttpxSender,
-    Notification,
-    ReceiverConfig,
-    RetryPolicy,
-    StoreSignals,
-    build_receivers,
-    parse_config,
-)
-from infersight.alerts.notify.outbox import claim, counts, enqueue, finish, requeue_dead
+from infersight.alerts import Dispatcher, Evaluator, HttpxSender, StoreSignals, build_receivers
+from infersight.alerts.notify.matchers import ReceiverConfig
+from infersight.alerts.notify.outbox import Notification, claim, counts, enqueue, finish, requeue_dead
+from infersight.alerts.notify.receivers import RetryPolicy
+from infersight.alerts.rules.config import parse_config
 from infersight.monitor.store.tables import notification_log, outbox
 from sqlalchemy import Engine, insert, select
 from test_alerts_support import WHSEC, Clock, LocalReceiver, database

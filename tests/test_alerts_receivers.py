@@ -12,15 +12,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from infersight.alerts import (
-    Dispatcher,
-    HttpxSender,
-    Notification,
-    NotifiedAlert,
-    ReceiverConfig,
-    build_receivers,
-)
-from infersight.alerts.notify.outbox import enqueue
+from infersight.alerts import Dispatcher, HttpxSender, build_receivers
+from infersight.alerts.notify.matchers import ReceiverConfig
+from infersight.alerts.notify.outbox import Notification, NotifiedAlert, enqueue
 from infersight.alerts.notify.receivers import pagerduty_event, sign, verify
 from sqlalchemy import Engine
 from test_alerts_support import ROUTING_KEY, WHSEC, Clock, LocalReceiver, database

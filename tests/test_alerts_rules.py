@@ -6,8 +6,10 @@ import time
 from pathlib import Path
 
 import pytest
-from infersight.alerts import RuleParseError, load_config, parse_config, parse_matcher
+from infersight.alerts import RuleParseError, load_config
 from infersight.alerts.errors import InvalidMatcher
+from infersight.alerts.notify.matchers import parse_matcher
+from infersight.alerts.rules.config import parse_config
 from infersight.alerts.rules.rules import render
 
 GOOD_RULE = """\

@@ -11,8 +11,8 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from infersight.alerts import Evaluator, LiveSignals, Signal, StoreSignals, load_config
-from infersight.alerts.rules.signals import least_squares_slope
+from infersight.alerts import Evaluator, LiveSignals, StoreSignals, load_config
+from infersight.alerts.rules.signals import Signal, least_squares_slope
 from infersight.collectors import GPUCollector, InferenceStats, ProcessCollector
 from infersight.collectors.fake_nvml import FakeDevice, FakeNVML
 from infersight.monitor.records import SHED, InferenceRecord, is_server_error

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 from conftest import require_executable
-from infersight.alerts import Evaluator, RuleParseError, SLOLedger, parse_config
+from infersight.alerts import Evaluator, RuleParseError, SLOLedger
+from infersight.alerts.rules.config import parse_config
 from infersight.alerts.rules.rules import render
 from infersight.monitor.cli import main
 from infersight.monitor.records import SHED, InferenceRecord

@@ -15,7 +15,9 @@ from typing import Any
 
 import pytest
 from _tiny_registry import tiny_registry
-from infersight.alerts import FAILURE_ALERT, ActionRunner, ActionSpec, RuntimeControl, take_snapshot
+from infersight.alerts import ActionRunner, RuntimeControl, take_snapshot
+from infersight.alerts.actions.runner import FAILURE_ALERT
+from infersight.alerts.rules.rules import ActionSpec
 from infersight.monitor.store import RetentionPolicy, enforce_retention
 from infersight.monitor.store.tables import alerts, deploy_analyses, requests, snapshots
 from sqlalchemy import Engine, insert, select

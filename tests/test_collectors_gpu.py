@@ -11,7 +11,8 @@ import time
 
 import pynvml
 import pytest
-from infersight.collectors import MIN_GPM_INTERVAL_S, GPUCollector
+from infersight.collectors import GPUCollector
+from infersight.collectors._gpu import MIN_GPM_INTERVAL_S
 from infersight.collectors.fake_nvml import FakeDevice, FakeNVML
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families

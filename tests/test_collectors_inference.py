@@ -9,14 +9,8 @@ import random
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from infersight.collectors import (
-    DURATION_BUCKETS,
-    InferenceStats,
-    InvalidObservation,
-    InvalidQuery,
-    UnknownMetric,
-    WindowTooLong,
-)
+from infersight.collectors import DURATION_BUCKETS, InferenceStats, InvalidObservation
+from infersight.collectors.errors import InvalidQuery, UnknownMetric, WindowTooLong
 from infersight.monitor.records import InferenceRecord
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families

@@ -7,13 +7,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from infersight.dashboards import (
-    DASHBOARD_FILE,
-    PROVISIONING_FILE,
-    ExportDirUnwritable,
-    build_dashboard,
-    export_dashboards,
-)
+from infersight.dashboards import build_dashboard, export_dashboards
+from infersight.dashboards._export import DASHBOARD_FILE, PROVISIONING_FILE, ExportDirUnwritable
 from infersight.monitor.cli import main
 
 

@@ -6,7 +6,8 @@ import json
 import re
 from typing import Any
 
-from infersight.dashboards import DASHBOARD_UID, SCHEMA_VERSION, build_dashboard
+from infersight.dashboards import build_dashboard
+from infersight.dashboards._dashboard import DASHBOARD_UID, SCHEMA_VERSION
 
 DASH = build_dashboard()
 PANELS = [p for p in DASH["panels"] if p["type"] != "row"]

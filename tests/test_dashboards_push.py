@@ -17,7 +17,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
-from infersight.dashboards import GrafanaRejected, GrafanaUnreachable, InvalidGrafanaURL, push_dashboard
+from infersight.dashboards import push_dashboard
+from infersight.dashboards._export import GrafanaRejected, GrafanaUnreachable, InvalidGrafanaURL
 from infersight.monitor.cli import main
 
 from tests.conftest import free_port

@@ -12,7 +12,9 @@ from pathlib import Path
 
 import pytest
 from _store_helpers import request_row
-from infersight.alerts import ActionRunner, ActionSpec, Evaluator, RuleParseError, StaticSignals, load_config
+from infersight.alerts import ActionRunner, Evaluator, RuleParseError, load_config
+from infersight.alerts.rules.rules import ActionSpec
+from infersight.alerts.rules.signals import StaticSignals
 from infersight.monitor.dataset import DatasetQuery, fill_collections, iter_dataset
 from infersight.monitor.store import RetentionPolicy, enforce_retention
 from infersight.monitor.store.tables import dataset_collections, dataset_items, requests

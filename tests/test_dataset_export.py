@@ -17,15 +17,15 @@ from infersight.alerts import take_snapshot
 from infersight.monitor.cli import main
 from infersight.monitor.dataset import (
     DatasetQuery,
-    InvalidSince,
     RedactorInvalid,
-    UnknownKind,
     export_dataset,
     iter_dataset,
     load_redactor,
     parse_since,
 )
-from infersight.monitor.drift import DetectorConfig, DriftDetector, ReportContext, TextWindow, save_report
+from infersight.monitor.dataset._export import InvalidSince, UnknownKind
+from infersight.monitor.drift import DetectorConfig, DriftDetector, TextWindow
+from infersight.monitor.drift._report import ReportContext, save_report
 from infersight.monitor.store import connect, upgrade
 from infersight.monitor.store.tables import requests
 from sqlalchemy import Engine, insert

@@ -13,9 +13,8 @@ import pytest
 import torch
 from infersight.engine import load
 from infersight.engine.demo import DEMO_EOS_TOKEN, SMALL_DEMO, write_demo_checkpoint
-from infersight.engine.registry import Registry
+from infersight.engine.registry import Registry, hash_weight_files
 from infersight.engine.runtime import Runtime
-from infersight.engine.registry import hash_weight_files
 from infersight.monitor.data import banking77
 
 GOOD, INT8, BAD = "mixtral_banking_fp32-v1.0", "mixtral_banking_int8-v1.0", "mixtral_banking_fp32-v1.1"

@@ -8,7 +8,7 @@ import sys
 
 import infersight.monitor.drift as drift
 from infersight.monitor.drift import errors
-from infersight.monitor.drift._stat_tests import get_test
+from infersight.monitor.drift._stat_tests import STAT_TESTS, get_test
 
 
 def test_all_lists_every_public_name_and_only_existing_ones() -> None:
@@ -28,6 +28,16 @@ def test_the_statistics_internals_are_not_exported() -> None:
                 "relevance_drop_test", "get_test", "run_tests", "design_cusum", "TailCusum"}  # fmt: skip
     assert not internal & set(drift.__all__)
     assert not internal & set(vars(drift))
+
+
+def test_the_api_is_short_and_errors_stay_in_their_module() -> None:
+    """What a user or the service calls; the explanation's parts and the specific errors are
+    reached through a report and `drift.errors`."""
+    assert len(drift.__all__) <= 30
+    assert set(errors.__all__) & set(drift.__all__) == {"DriftError", "WindowError"}
+    for name in ("DriftDetector", "DetectorConfig", "DriftReport", "read_window", "evaluate_window",
+                 "StreamingDetector", "ReferencePolicy", "VersionPolicy", "length_drift"):  # fmt: skip
+        assert name in drift.__all__
 
 
 def test_errors_docstring_draws_every_exception_and_all_derive_from_drift_error() -> None:
@@ -51,8 +61,8 @@ def test_package_and_schema_import_without_torch_or_sentence_transformers() -> N
 def test_unknown_test_name_lists_the_valid_ones() -> None:
     try:
         get_test("ks")
-    except drift.UnknownTest as exc:
-        for name in drift.STAT_TESTS:
+    except errors.UnknownTest as exc:
+        for name in STAT_TESTS:
             assert name in str(exc)
     else:  # pragma: no cover
         raise AssertionError("UnknownTest not raised")

@@ -9,16 +9,9 @@ import warnings
 import numpy as np
 import pytest
 from _drift_helpers import Pool, TableEmbedder, real_pool
-from infersight.monitor.drift import (
-    CurrentWindowEmpty,
-    DetectorConfig,
-    DriftDetector,
-    DriftReport,
-    ReferenceWindowEmpty,
-    TextWindow,
-    WindowTooSmall,
-)
+from infersight.monitor.drift import DetectorConfig, DriftDetector, DriftReport, TextWindow
 from infersight.monitor.drift._stat_tests import novelty_test, relevance_drop_test
+from infersight.monitor.drift.errors import CurrentWindowEmpty, ReferenceWindowEmpty, WindowTooSmall
 
 
 @pytest.fixture(scope="module")

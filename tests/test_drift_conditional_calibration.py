@@ -12,9 +12,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from _drift_helpers import Pool, real_pool
-from infersight.monitor.drift import DetectorConfig, EmbeddedWindow, StreamingDetector, TestOptions
+from infersight.monitor.drift import DetectorConfig, StreamingDetector, TestOptions
 from infersight.monitor.drift._detector import run_tests
 from infersight.monitor.drift._stat_tests import relevance_drop_test
+from infersight.monitor.drift._windows import EmbeddedWindow
 
 ALPHA = 0.05
 REFERENCES = 5

@@ -10,7 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 from _drift_helpers import real_embedder
-from infersight.monitor.drift import CachedEmbedder, EmbedderUnavailable, SentenceTransformerEmbedder
+from infersight.monitor.drift import CachedEmbedder, SentenceTransformerEmbedder
+from infersight.monitor.drift.errors import EmbedderUnavailable
 
 
 class CountingEmbedder:

@@ -5,7 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from infersight.monitor.drift import (
+from infersight.monitor.drift import read_window
+from infersight.monitor.drift.errors import (
     BadRecord,
     CurrentWindowEmpty,
     InputFileNotFound,
@@ -13,7 +14,6 @@ from infersight.monitor.drift import (
     NoTextColumn,
     ReferenceWindowEmpty,
     UnknownInputFormat,
-    read_window,
 )
 
 

@@ -19,8 +19,8 @@ from infersight.alerts.rules.config import signal_promql
 from infersight.alerts.rules.signals import Signal
 from infersight.monitor.data import banking77, hotels
 from infersight.monitor.drift import DetectorConfig, DriftDetector, RequestLengths
-from infersight.monitor.service import AlertingConfig, Service
-from infersight.monitor.service.config import DriftConfig, ScheduleConfig
+from infersight.monitor.service import Service
+from infersight.monitor.service.config import AlertingConfig, DriftConfig, ScheduleConfig
 from infersight.monitor.store.tables import requests
 from sqlalchemy import func, select
 
@@ -190,7 +190,8 @@ def test_a_reference_keeps_the_token_lengths_of_every_request_of_its_span(engine
     import datetime as dt
 
     from _store_helpers import request_row
-    from infersight.monitor.drift import TextWindow, load_reference, save_reference, traffic_lengths
+    from infersight.monitor.drift import TextWindow, load_reference, save_reference
+    from infersight.monitor.drift._references import traffic_lengths
     from sqlalchemy import insert
 
     t0 = dt.datetime(2026, 11, 1, 12, 0, tzinfo=dt.UTC)

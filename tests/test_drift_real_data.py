@@ -9,15 +9,10 @@ from dataclasses import replace
 import numpy as np
 import pytest
 from _drift_helpers import Pool, TableEmbedder, real_pool
-from infersight.monitor.drift import (
-    NOVEL_CLUSTER,
-    DetectorConfig,
-    DriftDetector,
-    EmbeddedWindow,
-    TestOptions,
-    TextWindow,
-)
+from infersight.monitor.drift import DetectorConfig, DriftDetector, TestOptions, TextWindow
 from infersight.monitor.drift._detector import run_tests
+from infersight.monitor.drift._explain import NOVEL_CLUSTER
+from infersight.monitor.drift._windows import EmbeddedWindow
 
 ALPHA = 0.05
 

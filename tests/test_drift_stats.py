@@ -4,16 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from infersight.monitor.drift import (
-    DetectorConfig,
-    EmbeddedWindow,
-    EmbeddingMismatch,
-    StatTest,
-    TestOptions,
-    UnknownTest,
-)
+from infersight.monitor.drift import DetectorConfig, TestOptions
 from infersight.monitor.drift._detector import run_tests
 from infersight.monitor.drift._mmd import (
+    StatTest,
     kernel_from_gram,
     median_widths,
     mmd_exact_test,
@@ -21,6 +15,8 @@ from infersight.monitor.drift._mmd import (
     mmd_test,
 )
 from infersight.monitor.drift._stat_tests import holm_adjust, novelty_test, relevance_drop_test
+from infersight.monitor.drift._windows import EmbeddedWindow
+from infersight.monitor.drift.errors import EmbeddingMismatch, UnknownTest
 
 
 def _sphere(rng: np.random.Generator, n: int, d: int = 16, shift: float = 0.0) -> np.ndarray:

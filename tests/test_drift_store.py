@@ -11,15 +11,12 @@ import pytest
 from _drift_helpers import Pool, TableEmbedder, real_pool
 from _store_helpers import database_url, request_row
 from infersight.monitor.drift import (
-    CONFIGURED_REFERENCE,
     DetectorConfig,
     DriftDetector,
     DriftMetrics,
-    ReferenceNotFound,
     ReferencePolicy,
     TextWindow,
     evaluate_window,
-    first_requests_after,
     list_references,
     list_reports,
     load_reference,
@@ -27,6 +24,9 @@ from infersight.monitor.drift import (
     save_reference,
     traffic_window,
 )
+from infersight.monitor.drift._policy import CONFIGURED_REFERENCE
+from infersight.monitor.drift._references import first_requests_after
+from infersight.monitor.drift.errors import ReferenceNotFound
 from infersight.monitor.store import connect, upgrade
 from infersight.monitor.store.tables import requests
 from prometheus_client import CollectorRegistry

@@ -6,8 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from _drift_helpers import Pool, real_pool
-from infersight.monitor.drift import EmbeddedWindow, StreamingDetector
+from infersight.monitor.drift import StreamingDetector
 from infersight.monitor.drift._streaming import TailCusum, design_cusum
+from infersight.monitor.drift._windows import EmbeddedWindow
 
 
 @pytest.fixture(scope="module")

@@ -9,15 +9,10 @@ from pathlib import Path
 import infersight.engine as engine
 import pytest
 import torch
-from infersight.engine import (
-    CacheCapacityExceeded,
-    InvalidInput,
-    InvalidSamplingParams,
-    MoEModel,
-    load,
-    sample,
-)
+from infersight.engine import MoEModel, load
 from infersight.engine import errors as engine_errors
+from infersight.engine.errors import CacheCapacityExceeded, InvalidInput, InvalidSamplingParams
+from infersight.engine.requests import sample
 
 from tests._engine_checkpoints import save_checkpoint
 
@@ -34,10 +29,14 @@ def test_all_lists_exactly_the_public_names_and_each_resolves() -> None:
     assert set(engine.__all__) == set(engine._EXPORTS)
     for name in engine.__all__:
         assert getattr(engine, name) is not None
-    # every error the package raises is importable from the package itself
-    assert set(engine_errors.__all__) <= set(engine.__all__)
-    for needed in ("load", "MoEModel", "KVCache", "ModelConfig", "sample"):
+    for needed in ("load", "MoEModel", "ModelConfig", "Runtime", "Registry", "EngineError"):
         assert needed in engine.__all__
+    # every error the package raises is in `errors`, under EngineError; the package exports the base
+    for name in engine_errors.__all__:
+        assert issubclass(getattr(engine_errors, name), engine_errors.EngineError), name
+    assert set(engine_errors.__all__) & set(engine.__all__) == {"EngineError"}
+    # the network's parts stay in their modules
+    assert not {"KVCache", "sample"} & set(engine.__all__)
     with pytest.raises(AttributeError):
         _ = engine.not_a_thing  # type: ignore[attr-defined]
 

@@ -12,7 +12,8 @@ from pathlib import Path
 import infersight.engine.loading as loading
 import pytest
 import torch
-from infersight.engine import (
+from infersight.engine import load
+from infersight.engine.errors import (
     CheckpointCorrupt,
     CheckpointMismatch,
     CheckpointNotFound,
@@ -20,7 +21,6 @@ from infersight.engine import (
     TokenizerInvalid,
     UnsupportedConfig,
     UnsupportedQuantization,
-    load,
 )
 from infersight.engine.network import BlockedExperts
 from safetensors.torch import load_file, save_file

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 from infersight.collectors import EnginePathCollector
-from infersight.engine import EnginePath, InvalidInput, load, native
+from infersight.engine import EnginePath, load, native
+from infersight.engine.errors import InvalidInput
 from infersight.engine.native import NativeProjection
 from infersight.engine.network import KVCache
 from infersight.engine.paths import cpu_model

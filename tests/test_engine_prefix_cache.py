@@ -12,8 +12,7 @@ import torch
 from _engine_serving_support import V1, V2, prompt
 from conftest import free_port, missing_service
 from infersight.engine import load
-from infersight.engine.prefix_cache import PrefixCache, PrefixCacheStats, frequent_prefixes
-from infersight.engine.prefix_cache import RedisTier
+from infersight.engine.prefix_cache import PrefixCache, PrefixCacheStats, RedisTier, frequent_prefixes
 from infersight.engine.registry import Registry
 from infersight.engine.runtime import Runtime
 from infersight.engine.runtime_loop import Replica, Request

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from infersight.engine.registry import DeployHistory, DeployRecord
 from infersight.engine.errors import (
     InvalidVersionName,
     NotACheckpoint,
@@ -16,8 +15,14 @@ from infersight.engine.errors import (
     VersionExists,
     VersionNotFound,
 )
-from infersight.engine.registry import Registry
-from infersight.engine.registry import VERSION_RULE, VersionName, hash_weight_files
+from infersight.engine.registry import (
+    VERSION_RULE,
+    DeployHistory,
+    DeployRecord,
+    Registry,
+    VersionName,
+    hash_weight_files,
+)
 from safetensors.torch import save_file
 
 

@@ -6,8 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from infersight.engine.registry import Registry
-from infersight.engine.registry import hash_weight_files
+from infersight.engine.registry import Registry, hash_weight_files
 from infersight.monitor.cli import main
 
 

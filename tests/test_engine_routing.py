@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 from _demo_registry import GOOD, private_copy, shared_demo_registry
-from infersight.engine import PathOverloaded, PathSpec, Registry, RouteQuery, RoutingSpec, Runtime
-from infersight.engine.errors import DeployRefused, InvalidRequest
+from infersight.engine import PathSpec, Registry, RouteQuery, RoutingSpec, Runtime
+from infersight.engine.errors import DeployRefused, InvalidRequest, PathOverloaded
 from infersight.engine.events import BreakerChanged, EngineEvent
 from infersight.engine.routing import LengthBreaker, RouteControl
 from infersight.engine.runtime_loop import LoopState, PendingQueue

@@ -14,8 +14,8 @@ from _service_support import TOKEN, config
 from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis.errors import Unsatisfiable
-from infersight.monitor.service import DriftConfig, EngineConfig, create_app
-from infersight.monitor.service.config import LimitsConfig, ScheduleConfig
+from infersight.monitor.service import EngineConfig, create_app
+from infersight.monitor.service.config import DriftConfig, LimitsConfig, ScheduleConfig
 from schemathesis import GenerationMode
 
 EXAMPLES = 20  # per operation, per mode, per token state

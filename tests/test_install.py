@@ -195,7 +195,7 @@ _FULL_SCRIPT = textwrap.dedent(
     from infersight.monitor.store import connect, current_revision, head_revision, sqlite_url, upgrade
     from infersight.alerts import load_config
     from infersight.dashboards import web_assets_dir
-    from infersight.monitor.drift import default_model_path
+    from infersight.monitor.drift._windows import default_model_path
     from infersight.monitor.service import ServiceConfig, create_app
     from fastapi.testclient import TestClient
 

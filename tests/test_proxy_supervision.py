@@ -24,9 +24,9 @@ import pytest
 import yaml
 from _service_support import auth, config, running, wait_for
 from infersight.collectors.fake_nvml import FakeDevice, FakeNVML
-from infersight.monitor.service import AlertingConfig, UpstreamConfig
+from infersight.monitor.service import UpstreamConfig
 from infersight.monitor.service.backend_proxy import queue_depths
-from infersight.monitor.service.config import ScheduleConfig
+from infersight.monitor.service.config import AlertingConfig, ScheduleConfig
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 

@@ -13,7 +13,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from infersight.alerts import ActionRunner, ActionSpec, DeployAnalyzer, LiveSignals, Signal, VersionStats
+from infersight.alerts import ActionRunner, DeployAnalyzer, LiveSignals
+from infersight.alerts.actions.analysis import VersionStats
+from infersight.alerts.rules.rules import ActionSpec
+from infersight.alerts.rules.signals import Signal
 from infersight.collectors import InferenceStats, MergedStats, RemoteStats, SlotExporter
 from infersight.monitor.service.replicas import Replicas
 from infersight.monitor.store.tables import action_runs, deploy_analyses

@@ -7,8 +7,7 @@ import datetime as dt
 from pathlib import Path
 
 from _service_support import auth, config, event, running, wait_for
-from infersight.monitor.service import AlertingConfig
-from infersight.monitor.service.config import ScheduleConfig
+from infersight.monitor.service.config import AlertingConfig, ScheduleConfig
 
 RULES = """
 groups:

@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 from _service_support import TOKEN, auth, config, event, running
-from infersight.monitor.service import InsecureBind, Service, ServiceConfig
+from infersight.monitor.service import Service, ServiceConfig
 from infersight.monitor.service.config import LimitsConfig
+from infersight.monitor.service.errors import InsecureBind
 from infersight.monitor.store.tables import requests
 from sqlalchemy import func, select
 

@@ -10,8 +10,7 @@ import re
 from pathlib import Path
 
 from _service_support import auth, config, event, running, wait_for
-from infersight.monitor.service import AlertingConfig
-from infersight.monitor.service.config import ScheduleConfig
+from infersight.monitor.service.config import AlertingConfig, ScheduleConfig
 
 V1 = "mixtral_banking_fp32-v1.0"
 RULES = """

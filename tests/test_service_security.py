@@ -18,8 +18,8 @@ import pytest
 from _service_support import TOKEN, auth, config, event, running
 from _web_page_browser import serve
 from conftest import free_port
-from infersight.monitor.service import AlertingConfig, create_app
-from infersight.monitor.service.config import LimitsConfig
+from infersight.monitor.service import create_app
+from infersight.monitor.service.config import AlertingConfig, LimitsConfig
 from infersight.monitor.store.tables import requests
 from sqlalchemy import func, select
 

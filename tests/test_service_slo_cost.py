@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from _service_support import auth, config, event, running, wait_for
 from infersight.monitor.records import InferenceRecord
-from infersight.monitor.service import AlertingConfig, ConfigInvalid, load_config
-from infersight.monitor.service.config import CostConfig
+from infersight.monitor.service import ConfigInvalid, load_config
+from infersight.monitor.service.config import AlertingConfig, CostConfig
 from infersight.monitor.service.metrics import CostMeter
 
 RULES = """

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 from _prometheus_support import prometheus_server, query, wait_for_prometheus
-from infersight.alerts import SLOLedger, export_prometheus, parse_config
+from infersight.alerts import SLOLedger, export_prometheus
+from infersight.alerts.rules.config import parse_config
 from infersight.collectors import InferenceStats, serve_metrics
 from infersight.dashboards import build_dashboard
 from infersight.monitor.records import InferenceRecord

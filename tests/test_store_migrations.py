@@ -9,14 +9,8 @@ from pathlib import Path
 
 import pytest
 from _store_helpers import database_url, request_row
-from infersight.monitor.store import (
-    SchemaTooNew,
-    connect,
-    current_revision,
-    head_revision,
-    schema_diff,
-    upgrade,
-)
+from infersight.monitor.store import connect, current_revision, head_revision, upgrade
+from infersight.monitor.store.database import SchemaTooNew, schema_diff
 from infersight.monitor.store.tables import deploys, metadata, requests, snapshots
 from sqlalchemy import func, insert, select, text
 

@@ -51,20 +51,17 @@ class Live:
 def _drift_report(hotel: list[str], bank: list[str]) -> Any:
     """A DriftReport built from the drift module's own result dataclasses (their `to_json()` is
     the shape the page reads), with real hotel utterances as what appeared."""
-    from infersight.monitor.drift import (
+    from infersight.monitor.drift import DriftReport
+    from infersight.monitor.drift._explain import (
         ClusterShare,
-        DriftReport,
         ExampleText,
         FieldExplanation,
-        FieldVerdict,
         Novelty,
         NoveltyExample,
         Projection,
-        RelevanceComparison,
-        ReportContext,
-        TestResult,
     )
-    from infersight.monitor.drift._stat_tests import summarize_relevance
+    from infersight.monitor.drift._report import FieldVerdict, ReportContext, TestResult
+    from infersight.monitor.drift._stat_tests import RelevanceComparison, summarize_relevance
 
     rng = random.Random(11)
 
@@ -195,7 +192,7 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
     sent = [0]
     with serve(app, free_port()) as url:
         _record_deploys(app)
-        from infersight.monitor.drift import save_report
+        from infersight.monitor.drift._report import save_report
 
         report_id = save_report(app.state.service.db, _drift_report(HOTEL, BANK))
         feeder = threading.Thread(target=_feed, args=(url, stop, sent), name="page-feeder", daemon=True)

@@ -170,8 +170,7 @@ def _list(args: argparse.Namespace) -> int:
 
 def _register(args: argparse.Namespace) -> int:
     from infersight.engine.errors import EngineError
-    from infersight.engine.registry import Registry
-    from infersight.engine.registry import VersionName
+    from infersight.engine.registry import Registry, VersionName
 
     try:
         VersionName.parse(args.name)  # before the registry directory is created

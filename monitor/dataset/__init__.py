@@ -6,7 +6,8 @@ action opens, filled with the next N matching requests by `fill_collections`.
     GET /api/v1/dataset?version=V&kind=...&since=...   (bearer token; JSONL)
 
 Text passes through the service's `redact` hook (the SDK's hook: `(str) -> str`; a hook that
-fails drops the text) before it leaves the store.
+fails drops the text) before it leaves the store. The other errors (`InvalidSince`,
+`InvalidVersion`, `UnknownKind`) derive from `DatasetError` and stay in `_export`.
 """
 
 from __future__ import annotations
@@ -16,15 +17,10 @@ from infersight.monitor.extras import require_extra as _require_extra
 _require_extra("infersight.monitor.dataset", "service")  # one line when the extra is missing
 
 from ._export import (
-    KINDS,
     DatasetError,
     DatasetQuery,
     ExportResult,
-    InvalidSince,
-    InvalidVersion,
-    Redactor,
     RedactorInvalid,
-    UnknownKind,
     export_dataset,
     fill_collections,
     iter_dataset,
@@ -33,15 +29,10 @@ from ._export import (
 )
 
 __all__ = [
-    "KINDS",
     "DatasetError",
     "DatasetQuery",
     "ExportResult",
-    "InvalidSince",
-    "InvalidVersion",
-    "Redactor",
     "RedactorInvalid",
-    "UnknownKind",
     "export_dataset",
     "fill_collections",
     "iter_dataset",

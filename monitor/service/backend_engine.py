@@ -449,7 +449,7 @@ def _canary_controller(runtime: Any, on_decision: Callable[[Any], None]) -> Any:
     control = getattr(runtime, "canary", None)
     if control is None:
         return None
-    from infersight.alerts.actions.canary import CanaryController
+    from infersight.alerts import CanaryController
 
     return CanaryController(control, on_decision=on_decision)
 

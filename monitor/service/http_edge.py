@@ -9,10 +9,12 @@ Content-Length over the limit is refused before the body is read, and a chunked 
 cut off (413) as soon as it passes the limit, so no handler ever holds more than the limit.
 
 How errors become HTTP answers: always JSON `{"error": {"type", "message", "field"}}`
-(`param` too, for OpenAI clients), never a 500 for bad input."""
+(`param` too, for OpenAI clients), never a 500 for bad input. A timestamp goes out as
+`json_time` writes it."""
 
 from __future__ import annotations
 
+import datetime as dt
 import hmac
 import logging
 import os
@@ -33,10 +35,16 @@ __all__ = [
     "BodySizeLimit",
     "error_body",
     "install_error_handlers",
+    "json_time",
     "load_or_create_token",
     "require_token",
     "token_matches",
 ]
+
+
+def json_time(value: dt.datetime | None) -> str | None:
+    """A timestamp as the API writes it: ISO 8601 in UTC with a `Z`; None stays None."""
+    return None if value is None else value.astimezone(dt.UTC).isoformat().replace("+00:00", "Z")
 
 
 def token_matches(expected: str, authorization: str | None) -> bool:

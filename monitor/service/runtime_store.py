@@ -182,8 +182,7 @@ def build_prefix_cache(cfg: EngineConfig) -> PrefixCache | None:
     """The runtime's prefix cache as configured; None when `prefix_cache_mb` is 0."""
     if cfg.prefix_cache_mb <= 0:
         return None
-    from infersight.engine.prefix_cache import PrefixCache
-    from infersight.engine.prefix_cache import RedisTier
+    from infersight.engine.prefix_cache import PrefixCache, RedisTier
 
     shared = None
     if cfg.prefix_cache_redis_url:

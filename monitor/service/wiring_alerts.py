@@ -40,6 +40,7 @@ from sqlalchemy import Engine, func, select
 from sqlalchemy.exc import SQLAlchemyError
 
 from .errors import ConfigInvalid
+from .http_edge import json_time
 
 if TYPE_CHECKING:
     from infersight.collectors import GPUCollector, InferenceStats, ProcessCollector
@@ -275,7 +276,7 @@ class AlertsWiring:
             annotations = json.loads(r.annotations)
             out.append({
                 "alertname": r.alertname, "severity": labels.get("severity"),
-                "summary": annotations.get("summary", ""), "active_since": _iso(r.fired_at or r.active_at),
+                "summary": annotations.get("summary", ""), "active_since": json_time(r.fired_at or r.active_at),
                 "labels": labels,
             })  # fmt: skip
         return out
@@ -320,10 +321,6 @@ def _replicas(
         serving_version=(lambda: runtime.serving_version) if runtime is not None else (lambda: None),
         gpu=gpu, process=process, replica_id=replica_id,
     )  # fmt: skip
-
-
-def _iso(value: dt.datetime | None) -> str | None:
-    return None if value is None else value.astimezone(dt.UTC).isoformat().replace("+00:00", "Z")
 
 
 class AlertStoreCollector(Collector):
@@ -379,7 +376,7 @@ def record_canary_decision(
         deploy_log.flush()
     if decision.action != "rollback":
         return
-    from infersight.alerts.actions.canary import CANARY_ALERT
+    from infersight.alerts import CANARY_ALERT
     from infersight.alerts.lifecycle import push_alert
 
     now = dt.datetime.now(dt.UTC)

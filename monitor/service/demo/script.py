@@ -397,7 +397,7 @@ def _bad_release(
     snap = snaps[0]  # type: ignore[index]
     state["snapshot"] = snap["path"]
     tl.done("snapshot", f"{snap['request_count']} requests of {snap['model_version']} kept in {snap['path']}")
-    from infersight.alerts.actions.canary import CANARY_ALERT
+    from infersight.alerts import CANARY_ALERT
 
     if not wait_until(lambda: CANARY_ALERT in hook.alertnames(), 30):
         raise tl.fail("page", f"no signed {CANARY_ALERT} notification reached the webhook receiver")

@@ -36,7 +36,7 @@ from sqlalchemy import select
 from starlette.concurrency import run_in_threadpool
 
 from ..errors import BackendUnavailable, NoRuntime
-from ..http_edge import require_token
+from ..http_edge import json_time, require_token
 from ..openai_api import ChatRequest, CompletionRequest, ObservedRequest
 from . import get_service
 
@@ -171,10 +171,6 @@ class DeployResult(BaseModel):
     warmup_s: float
 
 
-def _iso(value: dt.datetime) -> str:
-    return value.astimezone(dt.UTC).isoformat().replace("+00:00", "Z")
-
-
 _SAME_RELEASE_S = 600.0  # replicas switching to one version within this of each other: one release
 
 
@@ -196,11 +192,11 @@ def recent_deploys(db: Any, limit: int = 20) -> list[dict[str, Any]]:
             ):  # fmt: skip
                 replicas.add(r.replica)
                 out[i]["replicas"] = len(replicas)
-                out[i]["at"] = _iso(r.at)  # the first replica's switch
+                out[i]["at"] = json_time(r.at)  # the first replica's switch
                 merged = True
                 break
         if not merged:
-            out.append({"at": _iso(r.at), "from_version": r.from_version, "to_version": r.to_version,
+            out.append({"at": json_time(r.at), "from_version": r.from_version, "to_version": r.to_version,
                         "reason": r.reason, "outcome": r.outcome, "detail": r.detail, "replicas": 1})  # fmt: skip
             seen.append((key, {r.replica} if r.replica is not None else set()))
     return out[:limit]
@@ -395,7 +391,7 @@ async def list_snapshots(request: Request, limit: int = Query(50, ge=1, le=500))
                                          "request_count", "path")]  # fmt: skip
         with service.db.connect() as conn:
             rows = conn.execute(select(*cols).order_by(snapshots.c.taken_at.desc()).limit(limit)).all()
-        return [{**r._asdict(), "taken_at": _iso(r.taken_at)} for r in rows]
+        return [{**r._asdict(), "taken_at": json_time(r.taken_at)} for r in rows]
 
     return {"snapshots": await run_in_threadpool(read)}
 

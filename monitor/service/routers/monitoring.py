@@ -30,7 +30,7 @@ from sqlalchemy import select
 from starlette.concurrency import run_in_threadpool
 
 from ..errors import BackendUnavailable
-from ..http_edge import require_token
+from ..http_edge import json_time, require_token
 from . import get_service
 from .models import recent_deploys
 
@@ -125,10 +125,6 @@ def _alerts(request: Request) -> Any:
     return wiring
 
 
-def _iso(value: dt.datetime | None) -> str | None:
-    return None if value is None else value.astimezone(dt.UTC).isoformat().replace("+00:00", "Z")
-
-
 @alerting_router.get("/api/v1/alerts", summary="Alerts pending or firing (and recently resolved)")
 async def list_alerts(
     request: Request, state: str | None = Query(None, pattern="^(pending|firing|resolved)$")
@@ -146,7 +142,7 @@ async def list_alerts(
             rows = conn.execute(q).all()
         return [{"fingerprint": r.fingerprint, "alertname": r.alertname, "state": r.state, "value": r.value,
                  "labels": json.loads(r.labels), "annotations": json.loads(r.annotations),
-                 "activeAt": _iso(r.active_at), "firedAt": _iso(r.fired_at), "resolvedAt": _iso(r.resolved_at)}
+                 "activeAt": json_time(r.active_at), "firedAt": json_time(r.fired_at), "resolvedAt": json_time(r.resolved_at)}
                 for r in rows]  # fmt: skip
 
     return {"alerts": await run_in_threadpool(read)}
