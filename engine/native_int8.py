@@ -1,9 +1,10 @@
 """The int8 loops of the native library's C source (native_source.py splices them in): bf16
 conversion for int8 models' embedding and KV cache, the weight-dequantising product
-(`rows8`: 4 int8 weight rows against up to 4 fp32 activation rows per pass), and, where the
-CPU has AVX512-VNNI, the int8-activation product (`rowsv`: activations quantised per
-64-column block, `qact`, one `vpdpbusd` per 64 weights and row). Both prefetch four row-quads
-ahead: the int8 [N, K] rows are short runs the hardware prefetcher does not follow.
+(`rows8`: 4 int8 weight rows against up to 4 fp32 activation rows per pass, prefetching four
+row-quads ahead: the int8 [N, K] rows are short runs the hardware prefetcher does not follow),
+and, where the CPU has AVX512-VNNI, the int8-activation product (`p8_block`: activations
+quantised per 64-column block, `qact`, against a packed copy of the weights made at load, one
+`vpdpbusd` per 64 weights and row with 16 output columns per register).
 """
 
 __all__ = ["INT8_SOURCE"]
@@ -38,7 +39,7 @@ static inline __attribute__((always_inline)) void quad8(
         __mmask16 km = K - k >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (K - k)) - 1u);
         __m512 wv[4];
         for (int c = 0; c < 4; c++) {
-            if ((k & 63) == 0) _mm_prefetch((const char *)(rw[c] + k + 16 * K), _MM_HINT_T0); /* see quadv */
+            if ((k & 63) == 0) _mm_prefetch((const char *)(rw[c] + k + 16 * K), _MM_HINT_T0);
             wv[c] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(km, rw[c] + k)));
         }
         for (int r = 0; r < MR; r++) {
@@ -151,100 +152,141 @@ static void tiles(const float *x, int64_t ldx, int64_t m, const float *wb, int64
     }
 }
 
-/* int8 activations for VNNI: a matrix [M, K] as per-64-column blocks of |round(x / s)| (u8,
-   rows Kp = 64 * nb apart, zero-padded), the blocks' sign masks and scales s = max|x| / 127. */
-typedef struct { uint8_t *a; uint64_t *neg; float *s; int64_t Kp, nb; } qact;
+/* int8 activations: a matrix [M, K] as per-64-column blocks of a = round(x / s), s = max|x| / 127,
+   stored as a + 128 (u8, dpbusd's unsigned side) and as a (s8, for int4's unsigned nibbles),
+   rows Kp = 64 * nb apart and zero-padded (a = 0); per block the scale, and per 32 columns the
+   sum of a and the fp32 sum of x (the zero-point terms of int8's offset and int4's groups). */
+typedef struct { uint8_t *a; int8_t *as; float *s; int32_t *asum; float *xsum; int64_t Kp, nb; } qact;
 
 static qact qact_at(char **at, int64_t rows, int64_t K) {
     qact q;
     q.nb = (K + 63) / 64;
     q.Kp = q.nb * 64;
     q.a = (uint8_t *)*at;
-    q.neg = (uint64_t *)(void *)(*at + rows * q.Kp);
-    q.s = (float *)(void *)(*at + rows * q.Kp + rows * q.nb * 8);
-    *at += ((rows * q.Kp + rows * q.nb * 12) + 63) / 64 * 64;
+    q.as = (int8_t *)(*at + rows * q.Kp);
+    q.s = (float *)(void *)(*at + 2 * rows * q.Kp);
+    q.asum = (int32_t *)(void *)(*at + 2 * rows * q.Kp + 4 * rows * q.nb);
+    q.xsum = (float *)(void *)(*at + 2 * rows * q.Kp + 12 * rows * q.nb);
+    *at += ((2 * rows * q.Kp + 20 * rows * q.nb) + 63) / 64 * 64;
     return q;
 }
 
 static int64_t qact_bytes(int64_t rows, int64_t K) {
     int64_t nb = (K + 63) / 64;
-    return ((rows * nb * 64 + rows * nb * 12) + 63) / 64 * 64;
+    return ((2 * rows * nb * 64 + 20 * rows * nb) + 63) / 64 * 64;
 }
 
 static void quantize_row(const qact *q, int64_t row, const float *x, int64_t K) {
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+    for (int64_t b = 0; b < q->nb; b++) { /* the loop below, 16 columns per register */
+        int64_t k0 = b * 64, n = K - k0 < 64 ? K - k0 : 64;
+        __m512 v[4];
+        __m512 mx = _mm512_setzero_ps();
+        for (int i = 0; i < 4; i++) {
+            int64_t left = n - 16 * i;
+            __mmask16 km = left >= 16 ? (__mmask16)0xffff : left <= 0 ? 0 : (__mmask16)((1u << left) - 1u);
+            v[i] = _mm512_maskz_loadu_ps(km, x + k0 + 16 * i);
+            mx = _mm512_max_ps(mx, _mm512_abs_ps(v[i]));
+        }
+        float m = _mm512_reduce_max_ps(mx);
+        __m512 inv = _mm512_set1_ps(m > 0.0f ? 127.0f / m : 0.0f);
+        uint8_t *a = q->a + row * q->Kp + k0;
+        int8_t *as = q->as + row * q->Kp + k0;
+        for (int h = 0; h < 2; h++) {
+            __m512i s32 = _mm512_setzero_si512();
+            __m512 xs = _mm512_setzero_ps();
+            for (int i = 2 * h; i < 2 * h + 2; i++) {
+                __m512i vi = _mm512_cvtps_epi32(_mm512_mul_ps(v[i], inv)); /* nearest, ties even */
+                vi = _mm512_max_epi32(_mm512_min_epi32(vi, _mm512_set1_epi32(127)), _mm512_set1_epi32(-127));
+                __m128i b8 = _mm512_cvtepi32_epi8(vi);
+                _mm_storeu_si128((__m128i *)(void *)(as + 16 * i), b8);
+                _mm_storeu_si128((__m128i *)(void *)(a + 16 * i), _mm_xor_si128(b8, _mm_set1_epi8((char)0x80)));
+                s32 = _mm512_add_epi32(s32, vi);
+                xs = _mm512_add_ps(xs, v[i]);
+            }
+            q->asum[row * 2 * q->nb + 2 * b + h] = _mm512_reduce_add_epi32(s32);
+            q->xsum[row * 2 * q->nb + 2 * b + h] = _mm512_reduce_add_ps(xs);
+        }
+        q->s[row * q->nb + b] = m / 127.0f;
+    }
+#else
     for (int64_t b = 0; b < q->nb; b++) {
         int64_t k0 = b * 64, n = K - k0 < 64 ? K - k0 : 64;
         float mx = 0.0f;
         for (int64_t i = 0; i < n; i++) mx = fmaxf(mx, fabsf(x[k0 + i]));
         float inv = mx > 0.0f ? 127.0f / mx : 0.0f;
-        uint64_t ng = 0;
         uint8_t *a = q->a + row * q->Kp + k0;
-        for (int64_t i = 0; i < 64; i++) {
-            int v = i < n ? (int)nearbyintf(x[k0 + i] * inv) : 0;
-            if (v < 0) {
-                ng |= 1ull << i;
-                v = -v;
+        int8_t *as = q->as + row * q->Kp + k0;
+        for (int h = 0; h < 2; h++) {
+            int32_t sum = 0;
+            float xs = 0.0f;
+            for (int64_t i = 32 * h; i < 32 * h + 32; i++) {
+                int v = i < n ? (int)nearbyintf(x[k0 + i] * inv) : 0;
+                v = v > 127 ? 127 : (v < -127 ? -127 : v);
+                a[i] = (uint8_t)(v + 128);
+                as[i] = (int8_t)v;
+                sum += v;
+                xs += i < n ? x[k0 + i] : 0.0f;
             }
-            a[i] = (uint8_t)(v > 127 ? 127 : v);
+            q->asum[row * 2 * q->nb + 2 * b + h] = sum;
+            q->xsum[row * 2 * q->nb + 2 * b + h] = xs;
         }
-        q->neg[row * q->nb + b] = ng;
         q->s[row * q->nb + b] = mx / 127.0f;
     }
+#endif
 }
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
 #define INFERSIGHT_VNNI 1
-/* As quad8, with the activations int8 too: one dpbusd per 64 weights and row. */
-static inline __attribute__((always_inline)) void quadv(
-        const qact *q, int64_t r0, const int8_t *w, const float *s, int64_t nc, int64_t K,
-        const int MR, float *out) {
-    const int8_t *rw[4];
-    for (int c = 0; c < 4; c++) rw[c] = w + (c < nc ? c : nc - 1) * K;
-    __m512 acc[4][4];
-    const __m512i zero = _mm512_setzero_si512();
-    for (int r = 0; r < MR; r++)
-        for (int c = 0; c < 4; c++) acc[r][c] = _mm512_setzero_ps();
-    for (int64_t b = 0; b < q->nb; b++) {
-        int64_t k = b * 64;
-        __mmask64 km = K - k >= 64 ? ~(__mmask64)0 : (((__mmask64)1 << (K - k)) - 1);
-        __m512i wv[4];
-        for (int c = 0; c < 4; c++) {
-            /* the same line four quads on (rows are contiguous): short row runs give the
-               hardware prefetcher too little to ramp up on */
-            _mm_prefetch((const char *)(rw[c] + k + 16 * K), _MM_HINT_T0);
-            wv[c] = _mm512_maskz_loadu_epi8(km, rw[c] + k);
-        }
-        for (int r = 0; r < MR; r++) {
-            int64_t row = r0 + r;
-            __m512i xa = _mm512_loadu_si512((const void *)(q->a + row * q->Kp + k));
-            __mmask64 ng = q->neg[row * q->nb + b];
-            __m512 xs = _mm512_set1_ps(q->s[row * q->nb + b]);
-            for (int c = 0; c < 4; c++) {
-                __m512i ws = _mm512_mask_sub_epi8(wv[c], ng, zero, wv[c]);
-                __m512i dp = _mm512_dpbusd_epi32(zero, xa, ws);
-                acc[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dp), xs, acc[r][c]);
+/* The packed int8 layout (native_step.py's `pack_int8`, made once at load): per 16-column
+   block, per 64-column group of K, 16 k-quads of [16 columns][4 k] int8 (1024 bytes), then the
+   group's 16 column sums of w (int32, 64 bytes). One 64-byte load feeds one dpbusd per row
+   against the row's 4 activations broadcast; a block is one sequential run of memory, which the
+   hardware prefetcher follows (software prefetching here measured slower). */
+#define P8_GROUP 1088
+
+/* out[r][0..15] = x_r . w[n0 + c] for r < MR: `wb` one packed block of nb groups, `s` its 16 scales. */
+static inline __attribute__((always_inline)) void p8_tile(
+        const qact *q, int64_t r0, const int8_t *wb, const float *s, const int MR, float *out) {
+    __m512 acc[4];
+    for (int r = 0; r < MR; r++) acc[r] = _mm512_setzero_ps();
+    for (int64_t g = 0; g < q->nb; g++) {
+        const int8_t *wg = wb + g * P8_GROUP;
+        __m512i ia[4], ib[4];
+        for (int r = 0; r < MR; r++) ia[r] = ib[r] = _mm512_setzero_si512();
+        for (int t = 0; t < 16; t += 2) {
+            __m512i w0 = _mm512_load_si512((const void *)(wg + t * 64));
+            __m512i w1 = _mm512_load_si512((const void *)(wg + t * 64 + 64));
+            for (int r = 0; r < MR; r++) {
+                const uint8_t *a = q->a + (r0 + r) * q->Kp + g * 64 + t * 4;
+                int32_t a0, a1;
+                memcpy(&a0, a, 4);
+                memcpy(&a1, a + 4, 4);
+                ia[r] = _mm512_dpbusd_epi32(ia[r], _mm512_set1_epi32(a0), w0);
+                ib[r] = _mm512_dpbusd_epi32(ib[r], _mm512_set1_epi32(a1), w1);
             }
+        }
+        /* the activations were a + 128: take 128 * the column sums back off */
+        __m512i corr = _mm512_slli_epi32(_mm512_load_si512((const void *)(wg + 1024)), 7);
+        for (int r = 0; r < MR; r++) {
+            __m512i d = _mm512_sub_epi32(_mm512_add_epi32(ia[r], ib[r]), corr);
+            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), _mm512_set1_ps(q->s[(r0 + r) * q->nb + g]), acc[r]);
         }
     }
-    for (int r = 0; r < MR; r++)
-        for (int c = 0; c < nc; c++) out[r * 16 + c] = s[c] * _mm512_reduce_add_ps(acc[r][c]);
+    __m512 sv = _mm512_loadu_ps(s);
+    for (int r = 0; r < MR; r++) _mm512_storeu_ps(out + r * 16, _mm512_mul_ps(acc[r], sv));
 }
 
-static void rowsv(const qact *q, int64_t r0, int64_t M, const int8_t *w, const float *s,
-                  int64_t n0, int64_t nr, int64_t K, float *out) {
+/* out [M][16]: packed block `wb` (scales `s`) for rows r0..r0+M-1 of the quantised activations */
+static void p8_block(const qact *q, int64_t r0, int64_t M, const int8_t *wb, const float *s, float *out) {
     for (int64_t r = 0; r < M; r += 4) {
         int64_t n = M - r < 4 ? M - r : 4;
-        for (int64_t c = 0; c < nr; c += 4) {
-            const int8_t *wc = w + (n0 + c) * K;
-            const float *sc = s + n0 + c;
-            int64_t nc = nr - c < 4 ? nr - c : 4;
-            float *o = out + r * 16 + c;
-            switch (n) {
-                case 1: quadv(q, r0 + r, wc, sc, nc, K, 1, o); break;
-                case 2: quadv(q, r0 + r, wc, sc, nc, K, 2, o); break;
-                case 3: quadv(q, r0 + r, wc, sc, nc, K, 3, o); break;
-                default: quadv(q, r0 + r, wc, sc, nc, K, 4, o); break;
-            }
+        float *o = out + r * 16;
+        switch (n) {
+            case 1: p8_tile(q, r0 + r, wb, s, 1, o); break;
+            case 2: p8_tile(q, r0 + r, wb, s, 2, o); break;
+            case 3: p8_tile(q, r0 + r, wb, s, 3, o); break;
+            default: p8_tile(q, r0 + r, wb, s, 4, o); break;
         }
     }
 }

@@ -8,8 +8,10 @@ Entry points:
 - `infersight_decode_step` (and `infersight_step_scratch`, its scratch size): a whole decode
   step of the Mixtral network for B rows inside one OpenMP parallel region (native_step.py
   says what it computes and why). fp32 models read the packed weights; int8 weight-only ones
-  read the engine's int8 [N, K] rows and per-row scales (dequantised in registers, or with
-  int8 activations on VNNI: the loops are native_int8.py's), with a bf16 embedding and KV cache.
+  read the engine's int8 [N, K] rows and per-row scales (dequantised in registers), or with
+  int8 activations on VNNI a packed copy (the loops are native_int8.py's); int4 ones (VNNI
+  only) a packed copy of theirs against int8 activations (native_int4.py); both with a bf16
+  embedding and KV cache.
 - `infersight_has_avx512`, `infersight_has_vnni`: which loops the build took.
 
 With AVX-512 (F, and BW/VL for the int8 loads) the loops use 512-bit FMAs and masked tails;
@@ -17,6 +19,7 @@ without it, the same loops in plain C, auto-vectorised for what the CPU has. The
 norms and RoPE stay fp32 in both model kinds.
 """
 
+from .native_int4 import INT4_SOURCE
 from .native_int8 import INT8_SOURCE
 
 __all__ = ["SOURCE"]
@@ -108,44 +111,62 @@ typedef struct {
     const float *const *w2;             /* [layers * E] -> packed D x I */
     const float *norm;                  /* [D] */
     const float *head;                  /* packed V x D */
-    /* quantized (int8 weight-only models): the projections' pointers above are int8 [N, K]
-       row-major, with per-row scales here; embedding and KV cache bf16; norms, router, RoPE fp32 */
+    /* quantized 1 (int8 weight-only models): the projections' pointers above are int8 [N, K]
+       row-major, with per-row scales here; 2 (int4, VNNI builds only): they and the `_p` ones
+       below are native_int4.py's packed blocks, scales inside. Both: embedding and KV cache
+       bf16; norms, router, RoPE fp32 */
     int64_t quantized;
     const float *const *wqkv_s, *const *wo_s, *const *w13_s, *const *w2_s;
     const float *head_s;
     int64_t act8; /* quantized: int8 activations too (VNNI builds only; else ignored) */
+    /* act8: the projections packed (native_int8.py's layout; w13 as w1's blocks, then w3's)
+       and their scales padded to whole 16-column blocks */
+    const int8_t *const *wqkv_p, *const *wo_p, *const *w13_p, *const *w2_p;
+    const int8_t *head_p;
+    const float *const *wqkv_ps, *const *wo_ps, *const *w13_ps, *const *w2_ps;
+    const float *head_ps;
 } infersight_model;
+
+/* One projection as the step reads it: fp32 packed or int8 rows `w` (scales `s`), and for
+   int8 activations the packed int8 copy `p` (scales `ps`). */
+typedef struct { const void *w; const float *s; const int8_t *p; const float *ps; } wref;
 
 """
     + INT8_SOURCE
+    + INT4_SOURCE
     + r"""
-/* out [M][16] = columns n0..n0+nr-1 (n0 a multiple of 16, nr <= 16) of x [M, K] @ W^T: W
-   packed fp32 (scales unused), or int8 rows with scales `s` when `quantized`. */
-static void block(int64_t quantized, const float *x, int64_t ldx, int64_t M, const void *w,
-                  const float *s, int64_t n0, int64_t nr, int64_t K, float *out, const qact *qx, int64_t r0) {
+/* out [M][16] = columns n0..n0+nr-1 (n0 a multiple of 16, nr <= 16; packed block `bi`) of
+   x [M, K] @ W^T: W packed fp32, or int8 rows when `quantized`, or with int8 activations `qx`
+   (rows r0.. of it) the packed int8 copy. */
+static void block(int64_t quantized, const float *x, int64_t ldx, int64_t M, wref W,
+                  int64_t n0, int64_t bi, int64_t nr, int64_t K, float *out, const qact *qx, int64_t r0) {
 #if INFERSIGHT_VNNI
+    if (quantized == 2) { /* int4: always int8 activations */
+        p4_block(qx, r0, M, (const uint8_t *)W.p + bi * p4_block_bytes(K), K, out);
+        return;
+    }
     if (quantized && qx) {
-        rowsv(qx, r0, M, (const int8_t *)w, s, n0, nr, K, out);
+        p8_block(qx, r0, M, W.p + bi * qx->nb * P8_GROUP, W.ps + bi * 16, out);
         return;
     }
 #else
     (void)qx;
     (void)r0;
+    (void)bi;
 #endif
-    if (quantized) rows8(x, ldx, M, (const int8_t *)w, s, n0, nr, K, out);
-    else tiles(x, ldx, M, (const float *)w + (n0 / 16) * K * 16, K, out);
+    if (quantized) rows8(x, ldx, M, (const int8_t *)W.w, W.s, n0, nr, K, out);
+    else tiles(x, ldx, M, (const float *)W.w + (n0 / 16) * K * 16, K, out);
 }
 
 /* Inside a parallel region: out [M, N] (+)= x [M, K] @ W^T (see `block`); `add`: accumulate into out.
    Work-shared over 16-column blocks; ends with the loop's barrier. acc: this thread's [M][16]. */
-static void linear_for(int64_t quantized, const float *x, int64_t M, const void *w,
-                       const float *s, int64_t N, int64_t K, float *out, int add, float *acc,
-                       const qact *qx) {
+static void linear_for(int64_t quantized, const float *x, int64_t M, wref W, int64_t N, int64_t K,
+                       float *out, int add, float *acc, const qact *qx) {
     int64_t blocks = (N + 15) / 16;
 #pragma omp for schedule(static)
     for (int64_t b = 0; b < blocks; b++) {
         int64_t n0 = b * 16, nr = N - n0 < 16 ? N - n0 : 16;
-        block(quantized, x, K, M, w, s, n0, nr, K, acc, qx, 0);
+        block(quantized, x, K, M, W, n0, b, nr, K, acc, qx, 0);
         for (int64_t i = 0; i < M; i++)
             for (int64_t j = 0; j < nr; j++) {
                 float *o = out + i * N + n0 + j;
@@ -190,6 +211,13 @@ int64_t infersight_step_scratch(const infersight_model *m, int64_t B, int64_t th
     return floats + 2 * ints + bytes / 4 + 64;
 }
 
+/* projection i of a per-layer (or per-expert) array, with its scales and packed copy where used */
+static inline wref ref(const float *const *w, const float *const *s, const int8_t *const *p,
+                       const float *const *ps, int64_t i, int64_t q8, int v8) {
+    wref r = {w[i], q8 && s ? s[i] : 0, v8 && p ? p[i] : 0, v8 && ps ? ps[i] : 0};
+    return r;
+}
+
 static inline float silu_mul(float g, float u) { return g / (1.0f + expf(-g)) * u; }
 
 /* One decode step: tokens[b] at positions[b] of cache slot slots[b] -> logits [B, V], the
@@ -214,7 +242,7 @@ int64_t infersight_decode_step(const infersight_model *m, int64_t B, const int64
     int64_t *sel_e = (int64_t *)(void *)(((uintptr_t)(per_thread + threads * stride) + 15) & ~(uintptr_t)15);
     int64_t *order = sel_e + bk, *group = order + bk, *count = group + E + 1, *active = count + E;
     int64_t n_active = 0;
-    const int v8 = q8 && m->act8 && INFERSIGHT_VNNI;
+    const int v8 = q8 && (m->act8 || q8 == 2) && INFERSIGHT_VNNI; /* int4 (q8 == 2): always */
     char *qat = (char *)(((uintptr_t)(active + E) + 63) & ~(uintptr_t)63);
     qact qxn = qact_at(&qat, B, D), qattn = qact_at(&qat, B, H * hd);
     qact qxe = qact_at(&qat, bk, D), qa = qact_at(&qat, bk, I);
@@ -240,7 +268,7 @@ int64_t infersight_decode_step(const infersight_model *m, int64_t B, const int64
                 if (v8)
                     for (int64_t b = 0; b < B; b++) quantize_row(&qxn, b, xn + b * D, D);
             }
-            linear_for(q8, xn, B, m->wqkv[l], q8 ? m->wqkv_s[l] : 0, NQ, D, qkv, 0, acc, v8 ? &qxn : 0);
+            linear_for(q8, xn, B, ref(m->wqkv, m->wqkv_s, m->wqkv_p, m->wqkv_ps, l, q8, v8), NQ, D, qkv, 0, acc, v8 ? &qxn : 0);
             /* RoPE on the q and k heads; k and v into the cache */
 #pragma omp for schedule(static)
             for (int64_t item = 0; item < B * heads; item++) {
@@ -297,10 +325,11 @@ int64_t infersight_decode_step(const infersight_model *m, int64_t B, const int64
 #pragma omp for schedule(static)
                 for (int64_t b = 0; b < B; b++) quantize_row(&qattn, b, attn + b * H * hd, H * hd);
             }
-            linear_for(q8, attn, B, m->wo[l], q8 ? m->wo_s[l] : 0, D, H * hd, x, 1, acc, v8 ? &qattn : 0); /* x += attention */
+            linear_for(q8, attn, B, ref(m->wo, m->wo_s, m->wo_p, m->wo_ps, l, q8, v8), D, H * hd, x, 1, acc,
+                       v8 ? &qattn : 0); /* x += attention */
 #pragma omp single
             rms_norm_rows(x, m->ffn_norm[l], xn, B, D, m->eps);
-            linear_for(0, xn, B, m->gate[l], 0, E, D, router, 0, acc, 0); /* the router: fp32 always */
+            linear_for(0, xn, B, (wref){m->gate[l], 0, 0, 0}, E, D, router, 0, acc, 0); /* the router: fp32 always */
             /* routing: each row's top-k logits, softmax over them (== softmax over all experts,
                top-k, renormalised); the (row, k) pairs grouped by expert, their x copied in */
 #pragma omp single
@@ -344,11 +373,12 @@ int64_t infersight_decode_step(const infersight_model *m, int64_t B, const int64
                 for (int64_t item = 0; item < n_active * iblocks; item++) {
                     int64_t e = active[item / iblocks], j = item % iblocks;
                     int64_t g0 = group[e], n = group[e + 1] - g0;
-                    const float *w = m->w13[l * E + e], *ws = q8 ? m->w13_s[l * E + e] : 0;
+                    wref w = ref(m->w13, m->w13_s, m->w13_p, m->w13_ps, l * E + e, q8, v8);
                     int64_t nr = I - j * 16 < 16 ? I - j * 16 : 16;
                     const qact *qx = v8 ? &qxe : 0;
-                    block(q8, xe + g0 * D, D, n, w, ws, j * 16, nr, D, acc, qx, g0);
-                    block(q8, xe + g0 * D, D, n, w, ws, q8 ? I + j * 16 : (iblocks + j) * 16, nr, D, acc2, qx, g0);
+                    block(q8, xe + g0 * D, D, n, w, j * 16, j, nr, D, acc, qx, g0);
+                    block(q8, xe + g0 * D, D, n, w, q8 ? I + j * 16 : (iblocks + j) * 16, iblocks + j, nr, D, acc2,
+                          qx, g0);
                     for (int64_t i = 0; i < n; i++)
                         for (int64_t c = 0; c < nr; c++)
                             act[(g0 + i) * I + j * 16 + c] = silu_mul(acc[i * 16 + c], acc2[i * 16 + c]);
@@ -377,8 +407,8 @@ int64_t infersight_decode_step(const infersight_model *m, int64_t B, const int64
                 int64_t n0 = j * 16, nr = D - n0 < 16 ? D - n0 : 16;
                 for (int64_t a = 0; a < n_active; a++) {
                     int64_t e = active[a], g0 = group[e], n = group[e + 1] - g0;
-                    block(q8, act + g0 * I, I, n, m->w2[l * E + e], q8 ? m->w2_s[l * E + e] : 0, n0, nr, I, acc,
-                          v8 ? &qa : 0, g0);
+                    block(q8, act + g0 * I, I, n, ref(m->w2, m->w2_s, m->w2_p, m->w2_ps, l * E + e, q8, v8), n0, j,
+                          nr, I, acc, v8 ? &qa : 0, g0);
                     for (int64_t i = 0; i < n; i++) {
                         int64_t p = order[g0 + i];
                         float w = sel_w[p], *o = x + (p / topk) * D + n0;
@@ -393,7 +423,7 @@ int64_t infersight_decode_step(const infersight_model *m, int64_t B, const int64
             if (v8)
                 for (int64_t b = 0; b < B; b++) quantize_row(&qxn, b, xn + b * D, D);
         }
-        linear_for(q8, xn, B, m->head, m->head_s, m->V, D, logits, 0, acc, v8 ? &qxn : 0);
+        linear_for(q8, xn, B, (wref){m->head, m->head_s, m->head_p, m->head_ps}, m->V, D, logits, 0, acc, v8 ? &qxn : 0);
     }
     return -1;
 }

@@ -14,34 +14,43 @@ table, the caller's KV cache, and the projections as the model holds them: fp32 
 packed copies the native path already made (`NativeProjection`, made by network.py's
 `build`, also used by prefill), int8 weight-only models the engine's own
 int8 [N, K] rows and per-row scales (quant.py), with the bf16 embedding and KV cache of
-those models. The only copies it makes are small: the router weight packed, and for int8
-the norms and scales in fp32. Prefill and the full forward stay on the per-op path; both
-write and read the same cache layout.
+those models. Copies: the router weight packed, for int8 the norms and scales in fp32, and,
+where the library has the VNNI loops, packed copies of the quantised projections made here
+once (int8: `pack_int8`, read with int8 activations; int4: native_int4.py's `pack_int4`,
+its only layout; they add the model's quantised bytes again while the model is loaded).
+Prefill and the full forward stay on the per-op path; both write and read the same cache
+layout.
 
 Exactness: fp32 runs the same operations as the eager path in another summation order
 (rounding-level differences); tests/test_engine_exact.py holds the native path, decode
 included, to transformers' logits and greedy tokens. int8 computes its activations in fp32
 where the eager int8 path rounds them to bf16 at every op, or (`act8`, VNNI) quantises them
 to int8 per 64-column block as llama.cpp's q8_0 does; tests/test_engine_int8.py holds all
-three to the same tolerances against fp32.
+three to the same tolerances against fp32. int4 always quantises its activations so;
+tests/test_engine_int4.py holds it to the eager int4 decode and both to fp32.
 """
 
 from __future__ import annotations
 
 import ctypes
+import logging
 
 import torch
 
 from .errors import InvalidInput
 from .native import NativeKernels, NativeProjection, pack
+from .native_int4 import Sources, pack_int4, plain_nibbles
 from .network import KVCache, Layer, MoEFeedForward, RopeTable, Transformer
-from .projection import Int8Projection
+from .projection import Int4Projection, Int8Projection
 
 __all__ = ["NativeStep", "step_for"]
+
+log = logging.getLogger("infersight.engine")
 
 _SIZES = ("D", "H", "Hkv", "hd", "I", "E", "topk", "V", "layers", "window")
 _POINTERS = ("embed", "attn_norm", "wqkv", "wo", "ffn_norm", "gate", "w13", "w2", "norm", "head")
 _SCALES = ("wqkv_s", "wo_s", "w13_s", "w2_s", "head_s")
+_PACKED = ("wqkv", "wo", "w13", "w2", "head")  # int8 activations read these packed (`pack_int8`)
 
 
 class StepModel(ctypes.Structure):
@@ -55,51 +64,112 @@ class StepModel(ctypes.Structure):
         ("quantized", ctypes.c_int64),
         *((name, ctypes.c_void_p) for name in _SCALES),
         ("act8", ctypes.c_int64),
+        *((name + "_p", ctypes.c_void_p) for name in _PACKED),
+        *((name + "_ps", ctypes.c_void_p) for name in _PACKED),
     ]
 
 
 Weights = tuple[torch.Tensor, torch.Tensor | None]
-"""A projection as the C step reads it: packed fp32 (no scales), or int8 [N, K] and fp32 scales [N]."""
+"""A projection as the C step reads it: packed fp32 (no scales), int8 [N, K] and fp32 scales
+[N], or int4 packed (native_int4.py; its scales inside) with an empty scales tensor."""
+
+_INT4 = torch.empty(0, dtype=torch.uint8)  # the scales of an int4 `Weights`: inside the packed blocks
 
 
-def _weights(p: object) -> Weights | None:
+def _int4(weight: torch.Tensor, scales_zeros: torch.Tensor, packed: bool, sources: Sources) -> Weights:
+    k = 2 * weight.shape[1]
+    return pack_int4(plain_nibbles(weight, k, packed, sources), scales_zeros), _INT4
+
+
+def _weights(p: object, sources: Sources) -> Weights | None:
     if isinstance(p, NativeProjection):
         return p.packed, None
     if isinstance(p, Int8Projection):
         return p.weight.contiguous(), p.scales.float().contiguous()
+    if isinstance(p, Int4Projection):
+        return _int4(p.weight, p.scales_zeros, p.packed, sources)
     return None
 
 
-def _experts(moe: MoEFeedForward) -> list[tuple[Weights, Weights]] | None:
-    pairs = [(_weights(a), _weights(b)) for a, b in moe.loop.pairs]
+def _experts(moe: MoEFeedForward, int4: bool, sources: Sources) -> list[tuple[Weights, Weights]] | None:
+    if isinstance(moe.loop.pairs[0][0], Int4Projection):  # w1 | w3 packed as w1's blocks, then w3's
+        if not int4:
+            return None
+        out: list[tuple[Weights, Weights]] = []
+        for w13, w2 in moe.loop.pairs:
+            assert isinstance(w13, Int4Projection) and isinstance(w2, Int4Projection)
+            i, sz13 = w13.weight.shape[0] // 2, w13.scales_zeros
+            q13 = plain_nibbles(w13.weight, 2 * w13.weight.shape[1], w13.packed, sources)
+            up: Weights = torch.cat([pack_int4(q13[:i], sz13[:, :i]), pack_int4(q13[i:], sz13[:, i:])]), _INT4
+            out.append((up, _int4(w2.weight, w2.scales_zeros, w2.packed, sources)))
+        return out
+    pairs = [(_weights(a, sources), _weights(b, sources)) for a, b in moe.loop.pairs]
     return None if any(a is None or b is None for a, b in pairs) else pairs  # type: ignore[return-value]
+
+
+def pack_int8(w: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """int8 [N, K] and scales [N] -> the C side's packed layout (native_int8.py, `p8_block`) and
+    the scales zero-padded to whole 16-column blocks: per block of 16 rows, per 64 columns of K,
+    [16 k-quads][16 rows][4 k] int8 and then the block's 16 row sums over those 64 columns (int32)."""
+    n, k = w.shape
+    nb, ng = -(-n // 16), -(-k // 64)
+    padded = torch.zeros(nb * 16, ng * 64, dtype=torch.int8)
+    padded[:n, :k] = w
+    groups = padded.view(nb, 16, ng, 16, 4)  # [block, row, group, k-quad, k]
+    quads = groups.permute(0, 2, 3, 1, 4).reshape(nb, ng, 1024)
+    sums = groups.view(nb, 16, ng, 64).sum(-1, dtype=torch.int32).permute(0, 2, 1).contiguous()
+    packed = torch.cat([quads, sums.view(torch.int8).view(nb, ng, 64)], dim=-1)
+    s = torch.zeros(nb * 16, dtype=torch.float32)
+    s[:n] = scales.float()
+    return packed.contiguous(), s
+
+
+def _pack_w13(w: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """w1 | w3 rows [2I, K] packed as w1's blocks, then w3's (their blocks line up for any I)."""
+    i = w.shape[0] // 2
+    (a, sa), (b, sb) = pack_int8(w[:i], scales[:i]), pack_int8(w[i:], scales[i:])
+    return torch.cat([a, b]), torch.cat([sa, sb])
 
 
 def step_for(network: Transformer, kernels: NativeKernels) -> NativeStep | None:
     """The native step over a CPU network: fp32 on the native path's packed weights
-    (`build(..., kernels=)`), or int8 weight-only (bf16 activations) on its own int8
-    tensors. None for anything else (other dtypes, int4, other devices)."""
+    (`build(..., kernels=)`), or int8 or int4 weight-only (bf16 activations; int4 only
+    where the library has the VNNI loops) on packed copies of its own tensors. None for
+    anything else (other dtypes, other devices), and, with one log line, where packing a
+    quantised model's weights fails (a torch whose int4 layout this cannot read)."""
+    try:
+        return _step_for(network, kernels)
+    except (RuntimeError, ValueError) as exc:
+        log.warning("engine: no native step for this model (%s); decoding on the eager path", exc)
+        return None
+
+
+def _step_for(network: Transformer, kernels: NativeKernels) -> NativeStep | None:
     embeddings = network.embeddings
     if embeddings.device.type != "cpu" or embeddings.dtype not in (torch.float32, torch.bfloat16):
         return None
-    head = _weights(network.head)
+    if isinstance(network.head, Int4Projection) and not kernels.vnni:
+        return None
+    sources: Sources = {}  # int4: torch's packed layouts, per shape, while this model is packed
+    head = _weights(network.head, sources)
     if head is None:
         return None
+    int4 = head[1] is _INT4
     layers = []
     for block in network.layers:
-        qkv, wo = _weights(block.attention.wqkv), _weights(block.attention.wo)
-        experts = _experts(block.moe)
+        qkv, wo = _weights(block.attention.wqkv, sources), _weights(block.attention.wo, sources)
+        experts = _experts(block.moe, int4, sources)
         if qkv is None or wo is None or experts is None:
             return None
         layers.append((block, qkv, wo, experts))
     quantized = head[1] is not None
-    kinds = {
-        w[1] is not None
-        for _, qkv, wo, experts in layers
-        for w in (qkv, wo, *(x for e in experts for x in e))
-    }
+
+    def kind(w: Weights) -> str:
+        return "fp32" if w[1] is None else "int4" if w[1] is _INT4 else "int8"
+
+    kinds = {kind(w) for _, qkv, wo, experts in layers for w in (qkv, wo, *(x for e in experts for x in e))}
     want = torch.bfloat16 if quantized else torch.float32
-    if kinds != {quantized} or embeddings.dtype != want:
+    if kinds != {kind(head)} or embeddings.dtype != want:
         return None
     return NativeStep(network, kernels, head, layers)
 
@@ -117,7 +187,7 @@ class NativeStep:
         layers: list[tuple[Layer, Weights, Weights, list[tuple[Weights, Weights]]]],
     ) -> None:
         c = network.config
-        quantized = head[1] is not None
+        quantized, int4 = head[1] is not None, head[1] is _INT4
         self.kernels = kernels
         # int8 models compute in bf16 on the eager path; here activations are fp32, RoPE too
         self.rope = RopeTable(network.rope.inv_freq, torch.float32) if quantized else network.rope
@@ -160,6 +230,22 @@ class NativeStep:
                 for name, (w, scales) in (("w13", up), ("w2", down)):
                     columns[name].append(w)
                     columns[name + "_s"].append(scales)
+        head_p: torch.Tensor | None = None
+        head_ps: torch.Tensor | None = None
+        if int4:  # the packed blocks hold the scales; `_p` (what int8 activations read) the same
+            for name in _PACKED[:4]:
+                columns[name + "_s"] = [None]
+                columns[name + "_p"] = columns[name]
+            head_p = head[0]
+        elif quantized and kernels.vnni:  # int8 activations read packed copies, made once here
+            for name in _PACKED[:4]:
+                packer = _pack_w13 if name == "w13" else pack_int8
+                pairs = [packer(w, sc) for w, sc in zip(columns[name], columns[name + "_s"], strict=True)]  # type: ignore[arg-type]
+                columns[name + "_p"] = [p for p, _ in pairs]
+                columns[name + "_ps"] = [p for _, p in pairs]
+            assert head[1] is not None
+            head_p, head_ps = pack_int8(head[0], head[1])
+            keep.extend((head_p, head_ps))
         embed, norm = network.embeddings.contiguous(), fp32(network.norm)
         keep.extend((embed, norm, *head))
         self.model = StepModel(
@@ -178,12 +264,14 @@ class NativeStep:
             embed=embed.data_ptr(),
             norm=norm.data_ptr(),
             head=head[0].data_ptr(),
-            quantized=int(quantized),
-            head_s=head[1].data_ptr() if head[1] is not None else 0,
+            head_s=head[1].data_ptr() if quantized and not int4 else 0,  # type: ignore[union-attr]
+            head_p=head_p.data_ptr() if head_p is not None else 0,
+            head_ps=head_ps.data_ptr() if head_ps is not None else 0,
+            quantized=2 if int4 else int(quantized),
             **{name: array(tensors) for name, tensors in columns.items()},
         )
         self._keep, self._address = keep, ctypes.addressof(self.model)
-        self.quantized = quantized
+        self.quantized, self.int4 = quantized, int4
         self._cache_dtype = torch.bfloat16 if quantized else torch.float32
         self._cache_shape = (c.num_hidden_layers, c.num_key_value_heads, c.head_dim)
         self._scratch: dict[tuple[int, int], torch.Tensor] = {}  # (rows, threads) -> buffer

@@ -12,8 +12,9 @@ builds (or finds) the library and reads the verdict.
 
 Never an error: no compiler, a failed build or a library that will not load leaves the model
 on the eager path with one log line, and `MoEModel.engine_path` says which path it is on and
-why (the collectors export it as `infersight_engine_path_info`). Other devices, dtypes and
-quantised models have no native path (`eager`, reason "not applicable").
+why (the collectors export it as `infersight_engine_path_info`). int8 and int4 weight-only
+models (bf16 activations) have native steps of their own, measured on the loaded model
+(`settle`); other devices and dtypes have no native path (`eager`, reason "not applicable").
 """
 
 from __future__ import annotations
@@ -87,7 +88,7 @@ def choose(
     if requested not in PATHS:
         raise InvalidInput(f"engine_path must be one of {', '.join(PATHS)}, got {requested!r}")
     cpu = cpu_model() if device.type == "cpu" else device.type
-    int8 = quantize == "int8" and dtype == torch.bfloat16
+    int8 = quantize in ("int8", "int4") and dtype == torch.bfloat16  # int4: int8's way
     if device.type != "cpu" or not (int8 or (dtype == torch.float32 and quantize is None)):
         return EnginePath("eager", cpu, "not applicable", 0.0), None
     if requested == "eager":
@@ -107,7 +108,7 @@ def choose(
     if found is not None:
         speedups = tuple((int(r), float(x)) for r, x in found["speedups"])
         name, reason = str(found["path"]), "cached"
-    elif int8:  # its weights are not repacked: both paths run on the loaded model (`settle`)
+    elif int8:  # quantised models are packed from the loaded weights: both paths run on it (`settle`)
         return EnginePath("native", cpu, TO_MEASURE, time.perf_counter() - start), kernels
     else:
         try:
@@ -140,7 +141,8 @@ def settle(
     int8 on a CPU with VNNI has two native variants (`NativeStep.act8`: int8 activations and
     dpbusd, or fp32 activations and the weights dequantised in registers); both are timed
     against eager and the verdict keeps the faster (a restart reads it back). When requested
-    without a measurement, int8 activations where the CPU has VNNI."""
+    without a measurement, int8 activations where the CPU has VNNI. int4 has one native
+    variant (int8 activations; only where the CPU has VNNI, else `step` is None), timed the same way."""
     if path.name == "native" and step is None:
         return dataclasses.replace(path, name="eager", reason="not applicable")
     if step is None or not step.quantized:
@@ -153,7 +155,7 @@ def settle(
     start = time.perf_counter()
     timed: dict[bool, tuple[tuple[int, float], ...]] = {}
     try:
-        for act8 in (False, True) if step.kernels.vnni else (False,):
+        for act8 in (True,) if step.int4 else (False, True) if step.kernels.vnni else (False,):
             step.act8 = act8
             timed[act8] = _timed(
                 network, step, network.config.num_hidden_layers, network.embeddings.dtype, rounds=5

@@ -16,8 +16,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from infersight.engine import Registry, load
+from infersight.engine import MoEModel, Registry, load, loading
 from infersight.engine.errors import InvalidVersionName, UnsupportedQuantization
+from infersight.engine.native_int4 import plain_nibbles
 from infersight.engine.projection import Int4Projection
 from infersight.engine.quant import (
     _CHOICES,
@@ -57,6 +58,25 @@ def ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
     directory = tmp_path_factory.mktemp("int4")
     save_checkpoint(directory, 31, **SHAPE)
     return directory
+
+
+@pytest.fixture(params=["eager", "native"])
+def int4_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every `load` in the test forced onto one decode path: the eager int4 kernels, or the
+    native step (native_int4.py) reading packed copies of the same weights. Where the library
+    lacks the VNNI loops the native case loads eager ("not applicable"), as a machine would."""
+    choose = loading.choose
+    monkeypatch.setattr(
+        loading, "choose", lambda config, **kw: choose(config, **(kw | {"requested": request.param}))
+    )
+    return str(request.param)
+
+
+def _on_path(model: MoEModel, path: str) -> None:
+    if path == "eager" or model.engine_path.reason == "not applicable":
+        assert model.native_step is None
+    else:
+        assert model.engine_path.name == "native" and model.native_step is not None
 
 
 @pytest.fixture(scope="module")
@@ -117,9 +137,12 @@ def test_int4_equals_the_model_with_dequantized_weights_on_both_paths(
     assert (forced.logits(ids) - reference).abs().max().item() < 1e-4
 
 
-def test_int4_next_token_distributions_stay_close_to_fp32(ckpt: Path, ids: torch.Tensor) -> None:
+def test_int4_next_token_distributions_stay_close_to_fp32(
+    ckpt: Path, ids: torch.Tensor, int4_path: str
+) -> None:
     fp32 = load(ckpt, device="cpu")
     int8, int4 = load(ckpt, device="cpu", quantize="int8"), load(ckpt, device="cpu", quantize="int4")
+    _on_path(int4, int4_path)
     a, b8, b4 = fp32.logits(ids), int8.logits(ids), int4.logits(ids)
     assert int4.dtype == torch.bfloat16 and b4.dtype == torch.float32 and b4.shape == a.shape
     # stated bounds: max abs error under 30% of the largest logit, mean KL under 0.01 nats;
@@ -149,8 +172,11 @@ def test_router_gate_stays_full_precision_and_the_rest_is_int4(ckpt: Path) -> No
     assert held == full // 8  # half a byte per weight
 
 
-def test_int4_serving_hooks_agree_with_its_full_forward(ckpt: Path, ids: torch.Tensor) -> None:
+def test_int4_serving_hooks_agree_with_its_full_forward(
+    ckpt: Path, ids: torch.Tensor, int4_path: str
+) -> None:
     model = load(ckpt, device="cpu", quantize="int4")
+    _on_path(model, int4_path)
     cache = model.new_cache(max_batch=2, max_seq_len=32)
     full = model.logits(ids[:1, :10])[0]
     last = model.prefill(cache, 1, ids[0, :9])
@@ -158,6 +184,51 @@ def test_int4_serving_hooks_agree_with_its_full_forward(ckpt: Path, ids: torch.T
     scale = full.abs().max().item()
     assert (last - full[8]).abs().max().item() < 0.05 * scale
     assert (step - full[9]).abs().max().item() < 0.05 * scale
+
+
+@pytest.mark.parametrize("packed", [True, False])
+def test_the_native_int4_step_computes_the_eager_int4_decode(
+    ckpt: Path, ids: torch.Tensor, packed: bool
+) -> None:
+    """The native step reads either storage (torch's packed bytes or plain nibbles) into its
+    own layout; against the eager int4 decode of the same weights it differs only by its int8
+    activations (per 64 columns) and fp32 accumulation: stated bound 3% of the largest logit,
+    the same greedy token on every row and step."""
+    chosen = int4_choice(torch.bfloat16)
+    _CHOICES[choice_key(torch.bfloat16)] = replace(chosen, packed=packed)
+    try:
+        eager = load(ckpt, device="cpu", quantize="int4", engine_path="eager")
+        fast = load(ckpt, device="cpu", quantize="int4", engine_path="native")
+    finally:
+        _CHOICES[choice_key(torch.bfloat16)] = chosen
+    if fast.native_step is None:
+        assert fast.engine_path.reason == "not applicable"  # no VNNI loops in this library
+        return
+    assert isinstance(fast.network.head, Int4Projection) and fast.network.head.packed is packed
+    rows = torch.arange(4)
+    caches = [m.new_cache(max_batch=4, max_seq_len=32) for m in (eager, fast)]
+    for m, cache in zip((eager, fast), caches, strict=True):
+        for r in range(4):
+            m.prefill(cache, r, ids[r, :8])
+    for t in range(8, 16):
+        a, b = (
+            m.decode(c, rows, ids[:, t], torch.full((4,), t))
+            for m, c in zip((eager, fast), caches, strict=True)
+        )
+        assert (a - b).abs().max().item() < 0.03 * a.abs().max().item()
+        assert torch.equal(a.argmax(-1), b.argmax(-1))
+
+
+@pytest.mark.parametrize(
+    "shape", [(64, 128), (48, 96), (80, 64), (272, 96), (1024, 64)]
+)  # the last two: by blocks
+def test_plain_nibbles_inverts_torchs_packed_int4_layout(shape: tuple[int, int]) -> None:
+    n, k = shape
+    q = torch.randint(0, 16, (n, k), generator=torch.Generator().manual_seed(n * k), dtype=torch.int32)
+    packed = torch._convert_weight_to_int4pack_for_cpu(q, 1)
+    assert torch.equal(plain_nibbles(packed, k, True), q.to(torch.uint8))
+    plain = (q[:, 0::2] | (q[:, 1::2] << 4)).to(torch.uint8)
+    assert torch.equal(plain_nibbles(plain, k, False), q.to(torch.uint8))
 
 
 def test_sizes_no_int4_group_divides_are_refused_naming_the_size(tmp_path: Path) -> None:

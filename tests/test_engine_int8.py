@@ -132,3 +132,27 @@ def test_reduction_sizes_the_int8_kernel_cannot_take_are_dequantized_instead(tmp
     b = load(tmp_path, device="cpu", quantize="int8").logits(ids)
     assert torch.isfinite(b).all()
     assert (a - b).abs().max().item() < 0.15 * a.abs().max().item()
+
+
+def test_decode_on_each_path_pads_reduction_sizes_that_are_not_multiples_of_64(
+    tmp_path: Path, int8_path: str
+) -> None:
+    # hidden 72 and intermediate 40: the packed int8 copy and the activation blocks are padded
+    save_checkpoint(tmp_path, 4, **(SHAPE | {"hidden_size": 72, "intermediate_size": 40}))
+    ids = torch.randint(0, 256, (2, 12), generator=torch.Generator().manual_seed(4))
+    model = load(tmp_path, device="cpu", quantize="int8")
+    step = model.native_step
+    assert (step is not None) == (int8_path == "native")
+    caches = [model.new_cache(max_batch=2, max_seq_len=16) for _ in range(2)]
+    for cache in caches:
+        for row in range(2):
+            model.prefill(cache, row, ids[row, :8])
+    for t in range(8, 12):
+        at = (caches[0], torch.arange(2), ids[:, t], torch.full((2,), t))
+        model.native_step = None  # the same model's eager decode
+        a = model.decode(*at)
+        model.native_step = step
+        b = model.decode(caches[1], *at[1:])
+        # stated bound: the native step's activations (fp32, or int8 per 64 columns) against eager's bf16
+        assert (a - b).abs().max().item() < 0.03 * a.abs().max().item()
+        assert torch.equal(a.argmax(-1), b.argmax(-1))

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 from infersight.collectors import EnginePathCollector
-from infersight.engine import EnginePath, load
+from infersight.engine import EnginePath, load, native
 from infersight.engine.errors import InvalidInput
 from infersight.engine.native import NativeProjection
 from infersight.engine.network import KVCache
@@ -142,7 +142,8 @@ def test_an_unwritable_cache_directory_falls_back_to_eager(
 
 
 def test_paths_without_a_native_variant_are_eager_and_say_so(checkpoint: Path, cache_dir: Path) -> None:
-    int4 = load(checkpoint, device="cpu", quantize="int4")
+    # int4 weights with fp32 activations: the native steps are for bf16 quantised models
+    int4 = load(checkpoint, device="cpu", quantize="int4", dtype=torch.float32)
     assert int4.engine_path == EnginePath("eager", cpu_model(), "not applicable", 0.0)
     assert int4.native_step is None
     forced = load(checkpoint, device="cpu", engine_path="eager")
@@ -150,18 +151,23 @@ def test_paths_without_a_native_variant_are_eager_and_say_so(checkpoint: Path, c
     assert not cache_dir.exists()  # nothing was built or measured for either
 
 
-def test_int8_is_measured_on_the_loaded_model_and_the_verdict_cached(
-    checkpoint: Path, cache_dir: Path
+@pytest.mark.parametrize("quantize", ["int8", "int4"])
+def test_quantised_models_are_measured_on_the_loaded_model_and_the_verdict_cached(
+    checkpoint: Path, cache_dir: Path, quantize: str
 ) -> None:
-    first = load(checkpoint, device="cpu", quantize="int8")
+    first = load(checkpoint, device="cpu", quantize=quantize)
+    if quantize == "int4" and not native.build(cache_dir, cpu=cpu_model())[0].vnni:
+        # int4's native step needs the VNNI loops: without them it stays eager, and says why
+        assert (first.engine_path.name, first.engine_path.reason) == ("eager", "not applicable")
+        return
     assert first.engine_path.reason == "measured"
     assert [rows for rows, _ in first.engine_path.speedups] == [1, 8]
     geometric = (first.engine_path.speedups[0][1] * first.engine_path.speedups[1][1]) ** 0.5
     assert first.engine_path.name == ("native" if geometric > 1.0 else "eager")
     assert (first.native_step is not None) == (first.engine_path.name == "native")
-    again = load(checkpoint, device="cpu", quantize="int8")
+    again = load(checkpoint, device="cpu", quantize=quantize)
     assert again.engine_path.reason == "cached" and again.engine_path.name == first.engine_path.name
-    fp32 = load(checkpoint, device="cpu")  # its own verdict: not the int8 one
+    fp32 = load(checkpoint, device="cpu")  # its own verdict: not the quantised one
     assert fp32.engine_path.reason == "measured"
 
 
