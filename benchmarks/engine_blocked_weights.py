@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 
 import torch
-from infersight.engine import onednn
+from infersight.engine import projection as projections
 
 WEIGHTS = 16
 
@@ -43,7 +43,7 @@ def row_costs(
     return {
         "MKL, x @ W.t() (stored)": per_call_us(lambda i: torch.mm(x, plain[i].t()), calls),
         "MKL, column-major copy": per_call_us(lambda i: torch.mm(x, column[i]), calls),
-        "oneDNN, blocked": per_call_us(lambda i: onednn.linear(x, blocked[i]), calls),
+        "oneDNN, blocked": per_call_us(lambda i: projections.blocked_linear(x, blocked[i]), calls),
     }
 
 
@@ -58,7 +58,7 @@ def main() -> None:
     for n, k in ((2048, 512), (512, 1024), (1024, 256)):
         plain = [torch.randn(n, k) for _ in range(WEIGHTS)]
         column = [w.t().contiguous() for w in plain]
-        blocked = [onednn.block(w) for w in plain]
+        blocked = [projections.block(w) for w in plain]
         rows_list = (1, 2, 3, 4, 8)
         table: dict[str, list[float]] = {
             "MKL, x @ W.t() (stored)": [],

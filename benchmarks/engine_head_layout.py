@@ -3,7 +3,7 @@
 The engine's eager CPU head (engine/projection.py, `head_projection`) runs MKL on a
 column-major copy of the weight for one row and a oneDNN-blocked copy from 2 rows on; this
 times the three candidates: MKL on the stored row-major [V, D] weight, MKL on the
-column-major copy, and oneDNN's blocked layout (engine/onednn.py). Timed in CPU time of the
+column-major copy, and oneDNN's blocked layout (engine/projection.py). Timed in CPU time of the
 calling thread, minimum of `--repeats`.
 
     .venv/bin/python benchmarks/engine_head_layout.py [--vocab 32000 --hidden 512 --threads 1]
@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
-from infersight.engine import onednn
+from infersight.engine import projection as projections
 
 
 def fastest(fn: Callable[[], object], repeats: int) -> float:
@@ -40,14 +40,14 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     row_major = torch.randn(args.vocab, args.hidden) * 0.02
     column_major = row_major.t().contiguous().t()  # same [V, D] values, strides (1, V)
-    blocked = onednn.block(row_major) if onednn.available(row_major) else None
+    blocked = projections.block(row_major) if projections.blockable(row_major) else None
     print("rows M   row-major ms   column-major ms   oneDNN blocked ms")
     for m in (1, 2, 3, 4, 6, 8, 12, 16, 32, 128):
         x = torch.randn(m, args.hidden)
         a = fastest(lambda x=x: F.linear(x, row_major), args.repeats) * 1e3
         b = fastest(lambda x=x: F.linear(x, column_major), args.repeats) * 1e3
         c = (
-            f"{fastest(lambda x=x: onednn.linear(x, blocked), args.repeats) * 1e3:17.2f}"
+            f"{fastest(lambda x=x: projections.blocked_linear(x, blocked), args.repeats) * 1e3:17.2f}"
             if blocked is not None
             else f"{'-':>17s}"
         )

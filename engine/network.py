@@ -17,7 +17,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from . import onednn
+from . import projection as projections
 from .config import ModelConfig
 from .native import NativeKernels
 from .projection import DenseProjection, Projection, head_projection, projection
@@ -289,7 +289,7 @@ class Attention:
 # - N > 1 (prefill, batched decode): the (token, k) pairs are sorted by expert and the end
 #   offset of each expert's group comes from the sorted ids. Then, by device and dtype:
 #   - CPU fp32 (an `ExpertLoop` as `batched`): the experts' weights are reordered once into oneDNN's
-#     blocked layout (onednn.py) and a host loop runs only the experts that got tokens, one
+#     blocked layout (projection.py's oneDNN functions) and a host loop runs only the experts that got tokens, one
 #     blocked product per projection (group ends read on the host: free on CPU).
 #   - bf16, CUDA (`GroupedExperts`): one `torch._grouped_mm` per projection over the stacked
 #     weights, no host sync.
@@ -303,7 +303,7 @@ class Attention:
 # gathering copies each selected expert's weights once per (token, k) pair, which makes
 # gpt-fast's gather-per-token dispatch far slower. On CPU `_grouped_mm` runs one MKL GEMM per
 # expert and MKL reads the weight well below the memory's speed for the 1-16 rows an expert
-# gets in decode; oneDNN's blocked kernel does not (onednn.py), so in fp32 the blocked loop is
+# gets in decode; oneDNN's blocked kernel does not (projection.py's oneDNN functions), so in fp32 the blocked loop is
 # the CPU path. In bf16 and on CUDA `_grouped_mm` stays the path.
 #
 # `_grouped_mm`'s constraints, handled here: offsets are int32, rows must be 16-byte aligned
@@ -574,7 +574,7 @@ def _moe(
         loop = ExpertLoop(tuple((one("w13", e), one("w2", e)) for e in range(E)), D)
         return MoEFeedForward(gate, loop, loop, k)
     w13, w2 = experts["w13"], experts["w2"]
-    if (kernels is not None and w13.dtype == torch.float32) or onednn.available(w13):
+    if (kernels is not None and w13.dtype == torch.float32) or projections.blockable(w13):
         blocked = tuple(
             (projection({"weight": w13[e]}, kernels=kernels), projection({"weight": w2[e]}, kernels=kernels))
             for e in range(E)

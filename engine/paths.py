@@ -1,6 +1,6 @@
 """Which decode path a model runs on, chosen by measuring this machine at load.
 
-Two paths for CPU fp32 decode: `eager` (torch ops, oneDNN-blocked weights, onednn.py; MKL where
+Two paths for CPU fp32 decode: `eager` (torch ops, oneDNN-blocked weights, projection.py; MKL where
 oneDNN is absent, and for small lm heads) and `native` (the C library of native.py: its packed
 products for prefill, and the whole decode step in one call, native_step.py). Which is
 faster depends on the CPU (its vector width, caches, memory), on the thread count and on the

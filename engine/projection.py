@@ -4,7 +4,7 @@
 `"scales_zeros"` for int4) into an object whose call is one matmul op, and whose `add` folds
 a residual in (`torch.addmm`, or oneDNN's add post-op), so that the attention output
 projection and the residual sum are a single op. In fp32 on CPU the projections run on a
-oneDNN-blocked copy of their weight (onednn.py says why), or on the native kernels' packed
+oneDNN-blocked copy of their weight (see "oneDNN-blocked weights" below), or on the native kernels' packed
 copy when the model runs the native path (native.py).
 
 `head_projection(parts)`: the lm head, one strategy per device (see its docstring).
@@ -16,20 +16,66 @@ from collections.abc import Mapping
 
 import torch
 
-from . import onednn
 from .native import NativeKernels, NativeProjection
 from .quant import WeightFormat, int4_matmul, int8_matmul
 
 __all__ = [
+    "HINT_ROWS",
     "BlockedProjection",
     "DenseProjection",
     "HeadProjection",
     "Int4Projection",
     "Int8Projection",
     "Projection",
+    "block",
+    "blockable",
+    "blocked_linear",
+    "blocked_linear_add",
     "head_projection",
     "projection",
 ]
+
+
+# -- oneDNN-blocked weights ------------------------------------------------------------
+# oneDNN-blocked fp32 weights: the CPU matmul for the few-row products of decode.
+#
+# A weight [N, K] reordered once into oneDNN's blocked layout (`torch.ops.mkldnn`, the ops
+# inductor's weight freezing emits for fp32 linears on CPU) is then multiplied by any number of
+# rows. MKL's GEMM on the plain layout reads the weight well below the memory's speed for 1-8
+# rows; oneDNN's blocked kernel does not (benchmarks/engine_blocked_weights.py; the figures
+# are in docs/benchmarks.md).
+#
+# The blocked tensor is a copy, not a view: `block` reorders the weight into a new buffer, so
+# each blocked weight costs its full size in memory the process owns (twice that while the plain
+# weight is still referenced). The checkpoint's weights are memory-mapped, file-backed pages the
+# page cache can drop; the blocked copies are anonymous memory and cannot be.
+
+HINT_ROWS = 8  # the row count oneDNN picks its blocked layout for (any count runs on it)
+
+
+def blockable(weight: torch.Tensor) -> bool:
+    """Whether `weight` can be blocked: fp32 on a CPU with oneDNN in this torch build."""
+    return (
+        weight.device.type == "cpu"
+        and weight.dtype == torch.float32
+        and torch.backends.mkldnn.is_available()
+        and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+    )
+
+
+def block(weight: torch.Tensor) -> torch.Tensor:
+    """weight [N, K] -> the same values in oneDNN's blocked layout (an opaque tensor)."""
+    return torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), HINT_ROWS)
+
+
+def blocked_linear(x: torch.Tensor, blocked: torch.Tensor) -> torch.Tensor:
+    """x [M, K] (contiguous) -> x W^T [M, N] for a weight `block` made."""
+    return torch.ops.mkldnn._linear_pointwise(x, blocked, None, "none", [], "")
+
+
+def blocked_linear_add(x: torch.Tensor, blocked: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+    """residual [M, N] + x W^T, the sum fused into the product as a oneDNN post-op."""
+    return torch.ops.mkldnn._linear_pointwise.binary(x, residual, blocked, None, "add")
 
 
 class DenseProjection:
@@ -48,20 +94,20 @@ class DenseProjection:
 
 
 class BlockedProjection:
-    """CPU fp32: a oneDNN-blocked copy of the weight (see onednn.py); `add` fuses the residual."""
+    """CPU fp32: a oneDNN-blocked copy of the weight (see the oneDNN functions below); `add` fuses the residual."""
 
     __slots__ = ("blocked",)
 
     def __init__(self, weight: torch.Tensor) -> None:
-        self.blocked = onednn.block(weight)
+        self.blocked = block(weight)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return onednn.linear(x, self.blocked)
+        return blocked_linear(x, self.blocked)
 
     def add(self, residual: torch.Tensor, x: torch.Tensor, alpha: float = 1.0) -> torch.Tensor:
         if alpha == 1.0:  # the sum as a oneDNN post-op; it takes no scale
-            return onednn.linear_add(x, self.blocked, residual)
-        return torch.add(residual, onednn.linear(x, self.blocked), alpha=alpha)
+            return blocked_linear_add(x, self.blocked, residual)
+        return torch.add(residual, blocked_linear(x, self.blocked), alpha=alpha)
 
 
 class Int8Projection:
@@ -99,12 +145,12 @@ class HeadProjection:
 
     def __init__(self, weight: torch.Tensor) -> None:
         self.wt = weight.t().contiguous()  # [K, N]: the weight column-major, one copy
-        self.blocked = onednn.block(weight) if onednn.available(weight) else None
+        self.blocked = block(weight) if blockable(weight) else None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.blocked is None or x.shape[0] == 1:
             return torch.mm(x, self.wt)
-        return onednn.linear(x, self.blocked)
+        return blocked_linear(x, self.blocked)
 
     def add(self, residual: torch.Tensor, x: torch.Tensor, alpha: float = 1.0) -> torch.Tensor:
         return torch.add(residual, self(x), alpha=alpha)
@@ -133,7 +179,7 @@ def projection(
         return Int4Projection(weight, parts["scales_zeros"], fmt.packs(weight.shape[0]))
     if kernels is not None and weight.dtype == torch.float32 and weight.device.type == "cpu":
         return NativeProjection(weight, kernels)
-    return BlockedProjection(weight) if onednn.available(weight) else DenseProjection(weight)
+    return BlockedProjection(weight) if blockable(weight) else DenseProjection(weight)
 
 
 def head_projection(

@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from infersight.engine import load, loading, onednn
+from infersight.engine import load, loading
+from infersight.engine import projection as projections
 from infersight.engine.native import NativeProjection
 from infersight.engine.network import ExpertLoop, GroupedExperts
 from infersight.engine.projection import BlockedProjection, HeadProjection
@@ -37,7 +38,7 @@ def expert_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch)
         loading, "choose", lambda config, **kw: choose(config, **(kw | {"requested": forced}))
     )
     if request.param == "stacked":
-        monkeypatch.setattr(onednn, "available", lambda weight: False)
+        monkeypatch.setattr(projections, "blockable", lambda weight: False)
     return str(request.param)
 
 
@@ -123,7 +124,7 @@ def test_sizes_grouped_mm_cannot_take_fall_back_and_still_match(tmp_path: Path, 
 def test_without_onednn_aligned_sizes_take_grouped_mm(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(onednn, "available", lambda weight: False)
+    monkeypatch.setattr(projections, "blockable", lambda weight: False)
     save_checkpoint(tmp_path, 1)
     experts = load(tmp_path, device="cpu", engine_path="eager").network.layers[0].moe.batched
     assert isinstance(experts, GroupedExperts) and experts.grouped
