@@ -14,8 +14,9 @@ that keeps the models and contexts loaded and answers one measurement per reques
 stdin, so the sides alternate inside each round while each side's process stays warm.
 
 Measured (tokens/s; each figure the median over rounds):
-- decode at batch 1 and 8: each of the B sequences is prefilled with an 8-token prompt,
-  then `--steps` decode steps of B tokens are timed (logits of every row computed, as
+- decode at batch 1 and 8: each of the B sequences is prefilled with an 8-token prompt
+  (`decode`) or a 128-token one (`decode@128`: attention over a longer cache), then
+  `--steps` decode steps of B tokens are timed (logits of every row computed, as
   serving needs them). llama.cpp batch 8: its batched decode through the low-level API,
   one `llama_batch` of 8 tokens per step with seq_id b and pos p for sequence b, on a
   context with n_seq_max=8 and a unified KV cache (`kv_unified`), logits requested for all
@@ -60,8 +61,15 @@ COMMON = {
     "max_position_embeddings": 4096,
 }
 PAIRS = [("fp32", "f32"), ("int8", "q8_0"), ("int4", "q4_0")]
-CASES = [("decode", 1), ("decode", 8), ("prefill", 16), ("prefill", 128)]
-PROMPT = 8  # tokens each decode sequence is prefilled with
+CASES = [
+    ("decode", 1),
+    ("decode", 8),
+    ("decode@128", 1),
+    ("decode@128", 8),
+    ("prefill", 16),
+    ("prefill", 128),
+]
+PROMPTS = {"decode": 8, "decode@128": 128}  # tokens each decode sequence is prefilled with
 # wall: elapsed time (a quiet machine); cpu: the measuring process's CPU time, which other
 # processes on a shared machine cannot inflate by preempting it. cpu is only meaningful with
 # one thread (with more, it counts the threads' spin-waiting too).
@@ -207,12 +215,13 @@ class LlamaSide:
             t = clock()
             self._run(prompt, False)
             return size / (clock() - t)
+        prompt = PROMPTS[kind]
         for s in range(size):
-            self._run([((11 * s + i) % self.vocab, i, s) for i in range(PROMPT)], False)
-        self._run([((5 * s + 1) % self.vocab, PROMPT, s) for s in range(size)], True)  # warm step
+            self._run([((11 * s + i) % self.vocab, i, s) for i in range(prompt)], False)
+        self._run([((5 * s + 1) % self.vocab, prompt, s) for s in range(size)], True)  # warm step
         t = clock()
         for step in range(steps):
-            self._run([((13 * step + s) % self.vocab, PROMPT + 1 + step, s) for s in range(size)], True)
+            self._run([((13 * step + s) % self.vocab, prompt + 1 + step, s) for s in range(size)], True)
         return size * steps / (clock() - t)
 
 
@@ -324,19 +333,20 @@ class EngineSide:
                 t = clock()
                 m.prefill(cache, 0, ids)
                 return size / (clock() - t)
+            prompt = PROMPTS[kind]
             for s in range(size):
-                m.prefill(cache, s, torch.tensor([(11 * s + i) % v for i in range(PROMPT)]))
+                m.prefill(cache, s, torch.tensor([(11 * s + i) % v for i in range(prompt)]))
             slots = torch.arange(size)
             m.decode(
                 cache,
                 slots,
                 torch.tensor([(5 * s + 1) % v for s in range(size)]),
-                torch.full((size,), PROMPT),
+                torch.full((size,), prompt),
             )
             t = clock()
             for step in range(steps):
                 ids = torch.tensor([(13 * step + s) % v for s in range(size)])
-                m.decode(cache, slots, ids, torch.full((size,), PROMPT + 1 + step))
+                m.decode(cache, slots, ids, torch.full((size,), prompt + 1 + step))
             return size * steps / (clock() - t)
 
 
@@ -361,7 +371,7 @@ class TransformersSide:
                 self.model(ids, logits_to_keep=1)
                 return size / (clock() - t)
             cache = DynamicCache()
-            prompt = torch.tensor([[(11 * s + i) % v for i in range(PROMPT)] for s in range(size)])
+            prompt = torch.tensor([[(11 * s + i) % v for i in range(PROMPTS[kind])] for s in range(size)])
             self.model(prompt, past_key_values=cache, use_cache=True, logits_to_keep=1)
             self.model(
                 torch.tensor([[(5 * s + 1) % v] for s in range(size)]), past_key_values=cache, use_cache=True
@@ -484,7 +494,7 @@ def print_tables(
                         cells.append(f"{v:.0f} ({v / ref:.2f}x)")
                     else:
                         cells.append(f"{v:.0f}")
-                label = f"decode b{size}" if kind == "decode" else f"prefill {size}"
+                label = f"prefill {size}" if kind == "prefill" else f"{kind} b{size}"
                 print(f"| {name} | {label} | " + " | ".join(cells) + " |")
         print("\nengine int4 / engine int8, decode batch 1:", ", ".join(
             f"{name} {medians[(name, 'engine int4', n_threads, 'decode', 1)] / medians[(name, 'engine int8', n_threads, 'decode', 1)]:.2f}x"

@@ -2,19 +2,19 @@
 
 What it replaces: the few-row fp32 products of decode (attention's QKV and output
 projections, each expert's two projections, the lm head), and, through native_step.py,
-the whole decode step. oneDNN's blocked kernel (onednn.py) streams those weights from
+the whole decode step. oneDNN's blocked kernel (projection.py) streams those weights from
 memory, but each call goes through oneDNN's primitive cache and a thread fork-join sized for
 large products; the kernel here is one pass over the packed weight, every batch row against
 each 16-column block of it while that block is in L1, with the residual sum and a scale
 folded in (the MoE routing weight), so nothing is written twice. The C source, with what
 each entry point computes, is native_source.py.
 
-Built once per (source, compiler, CPU model) into a cache directory and loaded with ctypes:
-no torch headers, so a build takes about a second, and a restart finds the library already
-built. The build uses `-march=native`: with AVX-512 the kernels use 512-bit FMAs and masked
-tails; without it, the same loops in plain C (auto-vectorised for what the CPU has). Whether
-the library is *used* is not decided here: paths.py measures it against the eager path on
-this machine at load and keeps the faster.
+Built once per (source, compiler, CPU model and flags) into a cache directory and loaded
+with ctypes: no torch headers, so a build takes about a second, and a restart finds the
+library already built. The build uses `-march=native` (or $INFERSIGHT_ENGINE_MARCH, `march`):
+with AVX-512 the kernels use 512-bit FMAs and masked tails, with AVX2 and FMA 256-bit ones;
+otherwise the same loops in plain C. Whether the library is *used* is not decided here:
+paths.py measures it against the eager path on this machine at load and keeps the faster.
 
 The library links OpenMP by soname (`libgomp.so.1`), which torch has already loaded, so it
 shares torch's thread pool and `torch.set_num_threads` governs it too.
@@ -36,9 +36,27 @@ import torch
 from .errors import KernelUnavailable
 from .native_source import SOURCE
 
-__all__ = ["NativeKernels", "NativeProjection", "build", "compiler", "cpu_model", "pack"]
+__all__ = [
+    "NativeKernels",
+    "NativeProjection",
+    "build",
+    "compiler",
+    "cpu_features",
+    "cpu_model",
+    "march",
+    "pack",
+]
 
-FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC")
+FLAGS = ("-O3", "-fopenmp", "-shared", "-fPIC")
+MARCH_ENV = "INFERSIGHT_ENGINE_MARCH"
+
+
+def march() -> str:
+    """The instruction set the library is built for: `native` (this CPU), unless
+    $INFERSIGHT_ENGINE_MARCH names another gcc `-march` (say `x86-64-v3`: AVX2 and FMA, the
+    256-bit loops, or `x86-64-v2`: the plain C ones). A name the compiler refuses is a failed
+    build: the eager path, with one log line."""
+    return os.environ.get(MARCH_ENV) or "native"
 
 
 def cpu_model() -> str:
@@ -53,6 +71,20 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine() or "unknown"
 
 
+def cpu_features() -> str:
+    """What `-march=native` builds for, beyond the model name (virtual machines often show one
+    name, "AMD EPYC", for CPUs of different generations): family, model and the flags line of
+    /proc/cpuinfo. Part of the build's key, so a cache directory carried to another machine
+    never hands it a library with instructions it lacks."""
+    wanted = ("cpu family", "model\t", "model ", "stepping", "flags")
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            lines = [line.strip() for line in f.read().split("\n\n", 1)[0].splitlines()]
+    except OSError:
+        return platform.machine()
+    return "\n".join(line for line in lines if line.startswith(wanted))
+
+
 def compiler() -> str | None:
     """The C compiler to build with: $CC, else cc or gcc on PATH; None when there is none."""
     for name in (os.environ.get("CC"), "cc", "gcc"):
@@ -63,7 +95,8 @@ def compiler() -> str | None:
 
 class NativeKernels:
     """The loaded library: `linear` (the packed product), `step` and `step_scratch` (the decode
-    step: native_step.py); `avx512` and `vnni` say which loops it was built with."""
+    step: native_step.py); `avx512` and `vnni` say which loops it was built with, `int8_dot`
+    whether it has int8-activation loops (VNNI, or AVX2's multiply-adds) for int8 and int4."""
 
     def __init__(self, path: Path) -> None:
         try:
@@ -71,6 +104,7 @@ class NativeKernels:
             fn = lib.infersight_linear_f32
             avx512 = bool(lib.infersight_has_avx512())
             vnni = bool(lib.infersight_has_vnni())
+            int8_dot = bool(lib.infersight_has_int8_dot())
             step, step_scratch = lib.infersight_decode_step, lib.infersight_step_scratch
         except (OSError, AttributeError) as exc:
             raise KernelUnavailable(f"cannot load {path}: {exc}") from exc
@@ -84,6 +118,7 @@ class NativeKernels:
         step_scratch.argtypes = [p, i64, i64]
         step_scratch.restype = i64
         self.path, self.avx512, self.vnni, self._fn = path, avx512, vnni, fn
+        self.int8_dot = int8_dot
         self.step, self.step_scratch = step, step_scratch
 
     def linear(
@@ -151,26 +186,27 @@ def build(cache_dir: Path, *, cpu: str) -> tuple[NativeKernels, bool]:
     cc = compiler()
     if cc is None:
         raise KernelUnavailable("no C compiler (cc, gcc or $CC) on PATH")
-    key = hashlib.sha256("\0".join((SOURCE, cc, *FLAGS, cpu)).encode()).hexdigest()[:16]
+    flags = (*FLAGS, f"-march={march()}")
+    key = hashlib.sha256("\0".join((SOURCE, cc, *flags, cpu, cpu_features())).encode()).hexdigest()[:16]
     target = cache_dir / f"infersight_native_{key}.so"
     if target.is_file():
         return NativeKernels(target), True
     try:
         cache_dir.mkdir(parents=True, exist_ok=True)
-        _compile(cc, cache_dir, target)
+        _compile(cc, flags, cache_dir, target)
     except OSError as exc:  # an unwritable cache directory, a full disk
         raise KernelUnavailable(f"cannot build into {cache_dir}: {exc}") from exc
     return NativeKernels(target), False
 
 
-def _compile(cc: str, cache_dir: Path, target: Path) -> None:
+def _compile(cc: str, flags: tuple[str, ...], cache_dir: Path, target: Path) -> None:
     with tempfile.TemporaryDirectory(dir=cache_dir) as tmp:
         src = Path(tmp) / "native.c"
         src.write_text(SOURCE)
         built = Path(tmp) / target.name
         try:
             done = subprocess.run(
-                [cc, *FLAGS, str(src), "-o", str(built)], capture_output=True, text=True, timeout=120
+                [cc, *flags, str(src), "-o", str(built)], capture_output=True, text=True, timeout=120
             )
         except (OSError, subprocess.TimeoutExpired) as exc:
             raise KernelUnavailable(f"{cc} did not run: {exc}") from exc

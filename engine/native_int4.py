@@ -19,8 +19,9 @@ scales and 16 zeros as bf16 (64 bytes). A block is one sequential run of memory 
 prefetcher follows it); one 64-byte load, two masks and a shift feed two `vpdpbusd` per
 activation row.
 
-Where the CPU lacks AVX512-VNNI the library has no int4 loop and int4 models stay on the
-eager path (`infersight_has_vnni`).
+Without AVX512-VNNI, AVX2 machines run the same layout through `vpmaddubsw` (nibbles times
+signed activations cannot saturate its int16 sums); where the CPU has neither the library has
+no int4 loop and int4 models stay on the eager path (`infersight_has_int8_dot`).
 """
 
 from __future__ import annotations
@@ -30,13 +31,16 @@ import torch
 __all__ = ["INT4_SOURCE", "Sources", "pack_int4", "plain_nibbles"]
 
 INT4_SOURCE = r"""
-#if INFERSIGHT_VNNI
+#if INFERSIGHT_I8
 /* G for a reduction size K, as quant.py's int4_group_size chooses it */
 static inline int64_t g4(int64_t K) { return K % 64 == 0 ? 64 : 32; }
 
 /* bytes of one packed int4 block of 16 columns over K */
 static inline int64_t p4_block_bytes(int64_t K) { return (K / g4(K)) * (g4(K) * 8 + 64); }
+#endif
 
+#if INFERSIGHT_VNNI
+#define P4_ROWS 4
 static inline __m512 bf16x16(const uint16_t *p) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
 }
@@ -80,17 +84,80 @@ static inline __attribute__((always_inline)) void p4_tile(
     }
     for (int r = 0; r < MR; r++) _mm512_storeu_ps(out + r * 16, acc[r]);
 }
+#elif INFERSIGHT_I8
+#define P4_ROWS 2
+static inline __m256 bf16x8(const uint16_t *p) {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(const void *)p)), 16));
+}
+
+/* AVX2, the same product: 32 bytes (8 columns) per register; vpmaddubsw of the unsigned
+   nibbles against the signed activations (at most 2 * 15 * 127 per pair: no saturation),
+   the two halves of a run summed in int16, then vpmaddwd to int32. */
+static inline __attribute__((always_inline)) void p4_tile(
+        const qact *q, int64_t r0, const uint8_t *wb, int64_t K, const int MR, float *out) {
+    const int64_t G = g4(K), ng = K / G, gbytes = G * 8 + 64;
+    const __m256i lo4 = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
+    __m256 al[2], ah[2];
+    for (int r = 0; r < MR; r++) al[r] = ah[r] = _mm256_setzero_ps();
+    for (int64_t g = 0; g < ng; g++) {
+        const uint8_t *wg = wb + g * gbytes;
+        const int64_t k0 = g * G;
+        __m256i il[2], ih[2];
+        for (int r = 0; r < MR; r++) il[r] = ih[r] = _mm256_setzero_si256();
+        for (int64_t u = 0; u < G / 8; u++) {
+            __m256i vl = _mm256_loadu_si256((const __m256i *)(const void *)(wg + u * 64));
+            __m256i vh = _mm256_loadu_si256((const __m256i *)(const void *)(wg + u * 64 + 32));
+            __m256i l0 = _mm256_and_si256(vl, lo4), l1 = _mm256_and_si256(_mm256_srli_epi16(vl, 4), lo4);
+            __m256i h0 = _mm256_and_si256(vh, lo4), h1 = _mm256_and_si256(_mm256_srli_epi16(vh, 4), lo4);
+            for (int r = 0; r < MR; r++) {
+                const int8_t *a = q->as + (r0 + r) * q->Kp + k0 + 8 * u;
+                int32_t a0, a1;
+                memcpy(&a0, a, 4);
+                memcpy(&a1, a + 4, 4);
+                __m256i b0 = _mm256_set1_epi32(a0), b1 = _mm256_set1_epi32(a1);
+                __m256i sl = _mm256_add_epi16(_mm256_maddubs_epi16(l0, b0), _mm256_maddubs_epi16(l1, b1));
+                __m256i sh = _mm256_add_epi16(_mm256_maddubs_epi16(h0, b0), _mm256_maddubs_epi16(h1, b1));
+                il[r] = _mm256_add_epi32(il[r], _mm256_madd_epi16(sl, ones));
+                ih[r] = _mm256_add_epi32(ih[r], _mm256_madd_epi16(sh, ones));
+            }
+        }
+        const uint16_t *sz = (const uint16_t *)(const void *)(wg + G * 8);
+        __m256 scl = bf16x8(sz), sch = bf16x8(sz + 8), zcl = bf16x8(sz + 16), zch = bf16x8(sz + 24);
+        for (int r = 0; r < MR; r++) {
+            int64_t row = r0 + r, h = k0 / 32;
+            const int32_t *as = q->asum + row * 2 * q->nb + h;
+            const float *xs = q->xsum + row * 2 * q->nb + h;
+            int32_t asum = G == 64 ? as[0] + as[1] : as[0];
+            float xsum = G == 64 ? xs[0] + xs[1] : xs[0];
+            __m256i off = _mm256_set1_epi32(8 * asum);
+            __m256 xsv = _mm256_set1_ps(xsum), sv = _mm256_set1_ps(q->s[row * q->nb + k0 / 64]);
+            __m256 fl = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(il[r], off)), sv);
+            __m256 fh = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(ih[r], off)), sv);
+            al[r] = _mm256_fmadd_ps(zcl, xsv, _mm256_fmadd_ps(fl, scl, al[r]));
+            ah[r] = _mm256_fmadd_ps(zch, xsv, _mm256_fmadd_ps(fh, sch, ah[r]));
+        }
+    }
+    for (int r = 0; r < MR; r++) {
+        _mm256_storeu_ps(out + r * 16, al[r]);
+        _mm256_storeu_ps(out + r * 16 + 8, ah[r]);
+    }
+}
+#endif
+
+#if INFERSIGHT_I8
 
 /* out [M][16]: packed int4 block `wb` over K for rows r0..r0+M-1 of the quantised activations */
 static void p4_block(const qact *q, int64_t r0, int64_t M, const uint8_t *wb, int64_t K, float *out) {
-    for (int64_t r = 0; r < M; r += 4) {
-        int64_t n = M - r < 4 ? M - r : 4;
+    for (int64_t r = 0; r < M; r += P4_ROWS) {
+        int64_t n = M - r < P4_ROWS ? M - r : P4_ROWS;
         float *o = out + r * 16;
         switch (n) {
             case 1: p4_tile(q, r0 + r, wb, K, 1, o); break;
+#if P4_ROWS == 4
             case 2: p4_tile(q, r0 + r, wb, K, 2, o); break;
             case 3: p4_tile(q, r0 + r, wb, K, 3, o); break;
-            default: p4_tile(q, r0 + r, wb, K, 4, o); break;
+#endif
+            default: p4_tile(q, r0 + r, wb, K, P4_ROWS, o); break;
         }
     }
 }

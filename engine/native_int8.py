@@ -24,6 +24,14 @@ static inline uint16_t bf16_out(float f) { /* round to nearest even, as torch's 
     return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
 
+#if defined(__AVX2__) && !defined(__AVX512F__)
+static inline float hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+#endif
+
 /* out[r * 16 + c] = s[c] * x_r . w[c] for r < MR, c < 4, w int8 rows K apart (row c0 + c of
    the caller's 16-column block; rows past `nc` repeat the last, their results unused). */
 static inline __attribute__((always_inline)) void quad8(
@@ -49,6 +57,30 @@ static inline __attribute__((always_inline)) void quad8(
     }
     for (int r = 0; r < MR; r++)
         for (int c = 0; c < nc; c++) out[r * 16 + c] = s[c] * _mm512_reduce_add_ps(acc[r][c]);
+#elif defined(__AVX2__) && defined(__FMA__)
+    /* two columns at a time (16 ymm registers hold 2 x MR sums, 2 weights and x) */
+    for (int c0 = 0; c0 < 4; c0 += 2) {
+        __m256 acc[4][2];
+        for (int r = 0; r < MR; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+        int64_t k = 0;
+        for (; k + 8 <= K; k += 8) {
+            __m256 wv[2];
+            for (int c = 0; c < 2; c++) {
+                if ((k & 63) == 0) _mm_prefetch((const char *)(rw[c0 + c] + k + 16 * K), _MM_HINT_T0);
+                wv[c] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)(rw[c0 + c] + k))));
+            }
+            for (int r = 0; r < MR; r++) {
+                __m256 xv = _mm256_loadu_ps(x + r * ldx + k);
+                for (int c = 0; c < 2; c++) acc[r][c] = _mm256_fmadd_ps(xv, wv[c], acc[r][c]);
+            }
+        }
+        for (int r = 0; r < MR; r++)
+            for (int c = 0; c < 2 && c0 + c < nc; c++) {
+                float a = hsum8(acc[r][c]);
+                for (int64_t t = k; t < K; t++) a += x[r * ldx + t] * (float)rw[c0 + c][t];
+                out[r * 16 + c0 + c] = s[c0 + c] * a;
+            }
+    }
 #else
     for (int r = 0; r < MR; r++)
         for (int c = 0; c < nc; c++) {
@@ -78,6 +110,46 @@ static void rows8(const float *x, int64_t ldx, int64_t M, const int8_t *w, const
         }
     }
 }
+
+#if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
+/* AVX2: `tile` for MR <= 4, 16 columns as two 8-float halves (2 x MR sums in registers). */
+static inline __attribute__((always_inline)) void tile4(
+        const float *x, int64_t ldx, const float *wb, int64_t K, const int MR, float *out) {
+    if (MR == 1) { /* one row: two k chains hide the FMA latency */
+        __m256 a0 = _mm256_setzero_ps(), b0 = a0, a1 = a0, b1 = a0;
+        int64_t k = 0;
+        for (; k + 2 <= K; k += 2) {
+            __m256 x0 = _mm256_set1_ps(x[k]), x1 = _mm256_set1_ps(x[k + 1]);
+            a0 = _mm256_fmadd_ps(x0, _mm256_load_ps(wb + k * 16), a0);
+            b0 = _mm256_fmadd_ps(x0, _mm256_load_ps(wb + k * 16 + 8), b0);
+            a1 = _mm256_fmadd_ps(x1, _mm256_load_ps(wb + k * 16 + 16), a1);
+            b1 = _mm256_fmadd_ps(x1, _mm256_load_ps(wb + k * 16 + 24), b1);
+        }
+        for (; k < K; k++) {
+            __m256 x0 = _mm256_set1_ps(x[k]);
+            a0 = _mm256_fmadd_ps(x0, _mm256_load_ps(wb + k * 16), a0);
+            b0 = _mm256_fmadd_ps(x0, _mm256_load_ps(wb + k * 16 + 8), b0);
+        }
+        _mm256_storeu_ps(out, _mm256_add_ps(a0, a1));
+        _mm256_storeu_ps(out + 8, _mm256_add_ps(b0, b1));
+        return;
+    }
+    __m256 lo[4], hi[4];
+    for (int i = 0; i < MR; i++) lo[i] = hi[i] = _mm256_setzero_ps();
+    for (int64_t k = 0; k < K; k++) {
+        __m256 wl = _mm256_load_ps(wb + k * 16), wh = _mm256_load_ps(wb + k * 16 + 8);
+        for (int i = 0; i < MR; i++) {
+            __m256 xv = _mm256_set1_ps(x[i * ldx + k]);
+            lo[i] = _mm256_fmadd_ps(xv, wl, lo[i]);
+            hi[i] = _mm256_fmadd_ps(xv, wh, hi[i]);
+        }
+    }
+    for (int i = 0; i < MR; i++) {
+        _mm256_storeu_ps(out + i * 16, lo[i]);
+        _mm256_storeu_ps(out + i * 16 + 8, hi[i]);
+    }
+}
+#endif
 
 /* out[r][0..15] = x[r, :] . wb[:, 0..15] for r < MR (x rows ldx apart), wb one packed block [K][16]. */
 static inline __attribute__((always_inline)) void tile(
@@ -123,6 +195,12 @@ static inline __attribute__((always_inline)) void tile(
         for (int i = 0; i < MR; i++) acc[i] = _mm512_fmadd_ps(_mm512_set1_ps(x[i * ldx + k]), wv, acc[i]);
     }
     for (int i = 0; i < MR; i++) _mm512_storeu_ps(out + i * 16, acc[i]);
+#elif defined(__AVX2__) && defined(__FMA__)
+    if (MR <= 4) tile4(x, ldx, wb, K, MR, out);
+    else {
+        tile4(x, ldx, wb, K, 4, out);
+        tile4(x + 4 * ldx, ldx, wb, K, MR - 4, out + 64);
+    }
 #else
     float acc[8][16] = {{0}};
     for (int64_t k = 0; k < K; k++)
@@ -209,6 +287,52 @@ static void quantize_row(const qact *q, int64_t row, const float *x, int64_t K) 
         }
         q->s[row * q->nb + b] = m / 127.0f;
     }
+#elif defined(__AVX2__) && defined(__FMA__)
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    const __m256i hi = _mm256_set1_epi32(127), lo = _mm256_set1_epi32(-127);
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7); /* undoes the packs' lane interleave */
+    for (int64_t b = 0; b < q->nb; b++) { /* the loop below, 8 columns per register */
+        int64_t k0 = b * 64, n = K - k0 < 64 ? K - k0 : 64;
+        float tail[64];
+        const float *src = x + k0;
+        if (n < 64) { /* the last block of a K that is not a multiple of 64: zero-padded */
+            memset(tail, 0, sizeof tail);
+            memcpy(tail, src, (size_t)n * sizeof(float));
+            src = tail;
+        }
+        __m256 v[8];
+        __m256 mx = _mm256_setzero_ps();
+        for (int i = 0; i < 8; i++) {
+            v[i] = _mm256_loadu_ps(src + 8 * i);
+            mx = _mm256_max_ps(mx, _mm256_andnot_ps(sign, v[i]));
+        }
+        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        float m = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
+        __m256 inv = _mm256_set1_ps(m > 0.0f ? 127.0f / m : 0.0f);
+        uint8_t *a = q->a + row * q->Kp + k0;
+        int8_t *as = q->as + row * q->Kp + k0;
+        for (int h = 0; h < 2; h++) {
+            __m256i vi[4];
+            __m256 xs = _mm256_setzero_ps();
+            for (int i = 0; i < 4; i++) {
+                vi[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[4 * h + i], inv)); /* nearest, ties even */
+                vi[i] = _mm256_max_epi32(_mm256_min_epi32(vi[i], hi), lo);
+                xs = _mm256_add_ps(xs, v[4 * h + i]);
+            }
+            __m256i s32 = _mm256_add_epi32(_mm256_add_epi32(vi[0], vi[1]), _mm256_add_epi32(vi[2], vi[3]));
+            __m256i b8 = _mm256_packs_epi16(_mm256_packs_epi32(vi[0], vi[1]), _mm256_packs_epi32(vi[2], vi[3]));
+            b8 = _mm256_permutevar8x32_epi32(b8, order);
+            _mm256_storeu_si256((__m256i *)(void *)(as + 32 * h), b8);
+            _mm256_storeu_si256((__m256i *)(void *)(a + 32 * h), _mm256_xor_si256(b8, _mm256_set1_epi8((char)0x80)));
+            __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s32), _mm256_extracti128_si256(s32, 1));
+            s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
+            s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1));
+            q->asum[row * 2 * q->nb + 2 * b + h] = _mm_cvtsi128_si32(s4);
+            q->xsum[row * 2 * q->nb + 2 * b + h] = hsum8(xs);
+        }
+        q->s[row * q->nb + b] = m / 127.0f;
+    }
 #else
     for (int64_t b = 0; b < q->nb; b++) {
         int64_t k0 = b * 64, n = K - k0 < 64 ? K - k0 : 64;
@@ -238,13 +362,30 @@ static void quantize_row(const qact *q, int64_t row, const float *x, int64_t K) 
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
 #define INFERSIGHT_VNNI 1
+#elif defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
+#define INFERSIGHT_VNNI 0
+#define INFERSIGHT_I8_AVX2 1
+#else
+#define INFERSIGHT_VNNI 0
+#endif
+/* INFERSIGHT_I8: the int8-activation loops exist (VNNI, or AVX2's multiply-adds) */
+#if INFERSIGHT_VNNI || defined(INFERSIGHT_I8_AVX2)
+#define INFERSIGHT_I8 1
+#else
+#define INFERSIGHT_I8 0
+#endif
+
+#if INFERSIGHT_I8
 /* The packed int8 layout (native_step.py's `pack_int8`, made once at load): per 16-column
    block, per 64-column group of K, 16 k-quads of [16 columns][4 k] int8 (1024 bytes), then the
    group's 16 column sums of w (int32, 64 bytes). One 64-byte load feeds one dpbusd per row
    against the row's 4 activations broadcast; a block is one sequential run of memory, which the
    hardware prefetcher follows (software prefetching here measured slower). */
 #define P8_GROUP 1088
+#endif
 
+#if INFERSIGHT_VNNI
+#define P8_ROWS 4
 /* out[r][0..15] = x_r . w[n0 + c] for r < MR: `wb` one packed block of nb groups, `s` its 16 scales. */
 static inline __attribute__((always_inline)) void p8_tile(
         const qact *q, int64_t r0, const int8_t *wb, const float *s, const int MR, float *out) {
@@ -276,23 +417,64 @@ static inline __attribute__((always_inline)) void p8_tile(
     __m512 sv = _mm512_loadu_ps(s);
     for (int r = 0; r < MR; r++) _mm512_storeu_ps(out + r * 16, _mm512_mul_ps(acc[r], sv));
 }
+#elif INFERSIGHT_I8
+#define P8_ROWS 2
+/* AVX2, the same product: 32 bytes (8 columns x 4 k) per register, the signed activations
+   (`as`) against the signed weights through vpmaddubsw's sign trick (|w| times a with w's
+   sign; at most 2 * 128 * 127 per pair, below int16 saturation), summed to int32 by vpmaddwd. */
+static inline __attribute__((always_inline)) void p8_tile(
+        const qact *q, int64_t r0, const int8_t *wb, const float *s, const int MR, float *out) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256 lo[2], hi[2];
+    for (int r = 0; r < MR; r++) lo[r] = hi[r] = _mm256_setzero_ps();
+    for (int64_t g = 0; g < q->nb; g++) {
+        const int8_t *wg = wb + g * P8_GROUP;
+        __m256i il[2], ih[2];
+        for (int r = 0; r < MR; r++) il[r] = ih[r] = _mm256_setzero_si256();
+        for (int t = 0; t < 16; t++) {
+            __m256i wl = _mm256_load_si256((const __m256i *)(const void *)(wg + t * 64));
+            __m256i wh = _mm256_load_si256((const __m256i *)(const void *)(wg + t * 64 + 32));
+            __m256i ul = _mm256_abs_epi8(wl), uh = _mm256_abs_epi8(wh);
+            for (int r = 0; r < MR; r++) {
+                int32_t a0;
+                memcpy(&a0, q->as + (r0 + r) * q->Kp + g * 64 + t * 4, 4);
+                __m256i a = _mm256_set1_epi32(a0);
+                il[r] = _mm256_add_epi32(il[r], _mm256_madd_epi16(_mm256_maddubs_epi16(ul, _mm256_sign_epi8(a, wl)), ones));
+                ih[r] = _mm256_add_epi32(ih[r], _mm256_madd_epi16(_mm256_maddubs_epi16(uh, _mm256_sign_epi8(a, wh)), ones));
+            }
+        }
+        for (int r = 0; r < MR; r++) {
+            __m256 sc = _mm256_set1_ps(q->s[(r0 + r) * q->nb + g]);
+            lo[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(il[r]), sc, lo[r]);
+            hi[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ih[r]), sc, hi[r]);
+        }
+    }
+    __m256 sl = _mm256_loadu_ps(s), sh = _mm256_loadu_ps(s + 8);
+    for (int r = 0; r < MR; r++) {
+        _mm256_storeu_ps(out + r * 16, _mm256_mul_ps(lo[r], sl));
+        _mm256_storeu_ps(out + r * 16 + 8, _mm256_mul_ps(hi[r], sh));
+    }
+}
+#endif
 
+#if INFERSIGHT_I8
 /* out [M][16]: packed block `wb` (scales `s`) for rows r0..r0+M-1 of the quantised activations */
 static void p8_block(const qact *q, int64_t r0, int64_t M, const int8_t *wb, const float *s, float *out) {
-    for (int64_t r = 0; r < M; r += 4) {
-        int64_t n = M - r < 4 ? M - r : 4;
+    for (int64_t r = 0; r < M; r += P8_ROWS) {
+        int64_t n = M - r < P8_ROWS ? M - r : P8_ROWS;
         float *o = out + r * 16;
         switch (n) {
             case 1: p8_tile(q, r0 + r, wb, s, 1, o); break;
+#if P8_ROWS == 4
             case 2: p8_tile(q, r0 + r, wb, s, 2, o); break;
             case 3: p8_tile(q, r0 + r, wb, s, 3, o); break;
-            default: p8_tile(q, r0 + r, wb, s, 4, o); break;
+#endif
+            default: p8_tile(q, r0 + r, wb, s, P8_ROWS, o); break;
         }
     }
 }
-#else
-#define INFERSIGHT_VNNI 0
 #endif
 
 int infersight_has_vnni(void) { return INFERSIGHT_VNNI; }
+int infersight_has_int8_dot(void) { return INFERSIGHT_I8; }
 """

@@ -9,13 +9,15 @@ Entry points:
   step of the Mixtral network for B rows inside one OpenMP parallel region (native_step.py
   says what it computes and why). fp32 models read the packed weights; int8 weight-only ones
   read the engine's int8 [N, K] rows and per-row scales (dequantised in registers), or with
-  int8 activations on VNNI a packed copy (the loops are native_int8.py's); int4 ones (VNNI
-  only) a packed copy of theirs against int8 activations (native_int4.py); both with a bf16
-  embedding and KV cache.
-- `infersight_has_avx512`, `infersight_has_vnni`: which loops the build took.
+  int8 activations (AVX512-VNNI or AVX2) a packed copy (the loops are native_int8.py's);
+  int4 ones (the same CPUs) a packed copy of theirs against int8 activations
+  (native_int4.py); both with a bf16 embedding and KV cache.
+- `infersight_has_avx512`, `infersight_has_vnni`, `infersight_has_int8_dot`: which loops the
+  build took.
 
 With AVX-512 (F, and BW/VL for the int8 loads) the loops use 512-bit FMAs and masked tails;
-without it, the same loops in plain C, auto-vectorised for what the CPU has. The router,
+with AVX2 and FMA, 256-bit ones (two registers per 16 columns, at most 4 rows per pass so
+the sums stay in the 16 registers); otherwise the same loops in plain C. The router,
 norms and RoPE stay fp32 in both model kinds.
 """
 
@@ -28,7 +30,7 @@ SOURCE = (
     r"""
 #include <stdint.h>
 #include <stddef.h>
-#ifdef __AVX512F__
+#if defined(__AVX512F__) || defined(__AVX2__)
 #include <immintrin.h>
 #endif
 
@@ -52,6 +54,26 @@ static inline __attribute__((always_inline)) void rows(
         __m512 y = _mm512_mul_ps(acc[i], a);
         if (residual) y = _mm512_add_ps(y, _mm512_maskz_loadu_ps(cols, residual + at));
         _mm512_mask_storeu_ps(out + at, cols, y);
+    }
+#elif defined(__AVX2__) && defined(__FMA__)
+    for (int i0 = 0; i0 < MR; i0 += 4) { /* four rows per pass: 8 sums, 2 weights in ymm */
+        __m256 lo[4], hi[4];
+        for (int i = 0; i < 4; i++) lo[i] = hi[i] = _mm256_setzero_ps();
+        for (int64_t k = 0; k < K; k++) {
+            __m256 wl = _mm256_load_ps(wb + k * 16), wh = _mm256_load_ps(wb + k * 16 + 8);
+            for (int i = 0; i < 4 && i0 + i < MR; i++) {
+                __m256 xv = _mm256_set1_ps(x[(m0 + i0 + i) * K + k]);
+                lo[i] = _mm256_fmadd_ps(xv, wl, lo[i]);
+                hi[i] = _mm256_fmadd_ps(xv, wh, hi[i]);
+            }
+        }
+        for (int i = 0; i < 4 && i0 + i < MR; i++) {
+            float acc[16];
+            _mm256_storeu_ps(acc, lo[i]);
+            _mm256_storeu_ps(acc + 8, hi[i]);
+            int64_t at = (m0 + i0 + i) * N + n0;
+            for (int j = 0; j < nr; j++) out[at + j] = (residual ? residual[at + j] : 0.0f) + alpha * acc[j];
+        }
     }
 #else
     float acc[8][16] = {{0}};
@@ -140,7 +162,7 @@ typedef struct { const void *w; const float *s; const int8_t *p; const float *ps
    (rows r0.. of it) the packed int8 copy. */
 static void block(int64_t quantized, const float *x, int64_t ldx, int64_t M, wref W,
                   int64_t n0, int64_t bi, int64_t nr, int64_t K, float *out, const qact *qx, int64_t r0) {
-#if INFERSIGHT_VNNI
+#if INFERSIGHT_I8
     if (quantized == 2) { /* int4: always int8 activations */
         p4_block(qx, r0, M, (const uint8_t *)W.p + bi * p4_block_bytes(K), K, out);
         return;
@@ -185,6 +207,13 @@ static inline float dot(const float *a, const float *b, int64_t n) {
         s = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(k, a + i), _mm512_maskz_loadu_ps(k, b + i), s);
     }
     return _mm512_reduce_add_ps(s);
+#elif defined(__AVX2__) && defined(__FMA__)
+    __m256 s = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) s = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s);
+    float r = hsum8(s);
+    for (; i < n; i++) r += a[i] * b[i];
+    return r;
 #else
     float s = 0.0f;
     for (int64_t i = 0; i < n; i++) s += a[i] * b[i];
@@ -242,7 +271,7 @@ int64_t infersight_decode_step(const infersight_model *m, int64_t B, const int64
     int64_t *sel_e = (int64_t *)(void *)(((uintptr_t)(per_thread + threads * stride) + 15) & ~(uintptr_t)15);
     int64_t *order = sel_e + bk, *group = order + bk, *count = group + E + 1, *active = count + E;
     int64_t n_active = 0;
-    const int v8 = q8 && (m->act8 || q8 == 2) && INFERSIGHT_VNNI; /* int4 (q8 == 2): always */
+    const int v8 = q8 && (m->act8 || q8 == 2) && INFERSIGHT_I8; /* int4 (q8 == 2): always */
     char *qat = (char *)(((uintptr_t)(active + E) + 63) & ~(uintptr_t)63);
     qact qxn = qact_at(&qat, B, D), qattn = qact_at(&qat, B, H * hd);
     qact qxe = qact_at(&qat, bk, D), qa = qact_at(&qat, bk, I);

@@ -15,7 +15,7 @@ packed copies the native path already made (`NativeProjection`, made by network.
 `build`, also used by prefill), int8 weight-only models the engine's own
 int8 [N, K] rows and per-row scales (quant.py), with the bf16 embedding and KV cache of
 those models. Copies: the router weight packed, for int8 the norms and scales in fp32, and,
-where the library has the VNNI loops, packed copies of the quantised projections made here
+where the library has int8-activation loops (AVX512-VNNI, or AVX2), packed copies of the quantised projections made here
 once (int8: `pack_int8`, read with int8 activations; int4: native_int4.py's `pack_int4`,
 its only layout; they add the model's quantised bytes again while the model is loaded).
 Prefill and the full forward stay on the per-op path; both write and read the same cache
@@ -24,7 +24,7 @@ layout.
 Exactness: fp32 runs the same operations as the eager path in another summation order
 (rounding-level differences); tests/test_engine_exact.py holds the native path, decode
 included, to transformers' logits and greedy tokens. int8 computes its activations in fp32
-where the eager int8 path rounds them to bf16 at every op, or (`act8`, VNNI) quantises them
+where the eager int8 path rounds them to bf16 at every op, or (`act8`, VNNI or AVX2) quantises them
 to int8 per 64-column block as llama.cpp's q8_0 does; tests/test_engine_int8.py holds all
 three to the same tolerances against fp32. int4 always quantises its activations so;
 tests/test_engine_int4.py holds it to the eager int4 decode and both to fp32.
@@ -134,7 +134,7 @@ def _pack_w13(w: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Tensor, torc
 def step_for(network: Transformer, kernels: NativeKernels) -> NativeStep | None:
     """The native step over a CPU network: fp32 on the native path's packed weights
     (`build(..., kernels=)`), or int8 or int4 weight-only (bf16 activations; int4 only
-    where the library has the VNNI loops) on packed copies of its own tensors. None for
+    where the library has int8-activation loops) on packed copies of its own tensors. None for
     anything else (other dtypes, other devices), and, with one log line, where packing a
     quantised model's weights fails (a torch whose int4 layout this cannot read)."""
     try:
@@ -148,7 +148,7 @@ def _step_for(network: Transformer, kernels: NativeKernels) -> NativeStep | None
     embeddings = network.embeddings
     if embeddings.device.type != "cpu" or embeddings.dtype not in (torch.float32, torch.bfloat16):
         return None
-    if isinstance(network.head, Int4Projection) and not kernels.vnni:
+    if isinstance(network.head, Int4Projection) and not kernels.int8_dot:
         return None
     sources: Sources = {}  # int4: torch's packed layouts, per shape, while this model is packed
     head = _weights(network.head, sources)
@@ -237,7 +237,7 @@ class NativeStep:
                 columns[name + "_s"] = [None]
                 columns[name + "_p"] = columns[name]
             head_p = head[0]
-        elif quantized and kernels.vnni:  # int8 activations read packed copies, made once here
+        elif quantized and kernels.int8_dot:  # int8 activations read packed copies, made once here
             for name in _PACKED[:4]:
                 packer = _pack_w13 if name == "w13" else pack_int8
                 pairs = [packer(w, sc) for w, sc in zip(columns[name], columns[name + "_s"], strict=True)]  # type: ignore[arg-type]
@@ -279,12 +279,12 @@ class NativeStep:
     @property
     def act8(self) -> bool:
         """int8 models: whether activations are quantised to int8 per 64-column block (VNNI's
-        dpbusd) rather than the weights dequantised to fp32 in registers. paths.settle measures both."""
+        dpbusd, AVX2's vpmaddubsw) rather than the weights dequantised to fp32 in registers. paths.settle measures both."""
         return bool(self.model.act8)
 
     @act8.setter
     def act8(self, on: bool) -> None:
-        self.model.act8 = int(on and self.quantized and self.kernels.vnni)
+        self.model.act8 = int(on and self.quantized and self.kernels.int8_dot)
 
     def __call__(
         self, cache: KVCache, slots: torch.Tensor, ids: torch.Tensor, positions: torch.Tensor, kv_len: int

@@ -138,11 +138,11 @@ def settle(
     """The final path of a bound network: `path` itself, unless `choose` left it to measure on
     the loaded model (int8), or the native path has no step for this network (then eager).
 
-    int8 on a CPU with VNNI has two native variants (`NativeStep.act8`: int8 activations and
-    dpbusd, or fp32 activations and the weights dequantised in registers); both are timed
+    int8 on a CPU with int8-activation loops (AVX512-VNNI or AVX2) has two native variants
+    (`NativeStep.act8`: int8 activations and dpbusd or vpmaddubsw, or fp32 activations and the weights dequantised in registers); both are timed
     against eager and the verdict keeps the faster (a restart reads it back). When requested
-    without a measurement, int8 activations where the CPU has VNNI. int4 has one native
-    variant (int8 activations; only where the CPU has VNNI, else `step` is None), timed the same way."""
+    without a measurement, int8 activations where the CPU has those loops. int4 has one
+    native variant (int8 activations; only where the CPU has them, else `step` is None), timed the same way."""
     if path.name == "native" and step is None:
         return dataclasses.replace(path, name="eager", reason="not applicable")
     if step is None or not step.quantized:
@@ -155,7 +155,7 @@ def settle(
     start = time.perf_counter()
     timed: dict[bool, tuple[tuple[int, float], ...]] = {}
     try:
-        for act8 in (True,) if step.int4 else (False, True) if step.kernels.vnni else (False,):
+        for act8 in (True,) if step.int4 else (False, True) if step.kernels.int8_dot else (False,):
             step.act8 = act8
             timed[act8] = _timed(
                 network, step, network.config.num_hidden_layers, network.embeddings.dtype, rounds=5

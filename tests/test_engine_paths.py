@@ -9,15 +9,16 @@ from __future__ import annotations
 
 import json
 import logging
+import platform
 import stat
 from pathlib import Path
 
 import pytest
 import torch
 from infersight.collectors import EnginePathCollector
-from infersight.engine import EnginePath, load, native
+from infersight.engine import EnginePath, MoEModel, load, native
 from infersight.engine.errors import InvalidInput
-from infersight.engine.native import NativeProjection
+from infersight.engine.native import NativeProjection, cpu_features
 from infersight.engine.network import KVCache
 from infersight.engine.paths import cpu_model
 from prometheus_client import CollectorRegistry, generate_latest
@@ -156,7 +157,7 @@ def test_quantised_models_are_measured_on_the_loaded_model_and_the_verdict_cache
     checkpoint: Path, cache_dir: Path, quantize: str
 ) -> None:
     first = load(checkpoint, device="cpu", quantize=quantize)
-    if quantize == "int4" and not native.build(cache_dir, cpu=cpu_model())[0].vnni:
+    if quantize == "int4" and not native.build(cache_dir, cpu=cpu_model())[0].int8_dot:
         # int4's native step needs the VNNI loops: without them it stays eager, and says why
         assert (first.engine_path.name, first.engine_path.reason) == ("eager", "not applicable")
         return
@@ -169,6 +170,78 @@ def test_quantised_models_are_measured_on_the_loaded_model_and_the_verdict_cache
     assert again.engine_path.reason == "cached" and again.engine_path.name == first.engine_path.name
     fp32 = load(checkpoint, device="cpu")  # its own verdict: not the quantised one
     assert fp32.engine_path.reason == "measured"
+
+
+def _builds() -> list[str]:
+    """The builds this CPU runs besides `-march=native`: the plain C loops (x86-64-v2) always,
+    the 256-bit ones (x86-64-v3: AVX2, FMA) where it has those. AVX-512 builds run only on
+    AVX-512 machines, where `native` is one."""
+    if platform.machine() != "x86_64":
+        return []
+    flags = cpu_features().split()
+    return ["x86-64-v2"] + (["x86-64-v3"] if {"avx2", "fma", "f16c", "bmi2"} <= set(flags) else [])
+
+
+def _decodes(model: MoEModel, ids: torch.Tensor) -> torch.Tensor:
+    """Logits of 4 decode steps of 3 rows after 8-token prompts: [4, 3, V]."""
+    cache = model.new_cache(max_batch=3, max_seq_len=16)
+    for row in range(3):
+        model.prefill(cache, row, ids[row, :8])
+    steps = [model.decode(cache, torch.arange(3), ids[:, t], torch.full((3,), t)) for t in range(8, 12)]
+    return torch.stack(steps)
+
+
+def test_every_build_this_cpu_runs_decodes_alike(
+    tmp_path: Path, cache_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Parity across the library's instruction sets (`-march=native`, and the AVX2 and plain
+    C builds where this CPU runs them), in every mode of the native step: fp32 within 1e-4 of
+    the eager decode with the same greedy tokens; int8 with its weights dequantised within 3%
+    of the largest logit of the eager int8 decode; and every mode within 1e-3 of the largest
+    logit across the builds that have it (the integer products are exact in each: only the
+    order of the fp32 sums differs). The plain C build has no int8-activation loops: int8
+    keeps fp32 activations on it and int4 stays eager, saying why."""
+    save_checkpoint(tmp_path / "ckpt", 5, hidden_size=128, intermediate_size=96, vocab_size=256)
+    ids = torch.randint(0, 256, (3, 12), generator=torch.Generator().manual_seed(5))
+    modes = {
+        "fp32": (None, False),
+        "int8": ("int8", False),
+        "int8-act8": ("int8", True),
+        "int4": ("int4", True),
+    }
+    eager = {
+        q: _decodes(load(tmp_path / "ckpt", device="cpu", quantize=q, engine_path="eager"), ids)
+        for q in (None, "int8")
+    }
+    per_mode: dict[str, list[torch.Tensor]] = {mode: [] for mode in modes}
+    for march in ["native", *_builds()]:
+        monkeypatch.setenv(native.MARCH_ENV, march)
+        kernels, _ = native.build(cache_dir, cpu=cpu_model())
+        if march == "x86-64-v2":
+            assert not kernels.avx512 and not kernels.int8_dot
+        if march == "x86-64-v3":
+            assert not kernels.avx512 and kernels.int8_dot
+        for mode, (quantize, act8) in modes.items():
+            model = load(tmp_path / "ckpt", device="cpu", quantize=quantize, engine_path="native")
+            step = model.native_step
+            if step is None:
+                assert mode == "int4" and not kernels.int8_dot
+                assert model.engine_path.reason == "not applicable"
+                continue
+            assert step.kernels.path == kernels.path
+            step.act8 = act8
+            if act8 and not kernels.int8_dot:
+                continue  # the setter kept fp32 activations: the "int8" mode again
+            per_mode[mode].append(_decodes(model, ids))
+    for got in per_mode["fp32"]:
+        torch.testing.assert_close(got, eager[None], atol=1e-4, rtol=0)
+        assert torch.equal(got.argmax(-1), eager[None].argmax(-1))
+    for got in per_mode["int8"]:
+        assert (got - eager["int8"]).abs().max().item() < 0.03 * eager["int8"].abs().max().item()
+    for mode, got in per_mode.items():
+        assert got or mode in ("int8-act8", "int4"), mode  # those two need the int8-activation loops
+        for other in got[1:]:
+            assert (other - got[0]).abs().max().item() < 1e-3 * got[0].abs().max().item(), mode
 
 
 def test_the_native_step_refuses_a_token_id_outside_the_vocabulary(checkpoint: Path, cache_dir: Path) -> None:
