@@ -222,6 +222,9 @@ class MoEModel:
     # ---- machinery shared by generate and the hooks ---------------------------------------
     def _prefill(self, cache: KVCache, rows: slice, ids: torch.Tensor) -> torch.Tensor:
         B, T = ids.shape
+        if self.native_step is not None and self.native_step.prefills(T):  # rows of one slot (native_step.py)
+            start = rows.start or 0
+            return torch.stack([self.native_step.prefill(cache, start + r, ids[r]) for r in range(B)])
         positions = torch.arange(T, device=self.device).expand(B, T)
         step = AttentionStep(cache=cache, rows=rows, mask=self._window_mask(T))
         return self.network(ids, positions, step, span=T, last_only=True)  # [B, V]

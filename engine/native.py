@@ -112,8 +112,9 @@ class NativeKernels:
         fn.argtypes = [p, p, p, p, i64, i64, i64, ctypes.c_float]
         fn.restype = None
         # native_step.py: (model, rows, ids, slots, positions, k cache, v cache, max batch,
-        # max length, rope cos, rope sin, logits, scratch, threads); the scratch size in floats
-        step.argtypes = [p, i64, p, p, p, p, p, i64, i64, p, p, p, p, i64]
+        # max length, rope cos, rope sin, logits, scratch, threads, last row only); the scratch
+        # size in floats
+        step.argtypes = [p, i64, p, p, p, p, p, i64, i64, p, p, p, p, i64, i64]
         step.restype = i64  # -1, or the first row with a token id out of range
         step_scratch.argtypes = [p, i64, i64]
         step_scratch.restype = i64

@@ -249,17 +249,19 @@ static inline wref ref(const float *const *w, const float *const *s, const int8_
 
 static inline float silu_mul(float g, float u) { return g / (1.0f + expf(-g)) * u; }
 
-/* One decode step: tokens[b] at positions[b] of cache slot slots[b] -> logits [B, V], the
-   keys and values written into the cache. One parallel region; between its phases only the
-   work-sharing loops' barriers. Returns -1, or the first row whose token id is not in
-   [0, V) (then nothing is computed or written). */
+/* One decode step: tokens[b] at positions[b] of cache slot slots[b] -> logits [B, V] (with
+   `last_only`, [1, V]: row B - 1's), the keys and values written into the cache. One
+   parallel region; between its phases only the work-sharing loops' barriers. Rows may share
+   a slot at consecutive positions (a prompt: every row's keys and values are written before
+   any row attends, so row b sees the rows before it). Returns -1, or the first row whose
+   token id is not in [0, V) (then nothing is computed or written). */
 int64_t infersight_decode_step(const infersight_model *m, int64_t B, const int64_t *tokens,
                             const int64_t *slots, const int64_t *positions,
                             void *kcache, void *vcache, int64_t max_batch, int64_t S,
                             const float *rope_cos, const float *rope_sin,
-                            float *logits, float *scratch, int64_t threads) {
+                            float *logits, float *scratch, int64_t threads, int64_t last_only) {
     const int64_t D = m->D, H = m->H, Hkv = m->Hkv, hd = m->hd, I = m->I, E = m->E, topk = m->topk;
-    const int64_t NQ = (H + 2 * Hkv) * hd, bk = B * topk, heads = H + 2 * Hkv;
+    const int64_t NQ = (H + 2 * Hkv) * hd, bk = B * topk, heads = H + 2 * Hkv, out_rows = last_only ? 1 : B;
     const int64_t per_kv = max_batch * Hkv * S * hd, stride = 2 * B * 16 + 2 * hd;
     const int64_t q8 = m->quantized, esz = q8 ? 2 : 4; /* cache element: bf16 or fp32 */
     /* w1 block j and w3 block I/16 + j cover the same columns (int8 rows: any I) */
@@ -448,11 +450,12 @@ int64_t infersight_decode_step(const infersight_model *m, int64_t B, const int64
         }
 #pragma omp single
         {
-            rms_norm_rows(x, m->norm, xn, B, D, m->eps);
+            rms_norm_rows(x + (B - out_rows) * D, m->norm, xn, out_rows, D, m->eps);
             if (v8)
-                for (int64_t b = 0; b < B; b++) quantize_row(&qxn, b, xn + b * D, D);
+                for (int64_t b = 0; b < out_rows; b++) quantize_row(&qxn, b, xn + b * D, D);
         }
-        linear_for(q8, xn, B, (wref){m->head, m->head_s, m->head_p, m->head_ps}, m->V, D, logits, 0, acc, v8 ? &qxn : 0);
+        linear_for(q8, xn, out_rows, (wref){m->head, m->head_s, m->head_p, m->head_ps}, m->V, D, logits, 0, acc,
+                   v8 ? &qxn : 0);
     }
     return -1;
 }

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import math
 
 import torch
 
@@ -73,6 +74,7 @@ Weights = tuple[torch.Tensor, torch.Tensor | None]
 """A projection as the C step reads it: packed fp32 (no scales), int8 [N, K] and fp32 scales
 [N], or int4 packed (native_int4.py; its scales inside) with an empty scales tensor."""
 
+PREFILL_CHUNK = 64  # prompt tokens per native step in `prefill`: the weights are read once per chunk
 _INT4 = torch.empty(0, dtype=torch.uint8)  # the scales of an int4 `Weights`: inside the packed blocks
 
 
@@ -275,11 +277,14 @@ class NativeStep:
         self._cache_dtype = torch.bfloat16 if quantized else torch.float32
         self._cache_shape = (c.num_hidden_layers, c.num_key_value_heads, c.head_dim)
         self._scratch: dict[tuple[int, int], torch.Tensor] = {}  # (rows, threads) -> buffer
+        # (prompt tokens, eager / native prefill time) as paths.py measured them; () when not measured
+        self.prefill_speedups: tuple[tuple[int, float], ...] = ()
 
     @property
     def act8(self) -> bool:
         """int8 models: whether activations are quantised to int8 per 64-column block (VNNI's
-        dpbusd, AVX2's vpmaddubsw) rather than the weights dequantised to fp32 in registers. paths.settle measures both."""
+        dpbusd, AVX2's vpmaddubsw) rather than the weights dequantised to fp32 in registers.
+        paths.settle measures both."""
         return bool(self.model.act8)
 
     @act8.setter
@@ -287,10 +292,18 @@ class NativeStep:
         self.model.act8 = int(on and self.quantized and self.kernels.int8_dot)
 
     def __call__(
-        self, cache: KVCache, slots: torch.Tensor, ids: torch.Tensor, positions: torch.Tensor, kv_len: int
+        self,
+        cache: KVCache,
+        slots: torch.Tensor,
+        ids: torch.Tensor,
+        positions: torch.Tensor,
+        kv_len: int,
+        *,
+        last_only: bool = False,
     ) -> torch.Tensor:
         """ids, slots, positions [B] int64 on the CPU, every position < kv_len <= the cache's
-        length, slots distinct and in range (MoEModel checks) -> fp32 logits [B, V]."""
+        length, slots distinct and in range (MoEModel checks) -> fp32 logits [B, V] (with
+        `last_only`, [1, V]: the last row's). `prefill` passes rows of one slot."""
         k = cache.k
         if k.dtype != self._cache_dtype or (k.shape[0], k.shape[2], k.shape[4]) != self._cache_shape:
             raise InvalidInput(
@@ -303,7 +316,7 @@ class NativeStep:
             size = self.kernels.step_scratch(self._address, B, threads)
             scratch = self._scratch[(B, threads)] = torch.empty(size, dtype=torch.float32)
         cos, sin = self.rope.lookup(positions, kv_len, 0)  # views of rows 0..: the whole table's start
-        logits = torch.empty((B, self.model.V), dtype=torch.float32)
+        logits = torch.empty((1 if last_only else B, self.model.V), dtype=torch.float32)
         ids, slots, positions = ids.contiguous(), slots.contiguous(), positions.contiguous()
         bad = self.kernels.step(
             self._address,
@@ -320,7 +333,31 @@ class NativeStep:
             logits.data_ptr(),
             scratch.data_ptr(),
             threads,
+            int(last_only),
         )
         if bad >= 0:
             raise InvalidInput(f"token ids must lie in [0, {self.model.V}), got {int(ids[bad])}")
         return logits
+
+    def prefills(self, tokens: int) -> bool:
+        """Whether `prefill` beats the eager forward for a prompt of `tokens` tokens: the ratio
+        paths.py measured at the nearer of its prompt lengths (`prefill_speedups`), or yes
+        where nothing was measured (a requested native path)."""
+        if not self.prefill_speedups:
+            return True
+        _, ratio = min(self.prefill_speedups, key=lambda s: abs(math.log(s[0] / max(tokens, 1))))
+        return ratio > 1.0
+
+    def prefill(self, cache: KVCache, slot: int, ids: torch.Tensor) -> torch.Tensor:
+        """A prompt ids [T] (int64, CPU) into cache slot `slot` from position 0 -> fp32 logits [V]
+        of its last token: the step over the prompt's tokens as rows of one slot, in chunks of
+        PREFILL_CHUNK (each chunk's rows attend to the chunks before it through the cache)."""
+        T = ids.shape[0]
+        logits = None
+        for start in range(0, T, PREFILL_CHUNK):
+            n = min(PREFILL_CHUNK, T - start)
+            slots = torch.full((n,), slot, dtype=torch.long)
+            positions = torch.arange(start, start + n)
+            logits = self(cache, slots, ids[start : start + n], positions, start + n, last_only=True)
+        assert logits is not None, "an empty prompt (MoEModel refuses those)"
+        return logits[0]

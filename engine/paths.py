@@ -48,6 +48,7 @@ STREAM_BYTES = 32 << 20  # weights cycled per measurement, beyond the caches as 
 STAND_IN_VOCAB = 1024  # the measuring model's vocabulary: its head is one product on either path
 STAND_IN_CONTEXT = 48  # the measured steps attend over this many cached positions
 STEPS_PER_ROUND = 4
+PROMPTS = (16, 128)  # prompt lengths at which prefill is measured: the native step's rows against eager
 TO_MEASURE = "to measure"  # choose's reason for a path that `settle` measures on the loaded model
 BUDGET_S = 4.0  # measuring never holds a load up much longer (serve's start must stay < +30 s)
 
@@ -106,13 +107,13 @@ def choose(
     verdicts = _read_verdicts(cache_dir)
     found = verdicts.get(_key(cpu, config, quantize, kernels))
     if found is not None:
-        speedups = tuple((int(r), float(x)) for r, x in found["speedups"])
+        speedups = _pairs(found["speedups"])
         name, reason = str(found["path"]), "cached"
     elif int8:  # quantised models are packed from the loaded weights: both paths run on it (`settle`)
         return EnginePath("native", cpu, TO_MEASURE, time.perf_counter() - start), kernels
     else:
         try:
-            speedups = measure(kernels, config)
+            speedups, prefill = measure(kernels, config)
         except Exception as exc:  # a kernel that fails on this machine must not stop the load
             log.warning("engine: measuring the native kernels failed (%s); decoding on the eager path", exc)
             return EnginePath("eager", cpu, f"fallback: {exc}", time.perf_counter() - start), None
@@ -120,6 +121,7 @@ def choose(
         verdicts[_key(cpu, config, quantize, kernels)] = {
             "path": name,
             "speedups": [list(s) for s in speedups],
+            "prefill": [list(s) for s in prefill],
         }
         _write_verdicts(cache_dir, verdicts)
     path = EnginePath(name, cpu, reason, time.perf_counter() - start, speedups)
@@ -139,21 +141,29 @@ def settle(
     the loaded model (int8), or the native path has no step for this network (then eager).
 
     int8 on a CPU with int8-activation loops (AVX512-VNNI or AVX2) has two native variants
-    (`NativeStep.act8`: int8 activations and dpbusd or vpmaddubsw, or fp32 activations and the weights dequantised in registers); both are timed
-    against eager and the verdict keeps the faster (a restart reads it back). When requested
-    without a measurement, int8 activations where the CPU has those loops. int4 has one
-    native variant (int8 activations; only where the CPU has them, else `step` is None), timed the same way."""
+    (`NativeStep.act8`: int8 activations and dpbusd or vpmaddubsw, or fp32 activations and
+    the weights dequantised in registers); both are timed against eager and the verdict keeps
+    the faster (a restart reads it back). When requested without a measurement, int8
+    activations where the CPU has those loops. int4 has one native variant (int8 activations;
+    only where the CPU has them, else `step` is None), timed the same way.
+
+    Prefill: the native step also takes a prompt as rows of one slot (`NativeStep.prefill`);
+    the same measurement times it against the eager forward for prompts of PROMPTS tokens
+    and `NativeStep.prefills` picks, per prompt, by the nearer measured length (fp32's ratios
+    come from `choose`'s verdict)."""
     if path.name == "native" and step is None:
         return dataclasses.replace(path, name="eager", reason="not applicable")
-    if step is None or not step.quantized:
+    if step is None:
         return path
     cache_dir = cache_dir if cache_dir is not None else default_cache_dir()
     key = _key(path.cpu, network.config, quantize, step.kernels)
-    if path.reason != TO_MEASURE:
-        step.act8 = bool(_read_verdicts(cache_dir).get(key, {}).get("act8", True))
+    if path.reason != TO_MEASURE:  # fp32's verdict was measured by `choose`; any verdict read back here
+        verdict = _read_verdicts(cache_dir).get(key, {}) if path.reason != "requested" else {}
+        step.act8 = bool(verdict.get("act8", True))
+        step.prefill_speedups = _pairs(verdict.get("prefill", ()))
         return path
     start = time.perf_counter()
-    timed: dict[bool, tuple[tuple[int, float], ...]] = {}
+    timed: dict[bool, tuple[tuple[tuple[int, float], ...], tuple[tuple[int, float], ...]]] = {}
     try:
         for act8 in (True,) if step.int4 else (False, True) if step.kernels.int8_dot else (False,):
             step.act8 = act8
@@ -163,11 +173,17 @@ def settle(
     except Exception as exc:  # a kernel that fails on this machine must not stop the load
         log.warning("engine: measuring the native step failed (%s); decoding on the eager path", exc)
         return EnginePath("eager", path.cpu, f"fallback: {exc}", path.setup_s + time.perf_counter() - start)
-    act8 = max(timed, key=lambda a: statistics.geometric_mean(x for _, x in timed[a]))
-    step.act8, speedups = act8, timed[act8]
+    act8 = max(timed, key=lambda a: statistics.geometric_mean(x for _, x in timed[a][0]))
+    (speedups, prefill), step.act8 = timed[act8], act8
+    step.prefill_speedups = prefill
     name = "native" if _native_wins(speedups) else "eager"
     verdicts = _read_verdicts(cache_dir)
-    verdicts[key] = {"path": name, "speedups": [list(s) for s in speedups], "act8": act8}
+    verdicts[key] = {
+        "path": name,
+        "speedups": [list(s) for s in speedups],
+        "act8": act8,
+        "prefill": [list(s) for s in prefill],
+    }
     _write_verdicts(cache_dir, verdicts)
     settled = EnginePath(name, path.cpu, "measured", path.setup_s + time.perf_counter() - start, speedups)
     log.info("engine: decoding on the %s path%s", settled.describe(), " (int8 activations)" if act8 else "")
@@ -190,8 +206,9 @@ def measure(
     *,
     rounds: int = 7,
     budget_s: float = BUDGET_S,
-) -> tuple[tuple[int, float], ...]:
-    """(rows, eager step time / native step time): whole decode steps of a stand-in model with
+) -> tuple[tuple[tuple[int, float], ...], tuple[tuple[int, float], ...]]:
+    """(rows, eager step time / native step time), and (prompt tokens, eager prefill time /
+    native prefill time) at PROMPTS: whole decode steps of a stand-in model with
     `config`'s layer shapes and random weights, bound once each way, at batch 1 and 8; the
     fastest of `rounds` alternated rounds. As many layers as fit STREAM_BYTES (at least one, at
     most the model's), so that their weights stream from memory as in real decode; a small
@@ -230,7 +247,8 @@ def _timed(
     rounds: int,
     budget_s: float = BUDGET_S,
 ) -> tuple[tuple[int, float], ...]:
-    """(rows, eager / native step time) at ROWS rows: `eager` run as a network, `step` as the C call."""
+    """(rows, eager / native step time) at ROWS rows, and (tokens, eager / native prefill
+    time) at PROMPTS: `eager` run as a network, `step` as the C call."""
     deadline = time.perf_counter() + budget_s
     c, context = eager.config, STAND_IN_CONTEXT
     cache = KVCache.allocate(
@@ -244,13 +262,27 @@ def _timed(
     )
     cache.k.normal_()
     cache.v.normal_()
+    prompt_cache = KVCache.allocate(
+        layers=layers,
+        max_batch=1,
+        kv_heads=c.num_key_value_heads,
+        max_seq_len=max(PROMPTS),
+        head_dim=c.head_dim,
+        dtype=dtype,
+        device=torch.device("cpu"),
+    )
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # this thread's OpenMP setting: a serving loop elsewhere keeps its own
     try:
         with torch.inference_mode():
-            return tuple(
+            decode = tuple(
                 (rows, _ratio(eager, step, cache, rows, context - 1, rounds, deadline)) for rows in ROWS
             )
+            prefill = tuple(
+                (tokens, _prefill_ratio(eager, step, prompt_cache, tokens, rounds, deadline))
+                for tokens in PROMPTS
+            )
+            return decode, prefill
     finally:
         torch.set_num_threads(threads)
 
@@ -304,9 +336,46 @@ def _ratio(
     return min(times["eager"]) / max(min(times["native"]), 1e-9)
 
 
+def _prefill_ratio(
+    eager: Transformer,
+    step: native_step.NativeStep,
+    cache: KVCache,
+    tokens: int,
+    rounds: int,
+    deadline: float,
+) -> float:
+    """eager prefill time / native prefill time of one `tokens`-token prompt, in this thread's CPU time."""
+    ids = torch.arange(tokens) % eager.config.vocab_size
+    positions = torch.arange(tokens)[None]
+    attention = AttentionStep(cache=cache, rows=slice(0, 1))  # causal over the prompt
+    sides: dict[str, Callable[[], torch.Tensor]] = {
+        "eager": lambda: eager(ids[None], positions, attention, span=tokens, last_only=True),
+        "native": lambda: step.prefill(cache, 0, ids),
+    }
+    times: dict[str, list[float]] = {"eager": [], "native": []}
+    for run in sides.values():
+        run()
+    for done in range(rounds):
+        if done >= 2 and time.perf_counter() > deadline:
+            break
+        for name, run in sides.items():
+            t0 = time.thread_time()
+            run()
+            times[name].append(time.thread_time() - t0)
+    return min(times["eager"]) / max(min(times["native"]), 1e-9)
+
+
 def _native_wins(speedups: tuple[tuple[int, float], ...]) -> bool:
     """Native when it is faster over batch-1 and batch-8 together (geometric mean)."""
     return statistics.geometric_mean(x for _, x in speedups) > 1.0
+
+
+def _pairs(stored: Any) -> tuple[tuple[int, float], ...]:
+    """A verdict's [[n, ratio], ...] back as pairs; () for anything else (an older verdict)."""
+    try:
+        return tuple((int(n), float(x)) for n, x in stored)
+    except (TypeError, ValueError):
+        return ()
 
 
 def _shapes(config: ModelConfig) -> tuple[tuple[int, int], ...]:

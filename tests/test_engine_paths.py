@@ -77,6 +77,43 @@ def test_first_load_measures_and_a_restart_reads_the_cached_verdict(
     assert torch.allclose(again.logits(IDS), first.logits(IDS), atol=1e-5)
 
 
+@pytest.mark.parametrize("quantize", [None, "int8"])
+def test_prefill_takes_the_way_measured_faster_for_the_prompts_length(
+    checkpoint: Path, cache_dir: Path, quantize: str | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The load also times the native step's prefill (a prompt as rows of one slot) against
+    the eager forward at 16 and 128 tokens; the verdict keeps both ratios, a restart reads
+    them back, and each prompt takes the way that was faster at the nearer length, with the
+    same last-token logits either way."""
+    model = load(checkpoint, device="cpu", quantize=quantize, engine_path="auto")
+    if model.native_step is None:
+        pytest.fail(f"the native path lost on decode here ({model.engine_path.describe()}): nothing to check")
+    ratios = model.native_step.prefill_speedups
+    assert [n for n, _ in ratios] == [16, 128] and all(r > 0 for _, r in ratios)
+    ((_, verdict),) = [
+        kv for kv in json.loads((cache_dir / "paths.json").read_text()).items() if kv[1].get("prefill")
+    ]
+    assert [tuple(pair) for pair in verdict["prefill"]] == list(ratios)
+    again = load(checkpoint, device="cpu", quantize=quantize, engine_path="auto")
+    assert again.engine_path.reason == "cached" and again.native_step is not None
+    assert again.native_step.prefill_speedups == ratios
+    step = again.native_step
+    for tokens, ratio in ratios:
+        assert step.prefills(tokens) == (ratio > 1.0)
+    step.prefill_speedups = ((16, 2.0), (128, 0.5))  # native for short prompts only
+    assert [step.prefills(n) for n in (1, 16, 40, 50, 128, 400)] == [True, True, True, False, False, False]
+    ids = torch.tensor([3, 17, 42, 5, 61, 9, 8, 90, 7, 1])
+    cache = again.new_cache(max_batch=1, max_seq_len=16)
+    native_logits = again.prefill(cache, 0, ids)
+    called: list[int] = []
+    monkeypatch.setattr(step, "prefill", lambda *a: called.append(1))  # must not be taken now
+    step.prefill_speedups = ((16, 0.5), (128, 0.5))
+    eager_logits = again.prefill(cache, 0, ids)
+    assert not called
+    bound = 1e-4 if quantize is None else 0.03 * eager_logits.abs().max().item()
+    assert (native_logits - eager_logits).abs().max().item() < bound
+
+
 def test_the_chosen_path_is_the_one_measured_faster(checkpoint: Path, cache_dir: Path) -> None:
     model = load(checkpoint, device="cpu")
     ratios = [ratio for _, ratio in model.engine_path.speedups]
