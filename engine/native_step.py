@@ -18,8 +18,11 @@ those models. Copies: the router weight packed, for int8 the norms and scales in
 where the library has int8-activation loops (AVX512-VNNI, or AVX2), packed copies of the quantised projections made here
 once (int8: `pack_int8`, read with int8 activations; int4: native_int4.py's `pack_int4`,
 its only layout; they add the model's quantised bytes again while the model is loaded).
-Prefill and the full forward stay on the per-op path; both write and read the same cache
-layout.
+A prompt can go through the same step as rows of one slot at consecutive positions
+(`prefill`: every row's keys and values are written before any row attends, so the causal
+mask comes from the positions), where paths.py measured that faster than the eager forward
+for its length; block prefill and the full forward stay on the per-op path, with the same
+cache layout.
 
 Exactness: fp32 runs the same operations as the eager path in another summation order
 (rounding-level differences); tests/test_engine_exact.py holds the native path, decode

@@ -6,7 +6,9 @@ products for prefill, and the whole decode step in one call, native_step.py). Wh
 faster depends on the CPU (its vector width, caches, memory), on the thread count and on the
 model's shapes, so it is not fixed from one machine's results: at the first load on a
 machine, `choose` times decode steps of a stand-in model with the model's layer shapes on
-both paths at batch 1 and 8, alternating the two in rounds, and keeps the faster. The
+both paths at batch 1 and 8, alternating the two in rounds, and keeps the faster (and times
+prefills of PROMPTS tokens through the native step against the eager forward, kept per
+prompt length: `NativeStep.prefills`). The
 verdict is cached in `cache_dir` per CPU model, torch version, library build and shapes, so a restart only
 builds (or finds) the library and reads the verdict.
 
