@@ -194,6 +194,9 @@ def main() -> None:
     parser.add_argument("--for-s", type=float, default=2.0)
     parser.add_argument("--interval-s", type=float, default=1.0)
     args = parser.parse_args()
+    from infersight.engine.native import cpu_model
+
+    print(f"CPU: {cpu_model()}; {os.cpu_count()} logical CPUs", flush=True)
     bound = args.interval_s + args.for_s + 1.0
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)

@@ -36,6 +36,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=20.0)
     args = parser.parse_args()
+    from infersight.engine.native import cpu_model
+
+    print(f"CPU: {cpu_model()}; {os.cpu_count()} logical CPUs", flush=True)
 
     idle = _cpu_over(args.seconds, None)
     registry = CollectorRegistry()

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import tempfile
@@ -204,6 +205,9 @@ def main() -> None:
         "processes on a shared machine do not inflate (use with --threads 1, CPU only)",
     )
     args = parser.parse_args()
+    from infersight.engine.native import cpu_model
+
+    print(f"CPU: {cpu_model()}; {os.cpu_count()} logical CPUs", flush=True)
     global clock
     clock = CLOCKS[args.clock]
     if args.threads:

@@ -12,6 +12,7 @@ calling thread, minimum of `--repeats`.
 from __future__ import annotations
 
 import argparse
+import os
 import time
 from collections.abc import Callable
 
@@ -37,6 +38,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=10)
     args = parser.parse_args()
+    from infersight.engine.native import cpu_model
+
+    print(f"CPU: {cpu_model()}; {os.cpu_count()} logical CPUs", flush=True)
     torch.set_num_threads(args.threads)
     row_major = torch.randn(args.vocab, args.hidden) * 0.02
     column_major = row_major.t().contiguous().t()  # same [V, D] values, strides (1, V)

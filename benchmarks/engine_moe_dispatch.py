@@ -16,6 +16,7 @@ quantize="int8".
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 from collections.abc import Callable
@@ -70,6 +71,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--calls", type=int, default=24)
     args = parser.parse_args()
+    from infersight.engine.native import cpu_model
+
+    print(f"CPU: {cpu_model()}; {os.cpu_count()} logical CPUs", flush=True)
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     E, top_k = 8, 2

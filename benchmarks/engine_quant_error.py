@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
+import os
 import statistics
 import tempfile
 from pathlib import Path
@@ -72,6 +73,9 @@ def main() -> None:
     )
     parser.add_argument("--questions", type=int, default=200, help="Banking77 test questions used")
     args = parser.parse_args()
+    from infersight.engine.native import cpu_model
+
+    print(f"CPU: {cpu_model()}; {os.cpu_count()} logical CPUs", flush=True)
 
     from infersight.engine import load
     from infersight.monitor.data import banking77

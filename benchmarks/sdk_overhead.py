@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import os
 import platform
 import statistics
 import threading
@@ -95,6 +96,9 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=20_000)
     parser.add_argument("--rounds", type=int, default=15)
     args = parser.parse_args()
+    from infersight.engine.native import cpu_model
+
+    print(f"CPU: {cpu_model()}; {os.cpu_count()} logical CPUs", flush=True)
 
     release = threading.Event()
 
