@@ -188,7 +188,8 @@ class EngineAdapter:
 class EnginePathCollector:
     """`infersight_engine_path_info`: which decode path (engine/paths.py) each version serving
     traffic runs on, and why, read from the runtime at scrape time (`source.engine_paths()`:
-    version -> an object with `name`, `cpu`, `reason`, `setup_s`). The value is always 1.
+    version -> an object with `name`, `cpu`, `reason`, `setup_s`, and where it has them
+    `kernels`, the native library's loops, and `activations`). The value is always 1.
 
     An `eager` path whose reason starts with "fallback" means the native kernels could not be
     built or loaded on this machine (no compiler, a failed build)."""
@@ -200,7 +201,7 @@ class EnginePathCollector:
         info = GaugeMetricFamily(
             "infersight_engine_path_info",
             "The decode path each serving version runs on (eager or native) and why, as labels",
-            labels=["model", "model_version", "path", "cpu", "reason"],
+            labels=["model", "model_version", "path", "cpu", "reason", "kernels", "activations"],
         )
         setup = GaugeMetricFamily(
             "infersight_engine_path_setup_seconds",
@@ -216,7 +217,8 @@ class EnginePathCollector:
                 continue
             reason = str(path.reason)
             kind = "fallback" if reason.startswith("fallback") else reason
-            info.add_metric([self._model, version, str(path.name), str(path.cpu), kind], 1.0)
+            extra = [str(getattr(path, "kernels", "")), str(getattr(path, "activations", ""))]
+            info.add_metric([self._model, version, str(path.name), str(path.cpu), kind, *extra], 1.0)
             setup.add_metric([self._model, version], float(path.setup_s))
         yield info
         yield setup

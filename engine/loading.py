@@ -19,7 +19,7 @@ from .errors import CheckpointNotFound, TokenizerInvalid, UnsupportedQuantizatio
 from .model import MoEModel
 from .native_step import step_for
 from .network import build
-from .paths import choose, settle
+from .paths import annotate, choose, settle
 from .quant import QUANTIZERS, weight_format
 
 if TYPE_CHECKING:
@@ -66,7 +66,7 @@ def load(
     network = build(config, state, kernels=kernels, fmt=fmt)
     del state  # what the network did not keep (stacks replaced by blocked copies) is released
     step = step_for(network, kernels) if kernels is not None else None
-    chosen = settle(chosen, network, step, quantize=quantize)
+    chosen = annotate(settle(chosen, network, step, quantize=quantize), step, dtype)
     return MoEModel(
         network,
         config,

@@ -122,6 +122,13 @@ class NativeKernels:
         self.int8_dot = int8_dot
         self.step, self.step_scratch = step, step_scratch
 
+    @property
+    def isa(self) -> str:
+        """The loops the build took: "avx512-vnni", "avx512", "avx2" or "plain" (C)."""
+        if self.avx512:
+            return "avx512-vnni" if self.vnni else "avx512"
+        return "avx2" if self.int8_dot else "plain"
+
     def linear(
         self,
         x: torch.Tensor,

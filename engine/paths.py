@@ -40,7 +40,7 @@ from .errors import InvalidInput, KernelUnavailable
 from .native import cpu_model
 from .network import AttentionStep, KVCache, Transformer, build, state_shapes
 
-__all__ = ["PATHS", "EnginePath", "choose", "cpu_model", "default_cache_dir", "settle"]
+__all__ = ["PATHS", "EnginePath", "annotate", "choose", "cpu_model", "default_cache_dir", "settle"]
 
 log = logging.getLogger("infersight.engine")
 
@@ -55,6 +55,9 @@ TO_MEASURE = "to measure"  # choose's reason for a path that `settle` measures o
 BUDGET_S = 4.0  # measuring never holds a load up much longer (serve's start must stay < +30 s)
 
 
+Ratios = tuple[tuple[int, float], ...]  # (rows or prompt tokens, eager time / native time)
+
+
 @dataclass(frozen=True)
 class EnginePath:
     """The path a loaded model decodes on, and why."""
@@ -64,6 +67,10 @@ class EnginePath:
     reason: str  # "measured", "cached", "requested", "not applicable", or why the native path failed
     setup_s: float  # time this load spent building and measuring (0 when nothing was done)
     speedups: tuple[tuple[int, float], ...] = ()  # (rows, eager time / native time) as measured
+    kernels: str = (
+        "none"  # the native library's loops ("avx512-vnni", "avx512", "avx2", "plain"); eager: "none"
+    )
+    activations: str = ""  # what the products read: "fp32", "bf16" (eager int8/int4) or "int8"
 
     def describe(self) -> str:
         ratios = ", ".join(f"{rows} rows {ratio:.2f}x" for rows, ratio in self.speedups)
@@ -165,7 +172,7 @@ def settle(
         step.prefill_speedups = _pairs(verdict.get("prefill", ()))
         return path
     start = time.perf_counter()
-    timed: dict[bool, tuple[tuple[tuple[int, float], ...], tuple[tuple[int, float], ...]]] = {}
+    timed: dict[bool, tuple[Ratios, Ratios]] = {}
     try:
         for act8 in (True,) if step.int4 else (False, True) if step.kernels.int8_dot else (False,):
             step.act8 = act8
@@ -192,6 +199,19 @@ def settle(
     return settled
 
 
+def annotate(path: EnginePath, step: native_step.NativeStep | None, dtype: torch.dtype) -> EnginePath:
+    """`path` with what it runs on: the native library's loops and the activations' precision
+    (int8 where the native step quantises them), for `infersight_engine_path_info`."""
+    if path.name == "native" and step is not None:
+        acts = "int8" if step.act8 or step.int4 else "fp32"
+        return dataclasses.replace(path, kernels=step.kernels.isa, activations=acts)
+    return dataclasses.replace(
+        path,
+        kernels="none",
+        activations=str(dtype).removeprefix("torch.").replace("float32", "fp32").replace("bfloat16", "bf16"),
+    )
+
+
 def _key(cpu: str, config: ModelConfig, quantize: str | None, kernels: native.NativeKernels) -> str:
     """What a verdict holds for: the CPU, torch, the library build (its file name carries the
     hash of its source: changed kernels are measured again), fp32 or int8, and the shapes."""
@@ -208,7 +228,7 @@ def measure(
     *,
     rounds: int = 7,
     budget_s: float = BUDGET_S,
-) -> tuple[tuple[tuple[int, float], ...], tuple[tuple[int, float], ...]]:
+) -> tuple[Ratios, Ratios]:
     """(rows, eager step time / native step time), and (prompt tokens, eager prefill time /
     native prefill time) at PROMPTS: whole decode steps of a stand-in model with
     `config`'s layer shapes and random weights, bound once each way, at batch 1 and 8; the
@@ -248,7 +268,7 @@ def _timed(
     *,
     rounds: int,
     budget_s: float = BUDGET_S,
-) -> tuple[tuple[int, float], ...]:
+) -> tuple[Ratios, Ratios]:
     """(rows, eager / native step time) at ROWS rows, and (tokens, eager / native prefill
     time) at PROMPTS: `eager` run as a network, `step` as the C call."""
     deadline = time.perf_counter() + budget_s

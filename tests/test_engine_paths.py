@@ -182,7 +182,7 @@ def test_an_unwritable_cache_directory_falls_back_to_eager(
 def test_paths_without_a_native_variant_are_eager_and_say_so(checkpoint: Path, cache_dir: Path) -> None:
     # int4 weights with fp32 activations: the native steps are for bf16 quantised models
     int4 = load(checkpoint, device="cpu", quantize="int4", dtype=torch.float32)
-    assert int4.engine_path == EnginePath("eager", cpu_model(), "not applicable", 0.0)
+    assert int4.engine_path == EnginePath("eager", cpu_model(), "not applicable", 0.0, (), "none", "fp32")
     assert int4.native_step is None
     forced = load(checkpoint, device="cpu", engine_path="eager")
     assert (forced.engine_path.name, forced.engine_path.reason) == ("eager", "requested")
@@ -266,6 +266,8 @@ def test_every_build_this_cpu_runs_decodes_alike(
                 assert model.engine_path.reason == "not applicable"
                 continue
             assert step.kernels.path == kernels.path
+            assert model.engine_path.kernels == kernels.isa  # what the path-info metric labels
+            assert model.engine_path.activations == ("int8" if step.act8 or step.int4 else "fp32")
             step.act8 = act8
             if act8 and not kernels.int8_dot:
                 continue  # the setter kept fp32 activations: the "int8" mode again
@@ -322,7 +324,7 @@ def test_path_info_metric_names_each_serving_versions_path() -> None:
     runtime = _Runtime(
         {
             "mixtral_support_fp32-v1.0": EnginePath(
-                "native", "AMD EPYC", "cached", 0.25, ((1, 1.3), (8, 1.1))
+                "native", "AMD EPYC", "cached", 0.25, ((1, 1.3), (8, 1.1)), "avx2", "int8"
             ),
             "mixtral_support_fp32-v1.1": EnginePath("eager", "AMD EPYC", "fallback: no C compiler", 0.01),
         }
@@ -330,10 +332,13 @@ def test_path_info_metric_names_each_serving_versions_path() -> None:
     registry.register(EnginePathCollector(runtime, model="mixtral"))
     text = generate_latest(registry).decode()
     assert (
-        'infersight_engine_path_info{cpu="AMD EPYC",model="mixtral",model_version="mixtral_support_fp32-v1.0",'
-        'path="native",reason="cached"} 1.0'
+        'infersight_engine_path_info{activations="int8",cpu="AMD EPYC",kernels="avx2",model="mixtral",'
+        'model_version="mixtral_support_fp32-v1.0",path="native",reason="cached"} 1.0'
     ) in text
-    assert 'model_version="mixtral_support_fp32-v1.1",path="eager",reason="fallback"} 1.0' in text
+    assert (
+        'infersight_engine_path_info{activations="",cpu="AMD EPYC",kernels="none",model="mixtral",'
+        'model_version="mixtral_support_fp32-v1.1",path="eager",reason="fallback"} 1.0'
+    ) in text
     assert (
         'infersight_engine_path_setup_seconds{model="mixtral",model_version="mixtral_support_fp32-v1.0"} 0.25'
         in text

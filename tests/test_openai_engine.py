@@ -176,7 +176,9 @@ def test_metrics_name_the_decode_path_the_serving_version_runs_on(served) -> Non
     path = app.state.service.parts.backend.runtime.engine_paths()[GOOD]
     metrics = client.get("/metrics").text
     assert (
-        f'infersight_engine_path_info{{cpu="{path.cpu}",model="mixtral_banking",model_version="{GOOD}",'
+        f'infersight_engine_path_info{{activations="{path.activations}",cpu="{path.cpu}",'
+        f'kernels="{path.kernels}",model="mixtral_banking",model_version="{GOOD}",'
         f'path="{path.name}",reason="{path.reason.split(":")[0]}"}} 1.0'
     ) in metrics
+    assert path.kernels in ("none", "plain", "avx2", "avx512", "avx512-vnni") and path.activations
     assert path.name in ("eager", "native") and path.reason in ("measured", "cached")
