@@ -37,6 +37,14 @@ static inline int64_t g4(int64_t K) { return K % 64 == 0 ? 64 : 32; }
 
 /* bytes of one packed int4 block of 16 columns over K */
 static inline int64_t p4_block_bytes(int64_t K) { return (K / g4(K)) * (g4(K) * 8 + 64); }
+
+/* row `row`'s sums over the group of G columns at k0: of its int8 activations, and of x */
+static inline void group_sums(const qact *q, int64_t row, int64_t k0, int64_t G, int32_t *asum, float *xsum) {
+    const int32_t *as = q->asum + row * 2 * q->nb + k0 / 32;
+    const float *xs = q->xsum + row * 2 * q->nb + k0 / 32;
+    *asum = G == 64 ? as[0] + as[1] : as[0];
+    *xsum = G == 64 ? xs[0] + xs[1] : xs[0];
+}
 #endif
 
 #if INFERSIGHT_VNNI
@@ -62,21 +70,17 @@ static inline __attribute__((always_inline)) void p4_tile(
             __m512i w0 = _mm512_and_si512(v, lo), w1 = _mm512_and_si512(_mm512_srli_epi16(v, 4), lo);
             for (int r = 0; r < MR; r++) {
                 const int8_t *a = q->as + (r0 + r) * q->Kp + k0 + 8 * u;
-                int32_t a0, a1;
-                memcpy(&a0, a, 4);
-                memcpy(&a1, a + 4, 4);
-                ia[r] = _mm512_dpbusd_epi32(ia[r], w0, _mm512_set1_epi32(a0));
-                ib[r] = _mm512_dpbusd_epi32(ib[r], w1, _mm512_set1_epi32(a1));
+                ia[r] = _mm512_dpbusd_epi32(ia[r], w0, _mm512_set1_epi32(load4(a)));
+                ib[r] = _mm512_dpbusd_epi32(ib[r], w1, _mm512_set1_epi32(load4(a + 4)));
             }
         }
         __m512 sc = bf16x16((const uint16_t *)(const void *)(wg + G * 8));
         __m512 zc = bf16x16((const uint16_t *)(const void *)(wg + G * 8 + 32));
         for (int r = 0; r < MR; r++) {
-            int64_t row = r0 + r, h = k0 / 32;
-            const int32_t *as = q->asum + row * 2 * q->nb + h;
-            const float *xs = q->xsum + row * 2 * q->nb + h;
-            int32_t asum = G == 64 ? as[0] + as[1] : as[0];
-            float xsum = G == 64 ? xs[0] + xs[1] : xs[0];
+            int64_t row = r0 + r;
+            int32_t asum;
+            float xsum;
+            group_sums(q, row, k0, G, &asum, &xsum);
             __m512i d = _mm512_sub_epi32(_mm512_add_epi32(ia[r], ib[r]), _mm512_set1_epi32(8 * asum));
             __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(d), _mm512_set1_ps(q->s[row * q->nb + k0 / 64]));
             acc[r] = _mm512_fmadd_ps(zc, _mm512_set1_ps(xsum), _mm512_fmadd_ps(f, sc, acc[r]));
@@ -115,10 +119,7 @@ static inline __attribute__((always_inline)) void p4_tile(
                 __m256i h0 = _mm256_and_si256(vh, lo4), h1 = _mm256_and_si256(_mm256_srli_epi16(vh, 4), lo4);
                 for (int r = 0; r < MR; r++) {
                     const int8_t *a = q->as + (r0 + r) * q->Kp + k0 + 8 * u;
-                    int32_t a0, a1;
-                    memcpy(&a0, a, 4);
-                    memcpy(&a1, a + 4, 4);
-                    __m256i b0 = _mm256_set1_epi32(a0), b1 = _mm256_set1_epi32(a1);
+                    __m256i b0 = _mm256_set1_epi32(load4(a)), b1 = _mm256_set1_epi32(load4(a + 4));
                     sl[r] = _mm256_add_epi16(sl[r], _mm256_add_epi16(_mm256_maddubs_epi16(l0, b0), _mm256_maddubs_epi16(l1, b1)));
                     sh[r] = _mm256_add_epi16(sh[r], _mm256_add_epi16(_mm256_maddubs_epi16(h0, b0), _mm256_maddubs_epi16(h1, b1)));
                 }
@@ -131,11 +132,10 @@ static inline __attribute__((always_inline)) void p4_tile(
         const uint16_t *sz = (const uint16_t *)(const void *)(wg + G * 8);
         __m256 scl = bf16x8(sz), sch = bf16x8(sz + 8), zcl = bf16x8(sz + 16), zch = bf16x8(sz + 24);
         for (int r = 0; r < MR; r++) {
-            int64_t row = r0 + r, h = k0 / 32;
-            const int32_t *as = q->asum + row * 2 * q->nb + h;
-            const float *xs = q->xsum + row * 2 * q->nb + h;
-            int32_t asum = G == 64 ? as[0] + as[1] : as[0];
-            float xsum = G == 64 ? xs[0] + xs[1] : xs[0];
+            int64_t row = r0 + r;
+            int32_t asum;
+            float xsum;
+            group_sums(q, row, k0, G, &asum, &xsum);
             __m256i off = _mm256_set1_epi32(8 * asum);
             __m256 xsv = _mm256_set1_ps(xsum), sv = _mm256_set1_ps(q->s[row * q->nb + k0 / 64]);
             __m256 fl = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(il[r], off)), sv);

@@ -17,6 +17,12 @@ static inline float bf16_in(uint16_t h) {
     return f;
 }
 
+static inline int32_t load4(const void *p) { /* 4 activation bytes, to broadcast */
+    int32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+
 static inline uint16_t bf16_out(float f) { /* round to nearest even, as torch's conversion */
     uint32_t u;
     memcpy(&u, &f, sizeof u);
@@ -400,11 +406,8 @@ static inline __attribute__((always_inline)) void p8_tile(
             __m512i w1 = _mm512_load_si512((const void *)(wg + t * 64 + 64));
             for (int r = 0; r < MR; r++) {
                 const uint8_t *a = q->a + (r0 + r) * q->Kp + g * 64 + t * 4;
-                int32_t a0, a1;
-                memcpy(&a0, a, 4);
-                memcpy(&a1, a + 4, 4);
-                ia[r] = _mm512_dpbusd_epi32(ia[r], _mm512_set1_epi32(a0), w0);
-                ib[r] = _mm512_dpbusd_epi32(ib[r], _mm512_set1_epi32(a1), w1);
+                ia[r] = _mm512_dpbusd_epi32(ia[r], _mm512_set1_epi32(load4(a)), w0);
+                ib[r] = _mm512_dpbusd_epi32(ib[r], _mm512_set1_epi32(load4(a + 4)), w1);
             }
         }
         /* the activations were a + 128: take 128 * the column sums back off */
@@ -436,9 +439,7 @@ static inline __attribute__((always_inline)) void p8_tile(
             __m256i wh = _mm256_load_si256((const __m256i *)(const void *)(wg + t * 64 + 32));
             __m256i ul = _mm256_abs_epi8(wl), uh = _mm256_abs_epi8(wh);
             for (int r = 0; r < MR; r++) {
-                int32_t a0;
-                memcpy(&a0, q->as + (r0 + r) * q->Kp + g * 64 + t * 4, 4);
-                __m256i a = _mm256_set1_epi32(a0);
+                __m256i a = _mm256_set1_epi32(load4(q->as + (r0 + r) * q->Kp + g * 64 + t * 4));
                 il[r] = _mm256_add_epi32(il[r], _mm256_madd_epi16(_mm256_maddubs_epi16(ul, _mm256_sign_epi8(a, wl)), ones));
                 ih[r] = _mm256_add_epi32(ih[r], _mm256_madd_epi16(_mm256_maddubs_epi16(uh, _mm256_sign_epi8(a, wh)), ones));
             }

@@ -344,15 +344,24 @@ def _ratio(
         ),
         "native": lambda: step(cache, slots, ids, positions, position + 1),
     }
+    return _alternated(sides, STEPS_PER_ROUND, rounds, deadline)
+
+
+def _alternated(
+    sides: dict[str, Callable[[], torch.Tensor]], calls: int, rounds: int, deadline: float
+) -> float:
+    """eager time / native time: `calls` calls of each side a round, the sides alternated,
+    after one warm-up call each (oneDNN sets up each weight at its first); the fastest round
+    of each in this thread's CPU time; past `deadline`, no more than two rounds."""
     times: dict[str, list[float]] = {"eager": [], "native": []}
-    for run in sides.values():  # warm-up: oneDNN sets up each weight at its first call
+    for run in sides.values():
         run()
     for done in range(rounds):
         if done >= 2 and time.perf_counter() > deadline:
             break
         for name, run in sides.items():
             t0 = time.thread_time()
-            for _ in range(STEPS_PER_ROUND):
+            for _ in range(calls):
                 run()
             times[name].append(time.thread_time() - t0)
     return min(times["eager"]) / max(min(times["native"]), 1e-9)
@@ -374,17 +383,7 @@ def _prefill_ratio(
         "eager": lambda: eager(ids[None], positions, attention, span=tokens, last_only=True),
         "native": lambda: step.prefill(cache, 0, ids),
     }
-    times: dict[str, list[float]] = {"eager": [], "native": []}
-    for run in sides.values():
-        run()
-    for done in range(rounds):
-        if done >= 2 and time.perf_counter() > deadline:
-            break
-        for name, run in sides.items():
-            t0 = time.thread_time()
-            run()
-            times[name].append(time.thread_time() - t0)
-    return min(times["eager"]) / max(min(times["native"]), 1e-9)
+    return _alternated(sides, 1, rounds, deadline)
 
 
 def _native_wins(speedups: tuple[tuple[int, float], ...]) -> bool:
