@@ -48,7 +48,6 @@ static inline void group_sums(const qact *q, int64_t row, int64_t k0, int64_t G,
 #endif
 
 #if INFERSIGHT_VNNI
-#define P4_ROWS 4
 static inline __m512 bf16x16(const uint16_t *p) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
 }
@@ -89,7 +88,6 @@ static inline __attribute__((always_inline)) void p4_tile(
     for (int r = 0; r < MR; r++) _mm512_storeu_ps(out + r * 16, acc[r]);
 }
 #elif INFERSIGHT_I8
-#define P4_ROWS 2
 static inline __m256 bf16x8(const uint16_t *p) {
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(const void *)p)), 16));
 }
@@ -155,18 +153,7 @@ static inline __attribute__((always_inline)) void p4_tile(
 
 /* out [M][16]: packed int4 block `wb` over K for rows r0..r0+M-1 of the quantised activations */
 static void p4_block(const qact *q, int64_t r0, int64_t M, const uint8_t *wb, int64_t K, float *out) {
-    for (int64_t r = 0; r < M; r += P4_ROWS) {
-        int64_t n = M - r < P4_ROWS ? M - r : P4_ROWS;
-        float *o = out + r * 16;
-        switch (n) {
-            case 1: p4_tile(q, r0 + r, wb, K, 1, o); break;
-#if P4_ROWS == 4
-            case 2: p4_tile(q, r0 + r, wb, K, 2, o); break;
-            case 3: p4_tile(q, r0 + r, wb, K, 3, o); break;
-#endif
-            default: p4_tile(q, r0 + r, wb, K, P4_ROWS, o); break;
-        }
-    }
+    I8_PASSES(p4_tile, wb, K) /* native_int8.py's */
 }
 #endif
 """

@@ -391,7 +391,7 @@ static void quantize_row(const qact *q, int64_t row, const float *x, int64_t K) 
 #endif
 
 #if INFERSIGHT_VNNI
-#define P8_ROWS 4
+#define I8_ROWS 4 /* activation rows per pass of the int8 and int4 tiles */
 /* out[r][0..15] = x_r . w[n0 + c] for r < MR: `wb` one packed block of nb groups, `s` its 16 scales. */
 static inline __attribute__((always_inline)) void p8_tile(
         const qact *q, int64_t r0, const int8_t *wb, const float *s, const int MR, float *out) {
@@ -421,7 +421,7 @@ static inline __attribute__((always_inline)) void p8_tile(
     for (int r = 0; r < MR; r++) _mm512_storeu_ps(out + r * 16, _mm512_mul_ps(acc[r], sv));
 }
 #elif INFERSIGHT_I8
-#define P8_ROWS 2
+#define I8_ROWS 2
 /* AVX2, the same product: 32 bytes (8 columns x 4 k) per register, the signed activations
    (`as`) against the signed weights through vpmaddubsw's sign trick (|w| times a with w's
    sign; at most 2 * 128 * 127 per pair, below int16 saturation), summed to int32 by vpmaddwd. */
@@ -459,20 +459,30 @@ static inline __attribute__((always_inline)) void p8_tile(
 #endif
 
 #if INFERSIGHT_I8
+#if I8_ROWS == 4
+#define I8_MIDDLE_ROWS(TILE, ...)                            \
+    case 2: TILE(q, r0 + r, __VA_ARGS__, 2, o); break;       \
+    case 3: TILE(q, r0 + r, __VA_ARGS__, 3, o); break;
+#else
+#define I8_MIDDLE_ROWS(TILE, ...)
+#endif
+/* The body of p8_block and p4_block: out [M][16] for rows r0..r0+M-1 of the quantised
+   activations `q`, in passes of I8_ROWS rows, each one TILE(q, row, ARGS, rows, out) call
+   with `rows` a constant (so the tile's loops over rows unroll). */
+#define I8_PASSES(TILE, ...)                                         \
+    for (int64_t r = 0; r < M; r += I8_ROWS) {                       \
+        int64_t n = M - r < I8_ROWS ? M - r : I8_ROWS;               \
+        float *o = out + r * 16;                                     \
+        switch (n) {                                                 \
+            case 1: TILE(q, r0 + r, __VA_ARGS__, 1, o); break;       \
+            I8_MIDDLE_ROWS(TILE, __VA_ARGS__)                        \
+            default: TILE(q, r0 + r, __VA_ARGS__, I8_ROWS, o); break; \
+        }                                                            \
+    }
+
 /* out [M][16]: packed block `wb` (scales `s`) for rows r0..r0+M-1 of the quantised activations */
 static void p8_block(const qact *q, int64_t r0, int64_t M, const int8_t *wb, const float *s, float *out) {
-    for (int64_t r = 0; r < M; r += P8_ROWS) {
-        int64_t n = M - r < P8_ROWS ? M - r : P8_ROWS;
-        float *o = out + r * 16;
-        switch (n) {
-            case 1: p8_tile(q, r0 + r, wb, s, 1, o); break;
-#if P8_ROWS == 4
-            case 2: p8_tile(q, r0 + r, wb, s, 2, o); break;
-            case 3: p8_tile(q, r0 + r, wb, s, 3, o); break;
-#endif
-            default: p8_tile(q, r0 + r, wb, s, P8_ROWS, o); break;
-        }
-    }
+    I8_PASSES(p8_tile, wb, s)
 }
 #endif
 
