@@ -64,7 +64,8 @@ def ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def int4_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """Every `load` in the test forced onto one decode path: the eager int4 kernels, or the
     native step (native_int4.py) reading packed copies of the same weights. Where the library
-    lacks the VNNI loops the native case loads eager ("not applicable"), as a machine would."""
+    lacks the int8-activation loops (VNNI or AVX2) the native case loads eager ("not
+    applicable"), as a machine would."""
     choose = loading.choose
     monkeypatch.setattr(
         loading, "choose", lambda config, **kw: choose(config, **(kw | {"requested": request.param}))
@@ -193,8 +194,8 @@ def test_the_native_int4_step_computes_the_eager_int4_decode(
     """The native step reads either storage (torch's packed bytes or plain nibbles) into its
     own layout; against the eager int4 decode of the same weights it differs only by its int8
     activations (per 64 columns) and fp32 accumulation: stated bound 3% of the largest logit,
-    and the same greedy token on all but at most one of the 32 row-steps, that one a near tie
-    (the native pick is one of the eager decode's top two, within twice the largest difference)."""
+    and on every row and step a greedy token of the eager decode: its argmax, or where the
+    eager decode's bf16 logits tie exactly for the maximum, one of the tied tokens."""
     chosen = int4_choice(torch.bfloat16)
     _CHOICES[choice_key(torch.bfloat16)] = replace(chosen, packed=packed)
     try:
@@ -203,7 +204,7 @@ def test_the_native_int4_step_computes_the_eager_int4_decode(
     finally:
         _CHOICES[choice_key(torch.bfloat16)] = chosen
     if fast.native_step is None:
-        assert fast.engine_path.reason == "not applicable"  # no VNNI loops in this library
+        assert fast.engine_path.reason == "not applicable"  # no int8-activation loops in this library
         return
     assert isinstance(fast.network.head, Int4Projection) and fast.network.head.packed is packed
     rows = torch.arange(4)
@@ -211,20 +212,14 @@ def test_the_native_int4_step_computes_the_eager_int4_decode(
     for m, cache in zip((eager, fast), caches, strict=True):
         for r in range(4):
             m.prefill(cache, r, ids[r, :8])
-    differing = 0
     for t in range(8, 16):
         a, b = (
             m.decode(c, rows, ids[:, t], torch.full((4,), t))
             for m, c in zip((eager, fast), caches, strict=True)
         )
-        err = (a - b).abs().max().item()
-        assert err < 0.03 * a.abs().max().item()
-        for r in (a.argmax(-1) != b.argmax(-1)).nonzero().flatten().tolist():
-            top2 = a[r].topk(2)
-            assert int(b[r].argmax()) in top2.indices.tolist()  # eager's logits are bf16: ties happen
-            assert (top2.values[0] - top2.values[1]).item() <= 2 * err
-            differing += 1
-    assert differing <= 1
+        assert (a - b).abs().max().item() < 0.03 * a.abs().max().item()
+        picked = a.gather(-1, b.argmax(-1, keepdim=True)).squeeze(-1)
+        assert torch.equal(picked, a.max(-1).values)  # a greedy token of the eager decode
 
 
 @pytest.mark.parametrize(

@@ -39,8 +39,8 @@ def ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def int8_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """Every `load` in the test forced onto one decode path: the eager int8 kernels, or the
     native step (native_step.py) reading the same int8 weights, with fp32 activations
-    (weights dequantised in registers) or int8 ones (VNNI; where the CPU lacks it, the
-    setter keeps fp32 and this case repeats the previous one)."""
+    (weights dequantised in registers) or int8 ones (VNNI or AVX2; where the build lacks
+    them, the setter keeps fp32 and this case repeats the previous one)."""
     name = str(request.param).split("-")[0]
     choose, settle = loading.choose, loading.settle
 

@@ -195,7 +195,7 @@ def test_quantised_models_are_measured_on_the_loaded_model_and_the_verdict_cache
 ) -> None:
     first = load(checkpoint, device="cpu", quantize=quantize)
     if quantize == "int4" and not native.build(cache_dir, cpu=cpu_model())[0].int8_dot:
-        # int4's native step needs the VNNI loops: without them it stays eager, and says why
+        # int4's native step needs the int8-activation loops (VNNI or AVX2): without them it stays eager, and says why
         assert (first.engine_path.name, first.engine_path.reason) == ("eager", "not applicable")
         return
     assert first.engine_path.reason == "measured"
