@@ -208,7 +208,9 @@ def annotate(path: EnginePath, step: native_step.NativeStep | None, dtype: torch
     return dataclasses.replace(
         path,
         kernels="none",
-        activations=str(dtype).removeprefix("torch.").replace("float32", "fp32").replace("bfloat16", "bf16"),
+        activations={torch.float32: "fp32", torch.bfloat16: "bf16"}.get(
+            dtype, str(dtype).removeprefix("torch.")
+        ),
     )
 
 
