@@ -61,6 +61,7 @@ __all__ = [
 PATHS = ("fast", "standard")
 Path = Literal["fast", "standard"]
 BreakerState = Literal["closed", "open", "half_open"]
+MIN_MISSES = 2  # a closed breaker opens on two misses in its window at the least, never on one
 
 
 @dataclass(frozen=True)
@@ -116,7 +117,9 @@ class BreakerStatus:
 
 class LengthBreaker:
     """One path's breaker. Fed every finished request's (length, seconds); opens when the p99
-    of the last `window` is over the SLA. The threshold adapts to what was measured: the
+    of the last `window` is over the SLA and at least `MIN_MISSES` of them missed it (over a
+    window under 100 requests the p99 is its slowest one, and one scheduler hiccup or
+    collector pause must not shed a path for a cooldown). The threshold adapts to what was measured: the
     longest request of the window that met the SLA and is shorter than every request that
     missed it (else one token under the shortest that missed): lengths that are still
     served in time keep being served. After `cooldown_s` it turns half-open and lets
@@ -154,8 +157,9 @@ class LengthBreaker:
                 self._probe_ok += 1
                 return self._close() if self._probe_ok >= self.probes else None
             if self.state == "closed" and len(self._recent) >= min(20, self._recent.maxlen or 20):
-                p99 = _p99([s for _, s in self._recent])
-                if p99 is not None and p99 > self.sla_s:
+                times = [s for _, s in self._recent]
+                p99 = _p99(times)
+                if p99 is not None and p99 > self.sla_s and sum(s > self.sla_s for s in times) >= MIN_MISSES:
                     return self._open()
             return None
 

@@ -255,6 +255,19 @@ def test_the_breaker_opens_over_the_sla_sheds_long_requests_and_recovers() -> No
     assert breaker.status().opened == 2 and breaker.threshold is None
 
 
+def test_one_slow_request_does_not_open_the_breaker_a_second_one_does() -> None:
+    breaker = LengthBreaker("fast", 0.1, window=50, cooldown_s=2.0, probes=5, clock=lambda: 0.0)
+    for _ in range(25):
+        assert breaker.observe(16, 0.03) is None
+    # one outlier: the p99 is over the SLA, the breaker stays closed
+    assert breaker.observe(16, 0.12) is None and breaker.state == "closed"
+    assert breaker.p99_s() == pytest.approx(0.12)
+    for _ in range(10):
+        assert breaker.observe(16, 0.03) is None
+    assert breaker.observe(16, 0.15) == "open"  # a second miss in the window opens it
+    assert breaker.threshold == 15  # no length separates the misses: everything of 16 tokens is shed
+
+
 def test_an_open_breaker_refuses_with_retry_after_and_emits_its_states(registry: Path) -> None:
     rt = _runtime(
         registry, standard=PathSpec(GOOD, 1.0), breaker_cooldown_s=60.0
