@@ -266,19 +266,36 @@ def ensure_venv() -> Path:
         return python
     print(f"installing {' '.join(PACKAGES)} into {VENV} (compiles llama.cpp: minutes)", flush=True)
     subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True)
-    # native kernels for this CPU; the multimodal library (unused here) is skipped
-    env = os.environ | {"CMAKE_ARGS": os.environ.get("CMAKE_ARGS", "-DGGML_NATIVE=ON -DLLAVA_BUILD=OFF")}
-    subprocess.run([str(python), "-m", "pip", "install", "--quiet", *PACKAGES], check=True, env=env)
+    env = os.environ | {"CMAKE_ARGS": os.environ.get("CMAKE_ARGS", llamacpp_cmake_args())}
+    subprocess.run(
+        [str(python), "-m", "pip", "install", "--quiet", "--no-cache-dir", *PACKAGES], check=True, env=env
+    )
     return python
+
+
+def llamacpp_cmake_args() -> str:
+    """Native kernels for this CPU; the multimodal library (unused here) is skipped. On a CPU
+    with AMX, llama.cpp's AMX buffer type is compiled out (explicit -mno-amx-* outlive
+    -march=native): with it, llama-cpp-python 0.3.36's q8_0 decode of these MoE models died
+    with SIGSEGV on a Xeon with AMX-INT8 (llama.cpp's own AMX mul_mat segfault is an open
+    issue upstream); its AVX512-VNNI kernels (and the repacked q4_0/q8_0) stay."""
+    args = "-DGGML_NATIVE=ON -DLLAVA_BUILD=OFF"
+    if "amx_int8" in cpu_description()[1].split():
+        no_amx = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+        args += f" -DCMAKE_C_FLAGS='{no_amx}' -DCMAKE_CXX_FLAGS='{no_amx}'"
+    return args
 
 
 class Worker:
     def __init__(self, python: Path) -> None:
+        # llama.cpp logs every tensor it loads: its stderr goes to a file, read back only
+        # when the worker dies (errors it survives come back as replies)
+        self.log = tempfile.TemporaryFile("w+")  # noqa: SIM115 (the worker's life long; closed in close())
         self.proc = subprocess.Popen(
             [str(python), __file__, "--worker"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,  # llama.cpp logs every tensor it loads; errors come back as replies
+            stderr=self.log,
             text=True,
         )
 
@@ -286,7 +303,12 @@ class Worker:
         assert self.proc.stdin is not None and self.proc.stdout is not None
         self.proc.stdin.write(json.dumps(req) + "\n")
         self.proc.stdin.flush()
-        reply = json.loads(self.proc.stdout.readline())
+        line = self.proc.stdout.readline()
+        if not line:
+            self.log.seek(0)
+            tail = self.log.read()[-2000:]
+            raise RuntimeError(f"llama.cpp worker died (exit {self.proc.wait(timeout=60)}) on {req}:\n{tail}")
+        reply = json.loads(line)
         if not reply["ok"]:
             raise RuntimeError(f"llama.cpp worker: {reply['error']}")
         return reply
@@ -295,6 +317,7 @@ class Worker:
         assert self.proc.stdin is not None
         self.proc.stdin.close()
         self.proc.wait(timeout=60)
+        self.log.close()
 
 
 def cpu_description() -> tuple[str, str]:
