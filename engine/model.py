@@ -153,6 +153,8 @@ class MoEModel:
                 f"slots {list(slots.shape)}, input_ids {list(ids.shape)} and positions "
                 f"{list(positions.shape)} must all be [B]"
             )
+        if self.native_step is not None:  # the C step checks every row's slot and position itself
+            return self.native_step(cache, slots, ids, positions)
         if self.device.type == "cpu":
             top = int(positions.max())
             if top >= cache.max_seq_len or int(positions.min()) < 0:
@@ -241,7 +243,7 @@ class MoEModel:
         uniform: bool,
     ) -> torch.Tensor:
         if self.native_step is not None:  # masks by each row's position (and the window) itself
-            return self.native_step(cache, slots, ids, positions, kv_len)
+            return self.native_step(cache, slots, ids, positions)
         window = self.config.sliding_window
         mask = None
         if not uniform or (window is not None and kv_len > window):

@@ -115,7 +115,7 @@ class NativeKernels:
         # max length, rope cos, rope sin, logits, scratch, threads, last row only); the scratch
         # size in floats
         step.argtypes = [p, i64, p, p, p, p, p, i64, i64, p, p, p, p, i64, i64]
-        step.restype = i64  # -1, or the first row with a token id out of range
+        step.restype = i64  # -1, or the first bad row: its token (b), slot (B + b) or position (2B + b)
         step_scratch.argtypes = [p, i64, i64]
         step_scratch.restype = i64
         self.path, self.avx512, self.vnni, self._fn = path, avx512, vnni, fn

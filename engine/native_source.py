@@ -278,8 +278,12 @@ int64_t infersight_decode_step(const infersight_model *m, int64_t B, const int64
     qact qxn = qact_at(&qat, B, D), qattn = qact_at(&qat, B, H * hd);
     qact qxe = qact_at(&qat, bk, D), qa = qact_at(&qat, bk, I);
 
-    for (int64_t b = 0; b < B; b++)
+    /* the first bad row b: b (token id), B + b (slot), 2B + b (position); -1 at the end: done */
+    for (int64_t b = 0; b < B; b++) {
         if (tokens[b] < 0 || tokens[b] >= m->V) return b;
+        if (slots[b] < 0 || slots[b] >= max_batch) return B + b;
+        if (positions[b] < 0 || positions[b] >= S) return 2 * B + b;
+    }
     for (int64_t b = 0; b < B; b++) {
         if (q8)
             for (int64_t j = 0; j < D; j++) x[b * D + j] = bf16_in(((const uint16_t *)m->embed)[tokens[b] * D + j]);

@@ -41,7 +41,7 @@ import math
 
 import torch
 
-from .errors import InvalidInput
+from .errors import CacheCapacityExceeded, InvalidInput
 from .native import NativeKernels, NativeProjection, pack
 from .native_int4 import Sources, pack_int4, plain_nibbles
 from .network import KVCache, Layer, MoEFeedForward, RopeTable, Transformer
@@ -180,7 +180,7 @@ def _step_for(network: Transformer, kernels: NativeKernels) -> NativeStep | None
 
 
 class NativeStep:
-    """`step(cache, slots, ids, positions, kv_len)` -> fp32 logits [B, V]: the decode step of
+    """`step(cache, slots, ids, positions)` -> fp32 logits [B, V]: the decode step of
     `MoEModel.decode`, one C call. Holds references to every tensor the C side reads. Made by
     `step_for`."""
 
@@ -300,13 +300,13 @@ class NativeStep:
         slots: torch.Tensor,
         ids: torch.Tensor,
         positions: torch.Tensor,
-        kv_len: int,
         *,
         last_only: bool = False,
     ) -> torch.Tensor:
-        """ids, slots, positions [B] int64 on the CPU, every position < kv_len <= the cache's
-        length, slots distinct and in range (MoEModel checks) -> fp32 logits [B, V] (with
-        `last_only`, [1, V]: the last row's). `prefill` passes rows of one slot."""
+        """ids, slots, positions [B] int64 on the CPU, slots distinct -> fp32 logits [B, V]
+        (with `last_only`, [1, V]: the last row's). `prefill` passes rows of one slot. The C
+        step checks every row's token id, slot and position before it writes anything
+        (InvalidInput, CacheCapacityExceeded), so a decode step costs no torch reductions."""
         k = cache.k
         if k.dtype != self._cache_dtype or (k.shape[0], k.shape[2], k.shape[4]) != self._cache_shape:
             raise InvalidInput(
@@ -318,7 +318,8 @@ class NativeStep:
         if scratch is None:
             size = self.kernels.step_scratch(self._address, B, threads)
             scratch = self._scratch[(B, threads)] = torch.empty(size, dtype=torch.float32)
-        cos, sin = self.rope.lookup(positions, kv_len, 0)  # views of rows 0..: the whole table's start
+        # views of rows 0..: the table's start, as long as the cache (positions < its length)
+        cos, sin = self.rope.lookup(positions, cache.max_seq_len, 0)
         logits = torch.empty((1 if last_only else B, self.model.V), dtype=torch.float32)
         ids, slots, positions = ids.contiguous(), slots.contiguous(), positions.contiguous()
         bad = self.kernels.step(
@@ -339,7 +340,16 @@ class NativeStep:
             int(last_only),
         )
         if bad >= 0:
-            raise InvalidInput(f"token ids must lie in [0, {self.model.V}), got {int(ids[bad])}")
+            what, row = divmod(bad, B)
+            if what == 0:
+                raise InvalidInput(f"token ids must lie in [0, {self.model.V}), got {int(ids[row])}")
+            if what == 1:
+                raise CacheCapacityExceeded(
+                    f"slots must lie in [0, {cache.max_batch}), got {int(slots[row])}"
+                )
+            raise CacheCapacityExceeded(
+                f"positions must lie in [0, {cache.max_seq_len}), got {int(positions[row])}"
+            )
         return logits
 
     def prefills(self, tokens: int) -> bool:
@@ -361,6 +371,6 @@ class NativeStep:
             n = min(PREFILL_CHUNK, T - start)
             slots = torch.full((n,), slot, dtype=torch.long)
             positions = torch.arange(start, start + n)
-            logits = self(cache, slots, ids[start : start + n], positions, start + n, last_only=True)
+            logits = self(cache, slots, ids[start : start + n], positions, last_only=True)
         assert logits is not None, "an empty prompt (MoEModel refuses those)"
         return logits[0]

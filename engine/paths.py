@@ -344,7 +344,7 @@ def _ratio(
         "eager": lambda: eager(
             ids[:, None], positions[:, None], attention, span=position + 1, last_only=True
         ),
-        "native": lambda: step(cache, slots, ids, positions, position + 1),
+        "native": lambda: step(cache, slots, ids, positions),
     }
     return _alternated(sides, STEPS_PER_ROUND, rounds, deadline)
 

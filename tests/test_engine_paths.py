@@ -17,7 +17,7 @@ import pytest
 import torch
 from infersight.collectors import EnginePathCollector
 from infersight.engine import EnginePath, MoEModel, load, native
-from infersight.engine.errors import InvalidInput
+from infersight.engine.errors import CacheCapacityExceeded, InvalidInput
 from infersight.engine.native import NativeProjection, cpu_features
 from infersight.engine.network import KVCache
 from infersight.engine.paths import cpu_model
@@ -283,15 +283,43 @@ def test_every_build_this_cpu_runs_decodes_alike(
             assert (other - got[0]).abs().max().item() < 1e-3 * got[0].abs().max().item(), mode
 
 
-def test_the_native_step_refuses_a_token_id_outside_the_vocabulary(checkpoint: Path, cache_dir: Path) -> None:
+def test_the_native_step_refuses_a_bad_token_slot_or_position_writing_nothing(
+    checkpoint: Path, cache_dir: Path
+) -> None:
     model = load(checkpoint, device="cpu", engine_path="native")
     assert model.native_step is not None
     cache = model.new_cache(max_batch=2, max_seq_len=8)
     model.prefill(cache, 0, torch.tensor([3, 4]))
-    before = cache.k.clone()
+    before = (cache.k.clone(), cache.v.clone())
+    ids = torch.tensor([5, 6])
     with pytest.raises(InvalidInput, match=r"token ids must lie in \[0, 96\), got 96"):
         model.decode(cache, torch.tensor([0, 1]), torch.tensor([5, 96]), torch.tensor([2, 0]))
-    assert torch.equal(cache.k, before)  # nothing was written
+    # the C step checks every row before the first write: a good row 0 is not written either
+    with pytest.raises(CacheCapacityExceeded, match=r"slots must lie in \[0, 2\), got 2"):
+        model.decode(cache, torch.tensor([0, 2]), ids, torch.tensor([2, 0]))
+    with pytest.raises(CacheCapacityExceeded, match=r"slots must lie in \[0, 2\), got -1"):
+        model.decode(cache, torch.tensor([0, -1]), ids, torch.tensor([2, 0]))
+    with pytest.raises(CacheCapacityExceeded, match=r"positions must lie in \[0, 8\), got 8"):
+        model.decode(cache, torch.tensor([0, 1]), ids, torch.tensor([2, 8]))
+    with pytest.raises(CacheCapacityExceeded, match=r"positions must lie in \[0, 8\), got -3"):
+        model.decode(cache, torch.tensor([0, 1]), ids, torch.tensor([2, -3]))
+    assert torch.equal(cache.k, before[0]) and torch.equal(cache.v, before[1])  # nothing was written
+    eager = load(checkpoint, device="cpu", engine_path="eager")
+    assert eager.native_step is None
+    with pytest.raises(CacheCapacityExceeded, match="positions"):  # the same errors on the eager path
+        eager.decode(
+            eager.new_cache(max_batch=2, max_seq_len=8), torch.tensor([0]), ids[:1], torch.tensor([8])
+        )
+    with pytest.raises(CacheCapacityExceeded, match="slots"):
+        eager.decode(
+            eager.new_cache(max_batch=2, max_seq_len=8), torch.tensor([2]), ids[:1], torch.tensor([0])
+        )
+    torch.testing.assert_close(  # and a good step after the refusals is the eager one's
+        model.decode(cache, torch.tensor([0]), ids[:1], torch.tensor([2])),
+        eager.decode(_prefilled(eager), torch.tensor([0]), ids[:1], torch.tensor([2])),
+        rtol=0,
+        atol=1e-4,
+    )
     c = model.config
     foreign = KVCache.allocate(  # a bf16 cache, as an int8 model's: not what this fp32 step reads
         layers=c.num_hidden_layers,
@@ -304,6 +332,12 @@ def test_the_native_step_refuses_a_token_id_outside_the_vocabulary(checkpoint: P
     )
     with pytest.raises(InvalidInput, match="not this model's"):
         model.decode(foreign, torch.tensor([0]), torch.tensor([5]), torch.tensor([0]))
+
+
+def _prefilled(model: MoEModel) -> KVCache:
+    cache = model.new_cache(max_batch=2, max_seq_len=8)
+    model.prefill(cache, 0, torch.tensor([3, 4]))
+    return cache
 
 
 def test_an_unknown_engine_path_is_refused_naming_the_choices(checkpoint: Path) -> None:
