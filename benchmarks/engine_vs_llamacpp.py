@@ -23,9 +23,11 @@ Measured (tokens/s; each figure the median over rounds):
   8 tokens; the engine: `prefill` of 8 slots, then `decode(cache, slots, ids, positions)`;
   transformers: a [8, 1] forward with its DynamicCache;
 - prefill of a 16- and a 128-token prompt at batch 1 (one forward, logits of the last).
-Rounds alternate threads 1 and 2 and, within each, every side.
+Each measurement repeats its run (the untimed prefills, then the timed prefill or decode
+steps) until `--min-seconds` (0.1 s) were timed: one small-config run takes a few
+milliseconds. Rounds alternate threads 1 and 2 and, within each, every side.
 
-    .venv/bin/python benchmarks/engine_vs_llamacpp.py [--rounds 5] [--steps 32] [--configs small,medium,odd]
+    .venv/bin/python benchmarks/engine_vs_llamacpp.py [--rounds 5] [--steps 32] [--min-seconds 0.1] [--configs small,medium,odd]
 """
 
 from __future__ import annotations
@@ -74,6 +76,17 @@ PROMPTS = {"decode": 8, "decode@128": 128}  # tokens each decode sequence is pre
 # processes on a shared machine cannot inflate by preempting it. cpu is only meaningful with
 # one thread (with more, it counts the threads' spin-waiting too).
 CLOCKS: dict[str, Callable[[], float]] = {"wall": time.perf_counter, "cpu": time.process_time}
+
+
+def repeated(min_s: float, once: Callable[[], tuple[int, float]]) -> float:
+    """Tokens/s over as many runs of `once` (its setup untimed; -> tokens, seconds timed) as
+    add up to `min_s` timed seconds: a 16-token prefill or 32 small decode steps take a few
+    milliseconds, too short for one reading to mean much."""
+    tokens, seconds = 0, 0.0
+    while seconds < min_s or tokens == 0:
+        n, elapsed = once()
+        tokens, seconds = tokens + n, seconds + elapsed
+    return tokens / seconds
 
 
 # --------------------------------------------------------------------------------------
@@ -204,25 +217,31 @@ class LlamaSide:
         row = L.llama_get_logits_ith(self.ctx, -1)
         return [float(row[i]) for i in range(self.vocab)]
 
-    def measure(self, kind: str, size: int, threads: int, steps: int, clock: Callable[[], float]) -> float:
+    def measure(
+        self, kind: str, size: int, threads: int, steps: int, clock: Callable[[], float], min_s: float
+    ) -> float:
         L = self.L
         L.llama_set_n_threads(self.ctx, threads, threads)
-        L.llama_memory_clear(L.llama_get_memory(self.ctx), True)
-        if kind == "prefill":
-            prompt = [((7 * i + 3) % self.vocab, i, 0) for i in range(size)]
-            self._run(prompt[:8], False)  # warm
+
+        def once() -> tuple[int, float]:
             L.llama_memory_clear(L.llama_get_memory(self.ctx), True)
+            if kind == "prefill":
+                prompt = [((7 * i + 3) % self.vocab, i, 0) for i in range(size)]
+                self._run(prompt[:8], False)  # warm
+                L.llama_memory_clear(L.llama_get_memory(self.ctx), True)
+                t = clock()
+                self._run(prompt, False)
+                return size, clock() - t
+            prompt = PROMPTS[kind]
+            for s in range(size):
+                self._run([((11 * s + i) % self.vocab, i, s) for i in range(prompt)], False)
+            self._run([((5 * s + 1) % self.vocab, prompt, s) for s in range(size)], True)  # warm step
             t = clock()
-            self._run(prompt, False)
-            return size / (clock() - t)
-        prompt = PROMPTS[kind]
-        for s in range(size):
-            self._run([((11 * s + i) % self.vocab, i, s) for i in range(prompt)], False)
-        self._run([((5 * s + 1) % self.vocab, prompt, s) for s in range(size)], True)  # warm step
-        t = clock()
-        for step in range(steps):
-            self._run([((13 * step + s) % self.vocab, prompt + 1 + step, s) for s in range(size)], True)
-        return size * steps / (clock() - t)
+            for step in range(steps):
+                self._run([((13 * step + s) % self.vocab, prompt + 1 + step, s) for s in range(size)], True)
+            return size * steps, clock() - t
+
+        return repeated(min_s, once)
 
 
 def worker() -> None:
@@ -242,7 +261,7 @@ def worker() -> None:
             elif req["op"] == "measure":
                 side = sides[req["key"]]
                 tok_s = side.measure(
-                    req["kind"], req["size"], req["threads"], req["steps"], CLOCKS[req["clock"]]
+                    req["kind"], req["size"], req["threads"], req["steps"], CLOCKS[req["clock"]], req["min_s"]
                 )
                 reply = {"ok": True, "tok_s": tok_s}
             else:
@@ -344,18 +363,22 @@ class EngineSide:
         self.vocab = self.model.config.vocab_size
         self.cache = self.model.new_cache(8, 512)
 
-    def measure(self, kind: str, size: int, threads: int, steps: int, clock: Callable[[], float]) -> float:
+    def measure(
+        self, kind: str, size: int, threads: int, steps: int, clock: Callable[[], float], min_s: float
+    ) -> float:
         import torch
 
         torch.set_num_threads(threads)
         m, cache, v = self.model, self.cache, self.vocab
-        with torch.inference_mode():
+
+        @torch.inference_mode()
+        def once() -> tuple[int, float]:
             if kind == "prefill":
                 ids = torch.tensor([(7 * i + 3) % v for i in range(size)])
                 m.prefill(cache, 0, ids[:8])  # warm
                 t = clock()
                 m.prefill(cache, 0, ids)
-                return size / (clock() - t)
+                return size, clock() - t
             prompt = PROMPTS[kind]
             for s in range(size):
                 m.prefill(cache, s, torch.tensor([(11 * s + i) % v for i in range(prompt)]))
@@ -370,7 +393,9 @@ class EngineSide:
             for step in range(steps):
                 ids = torch.tensor([(13 * step + s) % v for s in range(size)])
                 m.decode(cache, slots, ids, torch.full((size,), prompt + 1 + step))
-            return size * steps / (clock() - t)
+            return size * steps, clock() - t
+
+        return repeated(min_s, once)
 
 
 class TransformersSide:
@@ -380,19 +405,23 @@ class TransformersSide:
         self.model = MixtralForCausalLM.from_pretrained(path).eval()
         self.vocab = self.model.config.vocab_size
 
-    def measure(self, kind: str, size: int, threads: int, steps: int, clock: Callable[[], float]) -> float:
+    def measure(
+        self, kind: str, size: int, threads: int, steps: int, clock: Callable[[], float], min_s: float
+    ) -> float:
         import torch
         from transformers import DynamicCache
 
         torch.set_num_threads(threads)
         v = self.vocab
-        with torch.inference_mode():
+
+        @torch.inference_mode()
+        def once() -> tuple[int, float]:
             if kind == "prefill":
                 ids = torch.tensor([[(7 * i + 3) % v for i in range(size)]])
                 self.model(ids[:, :8], logits_to_keep=1)  # warm
                 t = clock()
                 self.model(ids, logits_to_keep=1)
-                return size / (clock() - t)
+                return size, clock() - t
             cache = DynamicCache()
             prompt = torch.tensor([[(11 * s + i) % v for i in range(PROMPTS[kind])] for s in range(size)])
             self.model(prompt, past_key_values=cache, use_cache=True, logits_to_keep=1)
@@ -403,7 +432,9 @@ class TransformersSide:
             for step in range(steps):
                 ids = torch.tensor([[(13 * step + s) % v] for s in range(size)])
                 self.model(ids, past_key_values=cache, use_cache=True)
-            return size * steps / (clock() - t)
+            return size * steps, clock() - t
+
+        return repeated(min_s, once)
 
 
 def write_checkpoint(directory: Path, name: str) -> Path:
@@ -421,7 +452,13 @@ def main() -> None:
     )
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--steps", type=int, default=32, help="decode steps timed per measurement")
+    parser.add_argument("--steps", type=int, default=32, help="decode steps timed per run")
+    parser.add_argument(
+        "--min-seconds",
+        type=float,
+        default=0.1,
+        help="a measurement repeats its run until this much was timed",
+    )
     parser.add_argument("--configs", default="small,medium,odd")
     parser.add_argument("--threads", default="1,2")
     parser.add_argument("--clock", choices=sorted(CLOCKS), default="wall", help="see CLOCKS")
@@ -480,10 +517,11 @@ def main() -> None:
                                 continue
                             if isinstance(measurer, str):
                                 tok_s = llama.ask(op="measure", key=measurer, kind=kind, size=size,
-                                                  threads=n_threads, steps=args.steps, clock=args.clock)["tok_s"]  # fmt: skip
+                                                  threads=n_threads, steps=args.steps, clock=args.clock,
+                                                  min_s=args.min_seconds)["tok_s"]  # fmt: skip
                             else:
                                 tok_s = measurer.measure(
-                                    kind, size, n_threads, args.steps, CLOCKS[args.clock]
+                                    kind, size, n_threads, args.steps, CLOCKS[args.clock], args.min_seconds
                                 )
                             results.setdefault((name, side, n_threads, kind, size), []).append(tok_s)
             print(f"round {r + 1}/{args.rounds}: {time.perf_counter() - started:.0f} s", flush=True)
