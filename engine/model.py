@@ -153,9 +153,8 @@ class MoEModel:
                 f"slots {list(slots.shape)}, input_ids {list(ids.shape)} and positions "
                 f"{list(positions.shape)} must all be [B]"
             )
-        if self.native_step is not None:  # the C step checks every row's slot and position itself
-            return self.native_step(cache, slots, ids, positions)
-        if self.device.type == "cpu":
+        kv_len = cache.max_seq_len  # an accelerator attends the whole cache under the mask
+        if self.native_step is None and self.device.type == "cpu":  # the C step checks them itself
             top = int(positions.max())
             if top >= cache.max_seq_len or int(positions.min()) < 0:
                 raise CacheCapacityExceeded(
@@ -164,8 +163,6 @@ class MoEModel:
             if int(slots.min()) < 0 or int(slots.max()) >= cache.max_batch:
                 raise CacheCapacityExceeded(f"slots must lie in [0, {cache.max_batch})")
             kv_len = top + 1
-        else:
-            kv_len = cache.max_seq_len
         return self._decode(cache, slots, None, ids, positions, kv_len=kv_len, uniform=False)
 
     @torch.inference_mode()

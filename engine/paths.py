@@ -66,10 +66,9 @@ class EnginePath:
     cpu: str  # the CPU model the choice was made for
     reason: str  # "measured", "cached", "requested", "not applicable", or why the native path failed
     setup_s: float  # time this load spent building and measuring (0 when nothing was done)
-    speedups: tuple[tuple[int, float], ...] = ()  # (rows, eager time / native time) as measured
-    kernels: str = (
-        "none"  # the native library's loops ("avx512-vnni", "avx512", "avx2", "plain"); eager: "none"
-    )
+    speedups: Ratios = ()  # (rows, eager time / native time) as measured
+    # the native library's loops ("avx512-vnni", "avx512", "avx2", "plain"); eager: "none"
+    kernels: str = "none"
     activations: str = ""  # what the products read: "fp32", "bf16" (eager int8/int4) or "int8"
 
     def describe(self) -> str:
@@ -388,12 +387,12 @@ def _prefill_ratio(
     return _alternated(sides, 1, rounds, deadline)
 
 
-def _native_wins(speedups: tuple[tuple[int, float], ...]) -> bool:
+def _native_wins(speedups: Ratios) -> bool:
     """Native when it is faster over batch-1 and batch-8 together (geometric mean)."""
     return statistics.geometric_mean(x for _, x in speedups) > 1.0
 
 
-def _pairs(stored: Any) -> tuple[tuple[int, float], ...]:
+def _pairs(stored: Any) -> Ratios:
     """A verdict's [[n, ratio], ...] back as pairs; () for anything else (an older verdict)."""
     try:
         return tuple((int(n), float(x)) for n, x in stored)
