@@ -85,20 +85,27 @@ def _str_map(obj: Any, field: str, *, required: bool = True) -> dict[str, str]:
 
 
 def _time(value: Any, field: str) -> str:
+    """The time in one canonical spelling (UTC, microseconds), so that `...00Z` and
+    `...00.000Z` for the same instant give the same idempotency key."""
     if not isinstance(value, str):
         raise InvalidAlertmanagerPayload(field, "must be an RFC 3339 time string")
     try:
-        dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
+        t = dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
     except ValueError:
         # Alertmanager may send nanoseconds, which fromisoformat refuses: trim them.
         head, _, tail = value.partition(".")
-        digits = "".join(c for c in tail if c.isdigit())[:6]
-        zone = tail[len("".join(c for c in tail if c.isdigit())) :]
+        digits = "".join(c for c in tail if c.isascii() and c.isdigit())
+        zone = tail[len(digits) :]
         try:
-            dt.datetime.fromisoformat(f"{head}.{digits or '0'}{zone}".replace("Z", "+00:00"))
+            t = dt.datetime.fromisoformat(f"{head}.{digits[:6] or '0'}{zone}".replace("Z", "+00:00"))
         except ValueError:
             raise InvalidAlertmanagerPayload(field, f"not an RFC 3339 time: {value!r}") from None
-    return value
+    if t.tzinfo is None:
+        t = t.replace(tzinfo=dt.UTC)
+    try:
+        return t.astimezone(dt.UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
+    except OverflowError:  # 0001-01-01T00:00:00+01:00 has no UTC spelling
+        raise InvalidAlertmanagerPayload(field, f"out of range: {value!r}") from None
 
 
 def _action(labels: Mapping[str, str], field: str) -> ActionSpec | None:
@@ -112,12 +119,13 @@ def _action(labels: Mapping[str, str], field: str) -> ActionSpec | None:
     params: list[tuple[str, str | int]] = []
     for label, param in _PARAM_LABELS.items():
         if label in labels:
-            value: str | int = labels[label]
-            if param == "requests":
-                if not str(value).isdigit() or not 1 <= int(value) <= 10_000:
-                    raise InvalidAlertmanagerPayload(f"{field}.{label}", "must be an integer in 1..10000")
-                value = int(value)
-            params.append((param, value))
+            raw = labels[label]
+            if param != "requests":
+                params.append((param, raw))
+            elif raw.isascii() and raw.isdigit() and 1 <= int(raw) <= 10_000:  # "²".isdigit() too
+                params.append((param, int(raw)))
+            else:
+                raise InvalidAlertmanagerPayload(f"{field}.{label}", "must be an integer in 1..10000")
     if name == "hot_reload" and "infersight_version" not in labels:
         raise InvalidAlertmanagerPayload(
             f"{field}.infersight_version", "hot_reload needs the version to deploy"

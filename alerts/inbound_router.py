@@ -85,7 +85,7 @@ def alertmanager_router(
         raw = await request.body()
         try:
             body = json.loads(raw)
-        except (ValueError, UnicodeDecodeError) as exc:
+        except (ValueError, UnicodeDecodeError, RecursionError) as exc:  # RecursionError: [[[[...]]]]
             raise HTTPException(400, {"field": "body", "reason": f"not JSON: {exc}"}) from exc
         try:
             result = await run_in_threadpool(handler.handle, body)

@@ -193,7 +193,7 @@ _MATCHERS = re.compile(r"\{[^{}]*\}")
 _RANGE = re.compile(r"\[[^\[\]]*\]")
 _GROUPING = re.compile(r"\b(?:by|without|on|ignoring|group_left|group_right)\s*\([^()]*\)")
 _IDENT = re.compile(r"(?<![\w$.:])([A-Za-z_:][A-Za-z0-9_:]*)(\s*\()?")
-_LABEL_VALUES = re.compile(r"^\s*label_values\s*\((.*)\)\s*$", re.S)
+_LABEL_VALUES = re.compile(r"\s*label_values\s*\((.*)\)\s*", re.S)
 _KEYWORDS = frozenset(
     {
         "and",
@@ -226,7 +226,7 @@ def _strip(expr: str) -> str:
 
 def metric_names(expr: str) -> frozenset[str]:
     """Metric names in `expr`, a PromQL expression or `label_values([metric,] label)`."""
-    lv = _LABEL_VALUES.match(expr)
+    lv = _LABEL_VALUES.fullmatch(expr)
     if lv is not None:
         args = _strip(lv.group(1))
         if "," not in args:  # label_values(label): no metric

@@ -171,8 +171,8 @@ VERSION_RULE = (
     "(e.g. mixtral_banking_int8-v1.2)"
 )
 _NAME = re.compile(
-    r"^(?P<arch>[a-z][a-z0-9]*)_(?P<dataset>[a-z][a-z0-9]*)_(?P<quant>[a-z0-9]+)"
-    r"-v(?P<major>0|[1-9][0-9]*)\.(?P<minor>0|[1-9][0-9]*)$"
+    r"(?P<arch>[a-z][a-z0-9]*)_(?P<dataset>[a-z][a-z0-9]*)_(?P<quant>[a-z0-9]+)"
+    r"-v(?P<major>0|[1-9][0-9]*)\.(?P<minor>0|[1-9][0-9]*)"
 )
 _HASH_CHUNK = 1 << 20
 
@@ -189,7 +189,7 @@ class VersionName:
 
     @classmethod
     def parse(cls, name: str) -> VersionName:
-        match = _NAME.match(name) if isinstance(name, str) else None
+        match = _NAME.fullmatch(name) if isinstance(name, str) else None
         if match is None:
             raise InvalidVersionName(f"invalid version name {name!r}: {VERSION_RULE}")
         if match["quant"] not in QUANTS:

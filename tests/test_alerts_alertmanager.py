@@ -92,6 +92,12 @@ def runs(engine: Engine) -> int:
         ),
         (lambda b: b["alerts"][0]["labels"].update(severity=3), "alerts[0].labels.severity"),
         (lambda b: b["alerts"][0].update(status="maybe"), "alerts[0].status"),
+        # "²".isdigit() is true and int("²") raises: a 400, not a 500
+        (
+            lambda b: b["alerts"][0]["labels"].update(infersight_requests="²"),
+            "alerts[0].labels.infersight_requests",
+        ),
+        (lambda b: b["alerts"][0].update(startsAt="0001-01-01T00:00:00+01:00"), "alerts[0].startsAt"),
     ],
 )
 def test_malformed_payload_gets_400_with_the_field(
@@ -112,6 +118,28 @@ def test_non_json_body_and_missing_token_are_refused(sqlite_db: Engine, tmp_path
         )
         assert bad.status_code == 400 and bad.json()["detail"]["field"] == "body"
         assert client.post("/api/v1/alertmanager", json=payload()).status_code == 401
+
+
+def test_deeply_nested_body_is_a_400_not_a_recursion_error(sqlite_db: Engine, tmp_path: Path) -> None:
+    nested = b"[" * 100_000 + b"]" * 100_000
+    with TestClient(app_for(sqlite_db, tmp_path), raise_server_exceptions=False) as client:
+        r = client.post("/api/v1/alertmanager", content=nested, headers={"Authorization": f"Bearer {TOKEN}"})
+    assert r.status_code == 400 and r.json()["detail"]["field"] == "body", r.text
+    assert runs(sqlite_db) == 0
+
+
+def test_same_starts_at_spelled_differently_is_a_duplicate(sqlite_db: Engine, tmp_path: Path) -> None:
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    spellings = ["2027-01-15T08:00:00Z", "2027-01-15T08:00:00.000Z", "2027-01-15T09:00:00+01:00",
+                 "2027-01-15T08:00:00.000000000Z"]  # fmt: skip
+    with TestClient(app_for(sqlite_db, tmp_path)) as client:
+        answers = []
+        for starts_at in spellings:
+            body = payload()
+            body["alerts"][0]["startsAt"] = starts_at
+            answers.append(client.post("/api/v1/alertmanager", json=body, headers=auth).json())
+    assert [a["duplicates"] for a in answers] == [0, 1, 1, 1], answers
+    assert runs(sqlite_db) == 1
 
 
 def test_resend_and_ha_peer_copies_run_the_action_once(sqlite_db: Engine, tmp_path: Path) -> None:

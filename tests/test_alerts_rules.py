@@ -10,7 +10,7 @@ from infersight.alerts import RuleParseError, load_config
 from infersight.alerts.errors import InvalidMatcher
 from infersight.alerts.notify.matchers import parse_matcher
 from infersight.alerts.rules.config import parse_config
-from infersight.alerts.rules.rules import render
+from infersight.alerts.rules.rules import parse_duration, render
 
 GOOD_RULE = """\
 groups:
@@ -157,6 +157,14 @@ def test_annotation_templates_render_value_and_labels() -> None:
     assert render("{{ $value | humanizePercentage }}", {}, 0.125) == "12.5%"
     assert render("{{ $value | humanize }}B", {}, 52428800) == "52.43MB"
     assert render('{{ $value | printf "%.2f" }}', {}, 0.3333) == "0.33"
+
+
+def test_a_duration_with_a_trailing_newline_is_refused() -> None:
+    # `$` in re.match also matches before a final newline; every check is a full match
+    assert parse_duration("1h30m") == 5400
+    for text in ("5m\n", "5m\nrm"):
+        with pytest.raises(ValueError, match="not a duration"):
+            parse_duration(text)
 
 
 def test_matchers_follow_alertmanager_syntax() -> None:

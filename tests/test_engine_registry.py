@@ -60,6 +60,7 @@ def test_version_names_parse_and_format_back(name: str, parts: tuple[object, ...
         "mixtral_banking_int8_v1.2",
         "",
         "../etc_passwd_int8-v1.0",
+        "mixtral_banking_int8-v1.2\n",  # `$` matches before a final newline: the whole name must match
     ],
 )
 def test_bad_version_name_is_refused_with_the_rule(name: str) -> None:

@@ -74,6 +74,10 @@ def test_register_a_users_checkpoint_and_refuse_bad_input_in_one_line(
             ["models", "register", str(root), "Mixtral-support", str(ckpt)],
             "[arch]_[dataset]_[quant]",
         ),
+        "newline": (
+            ["models", "register", str(root), "mixtral_support_fp32-v2.0\n", str(ckpt)],
+            "[arch]_[dataset]_[quant]",
+        ),
         "exists": (
             ["models", "register", str(root), "mixtral_support_fp32-v2.0", str(ckpt)],
             "already registered",

@@ -69,6 +69,9 @@ def test_a_firing_alert_collects_the_next_requests_and_the_api_exports_them_reda
         assert bad_kind.status_code == 422 and bad_kind.json()["error"]["field"] == "query.kind"
         bad_since = client.get(f"/api/v1/dataset?version={V1}&since=someday", headers=auth())
         assert bad_since.status_code == 422 and bad_since.json()["error"]["field"] == "query.since"
+        for far in ("99999999999d", "9" * 60 + "w"):  # past year 1: OverflowError
+            r = client.get("/api/v1/dataset", params={"version": V1, "since": far}, headers=auth())
+            assert r.status_code == 422 and r.json()["error"]["field"] == "query.since", (far, r.text)
         missing = client.get("/api/v1/dataset", headers=auth())
         assert missing.status_code == 422 and missing.json()["error"]["field"] == "query.version"
         none = client.get("/api/v1/dataset?version=no-such-version", headers=auth())

@@ -50,7 +50,7 @@ __all__ = [
 
 
 MatchOp = Literal["=", "!=", "=~", "!~"]
-_FORM = re.compile(r"^\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*(=~|!~|!=|=)\s*(.*?)\s*$")
+_FORM = re.compile(r"\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*(=~|!~|!=|=)\s*(.*?)\s*")
 _RE2_OPTIONS = re2.Options()
 _RE2_OPTIONS.log_errors = False  # a bad pattern becomes InvalidMatcher, not a line on stderr
 
@@ -96,7 +96,7 @@ class Matcher:
 
 def parse_matcher(text: str) -> Matcher:
     """`name op value`, value optionally in double quotes."""
-    m = _FORM.match(text)
+    m = _FORM.fullmatch(text)
     if m is None:
         raise InvalidMatcher(f'not a matcher: {text!r} (expected e.g. severity="critical")')
     name, op, value = m.groups()

@@ -170,7 +170,7 @@ def parse_retry_after(value: str | None, now: dt.datetime) -> float | None:
     if not value:
         return None
     value = value.strip()
-    if value.isdigit():
+    if value.isascii() and value.isdigit():
         return float(value)
     try:
         when = email.utils.parsedate_to_datetime(value)
@@ -376,7 +376,7 @@ def verify(secret: str, headers: Mapping[str, str], body: bytes, *, now: float) 
     msg_id, ts, sigs = h.get("webhook-id"), h.get("webhook-timestamp"), h.get("webhook-signature")
     if not msg_id or not ts or not sigs:
         raise ValueError("missing webhook-id, webhook-timestamp or webhook-signature")
-    if not ts.isdigit():
+    if not (ts.isascii() and ts.isdigit()):
         raise ValueError("webhook-timestamp is not integer seconds")
     if abs(now - int(ts)) > SIGNATURE_TOLERANCE_S:
         raise ValueError("webhook-timestamp outside the tolerance")

@@ -173,12 +173,12 @@ def iter_items(seq: MarkedList) -> Iterator[tuple[int, int, Any]]:
 
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0, "y": 31536000.0}
 _PART = re.compile(r"(\d+)(ms|s|m|h|d|w|y)")
-_WHOLE = re.compile(r"^(?:\d+(?:ms|s|m|h|d|w|y))+$")
+_WHOLE = re.compile(r"(?:\d+(?:ms|s|m|h|d|w|y))+")
 
 
 def parse_duration(text: str) -> float:
     """Seconds in `text`; raises ValueError naming the accepted form."""
-    if not isinstance(text, str) or not _WHOLE.match(text):
+    if not isinstance(text, str) or not _WHOLE.fullmatch(text):
         raise ValueError(f"not a duration: {text!r} (use e.g. 30s, 5m, 1h30m)")
     return sum(int(n) * _UNITS[u] for n, u in _PART.findall(text))
 
@@ -287,8 +287,8 @@ class RuleGroup:
 
 
 _ACTION = re.compile(r"\{\{\s*(.*?)\s*\}\}")
-_HEAD = re.compile(r"^\$(value|labels\.([a-zA-Z_][a-zA-Z0-9_]*))$")
-_PRINTF = re.compile(r'^printf\s+"(%[-+ 0#]?\d*(?:\.\d+)?[dfegs])"$')
+_HEAD = re.compile(r"\$(value|labels\.([a-zA-Z_][a-zA-Z0-9_]*))")
+_PRINTF = re.compile(r'printf\s+"(%[-+ 0#]?\d*(?:\.\d+)?[dfegs])"')
 TEMPLATE_PIPES = ("humanize", "humanizePercentage", "humanizeDuration", 'printf "<fmt>"')
 
 
@@ -323,7 +323,7 @@ def _pipe(value: float, pipe: str) -> str:
         return f"{value * 100:.4g}%"
     if pipe == "humanizeDuration":
         return _humanize_duration(value)
-    m = _PRINTF.match(pipe)
+    m = _PRINTF.fullmatch(pipe)
     if m is None:
         raise ValueError(f"unknown template function {pipe!r} (known: {', '.join(TEMPLATE_PIPES)})")
     return m.group(1) % value
@@ -331,7 +331,7 @@ def _pipe(value: float, pipe: str) -> str:
 
 def _action(expr: str, labels: Mapping[str, str], value: float) -> str:
     head, *pipes = [p.strip() for p in expr.split("|")]
-    m = _HEAD.match(head)
+    m = _HEAD.fullmatch(head)
     if m is None:
         raise ValueError(f"unknown template expression {head!r} (use $value or $labels.NAME)")
     if m.group(2) is not None:

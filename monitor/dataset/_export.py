@@ -163,17 +163,20 @@ def _fill_one(engine: Engine, c: Any, now: dt.datetime) -> int:
 KINDS = ("drifted", "novel", "failed", "snapshot", "collected")
 Redactor = Callable[[str], str]
 _UNLIMITED = 1 << 62  # the export keeps whole texts: only the redact hook applies
-_DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhdw])$")
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhdw])")
 _SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 
 
 def parse_since(value: str, *, now: dt.datetime | None = None) -> dt.datetime:
     """An ISO 8601 time (naive means UTC) or a duration back from `now` (`90m`, `2h`, `7d`)."""
     text = value.strip()
-    m = _DURATION.match(text)
+    m = _DURATION.fullmatch(text)
     if m:
         now = now or dt.datetime.now(dt.UTC)
-        return now - dt.timedelta(seconds=float(m.group(1)) * _SECONDS[m.group(2)])
+        try:  # `99999999999d` reaches past year 1: a bad value, not a server error
+            return now - dt.timedelta(seconds=float(m.group(1)) * _SECONDS[m.group(2)])
+        except (OverflowError, ValueError):
+            raise InvalidSince(value) from None
     try:
         t = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
     except ValueError:

@@ -223,7 +223,7 @@ class HttpSink:
             if response.status_code not in _RETRY_STATUS:
                 raise SinkRejected(f"{self.url} refused the batch: {problem}")
             retry_after = response.headers.get("Retry-After", "")
-            if retry_after.isdigit():
+            if retry_after.isascii() and retry_after.isdigit():
                 problem = f"retry-after:{retry_after}"
         raise SinkUnavailable(f"{self.url}: {self._retries + 1} attempts failed; last: {problem}")
 

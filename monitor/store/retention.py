@@ -27,7 +27,7 @@ __all__ = ["RetentionPolicy", "RetentionResult", "enforce_retention", "prune_sna
 
 _SNAPSHOT_SUFFIXES = (".html", ".json", ".tmp")
 # the snapshot ids take_snapshot makes (alerts/actions/evidence.py): other files are never touched
-_SNAPSHOT_ID = re.compile(r"^\d{8}T\d{6}Z-[0-9a-f]{8}$")
+_SNAPSHOT_ID = re.compile(r"\d{8}T\d{6}Z-[0-9a-f]{8}")
 _FILE_GRACE_S = 3600.0  # a file this young may belong to a snapshot whose row is being written
 
 
@@ -129,7 +129,7 @@ def prune_snapshot_files(
     old: dict[str, list[Path]] = {}
     for p in entries:
         stem = Path(p.stem).stem if p.suffix == ".tmp" else p.stem  # <id>.json.tmp: an interrupted write
-        if not _SNAPSHOT_ID.match(stem):
+        if not _SNAPSHOT_ID.fullmatch(stem):
             continue
         try:
             if p.stat().st_mtime < cutoff:
