@@ -102,7 +102,6 @@ def _spawn(name: str, root: Path, registry: Path, database_url: str, rules: Path
             {
                 "data_dir": str(root / name),
                 "port": port,
-                "token": TOKEN,
                 "database_url": database_url,
                 "engine": {
                     "registry": str(private_copy(registry, root / f"{name}-registry")),
@@ -115,7 +114,7 @@ def _spawn(name: str, root: Path, registry: Path, database_url: str, rules: Path
         )
     )
     log = root / f"{name}.log"
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "INFERSIGHT_TOKEN": TOKEN}
     with log.open("wb") as out:
         process = subprocess.Popen(
             [sys.executable, "-m", "infersight.monitor.cli", "serve", "--config", str(config)],

@@ -53,7 +53,7 @@ limits: {max_body_bytes: 1048576}
         ("schedule: {rules_s: 0}", "schedule.rules_s"),
         ("upstream: {url: ftp://x}", "upstream.url"),
         ("engine: {registry: m}\nupstream: {url: 'http://x'}", "upstream"),
-        ("token: short", "token"),
+        ("token: short", "token"),  # refused wherever it came from: a token is never in the file
         ("retention: {requests_days: -3}", "retention"),
         ("[1, 2", "line 1"),
     ],
@@ -72,3 +72,15 @@ def test_serve_reports_config_errors_as_one_line(tmp_path: Path, capsys: pytest.
     assert "without a token" in capsys.readouterr().err
     assert main(["serve", "--config", str(tmp_path / "missing.yaml")]) == 2
     assert "cannot read" in capsys.readouterr().err
+
+
+def test_a_token_in_the_config_file_is_refused_with_where_it_goes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = _write(tmp_path, "token: a-long-enough-secret-token\nport: 8321")
+    with pytest.raises(ConfigInvalid, match="INFERSIGHT_TOKEN"):
+        load_config(path, {"INFERSIGHT_TOKEN": "s3cret-token-from-the-env"})
+    assert main(["serve", "--config", str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "token: the token does not go in the config file" in err, err
+    assert "a-long-enough-secret-token" not in err

@@ -241,6 +241,11 @@ def load_config(path: str | Path | None, env: Mapping[str, str] | None = None) -
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}" if mark is not None else "config"
         raise ConfigInvalid(where, f"not valid YAML: {getattr(exc, 'problem', exc)}", source=source) from exc
+    if isinstance(data, dict) and "token" in data:  # a file is copied, committed and shown: no secrets
+        raise ConfigInvalid(
+            "token", f"the token does not go in the config file: set ${ENV_TOKEN} in the service's "
+            "environment (on loopback, without it, one is generated in DATA_DIR/api-token)", source=source,
+        )  # fmt: skip
     return config_from_mapping(data or {}, env=env, base=Path(path).resolve().parent, source=source)
 
 
