@@ -91,7 +91,9 @@ class Service:
         self.config = config
         self.clock = clock
         self.data_dir = Path(config.data_dir).expanduser().resolve()
-        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)  # it holds users' text
+        if self.data_dir.stat().st_mode & 0o077:
+            log.warning("data directory %s is open to other users; chmod 700 it", self.data_dir)
         self.token = config.token or load_or_create_token(self.data_dir)
         self.database_url = config.database_url or sqlite_url(self.data_dir)
         self.db: Engine = connect(self.database_url)

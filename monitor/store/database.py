@@ -79,7 +79,7 @@ def connect(url: str, **engine_kwargs: Any) -> Engine:
         url = "postgresql+psycopg://" + url.split("://", 1)[1]
     if url.startswith("sqlite"):
         if url.startswith("sqlite:///") and url != "sqlite:///:memory:":
-            Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+            _private_sqlite_files(Path(url.removeprefix("sqlite:///").partition("?")[0]))
         engine = create_engine(url, connect_args={"timeout": 30, "check_same_thread": False}, **engine_kwargs)
 
         @event.listens_for(engine, "connect")
@@ -93,6 +93,22 @@ def connect(url: str, **engine_kwargs: Any) -> Engine:
 
         return engine
     return create_engine(url, pool_pre_ping=True, **engine_kwargs)
+
+
+def _private_sqlite_files(path: Path) -> None:
+    """The database holds users' prompts and answers: its folder is made 0700 when created
+    here, and the file is created 0600 before SQLite opens it, so the `-wal` and `-shm`
+    files SQLite creates take the same mode. Files left more open by an older version are
+    narrowed to 0600."""
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    os.close(fd)
+    for p in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
+        try:
+            if p.stat().st_mode & 0o077:
+                p.chmod(0o600)
+        except OSError:  # absent, or not ours to change: SQLite reports what matters
+            pass
 
 
 _MIGRATION_LOCK_KEY = 0x1F5E_0001  # pg advisory lock id for "infersight migrations"
