@@ -195,6 +195,27 @@ def test_cli_export_writes_jsonl_with_the_configs_redact_hook(
     assert capsys.readouterr().out.strip() == f"wrote 1 requests of {V2} with text to {out}"
 
 
+def test_cli_export_through_a_planted_symlink_or_open_temp_file_neither_follows_nor_exposes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data = _cli_store(tmp_path)
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep me\n")
+    out = tmp_path / "out.jsonl"
+    (tmp_path / "out.jsonl.tmp").symlink_to(victim)  # what the old fixed temp name would follow
+    assert main(["dataset", "export", "--version", V2, "--data-dir", str(data), str(out)]) == 0
+    assert victim.read_text() == "keep me\n"
+    assert "ann@example.org" in out.read_text() and stat.S_IMODE(out.stat().st_mode) == 0o600
+    assert sorted(p.name for p in tmp_path.iterdir() if ".tmp" in p.name) == ["out.jsonl.tmp"]
+
+    (tmp_path / "out.jsonl.tmp").unlink()
+    (tmp_path / "out.jsonl.tmp").write_text("")  # a world-readable file left at the old temp name
+    (tmp_path / "out.jsonl.tmp").chmod(0o644)
+    out.unlink()
+    assert main(["dataset", "export", "--version", V2, "--data-dir", str(data), str(out)]) == 0
+    assert stat.S_IMODE(out.stat().st_mode) == 0o600
+
+
 def test_cli_export_with_no_matching_rows_writes_an_empty_file_and_exits_0_with_a_note(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -35,6 +35,7 @@ import importlib
 import json
 import os
 import re
+import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -363,9 +364,11 @@ def export_dataset(
 ) -> ExportResult:
     """Write `out` (JSONL, mode 0600: it holds user text) atomically; no rows: an empty file."""
     path = Path(out)
-    tmp = path.with_name(path.name + ".tmp")
     rows = failed = 0
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    # a new name beside the target, created O_EXCL|O_NOFOLLOW with mode 0600 (mkstemp): a
+    # symlink or an open file planted at a fixed `OUT.tmp` can neither redirect nor expose it
+    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    tmp = Path(name)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             for obj in iter_dataset(engine, query, redact=redact):
