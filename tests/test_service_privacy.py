@@ -11,7 +11,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from _demo_registry import GOOD, private_copy, shared_demo_registry
 from _service_support import auth, config, event, running
+from infersight.monitor.service import EngineConfig
 
 
 @pytest.fixture
@@ -50,3 +52,20 @@ def test_database_files_left_world_readable_are_narrowed_on_start(tmp_path: Path
     db.chmod(0o644)
     with running(cfg):
         assert _mode(db) == 0o600
+
+
+def test_checkpoint_paths_are_listed_only_with_the_token(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    tmp = tmp_path_factory.mktemp("paths")
+    registry = private_copy(shared_demo_registry(tmp_path_factory), tmp / "registry")
+    cfg = config(tmp, engine=EngineConfig(registry=registry, version=GOOD, max_batch_size=2, max_seq_len=128,
+                                          max_prompt_tokens=64, max_tokens_limit=8))  # fmt: skip
+    with running(cfg) as (_app, client):
+        full = client.get("/api/v1/models", headers=auth()).json()
+        paths = {v["name"]: v["path"] for v in full["versions"]}
+        assert Path(paths[GOOD]).is_absolute() and Path(paths[GOOD]).exists()
+        open_list = client.get("/api/v1/models")
+        assert open_list.status_code == 200 and open_list.json()["serving_version"] == GOOD
+        assert all("path" not in v for v in open_list.json()["versions"])
+        assert not any(p in open_list.text for p in paths.values()) and "/tmp/" not in open_list.text

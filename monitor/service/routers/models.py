@@ -36,7 +36,7 @@ from sqlalchemy import select
 from starlette.concurrency import run_in_threadpool
 
 from ..errors import BackendUnavailable, NoRuntime
-from ..http_edge import json_time, require_token
+from ..http_edge import json_time, require_token, token_matches
 from ..openai_api import ChatRequest, CompletionRequest, ObservedRequest
 from . import get_service
 
@@ -217,12 +217,16 @@ async def list_versions(request: Request) -> dict[str, Any]:
     runtime = getattr(backend, "runtime", None)
     versions: list[dict[str, Any]] = []
     serving = None
+    # where the checkpoints lie on disk tells an attacker about the host: with the token only
+    with_token = token_matches(request.app.state.token, request.headers.get("authorization"))
     if runtime is not None:
         serving = runtime.serving_version
         infos = await run_in_threadpool(runtime.registry.versions)
         for v in infos:
             item = v.to_json()
             item.pop("files", None)
+            if not with_token:
+                item.pop("path", None)
             item["serving"] = v.name == serving
             versions.append(item)
     history = await run_in_threadpool(recent_deploys, service.db)
