@@ -26,6 +26,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import yaml
+from infersight.monitor.redaction import redact_text
 
 from ._dashboard import DASHBOARD_UID, build_dashboard
 
@@ -204,11 +205,11 @@ def push_dashboard(
     except (GrafanaClientError, GrafanaServerError) as exc:
         raise GrafanaRejected(int(exc.status_code), _reason(exc.response, exc.message)) from exc
     except GrafanaException as exc:  # timeouts and transport errors that grafana-client wraps
-        raise GrafanaUnreachable(f"no answer from Grafana at {url}: {exc.message}") from exc
+        raise GrafanaUnreachable(redact_text(f"no answer from Grafana at {url}: {exc.message}")) from exc
     except OSError as exc:  # connection refused, unknown host (niquests' errors are OSErrors)
-        raise GrafanaUnreachable(f"cannot reach Grafana at {url}: {_root_cause(exc)}") from exc
+        raise GrafanaUnreachable(redact_text(f"cannot reach Grafana at {url}: {_root_cause(exc)}")) from exc
     except ValueError as exc:  # a 2xx answer whose body is not JSON: not Grafana's API
-        raise GrafanaPushFailed(f"{url} did not answer like Grafana's HTTP API: {exc}") from exc
+        raise GrafanaPushFailed(redact_text(f"{url} did not answer like Grafana's HTTP API: {exc}")) from exc
     if not isinstance(answer, dict) or "uid" not in answer:
         raise GrafanaPushFailed(f"unexpected answer from Grafana: {str(answer)[:200]}")
     return PushResult(

@@ -23,18 +23,19 @@ PACKAGES = ("engine", "collectors", "monitor", "alerts", "dashboards")
 ALLOWED: dict[str, set[str]] = {
     "engine": set(),
     "monitor.records": set(),
+    "monitor.redaction": set(),  # credentials and query strings out of logs and errors (stdlib)
     "monitor.extras": set(),  # which extra each part needs: every package's __init__ asks it
     "monitor.store": {"monitor.extras"},
     "monitor.data": set(),
-    "dashboards": {"monitor.extras"},
+    "dashboards": {"monitor.extras", "monitor.redaction"},
     "collectors": {"monitor.records", "engine.events"},
-    "monitor.sdk": {"monitor.records", "collectors"},
+    "monitor.sdk": {"monitor.records", "monitor.redaction", "collectors"},
     "monitor": {"monitor.sdk"},  # monitor/__init__ re-exports the SDK
     "monitor.drift": {"monitor.store", "monitor.extras"},
     "monitor.dataset": {"monitor.store", "monitor.sdk", "monitor.extras"},
     # alerts reads collectors' DURATION_BUCKETS: an SLO's latency threshold must be a
     # bucket bound of the histogram Prometheus computes it from (alerts/rules/config.py)
-    "alerts": {"monitor.store", "monitor.records", "collectors", "monitor.extras"},
+    "alerts": {"monitor.store", "monitor.records", "monitor.redaction", "collectors", "monitor.extras"},
 }
 COMPOSERS = ("monitor.service", "monitor.cli")
 AREAS = sorted([*ALLOWED, *COMPOSERS], key=len, reverse=True)

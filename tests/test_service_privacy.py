@@ -5,15 +5,24 @@ checkpoint paths are shown only with the token."""
 
 from __future__ import annotations
 
+import http.server
+import logging
 import os
 import stat
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from _demo_registry import GOOD, private_copy, shared_demo_registry
 from _service_support import auth, config, event, running
+from conftest import free_port
+from infersight.alerts import HttpxSender
+from infersight.alerts.errors import DeliveryFailed
+from infersight.alerts.notify.receivers import HttpRequest
+from infersight.monitor.redaction import QUIET_LOGGERS, install_log_redaction, redact_text
 from infersight.monitor.service import EngineConfig
+from infersight.monitor.service.config import UpstreamConfig
 
 
 @pytest.fixture
@@ -69,3 +78,106 @@ def test_checkpoint_paths_are_listed_only_with_the_token(
         assert open_list.status_code == 200 and open_list.json()["serving_version"] == GOOD
         assert all("path" not in v for v in open_list.json()["versions"])
         assert not any(p in open_list.text for p in paths.values()) and "/tmp/" not in open_list.text
+
+
+# -- credentials and query strings out of logs and errors ------------------------------------------
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        (
+            "https://user:pa55@hooks.example.com/services/x?key=k1#frag",
+            "https://***@hooks.example.com/services/x?***",
+        ),
+        ("http://127.0.0.1:9/v1", "http://127.0.0.1:9/v1"),
+        ("postgresql://app:pw@db:5432/infersight", "postgresql://***@db:5432/infersight"),
+        ("sent to 'https://h.example/a?token=t' twice", "sent to 'https://h.example/a?***' twice"),
+    ],
+)
+def test_urls_lose_their_credentials_and_query_strings(url: str, shown: str) -> None:
+    assert redact_text(url) == shown
+
+
+@pytest.fixture
+def log_redaction() -> Iterator[None]:
+    """install_log_redaction as `infersight serve` calls it, undone afterwards."""
+    factory = logging.getLogRecordFactory()
+    levels = {name: logging.getLogger(name).level for name in QUIET_LOGGERS}
+    install_log_redaction()
+    try:
+        yield
+    finally:
+        logging.setLogRecordFactory(factory)
+        for name, level in levels.items():
+            logging.getLogger(name).setLevel(level)
+
+
+class _Hook(http.server.BaseHTTPRequestHandler):
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        self.send_response(204)
+        self.end_headers()
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def hook_url() -> Iterator[str]:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Hook)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://alice:pa55w0rd@127.0.0.1:{server.server_address[1]}/hook?key=SECRETKEY"
+    finally:
+        server.shutdown()
+        thread.join(timeout=10)
+
+
+def test_a_webhook_delivery_logs_no_url_credentials_or_key(
+    hook_url: str, log_redaction: None, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)  # the service's default level
+    sender = HttpxSender()
+    try:
+        assert (
+            sender.send(HttpRequest(hook_url, b"{}", (("content-type", "application/json"),))).status == 204
+        )
+        logging.getLogger("httpx").warning("retrying %s", hook_url)  # one that passes the level
+        try:
+            raise RuntimeError(f"cannot post to {hook_url}")
+        except RuntimeError:
+            logging.getLogger("infersight.test").exception("delivery failed")
+    finally:
+        sender.close()
+    text = caplog.text + "".join(r.exc_text or "" for r in caplog.records)
+    assert "retrying http://***@127.0.0.1" in text and "cannot post to http://***@127.0.0.1" in text
+    assert "pa55w0rd" not in text and "SECRETKEY" not in text and "alice" not in text
+    assert not [
+        r for r in caplog.records if r.name.startswith(("httpx", "httpcore")) and r.levelno < logging.WARNING
+    ]
+
+
+def test_an_unreachable_webhook_fails_without_the_credentials_in_the_error() -> None:
+    sender = HttpxSender()
+    try:
+        with pytest.raises(DeliveryFailed) as info:
+            sender.send(
+                HttpRequest(f"http://bob:hunter2@127.0.0.1:{free_port()}/h?key=K", b"{}", timeout_s=2)
+            )
+        bad = HttpRequest("http://bob:hunter2@127.0.0.1:99999/h?key=K", b"{}")
+        with pytest.raises(DeliveryFailed) as port:
+            sender.send(bad)
+    finally:
+        sender.close()
+    for exc in (info.value, port.value):
+        assert "hunter2" not in str(exc) and "key=K" not in str(exc), exc
+
+
+def test_proxy_error_to_an_unauthenticated_client_hides_the_upstream_credentials(tmp_path: Path) -> None:
+    upstream = f"http://svc:upstream-pass@127.0.0.1:{free_port()}/openai?api-key=UPKEY"
+    with running(config(tmp_path, upstream=UpstreamConfig(url=upstream, timeout_s=5))) as (_app, client):
+        for path, body in (("/v1/completions", {"model": "m", "prompt": "hi"}), ("/v1/models", None)):
+            r = client.request("POST" if body else "GET", path, json=body)
+            assert r.status_code in (502, 503, 504), (path, r.status_code, r.text)
+            assert "upstream-pass" not in r.text and "UPKEY" not in r.text and "svc:" not in r.text, r.text
+            assert "127.0.0.1" in r.text  # still says which upstream

@@ -56,6 +56,7 @@ from typing import Any, Protocol, runtime_checkable
 from urllib.parse import urlsplit
 
 import httpx
+from infersight.monitor.redaction import redact_text
 from sqlalchemy import Engine
 
 from ..errors import DeliveryFailed
@@ -144,7 +145,7 @@ class HttpxSender:
     def send(self, request: HttpRequest) -> HttpResponse:
         problem = url_problem(request.url)  # e.g. port 99999, which httpx would try as 34463
         if problem is not None:
-            raise DeliveryFailed(problem, retryable=False)
+            raise DeliveryFailed(redact_text(problem), retryable=False)
         try:
             r = self._client.request(
                 request.method,
@@ -154,11 +155,15 @@ class HttpxSender:
                 timeout=request.timeout_s,
             )
         except (httpx.InvalidURL, httpx.UnsupportedProtocol) as exc:  # InvalidURL is no HTTPError
-            raise DeliveryFailed(f"invalid url {request.url!r}: {exc}", retryable=False) from exc
+            raise DeliveryFailed(redact_text(f"invalid url {request.url!r}: {exc}"), retryable=False) from exc
         except httpx.TimeoutException as exc:
-            raise DeliveryFailed(f"timeout after {request.timeout_s:g}s: {exc}", retryable=True) from exc
+            raise DeliveryFailed(
+                redact_text(f"timeout after {request.timeout_s:g}s: {exc}"), retryable=True
+            ) from exc
         except httpx.HTTPError as exc:
-            raise DeliveryFailed(f"connection error: {type(exc).__name__}: {exc}", retryable=True) from exc
+            raise DeliveryFailed(
+                redact_text(f"connection error: {type(exc).__name__}: {exc}"), retryable=True
+            ) from exc
         return HttpResponse(r.status_code, {k.lower(): v for k, v in r.headers.items()}, r.content)
 
     def close(self) -> None:

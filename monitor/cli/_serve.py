@@ -99,11 +99,13 @@ def build_config(args: argparse.Namespace, env: dict[str, str]) -> Any:
 
 def _serve(args: argparse.Namespace) -> int:
     import uvicorn
+    from infersight.monitor.redaction import install_log_redaction
     from infersight.monitor.service import Service, ServiceError, create_app
     from infersight.monitor.store import StoreError
 
     cfg = build_config(args, dict(os.environ))
     logging.basicConfig(level=cfg.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    install_log_redaction()  # no credentials or query strings in any line; httpx & co. at WARNING
     logging.getLogger("apscheduler").setLevel(logging.ERROR)  # skipped runs are counted in /metrics
     try:
         service = Service(cfg)

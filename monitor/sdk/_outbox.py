@@ -28,6 +28,7 @@ from typing import Any
 import httpx
 import orjson
 from infersight.monitor.records import InferenceRecord
+from infersight.monitor.redaction import redact_url
 
 from ._config import SDKConfig, SDKConfigError, SDKCounters, SinkRejected, SinkUnavailable
 
@@ -221,11 +222,11 @@ class HttpSink:
                 return _refused(response, len(records))
             problem = f"HTTP {response.status_code}: {response.text[:200]}"
             if response.status_code not in _RETRY_STATUS:
-                raise SinkRejected(f"{self.url} refused the batch: {problem}")
+                raise SinkRejected(f"{redact_url(self.url)} refused the batch: {problem}")
             retry_after = response.headers.get("Retry-After", "")
             if retry_after.isascii() and retry_after.isdigit():
                 problem = f"retry-after:{retry_after}"
-        raise SinkUnavailable(f"{self.url}: {self._retries + 1} attempts failed; last: {problem}")
+        raise SinkUnavailable(f"{redact_url(self.url)}: {self._retries + 1} attempts failed; last: {problem}")
 
     def _delay(self, attempt: int, problem: str) -> float:
         if problem.startswith("retry-after:"):

@@ -40,6 +40,7 @@ import httpx
 import orjson
 from fastapi.responses import Response, StreamingResponse
 from infersight.monitor.records import CANCELLED, CLIENT_ERROR
+from infersight.monitor.redaction import redact_url
 from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -154,7 +155,7 @@ class ProxyBackend:
             resp = await self.client.get("/v1/models", headers=self._headers({}))
         except httpx.HTTPError as exc:
             raise UpstreamUnreachable(
-                f"upstream {self.config.url} did not answer: {type(exc).__name__}"
+                f"upstream {redact_url(self.config.url)} did not answer: {type(exc).__name__}"
             ) from None
         return Response(
             resp.content, status_code=resp.status_code, media_type=resp.headers.get("content-type")
@@ -192,7 +193,7 @@ class ProxyBackend:
             self.metrics.proxy_errors.labels(kind).inc()
             self._record(rid, req.model, timer, None, None, kind, prompt, None)
             raise UpstreamUnreachable(
-                f"upstream {self.config.url} did not answer: {type(exc).__name__}"
+                f"upstream {redact_url(self.config.url)} did not answer: {type(exc).__name__}"
             ) from None
         content_type = upstream.headers.get("content-type", "application/json")
         if upstream.status_code != 200 or not content_type.startswith("text/event-stream"):
@@ -201,7 +202,7 @@ class ProxyBackend:
             except httpx.HTTPError as exc:
                 self._record(rid, req.model, timer, None, None, "UpstreamUnreachable", prompt, None)
                 raise UpstreamUnreachable(
-                    f"upstream {self.config.url} broke off: {type(exc).__name__}"
+                    f"upstream {redact_url(self.config.url)} broke off: {type(exc).__name__}"
                 ) from None
             finally:
                 await upstream.aclose()
@@ -365,7 +366,7 @@ class UpstreamQueueScraper:
                 raise _ScrapeFailed("unparsable", str(exc)[:200]) from exc
         except _ScrapeFailed as exc:
             self.errors.labels(exc.reason).inc()
-            log.debug("upstream metrics at %s: %s", self.url, exc)
+            log.debug("upstream metrics at %s: %s", redact_url(self.url), exc)
             depths = {}
         return self._apply(depths)
 
