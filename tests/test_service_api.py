@@ -180,6 +180,25 @@ def test_the_page_timeseries_fills_with_one_point_per_tick(tmp_path: Path) -> No
         }
 
 
+@pytest.mark.parametrize("tick_s", [1.0, 5.0, 7.0])
+def test_the_requests_per_s_chart_reads_a_steady_rate_within_ten_percent(tick_s: float) -> None:
+    from infersight.collectors import InferenceStats
+    from infersight.monitor.service.metrics import timeseries_point
+
+    now = [1000.0]
+    stats = InferenceStats(clock=lambda: now[0])  # 10 s intervals, as served
+    readings = []
+    for i in range(5 * 120):  # 5.00 requests/s for two minutes, one every 0.2 s
+        now[0] += 0.2
+        stats.add(model="m", model_version="m-v1", duration_s=0.05, error_type="Boom" if i % 5 == 0 else None)
+        if i > 5 * 20 and round(now[0] / 0.2) % round(tick_s / 0.2) == 0:  # a tick, after 20 s
+            readings.append(timeseries_point(stats, None, None, window_s=60, tick_s=tick_s))
+    assert len(readings) >= 10
+    rates = [r["requests_per_s"] for r in readings]
+    assert all(abs(rate - 5.0) <= 0.5 for rate in rates), rates  # was a sawtooth from 10 to 55
+    assert all(abs(r["errors_per_s"] - 1.0) <= 0.1 + 1e-9 for r in readings), readings
+
+
 def test_stored_requests_read_back_exactly_as_sent(tmp_path: Path) -> None:
     import datetime as dt
 

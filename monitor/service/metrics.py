@@ -308,11 +308,14 @@ def timeseries_point(
         point["latency_p95_s"] = stats.quantile("request_duration", 0.95, w)
         point["latency_p99_s"] = stats.quantile("request_duration", 0.99, w)
         point["ttft_p95_s"] = stats.quantile("ttft", 0.95, w)
-        rate_window = min(max(tick_s, 1.0), stats.window_s)
-        point["requests_per_s"] = stats.count(rate_window) / rate_window
-        point["errors_per_s"] = stats.count(rate_window, errors_only=True) / rate_window
-        point["client_errors_per_s"] = stats.count(rate_window, outcome="client_error") / rate_window
-        point["cancelled_per_s"] = stats.count(rate_window, outcome="cancelled") / rate_window
+        # at least one whole interval back: a rate over a fraction of one counts few requests
+        interval = float(getattr(getattr(stats, "local", stats), "interval_s", 1.0))
+        rate_window = min(max(tick_s, interval, 1.0), stats.window_s)
+        span = _counted_span(stats, rate_window)
+        point["requests_per_s"] = stats.count(rate_window) / span
+        point["errors_per_s"] = stats.count(rate_window, errors_only=True) / span
+        point["client_errors_per_s"] = stats.count(rate_window, outcome="client_error") / span
+        point["cancelled_per_s"] = stats.count(rate_window, outcome="cancelled") / span
     if gpu is not None:
         samples: Mapping[int, Any] = gpu.latest()
         activity = [s.sm_activity for s in samples.values() if getattr(s, "sm_activity", None) is not None]
@@ -326,3 +329,17 @@ def timeseries_point(
         rss = getattr(sample, "rss_bytes", None) if sample is not None else None
         point["process_rss_bytes"] = None if rss is None else float(rss)
     return point
+
+
+def _counted_span(stats: Any, window_s: float) -> float:
+    """The seconds that `stats.count(window_s)` counts: whole intervals from the one that
+    holds `now - window_s` up to now (10 s each by default), not `window_s` itself. Dividing
+    by `window_s` read a steady 5 req/s as a sawtooth up to 55."""
+    local = getattr(stats, "local", stats)  # MergedStats: the intervals are this process's
+    interval = float(getattr(local, "interval_s", 0.0) or 0.0)
+    clock = getattr(local, "clock", None)
+    if interval <= 0 or clock is None:
+        return window_s
+    now = float(clock())
+    first = math.floor((now - window_s) / interval) * interval
+    return max(now - first, window_s)
