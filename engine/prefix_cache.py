@@ -24,6 +24,12 @@ use (`pip install infersight[redis]`). A block is stored under `<key_prefix><ver
 as safetensors bytes (keys and values), optionally with a TTL; a lookup fetches a whole
 chain in one MGET, a store writes all new blocks in one pipeline.
 
+Each stored value is bound to its key: it begins with a SHA-256 of the key (which names the
+version and the whole prefix through the chained hash) and of the block's bytes, checked on
+every read. A value copied in Redis from prompt B's key to prompt A's key, truncated or
+altered, is `REJECTED`: a miss, counted (`shared_rejected`), never B's keys and values
+served to A.
+
 Any failure (refused, timed out, a bad payload) raises `SharedTierUnavailable`, which the
 cache counts and serves around. After a failure the tier is skipped for `retry_s`, so an
 unreachable Redis costs one short timeout per `retry_s`, not one per request.
@@ -32,6 +38,7 @@ unreachable Redis costs one short timeout per `retry_s`, not one per request.
 from __future__ import annotations
 
 import hashlib
+import logging
 import threading
 import time
 from collections import OrderedDict
@@ -46,6 +53,7 @@ from safetensors.torch import save as save_tensors
 from .errors import SharedTierUnavailable
 
 __all__ = [
+    "REJECTED",
     "KVBlock",
     "PrefixCache",
     "PrefixCacheStats",
@@ -56,13 +64,24 @@ __all__ = [
 ]
 
 
+log = logging.getLogger(__name__)
+
 KVBlock = tuple[torch.Tensor, torch.Tensor]  # keys, values: each [layers, kv_heads, block_tokens, hd]
 
 
-class SharedTier(Protocol):
-    """Blocks shared between replicas. Both calls raise `SharedTierUnavailable` when the tier fails."""
+class _Rejected:
+    def __repr__(self) -> str:
+        return "REJECTED"
 
-    def get_many(self, keys: Sequence[str]) -> list[KVBlock | None]: ...
+
+REJECTED = _Rejected()  # get_many: a value is there, but not bound to its key (or corrupt)
+
+
+class SharedTier(Protocol):
+    """Blocks shared between replicas. Both calls raise `SharedTierUnavailable` when the tier
+    fails; `get_many` gives, per key, the block, None (absent) or REJECTED (a bad value)."""
+
+    def get_many(self, keys: Sequence[str]) -> list[KVBlock | _Rejected | None]: ...
 
     def put_many(self, blocks: Sequence[tuple[str, KVBlock]]) -> None: ...
 
@@ -79,6 +98,7 @@ class PrefixCacheStats:
     evictions: int = 0  # blocks dropped to stay under max_bytes
     shared_hits: int = 0  # of `hits`, blocks fetched from the shared tier
     shared_failures: int = 0  # shared-tier calls that failed (served from memory instead)
+    shared_rejected: int = 0  # shared-tier values not bound to their key or corrupt: misses
 
 
 def block_keys(version: str, ids: Sequence[int], block_tokens: int) -> list[str]:
@@ -148,7 +168,7 @@ class PrefixCache:
                     break
                 self._blocks.move_to_end(key)
                 found.append(entry[1])
-        shared_hits = failures = 0
+        shared_hits = failures = rejected = 0
         if len(found) < len(keys) and self.shared is not None:
             rest = keys[len(found) :]
             try:
@@ -157,7 +177,8 @@ class PrefixCache:
                 failures = 1
                 fetched = []
             for key, block in zip(rest, fetched, strict=False):
-                if block is None:
+                if block is None or isinstance(block, _Rejected):
+                    rejected = int(block is REJECTED)
                     break
                 found.append(block)
                 shared_hits += 1
@@ -166,10 +187,10 @@ class PrefixCache:
             saved = len(found) * self.block_tokens
             self._count(
                 version, hits=len(found), misses=len(keys) - len(found), tokens_saved=saved,
-                shared_hits=shared_hits, shared_failures=failures,
+                shared_hits=shared_hits, shared_failures=failures, shared_rejected=rejected,
             )  # fmt: skip
-        elif failures:
-            self._count(version, shared_failures=failures)
+        elif failures or rejected:
+            self._count(version, shared_failures=failures, shared_rejected=rejected)
         return found
 
     def store(self, version: str, blocks: Sequence[tuple[str, KVBlock]]) -> None:
@@ -232,6 +253,18 @@ class PrefixCache:
             self._stats[version] = replace(s, **{k: getattr(s, k) + v for k, v in delta.items()})
 
 
+_MAGIC = b"iskv1:"  # the format of a stored value: magic, seal, safetensors bytes
+_SEAL_BYTES = 32
+
+
+def _seal(key: str, payload: bytes) -> bytes:
+    """SHA-256 of the full Redis key and the block's bytes: the block is valid under that key only."""
+    h = hashlib.sha256(key.encode())
+    h.update(b"\0")
+    h.update(payload)
+    return h.digest()
+
+
 class RedisTier:
     def __init__(
         self,
@@ -248,31 +281,37 @@ class RedisTier:
         self.device = torch.device(device)
         self._client: Any = None
         self._down_until = 0.0
+        self._down = False  # one warning per outage, not one per retry
         self._lock = threading.Lock()
 
-    def get_many(self, keys: Sequence[str]) -> list[KVBlock | None]:
+    def get_many(self, keys: Sequence[str]) -> list[KVBlock | _Rejected | None]:
         if not keys:
             return []
         raw = self._call(lambda c: c.mget([self.key_prefix + k for k in keys]))
-        out: list[KVBlock | None] = []
-        for data in raw:
+        out: list[KVBlock | _Rejected | None] = []
+        for key, data in zip(keys, raw, strict=True):
             if data is None:
                 out.append(None)
                 continue
+            data = bytes(data)
+            head, payload = data[: len(_MAGIC) + _SEAL_BYTES], data[len(_MAGIC) + _SEAL_BYTES :]
+            if head != _MAGIC + _seal(self.key_prefix + key, payload):
+                out.append(REJECTED)  # copied from another key, truncated, altered, or foreign
+                continue
             try:
-                tensors = load_tensors(bytes(data))
+                tensors = load_tensors(payload)
                 out.append((tensors["k"].to(self.device), tensors["v"].to(self.device)))
-            except Exception as exc:  # a foreign or truncated value: as if the tier failed
-                raise SharedTierUnavailable(f"unreadable block in Redis at {self.url}: {exc}") from exc
+            except Exception:  # sealed by a writer that stored something else: still not served
+                out.append(REJECTED)
         return out
 
     def put_many(self, blocks: Sequence[tuple[str, KVBlock]]) -> None:
         if not blocks:
             return
-        payloads = [
-            (self.key_prefix + key, save_tensors({"k": k.contiguous().cpu(), "v": v.contiguous().cpu()}))
-            for key, (k, v) in blocks
-        ]
+        payloads = []
+        for key, (k, v) in blocks:
+            data = save_tensors({"k": k.contiguous().cpu(), "v": v.contiguous().cpu()})
+            payloads.append((self.key_prefix + key, _MAGIC + _seal(self.key_prefix + key, data) + data))
 
         def write(client: Any) -> None:
             pipe = client.pipeline(transaction=False)
@@ -296,15 +335,28 @@ class RedisTier:
     def _call(self, fn: Any) -> Any:
         if time.monotonic() < self._down_until:
             raise SharedTierUnavailable(
-                f"Redis at {self.url} failed recently; retrying after {self.retry_s} s"
+                f"Redis at {self._shown_url()} failed recently; retrying after {self.retry_s} s"
             )
         try:
-            return fn(self._connection())
+            result = fn(self._connection())
         except SharedTierUnavailable:
             raise
         except Exception as exc:  # redis.RedisError, OSError, a missing client
             self._down_until = time.monotonic() + self.retry_s
-            raise SharedTierUnavailable(f"Redis at {self.url}: {type(exc).__name__}: {exc}") from exc
+            if not self._down:
+                self._down = True
+                log.warning("prefix cache: Redis at %s unreachable (%s); serving from memory, "
+                            "retrying every %g s", self._shown_url(), type(exc).__name__, self.retry_s)  # fmt: skip
+            raise SharedTierUnavailable(f"Redis at {self._shown_url()}: {type(exc).__name__}") from exc
+        if self._down:
+            self._down = False
+            log.info("prefix cache: Redis at %s reachable again", self._shown_url())
+        return result
+
+    def _shown_url(self) -> str:
+        """The URL without its password (`redis://:pw@host` -> `redis://***@host`)."""
+        scheme, sep, rest = self.url.partition("://")
+        return f"{scheme}{sep}***@{rest.rpartition('@')[2]}" if "@" in rest else self.url
 
     def _connection(self) -> Any:
         with self._lock:

@@ -3,6 +3,7 @@ preload at start and deploy, and the shared tier on the machine's real Redis."""
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import Callable, Iterator
 
@@ -12,7 +13,13 @@ import torch
 from _engine_serving_support import V1, V2, prompt
 from conftest import free_port, missing_service
 from infersight.engine import load
-from infersight.engine.prefix_cache import PrefixCache, PrefixCacheStats, RedisTier, frequent_prefixes
+from infersight.engine.prefix_cache import (
+    REJECTED,
+    PrefixCache,
+    PrefixCacheStats,
+    RedisTier,
+    frequent_prefixes,
+)
 from infersight.engine.registry import Registry
 from infersight.engine.runtime import Runtime
 from infersight.engine.runtime_loop import Replica, Request
@@ -242,6 +249,42 @@ def test_a_new_replica_starts_warm_from_redis(registry: Registry, redis_tier: Re
         replica.stop()
 
 
+def test_a_block_copied_in_redis_to_another_prompts_key_is_a_counted_miss_not_served(
+    registry: Registry, redis_tier: RedisTier
+) -> None:
+    a_prompt, b_prompt = prompt(11, 3 * BLOCK), prompt(12, 3 * BLOCK)
+    plain = runtime_with(registry, None)
+    try:
+        a_answer = plain.submit(a_prompt, max_new_tokens=8).result(timeout=60).token_ids
+        b_answer = plain.submit(b_prompt, max_new_tokens=8).result(timeout=60).token_ids
+    finally:
+        plain.stop()
+    assert a_answer != b_answer
+    writer = runtime_with(registry, PrefixCache(block_tokens=BLOCK, shared=redis_tier))
+    try:
+        writer.submit(b_prompt, max_new_tokens=2).result(timeout=60)  # B's blocks go to Redis
+    finally:
+        writer.stop()
+    cache = PrefixCache(block_tokens=BLOCK, shared=redis_tier)
+    a_keys, b_keys = cache.keys(V1, a_prompt), cache.keys(V1, b_prompt)
+    client = redis_tier._connection()
+    for a_key, b_key in zip(a_keys, b_keys, strict=True):  # what a client with Redis access could do
+        client.set(redis_tier.key_prefix + a_key, client.get(redis_tier.key_prefix + b_key))
+    replica = runtime_with(registry, cache)
+    try:
+        assert replica.submit(a_prompt, max_new_tokens=8).result(timeout=60).token_ids == a_answer
+        stats = replica.prefix_cache_stats()[V1]
+        assert stats.shared_rejected == 1 and stats.shared_hits == 0 and stats.hits == 0, stats
+        # B's own blocks still serve B from Redis
+        assert replica.submit(b_prompt, max_new_tokens=8).result(timeout=60).token_ids == b_answer
+        assert replica.prefix_cache_stats()[V1].shared_hits >= len(b_keys) - 1  # the last block prefills
+    finally:
+        replica.stop()
+    truncated = redis_tier.key_prefix + b_keys[0]
+    client.set(truncated, client.get(truncated)[:-7])
+    assert redis_tier.get_many([b_keys[0]]) == [REJECTED]
+
+
 def test_redis_unreachable_falls_back_to_local_and_counts_the_failure(registry: Registry) -> None:
     dead = RedisTier(f"redis://127.0.0.1:{free_port()}/0", key_prefix="unused:", timeout_s=0.2)
     rt = runtime_with(registry, PrefixCache(block_tokens=BLOCK, shared=dead))
@@ -252,6 +295,20 @@ def test_redis_unreachable_falls_back_to_local_and_counts_the_failure(registry: 
         assert stats.shared_failures >= 1 and stats.hits == len(chat(1)) // BLOCK  # second one: local hits
     finally:
         rt.stop()
+
+
+def test_an_unreachable_redis_logs_one_warning_without_its_password(caplog: pytest.LogCaptureFixture) -> None:
+    dead = RedisTier(
+        f"redis://:s3cret@127.0.0.1:{free_port()}/0", key_prefix="unused:", timeout_s=0.2, retry_s=0
+    )
+    cache = PrefixCache(block_tokens=BLOCK, shared=dead)
+    with caplog.at_level(logging.INFO, logger="infersight.engine.prefix_cache"):
+        for q in range(5):  # five lookups, each one trying Redis again (retry_s=0)
+            assert cache.lookup(V1, cache.keys(V1, chat(q))) == []
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "unreachable" in warnings[0].getMessage(), caplog.text
+    assert "s3cret" not in caplog.text
+    assert cache.stats()[V1].shared_failures == 5
 
 
 def test_the_most_frequent_block_prefixes_are_chosen_from_recorded_prompts() -> None:

@@ -53,8 +53,14 @@ def test_frequent_recorded_prefixes_are_prefilled_at_deploy_and_counted_on_metri
             first.hits == system_blocks and first.misses <= 1
         )  # its first request, a new question, was warm
         metrics = client.get("/metrics").text
-        assert f'infersight_prefix_cache_hits_total{{model="mixtral_banking",version="{GOOD}"}}' in metrics
-        assert f'infersight_prefix_cache_bytes{{model="mixtral_banking",version="{BAD}"}}' in metrics
+        hits = f'infersight_prefix_cache_hits_total{{model="mixtral_banking",model_version="{BAD}",tier="memory"}}'
+        assert f"{hits} {float(first.hits)}" in metrics
+        assert f'model_version="{BAD}",tier="redis"}} 0.0' in metrics  # no Redis here: none from it
+        assert (
+            f'infersight_prefix_cache_shared_rejected_total{{model="mixtral_banking",model_version="{BAD}"}}'
+            in metrics
+        )
+        assert f'infersight_prefix_cache_bytes{{model="mixtral_banking",model_version="{BAD}"}}' in metrics
         assert "infersight_prefix_cache_evictions_total" in metrics
 
 

@@ -92,7 +92,7 @@ def test_a_recorded_chat_system_prompt_is_preloaded_after_a_restart_and_at_a_dep
         shared = _shared_blocks(runtime.tokenizer, NEW_AT_DEPLOY, [*QUESTIONS, NEW])
         assert deployed.hits == shared and deployed.tokens_saved == shared * BLOCK
         metrics = client.get("/metrics").text
-        line = f'infersight_prefix_cache_tokens_saved_total{{model="mixtral_banking",version="{BAD}"}}'
+        line = f'infersight_prefix_cache_tokens_saved_total{{model="mixtral_banking",model_version="{BAD}"}}'
         assert f"{line} {float(deployed.tokens_saved)}" in metrics
 
     with running(_config(tmp / "control", registry)) as (app, client):  # the control: no stored chats

@@ -237,18 +237,21 @@ class FrequentPrompts:
 
 
 class PrefixCacheCollector(Collector):
-    """Prefix-cache counters per version, read from the runtime at scrape time."""
+    """Prefix-cache counters per version, read from the runtime at scrape time. Labelled
+    `model` and `model_version` like every other metric; hits by `tier`: `memory` (this
+    process) or `redis` (the shared tier), so a cold replica warming from Redis shows."""
 
     def __init__(self, runtime: Any, *, model: str) -> None:
         self.runtime, self.model = runtime, model
 
     def collect(self) -> Iterator[Metric]:
         stats = self.runtime.prefix_cache_stats()
-        labels = ["model", "version"]
+        labels = ["model", "model_version"]
+        hits = CounterMetricFamily(
+            "infersight_prefix_cache_hits", "Prompt blocks served from the prefix KV cache, by tier",
+            labels=[*labels, "tier"],
+        )  # fmt: skip
         families: dict[str, Metric] = {
-            "hits": CounterMetricFamily(
-                "infersight_prefix_cache_hits", "Prompt blocks served from the prefix KV cache", labels=labels
-            ),
             "misses": CounterMetricFamily(
                 "infersight_prefix_cache_misses", "Full prompt blocks not in the prefix KV cache", labels=labels
             ),
@@ -264,12 +267,20 @@ class PrefixCacheCollector(Collector):
                 "infersight_prefix_cache_shared_failures", "Failed calls to the shared tier (Redis)",
                 labels=labels,
             ),
+            "shared_rejected": CounterMetricFamily(
+                "infersight_prefix_cache_shared_rejected",
+                "Blocks in the shared tier not bound to their key or corrupt (misses, never served)",
+                labels=labels,
+            ),
             "bytes_held": GaugeMetricFamily(
                 "infersight_prefix_cache_bytes", "Bytes of keys and values held by the prefix cache",
                 labels=labels,
             ),
         }  # fmt: skip
         for version, s in sorted(stats.items()):
+            hits.add_metric([self.model, version, "memory"], float(s.hits - s.shared_hits))
+            hits.add_metric([self.model, version, "redis"], float(s.shared_hits))
             for name, family in families.items():
                 family.add_metric([self.model, version], float(getattr(s, name)))  # type: ignore[attr-defined]
+        yield hits
         yield from families.values()
