@@ -20,6 +20,7 @@ from fastapi.responses import HTMLResponse
 from fastapi.staticfiles import StaticFiles
 from starlette.concurrency import run_in_threadpool
 
+from .browser_guard import BrowserGuard
 from .config import ServiceConfig
 from .http_edge import BodySizeLimit, install_error_handlers
 from .routers import ingest, models, monitoring
@@ -59,6 +60,7 @@ def create_app(config: ServiceConfig, *, service: Service | None = None, **servi
     app.state.service = svc
     app.state.token = svc.token
     install_error_handlers(app)
+    app.add_middleware(BrowserGuard, listen_host=config.host, allowed_hosts=config.allowed_hosts)
     app.add_middleware(BodySizeLimit, max_bytes=config.limits.max_body_bytes)
     for module in (monitoring, ingest, models):
         app.include_router(module.router)

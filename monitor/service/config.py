@@ -186,6 +186,8 @@ class ServiceConfig:
     database_url: str | None = None  # None: SQLite in data_dir
     host: str = "127.0.0.1"
     port: int = 8000
+    # Host header names answered besides the listen address (DNS rebinding guard; ["*"]: any)
+    allowed_hosts: tuple[str, ...] = ()
     token: str | None = None  # None on loopback: generated and kept in data_dir/api-token
     model: str | None = None  # the model name reported in records (default: from the version)
     # the inference server's process, watched by the process (and GPU per-process) collector;
@@ -469,4 +471,8 @@ class _Reader:
             if not isinstance(value, str | int | float) or isinstance(value, bool):
                 self.fail(path, "must be a string")
             return str(value)
+        if kind.startswith("tuple[str"):
+            if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+                self.fail(path, "must be a list of strings")
+            return tuple(value)
         return value
