@@ -22,6 +22,7 @@ from _service_support import config, wait_for
 from conftest import free_port
 from fastapi.testclient import TestClient
 from infersight.monitor.service import UpstreamConfig, create_app
+from infersight.monitor.service.config import LimitsConfig
 from infersight.monitor.store.tables import requests
 from sqlalchemy import select
 from starlette.applications import Starlette
@@ -182,7 +183,8 @@ def test_an_upstream_4xx_is_passed_through_and_counted_as_the_clients_error(prox
     metrics = client.get("/metrics").text
     assert 'infersight_upstream_errors_total{error_type="http_404"} 1.0' in metrics
     assert (
-        'infersight_client_outcomes_total{model="llama-8b",model_version="nope",outcome="client_error"} 1.0'
+        # a name the upstream refused takes no label slot: recorded under the configured model
+        'infersight_client_outcomes_total{model="llama-8b",model_version="llama-8b",outcome="client_error"} 1.0'
         in metrics
     )
     assert "gen_ai_server_request_errors_total{" not in metrics  # not a server error
@@ -263,3 +265,20 @@ def test_the_proxy_refuses_only_a_body_it_cannot_observe(proxy, upstream) -> Non
     r = client.post("/v1/completions", json={"model": MODEL})  # no prompt: the upstream's call, and its 400
     assert r.status_code == 400 and r.json()["type"] == "BadRequestError"
     assert len(seen) == before + 1
+
+
+def test_model_names_the_upstream_refused_take_no_label_slot(upstream, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    url, _ = upstream
+    cfg = config(tmp_path, upstream=UpstreamConfig(url=url, model="llama-8b", timeout_s=10),
+                 limits=LimitsConfig(max_label_values=5))  # fmt: skip
+    with TestClient(create_app(cfg), raise_server_exceptions=False) as client:
+        for i in range(12):  # more junk names than label slots, each a 404 from the upstream
+            r = client.post("/v1/completions", json={"model": f"junk-{i}", "prompt": "hi", "max_tokens": 2})
+            assert r.status_code == 404
+        assert (
+            client.post("/v1/completions", json={"model": MODEL, "prompt": "hi", "max_tokens": 2}).status_code
+            == 200
+        )
+        metrics = client.get("/metrics").text
+    assert f'model_version="{MODEL}"' in metrics
+    assert "junk-" not in metrics and 'model_version="other"' not in metrics

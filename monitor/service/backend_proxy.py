@@ -139,6 +139,7 @@ class ProxyBackend:
             transport=transport,
         )
         self.last_model_version: str | None = None  # as the latest answer named it (for upstream metrics)
+        self._accepted: set[str] = set()  # model names the upstream answered 200 for
 
     async def aclose(self) -> None:
         await self.client.aclose()
@@ -274,6 +275,13 @@ class ProxyBackend:
         self, rid: str, model_version: str | None, timer: CallTimer, prompt_tokens: int | None,
         output_tokens: int | None, error: str | None, prompt: str | None, response: str | None,
     ) -> None:  # fmt: skip
+        # a label slot is only for a name the upstream accepted: junk names answered 4xx or
+        # never answered would fill the cap and push the real model into `other`
+        if error is None and model_version:
+            if len(self._accepted) < _MAX_ACCEPTED_NAMES:
+                self._accepted.add(model_version)
+        elif model_version not in self._accepted:
+            model_version = None
         version = model_version or self.config.model or "unknown"
         self.last_model_version = version
         record = make_record(
@@ -282,6 +290,9 @@ class ProxyBackend:
             response=response if error is None else None, text_sample_rate=self.text_sample_rate,
         )  # fmt: skip
         self.pipeline.submit_one(record)
+
+
+_MAX_ACCEPTED_NAMES = 4096  # names an upstream answered for: a handful in practice; bounded anyway
 
 
 def _status_outcome(status: int) -> str:
