@@ -3,7 +3,10 @@ its extras are the ones monitor/extras.py names when a part is used without its 
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 import tomllib
 from importlib import metadata
 from pathlib import Path
@@ -28,6 +31,20 @@ def test_every_package_folder_is_installed() -> None:
             found.add(".".join(("infersight", *rel)))
     missing = sorted(found - _declared())
     assert not missing, f"package folders missing from pyproject [tool.setuptools] packages: {missing}"
+
+
+def test_every_folder_of_package_data_is_declared_so_setuptools_does_not_warn() -> None:
+    # a data folder inside a package (dashboards/web, monitor/data/banking77) is a namespace
+    # package to Python: undeclared, setuptools ships it with a "Package would be ignored" warning
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    globs = pyproject["tool"]["setuptools"]["package-data"]["*"]
+    folders = set()
+    for top in TOP:
+        for path in (ROOT / top).rglob("*"):
+            if path.is_file() and "__pycache__" not in path.parts and any(path.match(g) for g in globs):
+                folders.add(".".join(("infersight", *path.parent.relative_to(ROOT).parts)))
+    undeclared = sorted(folders - _declared())
+    assert not undeclared, f"folders with package data missing from [tool.setuptools] packages: {undeclared}"
 
 
 def test_declared_packages_live_under_the_infersight_namespace() -> None:
@@ -56,6 +73,16 @@ def _modules_of_distribution() -> dict[str, set[str]]:
         for dist in dists:
             out.setdefault(dist.lower().replace("_", "-"), set()).add(module)
     return out
+
+
+def test_a_reader_that_closes_the_pipe_ends_the_cli_quietly() -> None:
+    # `infersight rules export - | head -1`, `infersight models canary --status | head -3`
+    read, write = os.pipe()
+    os.close(read)  # the reader is gone before the first line
+    done = subprocess.run([sys.executable, "-m", "infersight.monitor.cli", "rules", "export", "-"],
+                          stdout=write, stderr=subprocess.PIPE, timeout=120, check=False)  # fmt: skip
+    os.close(write)
+    assert done.stderr.decode() == "" and done.returncode == 141  # 128 + SIGPIPE, as a shell reports it
 
 
 def test_every_extra_names_the_modules_its_distributions_install() -> None:

@@ -49,7 +49,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        return int(args.handler(args))
+        code = int(args.handler(args))
+        sys.stdout.flush()  # here, so that a reader gone away is handled below, not at exit
+        return code
+    except BrokenPipeError:  # `infersight ... | head -3`: the reader has what it wanted
+        return _closed_pipe()
     except CommandError as exc:
         print(f"infersight {args.command}: error: {exc}", file=sys.stderr)
         return exc.exit_code
@@ -65,6 +69,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except Exception as exc:
         return _internal_error(args.command, exc)
+
+
+def _closed_pipe() -> int:
+    """Exit quietly as a pipeline's writer does (141: 128 + SIGPIPE). What is still buffered
+    goes to /dev/null, so that Python's flush at exit does not report the pipe again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):  # stdout is not a file (captured in tests)
+        pass
+    return 141
 
 
 def _internal_error(command: str, exc: Exception) -> int:
