@@ -8,6 +8,12 @@ infersight models list DIR                 registered versions and the deploy hi
 infersight models register DIR NAME CHECKPOINT [--quantize int8|int4] [--parent P] [--copy]
 infersight models canary VERSION --weight W [--url URL] [--token T]   start a canary on a server
 infersight models canary --status|--promote|--abort [--url URL]       its state, or end it by hand
+infersight models rollback [--url URL] [--token T]           back to the previous good version
+infersight models failover [VERSION] [--url URL] [--token T] to VERSION (default engine.backup_version)
+infersight models replicas [--url URL] [--token T]           the replicas on the service's database
+
+Commands that talk to a running service take its token from --token, else $INFERSIGHT_TOKEN,
+else the `api-token` file in the service's data directory (--data-dir, default ./var).
 
 `infersight rules`: check a rule file, or export it as a Prometheus rule file. Without a
 rule file, the default rule set shipped with infersight is used.
@@ -98,10 +104,30 @@ def _register_models(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
     mode.add_argument("--status", action="store_true", help="show the running canary and its decisions")
     mode.add_argument("--promote", action="store_true", help="promote the running canary to all traffic")
     mode.add_argument("--abort", action="store_true", help="roll the running canary back")
-    can.add_argument("--url", default="http://127.0.0.1:8000", help="the service (default: %(default)s)")
-    can.add_argument("--token", default=None, help="bearer token (default: $INFERSIGHT_TOKEN)")
-    can.add_argument("--timeout", type=float, default=120.0, help="seconds to wait (the candidate loads)")
+    _service_args(can)
     can.set_defaults(handler=_canary)
+
+    back = actions.add_parser("rollback", help="roll a running server back to the previous good version")
+    _service_args(back)
+    back.set_defaults(handler=_rollback)
+    fail = actions.add_parser("failover", help="switch a running server to its backup version")
+    fail.add_argument(
+        "version", metavar="VERSION", nargs="?", help="default: the server's engine.backup_version"
+    )
+    _service_args(fail)
+    fail.set_defaults(handler=_failover)
+    reps = actions.add_parser("replicas", help="the replicas sharing the running server's database")
+    _service_args(reps)
+    reps.set_defaults(handler=_replicas)
+
+
+def _service_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--url", default="http://127.0.0.1:8000", help="the service (default: %(default)s)")
+    p.add_argument("--token", default=None,
+                   help="bearer token (default: $INFERSIGHT_TOKEN, else DATA_DIR/api-token)")  # fmt: skip
+    p.add_argument("--data-dir", type=Path, default=Path("var"),
+                   help="the service's data directory, for its api-token file (default: ./var)")  # fmt: skip
+    p.add_argument("--timeout", type=float, default=120.0, help="seconds to wait (a version loads)")
 
 
 def _init_demo(args: argparse.Namespace) -> int:
@@ -186,12 +212,11 @@ def _register(args: argparse.Namespace) -> int:
 
 
 def _canary(args: argparse.Namespace) -> int:
-    import os
 
     import httpx
 
     base = args.url.rstrip("/")
-    token = args.token or os.environ.get("INFERSIGHT_TOKEN")
+    token = _token(args)
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     if args.status or args.promote or args.abort:
         if args.version is not None or args.weight is not None:
@@ -211,12 +236,7 @@ def _canary(args: argparse.Namespace) -> int:
         )
     except httpx.HTTPError as exc:
         raise CommandError(f"cannot reach {base}: {type(exc).__name__}: {exc}") from exc
-    data = _json(response)
-    if response.status_code >= 400:
-        error = data.get("error") if isinstance(data.get("error"), dict) else {}
-        assert isinstance(error, dict)
-        where = f"{error['field']}: " if error.get("field") else ""
-        raise CommandError(f"HTTP {response.status_code}: {where}{_one_line(error.get('message') or data)}")
+    data = _answer(response)
     if data.get("version"):
         print(f"canary {data['version']} at {data['weight']:.0%} of users beside {data['stable_version']}; "
               f"served {data['canary_requests']} of {data['canary_requests'] + data['stable_requests']} requests "
@@ -225,6 +245,73 @@ def _canary(args: argparse.Namespace) -> int:
         print("no canary running")
     for d in data.get("decisions", []):
         print(f"  {d['action']} {d['version']} -> {d['weight']:.0%}: {d['reason']}")
+    return 0
+
+
+def _token(args: argparse.Namespace) -> str | None:
+    """--token, else $INFERSIGHT_TOKEN, else the api-token file the service keeps in its data dir."""
+    if args.token:
+        return str(args.token)
+    if os.environ.get("INFERSIGHT_TOKEN"):
+        return os.environ["INFERSIGHT_TOKEN"]
+    try:
+        return (Path(args.data_dir) / "api-token").read_text(encoding="utf-8").strip() or None
+    except OSError:
+        return None
+
+
+def _answer(response: Any) -> dict[str, Any]:
+    """The JSON of a 2xx answer; a CommandError saying what went wrong otherwise."""
+    data = _json(response)
+    if response.status_code == 401:
+        raise CommandError(
+            "HTTP 401: the service wants its bearer token: pass --token, set $INFERSIGHT_TOKEN, or point "
+            "--data-dir at the service's data directory (its api-token file)"
+        )
+    if response.status_code >= 400:
+        error = data.get("error") if isinstance(data.get("error"), dict) else {}
+        assert isinstance(error, dict)
+        where = f"{error['field']}: " if error.get("field") else ""
+        raise CommandError(f"HTTP {response.status_code}: {where}{_one_line(error.get('message') or data)}")
+    return data
+
+
+def _call(
+    args: argparse.Namespace, method: str, path: str, body: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    import httpx
+
+    base = args.url.rstrip("/")
+    token = _token(args)
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    try:
+        response = httpx.request(method, f"{base}{path}", json=body, headers=headers, timeout=args.timeout)
+    except httpx.HTTPError as exc:
+        raise CommandError(f"cannot reach {base}: {type(exc).__name__}: {exc}") from exc
+    return _answer(response)
+
+
+def _rollback(args: argparse.Namespace) -> int:
+    done = _call(args, "POST", "/api/v1/models/rollback")
+    print(f"rolled back from {done['from_version']} to {done['to_version']}")
+    return 0
+
+
+def _failover(args: argparse.Namespace) -> int:
+    done = _call(args, "POST", "/api/v1/models/failover", {"version": args.version})
+    print(f"failed over from {done['from_version']} to {done['to_version']}")
+    return 0
+
+
+def _replicas(args: argparse.Namespace) -> int:
+    listed = _call(args, "GET", "/api/v1/replicas")["replicas"]
+    rows = [("NAME", "HOST", "VERSION", "LEADER", "LAST HEARTBEAT")]
+    for r in listed:
+        rows.append((r["name"], r["host"], r["serving_version"] or "-", "yes" if r["leader"] else "",
+                     f"{r['heartbeat_at']} ({r['age_s']:.0f} s ago)"))  # fmt: skip
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
     return 0
 
 

@@ -95,6 +95,7 @@ class Replicas:
         stats: InferenceStats,
         *,
         serving_version: Callable[[], str | None] = lambda: None,
+        leader: Callable[[], bool] = lambda: False,  # the scheduler's LeaderLock.is_leader
         gpu: Any = None,  # GPUCollector: .latest()
         process: Any = None,  # ProcessCollector: .latest()
         replica_id: str | None = None,
@@ -105,6 +106,7 @@ class Replicas:
         self.db = db
         self.stats = stats
         self.serving_version = serving_version
+        self.leader = leader
         self.gpu = gpu
         self.process = process
         self.id = replica_id or new_replica_id()
@@ -138,7 +140,7 @@ class Replicas:
         heartbeat = {
             "id": self.id, "host": socket.gethostname()[:256], "pid": os.getpid(), "started_at": self.started_at,
             "heartbeat_at": self._at(now), "serving_version": self.serving_version(), "waiting": json.dumps(waiting),
-            "resources": _resources(self.gpu, self.process),
+            "resources": _resources(self.gpu, self.process), "leader": bool(self.leader()),
         }  # fmt: skip
         rows = [
             {"replica": self.id, "model": r.model, "model_version": r.model_version, "slot": r.slot,
@@ -184,6 +186,27 @@ class Replicas:
                 delete(replica_slots).where(replica_slots.c.slot < self._slot(now - self.stats.window_s) - 1)
             )
             conn.execute(delete(replicas).where(replicas.c.heartbeat_at < self._at(now - _GONE_S)))
+
+    # -- reading (the API, the CLI) -----------------------------------------------------
+    def listing(self) -> list[dict[str, Any]]:
+        """Every replica with a heartbeat on the shared database, newest first: its name,
+        host and pid, the version it serves, whether it led at its last heartbeat (a replica
+        whose heartbeat is older than `live_s` is reported gone, and leads nothing)."""
+        now = self.clock()
+        with self.db.connect() as conn:
+            rows = conn.execute(select(replicas).order_by(replicas.c.heartbeat_at.desc())).all()
+        out = []
+        for r in rows:
+            age = max(0.0, now - r.heartbeat_at.timestamp())
+            live = age <= self.live_s
+            out.append({
+                "name": r.id, "host": r.host, "pid": r.pid, "serving_version": r.serving_version,
+                "leader": bool(r.leader) and live, "live": live, "this": r.id == self.id,
+                "started_at": r.started_at.astimezone(dt.UTC).isoformat().replace("+00:00", "Z"),
+                "heartbeat_at": r.heartbeat_at.astimezone(dt.UTC).isoformat().replace("+00:00", "Z"),
+                "age_s": round(age, 3),
+            })  # fmt: skip
+        return out
 
     # -- reading (the leader's rules) ----------------------------------------------------
     def remote(self) -> RemoteStats:

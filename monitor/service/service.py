@@ -384,6 +384,7 @@ def _wire_alerts(service: Service) -> None:
     schedule = service.config.schedule
     if wiring.replicas is not None:
         service.parts.replicas = wiring.replicas
+        wiring.replicas.leader = service.scheduler.leader.is_leader
         service.scheduler.add("replicas_publish", wiring.replicas.publish, schedule.publish_s, run_now=True)
         service.scheduler.add("replicas_prune", wiring.replicas.prune, 60.0, leader_only=True)
     service.scheduler.add("replica_actions", wiring.run_own_actions, schedule.rules_s)

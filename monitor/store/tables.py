@@ -28,6 +28,7 @@ from sqlalchemy import (
     Text,
     TypeDecorator,
     UniqueConstraint,
+    false,
 )
 
 __all__ = [
@@ -236,6 +237,7 @@ replicas = Table(
     Column("serving_version", String(256)),  # None: no embedded runtime (proxy or ingest only)
     Column("waiting", Text, nullable=False),  # JSON [[model, version, n], ...]
     Column("resources", Text, nullable=False),  # JSON {"gpus": [{index, uuid, ...}], "process": {...}}
+    Column("leader", Boolean, nullable=False, server_default=false()),  # held the leader lock then
 )
 
 # One interval of one replica's sliding windows (collectors.SlotRecord): the alert engine

@@ -288,6 +288,43 @@ async def rollback(request: Request) -> DeployResult:
     return _outcome(outcome, "rolled_back")
 
 
+class FailoverRequest(BaseModel):
+    version: str | None = Field(
+        None,
+        max_length=256,
+        pattern=_VERSION,
+        description="the version to switch to (default: engine.backup_version)",
+    )
+
+
+@models_router.post(
+    "/api/v1/models/failover", summary="Switch to the backup version (or the one given)",
+    dependencies=[Depends(require_token)], response_model=DeployResult,
+    responses={401: {"description": "token"}, 404: {"description": "unknown version"},
+               409: {"description": "no backup version designated, or refused"}},
+)  # fmt: skip
+async def failover(request: Request, body: FailoverRequest | None = None) -> DeployResult:
+    from infersight.engine.errors import DeployRefused
+
+    runtime = _runtime(request)
+    engine = get_service(request).config.engine
+    version = (body.version if body is not None else None) or (engine.backup_version if engine else None)
+    if not version:
+        raise HTTPException(409, {"field": "body.version",
+                                  "reason": "no backup version designated: give one, or set engine.backup_version"})  # fmt: skip
+    if version not in runtime.registry:
+        raise HTTPException(
+            404, {"field": "body.version", "reason": f"version {version!r} is not registered"}
+        )
+    try:
+        outcome = await run_in_threadpool(runtime.failover, version)
+    except DeployRefused as exc:
+        await run_in_threadpool(_flush_log, request)
+        raise HTTPException(409, {"field": "body.version", "reason": f"failover refused: {exc}"}) from None
+    await run_in_threadpool(_flush_log, request)
+    return _outcome(outcome, "failed_over")
+
+
 def _canary_result(request: Request) -> CanaryResult:
     runtime = _runtime(request)
     status = runtime.canary.status

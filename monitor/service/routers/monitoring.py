@@ -11,6 +11,9 @@ running, a backend able to serve), `/metrics` (Prometheus text format).
 DELETE: Alertmanager's matcher semantics) and the inbound Alertmanager webhook
 `POST /api/v1/alertmanager` (the alerts package's router, behind the bearer token).
 
+`GET /api/v1/replicas` (bearer token: host names and pids): every replica with a heartbeat
+on the shared database, the version it serves, the leader, its last heartbeat.
+
 `GET /api/v1/drift` (latest report summaries and the stored references),
 `GET /api/v1/drift/{report_id}` (bearer token: the full report as `DriftReport.to_json()`
 gives it, whose explanation quotes prompts and answers) and
@@ -307,6 +310,17 @@ async def evaluate_now(request: Request) -> dict[str, Any]:
     wiring = _drift(request)
     reports = await run_in_threadpool(lambda: wiring.evaluate(force=True))
     return {"reports": [r.summary_json() for r in reports]}
+
+
+@overview_router.get(
+    "/api/v1/replicas", summary="The replicas on this service's database: version, leader, last heartbeat",
+    dependencies=[Depends(require_token)], responses={401: {"description": "token"}},
+)  # fmt: skip
+async def list_replicas(request: Request) -> dict[str, Any]:
+    replicas = get_service(request).parts.replicas
+    if replicas is None:
+        raise BackendUnavailable("no replica heartbeat here: the service runs without live statistics")
+    return {"replicas": await run_in_threadpool(replicas.listing)}
 
 
 # one router for the app to include, the groups' tags kept on their endpoints
