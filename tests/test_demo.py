@@ -65,6 +65,24 @@ def test_the_demo_plays_every_step_of_the_incident(
     assert float(cache.detail.split(" prompt blocks")[0]) > 0, cache.detail
 
 
+def test_a_prefix_cache_that_served_nothing_fails_its_step() -> None:
+    from infersight.monitor.service.demo.script import DemoFailed, Timeline, prefix_cache_step
+
+    out = io.StringIO()
+    tl = Timeline(out)
+    label = 'model="mixtral_banking",model_version="mixtral_banking_fp32-v1.0"'
+    with pytest.raises(DemoFailed):
+        prefix_cache_step(f'infersight_prefix_cache_hits_total{{{label},tier="memory"}} 0.0\n'
+                          f"infersight_prefix_cache_tokens_saved_total{{{label}}} 0.0\n", tl)  # fmt: skip
+    assert (
+        "[FAILED] prefix cache: no prompt block was served" in out.getvalue()
+        and "[ ok ]" not in out.getvalue()
+    )
+    prefix_cache_step(f'infersight_prefix_cache_hits_total{{{label},tier="memory"}} 3.0\n'
+                      f'infersight_prefix_cache_hits_total{{{label},tier="redis"}} 2.0\n', tl)  # fmt: skip
+    assert tl.steps[-1].ok and tl.steps[-1].detail.startswith("5 prompt blocks served")
+
+
 def test_the_demo_names_the_step_that_did_not_happen(tmp_path: Path) -> None:
     (tmp_path / "registry").write_text("not a directory")  # the model step cannot succeed
     out = io.StringIO()

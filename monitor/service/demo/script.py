@@ -490,12 +490,20 @@ def _incident_data(base: str, client: httpx.Client, tl: Timeline, root: Path, st
     path.write_text("\n".join(rows) + "\n", encoding="utf-8")
     state["dataset"] = str(path)
     tl.done("incident data", f"{len(rows)} requests collected after the rollback, exported to {path}")
+    prefix_cache_step(httpx.get(f"{base}/metrics", timeout=30).text, tl)
+
+
+def prefix_cache_step(metrics: str, tl: Timeline) -> None:
+    """What the prefix KV cache saved, from /metrics; none is a failed step, not a pass."""
     saved = hits = 0.0
-    for line in httpx.get(f"{base}/metrics", timeout=30).text.splitlines():
+    for line in metrics.splitlines():
         if line.startswith("infersight_prefix_cache_tokens_saved_total{"):
             saved += float(line.rsplit(" ", 1)[1])
         elif line.startswith("infersight_prefix_cache_hits_total{"):
             hits += float(line.rsplit(" ", 1)[1])
+    if hits <= 0:
+        raise tl.fail("prefix cache", "no prompt block was served from the prefix KV cache (is it on? "
+                                      "engine.prefix_cache_mb)")  # fmt: skip
     tl.done("prefix cache", f"{hits:.0f} prompt blocks served from the prefix KV cache, {saved:.0f} prompt "
                             "tokens not prefilled (the chat template and shared prefixes)")  # fmt: skip
 
