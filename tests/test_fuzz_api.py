@@ -6,6 +6,7 @@ produce a 5xx. The number of cases is printed and asserted, and recorded in docs
 from __future__ import annotations
 
 import collections
+from urllib.parse import quote
 
 import pytest
 import schemathesis
@@ -90,3 +91,46 @@ def test_no_request_makes_the_service_answer_5xx(app) -> None:  # type: ignore[n
     print(f"no invalid request exists for: {sorted(no_negative)}")
     assert total >= len(operations) * EXAMPLES
     assert not any(code.startswith("5") for code in counts)
+
+
+HOSTILE = ["99999999999d", "9" * 400 + "w", "²", "1e309", "-1", "NaN", "0001-01-01T00:00:00+01:00",
+           "\u0000", "x" * 5000, "mixtral_banking_fp32-v1.0\n", "../../etc/passwd", "%00"]  # fmt: skip
+HOSTILE_BODIES = [b"[" * 50_000 + b"]" * 50_000, b'{"a":' * 20_000 + b"1" + b"}" * 20_000, b'"\xff"',
+                  b'{"version": "\\u00b2", "weight": 1e999, "requests": "\\u00b2"}', b"1" * 5000]  # fmt: skip
+
+
+def test_known_hostile_values_in_every_parameter_and_body_get_no_5xx(app) -> None:  # type: ignore[no-untyped-def]
+    """Values that once made a route answer 500 (a duration past year 1, '²' read as a digit,
+    [[[...]]] nested past the recursion limit, a name with a trailing newline), put in every
+    query and path parameter and as the body of every operation that takes one, with the token."""
+    app, client = app
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    failures: list[str] = []
+    sent = 0
+    for path, item in app.openapi()["paths"].items():
+        for method, op in item.items():
+            params = [p for p in op.get("parameters", []) if p["in"] in ("query", "path")]
+            required = {p["name"]: "1" for p in params if p.get("required") and p["in"] == "query"}
+            cases: list[tuple[str, dict[str, str], bytes | None]] = []
+            for p in params:
+                for value in HOSTILE:
+                    if p["in"] == "path":
+                        cases.append(
+                            (path.replace("{" + p["name"] + "}", quote(value, safe="")), required, None)
+                        )
+                    else:
+                        cases.append((path, {**required, p["name"]: value}, None))
+            if "requestBody" in op:
+                cases += [(path, required, body) for body in HOSTILE_BODIES]
+            for url, query, body in cases:
+                url = url if "{" not in url else url.replace("{", "").replace("}", "")
+                r = client.request(method.upper(), url, params=query, content=body,
+                                   headers={**headers, "content-type": "application/json"})  # fmt: skip
+                sent += 1
+                if r.status_code >= 500:
+                    failures.append(
+                        f"{method.upper()} {url} {query} {(body or b'')[:40]!r} -> {r.status_code}"
+                    )
+    print(f"\nsent {sent} hostile requests")
+    assert sent >= 150
+    assert not failures, "\n".join(failures[:20])

@@ -182,7 +182,10 @@ def parse_since(value: str, *, now: dt.datetime | None = None) -> dt.datetime:
         t = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
     except ValueError:
         raise InvalidSince(value) from None
-    return t.replace(tzinfo=dt.UTC) if t.tzinfo is None else t.astimezone(dt.UTC)
+    try:  # 0001-01-01T00:00:00+01:00 has no UTC time
+        return t.replace(tzinfo=dt.UTC) if t.tzinfo is None else t.astimezone(dt.UTC)
+    except OverflowError:
+        raise InvalidSince(value) from None
 
 
 def load_redactor(spec: str) -> Redactor:
