@@ -13,7 +13,8 @@ checks close both, before any route runs:
   the address the connection arrived at, and on loopback `localhost` and the loopback
   literals, plus the names in `allowed_hosts` (`["*"]`: any). Anything else is 421, naming
   `header.host`. A service bound to every address (`0.0.0.0`, `::`) cannot know the names
-  its clients use: it checks Host only when `allowed_hosts` is given.
+  its clients use: it checks Host only when `allowed_hosts` is given. A request without a
+  Host header (an HTTP/1.0 health checker) is no browser's, and is answered.
 """
 
 from __future__ import annotations
@@ -68,8 +69,9 @@ class BrowserGuard:
         if not self.any_host:
             host = _host_name(headers.get("host", ""))
             server = scope.get("server") or ("", None)
-            if host not in self.hosts and host != _host_name(str(server[0] or "")):
-                return 421, "header.host", f"Host {host!r} is not an address this service answers on"
+            # no Host at all (HTTP/1.0 health checkers) is no browser's request: answered
+            if host and host not in self.hosts and host != _host_name(str(server[0] or "")):
+                return 421, "header.host", f"Host {host[:100]!r} is not an address this service answers on"
         path: str = scope.get("path", "")
         has_body = headers.get("content-length", "0") not in ("0", "") or "transfer-encoding" in headers
         if has_body and path.startswith(_API_PREFIXES):
