@@ -181,3 +181,27 @@ def test_proxy_error_to_an_unauthenticated_client_hides_the_upstream_credentials
             assert r.status_code in (502, 503, 504), (path, r.status_code, r.text)
             assert "upstream-pass" not in r.text and "UPKEY" not in r.text and "svc:" not in r.text, r.text
             assert "127.0.0.1" in r.text  # still says which upstream
+
+
+def test_infersight_serve_installs_the_log_redaction(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, log_redaction: None
+) -> None:
+    import uvicorn
+    from infersight.monitor.cli import main
+
+    logging.setLogRecordFactory(logging.LogRecord)  # as a fresh process has it
+    logging.getLogger("httpx").setLevel(logging.NOTSET)
+    monkeypatch.setattr(uvicorn, "run", lambda *a, **k: None)  # start and stop, serving nothing
+    monkeypatch.setenv("INFERSIGHT_TOKEN", "a-token-for-this-test-0123")
+    assert main(["serve", "--data-dir", str(tmp_path / "data"), "--port", str(free_port())]) == 0
+    assert logging.getLogger("httpx").getEffectiveLevel() == logging.WARNING
+    record = logging.getLogger("infersight.test").makeRecord(
+        "infersight.test",
+        logging.INFO,
+        __file__,
+        1,
+        "posting to %s",
+        ("https://u:pw@h.example/x?key=K",),
+        None,
+    )
+    assert record.getMessage() == "posting to https://***@h.example/x?***"
