@@ -174,3 +174,38 @@ def test_a_client_that_hangs_up_frees_its_slot_and_is_recorded_cancelled(
     # the slot serves the next client at once
     r = httpx.post(f"{served.base}/v1/completions", json={"prompt": "card", "max_tokens": 2}, timeout=60)
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] <= 2
+
+
+def test_hang_ups_on_either_canary_arm_enter_none_of_its_checks(served: Served) -> None:
+    r = httpx.post(f"{served.base}/api/v1/models/canary", json={"version": INT8, "weight": 0.5}, headers=auth(),
+                   timeout=120)  # fmt: skip
+    assert r.status_code == 200, r.text
+    controller = served.service.parts.backend.canary_controller  # type: ignore[union-attr]
+    try:
+        names = [f"leaver-{i}" for i in range(200)]
+        users = {INT8: next(u for u in names if user_bucket(u, INT8) < 0.5),
+                 GOOD: next(u for u in names if user_bucket(u, INT8) >= 0.5)}  # fmt: skip
+        before = {c.name: (c.canary_n, c.stable_n) for c in controller.analysis.checks()}
+        for version, user in users.items():
+            seen = len(served.events)
+            body = {
+                "prompt": "my card was declined",
+                "max_tokens": MAX_TOKENS,
+                "temperature": 0,
+                "user": user,
+            }
+
+            def started(seen: int = seen) -> Any:
+                return next((e for e in served.events[seen:] if type(e).__name__ == "RequestStarted"), None)
+
+            event = _request_then_hang_up(served, "/v1/completions", body, started)
+            assert event.model_version == version  # each arm got one
+            finished = wait_for(lambda e=event: next((f for f in served.events if type(f).__name__ ==
+                                                      "RequestFinished" and f.request_id == e.request_id), None),
+                                timeout=60)  # fmt: skip
+            assert finished.finish_reason == "cancelled" and finished.output_tokens < MAX_TOKENS // 2
+        assert controller.served == {True: 1, False: 1}  # both were seen by the canary
+        # neither its latency nor its cut-short length (nor an error) reached a check
+        assert {c.name: (c.canary_n, c.stable_n) for c in controller.analysis.checks()} == before
+    finally:
+        httpx.post(f"{served.base}/api/v1/models/canary/abort", headers=auth(), timeout=120)
