@@ -106,8 +106,8 @@ def test_ledger_counts_bad_requests_and_client_errors_spend_no_budget() -> None:
         ledger.observe(_record(i + 50, 0.01, error_type="cancelled" if i % 2 else "ClientDisconnected"))
     ledger.observe(_record(200, 0.01, error_type="RuntimeError"))  # the one server error
     lat, avail, fast = ledger.statuses()
-    assert (lat.total, lat.bad) == (121, 2)
-    assert lat.budget_remaining == pytest.approx(1 - (2 / 121) / 0.001)  # overspent: negative
+    assert (lat.total, lat.bad) == (116, 2)  # the 5 cancelled are in no latency SLO
+    assert lat.budget_remaining == pytest.approx(1 - (2 / 116) / 0.001)  # overspent: negative
     assert (avail.total, avail.bad) == (121, 1)
     assert avail.budget_remaining == pytest.approx(1 - (1 / 121) / 0.01)
     assert avail.attainment == pytest.approx(120 / 121)
@@ -121,6 +121,16 @@ def test_ledger_counts_bad_requests_and_client_errors_spend_no_budget() -> None:
     )
     assert 'infersight_slo_burn_rate{slo="availability",window="1h"}' in text
     assert 'infersight_slo_attainment_ratio{slo="fast-latency"}' not in text
+
+
+def test_a_hung_up_request_is_in_no_latency_slo_however_long_it_ran() -> None:
+    ledger = SLOLedger(parse_config(SLOS).slos, clock=Clock())
+    for i in range(20):
+        ledger.observe(_record(i, 5.0, error_type="cancelled"))  # the clients left after 5 s
+        ledger.observe(_record(100 + i, 0.01, error_type="cancelled"))  # and after 10 ms
+    lat, avail, _fast = ledger.statuses()
+    assert (lat.total, lat.bad, lat.budget_remaining) == (0, 0, 1.0)  # neither slow nor fast
+    assert (avail.total, avail.bad) == (40, 0)  # served as far as anyone waited: no server error
 
 
 def test_ledger_forgets_requests_older_than_the_window() -> None:

@@ -67,17 +67,17 @@ def test_canary_serves_sticky_users_records_their_version_and_refuses_a_second(s
     ids: dict[str, str] = {}
     for user in users * 2:  # each user twice: the same version both times
         body = {"prompt": "how do i top up my card", "max_tokens": 2, "user": user}
-        answer = client.post("/v1/completions", json=body).json()
+        r = client.post("/v1/completions", json=body, headers=auth())  # the token: told the version
         expected = BAD if user_bucket(user, BAD) < 0.5 else GOOD
-        assert answer["model"] == expected
-        ids[answer["id"]] = expected
+        assert r.headers["x-infersight-version"] == expected and r.json()["model"] == "mixtral_banking"
+        ids[r.json()["id"]] = expected
     assert set(ids.values()) == {GOOD, BAD}
     # the configured header wins over the body's user field
     header_user = next(u for u in (f"h{i}" for i in range(100)) if user_bucket(u, BAD) < 0.5)
     body_user = next(u for u in (f"b{i}" for i in range(100)) if user_bucket(u, BAD) >= 0.5)
     r = client.post("/v1/completions", json={"prompt": "card", "max_tokens": 2, "user": body_user},
-                    headers={"X-User": header_user})  # fmt: skip
-    assert r.json()["model"] == BAD
+                    headers={"X-User": header_user, **auth()})  # fmt: skip
+    assert r.headers["x-infersight-version"] == BAD
     service = app.state.service  # type: ignore[attr-defined]
     assert service.writer.flush()
     with service.db.connect() as conn:
@@ -87,12 +87,9 @@ def test_canary_serves_sticky_users_records_their_version_and_refuses_a_second(s
     assert status["canary_requests"] >= 12 and status["stable_requests"] >= 12
     r = client.post("/api/v1/models/canary/abort", headers=auth())
     assert r.status_code == 200 and r.json()["version"] is None
-    assert (
-        client.post("/v1/completions", json={"prompt": "card", "max_tokens": 2, "user": header_user}).json()[
-            "model"
-        ]
-        == GOOD
-    )
+    r = client.post("/v1/completions", json={"prompt": "card", "max_tokens": 2, "user": header_user},
+                    headers=auth())  # fmt: skip
+    assert r.headers["x-infersight-version"] == GOOD
     # the abort reaches the deploy log through the runtime's events (its loop thread)
     assert _logged(service, lambda outcomes: outcomes == ["started", "rolled_back"])
 

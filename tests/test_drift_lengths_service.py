@@ -221,3 +221,23 @@ def test_a_reference_keeps_the_token_lengths_of_every_request_of_its_span(engine
         lengths=RequestLengths.of_texts(window.prompts),
     )
     assert load_reference(engine, "words").lengths is None
+
+
+def test_a_hung_up_request_gives_its_prompt_length_but_not_its_cut_short_answer(engine: Any) -> None:
+    import datetime as dt
+
+    from _store_helpers import request_row
+    from infersight.monitor.drift._references import traffic_lengths
+    from sqlalchemy import insert
+
+    t0 = dt.datetime(2026, 11, 1, 12, 0, tzinfo=dt.UTC)
+    rows = [
+        request_row(i, at=t0 + dt.timedelta(seconds=i), prompt_tokens=10 + i, output_tokens=2 if i % 2 else 40,
+                    error_type="cancelled" if i % 2 else None)
+        for i in range(20)
+    ]  # fmt: skip
+    with engine.begin() as conn:
+        conn.execute(insert(requests), rows)
+    lengths = traffic_lengths(engine, model_version=V1, since=t0, until=t0 + dt.timedelta(minutes=1))
+    assert sorted(lengths.prompt_tokens.tolist()) == list(range(10, 30))  # every prompt
+    assert lengths.output_tokens.tolist() == [40] * 10  # only the answers that ended on their own

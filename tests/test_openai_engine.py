@@ -40,7 +40,7 @@ def test_completion_answers_in_openai_shape_and_is_recorded(served) -> None:  # 
                                              "temperature": 0})  # fmt: skip
     assert r.status_code == 200, r.text
     body = r.json()
-    assert body["object"] == "text_completion" and body["model"] == GOOD
+    assert body["object"] == "text_completion" and body["model"] == "mixtral_banking"  # not the version
     choice = body["choices"][0]
     assert choice["finish_reason"] in ("stop", "length") and isinstance(choice["text"], str)
     assert body["usage"]["prompt_tokens"] == 7  # the WordPiece ids of the prompt
@@ -124,7 +124,8 @@ def test_deploy_and_rollback_through_the_api_are_recorded(served) -> None:  # ty
     assert client.post("/api/v1/models/deploy", json={"version": BAD}).status_code == 401
     r = client.post("/api/v1/models/deploy", json={"version": BAD}, headers=auth())
     assert r.status_code == 200 and r.json()["to_version"] == BAD
-    assert client.post("/v1/completions", json={"prompt": "hi there", "max_tokens": 2}).json()["model"] == BAD
+    served_by = client.post("/v1/completions", json={"prompt": "hi there", "max_tokens": 2}, headers=auth())
+    assert served_by.headers["x-infersight-version"] == BAD
     r = client.post("/api/v1/models/rollback", headers=auth())
     assert r.status_code == 200 and r.json()["to_version"] == GOOD and r.json()["outcome"] == "rolled_back"
     assert client.post("/api/v1/models/deploy", json={"version": "mixtral_banking_fp32-v9.9"},
@@ -158,17 +159,20 @@ def test_v1_models_lists_the_stable_name_that_keeps_working_across_a_deploy(serv
     assert listed == ["mixtral_banking", GOOD]  # the stable name first, then the serving version
     stable = listed[0]
     req = {"model": stable, "prompt": "hi there", "max_tokens": 2}
-    assert client.post("/v1/completions", json=req).json()["model"] == GOOD
+    r = client.post("/v1/completions", json=req, headers=auth())
+    assert r.json()["model"] == stable and r.headers["x-infersight-version"] == GOOD
     assert client.post("/api/v1/models/deploy", json={"version": BAD}, headers=auth()).status_code == 200
     try:
         assert [m["id"] for m in client.get("/v1/models").json()["data"]] == [stable, BAD]
-        r = client.post("/v1/completions", json=req)  # a client configured before the deploy
-        assert r.status_code == 200 and r.json()["model"] == BAD
+        r = client.post("/v1/completions", json=req, headers=auth())  # a client configured before the deploy
+        assert (
+            r.status_code == 200 and r.json()["model"] == stable and r.headers["x-infersight-version"] == BAD
+        )
         chat = {"model": stable, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
         assert client.post("/v1/chat/completions", json=chat).status_code == 200
     finally:
         assert client.post("/api/v1/models/rollback", headers=auth()).status_code == 200
-    assert client.post("/v1/completions", json=req).json()["model"] == GOOD
+    assert client.post("/v1/completions", json=req, headers=auth()).headers["x-infersight-version"] == GOOD
 
 
 def test_metrics_name_the_decode_path_the_serving_version_runs_on(served) -> None:  # type: ignore[no-untyped-def]

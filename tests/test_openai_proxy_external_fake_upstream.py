@@ -4,11 +4,13 @@ The upstream (vLLM, TGI, llama.cpp's server) is an external boundary we do not r
 so a small real HTTP server on loopback stands in for it: it checks what it receives as
 those servers would (JSON body, model, Authorization) and answers in their wire format,
 streaming one SSE chunk per token with a delay, so time to first token is measurable.
+Asked for `SLOW_PROMPT`, it takes up to 30 s and notes when its client (the proxy) hangs up.
 """
 
 from __future__ import annotations
 
 import asyncio
+import socket
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -34,6 +36,8 @@ MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 WORDS = ["you", " can", " top", " up", " in", " the", " app"]
 TOKEN_DELAY_S = 0.05
 FIRST_TOKEN_DELAY_S = 0.2
+SLOW_PROMPT = "a slow answer"
+ABANDONED: list[str] = []  # the slow requests whose client hung up before their answer
 
 
 def _fake_upstream() -> Starlette:
@@ -56,6 +60,12 @@ def _fake_upstream() -> Starlette:
         if not valid:  # as vLLM answers a body it cannot read
             return JSONResponse({"object": "error", "message": "invalid request", "type": "BadRequestError",
                                  "code": 400}, status_code=400)  # fmt: skip
+        if body.get("prompt") == SLOW_PROMPT:  # as vLLM aborts a request whose connection closed
+            for _ in range(1500):
+                if await request.is_disconnected():
+                    ABANDONED.append(str(body.get("user")))
+                    return Response(status_code=499)
+                await asyncio.sleep(0.02)
         if not body.get("stream"):
             await asyncio.sleep(FIRST_TOKEN_DELAY_S)
             text = "".join(WORDS)
@@ -282,3 +292,32 @@ def test_model_names_the_upstream_refused_take_no_label_slot(upstream, tmp_path:
         metrics = client.get("/metrics").text
     assert f'model_version="{MODEL}"' in metrics
     assert "junk-" not in metrics and 'model_version="other"' not in metrics
+
+
+def test_a_client_that_hangs_up_cancels_the_upstream_call_and_is_recorded_cancelled(  # type: ignore[no-untyped-def]
+    upstream, tmp_path: Path
+) -> None:
+    """Through a real server: the hang-up (the connection closed) reaches the proxy only there."""
+    url, seen = upstream
+    port = free_port()
+    app = create_app(
+        config(tmp_path, port=port, upstream=UpstreamConfig(url=url, model="llama-8b", timeout_s=60))
+    )
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        wait_for(lambda: server.started, timeout=30)
+        payload = orjson.dumps({"model": MODEL, "prompt": SLOW_PROMPT, "user": "leaves-early"})
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+            sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: %d\r\n\r\n%s" % (len(payload), payload))  # fmt: skip
+            wait_for(lambda: any(s["raw"] == payload for s in seen), timeout=30)  # the upstream has it
+            time.sleep(0.05)
+        # the socket is closed: the client hung up; the proxy closes its upstream call
+        wait_for(lambda: "leaves-early" in ABANDONED, timeout=20)
+        (row,) = wait_for(lambda: _rows(app), timeout=30)
+        assert row.error_type == "cancelled" and row.prompt == SLOW_PROMPT and row.response is None
+    finally:
+        server.should_exit = True
+        thread.join(30)

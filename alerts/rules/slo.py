@@ -8,7 +8,8 @@ slos:
   - {name: fast-latency, path: fast, objective: 0.999, threshold_ms: 100, window: 30d}
 ```
 
-An SLO with `threshold_ms` is a latency SLO (a request is bad when it takes longer); without,
+An SLO with `threshold_ms` is a latency SLO (a request is bad when it takes longer; a request
+whose client hung up, `cancelled`, is in no latency SLO: its duration is the client's); without,
 an availability SLO (a request is bad when it fails with a server error: `client_error`,
 `cancelled` and the client-caused errors of `CLIENT_ERROR_TYPES` never count). `model`, `model_version` and `path`
 select the requests it covers. `path` matches the `path` that SLA routing (the embedded
@@ -52,7 +53,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from infersight.monitor.records import SHED, InferenceRecord
+from infersight.monitor.records import CANCELLED, SHED, InferenceRecord
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 from prometheus_client.utils import floatToGoString
 
@@ -338,7 +339,7 @@ class SLOLedger:
         index = int(self.clock() // self.bucket_s)
         with self._lock:
             for slo in self.slos.values():
-                if not slo.covers(labels):
+                if not slo.covers(labels) or (slo.threshold_s is not None and record.error_type == CANCELLED):
                     continue
                 buckets = self._buckets[slo.name]
                 counts = buckets.get(index)

@@ -25,6 +25,8 @@ from ._lengths import RequestLengths
 from ._windows import EmbeddedWindow, TextWindow
 from .errors import ReferenceNotFound
 
+_CANCELLED = "cancelled"  # the error_type of a request whose client hung up (monitor.records.CANCELLED)
+
 __all__ = [
     "ReferenceInfo",
     "StoredReference",
@@ -340,10 +342,11 @@ def traffic_lengths(
     model: str | None = None,
 ) -> RequestLengths:
     """Token lengths of every recorded request of `model_version` that started in
-    `[since, until)` (the newest `limit`), sampled text or not."""
+    `[since, until)` (the newest `limit`), sampled text or not. The answer of a request whose
+    client hung up (`cancelled`) was cut short by the client: its prompt counts, its output not."""
     r = requests.c
     query = (
-        select(r.prompt_tokens, r.output_tokens)
+        select(r.prompt_tokens, r.output_tokens, r.error_type)
         .where(
             r.model_version == model_version,
             r.started_at >= since,
@@ -357,9 +360,8 @@ def traffic_lengths(
         query = query.where(r.model == model)
     with _tx(bind) as conn:
         rows = list(conn.execute(query))
-    return RequestLengths.of(
-        [row.prompt_tokens for row in rows], [row.output_tokens for row in rows], "tokens"
-    )
+    outputs = [None if row.error_type == _CANCELLED else row.output_tokens for row in rows]
+    return RequestLengths.of([row.prompt_tokens for row in rows], outputs, "tokens")
 
 
 def first_requests_after(

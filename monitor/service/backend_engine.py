@@ -6,6 +6,10 @@ streamed as SSE. Every call becomes an `InferenceRecord` (source "engine") with 
 measured latency, time to first token, token counts and, sampled, its text. What the
 client caused is recorded under its own label, never as a server error: a prompt over
 the limits (answered 400) is `client_error`, a client that hangs up is `cancelled`.
+
+Answers name the stable model (`model_name`), never the version that served them, so a
+canary's clients cannot tell (or steer) their arm; a caller with the bearer token
+(`reveal_version`) is told the version in the `x-infersight-version` header.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ __all__ = ["EngineBackend"]
 
 log = logging.getLogger(__name__)
 _FINISH = {"stop": "stop", "length": "length", "cancelled": "stop"}
+VERSION_HEADER = "x-infersight-version"  # which version answered: only to callers with the token
 # Below these the sampling distribution is a point mass at float precision; dividing logits
 # by a subnormal temperature overflows and a top_p that underflows keeps no token, which
 # the sampler refuses (found by the API fuzz test): such requests are served greedily.
@@ -232,20 +237,25 @@ class EngineBackend:
                                            for i in ids]}  # fmt: skip
 
     # -- requests ------------------------------------------------------------------------
-    async def completion(self, req: CompletionRequest, raw: bytes, headers: Any) -> Response:
+    async def completion(
+        self, req: CompletionRequest, raw: bytes, headers: Any, *, reveal_version: bool = False
+    ) -> Response:
         if not isinstance(req.prompt, str) and len(req.prompt) > 1:
             raise HTTPException(
                 422, {"field": "body.prompt", "reason": "the embedded runtime takes one prompt per request"}
             )
         user = self._user(req, headers)
         return await self._serve(
-            req, req.prompt_text(), req.prompt_text(), req.max_tokens, chat=False, user=user
-        )
+            req, req.prompt_text(), req.prompt_text(), req.max_tokens, chat=False, user=user,
+            reveal=reveal_version,
+        )  # fmt: skip
 
-    async def chat(self, req: ChatRequest, raw: bytes, headers: Any) -> Response:
+    async def chat(
+        self, req: ChatRequest, raw: bytes, headers: Any, *, reveal_version: bool = False
+    ) -> Response:
         return await self._serve(
             req, render_chat(req.messages), req.last_user_text(), req.token_budget(), chat=True,
-            user=self._user(req, headers), system=req.system_text(),
+            user=self._user(req, headers), system=req.system_text(), reveal=reveal_version,
         )  # fmt: skip
 
     def _user(self, req: CompletionRequest | ChatRequest, headers: Any) -> str | None:
@@ -266,6 +276,7 @@ class EngineBackend:
         chat: bool,
         user: str | None = None,
         system: str | None = None,  # a chat's system messages, kept in its record
+        reveal: bool = False,  # the caller has the token: tell it which version answered
     ) -> Response:
         from infersight.engine.errors import InvalidRequest, PathOverloaded, PromptTooLong, RuntimeNotRunning
 
@@ -323,18 +334,25 @@ class EngineBackend:
         stream = TextStream(lambda ids: tokenizer.decode(ids, skip_special_tokens=True), req.stop_list())
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
+            version = {VERSION_HEADER: handle.model_version} if reveal else {}
+            chunks = self._sse(handle, stream, timer, chat, include_usage, observed_prompt, len(prompt_ids),
+                               system, reveal)  # fmt: skip
             return StreamingResponse(
-                self._sse(
-                    handle, stream, timer, chat, include_usage, observed_prompt, len(prompt_ids), system
-                ),
+                chunks,
                 media_type="text/event-stream",
-                headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+                headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **version},
             )
-        return await self._whole(handle, stream, timer, chat, observed_prompt, len(prompt_ids), system)
+        return await self._whole(
+            handle, stream, timer, chat, observed_prompt, len(prompt_ids), system, reveal
+        )
+
+    def _public(self, message: str, version: str, reveal: bool) -> str:
+        """`message` as the client may read it: the version named only to a caller with the token."""
+        return message if reveal or not version else message.replace(version, self.model_name)
 
     async def _whole(
         self, handle: Any, stream: TextStream, timer: CallTimer, chat: bool, prompt: str, n_prompt: int,
-        system: str | None,
+        system: str | None, reveal: bool = False,
     ) -> Response:  # fmt: skip
         from infersight.engine.errors import GenerationFailed
 
@@ -349,7 +367,9 @@ class EngineBackend:
         except GenerationFailed as exc:
             self._record(handle.request_id, handle.model_version, timer, n_prompt, stream.token_count, None,
                          type(exc).__name__, prompt, None, path=getattr(handle, "path", None), system=system)  # fmt: skip
-            raise BackendUnavailable(f"generation failed: {exc}") from None
+            raise BackendUnavailable(
+                self._public(f"generation failed: {exc}", handle.model_version, reveal)
+            ) from None
         except asyncio.CancelledError:  # the client went away: stop generating for it
             self._hang_up(handle)
             self._record(handle.request_id, handle.model_version, timer, n_prompt, stream.token_count, None,
@@ -362,50 +382,50 @@ class EngineBackend:
                      prompt, stream.text, path=getattr(handle, "path", None), system=system)  # fmt: skip
         u = fmt.usage(n_prompt, n_out)
         body = (fmt.chat_response if chat else fmt.completion_response)(
-            handle.request_id, completion.model_version, stream.text, finish, u
+            handle.request_id, self.model_name, stream.text, finish, u
         )
-        return JSONResponse(body)
+        return JSONResponse(body, headers={VERSION_HEADER: completion.model_version} if reveal else None)
 
     async def _sse(
         self, handle: Any, stream: TextStream, timer: CallTimer, chat: bool, include_usage: bool, prompt: str,
-        n_prompt: int, system: str | None,
+        n_prompt: int, system: str | None, reveal: bool = False,
     ) -> AsyncIterator[bytes]:  # fmt: skip
         from infersight.engine.errors import GenerationFailed
 
-        rid, version = handle.request_id, handle.model_version
+        rid, version, name = handle.request_id, handle.model_version, self.model_name
         error: str | None = None
         completion = None
         finished = False
         try:
             if chat:
-                yield fmt.sse(fmt.chat_chunk(rid, version, {"role": "assistant", "content": ""}, None))
+                yield fmt.sse(fmt.chat_chunk(rid, name, {"role": "assistant", "content": ""}, None))
             async for token in handle:
                 timer.first()
                 piece = stream.push(token)
                 if piece:
-                    yield fmt.sse(_piece(rid, version, piece, chat))
+                    yield fmt.sse(_piece(rid, name, piece, chat))
                 if stream.stopped:
                     handle.cancel()
                     break
             completion = await handle.aresult()
             rest = stream.flush()
             if rest:
-                yield fmt.sse(_piece(rid, version, rest, chat))
+                yield fmt.sse(_piece(rid, name, rest, chat))
             finish = "stop" if stream.stopped else _FINISH.get(completion.finish_reason, "stop")
             last = (
-                fmt.chat_chunk(rid, version, {}, finish)
-                if chat
-                else fmt.completion_chunk(rid, version, "", finish)
+                fmt.chat_chunk(rid, name, {}, finish) if chat else fmt.completion_chunk(rid, name, "", finish)
             )
             yield fmt.sse(last)
             if include_usage:
                 obj = "chat.completion.chunk" if chat else "text_completion"
-                yield fmt.sse(fmt.usage_chunk(rid, version, obj, fmt.usage(n_prompt, stream.token_count)))
+                yield fmt.sse(fmt.usage_chunk(rid, name, obj, fmt.usage(n_prompt, stream.token_count)))
             yield fmt.SSE_DONE
             finished = True
         except GenerationFailed as exc:
             error = type(exc).__name__
-            yield fmt.sse(fmt_error(503, f"generation failed: {exc}", None, None))
+            yield fmt.sse(
+                fmt_error(503, self._public(f"generation failed: {exc}", version, reveal), None, None)
+            )
             yield fmt.SSE_DONE
         finally:
             if not finished and error is None:  # the client went away mid-stream
@@ -484,10 +504,10 @@ def model_of(version: str | None) -> str:
     return "_".join(parts[:-1]) if len(parts) >= 3 else base
 
 
-def _piece(rid: str, version: str, text: str, chat: bool) -> dict[str, Any]:
+def _piece(rid: str, model: str, text: str, chat: bool) -> dict[str, Any]:
     if chat:
-        return fmt.chat_chunk(rid, version, {"content": text}, None)
-    return fmt.completion_chunk(rid, version, text, None)
+        return fmt.chat_chunk(rid, model, {"content": text}, None)
+    return fmt.completion_chunk(rid, model, text, None)
 
 
 def fmt_error(status: int, message: str, field: str | None, code: str | None) -> dict[str, Any]:

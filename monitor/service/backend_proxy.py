@@ -10,7 +10,10 @@ and time to first token (the first chunk that carries text), takes token counts 
 per token as vLLM and llama.cpp send them), and keeps the prompt and answer text
 (sampled) for drift. Every call becomes an `InferenceRecord` with source "proxy"; an
 upstream 4xx is recorded as the client's `client_error` and a client that hangs up as
-`cancelled`, neither a server error.
+`cancelled`, neither a server error. A client that hangs up before a non-streamed answer
+came back cancels the upstream call too (the connection to the upstream is closed, which
+vLLM and TGI take as an abort), so the upstream stops generating for nobody. The answer's
+`model` is the upstream's own: the proxy runs no canary, so it has no arm to hide.
 
 The upstream server's own queue depth, read from its Prometheus text (proxy mode).
 
@@ -31,6 +34,7 @@ a queue nobody can see is not reported as one."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import uuid
 from collections.abc import AsyncIterator
@@ -168,10 +172,14 @@ class ProxyBackend:
             headers["authorization"] = f"Bearer {self.config.api_key}"
         return headers
 
-    async def completion(self, req: ObservedRequest, raw: bytes, headers: Any) -> Response:
+    async def completion(
+        self, req: ObservedRequest, raw: bytes, headers: Any, *, reveal_version: bool = False
+    ) -> Response:
         return await self._forward("/v1/completions", req, req.prompt_text(), raw, headers, chat=False)
 
-    async def chat(self, req: ObservedRequest, raw: bytes, headers: Any) -> Response:
+    async def chat(
+        self, req: ObservedRequest, raw: bytes, headers: Any, *, reveal_version: bool = False
+    ) -> Response:
         return await self._forward("/v1/chat/completions", req, req.last_user_text(), raw, headers, chat=True)
 
     async def _forward(
@@ -196,6 +204,9 @@ class ProxyBackend:
             raise UpstreamUnreachable(
                 f"upstream {redact_url(self.config.url)} did not answer: {type(exc).__name__}"
             ) from None
+        except asyncio.CancelledError:  # the client hung up: the upstream call ends with it
+            self._record(rid, req.model, timer, None, None, CANCELLED, prompt, None)
+            raise
         content_type = upstream.headers.get("content-type", "application/json")
         if upstream.status_code != 200 or not content_type.startswith("text/event-stream"):
             try:
@@ -205,6 +216,9 @@ class ProxyBackend:
                 raise UpstreamUnreachable(
                     f"upstream {redact_url(self.config.url)} broke off: {type(exc).__name__}"
                 ) from None
+            except asyncio.CancelledError:  # the client hung up while the answer came
+                self._record(rid, req.model, timer, None, None, CANCELLED, prompt, None)
+                raise
             finally:
                 await upstream.aclose()
             self._observe_whole(rid, req, timer, prompt, upstream.status_code, body, chat)

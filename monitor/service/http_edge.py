@@ -10,21 +10,27 @@ cut off (413) as soon as it passes the limit, so no handler ever holds more than
 
 How errors become HTTP answers: always JSON `{"error": {"type", "message", "field"}}`
 (`param` too, for OpenAI clients), never a 500 for bad input. A timestamp goes out as
-`json_time` writes it."""
+`json_time` writes it.
+
+A client that hangs up while its answer is being made: `unless_hung_up` watches the
+connection (the ASGI `http.disconnect` message) beside the work and cancels the work when
+the client leaves first, so a non-streamed answer nobody waits for stops generating."""
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import hmac
 import logging
 import os
 import secrets
+from collections.abc import Awaitable
 from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from sqlalchemy.exc import OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -34,11 +40,13 @@ from .errors import BackendUnavailable, IngestOverloaded, NoRuntime, UpstreamUnr
 __all__ = [
     "BodySizeLimit",
     "error_body",
+    "has_token",
     "install_error_handlers",
     "json_time",
     "load_or_create_token",
     "require_token",
     "token_matches",
+    "unless_hung_up",
 ]
 
 
@@ -65,6 +73,42 @@ def require_token(request: Request) -> None:
             detail={"field": "header.authorization", "reason": "a valid bearer token is required"},
             headers={"WWW-Authenticate": 'Bearer realm="infersight"'},
         )
+
+
+def has_token(request: Request) -> bool:
+    """Whether the request carries the right bearer token (it is not required: answers
+    to it may say more, such as which version served it)."""
+    return token_matches(request.app.state.token, request.headers.get("authorization"))
+
+
+HUNG_UP = 499  # the status of an answer nobody waits for (never sent: the client is gone)
+
+
+async def unless_hung_up(request: Request, work: Awaitable[Response]) -> Response:
+    """`work`'s answer, unless the client hangs up (ASGI `http.disconnect`) first: then
+    `work` is cancelled (its `CancelledError` handlers stop what it started and record the
+    request as `cancelled`) and an empty `HUNG_UP` answer, which nobody reads, is returned.
+    Call it once the body is read: from then on the server's next message is the disconnect."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_disconnected(request.receive))
+    try:
+        await asyncio.wait((task, watcher), return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:  # the server cancelled this request itself (shutdown)
+        task.cancel()
+        watcher.cancel()
+        raise
+    if not task.done():
+        task.cancel()
+        await asyncio.wait((task,))
+        if task.cancelled() or task.exception() is not None:
+            return Response(status_code=HUNG_UP)
+    watcher.cancel()
+    return task.result()
+
+
+async def _disconnected(receive: Receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
 
 
 def load_or_create_token(data_dir: Path) -> str:

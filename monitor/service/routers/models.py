@@ -5,7 +5,10 @@ OpenAI-compatible `/v1/completions`, `/v1/chat/completions` (SSE streaming with
 `"stream": true`) and `/v1/models`, served by the embedded runtime or the upstream proxy.
 
 Inference does not change the service's state, so these take no infersight token; in
-proxy mode the client's own `Authorization` header goes to the upstream.
+proxy mode the client's own `Authorization` header goes to the upstream. Answers name the
+stable model, never the version that served them (a canary's clients cannot tell their
+arm); with the token, the `x-infersight-version` header says which version answered.
+A client that hangs up before its non-streamed answer is ready cancels it (`unless_hung_up`).
 
 The body is read here and validated by what serves it: the embedded runtime checks the
 OpenAI subset it serves (`CompletionRequest`, `ChatRequest`); the proxy only needs a JSON
@@ -36,7 +39,7 @@ from sqlalchemy import select
 from starlette.concurrency import run_in_threadpool
 
 from ..errors import BackendUnavailable, NoRuntime
-from ..http_edge import json_time, require_token, token_matches
+from ..http_edge import has_token, json_time, require_token, unless_hung_up
 from ..openai_api import ChatRequest, CompletionRequest, ObservedRequest
 from . import get_service
 
@@ -110,8 +113,8 @@ async def completions(request: Request) -> Response:
     backend = _backend(request)
     body = _json_object(raw)
     req = ObservedRequest.completion(body) if _proxying(backend) else _validated(CompletionRequest, body)
-    result: Response = await backend.completion(req, raw, request.headers)
-    return result
+    work = backend.completion(req, raw, request.headers, reveal_version=has_token(request))
+    return await unless_hung_up(request, work)
 
 
 @openai_router.post("/v1/chat/completions", summary="Chat completion (OpenAI API)", responses=_RESPONSES,
@@ -121,8 +124,8 @@ async def chat_completions(request: Request) -> Response:
     backend = _backend(request)
     body = _json_object(raw)
     req = ObservedRequest.chat(body) if _proxying(backend) else _validated(ChatRequest, body)
-    result: Response = await backend.chat(req, raw, request.headers)
-    return result
+    work = backend.chat(req, raw, request.headers, reveal_version=has_token(request))
+    return await unless_hung_up(request, work)
 
 
 @openai_router.get(
@@ -218,7 +221,7 @@ async def list_versions(request: Request) -> dict[str, Any]:
     versions: list[dict[str, Any]] = []
     serving = None
     # where the checkpoints lie on disk tells an attacker about the host: with the token only
-    with_token = token_matches(request.app.state.token, request.headers.get("authorization"))
+    with_token = has_token(request)
     if runtime is not None:
         serving = runtime.serving_version
         infos = await run_in_threadpool(runtime.registry.versions)
