@@ -22,7 +22,7 @@ from schemathesis import GenerationMode
 EXAMPLES = 20  # per operation, per mode, per token state
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture  # one service per test: schemathesis' own ASGI client runs the app's lifespan
 def app(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
     tmp = tmp_path_factory.mktemp("fuzz")
     registry = private_copy(shared_demo_registry(tmp_path_factory), tmp / "registry")
@@ -129,7 +129,7 @@ def test_known_hostile_values_in_every_parameter_and_body_get_no_5xx(app) -> Non
                 sent += 1
                 if r.status_code >= 500:
                     failures.append(
-                        f"{method.upper()} {url} {query} {(body or b'')[:40]!r} -> {r.status_code}"
+                        f"{method.upper()} {url} {query} {(body or b'')[:40]!r} -> {r.status_code} {r.text[:120]}"
                     )
     print(f"\nsent {sent} hostile requests")
     assert sent >= 150
