@@ -43,6 +43,8 @@ EXTRAS: dict[str, tuple[str, ...]] = {
         "re2",
         "httptools",
         "uvloop",
+        "opentelemetry",  # opentelemetry-proto: the OTLP receiver's messages
+        "google",  # googleapis-common-protos: google.rpc.Status
     ),
     "grafana": ("grafana_client", "yaml"),
     "redis": ("redis",),

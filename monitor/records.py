@@ -28,8 +28,8 @@ __all__ = [
     "is_server_error",
 ]
 
-RecordSource = Literal["sdk", "engine", "proxy"]
-_SOURCES = ("sdk", "engine", "proxy")
+RecordSource = Literal["sdk", "engine", "proxy", "otlp"]  # otlp: a GenAI span sent to /v1/traces
+_SOURCES = ("sdk", "engine", "proxy", "otlp")
 MAX_TEXT_CHARS = 32_768  # prompt/response text beyond this is refused at ingest (the SDK truncates first)
 _MAX_LABEL_CHARS = 256
 _MAX_EPOCH_S = 253_402_300_799.0  # 9999-12-31T23:59:59Z, the last instant a datetime (and the store) holds

@@ -23,7 +23,7 @@ from starlette.concurrency import run_in_threadpool
 from .browser_guard import BrowserGuard
 from .config import ServiceConfig
 from .http_edge import BodySizeLimit, install_error_handlers
-from .routers import ingest, models, monitoring
+from .routers import ingest, models, monitoring, otlp
 from .service import Service
 
 __all__ = ["create_app", "mount_page", "web_root"]
@@ -62,7 +62,7 @@ def create_app(config: ServiceConfig, *, service: Service | None = None, **servi
     install_error_handlers(app)
     app.add_middleware(BrowserGuard, listen_host=config.host, allowed_hosts=config.allowed_hosts)
     app.add_middleware(BodySizeLimit, max_bytes=config.limits.max_body_bytes)
-    for module in (monitoring, ingest, models):
+    for module in (monitoring, ingest, models, otlp):
         app.include_router(module.router)
     monitoring.mount_alertmanager(app)
     mount_page(app)

@@ -104,6 +104,25 @@ class ServiceMetrics:
             ["error_type"],
             registry=registry,
         )
+        # the OTLP receiver (routers/otlp.py): spans by what became of them, exports by answer
+        self.otlp_spans = Counter(
+            "infersight_otlp_spans", "Spans received at /v1/traces: accepted, or the reason they were not",
+            ["outcome"], registry=registry,
+        )  # fmt: skip
+        self.otlp_exports = Counter(
+            "infersight_otlp_exports",
+            "Exports received at /v1/traces, by answer",
+            ["outcome"],
+            registry=registry,
+        )
+        self.otlp_finish_reasons = Counter(
+            "infersight_otlp_finish_reasons", "Finish reasons of the model calls received over OTLP",
+            ["reason"], registry=registry,
+        )  # fmt: skip
+        for outcome in ("accepted", "not_genai", "not_a_generation", "no_model", "bad_timing", "bad_value"):
+            self.otlp_spans.labels(outcome)
+        for outcome in ("ok", "partial", "invalid", "unauthorized", "overloaded"):
+            self.otlp_exports.labels(outcome)
 
 
 class CombinedRegistry(Collector):

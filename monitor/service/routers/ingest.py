@@ -54,7 +54,7 @@ _RECORD_SCHEMA: dict[str, Any] = {
         "error_type": {"type": ["string", "null"], "minLength": 1, "maxLength": 256},
         "prompt": {"type": ["string", "null"]},
         "response": {"type": ["string", "null"]},
-        "source": {"type": "string", "enum": ["sdk", "engine", "proxy"]},
+        "source": {"type": "string", "enum": ["sdk", "engine", "proxy", "otlp"]},
         "path": {"type": ["string", "null"], "minLength": 1, "maxLength": 256},  # SLA routing's path
         "system_prompt": {"type": ["string", "null"]},  # a chat's system messages (optional)
     },
