@@ -1,0 +1,264 @@
+"""The OTLP/HTTP receiver (`POST /v1/traces`) of an ingest-only `infersight serve` (no
+engine, no upstream), over real HTTP: spans made by the OpenTelemetry SDK and sent by its
+real OTLP/HTTP exporter, or encoded by the SDK's own encoder into protobuf, OTLP/JSON and
+gzip bodies. A vLLM server span (vLLM's `SpanAttributes` names) becomes a record; a bad
+token is 401, an oversize body 413, a malformed one 400 with a `google.rpc.Status`; a
+model-call span without a model is named in `partial_success`; a full write queue is 503
+with Retry-After and keeps nothing; the service's text rules (sampling, redaction) apply."""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import gzip
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from _otlp_support import Served, exporting_tracer, serving
+from _service_support import TOKEN, auth, config
+from google.protobuf import json_format
+from google.rpc import status_pb2
+from infersight.monitor.service.config import LimitsConfig
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTraceServiceRequest,
+    ExportTraceServiceResponse,
+)
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind, Status, StatusCode
+
+LIMIT = 256 * 1024
+PROTOBUF = {"Content-Type": "application/x-protobuf"}
+JSON = {"Content-Type": "application/json"}
+
+# vLLM's vllm/tracing.py SpanAttributes, by their exact names, as its llm_request span sets them
+VLLM = {
+    "gen_ai.response.model": "meta-llama/Llama-3.1-8B-Instruct",
+    "gen_ai.request.id": "cmpl-9f2c",
+    "gen_ai.request.temperature": 0.7,
+    "gen_ai.request.top_p": 0.95,
+    "gen_ai.request.max_tokens": 128,
+    "gen_ai.request.n": 1,
+    "gen_ai.usage.num_sequences": 1,
+    "gen_ai.usage.prompt_tokens": 17,
+    "gen_ai.usage.completion_tokens": 33,
+    "gen_ai.latency.time_in_queue": 0.25,
+    "gen_ai.latency.time_to_first_token": 0.5,
+    "gen_ai.latency.e2e": 2.1,
+    "gen_ai.latency.time_in_scheduler": 0.01,
+    "gen_ai.latency.time_in_model_forward": 1.2,
+    "gen_ai.latency.time_in_model_execute": 1.4,
+}
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    tmp = tmp_path_factory.mktemp("otlp-receiver")
+    with serving(config(tmp, limits=LimitsConfig(max_body_bytes=LIMIT))) as s:
+        yield s
+
+
+def _spans(*specs: tuple[str, dict[str, Any]], error: bool = False, **resource: Any) -> list[ReadableSpan]:
+    """SDK spans (name, attributes), each lasting 2 s and ended now, read back in memory."""
+    memory = InMemorySpanExporter()
+    provider = TracerProvider(resource=Resource.create(resource))
+    provider.add_span_processor(SimpleSpanProcessor(memory))
+    tracer = provider.get_tracer("test")
+    now = time.time_ns()
+    for name, attributes in specs:
+        span = tracer.start_span(
+            name, kind=SpanKind.CLIENT, attributes=attributes, start_time=now - 2 * 10**9
+        )
+        if error:
+            span.set_status(Status(StatusCode.ERROR, "boom"))
+        span.end(end_time=now)
+    return list(memory.get_finished_spans())
+
+
+def _chat(model: str, prompt: str, answer: str) -> dict[str, Any]:
+    return {
+        "gen_ai.operation.name": "chat",
+        "gen_ai.request.model": model,
+        "gen_ai.usage.input_tokens": 7,
+        "gen_ai.usage.output_tokens": 3,
+        "gen_ai.input.messages": json.dumps(
+            [{"role": "user", "parts": [{"type": "text", "content": prompt}]}]
+        ),
+        "gen_ai.output.messages": json.dumps(
+            [{"role": "assistant", "parts": [{"type": "text", "content": answer}]}]
+        ),
+    }
+
+
+def _otlp_json(export: ExportTraceServiceRequest) -> bytes:
+    """OTLP/JSON as the specification writes it: protobuf's JSON mapping with hex ids."""
+    obj = json_format.MessageToDict(export)
+    for rs in obj["resourceSpans"]:
+        for ss in rs["scopeSpans"]:
+            for span in ss["spans"]:
+                for key in ("traceId", "spanId", "parentSpanId"):
+                    if key in span:
+                        span[key] = base64.b64decode(span[key]).hex()
+    return json.dumps(obj).encode()
+
+
+def _post(served: Served, body: bytes, headers: dict[str, str], token: str | None = TOKEN) -> httpx.Response:
+    sent = {**headers, **(auth(token) if token else {})}
+    return httpx.post(f"{served.base}/v1/traces", content=body, headers=sent, timeout=30)
+
+
+def test_a_vllm_server_span_sent_by_the_sdk_exporter_becomes_a_record(served: Served) -> None:
+    provider = exporting_tracer(served.base, **{"service.name": "vllm", "service.version": "llama-2025-07"})
+    tracer = provider.get_tracer("vllm.engine")
+    now = time.time_ns()
+    span = tracer.start_span(
+        "llm_request", kind=SpanKind.SERVER, attributes=VLLM, start_time=now - 2_100_000_000
+    )
+    span.end(end_time=now)
+    provider.shutdown()
+    (row,) = served.rows(model="meta-llama/Llama-3.1-8B-Instruct")
+    assert row["model_version"] == "llama-2025-07"  # the span names the model only; the service its version
+    assert (row["prompt_tokens"], row["output_tokens"]) == (17, 33)
+    assert row["duration_s"] == pytest.approx(2.1) and row["ttft_s"] == pytest.approx(0.5)
+    assert row["queue_s"] == pytest.approx(0.25)
+    assert row["tpot_s"] == pytest.approx((2.1 - 0.5) / 32)
+    assert row["started_at"].timestamp() == pytest.approx((now - 2_100_000_000) / 1e9, abs=1e-3)
+    assert row["error_type"] is None and row["source"] == "otlp"
+
+
+def test_protobuf_json_and_gzip_bodies_are_read_alike_and_answered_in_their_format(served: Served) -> None:
+    bodies = {}
+    for kind in ("protobuf", "json", "gzip-protobuf", "gzip-json"):
+        export = encode_spans(_spans(("chat m", _chat(f"fmt-{kind}", f"question {kind}", f"answer {kind}"))))
+        raw = _otlp_json(export) if kind.endswith("json") else export.SerializeToString()
+        bodies[kind] = (gzip.compress(raw) if kind.startswith("gzip") else raw, export)
+    for kind, (body, _) in bodies.items():
+        headers = dict(JSON if kind.endswith("json") else PROTOBUF)
+        if kind.startswith("gzip"):
+            headers["Content-Encoding"] = "gzip"
+        r = _post(served, body, headers)
+        assert r.status_code == 200, r.text
+        assert r.headers["content-type"].startswith(headers["Content-Type"])
+        if kind.endswith("json"):
+            assert r.json() == {}  # a full success: an empty ExportTraceServiceResponse
+        else:
+            assert ExportTraceServiceResponse.FromString(r.content) == ExportTraceServiceResponse()
+    for kind, (_, export) in bodies.items():
+        (row,) = served.rows(model=f"fmt-{kind}")
+        span = export.resource_spans[0].scope_spans[0].spans[0]
+        assert row["request_id"] == f"otlp-{span.trace_id.hex()}-{span.span_id.hex()}"
+        assert (row["prompt"], row["response"]) == (f"question {kind}", f"answer {kind}")
+        assert (row["prompt_tokens"], row["output_tokens"]) == (7, 3)
+
+
+def test_an_export_sent_again_is_stored_once(served: Served) -> None:
+    body = encode_spans(_spans(("chat", _chat("retried", "q", "a")))).SerializeToString()
+    assert [_post(served, body, PROTOBUF).status_code for _ in range(2)] == [200, 200]
+    assert len(served.rows(model="retried")) == 1
+
+
+def test_a_bad_or_missing_token_is_401_with_an_otlp_status_and_nothing_is_kept(served: Served) -> None:
+    body = encode_spans(_spans(("chat", _chat("no-token", "q", "a")))).SerializeToString()
+    for token in (None, "wrong-token-0123456789"):
+        r = _post(served, body, PROTOBUF, token=token)
+        assert r.status_code == 401
+        assert status_pb2.Status.FromString(r.content).code == 16  # UNAUTHENTICATED
+    assert served.rows(model="no-token") == []
+
+
+def test_an_oversize_body_is_413_declared_or_inflated_from_gzip(served: Served) -> None:
+    big = b"\x00" * (LIMIT + 1)
+    assert _post(served, big, PROTOBUF).status_code == 413
+    bomb = gzip.compress(big)  # a small body that inflates past the limit
+    assert len(bomb) < LIMIT
+    r = _post(served, bomb, {**PROTOBUF, "Content-Encoding": "gzip"})
+    assert r.status_code == 413 and "larger than" in status_pb2.Status.FromString(r.content).message
+
+
+def test_a_malformed_body_is_400_with_a_google_rpc_status(served: Served) -> None:
+    r = _post(served, b"\xff\xff\xff not protobuf", PROTOBUF)
+    assert r.status_code == 400
+    status = status_pb2.Status.FromString(r.content)
+    assert status.code == 3 and "ExportTraceServiceRequest" in status.message  # INVALID_ARGUMENT
+    r = _post(served, b'{"resourceSpans": [', JSON)
+    assert r.status_code == 400 and r.json()["code"] == 3 and "OTLP/JSON" in r.json()["message"]
+    r = _post(served, b'{"resourceSpans": [{"scopeSpans": [{"spans": [{"traceId": "not-hex"}]}]}]}', JSON)
+    assert r.status_code == 400 and "traceId" in r.json()["message"]
+    r = _post(served, b"not gzip at all", {**PROTOBUF, "Content-Encoding": "gzip"})
+    assert r.status_code == 400 and "gzip" in status_pb2.Status.FromString(r.content).message
+
+
+def test_a_partial_batch_names_the_rejected_spans_and_keeps_the_rest(served: Served) -> None:
+    before = {
+        o: served.metric("infersight_otlp_spans_total", outcome=o)
+        for o in ("accepted", "no_model", "not_genai")
+    }
+    spans = _spans(
+        ("chat good", _chat("partial-ok", "q", "a")),
+        ("chat nameless", {"gen_ai.operation.name": "chat", "gen_ai.usage.input_tokens": 3}),
+        ("GET /v1/models", {"http.request.method": "GET", "http.response.status_code": 200}),
+        ("embeddings", {"gen_ai.operation.name": "embeddings", "gen_ai.request.model": "e5"}),
+    )
+    r = _post(served, _otlp_json(encode_spans(spans)), JSON)
+    assert r.status_code == 200
+    partial = r.json()["partialSuccess"]
+    assert int(partial["rejectedSpans"]) == 1 and "names no model" in partial["errorMessage"]
+    assert [row["model"] for row in served.rows(model="partial-ok")] == ["partial-ok"]
+    after = {o: served.metric("infersight_otlp_spans_total", outcome=o) for o in before}
+    assert {o: after[o] - before[o] for o in before} == {"accepted": 1, "no_model": 1, "not_genai": 1}
+    assert served.metric("infersight_otlp_spans_total", outcome="not_a_generation") >= 1
+
+
+def test_a_failed_call_keeps_its_error_type(served: Served) -> None:
+    attrs = {**_chat("failing", "q", ""), "error.type": "openai.InternalServerError"}
+    assert _post(
+        served, encode_spans(_spans(("chat", attrs), error=True)).SerializeToString(), PROTOBUF
+    ).is_success
+    client = {**_chat("refused", "q", ""), "error.type": "BadRequestError"}
+    assert _post(
+        served, encode_spans(_spans(("chat", client), error=True)).SerializeToString(), PROTOBUF
+    ).is_success
+    assert served.rows(model="failing")[0]["error_type"] == "openai.InternalServerError"
+    assert served.rows(model="refused")[0]["error_type"] == "client_error"  # the caller's 4xx, as the proxy
+
+
+def mask_digits(text: str) -> str:
+    return "".join("#" if c.isdigit() else c for c in text)
+
+
+def test_the_services_text_rules_apply_sampling_and_the_redact_hook(tmp_path: Path) -> None:
+    cfg = config(tmp_path / "redact", redact="test_otlp_receiver:mask_digits")
+    with serving(cfg) as s:
+        body = encode_spans(
+            _spans(("chat", _chat("redacted", "card 4111 1111", "call 555")))
+        ).SerializeToString()
+        assert _post(s, body, PROTOBUF).status_code == 200
+        (row,) = s.rows()
+        assert (row["prompt"], row["response"]) == ("card #### ####", "call ###")
+    with serving(config(tmp_path / "unsampled", text_sample_rate=0.0)) as s:
+        body = encode_spans(_spans(("chat", _chat("unsampled", "secret", "secret")))).SerializeToString()
+        assert _post(s, body, PROTOBUF).status_code == 200
+        (row,) = s.rows()
+        assert (row["prompt"], row["response"], row["prompt_tokens"]) == (
+            None,
+            None,
+            7,
+        )  # figures kept, text not
+
+
+def test_a_full_write_queue_is_503_with_retry_after_and_keeps_nothing(tmp_path: Path) -> None:
+    cfg = config(tmp_path, limits=dataclasses.replace(LimitsConfig(), write_queue_rows=1))
+    with serving(cfg) as s:
+        body = encode_spans(_spans(("chat", _chat("a", "q", "a")), ("chat", _chat("b", "q", "a"))))
+        r = _post(s, body.SerializeToString(), PROTOBUF)
+        assert r.status_code == 503 and r.headers["retry-after"] == "1"
+        assert status_pb2.Status.FromString(r.content).code == 14  # UNAVAILABLE: exporters retry it
+        assert s.rows() == []
