@@ -5,7 +5,7 @@ rows it stored."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -42,7 +42,9 @@ class Served:
 
 
 @contextmanager
-def serving(cfg: ServiceConfig, **seams: Any) -> Iterator[Served]:
+def serving(
+    cfg: ServiceConfig, *, before_start: Callable[[Service], None] | None = None, **seams: Any
+) -> Iterator[Served]:
     """`cfg` served by uvicorn on a free loopback port (its `port` is replaced)."""
     import dataclasses
 
@@ -51,6 +53,8 @@ def serving(cfg: ServiceConfig, **seams: Any) -> Iterator[Served]:
     port = free_port()
     cfg = dataclasses.replace(cfg, port=port)
     service = Service(cfg, **seams)
+    if before_start is not None:
+        before_start(service)
     service.start()
     server = uvicorn.Server(uvicorn.Config(create_app(cfg, service=service), host="127.0.0.1", port=port,
                                            log_level="warning", access_log=False))  # fmt: skip
