@@ -37,7 +37,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from infersight.monitor.records import CLIENT_ERROR, MAX_TEXT_CHARS, InferenceRecord
+from infersight.monitor.records import CLIENT_ERROR, MAX_TEXT_CHARS, InferenceRecord, build_record
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
@@ -57,6 +57,7 @@ _CLIENT_ERRORS = frozenset({"BadRequestError", "AuthenticationError", "Permissio
 _INDEXED = re.compile(
     r"^(gen_ai\.prompt|gen_ai\.completion|llm\.input_messages|llm\.output_messages)\.(\d+)\.(.+)$"
 )
+_INDEXED_PREFIXES = ("gen_ai.prompt.", "gen_ai.completion.", "llm.input_messages.", "llm.output_messages.")
 _FIRST_TOKEN_EVENTS = ("First Token Stream Event", "gen_ai.content.completion.chunk")
 
 
@@ -224,23 +225,12 @@ def _record(
     if ttft is not None and output_tokens is not None and output_tokens >= 2 and duration >= ttft:
         tpot = (duration - ttft) / (output_tokens - 1)
     prompt, system, response = _texts(span, attrs, policy)
-    record = InferenceRecord(
-        request_id=f"otlp-{span.trace_id.hex()}-{span.span_id.hex()}",
-        model=model,
-        model_version=version,
-        started_at=start / 1e9,
-        duration_s=duration,
-        ttft_s=ttft,
-        tpot_s=tpot,
-        queue_s=_seconds(attrs.get("gen_ai.latency.time_in_queue")),
-        prompt_tokens=prompt_tokens,
-        output_tokens=output_tokens,
-        error_type=_error_type(span, attrs),
-        prompt=prompt,
-        response=response,
-        source="otlp",
-        system_prompt=system,
-    )
+    # fields checked above: built without the dataclass __init__ (records.build_record)
+    record = build_record(
+        f"otlp-{span.trace_id.hex()}-{span.span_id.hex()}", model, version, start / 1e9, duration, ttft, tpot,
+        _seconds(attrs.get("gen_ai.latency.time_in_queue")), prompt_tokens, output_tokens,
+        _error_type(span, attrs), prompt, response, "otlp", None, system,
+    )  # fmt: skip
     return record, _finish_reasons(attrs)
 
 
@@ -311,9 +301,10 @@ def _kept(text: str | None, policy: TextPolicy) -> str | None:
 def _messages(span: Span, attrs: Mapping[str, Any]) -> tuple[list[Message], list[Message]]:
     inputs = _semconv_messages(attrs.get("gen_ai.input.messages"))
     outputs = _semconv_messages(attrs.get("gen_ai.output.messages"))
-    indexed = _indexed(attrs)
-    inputs = inputs or indexed.get("gen_ai.prompt", []) or indexed.get("llm.input_messages", [])
-    outputs = outputs or indexed.get("gen_ai.completion", []) or indexed.get("llm.output_messages", [])
+    if not inputs or not outputs:
+        indexed = _indexed(attrs)
+        inputs = inputs or indexed.get("gen_ai.prompt", []) or indexed.get("llm.input_messages", [])
+        outputs = outputs or indexed.get("gen_ai.completion", []) or indexed.get("llm.output_messages", [])
     if not inputs or not outputs:
         event_in, event_out = _event_texts(span)
         inputs, outputs = inputs or event_in, outputs or event_out
@@ -375,7 +366,7 @@ def _indexed(attrs: Mapping[str, Any]) -> dict[str, list[Message]]:
     `llm.input_messages.N.message.{role,content}`, in index order."""
     found: dict[str, dict[int, dict[str, Any]]] = {}
     for key, value in attrs.items():
-        match = _INDEXED.match(key)
+        match = _INDEXED.match(key) if key.startswith(_INDEXED_PREFIXES) else None
         if match is not None:
             prefix, index, rest = match.groups()
             found.setdefault(prefix, {}).setdefault(int(index), {})[rest.removeprefix("message.")] = value
