@@ -3,7 +3,7 @@ real OpenTelemetry exporter (OTLP/HTTP protobuf, `BatchSpanProcessor`), and the 
 CPU per 1,000 spans, next to the same figures for `POST /api/v1/events` fed by the SDK's
 `HttpSink`, in one run, the two alternated.
 
-    .venv/bin/python benchmarks/otlp_ingest.py --phase-s 15 --rounds 2 --senders 2
+    .venv/bin/python benchmarks/otlp_ingest.py --phase-s 15 --rounds 2 --senders 2 [--raw] [--no-drift]
 
 The service runs as `infersight serve` in its own process (SQLite in a temp dir, drift and
 alerts on, as deployed). Each phase starts `--senders` sender processes of one kind for
@@ -47,6 +47,24 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _attributes(rng: random.Random) -> dict[str, Any]:
+    """A chat span's attributes as OpenLLMetry writes them; 10% with prompt and answer."""
+    attributes: dict[str, Any] = {
+        "gen_ai.operation.name": "chat", "gen_ai.request.model": "mixtral_banking",
+        "gen_ai.response.model": "mixtral_banking_int8-v1.2", "gen_ai.usage.input_tokens": rng.randint(5, 60),
+        "gen_ai.usage.output_tokens": rng.randint(1, 200), "gen_ai.response.finish_reasons": ("stop",),
+    }  # fmt: skip
+    if rng.random() < 0.10:
+        q = rng.choice(QUESTIONS)
+        attributes["gen_ai.input.messages"] = json.dumps(
+            [{"role": "user", "parts": [{"type": "text", "content": q}]}]
+        )
+        attributes["gen_ai.output.messages"] = json.dumps(
+            [{"role": "assistant", "parts": [{"type": "text", "content": ANSWER}]}]
+        )
+    return attributes
+
+
 def _otlp_sender(base: str, batch: int, seconds: float, seed: int) -> None:
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
     from opentelemetry.sdk.resources import Resource
@@ -68,24 +86,41 @@ def _otlp_sender(base: str, batch: int, seconds: float, seed: int) -> None:
     deadline = time.monotonic() + seconds
     n = 0
     while time.monotonic() < deadline:
-        attributes: dict[str, Any] = {
-            "gen_ai.operation.name": "chat", "gen_ai.request.model": "mixtral_banking",
-            "gen_ai.response.model": "mixtral_banking_int8-v1.2", "gen_ai.usage.input_tokens": rng.randint(5, 60),
-            "gen_ai.usage.output_tokens": rng.randint(1, 200), "gen_ai.response.finish_reasons": ("stop",),
-        }  # fmt: skip
-        if rng.random() < 0.10:
-            q = rng.choice(QUESTIONS)
-            attributes["gen_ai.input.messages"] = json.dumps(
-                [{"role": "user", "parts": [{"type": "text", "content": q}]}]
-            )
-            attributes["gen_ai.output.messages"] = json.dumps(
-                [{"role": "assistant", "parts": [{"type": "text", "content": ANSWER}]}]
-            )
-        tracer.start_span("chat mixtral_banking", kind=SpanKind.CLIENT, attributes=attributes).end()
+        tracer.start_span("chat mixtral_banking", kind=SpanKind.CLIENT, attributes=_attributes(rng)).end()
         n += 1
         if n % batch == 0:
             time.sleep(0)  # let the export thread run
     provider.shutdown()
+
+
+def _otlp_raw_sender(base: str, batch: int, seconds: float, seed: int) -> None:
+    """Exports made once by the SDK's own encoder from real SDK spans, posted again and again
+    with fresh trace ids: the endpoint's capacity, without the Python SDK's cost of making
+    and encoding spans (`--raw`)."""
+    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    memory = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(memory))
+    tracer = provider.get_tracer("bench")
+    rng = random.Random(seed)
+    for _ in range(batch):
+        tracer.start_span("chat mixtral_banking", attributes=_attributes(rng)).end()
+    export = encode_spans(memory.get_finished_spans())
+    spans = [s for rs in export.resource_spans for ss in rs.scope_spans for s in ss.spans]
+    headers = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/x-protobuf"}
+    deadline = time.monotonic() + seconds
+    with httpx.Client(timeout=30) as client:
+        while time.monotonic() < deadline:
+            trace_id = os.urandom(16)
+            for span in spans:
+                span.trace_id = trace_id
+            r = client.post(f"{base}/v1/traces", content=export.SerializeToString(), headers=headers)
+            if r.status_code != 200:
+                time.sleep(0.05)
 
 
 def _sdk_sender(base: str, batch: int, seconds: float, seed: int) -> None:
@@ -140,14 +175,24 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--senders", type=int, default=2)
     parser.add_argument("--batch", type=int, default=512, help="spans per export / events per SDK batch")
+    parser.add_argument(
+        "--raw", action="store_true", help="also post pre-encoded exports (the endpoint's capacity)"
+    )
+    parser.add_argument("--no-drift", action="store_true", help="drift off: the ingest path's own CPU")
     args = parser.parse_args()
+    kinds = ["otlp", "sdk", *(["otlp-raw"] if args.raw else [])]
+    targets = {"otlp": _otlp_sender, "sdk": _sdk_sender, "otlp-raw": _otlp_raw_sender}
     print(f"CPU: {_cpu_model()}, {os.cpu_count()} logical cores; load average {os.getloadavg()}")
     tmp = Path(tempfile.mkdtemp(prefix="infersight-otlp-bench-"))
     port = _free_port()
     base = f"http://127.0.0.1:{port}"
     env = {**os.environ, "INFERSIGHT_TOKEN": TOKEN, "HF_HUB_OFFLINE": "1"}
-    server = subprocess.Popen([sys.executable, "-m", "infersight.monitor.cli", "serve", "--port", str(port),
-                               "--data-dir", str(tmp / "data"), "--log-level", "warning"], env=env)  # fmt: skip
+    command = [sys.executable, "-m", "infersight.monitor.cli", "serve", "--port", str(port),
+               "--data-dir", str(tmp / "data"), "--log-level", "warning"]  # fmt: skip
+    if args.no_drift:
+        (tmp / "infersight.yaml").write_text("drift: {enabled: false}\n", encoding="utf-8")
+        command += ["--config", str(tmp / "infersight.yaml")]
+    server = subprocess.Popen(command, env=env)
     try:
         deadline = time.monotonic() + 120
         while True:
@@ -160,13 +205,10 @@ def main() -> None:
                 raise SystemExit("the service did not start")
             time.sleep(0.2)
         proc = psutil.Process(server.pid)
-        totals: dict[str, list[float]] = {
-            "otlp": [0.0, 0.0, 0.0],
-            "sdk": [0.0, 0.0, 0.0],
-        }  # items, cpu s, wall s
+        totals = {kind: [0.0, 0.0, 0.0] for kind in kinds}  # items, service CPU s, wall s
         for r in range(args.rounds):
-            for kind in ("otlp", "sdk") if r % 2 == 0 else ("sdk", "otlp"):
-                target = _otlp_sender if kind == "otlp" else _sdk_sender
+            for kind in kinds if r % 2 == 0 else kinds[::-1]:
+                target = targets[kind]
                 before, cpu0, t0 = _accepted(base), sum(proc.cpu_times()[:2]), time.monotonic()
                 senders = [mp.Process(target=target, args=(base, args.batch, args.phase_s, 1000 * r + i))
                            for i in range(args.senders)]  # fmt: skip
@@ -175,15 +217,15 @@ def main() -> None:
                 for p in senders:
                     p.join()
                 after, cpu1, t1 = _accepted(base), sum(proc.cpu_times()[:2]), time.monotonic()
-                n = after[kind] - before[kind]
-                print(f"round {r + 1} {kind:4}: {n:9,.0f} accepted in {t1 - t0:5.1f} s = {n / (t1 - t0):8,.0f}/s, "
+                n = after[kind.partition("-")[0]] - before[kind.partition("-")[0]]
+                print(f"round {r + 1} {kind:8}: {n:9,.0f} accepted in {t1 - t0:5.1f} s = {n / (t1 - t0):8,.0f}/s, "
                       f"service CPU {1e3 * (cpu1 - cpu0) / max(n, 1):.3f} s per 1,000", flush=True)  # fmt: skip
                 for i, v in enumerate((n, cpu1 - cpu0, t1 - t0)):
                     totals[kind][i] += v
         rates = {k: v[0] / v[2] for k, v in totals.items()}
         cpu = {k: 1e3 * v[1] / max(v[0], 1) for k, v in totals.items()}
-        for kind in ("otlp", "sdk"):
-            print(f"{kind:4} total: {totals[kind][0]:,.0f} in {totals[kind][2]:.1f} s = {rates[kind]:,.0f}/s; "
+        for kind in kinds:
+            print(f"{kind:8} total: {totals[kind][0]:,.0f} in {totals[kind][2]:.1f} s = {rates[kind]:,.0f}/s; "
                   f"service CPU {cpu[kind]:.3f} s per 1,000")  # fmt: skip
         print(
             f"ratio otlp/sdk: rate {rates['otlp'] / rates['sdk']:.2f}, CPU per item {cpu['otlp'] / cpu['sdk']:.2f}"
