@@ -141,8 +141,16 @@ def _value(v: AnyValue) -> Any:
     return getattr(v, kind)
 
 
+_SCALARS = frozenset({"string_value", "bool_value", "int_value", "double_value", "bytes_value"})
+
+
 def _attributes(pairs: Iterable[KeyValue]) -> dict[str, Any]:
-    return {kv.key: _value(kv.value) for kv in pairs}
+    out = {}
+    for kv in pairs:  # the per-span hot loop: scalars read inline
+        value = kv.value
+        kind = value.WhichOneof("value")
+        out[kv.key] = getattr(value, kind) if kind in _SCALARS else _value(value)
+    return out
 
 
 def _not_a_model_call(attrs: Mapping[str, Any]) -> str | None:
