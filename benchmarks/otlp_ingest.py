@@ -227,9 +227,10 @@ def main() -> None:
         for kind in kinds:
             print(f"{kind:8} total: {totals[kind][0]:,.0f} in {totals[kind][2]:.1f} s = {rates[kind]:,.0f}/s; "
                   f"service CPU {cpu[kind]:.3f} s per 1,000")  # fmt: skip
-        print(
-            f"ratio otlp/sdk: rate {rates['otlp'] / rates['sdk']:.2f}, CPU per item {cpu['otlp'] / cpu['sdk']:.2f}"
-        )
+        for kind in (k for k in kinds if k != "sdk"):
+            print(
+                f"ratio {kind}/sdk: rate {rates[kind] / rates['sdk']:.2f}, CPU per item {cpu[kind] / cpu['sdk']:.2f}"
+            )
     finally:
         server.terminate()
         server.wait(30)

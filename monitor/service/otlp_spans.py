@@ -33,7 +33,7 @@ import math
 import random
 import re
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -58,6 +58,8 @@ _INDEXED = re.compile(
     r"^(gen_ai\.prompt|gen_ai\.completion|llm\.input_messages|llm\.output_messages)\.(\d+)\.(.+)$"
 )
 _INDEXED_PREFIXES = ("gen_ai.prompt.", "gen_ai.completion.", "llm.input_messages.", "llm.output_messages.")
+_TEXT_KEYS = frozenset({"gen_ai.input.messages", "gen_ai.output.messages", "gen_ai.system_instructions",
+                        "input.value", "output.value", "gen_ai.prompt", "gen_ai.completion"})  # fmt: skip
 _FIRST_TOKEN_EVENTS = ("First Token Stream Event", "gen_ai.content.completion.chunk")
 
 
@@ -114,7 +116,7 @@ def records_from_spans(request: ExportTraceServiceRequest, policy: TextPolicy) -
         for scope_spans in resource_spans.scope_spans:
             for span in scope_spans.spans:
                 spans += 1
-                attrs = _attributes(span.attributes)
+                attrs = _SpanAttributes(span.attributes)
                 why_not = _not_a_model_call(attrs)
                 if why_not is not None:
                     skipped[why_not] += 1
@@ -151,6 +153,32 @@ def _attributes(pairs: Iterable[KeyValue]) -> dict[str, Any]:
         kind = value.WhichOneof("value")
         out[kv.key] = getattr(value, kind) if kind in _SCALARS else _value(value)
     return out
+
+
+class _SpanAttributes(Mapping[str, Any]):
+    """A span's attributes, each value converted from its `AnyValue` when read: a span has
+    a dozen or more attributes, of which a handful are read."""
+
+    __slots__ = ("_raw",)
+
+    def __init__(self, pairs: Iterable[KeyValue]) -> None:
+        self._raw = {kv.key: kv.value for kv in pairs}
+
+    def __getitem__(self, key: str) -> Any:
+        return _value(self._raw[key])
+
+    def get(self, key: str, default: Any = None) -> Any:
+        value = self._raw.get(key)
+        return default if value is None else _value(value)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._raw)
+
+    def __len__(self) -> int:
+        return len(self._raw)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._raw
 
 
 def _not_a_model_call(attrs: Mapping[str, Any]) -> str | None:
@@ -281,6 +309,12 @@ def _texts(
     """(prompt: the last user message, system: the system messages before it, response)."""
     if policy.sample_rate < 1.0 and policy.rng.random() >= policy.sample_rate:
         return None, None, None
+    if (
+        not span.events
+        and _TEXT_KEYS.isdisjoint(attrs)
+        and not any(k.startswith(_INDEXED_PREFIXES) for k in attrs)
+    ):
+        return None, None, None  # most spans carry no text (vLLM's never do): nothing to look for
     inputs, outputs = _messages(span, attrs)
     users = [i for i, (role, _) in enumerate(inputs) if role == "user"]
     last = users[-1] if users else len(inputs) - 1
