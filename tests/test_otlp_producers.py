@@ -167,6 +167,6 @@ def test_a_proxy_serve_receives_the_traces_of_the_app_it_proxies(engine: Served,
         finally:
             instrumentor.uninstrument()
             provider.shutdown()
-        rows = proxy.rows(model_version="p-1")
-        assert [r["prompt"] for r in rows] == _questions(2 * CALLS)[:2]
-        assert all(r["response"] and r["output_tokens"] for r in rows)
+        rows = wait_for(lambda: (r := proxy.rows(model_version="p-1")) and len(r) >= 2 and r, timeout=30)
+        assert [r["prompt"] for r in rows] == _questions(2 * CALLS)[:2], rows
+        assert all(r["response"] and r["output_tokens"] for r in rows), rows
