@@ -262,3 +262,35 @@ def test_a_full_write_queue_is_503_with_retry_after_and_keeps_nothing(tmp_path: 
         assert r.status_code == 503 and r.headers["retry-after"] == "1"
         assert status_pb2.Status.FromString(r.content).code == 14  # UNAVAILABLE: exporters retry it
         assert s.rows() == []
+
+
+def test_a_dated_snapshot_that_answered_is_the_version_of_the_model_asked_for(served: Served) -> None:
+    openinference = {  # OpenInference names the model that answered; its invocation parameters the one asked for
+        "openinference.span.kind": "LLM", "llm.model_name": "gpt-4o-mini-2024-07-18",
+        "llm.invocation_parameters": json.dumps({"model": "gpt-4o-mini", "temperature": 0}),
+        "llm.input_messages.0.message.role": "user", "llm.input_messages.0.message.content": "hello",
+        "llm.output_messages.0.message.role": "assistant", "llm.output_messages.0.message.content": "hi",
+        "llm.token_count.prompt": 4, "llm.token_count.completion": 1,
+    }  # fmt: skip
+    body = encode_spans(_spans(("ChatCompletion", openinference), **{"service.version": "app-3"}))
+    assert _post(served, body.SerializeToString(), PROTOBUF).status_code == 200
+    (row,) = served.rows(model="gpt-4o-mini")
+    assert row["model_version"] == "gpt-4o-mini-2024-07-18"
+    assert (row["prompt"], row["response"], row["prompt_tokens"], row["output_tokens"]) == (
+        "hello",
+        "hi",
+        4,
+        1,
+    )
+
+
+def test_an_otlp_json_span_without_ids_is_rejected_not_stored_under_a_shared_id(served: Served) -> None:
+    now = time.time_ns()
+    span = {"name": "chat", "startTimeUnixNano": str(now - 10**9), "endTimeUnixNano": str(now),
+            "attributes": [{"key": "gen_ai.operation.name", "value": {"stringValue": "chat"}},
+                           {"key": "gen_ai.request.model", "value": {"stringValue": "idless"}}]}  # fmt: skip
+    body = json.dumps({"resourceSpans": [{"scopeSpans": [{"spans": [span, span]}]}]}).encode()
+    r = _post(served, body, JSON)
+    assert r.status_code == 200 and int(r.json()["partialSuccess"]["rejectedSpans"]) == 2
+    assert "without a trace id" in r.json()["partialSuccess"]["errorMessage"]
+    assert served.rows(model="idless") == []

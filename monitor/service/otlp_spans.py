@@ -42,12 +42,12 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
 
-__all__ = ["FINISH_REASONS", "SKIP_REASONS", "SpanBatch", "TextPolicy", "records_from_spans"]
+__all__ = ["FINISH_REASONS", "REJECT_REASONS", "SKIP_REASONS", "SpanBatch", "TextPolicy", "records_from_spans"]
 
 GENERATIONS = frozenset({"chat", "text_completion", "completion", "generate_content"})
 FINISH_REASONS = ("stop", "length", "content_filter", "tool_calls", "function_call", "error", "other")
 SKIP_REASONS = ("not_genai", "not_a_generation")  # spans that are no model call: not errors
-REJECT_REASONS = ("no_model", "bad_timing", "bad_value")  # model calls that cannot become records
+REJECT_REASONS = ("no_id", "no_model", "bad_timing", "bad_value")  # model calls that cannot become records
 _MAX_LABEL = 256
 _MAX_EPOCH_NS = 253_402_300_799 * 10**9
 _MAX_TOKENS = 2**31 - 1
@@ -94,6 +94,7 @@ class SpanBatch:
 
 
 _WHY = {
+    "no_id": "a span without a trace id or span id",
     "no_model": "a GenAI span names no model (gen_ai.request.model, gen_ai.response.model, llm.model_name)",
     "bad_timing": "start or end time missing, reversed or after the year 9999",
     "bad_value": "a token count or latency attribute is negative, not a number or out of range",
@@ -232,7 +233,10 @@ def _tokens(value: Any) -> int | None:
 def _record(
     span: Span, attrs: Mapping[str, Any], resource: Mapping[str, Any], policy: TextPolicy
 ) -> tuple[InferenceRecord, list[str]]:
-    model = _label(_first(attrs, "gen_ai.request.model", "llm.model_name", "gen_ai.response.model"))
+    if not span.trace_id or not span.span_id:
+        raise _Rejected("no_id")
+    model = _label(attrs.get("gen_ai.request.model") or _invoked_model(attrs) or
+                   _first(attrs, "llm.model_name", "gen_ai.response.model"))  # fmt: skip
     served = _label(_first(attrs, "gen_ai.response.model", "llm.model_name"))
     if model is None:
         raise _Rejected("no_model")
@@ -268,6 +272,13 @@ def _record(
         _error_type(span, attrs), prompt, response, "otlp", None, system,
     )  # fmt: skip
     return record, _finish_reasons(attrs)
+
+
+def _invoked_model(attrs: Mapping[str, Any]) -> Any:
+    """The model OpenInference's `llm.invocation_parameters` asked for (its `llm.model_name`
+    is the one that answered)."""
+    params = _json(attrs.get("llm.invocation_parameters"))
+    return params.get("model") if isinstance(params, dict) else None
 
 
 def _first_token_event(span: Span) -> float | None:
