@@ -56,6 +56,9 @@ VLLM = {
     "gen_ai.latency.time_in_scheduler": 0.01,
     "gen_ai.latency.time_in_model_forward": 1.2,
     "gen_ai.latency.time_in_model_execute": 1.4,
+    "gen_ai.latency.time_in_model_prefill": 0.3,
+    "gen_ai.latency.time_in_model_decode": 1.3,
+    "gen_ai.latency.time_in_model_inference": 1.6,
 }
 
 
