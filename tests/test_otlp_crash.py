@@ -115,6 +115,7 @@ def test_sigkill_during_a_stream_of_sdk_exports_loses_no_acknowledged_span(tmp_p
         wait_for(lambda: session.failed >= 1, timeout=30, interval=0.01)  # the stream went on into the kill
         stop.set()
         producer.join(10)
+        exporter.shutdown()  # the spans still queued fail at once instead of retrying against the dead server
         provider.shutdown()
     finally:
         stop.set()

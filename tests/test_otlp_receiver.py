@@ -24,6 +24,7 @@ from _service_support import TOKEN, auth, config
 from google.protobuf import json_format
 from google.rpc import status_pb2
 from infersight.monitor.service.config import LimitsConfig
+from infersight.monitor.service.otlp_spans import REJECT_REASONS, SKIP_REASONS
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
@@ -218,6 +219,9 @@ def test_a_partial_batch_names_the_rejected_spans_and_keeps_the_rest(served: Ser
     after = {o: served.metric("infersight_otlp_spans_total", outcome=o) for o in before}
     assert {o: after[o] - before[o] for o in before} == {"accepted": 1, "no_model": 1, "not_genai": 1}
     assert served.metric("infersight_otlp_spans_total", outcome="not_a_generation") >= 1
+    registry = served.service.registry  # every reason is a series from the first scrape
+    assert all(registry.get_sample_value("infersight_otlp_spans_total", {"outcome": reason}) is not None
+               for reason in (*SKIP_REASONS, *REJECT_REASONS))  # fmt: skip
 
 
 def test_a_failed_call_keeps_its_error_type(served: Served) -> None:

@@ -119,7 +119,9 @@ class ServiceMetrics:
             "infersight_otlp_finish_reasons", "Finish reasons of the model calls received over OTLP",
             ["reason"], registry=registry,
         )  # fmt: skip
-        for outcome in ("accepted", "not_genai", "not_a_generation", "no_id", "no_model", "bad_timing", "bad_value"):
+        # accepted, or why not: otlp_spans.py's SKIP_REASONS and REJECT_REASONS
+        spans = ("accepted", "not_genai", "not_a_generation", "no_id", "no_model", "bad_timing", "bad_value")
+        for outcome in spans:
             self.otlp_spans.labels(outcome)
         for outcome in ("ok", "partial", "invalid", "unauthorized", "overloaded"):
             self.otlp_exports.labels(outcome)

@@ -42,7 +42,14 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
 
-__all__ = ["FINISH_REASONS", "REJECT_REASONS", "SKIP_REASONS", "SpanBatch", "TextPolicy", "records_from_spans"]
+__all__ = [
+    "FINISH_REASONS",
+    "REJECT_REASONS",
+    "SKIP_REASONS",
+    "SpanBatch",
+    "TextPolicy",
+    "records_from_spans",
+]
 
 GENERATIONS = frozenset({"chat", "text_completion", "completion", "generate_content"})
 FINISH_REASONS = ("stop", "length", "content_filter", "tool_calls", "function_call", "error", "other")

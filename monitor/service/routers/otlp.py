@@ -38,6 +38,7 @@ from starlette.concurrency import run_in_threadpool
 
 from ..errors import IngestOverloaded
 from ..http_edge import has_token
+from ..metrics import ServiceMetrics
 from ..otlp_spans import SpanBatch, TextPolicy, records_from_spans
 from . import get_service
 
@@ -166,7 +167,7 @@ def _ids_as_base64(obj: Any) -> Any:
     return obj
 
 
-def _count(metrics: Any, batch: SpanBatch) -> None:
+def _count(metrics: ServiceMetrics, batch: SpanBatch) -> None:
     metrics.otlp_exports.labels("partial" if batch.rejected_spans else "ok").inc()
     if batch.records:
         metrics.otlp_spans.labels("accepted").inc(len(batch.records))
