@@ -301,3 +301,16 @@ def test_an_otlp_json_span_without_ids_is_rejected_not_stored_under_a_shared_id(
     assert r.status_code == 200 and int(r.json()["partialSuccess"]["rejectedSpans"]) == 2
     assert "without a trace id" in r.json()["partialSuccess"]["errorMessage"]
     assert served.rows(model="idless") == []
+
+
+def test_a_snapshot_holds_the_calls_that_came_over_otlp(served: Served) -> None:
+    body = encode_spans(_spans(("chat", _chat("snapshotted", "where is my card", "on its way"))))
+    assert _post(served, body.SerializeToString(), PROTOBUF).status_code == 200
+    r = httpx.post(f"{served.base}/api/v1/snapshots", json={"reason": "otlp", "requests": 50}, headers=auth(),
+                   timeout=60)  # fmt: skip
+    assert r.status_code == 201, r.text
+    content = httpx.get(
+        f"{served.base}/api/v1/snapshots/{r.json()['snapshot_id']}", headers=auth(), timeout=30
+    )
+    (kept,) = [q for q in content.json()["requests"] if q["model"] == "snapshotted"]
+    assert (kept["source"], kept["prompt"], kept["response"]) == ("otlp", "where is my card", "on its way")
