@@ -20,10 +20,10 @@ from typing import Any
 import httpx
 import pytest
 from _otlp_support import Served, exporting_tracer, serving
-from _service_support import TOKEN, auth, config
+from _service_support import TOKEN, auth, config, wait_for
 from google.protobuf import json_format
 from google.rpc import status_pb2
-from infersight.monitor.service.config import LimitsConfig
+from infersight.monitor.service.config import AlertingConfig, LimitsConfig, ScheduleConfig
 from infersight.monitor.service.otlp_spans import REJECT_REASONS, SKIP_REASONS
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
@@ -314,3 +314,41 @@ def test_a_snapshot_holds_the_calls_that_came_over_otlp(served: Served) -> None:
     )
     (kept,) = [q for q in content.json()["requests"] if q["model"] == "snapshotted"]
     assert (kept["source"], kept["prompt"], kept["response"]) == ("otlp", "where is my card", "on its way")
+
+
+ERROR_RULES = """\
+groups:
+  - name: serving
+    interval: 1s
+    rules:
+      - alert: ErrorRateSpike
+        signal: {kind: error_rate, window: 1m, min_requests: 10}
+        op: ">"
+        threshold: 0.05
+        by: [model, model_version]
+        labels: {severity: critical}
+"""
+
+
+def test_failing_calls_sent_over_otlp_fire_the_error_rate_alert(tmp_path: Path) -> None:
+    rules = tmp_path / "rules.yaml"
+    rules.write_text(ERROR_RULES, encoding="utf-8")
+    cfg = config(tmp_path, alerting=AlertingConfig(rules=rules),
+                 schedule=ScheduleConfig(rules_s=0.2, timeseries_s=0.5))  # fmt: skip
+    with serving(cfg) as s:
+        ok = _spans(*[("chat", _chat("flaky", "q", "a"))] * 10)
+        failed = _spans(
+            *[("chat", {**_chat("flaky", "q", ""), "error.type": "InternalServerError"})] * 10, error=True
+        )
+        assert _post(s, encode_spans(ok + failed).SerializeToString(), PROTOBUF).status_code == 200
+
+        def firing() -> list[Any]:
+            alerts = httpx.get(f"{s.base}/api/v1/alerts", params={"state": "firing"}, timeout=30).json()[
+                "alerts"
+            ]
+            return [
+                a for a in alerts if a["alertname"] == "ErrorRateSpike" and a["labels"]["model"] == "flaky"
+            ]
+
+        (alert,) = wait_for(firing, timeout=30)
+        assert alert["value"] == pytest.approx(0.5)
