@@ -23,8 +23,11 @@ from _otlp_support import Served, exporting_tracer, serving
 from _service_support import TOKEN, auth, config, wait_for
 from google.protobuf import json_format
 from google.rpc import status_pb2
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from infersight.monitor.service.config import AlertingConfig, LimitsConfig, ScheduleConfig
-from infersight.monitor.service.otlp_spans import REJECT_REASONS, SKIP_REASONS
+from infersight.monitor.service.otlp_spans import REJECT_REASONS, SKIP_REASONS, TextPolicy, records_from_spans
+from infersight.monitor.service.routers.otlp import _decode_and_map, _Refused
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
@@ -352,3 +355,69 @@ def test_failing_calls_sent_over_otlp_fire_the_error_rate_alert(tmp_path: Path) 
 
         (alert,) = wait_for(firing, timeout=30)
         assert alert["value"] == pytest.approx(0.5)
+
+
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.sampled_from(
+        ["resourceSpans", "scopeSpans", "spans", "attributes", "key", "value", "stringValue", "intValue",
+         "traceId", "spanId", "startTimeUnixNano", "endTimeUnixNano", "status", "code", "events", "x"]
+    ), inner, max_size=4),
+    max_leaves=20,
+)  # fmt: skip
+
+
+@settings(max_examples=300, deadline=None)
+@given(raw=st.binary(max_size=300), shaped=_JSON)
+def test_no_body_makes_the_receiver_fail_with_a_5xx(raw: bytes, shaped: Any) -> None:
+    # what the route runs on a body (routers/otlp.py): an export's records, or a 4xx refusal
+    body = json.dumps({"resourceSpans": [shaped]}).encode()
+    for content, media in (
+        (raw, "application/x-protobuf"),
+        (body, "application/json"),
+        (raw, "application/json"),
+    ):
+        try:
+            _decode_and_map(content, "identity", media, LIMIT, TextPolicy())
+        except _Refused as exc:
+            assert exc.status == 400
+
+
+_KEYS = ["gen_ai.operation.name", "gen_ai.request.model", "gen_ai.response.model", "llm.model_name",
+         "gen_ai.usage.input_tokens", "gen_ai.usage.output_tokens", "gen_ai.usage.prompt_tokens",
+         "gen_ai.latency.e2e", "gen_ai.latency.time_to_first_token", "gen_ai.latency.time_in_queue",
+         "gen_ai.input.messages", "gen_ai.output.messages", "gen_ai.system_instructions", "error.type",
+         "gen_ai.response.finish_reasons", "gen_ai.prompt.0.content", "gen_ai.prompt.0.role",
+         "llm.input_messages.0.message.content", "llm.output_messages.1.message.contents.0.message_content.text",
+         "llm.invocation_parameters", "input.value", "input.mime_type", "output.value", "output.mime_type",
+         "openinference.span.kind", "llm.request.type", "llm.token_count.prompt"]  # fmt: skip
+_SCALAR = (st.text(max_size=12) | st.sampled_from(["chat", "LLM", "application/json", "[{}]", '{"model": 1}',
+           '[{"role": "user", "parts": [{"type": "text", "content": 5}]}]', "[1, [2]]"])
+           | st.integers(-(2**63), 2**63 - 1) | st.floats() | st.booleans())  # fmt: skip
+
+
+@settings(max_examples=300, deadline=None)
+@given(attributes=st.dictionaries(st.sampled_from(_KEYS), st.one_of(_SCALAR, st.lists(_SCALAR, max_size=3))),
+       times=st.tuples(st.integers(0, 2**64 - 1), st.integers(0, 2**64 - 1)), error=st.booleans())  # fmt: skip
+def test_no_span_content_makes_the_mapping_raise(
+    attributes: dict[str, Any], times: tuple[int, int], error: bool
+) -> None:
+    export = ExportTraceServiceRequest()
+    span = export.resource_spans.add().scope_spans.add().spans.add()
+    span.trace_id, span.span_id = b"\x01" * 16, b"\x02" * 8
+    span.start_time_unix_nano, span.end_time_unix_nano = times
+    span.status.code = 2 if error else 0
+    for key, value in attributes.items():
+        kv = span.attributes.add(key=key)
+        for v in value if isinstance(value, list) else [value]:
+            target = kv.value.array_value.values.add() if isinstance(value, list) else kv.value
+            if isinstance(v, bool):
+                target.bool_value = v
+            elif isinstance(v, int):
+                target.int_value = v
+            elif isinstance(v, float):
+                target.double_value = v
+            else:
+                target.string_value = v
+    batch = records_from_spans(export, TextPolicy())
+    assert len(batch.records) + sum(batch.skipped.values()) + batch.rejected_spans == 1

@@ -192,13 +192,17 @@ class _SpanAttributes(Mapping[str, Any]):
 def _not_a_model_call(attrs: Mapping[str, Any]) -> str | None:
     operation = attrs.get("gen_ai.operation.name")
     if operation is not None:
-        return None if operation in GENERATIONS else "not_a_generation"
+        return None if isinstance(operation, str) and operation in GENERATIONS else "not_a_generation"
     kind = attrs.get("openinference.span.kind")
     if kind is not None:
         return None if str(kind).upper() == "LLM" else "not_a_generation"
     request_type = attrs.get("llm.request.type")
     if request_type is not None:
-        return None if request_type in ("chat", "completion") else "not_a_generation"
+        return (
+            None
+            if isinstance(request_type, str) and request_type in ("chat", "completion")
+            else "not_a_generation"
+        )
     if any(key.startswith(("gen_ai.", "llm.")) for key in attrs):
         return None  # vLLM's server span and older conventions: GenAI attributes, no operation
     return "not_genai"
