@@ -29,6 +29,7 @@ a record: finish reasons are counted (a metric), parameters are not kept."""
 from __future__ import annotations
 
 import json
+import logging
 import math
 import random
 import re
@@ -51,6 +52,7 @@ __all__ = [
     "records_from_spans",
 ]
 
+log = logging.getLogger(__name__)
 GENERATIONS = frozenset({"chat", "text_completion", "completion", "generate_content"})
 FINISH_REASONS = ("stop", "length", "content_filter", "tool_calls", "function_call", "error", "other")
 SKIP_REASONS = ("not_genai", "not_a_generation")  # spans that are no model call: not errors
@@ -133,6 +135,10 @@ def records_from_spans(request: ExportTraceServiceRequest, policy: TextPolicy) -
                     record, reasons = _record(span, attrs, resource, policy)
                 except _Rejected as exc:
                     rejected[exc.reason] += 1
+                    continue
+                except (TypeError, ValueError, AttributeError, OverflowError) as exc:  # a shape not foreseen
+                    log.warning("OTLP span %s not read: %s: %s", span.span_id.hex(), type(exc).__name__, exc)
+                    rejected["bad_value"] += 1
                     continue
                 records.append(record)
                 finish.update(reasons)
