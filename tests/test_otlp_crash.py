@@ -39,7 +39,7 @@ class CountingSession(requests.Session):
         self.acknowledged: list[set[str]] = []
         self.failed = 0
 
-    def request(self, method: str | bytes, url: str | bytes, *args: Any, **kwargs: Any) -> requests.Response:  # type: ignore[override]
+    def request(self, method: str, url: str, *args: Any, **kwargs: Any) -> requests.Response:  # type: ignore[override]
         export = ExportTraceServiceRequest.FromString(kwargs.get("data") or b"")
         ids = {
             f"otlp-{s.trace_id.hex()}-{s.span_id.hex()}"

@@ -12,6 +12,7 @@ import base64
 import dataclasses
 import gzip
 import json
+import logging
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -73,10 +74,12 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
         yield s
 
 
-def _spans(*specs: tuple[str, dict[str, Any]], error: bool = False, **resource: Any) -> list[ReadableSpan]:
+def _spans(
+    *specs: tuple[str, dict[str, Any]], error: bool = False, resource: dict[str, str] | None = None
+) -> list[ReadableSpan]:
     """SDK spans (name, attributes), each lasting 2 s and ended now, read back in memory."""
     memory = InMemorySpanExporter()
-    provider = TracerProvider(resource=Resource.create(resource))
+    provider = TracerProvider(resource=Resource.create(resource or {}))
     provider.add_span_processor(SimpleSpanProcessor(memory))
     tracer = provider.get_tracer("test")
     now = time.time_ns()
@@ -282,7 +285,7 @@ def test_a_dated_snapshot_that_answered_is_the_version_of_the_model_asked_for(se
         "llm.output_messages.0.message.role": "assistant", "llm.output_messages.0.message.content": "hi",
         "llm.token_count.prompt": 4, "llm.token_count.completion": 1,
     }  # fmt: skip
-    body = encode_spans(_spans(("ChatCompletion", openinference), **{"service.version": "app-3"}))
+    body = encode_spans(_spans(("ChatCompletion", openinference), resource={"service.version": "app-3"}))
     assert _post(served, body.SerializeToString(), PROTOBUF).status_code == 200
     (row,) = served.rows(model="gpt-4o-mini")
     assert row["model_version"] == "gpt-4o-mini-2024-07-18"
@@ -396,6 +399,15 @@ _SCALAR = (st.text(max_size=12) | st.sampled_from(["chat", "LLM", "application/j
            | st.integers(-(2**63), 2**63 - 1) | st.floats() | st.booleans())  # fmt: skip
 
 
+class _Kept(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
 @settings(max_examples=300, deadline=None)
 @given(attributes=st.dictionaries(st.sampled_from(_KEYS), st.one_of(_SCALAR, st.lists(_SCALAR, max_size=3))),
        times=st.tuples(st.integers(0, 2**64 - 1), st.integers(0, 2**64 - 1)), error=st.booleans())  # fmt: skip
@@ -419,5 +431,12 @@ def test_no_span_content_makes_the_mapping_raise(
                 target.double_value = v
             else:
                 target.string_value = v
-    batch = records_from_spans(export, TextPolicy())
+    handler = _Kept()
+    logger = logging.getLogger("infersight.monitor.service.otlp_spans")
+    logger.addHandler(handler)
+    try:
+        batch = records_from_spans(export, TextPolicy())
+    finally:
+        logger.removeHandler(handler)
     assert len(batch.records) + sum(batch.skipped.values()) + batch.rejected_spans == 1
+    assert handler.records == []  # every shape is foreseen: rejected by reason, not by the safety net
