@@ -7,8 +7,8 @@ Two views of the same observations:
 - sliding-window DDSketches with a stated relative accuracy, queried in process:
   `quantile("request_duration", 0.99, window_s=300)`, `count(300, errors_only=True)`.
 
-Recording is a lock and an append (`Series.exit`); folding happens at scrape or
-query time, so the cost of the sketches is paid off the caller's path.
+Recording is an append, without a lock (`Series`, in `_recording`); folding happens at
+scrape or query time, so the cost of the sketches is paid off the caller's path.
 
 Label values come from clients (an SDK's model name, the `model` a proxied client sends),
 so each label keeps at most `max_label_values` distinct values, and there are at most
@@ -48,7 +48,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from ._series import LATENCY_METRICS, Pending, Series, WindowedSketches, fold_batch, register_fork_handler
+from ._recording import Pending, Series, fold_pending
+from ._series import LATENCY_METRICS, WindowedSketches, register_fork_handler
 from .errors import InvalidObservation, InvalidQuery, UnknownMetric, WindowTooLong
 
 __all__ = [
@@ -457,7 +458,7 @@ class InferenceStats(Collector):
 
     def in_flight(self, *, model: str | None = None, model_version: str | None = None) -> int:
         with self._fold_lock:
-            return sum(_in_flight(s) for s in self._matching(model, model_version))
+            return sum(s.in_flight() for s in self._matching(model, model_version))
 
     def waiting(self, *, model: str | None = None, model_version: str | None = None) -> int:
         return sum(s.waiting for s in self._matching(model, model_version))
@@ -491,7 +492,7 @@ class InferenceStats(Collector):
         with self._fold_lock:
             now = self.clock()
             series = list(self._fold_matching(None, None, now))
-            in_flight = {id(s): _in_flight(s) for s in series}
+            in_flight = {id(s): s.in_flight() for s in series}
             families = inference_families(series, in_flight)
         overflow = CounterMetricFamily(*_OVERFLOW, labels=["label"])
         for label, n in self._overflowed.items():
@@ -515,13 +516,13 @@ class InferenceStats(Collector):
     def _fold_matching(self, model: str | None, model_version: str | None, now: float) -> list[Series]:
         matching = self._matching(model, model_version)
         for series in matching:
-            fold_batch(series, series.take_pending(), self._interval_s)
+            fold_pending(series, self._interval_s)
             series.windows.evict(now)
         return matching
 
     def _fold_one(self, series: Series) -> None:
         with self._fold_lock:
-            fold_batch(series, series.take_pending(), self._interval_s)
+            fold_pending(series, self._interval_s)
             series.windows.evict(self.clock())
 
     def _after_fork_in_child(self) -> None:
@@ -529,8 +530,3 @@ class InferenceStats(Collector):
         self._fold_lock = threading.Lock()
         for series in self._series.values():
             series.reinit_lock()
-
-
-def _in_flight(series: Series) -> int:
-    left = series.left.value()
-    return max(0, series.entered.value() - left)

@@ -1,15 +1,11 @@
-"""One (model, model_version) label set: the hot-path handle and its folded state.
-
-The hot path is a lock and an append: `exit()` puts one raw tuple on a pending list
-and returns. The tuples are folded into histograms and sliding-window sketches later,
-at scrape or query time, or by the caller whose append fills the list (bounded).
+"""The folded state of one (model, model_version) label set, and what the samplers share.
 
 The pieces, in the order they are used: histogram bucket boundaries (one set serves a
 CPU toy model and a Hopper GPU, roughly log-spaced), `Tally` (a counter whose increment is
 one C call), `HistogramState` (per-bucket counts and a sum; cumulative counts only for
-exposition), `WindowedSketches` (sliding windows of mergeable DDSketches: time is cut into
-intervals, a query merges the intervals that overlap the window) and `fold_batch` (a
-batch of raw observations folded into the histograms and sketches with numpy).
+exposition) and `WindowedSketches` (sliding windows of mergeable DDSketches: time is cut
+into intervals, a query merges the intervals that overlap the window). The hot-path
+handle that feeds them, and the folding, are in `_recording`.
 
 And what the background samplers share: a daemon thread that calls one function every
 `interval_s` (`Periodic`), fork safety for the locks and threads they own, and the
@@ -34,27 +30,23 @@ from typing import Any, Protocol
 import numpy as np
 from ddsketch import DDSketch
 from ddsketch.mapping import LogarithmicMapping
-from infersight.monitor.records import CANCELLED, CLIENT_ERROR, NOT_ERRORS, is_server_error
 from prometheus_client.utils import floatToGoString
 
 __all__ = [
+    "BUCKETS",
     "DURATION_BUCKETS",
     "LATENCY_METRICS",
-    "MAX_ERROR_TYPES",
     "QUEUE_TIME_BUCKETS",
     "TOKEN_BUCKETS",
     "TPOT_BUCKETS",
     "TTFT_BUCKETS",
     "ForkAware",
     "HistogramState",
-    "Pending",
     "Periodic",
-    "Series",
     "Slot",
     "Tally",
     "Trend",
     "WindowedSketches",
-    "fold_batch",
     "register_fork_handler",
 ]
 
@@ -339,150 +331,6 @@ class WindowedSketches:
                 into.merge(sketch)
 
 
-MAX_ERROR_TYPES = 32  # distinct error_type label values per series; the rest count as "other"
-
-# (end on the stats clock, duration, ttft, tpot, queue, prompt tokens, output tokens, error type)
-Pending = tuple[float, float, float | None, float | None, float | None, int | None, int | None, str | None]
-
-_BUCKETS = dict(
+BUCKETS = dict(
     zip(LATENCY_METRICS, (DURATION_BUCKETS, TTFT_BUCKETS, TPOT_BUCKETS, QUEUE_TIME_BUCKETS), strict=True)
 )
-
-
-class Series:
-    __slots__ = (
-        "_fold",
-        "_lock",
-        "_max_pending",
-        "_pending",
-        "client_outcomes",
-        "entered",
-        "errors",
-        "histograms",
-        "left",
-        "model",
-        "model_version",
-        "tokens",
-        "waiting",
-        "windows",
-    )
-
-    def __init__(
-        self,
-        model: str,
-        model_version: str,
-        *,
-        windows: WindowedSketches,
-        max_pending: int,
-        fold: Callable[[Series], None],
-    ) -> None:
-        self.model = model
-        self.model_version = model_version
-        self._lock = threading.Lock()
-        self._pending: list[Pending] = []
-        self._max_pending = max_pending
-        self._fold = fold
-        self.entered = Tally()  # requests that started (in flight until they leave)
-        self.left = Tally()
-        self.waiting = 0  # queue depth, set by an engine adapter or proxy
-        # folded state, guarded by the owning InferenceStats' fold lock
-        self.histograms = {m: HistogramState(_BUCKETS[m]) for m in LATENCY_METRICS}
-        self.tokens = {"input": HistogramState(TOKEN_BUCKETS), "output": HistogramState(TOKEN_BUCKETS)}
-        self.windows = windows
-        self.errors: dict[str, int] = {}  # server errors by error_type
-        self.client_outcomes: dict[str, int] = {}  # client_error, cancelled, shed: never errors
-
-    # -- hot path -------------------------------------------------------------------
-    def enter(self) -> None:
-        """A request started: it counts as in flight until `leave()` or `exit()`."""
-        self.entered.incr()
-
-    def leave(self) -> None:
-        self.left.incr()
-
-    def exit(
-        self,
-        end: float,
-        duration: float,
-        ttft: float | None = None,
-        tpot: float | None = None,
-        queue: float | None = None,
-        prompt_tokens: int | None = None,
-        output_tokens: int | None = None,
-        error_type: str | None = None,
-    ) -> None:
-        """A request that `enter()`ed finished: `leave()` and `add()` in one step."""
-        self.left.incr()
-        with self._lock:
-            self._pending.append((end, duration, ttft, tpot, queue, prompt_tokens, output_tokens, error_type))
-            full = len(self._pending) >= self._max_pending
-        if full:
-            self._fold(self)
-
-    def add(self, observation: Pending) -> None:
-        """One finished request that was never counted in flight (ingest, manual API)."""
-        with self._lock:
-            self._pending.append(observation)
-            full = len(self._pending) >= self._max_pending
-        if full:
-            self._fold(self)
-
-    def add_waiting(self, delta: int) -> None:
-        with self._lock:
-            self.waiting = max(0, self.waiting + delta)
-
-    def set_waiting(self, depth: int) -> None:
-        """The queue depth as another server reports it (a proxy reading its upstream's metrics)."""
-        with self._lock:
-            self.waiting = max(0, depth)
-
-    # -- folding (under the owner's fold lock) ---------------------------------------
-    def take_pending(self) -> list[Pending]:
-        with self._lock:
-            batch, self._pending = self._pending, []
-        return batch
-
-    def reinit_lock(self) -> None:
-        self._lock = threading.Lock()
-
-
-_END, _PROMPT_TOKENS, _OUTPUT_TOKENS, _ERROR = 0, 5, 6, 7
-
-
-def fold_batch(series: Series, batch: list[Pending], interval_s: float) -> None:
-    if not batch:
-        return
-    cols = list(zip(*batch, strict=True))
-    slot_ids = np.floor(np.asarray(cols[_END], dtype=float) / interval_s).astype(np.int64)
-    error_col = cols[_ERROR]
-    if error_col.count(None) == len(error_col):
-        series.windows.fold_counts(slot_ids, np.zeros(len(batch), dtype=bool))
-    else:  # only server errors count as errors; what the client caused is counted apart
-        is_error = np.array([is_server_error(e) for e in error_col], dtype=bool)
-        client_error = np.array([e == CLIENT_ERROR for e in error_col], dtype=bool)
-        cancelled = np.array([e == CANCELLED for e in error_col], dtype=bool)
-        _count_errors(series.errors, series.client_outcomes, error_col)
-        series.windows.fold_counts(slot_ids, is_error, client_error, cancelled)
-    for column, metric in enumerate(LATENCY_METRICS, start=1):
-        values = np.asarray(cols[column], dtype=float)  # None -> nan
-        present = ~np.isnan(values)
-        if present.any():
-            series.histograms[metric].fold(values[present])
-            series.windows.fold_values(metric, slot_ids[present], values[present])
-    for column, token_type in ((_PROMPT_TOKENS, "input"), (_OUTPUT_TOKENS, "output")):
-        values = np.asarray(cols[column], dtype=float)
-        present = ~np.isnan(values)
-        if present.any():
-            series.tokens[token_type].fold(values[present])
-
-
-def _count_errors(errors: dict[str, int], client: dict[str, int], column: tuple[str | None, ...]) -> None:
-    for error_type in column:
-        if error_type is None:
-            continue
-        if error_type in NOT_ERRORS:
-            client[error_type] = client.get(error_type, 0) + 1
-            continue
-        if error_type not in errors and len(errors) >= MAX_ERROR_TYPES:
-            error_type = "other"
-        errors[error_type] = errors.get(error_type, 0) + 1

@@ -1,0 +1,252 @@
+"""Recording without locks: the hot-path handle of one label set, and the folding of what it
+collected into histograms and sliding-window sketches.
+
+The way OpenTelemetry's SDK and Prometheus' native histograms go: the caller only appends
+a raw observation to a buffer, and the buffers are merged into the aggregates later, when
+`/metrics` is scraped, a query is answered, or (so that memory stays bounded when nobody
+asks) by the caller whose observation fills a buffer. No lock is taken on the hot path:
+`list.append` is atomic, and the drain takes a prefix of the list with two atomic list
+operations (a slice, then deleting that slice), so an append that lands between them stays
+for the next drain; nothing is lost and nothing is folded twice. The drains themselves run
+under the owning `InferenceStats`' fold lock.
+
+Three buffers, by what the observation carries:
+- `timed`: `(end, duration)` of a call that `enter()`ed and finished without an error or
+  anything else to say (the SDK decorator's plain calls and coroutines): a 2-tuple, folded
+  as two float columns in one pass;
+- `finished`: a full `Pending` tuple of a call that `enter()`ed;
+- `added`: full tuples that never entered (ingest, the manual API), not counted as leaving.
+
+In flight = entered - (folded exits + exits still buffered) - left without an observation.
+
+The hot path of the decorator: `n = series.entered.incr()` at the start, then
+`series.timed.append((end, duration))`, and a fold when `n & series.fold_mask == fold_mask`
+(one call in every `fold_mask + 1`: about `max_pending`).
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections.abc import Callable, Iterable
+from typing import TypeVar
+
+import numpy as np
+from infersight.monitor.records import CANCELLED, CLIENT_ERROR, NOT_ERRORS, is_server_error
+
+from ._series import BUCKETS, LATENCY_METRICS, TOKEN_BUCKETS, HistogramState, Tally, WindowedSketches
+
+__all__ = ["MAX_ERROR_TYPES", "Pending", "Series", "fold_pending"]
+
+MAX_ERROR_TYPES = 32  # distinct error_type label values per series; the rest count as "other"
+
+# (end on the stats clock, duration, ttft, tpot, queue, prompt tokens, output tokens, error type)
+Pending = tuple[float, float, float | None, float | None, float | None, int | None, int | None, str | None]
+
+_T = TypeVar("_T")
+_NOTHING_ELSE = (None, None, None, None, None, None)
+
+
+def _take(buffer: list[_T]) -> list[_T]:
+    """The items in `buffer` now, removed from it; appends racing with this stay in it."""
+    n = len(buffer)
+    if not n:
+        return []
+    batch = buffer[:n]
+    del buffer[:n]
+    return batch
+
+
+class Series:
+    __slots__ = (
+        "_fold",
+        "_lock",
+        "_max_pending",
+        "added",
+        "client_outcomes",
+        "entered",
+        "errors",
+        "finished",
+        "fold_mask",
+        "folded_exits",
+        "histograms",
+        "left",
+        "model",
+        "model_version",
+        "timed",
+        "tokens",
+        "waiting",
+        "windows",
+    )
+
+    def __init__(
+        self,
+        model: str,
+        model_version: str,
+        *,
+        windows: WindowedSketches,
+        max_pending: int,
+        fold: Callable[[Series], None],
+    ) -> None:
+        self.model = model
+        self.model_version = model_version
+        self._lock = threading.Lock()  # the queue depth only
+        self._max_pending = max(1, max_pending)
+        self.fold_mask = (1 << (self._max_pending.bit_length() - 1)) - 1
+        self._fold = fold
+        self.entered = Tally()  # requests that started (in flight until they finish or leave)
+        self.left = Tally()  # requests that left without an observation
+        self.timed: list[tuple[float, float]] = []
+        self.finished: list[Pending] = []
+        self.added: list[Pending] = []
+        self.waiting = 0  # queue depth, set by an engine adapter or proxy
+        # folded state, guarded by the owning InferenceStats' fold lock
+        self.folded_exits = 0
+        self.histograms = {m: HistogramState(BUCKETS[m]) for m in LATENCY_METRICS}
+        self.tokens = {"input": HistogramState(TOKEN_BUCKETS), "output": HistogramState(TOKEN_BUCKETS)}
+        self.windows = windows
+        self.errors: dict[str, int] = {}  # server errors by error_type
+        self.client_outcomes: dict[str, int] = {}  # client_error, cancelled, shed: never errors
+
+    # -- hot path -------------------------------------------------------------------
+    def enter(self) -> None:
+        """A request started: it counts as in flight until `leave()` or `exit()`."""
+        self.entered.incr()
+
+    def leave(self) -> None:
+        """A request that `enter()`ed ended with nothing to record (forgotten)."""
+        self.left.incr()
+
+    def exit(
+        self,
+        end: float,
+        duration: float,
+        ttft: float | None = None,
+        tpot: float | None = None,
+        queue: float | None = None,
+        prompt_tokens: int | None = None,
+        output_tokens: int | None = None,
+        error_type: str | None = None,
+    ) -> None:
+        """A request that `enter()`ed finished."""
+        if (ttft, tpot, queue, prompt_tokens, output_tokens, error_type) == _NOTHING_ELSE:
+            buffer: list = self.timed
+            buffer.append((end, duration))
+        else:
+            buffer = self.finished
+            buffer.append((end, duration, ttft, tpot, queue, prompt_tokens, output_tokens, error_type))
+        if len(buffer) >= self._max_pending:
+            self._fold(self)
+
+    def add(self, observation: Pending) -> None:
+        """One finished request that was never counted in flight (ingest, manual API)."""
+        self.added.append(observation)
+        if len(self.added) >= self._max_pending:
+            self._fold(self)
+
+    def add_many(self, observations: Iterable[Pending]) -> None:
+        """Several at once (an ingest batch): one extend, folded together."""
+        self.added.extend(observations)
+        if len(self.added) >= self._max_pending:
+            self._fold(self)
+
+    def fold(self) -> None:
+        """Fold what is buffered now (the decorator, once in `fold_mask + 1` calls)."""
+        self._fold(self)
+
+    def add_waiting(self, delta: int) -> None:
+        with self._lock:
+            self.waiting = max(0, self.waiting + delta)
+
+    def set_waiting(self, depth: int) -> None:
+        """The queue depth as another server reports it (a proxy reading its upstream's metrics)."""
+        with self._lock:
+            self.waiting = max(0, depth)
+
+    # -- under the owner's fold lock ---------------------------------------------------
+    def in_flight(self) -> int:
+        """Requests entered and not yet finished; exits are counted before entries, so a
+        call that starts and ends during the count is never negative."""
+        done = self.folded_exits + len(self.timed) + len(self.finished) + self.left.value()
+        return max(0, self.entered.value() - done)
+
+    def drain(self) -> tuple[list[tuple[float, float]], list[Pending]]:
+        """What is buffered: the timed pairs, and the full observations."""
+        timed = _take(self.timed)
+        finished = _take(self.finished)
+        added = _take(self.added)
+        self.folded_exits += len(timed) + len(finished)
+        return timed, finished + added if added else finished
+
+    def reinit_lock(self) -> None:
+        self._lock = threading.Lock()
+
+
+_END, _PROMPT_TOKENS, _OUTPUT_TOKENS, _ERROR = 0, 5, 6, 7
+
+
+def fold_pending(series: Series, interval_s: float) -> None:
+    """Drain `series` and fold what it held (under the owner's fold lock)."""
+    timed, full = series.drain()
+    if timed:
+        _fold_timed(series, timed, interval_s)
+    if full:
+        _fold_full(series, full, interval_s)
+
+
+def _fold_timed(series: Series, timed: list[tuple[float, float]], interval_s: float) -> None:
+    flat = np.fromiter(itertools.chain.from_iterable(timed), dtype=float, count=2 * len(timed))
+    ends, durations = flat[0::2], flat[1::2]
+    slot_ids = np.floor(ends / interval_s).astype(np.int64)
+    series.windows.fold_counts(slot_ids, None)
+    series.histograms["request_duration"].fold(durations)
+    series.windows.fold_values("request_duration", slot_ids, durations)
+
+
+def _column(values: tuple[float | int | str | None, ...]) -> np.ndarray | None:
+    """A float array of the values present (NaN for the missing), None when none are."""
+    missing = values.count(None)
+    if missing == len(values):
+        return None
+    if not missing:
+        return np.fromiter(values, dtype=float, count=len(values))
+    return np.array(values, dtype=float)  # None -> nan
+
+
+def _fold_full(series: Series, batch: list[Pending], interval_s: float) -> None:
+    cols = list(zip(*batch, strict=True))
+    ends = _column(cols[_END])
+    assert ends is not None
+    slot_ids = np.floor(ends / interval_s).astype(np.int64)
+    error_col = cols[_ERROR]
+    if error_col.count(None) == len(error_col):
+        series.windows.fold_counts(slot_ids, None)
+    else:  # only server errors count as errors; what the client caused is counted apart
+        is_error = np.array([is_server_error(e) for e in error_col], dtype=bool)
+        client_error = np.array([e == CLIENT_ERROR for e in error_col], dtype=bool)
+        cancelled = np.array([e == CANCELLED for e in error_col], dtype=bool)
+        _count_errors(series.errors, series.client_outcomes, error_col)
+        series.windows.fold_counts(slot_ids, is_error, client_error, cancelled)
+    for column, metric in enumerate(LATENCY_METRICS, start=1):
+        values = _column(cols[column])
+        if values is None:
+            continue
+        present = ~np.isnan(values)
+        series.histograms[metric].fold(values[present])
+        series.windows.fold_values(metric, slot_ids[present], values[present])
+    for column, token_type in ((_PROMPT_TOKENS, "input"), (_OUTPUT_TOKENS, "output")):
+        values = _column(cols[column])
+        if values is not None:
+            series.tokens[token_type].fold(values[~np.isnan(values)])
+
+
+def _count_errors(errors: dict[str, int], client: dict[str, int], column: tuple[str | None, ...]) -> None:
+    for error_type in column:
+        if error_type is None:
+            continue
+        if error_type in NOT_ERRORS:
+            client[error_type] = client.get(error_type, 0) + 1
+            continue
+        if error_type not in errors and len(errors) >= MAX_ERROR_TYPES:
+            error_type = "other"
+        errors[error_type] = errors.get(error_type, 0) + 1
