@@ -10,33 +10,36 @@ operations (a slice, then deleting that slice), so an append that lands between 
 for the next drain; nothing is lost and nothing is folded twice. The drains themselves run
 under the owning `InferenceStats`' fold lock.
 
-Three buffers, by what the observation carries:
-- `timed`: `(end, duration)` of a call that `enter()`ed and finished without an error or
-  anything else to say (the SDK decorator's plain calls and coroutines): a 2-tuple, folded
-  as two float columns in one pass;
+Four buffers, by what the observation carries:
+- `timed`: `start, end` of a call that `enter()`ed and finished without an error or
+  anything else to say (the SDK decorator's plain calls and coroutines), flat: two floats
+  added by one `extend`, so the list's length is always even;
+- `streamed`: `start, first item, end, items` (floats, items >= 1) of a stream that
+  `enter()`ed and ended without an error (the decorator's generators), flat, four floats
+  by one `extend`; durations, TTFT and TPOT are computed when folded, as arrays;
 - `finished`: a full `Pending` tuple of a call that `enter()`ed;
 - `added`: full tuples that never entered (ingest, the manual API), not counted as leaving.
 
 In flight = entered - (folded exits + exits still buffered) - left without an observation.
 
 The hot path of the decorator: `n = series.entered.incr()` at the start, then
-`series.timed.append((end, duration))`, and a fold when `n & series.fold_mask == fold_mask`
-(one call in every `fold_mask + 1`: about `max_pending`).
+`series.timed.extend((start, end))`, and a fold when `n & series.fold_mask == fold_mask`
+(one call in every `fold_mask + 1`: about `max_pending`). A flat list of floats becomes a
+numpy array four times faster than a list of tuples (docs/benchmarks.md, issue 24).
 """
 
 from __future__ import annotations
 
-import itertools
 import threading
 from collections.abc import Callable, Iterable
-from typing import TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import numpy as np
 from infersight.monitor.records import CANCELLED, CLIENT_ERROR, NOT_ERRORS, is_server_error
 
 from ._series import BUCKETS, LATENCY_METRICS, TOKEN_BUCKETS, HistogramState, Tally, WindowedSketches
 
-__all__ = ["MAX_ERROR_TYPES", "Pending", "Series", "fold_pending"]
+__all__ = ["MAX_ERROR_TYPES", "Drained", "Pending", "Series", "fold_pending"]
 
 MAX_ERROR_TYPES = 32  # distinct error_type label values per series; the rest count as "other"
 
@@ -47,9 +50,11 @@ _T = TypeVar("_T")
 _NOTHING_ELSE = (None, None, None, None, None, None)
 
 
-def _take(buffer: list[_T]) -> list[_T]:
-    """The items in `buffer` now, removed from it; appends racing with this stay in it."""
+def _take(buffer: list[_T], width: int = 1) -> list[_T]:
+    """The items in `buffer` now (whole records of `width` items), removed from it; appends
+    racing with this stay in it."""
     n = len(buffer)
+    n -= n % width
     if not n:
         return []
     batch = buffer[:n]
@@ -73,6 +78,7 @@ class Series:
         "left",
         "model",
         "model_version",
+        "streamed",
         "timed",
         "tokens",
         "waiting",
@@ -96,7 +102,8 @@ class Series:
         self._fold = fold
         self.entered = Tally()  # requests that started (in flight until they finish or leave)
         self.left = Tally()  # requests that left without an observation
-        self.timed: list[tuple[float, float]] = []
+        self.timed: list[float] = []  # start, end, start, end, ...
+        self.streamed: list[float] = []  # start, first item, end, items, ...
         self.finished: list[Pending] = []
         self.added: list[Pending] = []
         self.waiting = 0  # queue depth, set by an engine adapter or proxy
@@ -131,7 +138,7 @@ class Series:
         """A request that `enter()`ed finished."""
         if (ttft, tpot, queue, prompt_tokens, output_tokens, error_type) == _NOTHING_ELSE:
             buffer: list = self.timed
-            buffer.append((end, duration))
+            buffer.extend((end - duration, end))
         else:
             buffer = self.finished
             buffer.append((end, duration, ttft, tpot, queue, prompt_tokens, output_tokens, error_type))
@@ -167,16 +174,18 @@ class Series:
     def in_flight(self) -> int:
         """Requests entered and not yet finished; exits are counted before entries, so a
         call that starts and ends during the count is never negative."""
-        done = self.folded_exits + len(self.timed) + len(self.finished) + self.left.value()
+        buffered = len(self.timed) // 2 + len(self.streamed) // 4 + len(self.finished)
+        done = self.folded_exits + buffered + self.left.value()
         return max(0, self.entered.value() - done)
 
-    def drain(self) -> tuple[list[tuple[float, float]], list[Pending]]:
-        """What is buffered: the timed pairs, and the full observations."""
-        timed = _take(self.timed)
+    def drain(self) -> Drained:
+        """What is buffered, taken out of the buffers."""
+        timed = _take(self.timed, 2)
+        streamed = _take(self.streamed, 4)
         finished = _take(self.finished)
         added = _take(self.added)
-        self.folded_exits += len(timed) + len(finished)
-        return timed, finished + added if added else finished
+        self.folded_exits += len(timed) // 2 + len(streamed) // 4 + len(finished)
+        return Drained(timed, streamed, finished + added if added else finished)
 
     def reinit_lock(self) -> None:
         self._lock = threading.Lock()
@@ -185,22 +194,44 @@ class Series:
 _END, _PROMPT_TOKENS, _OUTPUT_TOKENS, _ERROR = 0, 5, 6, 7
 
 
+class Drained(NamedTuple):
+    timed: list[float]
+    streamed: list[float]
+    full: list[Pending]
+
+
 def fold_pending(series: Series, interval_s: float) -> None:
     """Drain `series` and fold what it held (under the owner's fold lock)."""
-    timed, full = series.drain()
-    if timed:
-        _fold_timed(series, timed, interval_s)
-    if full:
-        _fold_full(series, full, interval_s)
+    drained = series.drain()
+    if drained.timed:
+        table = np.array(drained.timed, dtype=float).reshape(-1, 2)  # start, end
+        end = table[:, 1]
+        _fold_columns(series, end, {"request_duration": end - table[:, 0]}, None, interval_s)
+    if drained.streamed:
+        table = np.array(drained.streamed, dtype=float).reshape(-1, 4)  # start, first, end, items
+        start, first, end, items = table.T
+        several = items > 1
+        tpot = (end[several] - first[several]) / (items[several] - 1)
+        values = {"request_duration": end - start, "ttft": first - start}
+        _fold_columns(series, end, values, (several, tpot), interval_s)
+        series.tokens["output"].fold(items)
+    if drained.full:
+        _fold_full(series, drained.full, interval_s)
 
 
-def _fold_timed(series: Series, timed: list[tuple[float, float]], interval_s: float) -> None:
-    flat = np.fromiter(itertools.chain.from_iterable(timed), dtype=float, count=2 * len(timed))
-    ends, durations = flat[0::2], flat[1::2]
-    slot_ids = np.floor(ends / interval_s).astype(np.int64)
+def _fold_columns(
+    series: Series, end: Any, values: dict[str, Any], tpot: tuple[Any, Any] | None, interval_s: float
+) -> None:
+    """Requests ending at `end` (array), with a value each for the metrics in `values`, and
+    `tpot`: (a mask of the requests that have one, their values)."""
+    slot_ids = np.floor(end / interval_s).astype(np.int64)
     series.windows.fold_counts(slot_ids, None)
-    series.histograms["request_duration"].fold(durations)
-    series.windows.fold_values("request_duration", slot_ids, durations)
+    for name, column in values.items():
+        series.histograms[name].fold(column)
+        series.windows.fold_values(name, slot_ids, column)
+    if tpot is not None and len(tpot[1]):
+        series.histograms["tpot"].fold(tpot[1])
+        series.windows.fold_values("tpot", slot_ids[tpot[0]], tpot[1])
 
 
 def _column(values: tuple[float | int | str | None, ...]) -> np.ndarray | None:

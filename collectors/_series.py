@@ -47,6 +47,7 @@ __all__ = [
     "Tally",
     "Trend",
     "WindowedSketches",
+    "add_keys",
     "register_fork_handler",
 ]
 
@@ -303,17 +304,17 @@ class WindowedSketches:
         zero = values <= self._mapping.min_possible
         keys = np.zeros(len(values), dtype=np.int64)
         keys[~zero] = np.ceil(np.log2(values[~zero]) * self._multiplier).astype(np.int64)
-        for sid in np.unique(slot_ids).tolist():
-            in_slot = slot_ids == sid
-            sketch = self._slot(sid).sketches.get(metric)
+        slots = np.unique(slot_ids).tolist()
+        for sid in slots:
+            slot = self._slot(sid)
+            sketch = slot.sketches.get(metric)
             if sketch is None:
-                sketch = self._slot(sid).sketches[metric] = DDSketch(self._alpha)
-            zeros = int(np.count_nonzero(zero & in_slot))
-            if zeros:
-                sketch.add(0.0, float(zeros))
-            bins, weights = np.unique(keys[in_slot & ~zero], return_counts=True)
-            for key, weight in zip(bins.tolist(), weights.tolist(), strict=True):
-                sketch.add(self._mapping.value(key), float(weight))
+                sketch = slot.sketches[metric] = DDSketch(self._alpha)
+            if len(slots) == 1:
+                add_keys(sketch, keys, zero, values)
+            else:
+                in_slot = slot_ids == sid
+                add_keys(sketch, keys[in_slot], zero[in_slot], values[in_slot])
 
     def evict(self, now: float) -> None:
         oldest = self.slot_index(now) - self._keep
@@ -334,3 +335,23 @@ class WindowedSketches:
 BUCKETS = dict(
     zip(LATENCY_METRICS, (DURATION_BUCKETS, TTFT_BUCKETS, TPOT_BUCKETS, QUEUE_TIME_BUCKETS), strict=True)
 )
+
+
+def add_keys(sketch: DDSketch, keys: Any, zero: Any, values: Any) -> None:
+    """Add `values` (a non-empty float array, >= 0) to `sketch` at their `keys` (the sketch's
+    mapping's, an int array; `zero`: a bool array of those at or below its smallest value),
+    the same bins as `sketch.add(value)` one at a time, in one pass per distinct key.
+    (ddsketch has no bulk add: its dense store's bins are used directly, as `_shared` reads them.)"""
+    store = sketch._store
+    bins_keys, weights = np.unique(keys[~zero], return_counts=True)
+    if len(bins_keys):
+        store._extend_range(int(bins_keys[0]), int(bins_keys[-1]))
+        bins, offset = store.bins, store.offset
+        for key, weight in zip(bins_keys.tolist(), weights.tolist(), strict=True):
+            bins[key - offset] += weight
+        store.count += len(keys) - int(np.count_nonzero(zero))
+    sketch._zero_count += int(np.count_nonzero(zero))
+    sketch._count += len(values)
+    sketch._sum += float(values.sum())
+    sketch._min = min(sketch._min, float(values.min()))
+    sketch._max = max(sketch._max, float(values.max()))

@@ -126,7 +126,7 @@ def test_failing_statistics_or_extractors_never_reach_the_caller(monkeypatch: py
     assert answer("a") == "a"
 
     class BrokenBuffer(list):
-        def append(self, item: Any) -> None:
+        def extend(self, items: Any) -> None:
             raise MemoryError("buffer bug")
 
     monkeypatch.setattr(monitor.stats.series("m", "unknown"), "timed", BrokenBuffer())

@@ -335,7 +335,7 @@ def _wrap_plain(fn: Callable[..., Any], tracker: Tracker) -> Callable[..., Any]:
     clock = tracker.clock
     series = tracker.series
     entered = series.entered.incr
-    timed = series.timed.append
+    timed = series.timed.extend
     mask = series.fold_mask
     monitor = tracker.monitor
 
@@ -356,7 +356,7 @@ def _wrap_plain(fn: Callable[..., Any], tracker: Tracker) -> Callable[..., Any]:
             raise
         try:
             end = clock()
-            timed((end, end - start))
+            timed((start, end))
             if n & mask == mask:
                 series.fold()
             rate = tracker.rate
@@ -375,7 +375,7 @@ def _wrap_coroutine(fn: Callable[..., Any], tracker: Tracker) -> Callable[..., A
     clock = tracker.clock
     series = tracker.series
     entered = series.entered.incr
-    timed = series.timed.append
+    timed = series.timed.extend
     mask = series.fold_mask
     monitor = tracker.monitor
 
@@ -396,7 +396,7 @@ def _wrap_coroutine(fn: Callable[..., Any], tracker: Tracker) -> Callable[..., A
             raise
         try:
             end = clock()
-            timed((end, end - start))
+            timed((start, end))
             if n & mask == mask:
                 series.fold()
             rate = tracker.rate
