@@ -30,16 +30,29 @@ numpy array four times faster than a list of tuples (docs/benchmarks.md, issue 2
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Callable, Iterable
 from typing import Any, NamedTuple, TypeVar
 
 import numpy as np
-from infersight.monitor.records import CANCELLED, CLIENT_ERROR, NOT_ERRORS, is_server_error
+from infersight.monitor.records import CANCELLED, CLIENT_ERROR, NOT_ERRORS, InferenceRecord, is_server_error
 
 from ._series import BUCKETS, LATENCY_METRICS, TOKEN_BUCKETS, HistogramState, Tally, WindowedSketches
+from .errors import InvalidObservation
 
-__all__ = ["MAX_ERROR_TYPES", "Drained", "Pending", "Series", "fold_pending"]
+__all__ = [
+    "MAX_ERROR_TYPES",
+    "MAX_LABEL_CHARS",
+    "Drained",
+    "Pending",
+    "Series",
+    "check_count",
+    "check_label",
+    "check_seconds",
+    "fold_pending",
+    "observations",
+]
 
 MAX_ERROR_TYPES = 32  # distinct error_type label values per series; the rest count as "other"
 
@@ -281,3 +294,81 @@ def _count_errors(errors: dict[str, int], client: dict[str, int], column: tuple[
         if error_type not in errors and len(errors) >= MAX_ERROR_TYPES:
             error_type = "other"
         errors[error_type] = errors.get(error_type, 0) + 1
+
+
+_INF = math.inf
+
+
+def observations(
+    records: Iterable[InferenceRecord], now: float
+) -> tuple[dict[tuple[str, str], list[Pending]], InvalidObservation | None]:
+    """The observations of `records` at `now`, by (model, model_version), in one pass, and
+    the first record's error among those refused (the others are kept). A record as ingest
+    validated it (floats, ints, short labels) is checked inline; any other goes through
+    `check_seconds`, `check_count` and `check_label`, which accept what they accept one at
+    a time (ints as seconds) and name what they refuse."""
+    groups: dict[tuple[str, str], list[Pending]] = {}
+    error: InvalidObservation | None = None
+    for r in records:
+        d, a, b, q = r.duration_s, r.ttft_s, r.tpot_s, r.queue_s
+        p, o, e = r.prompt_tokens, r.output_tokens, r.error_type
+        if (
+            type(d) is float
+            and 0.0 <= d < _INF
+            and (a is None or (type(a) is float and 0.0 <= a < _INF))
+            and (b is None or (type(b) is float and 0.0 <= b < _INF))
+            and (q is None or (type(q) is float and 0.0 <= q < _INF))
+            and (p is None or (type(p) is int and p >= 0))
+            and (o is None or (type(o) is int and o >= 0))
+            and (e is None or (type(e) is str and 0 < len(e) <= MAX_LABEL_CHARS))
+        ):
+            row: Pending = (now, d, a, b, q, p, o, e)
+        else:
+            try:
+                duration = check_seconds("duration_s", d, required=True)
+                assert duration is not None
+                row = (now, duration, check_seconds("ttft_s", a), check_seconds("tpot_s", b),
+                       check_seconds("queue_s", q), check_count("prompt_tokens", p),
+                       check_count("output_tokens", o), None if e is None else check_label("error_type", e))  # fmt: skip
+            except InvalidObservation as exc:
+                error = error or exc
+                continue
+        key = (r.model, r.model_version)
+        rows = groups.get(key)
+        if rows is None:
+            rows = groups[key] = []
+        rows.append(row)
+    return groups, error
+
+
+MAX_LABEL_CHARS = 256
+
+
+def check_seconds(field: str, value: object, *, required: bool = False) -> float | None:
+    if value is None:
+        if required:
+            raise InvalidObservation(field, "missing_duration")
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise InvalidObservation(field, "invalid_number")
+    if math.isnan(value):
+        raise InvalidObservation(field, "nan_duration")
+    if value < 0:
+        raise InvalidObservation(field, "negative_duration")
+    if math.isinf(value):
+        raise InvalidObservation(field, "infinite_duration")
+    return float(value)
+
+
+def check_count(field: str, value: object) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise InvalidObservation(field, "invalid_count")
+    return value
+
+
+def check_label(field: str, value: object) -> str:
+    if not isinstance(value, str) or not value or len(value) > MAX_LABEL_CHARS:
+        raise InvalidObservation(field, "invalid_label")
+    return value

@@ -39,6 +39,7 @@ from infersight.collectors._recording import Series
 
 __all__ = ["StreamHost", "drops_sent_values", "returns_only_none", "wrap_async_generator", "wrap_generator"]
 
+
 class _Config(Protocol):
     @property
     def sample_rate(self) -> float: ...

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import math
 import random
 import threading
 import time
@@ -92,8 +93,12 @@ class RecordPipeline:
         future = self.writer.submit(records)  # may raise IngestOverloaded: nothing else happened
         for observer in [*(self.observers if observe else ()), *self.ledgers]:
             try:
-                for record in records:
-                    observer.observe(record)
+                observe_many = getattr(observer, "observe_many", None)
+                if observe_many is not None:  # the batch in one pass (the live statistics)
+                    observe_many(records)
+                else:
+                    for record in records:
+                        observer.observe(record)
             except Exception as exc:  # an observer must never lose the batch
                 self.metrics.observer_errors.labels(type(observer).__name__).inc()
                 log.warning("record observer %s failed: %s", type(observer).__name__, exc)
@@ -281,15 +286,42 @@ _FROMTS = dt.datetime.fromtimestamp
 
 def _values(r: InferenceRecord, started_at: Any) -> tuple[Any, ...]:
     """The row of `r` in `_COLUMNS` order, with `started_at` as the backend takes it."""
-    return (_text(r.request_id), _text(r.model), _text(r.model_version), started_at, r.duration_s, r.ttft_s,
-            r.tpot_s, r.queue_s, r.prompt_tokens, r.output_tokens, _text(r.error_type), _text(r.prompt),
-            _text(r.response), r.source, _text(r.path), _text(r.system_prompt))  # fmt: skip
+    rid, model, version, error, prompt, response, path, system = (
+        r.request_id, r.model, r.model_version, r.error_type, r.prompt, r.response, r.path, r.system_prompt,
+    )  # fmt: skip
+    if (  # NUL anywhere: rare, so checked inline first and replaced field by field after
+        "\x00" in rid or "\x00" in model or "\x00" in version
+        or (error is not None and "\x00" in error) or (prompt is not None and "\x00" in prompt)
+        or (response is not None and "\x00" in response) or (path is not None and "\x00" in path)
+        or (system is not None and "\x00" in system)
+    ):  # fmt: skip
+        return (_text(rid), _text(model), _text(version), started_at, r.duration_s, r.ttft_s, r.tpot_s,
+                r.queue_s, r.prompt_tokens, r.output_tokens, _text(error), _text(prompt), _text(response),
+                r.source, _text(path), _text(system))  # fmt: skip
+    return (rid, model, version, started_at, r.duration_s, r.ttft_s, r.tpot_s, r.queue_s, r.prompt_tokens,
+            r.output_tokens, error, prompt, response, r.source, path, system)  # fmt: skip
 
 
-def _sqlite_row(r: InferenceRecord) -> tuple[Any, ...]:
-    # the text SQLAlchemy's SQLite DateTime stores (naive UTC, microseconds), made directly:
-    # the hot path skips the per-value bind processing of the ORM layer
-    return _values(r, _FROMTS(r.started_at, _UTC).strftime("%Y-%m-%d %H:%M:%S.%f"))
+def _sqlite_rows(records: Sequence[InferenceRecord]) -> list[tuple[Any, ...]]:
+    """The rows for SQLite, `started_at` as the text SQLAlchemy's SQLite DateTime stores
+    (naive UTC, microseconds), made directly: the hot path skips the per-value bind
+    processing of the ORM layer. The whole seconds are formatted once per distinct second
+    (a batch's calls are close in time) and the microseconds rounded as `datetime` rounds
+    them (half to even, carried into the seconds)."""
+    rows = []
+    last, prefix = -1, ""
+    modf = math.modf
+    for r in records:
+        fraction, whole = modf(r.started_at)
+        us = round(fraction * 1e6)
+        second = int(whole)
+        if us >= 1_000_000:
+            second += 1
+            us -= 1_000_000
+        if second != last:
+            last, prefix = second, _FROMTS(second, _UTC).strftime("%Y-%m-%d %H:%M:%S")
+        rows.append(_values(r, f"{prefix}.{us:06d}"))
+    return rows
 
 
 def _row(r: InferenceRecord) -> dict[str, Any]:
@@ -396,7 +428,7 @@ class RequestWriter:
             return None
         try:
             if self._sqlite:
-                tuples = [_sqlite_row(r) for r in records]
+                tuples = _sqlite_rows(records)
                 with self._engine.begin() as conn:
                     conn.exec_driver_sql(_SQLITE_INSERT, tuples)
             else:
