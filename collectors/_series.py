@@ -286,14 +286,12 @@ class WindowedSketches:
     ) -> None:
         """`slot_ids`: int array, one per request; `errors` (server errors), `client_errors`
         and `cancelled`: bool arrays, same length (None: none of them)."""
-        ids, counts = np.unique(slot_ids, return_counts=True)
-        for i, c in zip(ids.tolist(), counts.tolist(), strict=True):
+        for i, c in _counts(slot_ids):
             self._slot(i).total += c
         for attr, mask in (("errors", errors), ("client_errors", client_errors), ("cancelled", cancelled)):
             if mask is None or not mask.any():
                 continue
-            ids, counts = np.unique(slot_ids[mask], return_counts=True)
-            for i, c in zip(ids.tolist(), counts.tolist(), strict=True):
+            for i, c in _counts(slot_ids[mask]):
                 slot = self._slot(i)
                 setattr(slot, attr, getattr(slot, attr) + c)
 
@@ -304,7 +302,7 @@ class WindowedSketches:
         zero = values <= self._mapping.min_possible
         keys = np.zeros(len(values), dtype=np.int64)
         keys[~zero] = np.ceil(np.log2(values[~zero]) * self._multiplier).astype(np.int64)
-        slots = np.unique(slot_ids).tolist()
+        slots = [i for i, _ in _counts(slot_ids)]
         for sid in slots:
             slot = self._slot(sid)
             sketch = slot.sketches.get(metric)
@@ -343,11 +341,11 @@ def add_keys(sketch: DDSketch, keys: Any, zero: Any, values: Any) -> None:
     the same bins as `sketch.add(value)` one at a time, in one pass per distinct key.
     (ddsketch has no bulk add: its dense store's bins are used directly, as `_shared` reads them.)"""
     store = sketch._store
-    bins_keys, weights = np.unique(keys[~zero], return_counts=True)
-    if len(bins_keys):
-        store._extend_range(int(bins_keys[0]), int(bins_keys[-1]))
+    counted = _counts(keys[~zero])
+    if counted:
+        store._extend_range(counted[0][0], counted[-1][0])
         bins, offset = store.bins, store.offset
-        for key, weight in zip(bins_keys.tolist(), weights.tolist(), strict=True):
+        for key, weight in counted:
             bins[key - offset] += weight
         store.count += len(keys) - int(np.count_nonzero(zero))
     sketch._zero_count += int(np.count_nonzero(zero))
@@ -355,3 +353,20 @@ def add_keys(sketch: DDSketch, keys: Any, zero: Any, values: Any) -> None:
     sketch._sum += float(values.sum())
     sketch._min = min(sketch._min, float(values.min()))
     sketch._max = max(sketch._max, float(values.max()))
+
+
+def _counts(ints: Any) -> list[tuple[int, int]]:
+    """(value, how many times) for each distinct value of an int array, ascending: a count
+    per value between the least and the greatest (sketch keys and interval indices span a
+    few thousand), no sort."""
+    if not len(ints):
+        return []
+    lo, hi = int(ints.min()), int(ints.max())
+    if lo == hi:
+        return [(lo, len(ints))]
+    if hi - lo > 1 << 20:  # a clock that jumped: sort instead
+        values, how_many = np.unique(ints, return_counts=True)
+        return list(zip(values.tolist(), how_many.tolist(), strict=True))
+    counts = np.bincount(ints - lo)
+    present = np.flatnonzero(counts)
+    return list(zip((present + lo).tolist(), counts[present].tolist(), strict=True))

@@ -10,10 +10,14 @@ import random
 from typing import Any
 
 import pytest
+from _store_helpers import database_url
 from infersight.collectors import InferenceStats, InvalidObservation
 from infersight.monitor.records import InferenceRecord, InvalidRecord, from_json_many
-from infersight.monitor.service.pipeline import _sqlite_rows
+from infersight.monitor.service.pipeline import RequestWriter, _sqlite_rows
+from infersight.monitor.store.database import connect, upgrade
+from infersight.monitor.store.tables import requests
 from prometheus_client import CollectorRegistry, generate_latest
+from sqlalchemy import select
 
 
 class Clock:
@@ -135,3 +139,45 @@ def test_sqlite_rows_carry_the_timestamp_datetime_would_format_and_no_nul() -> N
     )
     (row,) = _sqlite_rows([nul])
     assert row[0] == "r\ufffd" and row[11] == "a\ufffdb" and "\x00" not in "".join(str(v) for v in row)
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def writer_url(request: pytest.FixtureRequest, tmp_path: Any) -> str:
+    return database_url(request, tmp_path)
+
+
+def test_the_writer_commits_every_row_once_as_given_on_both_backends(writer_url: str) -> None:
+    engine = connect(writer_url)
+    upgrade(engine)
+    writer = RequestWriter(engine)
+    try:
+        rng = random.Random(2)
+        records = [
+            InferenceRecord(
+                request_id=f"r{i}",
+                model="m",
+                model_version="v\x00" if i == 3 else "v",
+                started_at=1_700_000_000 + rng.uniform(0, 100),
+                duration_s=rng.uniform(0, 2),
+                ttft_s=None if i % 2 else 0.1,
+                prompt_tokens=i,
+                prompt="a\x00b" if i == 5 else None,
+                error_type="TimeoutError" if i == 7 else None,
+            )
+            for i in range(300)
+        ]
+        assert writer.submit(records[:200]).result(30) == 200
+        assert writer.submit(records[100:]).result(30) == 200  # 100 already stored: ignored
+        with engine.connect() as conn:
+            rows = {r.request_id: r for r in conn.execute(select(requests))}
+    finally:
+        writer.close()
+        engine.dispose()
+    assert len(rows) == 300
+    for record in records:
+        row = rows[record.request_id]
+        assert abs(row.started_at.timestamp() - record.started_at) < 1e-5
+        assert (row.duration_s, row.ttft_s, row.prompt_tokens, row.error_type) == (
+            record.duration_s, record.ttft_s, record.prompt_tokens, record.error_type,
+        )  # fmt: skip
+    assert rows["r3"].model_version == "v\ufffd" and rows["r5"].prompt == "a\ufffdb"

@@ -32,6 +32,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import math
+import operator
 import random
 import threading
 import time
@@ -282,6 +283,7 @@ _SQLITE_INSERT = (
     f"INSERT OR IGNORE INTO requests ({', '.join(_COLUMNS)}) VALUES ({', '.join('?' for _ in _COLUMNS)})"
 )
 _FROMTS = dt.datetime.fromtimestamp
+_STARTED_AT = operator.itemgetter(_COLUMNS.index("started_at"))  # a stable sort: duplicates keep their order
 
 
 def _values(r: InferenceRecord, started_at: Any) -> tuple[Any, ...]:
@@ -324,8 +326,16 @@ def _sqlite_rows(records: Sequence[InferenceRecord]) -> list[tuple[Any, ...]]:
     return rows
 
 
-def _row(r: InferenceRecord) -> dict[str, Any]:
-    return dict(zip(_COLUMNS, _values(r, _FROMTS(r.started_at, _UTC)), strict=True))
+_POSTGRES_INSERT = (
+    f"INSERT INTO requests ({', '.join(_COLUMNS)}) VALUES ({', '.join('%s' for _ in _COLUMNS)}) "
+    "ON CONFLICT (request_id) DO NOTHING"
+)
+
+
+def _postgres_rows(records: Sequence[InferenceRecord]) -> list[tuple[Any, ...]]:
+    """The rows for psycopg's `executemany` (pipelined), `started_at` an aware UTC datetime
+    (what `UTCDateTime` binds), without SQLAlchemy's per-value bind processing."""
+    return [_values(r, _FROMTS(r.started_at, _UTC)) for r in records]
 
 
 class RequestWriter:
@@ -340,6 +350,7 @@ class RequestWriter:
         self._engine = engine
         self._stmt = _insert_ignoring_duplicates(engine)
         self._sqlite = engine.dialect.name == "sqlite"
+        self._postgres = engine.dialect.name == "postgresql" and engine.dialect.driver == "psycopg"
         self._max = max_queued_rows
         self._queue: deque[tuple[Sequence[InferenceRecord], Future[int]]] = deque()
         self._queued_rows = 0
@@ -429,12 +440,20 @@ class RequestWriter:
         try:
             if self._sqlite:
                 tuples = _sqlite_rows(records)
+                tuples.sort(key=_STARTED_AT)  # the time indexes then grow at one end (a quarter faster)
                 with self._engine.begin() as conn:
                     conn.exec_driver_sql(_SQLITE_INSERT, tuples)
-            else:
-                rows = [_row(r) for r in records]
+            elif self._postgres:
+                rows = _postgres_rows(records)
+                rows.sort(key=_STARTED_AT)
                 with self._engine.begin() as conn:
-                    conn.execute(self._stmt, rows)
+                    conn.exec_driver_sql(_POSTGRES_INSERT, rows)
+            else:
+                with self._engine.begin() as conn:
+                    conn.execute(
+                        self._stmt,
+                        [dict(zip(_COLUMNS, _postgres_rows([r])[0], strict=True)) for r in records],
+                    )
         except (SQLAlchemyError, ValueError, OverflowError, OSError) as exc:
             log.warning("writing %d requests failed: %s", len(records), exc)
             if self._on_error is not None:
