@@ -122,10 +122,11 @@ def test_a_stream_not_sampled_hands_on_throw_close_and_its_errors() -> None:
             cleaned.append(i)
 
     gen = stream()
-    assert [next(gen), gen.send("ignored"), next(gen)] == [0, 1, 2]
-    assert gen.throw(KeyError("k")) == -1 and next(gen) == 101
+    assert [next(gen), gen.send("ignored"), gen.send("dropped"), next(gen)] == [0, 1, 2, 3]
+    assert gen.throw(KeyError("k")) == -1 and next(gen) == 101 and gen.send(None) == 102
     gen.close()
-    assert cleaned == [101] and monitor.stats.error_counts() == {}
+    assert cleaned == [102] and monitor.stats.error_counts() == {}
+    assert _value(monitor, "gen_ai_server_token_usage_sum", gen_ai_token_type="output") == 7
 
     @monitor.track(model="m")
     def broken() -> Iterator[int]:

@@ -15,7 +15,8 @@ locals (no object, no closure per call):
   costs what it costs under a plain `yield from`. For generators that return nothing and
   drop what is sent to them (`returns_only_none`, `drops_sent_values`, read once from the
   bytecode), which is what a token stream is; a `throw` or `close` reaches the wrapper
-  (compress has neither) and is handed on;
+  (compress has neither) and is handed on, and a value sent (compress has no `send`: an
+  AttributeError on it) is dropped as the generator would drop it;
 - loop: a `for` loop counting items in a local, for generators that return nothing but
   may use what is sent (`x = yield`, `yield from`): on the first `send` of a value or
   `throw` it hands over to the general loop;
@@ -249,9 +250,17 @@ def wrap_generator(fn: Callable[..., Any], host: StreamHost) -> Callable[..., An
             except Exception:
                 host.internal("token")
             counter = count(1)
+            items = compress(gen, counter)
             try:
                 yield value  # what is sent is dropped, as the generator would drop it
-                yield from compress(gen, counter)
+                while True:
+                    try:
+                        yield from items
+                        break
+                    except AttributeError as exc:  # a value sent: compress has no `send`
+                        if exc.obj is not items:
+                            raise
+                        # dropped, as the generator drops it: the caller gets the next item
             except BaseException as exc:  # from the generator (it is over), or thrown in
                 n = next(counter)
                 if gen.gi_frame is None:
