@@ -7,10 +7,10 @@ context-manager form keeps its open calls on a context variable (per thread and 
 
 Each wrapper is the same kind of function as the user's, with its name, docstring and
 signature (`functools.wraps`). Plain calls and coroutines keep their state in locals: the
-hot path is two clock reads, two counter increments and one locked append. A generator's
-yielded items count as output tokens (the first sets TTFT, the spacing of the rest TPOT);
-`send`/`throw`/`close` are delegated as `yield from` would, and the call is recorded once:
-on exhaustion, an exception (its type), `close()` (no error) or cancellation.
+hot path is two clock reads, one counter step and one `extend` of the label set's buffer,
+without a lock (`infersight.collectors._recording`), and the fold of that buffer once in
+about 4096 calls. Generators and async generators are wrapped in `_streams`: their items
+count as output tokens, and the call is recorded once, when the stream ends.
 
 User exceptions are re-raised unchanged with a bare `raise`. The SDK's own failures are
 counted and swallowed, never raised inside an `except` that holds the user's exception.
