@@ -19,15 +19,9 @@ Every error is in `errors` (all derive from `CollectorError`); the other buckets
 """
 
 from ._engine_adapter import EngineAdapter, EnginePathCollector
+from ._exposition import MetricsServer, metrics_asgi_app, metrics_wsgi_app, render_metrics, serve_metrics
 from ._gpu import GPUCollector, GPUSample
-from ._inference import (
-    InferenceStats,
-    MetricsServer,
-    metrics_asgi_app,
-    metrics_wsgi_app,
-    render_metrics,
-    serve_metrics,
-)
+from ._inference import InferenceStats
 from ._process import ProcessCollector, ProcessSample
 from ._series import DURATION_BUCKETS, Tally, register_fork_handler
 from ._shared import MergedStats, RemoteStats, SlotExporter, SlotRecord

@@ -7,8 +7,8 @@ Two views of the same observations:
 - sliding-window DDSketches with a stated relative accuracy, queried in process:
   `quantile("request_duration", 0.99, window_s=300)`, `count(300, errors_only=True)`.
 
-Recording is a lock and an append (`Series.exit`); folding happens at scrape or
-query time, so the cost of the sketches is paid off the caller's path.
+Recording is an append, without a lock (`Series`, in `_recording`); folding happens at
+scrape or query time, so the cost of the sketches is paid off the caller's path.
 
 Label values come from clients (an SDK's model name, the `model` a proxied client sends),
 so each label keeps at most `max_label_values` distinct values, and there are at most
@@ -23,10 +23,7 @@ runtime's registered versions) are `trusted`: never capped, never counted.
 Values handed in by code we do not control are validated (`check_seconds`, `check_count`,
 `check_label`) and refused with `InvalidObservation`.
 
-And serving a registry at /metrics: a small HTTP server, WSGI and ASGI apps, raw bytes.
-
-The sidecar's FastAPI app mounts `render_metrics` (or `metrics_asgi_app`); a user
-without the sidecar calls `serve_metrics(registry, port=9400)`.
+Serving a registry at /metrics is in `_exposition`.
 
 The metric families of `InferenceStats` (names: docs/architecture.md) are built here at
 scrape time (`inference_families`).
@@ -34,81 +31,26 @@ scrape time (`inference_families`).
 
 from __future__ import annotations
 
-import math
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
-from typing import Any
 
 from ddsketch import DDSketch
 from infersight.monitor.records import CANCELLED, CLIENT_ERROR, CLIENT_OUTCOMES, InferenceRecord
-from prometheus_client import make_asgi_app, make_wsgi_app, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
-from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from ._series import LATENCY_METRICS, Pending, Series, WindowedSketches, fold_batch, register_fork_handler
+from ._recording import Pending, Series, check_count, check_label, check_seconds, fold_pending, observations
+from ._series import LATENCY_METRICS, WindowedSketches, register_fork_handler
 from .errors import InvalidObservation, InvalidQuery, UnknownMetric, WindowTooLong
 
 __all__ = [
     "HISTOGRAM_NAMES",
     "OVERFLOW_LABEL_VALUE",
     "InferenceStats",
-    "MetricsServer",
-    "check_count",
-    "check_label",
-    "check_seconds",
     "describe_families",
     "inference_families",
-    "metrics_asgi_app",
-    "metrics_wsgi_app",
-    "render_metrics",
-    "serve_metrics",
 ]
-
-
-@dataclass
-class MetricsServer:
-    host: str
-    port: int
-    _server: Any
-    _thread: threading.Thread
-
-    @property
-    def url(self) -> str:
-        return f"http://{self.host}:{self.port}/metrics"
-
-    def close(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join(5.0)
-
-    def __enter__(self) -> MetricsServer:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-def serve_metrics(registry: CollectorRegistry, *, port: int = 0, host: str = "127.0.0.1") -> MetricsServer:
-    """Serve `registry` at `http://host:port/metrics` on a daemon thread (port 0: any free one)."""
-    server, thread = start_http_server(port, addr=host, registry=registry)
-    return MetricsServer(host=host, port=int(server.server_port), _server=server, _thread=thread)
-
-
-def render_metrics(registry: CollectorRegistry, accept: str | None = None) -> tuple[bytes, str]:
-    """The exposition body and its content type, for the `Accept` header given."""
-    encoder, content_type = choose_encoder(accept or "")
-    return encoder(registry), content_type
-
-
-def metrics_wsgi_app(registry: CollectorRegistry) -> Callable[..., Any]:
-    return make_wsgi_app(registry)
-
-
-def metrics_asgi_app(registry: CollectorRegistry) -> Callable[..., Any]:
-    return make_asgi_app(registry)
 
 
 _LABELS = ["model", "model_version"]
@@ -186,39 +128,6 @@ def inference_families(series: Sequence[Series], in_flight: dict[int, int]) -> l
 def _gauge(family: Metric) -> GaugeMetricFamily:
     assert isinstance(family, GaugeMetricFamily)
     return family
-
-
-MAX_LABEL_CHARS = 256
-
-
-def check_seconds(field: str, value: object, *, required: bool = False) -> float | None:
-    if value is None:
-        if required:
-            raise InvalidObservation(field, "missing_duration")
-        return None
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise InvalidObservation(field, "invalid_number")
-    if math.isnan(value):
-        raise InvalidObservation(field, "nan_duration")
-    if value < 0:
-        raise InvalidObservation(field, "negative_duration")
-    if math.isinf(value):
-        raise InvalidObservation(field, "infinite_duration")
-    return float(value)
-
-
-def check_count(field: str, value: object) -> int | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise InvalidObservation(field, "invalid_count")
-    return value
-
-
-def check_label(field: str, value: object) -> str:
-    if not isinstance(value, str) or not value or len(value) > MAX_LABEL_CHARS:
-        raise InvalidObservation(field, "invalid_label")
-    return value
 
 
 OVERFLOW_LABEL_VALUE = "other"
@@ -345,6 +254,20 @@ class InferenceStats(Collector):
             error_type=record.error_type,
         )
 
+    def observe_many(self, records: Iterable[InferenceRecord]) -> None:
+        """Add finished requests in one pass (an ingest batch), checked as `add` checks them:
+        a bad one is left out and, once the others are added, raised (`InvalidObservation`)."""
+        groups, error = observations(records, self.clock())
+        for (model, model_version), rows in groups.items():
+            try:
+                series = self.series(model, model_version)
+            except InvalidObservation as exc:  # a bad model name: its rows are left out
+                error = error or exc
+                continue
+            series.add_many(rows)
+        if error is not None:
+            raise error
+
     def add(
         self,
         *,
@@ -457,7 +380,7 @@ class InferenceStats(Collector):
 
     def in_flight(self, *, model: str | None = None, model_version: str | None = None) -> int:
         with self._fold_lock:
-            return sum(_in_flight(s) for s in self._matching(model, model_version))
+            return sum(s.in_flight() for s in self._matching(model, model_version))
 
     def waiting(self, *, model: str | None = None, model_version: str | None = None) -> int:
         return sum(s.waiting for s in self._matching(model, model_version))
@@ -491,7 +414,7 @@ class InferenceStats(Collector):
         with self._fold_lock:
             now = self.clock()
             series = list(self._fold_matching(None, None, now))
-            in_flight = {id(s): _in_flight(s) for s in series}
+            in_flight = {id(s): s.in_flight() for s in series}
             families = inference_families(series, in_flight)
         overflow = CounterMetricFamily(*_OVERFLOW, labels=["label"])
         for label, n in self._overflowed.items():
@@ -515,13 +438,13 @@ class InferenceStats(Collector):
     def _fold_matching(self, model: str | None, model_version: str | None, now: float) -> list[Series]:
         matching = self._matching(model, model_version)
         for series in matching:
-            fold_batch(series, series.take_pending(), self._interval_s)
+            fold_pending(series, self._interval_s)
             series.windows.evict(now)
         return matching
 
     def _fold_one(self, series: Series) -> None:
         with self._fold_lock:
-            fold_batch(series, series.take_pending(), self._interval_s)
+            fold_pending(series, self._interval_s)
             series.windows.evict(self.clock())
 
     def _after_fork_in_child(self) -> None:
@@ -529,8 +452,3 @@ class InferenceStats(Collector):
         self._fold_lock = threading.Lock()
         for series in self._series.values():
             series.reinit_lock()
-
-
-def _in_flight(series: Series) -> int:
-    left = series.left.value()
-    return max(0, series.entered.value() - left)

@@ -1,15 +1,11 @@
-"""One (model, model_version) label set: the hot-path handle and its folded state.
-
-The hot path is a lock and an append: `exit()` puts one raw tuple on a pending list
-and returns. The tuples are folded into histograms and sliding-window sketches later,
-at scrape or query time, or by the caller whose append fills the list (bounded).
+"""The folded state of one (model, model_version) label set, and what the samplers share.
 
 The pieces, in the order they are used: histogram bucket boundaries (one set serves a
 CPU toy model and a Hopper GPU, roughly log-spaced), `Tally` (a counter whose increment is
 one C call), `HistogramState` (per-bucket counts and a sum; cumulative counts only for
-exposition), `WindowedSketches` (sliding windows of mergeable DDSketches: time is cut into
-intervals, a query merges the intervals that overlap the window) and `fold_batch` (a
-batch of raw observations folded into the histograms and sketches with numpy).
+exposition) and `WindowedSketches` (sliding windows of mergeable DDSketches: time is cut
+into intervals, a query merges the intervals that overlap the window). The hot-path
+handle that feeds them, and the folding, are in `_recording`.
 
 And what the background samplers share: a daemon thread that calls one function every
 `interval_s` (`Periodic`), fork safety for the locks and threads they own, and the
@@ -34,27 +30,24 @@ from typing import Any, Protocol
 import numpy as np
 from ddsketch import DDSketch
 from ddsketch.mapping import LogarithmicMapping
-from infersight.monitor.records import CANCELLED, CLIENT_ERROR, NOT_ERRORS, is_server_error
 from prometheus_client.utils import floatToGoString
 
 __all__ = [
+    "BUCKETS",
     "DURATION_BUCKETS",
     "LATENCY_METRICS",
-    "MAX_ERROR_TYPES",
     "QUEUE_TIME_BUCKETS",
     "TOKEN_BUCKETS",
     "TPOT_BUCKETS",
     "TTFT_BUCKETS",
     "ForkAware",
     "HistogramState",
-    "Pending",
     "Periodic",
-    "Series",
     "Slot",
     "Tally",
     "Trend",
     "WindowedSketches",
-    "fold_batch",
+    "add_keys",
     "register_fork_handler",
 ]
 
@@ -293,14 +286,12 @@ class WindowedSketches:
     ) -> None:
         """`slot_ids`: int array, one per request; `errors` (server errors), `client_errors`
         and `cancelled`: bool arrays, same length (None: none of them)."""
-        ids, counts = np.unique(slot_ids, return_counts=True)
-        for i, c in zip(ids.tolist(), counts.tolist(), strict=True):
+        for i, c in _counts(slot_ids):
             self._slot(i).total += c
         for attr, mask in (("errors", errors), ("client_errors", client_errors), ("cancelled", cancelled)):
             if mask is None or not mask.any():
                 continue
-            ids, counts = np.unique(slot_ids[mask], return_counts=True)
-            for i, c in zip(ids.tolist(), counts.tolist(), strict=True):
+            for i, c in _counts(slot_ids[mask]):
                 slot = self._slot(i)
                 setattr(slot, attr, getattr(slot, attr) + c)
 
@@ -311,17 +302,17 @@ class WindowedSketches:
         zero = values <= self._mapping.min_possible
         keys = np.zeros(len(values), dtype=np.int64)
         keys[~zero] = np.ceil(np.log2(values[~zero]) * self._multiplier).astype(np.int64)
-        for sid in np.unique(slot_ids).tolist():
-            in_slot = slot_ids == sid
-            sketch = self._slot(sid).sketches.get(metric)
+        slots = [i for i, _ in _counts(slot_ids)]
+        for sid in slots:
+            slot = self._slot(sid)
+            sketch = slot.sketches.get(metric)
             if sketch is None:
-                sketch = self._slot(sid).sketches[metric] = DDSketch(self._alpha)
-            zeros = int(np.count_nonzero(zero & in_slot))
-            if zeros:
-                sketch.add(0.0, float(zeros))
-            bins, weights = np.unique(keys[in_slot & ~zero], return_counts=True)
-            for key, weight in zip(bins.tolist(), weights.tolist(), strict=True):
-                sketch.add(self._mapping.value(key), float(weight))
+                sketch = slot.sketches[metric] = DDSketch(self._alpha)
+            if len(slots) == 1:
+                add_keys(sketch, keys, zero, values)
+            else:
+                in_slot = slot_ids == sid
+                add_keys(sketch, keys[in_slot], zero[in_slot], values[in_slot])
 
     def evict(self, now: float) -> None:
         oldest = self.slot_index(now) - self._keep
@@ -339,150 +330,43 @@ class WindowedSketches:
                 into.merge(sketch)
 
 
-MAX_ERROR_TYPES = 32  # distinct error_type label values per series; the rest count as "other"
-
-# (end on the stats clock, duration, ttft, tpot, queue, prompt tokens, output tokens, error type)
-Pending = tuple[float, float, float | None, float | None, float | None, int | None, int | None, str | None]
-
-_BUCKETS = dict(
+BUCKETS = dict(
     zip(LATENCY_METRICS, (DURATION_BUCKETS, TTFT_BUCKETS, TPOT_BUCKETS, QUEUE_TIME_BUCKETS), strict=True)
 )
 
 
-class Series:
-    __slots__ = (
-        "_fold",
-        "_lock",
-        "_max_pending",
-        "_pending",
-        "client_outcomes",
-        "entered",
-        "errors",
-        "histograms",
-        "left",
-        "model",
-        "model_version",
-        "tokens",
-        "waiting",
-        "windows",
-    )
-
-    def __init__(
-        self,
-        model: str,
-        model_version: str,
-        *,
-        windows: WindowedSketches,
-        max_pending: int,
-        fold: Callable[[Series], None],
-    ) -> None:
-        self.model = model
-        self.model_version = model_version
-        self._lock = threading.Lock()
-        self._pending: list[Pending] = []
-        self._max_pending = max_pending
-        self._fold = fold
-        self.entered = Tally()  # requests that started (in flight until they leave)
-        self.left = Tally()
-        self.waiting = 0  # queue depth, set by an engine adapter or proxy
-        # folded state, guarded by the owning InferenceStats' fold lock
-        self.histograms = {m: HistogramState(_BUCKETS[m]) for m in LATENCY_METRICS}
-        self.tokens = {"input": HistogramState(TOKEN_BUCKETS), "output": HistogramState(TOKEN_BUCKETS)}
-        self.windows = windows
-        self.errors: dict[str, int] = {}  # server errors by error_type
-        self.client_outcomes: dict[str, int] = {}  # client_error, cancelled, shed: never errors
-
-    # -- hot path -------------------------------------------------------------------
-    def enter(self) -> None:
-        """A request started: it counts as in flight until `leave()` or `exit()`."""
-        self.entered.incr()
-
-    def leave(self) -> None:
-        self.left.incr()
-
-    def exit(
-        self,
-        end: float,
-        duration: float,
-        ttft: float | None = None,
-        tpot: float | None = None,
-        queue: float | None = None,
-        prompt_tokens: int | None = None,
-        output_tokens: int | None = None,
-        error_type: str | None = None,
-    ) -> None:
-        """A request that `enter()`ed finished: `leave()` and `add()` in one step."""
-        self.left.incr()
-        with self._lock:
-            self._pending.append((end, duration, ttft, tpot, queue, prompt_tokens, output_tokens, error_type))
-            full = len(self._pending) >= self._max_pending
-        if full:
-            self._fold(self)
-
-    def add(self, observation: Pending) -> None:
-        """One finished request that was never counted in flight (ingest, manual API)."""
-        with self._lock:
-            self._pending.append(observation)
-            full = len(self._pending) >= self._max_pending
-        if full:
-            self._fold(self)
-
-    def add_waiting(self, delta: int) -> None:
-        with self._lock:
-            self.waiting = max(0, self.waiting + delta)
-
-    def set_waiting(self, depth: int) -> None:
-        """The queue depth as another server reports it (a proxy reading its upstream's metrics)."""
-        with self._lock:
-            self.waiting = max(0, depth)
-
-    # -- folding (under the owner's fold lock) ---------------------------------------
-    def take_pending(self) -> list[Pending]:
-        with self._lock:
-            batch, self._pending = self._pending, []
-        return batch
-
-    def reinit_lock(self) -> None:
-        self._lock = threading.Lock()
+def add_keys(sketch: DDSketch, keys: Any, zero: Any, values: Any) -> None:
+    """Add `values` (a non-empty float array, >= 0) to `sketch` at their `keys` (the sketch's
+    mapping's, an int array; `zero`: a bool array of those at or below its smallest value),
+    the same bins as `sketch.add(value)` one at a time, in one pass per distinct key.
+    (ddsketch has no bulk add: its dense store's bins are used directly, as `_shared` reads them.)"""
+    store = sketch._store
+    counted = _counts(keys[~zero])
+    if counted:
+        store._extend_range(counted[0][0], counted[-1][0])
+        bins, offset = store.bins, store.offset
+        for key, weight in counted:
+            bins[key - offset] += weight
+        store.count += len(keys) - int(np.count_nonzero(zero))
+    sketch._zero_count += int(np.count_nonzero(zero))
+    sketch._count += len(values)
+    sketch._sum += float(values.sum())
+    sketch._min = min(sketch._min, float(values.min()))
+    sketch._max = max(sketch._max, float(values.max()))
 
 
-_END, _PROMPT_TOKENS, _OUTPUT_TOKENS, _ERROR = 0, 5, 6, 7
-
-
-def fold_batch(series: Series, batch: list[Pending], interval_s: float) -> None:
-    if not batch:
-        return
-    cols = list(zip(*batch, strict=True))
-    slot_ids = np.floor(np.asarray(cols[_END], dtype=float) / interval_s).astype(np.int64)
-    error_col = cols[_ERROR]
-    if error_col.count(None) == len(error_col):
-        series.windows.fold_counts(slot_ids, np.zeros(len(batch), dtype=bool))
-    else:  # only server errors count as errors; what the client caused is counted apart
-        is_error = np.array([is_server_error(e) for e in error_col], dtype=bool)
-        client_error = np.array([e == CLIENT_ERROR for e in error_col], dtype=bool)
-        cancelled = np.array([e == CANCELLED for e in error_col], dtype=bool)
-        _count_errors(series.errors, series.client_outcomes, error_col)
-        series.windows.fold_counts(slot_ids, is_error, client_error, cancelled)
-    for column, metric in enumerate(LATENCY_METRICS, start=1):
-        values = np.asarray(cols[column], dtype=float)  # None -> nan
-        present = ~np.isnan(values)
-        if present.any():
-            series.histograms[metric].fold(values[present])
-            series.windows.fold_values(metric, slot_ids[present], values[present])
-    for column, token_type in ((_PROMPT_TOKENS, "input"), (_OUTPUT_TOKENS, "output")):
-        values = np.asarray(cols[column], dtype=float)
-        present = ~np.isnan(values)
-        if present.any():
-            series.tokens[token_type].fold(values[present])
-
-
-def _count_errors(errors: dict[str, int], client: dict[str, int], column: tuple[str | None, ...]) -> None:
-    for error_type in column:
-        if error_type is None:
-            continue
-        if error_type in NOT_ERRORS:
-            client[error_type] = client.get(error_type, 0) + 1
-            continue
-        if error_type not in errors and len(errors) >= MAX_ERROR_TYPES:
-            error_type = "other"
-        errors[error_type] = errors.get(error_type, 0) + 1
+def _counts(ints: Any) -> list[tuple[int, int]]:
+    """(value, how many times) for each distinct value of an int array, ascending: a count
+    per value between the least and the greatest (sketch keys and interval indices span a
+    few thousand), no sort."""
+    if not len(ints):
+        return []
+    lo, hi = int(ints.min()), int(ints.max())
+    if lo == hi:
+        return [(lo, len(ints))]
+    if hi - lo > 1 << 20:  # a clock that jumped: sort instead
+        values, how_many = np.unique(ints, return_counts=True)
+        return list(zip(values.tolist(), how_many.tolist(), strict=True))
+    counts = np.bincount(ints - lo)
+    present = np.flatnonzero(counts)
+    return list(zip((present + lo).tolist(), counts[present].tolist(), strict=True))

@@ -4,7 +4,8 @@ as the SDK's HTTP sink sends it to `POST /api/v1/events`, and as the store keeps
 Wire format (JSON): `{"events": [<record>, ...]}` where each record is an object with
 exactly the fields of `InferenceRecord` (missing optional fields are null).
 `InferenceRecord.from_json` validates one record and raises `InvalidRecord` naming the
-field; it is the single place where untrusted input becomes a record.
+field; it is the single place where untrusted input becomes a record. `from_json_many`
+validates a batch with the same outcome, the common shape checked inline in one loop.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ __all__ = [
     "InvalidRecord",
     "RecordSource",
     "build_record",
+    "from_json_many",
     "is_server_error",
 ]
 
@@ -200,3 +202,67 @@ def _text(obj: dict[str, Any], name: str) -> Any:
     if len(value) > MAX_TEXT_CHARS:
         raise InvalidRecord(name, f"longer than {MAX_TEXT_CHARS} characters")
     return value
+
+
+_INF = math.inf
+
+
+def from_json_many(events: list[Any]) -> tuple[list[InferenceRecord], list[tuple[int, InvalidRecord]]]:
+    """A batch of untrusted records: the records, and (index, error) of those refused, the
+    same outcome as `InferenceRecord.from_json` on each. The common shape (every value of
+    the type JSON decodes it to, and in range) is checked inline, without a call per field;
+    any other event goes through `from_json`, which accepts what it accepts (ints as
+    seconds, str subclasses) and names what it refuses."""
+    out: list[InferenceRecord] = []
+    refused: list[tuple[int, InvalidRecord]] = []
+    build, labels, texts, tokens, epoch = (
+        build_record,
+        _MAX_LABEL_CHARS,
+        MAX_TEXT_CHARS,
+        _MAX_TOKENS,
+        _MAX_EPOCH_S,
+    )
+    for i, obj in enumerate(events):
+        if type(obj) is dict and _KNOWN.issuperset(obj):
+            get = obj.get
+            rid, model, version = get("request_id"), get("model"), get("model_version")
+            started, d, a, b, q = (
+                get("started_at"),
+                get("duration_s"),
+                get("ttft_s"),
+                get("tpot_s"),
+                get("queue_s"),
+            )
+            p, o, e, path = get("prompt_tokens"), get("output_tokens"), get("error_type"), get("path")
+            prompt, response, system, source = (
+                get("prompt"),
+                get("response"),
+                get("system_prompt"),
+                get("source", "sdk"),
+            )
+            if (
+                type(rid) is str and 0 < len(rid) <= labels
+                and type(model) is str and 0 < len(model) <= labels
+                and type(version) is str and 0 < len(version) <= labels
+                and type(started) is float and 0.0 <= started <= epoch
+                and type(d) is float and 0.0 <= d < _INF
+                and (a is None or (type(a) is float and 0.0 <= a < _INF))
+                and (b is None or (type(b) is float and 0.0 <= b < _INF))
+                and (q is None or (type(q) is float and 0.0 <= q < _INF))
+                and (p is None or (type(p) is int and 0 <= p <= tokens))
+                and (o is None or (type(o) is int and 0 <= o <= tokens))
+                and (e is None or (type(e) is str and 0 < len(e) <= labels))
+                and (path is None or (type(path) is str and 0 < len(path) <= labels))
+                and (prompt is None or (type(prompt) is str and len(prompt) <= texts))
+                and (response is None or (type(response) is str and len(response) <= texts))
+                and (system is None or (type(system) is str and len(system) <= texts))
+                and type(source) is str and source in _SOURCES
+            ):  # fmt: skip
+                out.append(build(rid, model, version, started, d, a, b, q, p, o, e, prompt, response, source,
+                                 path, system))  # fmt: skip
+                continue
+        try:
+            out.append(InferenceRecord.from_json(obj))
+        except InvalidRecord as exc:
+            refused.append((i, exc))
+    return out, refused

@@ -126,11 +126,16 @@ def test_failing_statistics_or_extractors_never_reach_the_caller(monkeypatch: py
     assert answer("a") == "a"
 
     class BrokenBuffer(list):
-        def append(self, item: Any) -> None:
+        def extend(self, items: Any) -> None:
             raise MemoryError("buffer bug")
 
-    monkeypatch.setattr(monitor.stats.series("m", "unknown"), "_pending", BrokenBuffer())
-    assert answer("b") == "b"
+    monkeypatch.setattr(monitor.stats.series("m", "unknown"), "timed", BrokenBuffer())
+
+    @monitor.track(model="m")
+    def answer_again(prompt: str) -> str:  # wrapped after the break: it holds the broken buffer
+        return prompt
+
+    assert answer_again("b") == "b"
     assert monitor.counters.value("internal", "extract_prompt") == 1
     assert monitor.counters.value("internal", "finish") == 1
 

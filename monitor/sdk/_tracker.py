@@ -7,10 +7,10 @@ context-manager form keeps its open calls on a context variable (per thread and 
 
 Each wrapper is the same kind of function as the user's, with its name, docstring and
 signature (`functools.wraps`). Plain calls and coroutines keep their state in locals: the
-hot path is two clock reads, two counter increments and one locked append. A generator's
-yielded items count as output tokens (the first sets TTFT, the spacing of the rest TPOT);
-`send`/`throw`/`close` are delegated as `yield from` would, and the call is recorded once:
-on exhaustion, an exception (its type), `close()` (no error) or cancellation.
+hot path is two clock reads, one counter step and one `extend` of the label set's buffer,
+without a lock (`infersight.collectors._recording`), and the fold of that buffer once in
+about 4096 calls. Generators and async generators are wrapped in `_streams`: their items
+count as output tokens, and the call is recorded once, when the stream ends.
 
 User exceptions are re-raised unchanged with a bare `raise`. The SDK's own failures are
 counted and swallowed, never raised inside an `except` that holds the user's exception.
@@ -23,7 +23,7 @@ import inspect
 import math
 import random
 import time
-from collections.abc import AsyncGenerator, Callable, Generator
+from collections.abc import Callable
 from contextvars import ContextVar
 from random import random as rand
 from typing import Any, Protocol
@@ -31,6 +31,7 @@ from typing import Any, Protocol
 from infersight.collectors import InferenceStats
 
 from ._config import SDKConfig, SDKCounters
+from ._streams import wrap_async_generator, wrap_generator
 
 __all__ = ["Call", "Host", "Tracker"]
 
@@ -74,9 +75,9 @@ class Tracker:
     # -- decorator ---------------------------------------------------------------------
     def __call__(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         if inspect.isasyncgenfunction(fn):
-            return _wrap_async_generator(fn, self)
+            return wrap_async_generator(fn, self)
         if inspect.isgeneratorfunction(fn):
-            return _wrap_generator(fn, self)
+            return wrap_generator(fn, self)
         if inspect.iscoroutinefunction(fn):
             return _wrap_coroutine(fn, self)
         return _wrap_plain(fn, self)
@@ -222,7 +223,6 @@ class Call:
     `call.set_token_counts(prompt_tokens=..., output_tokens=...)`, `call.set_queue_time(s)`."""
 
     __slots__ = (
-        "_chunks",
         "_done",
         "_first",
         "_last",
@@ -237,7 +237,7 @@ class Call:
         "sampled",
     )
 
-    def __init__(self, tracker: Tracker, *, prompt: Any = None, keep_chunks: bool = False) -> None:
+    def __init__(self, tracker: Tracker, *, prompt: Any = None) -> None:
         self._tracker = tracker
         self._done = True  # until the start is recorded
         self._first: float | None = None
@@ -249,10 +249,8 @@ class Call:
         self._output_tokens: int | None = None
         self._queue_s: float | None = None
         self.sampled = False
-        self._chunks: list[Any] | None = None
         try:
             self.sampled = tracker.decide_sample()
-            self._chunks = [] if (self.sampled and keep_chunks) else None
             self._start = tracker.clock()
             tracker.series.enter()
             self._done = False
@@ -298,20 +296,6 @@ class Call:
         else:
             self._queue_s = float(seconds)
 
-    # -- the stream wrappers ----------------------------------------------------------------
-    def item(self, item: Any) -> None:
-        """One yielded item: counts as one output token; kept for the response if sampled."""
-        try:
-            now = self._tracker.clock()
-            if self._first is None:
-                self._first = now
-            self._last = now
-            self._tokens += 1
-            if self._chunks is not None:
-                self._chunks.append(item)
-        except Exception:
-            self._tracker.internal("token")
-
     def finish(self, error_type: str | None = None) -> None:
         """Record the call once (later calls do nothing)."""
         if self._done:
@@ -328,9 +312,6 @@ class Call:
                 end, end - start, ttft, tpot, self._queue_s, self._prompt_tokens, output_tokens, error_type
             )
             if self.sampled:
-                response = self._response
-                if response is None and self._chunks is not None and error_type is None:
-                    response = t.extract_response(self._chunks)
                 t.sample(
                     start=start,
                     end=end,
@@ -341,7 +322,7 @@ class Call:
                     output_tokens=output_tokens,
                     error_type=error_type,
                     prompt=self._prompt,
-                    response=response,
+                    response=self._response,
                 )
         except Exception:
             self._tracker.internal("finish")
@@ -352,15 +333,17 @@ class Call:
 
 def _wrap_plain(fn: Callable[..., Any], tracker: Tracker) -> Callable[..., Any]:
     clock = tracker.clock
-    enter = tracker.series.enter
-    exit_ = tracker.series.exit
+    series = tracker.series
+    entered = series.entered.incr
+    timed = series.timed.extend
+    mask = series.fold_mask
     monitor = tracker.monitor
 
     @functools.wraps(fn)
     def tracked(*args: Any, **kwargs: Any) -> Any:
         try:
             start = clock()
-            enter()
+            n = entered()
         except Exception:
             start = None
             tracker.internal("start")
@@ -373,8 +356,12 @@ def _wrap_plain(fn: Callable[..., Any], tracker: Tracker) -> Callable[..., Any]:
             raise
         try:
             end = clock()
-            exit_(end, end - start)
-            rate = tracker.rate if tracker.rate is not None else monitor.config.sample_rate
+            timed((start, end))
+            if n & mask == mask:
+                series.fold()
+            rate = tracker.rate
+            if rate is None:
+                rate = monitor.config.sample_rate
             if rate and (rate >= 1.0 or rand() < rate):
                 tracker.sample_call(start, end, args, kwargs, result, None)
         except Exception:
@@ -386,15 +373,17 @@ def _wrap_plain(fn: Callable[..., Any], tracker: Tracker) -> Callable[..., Any]:
 
 def _wrap_coroutine(fn: Callable[..., Any], tracker: Tracker) -> Callable[..., Any]:
     clock = tracker.clock
-    enter = tracker.series.enter
-    exit_ = tracker.series.exit
+    series = tracker.series
+    entered = series.entered.incr
+    timed = series.timed.extend
+    mask = series.fold_mask
     monitor = tracker.monitor
 
     @functools.wraps(fn)
     async def tracked(*args: Any, **kwargs: Any) -> Any:
         try:
             start = clock()
-            enter()
+            n = entered()
         except Exception:
             start = None
             tracker.internal("start")
@@ -407,93 +396,16 @@ def _wrap_coroutine(fn: Callable[..., Any], tracker: Tracker) -> Callable[..., A
             raise
         try:
             end = clock()
-            exit_(end, end - start)
-            rate = tracker.rate if tracker.rate is not None else monitor.config.sample_rate
+            timed((start, end))
+            if n & mask == mask:
+                series.fold()
+            rate = tracker.rate
+            if rate is None:
+                rate = monitor.config.sample_rate
             if rate and (rate >= 1.0 or rand() < rate):
                 tracker.sample_call(start, end, args, kwargs, result, None)
         except Exception:
             tracker.internal("finish")
         return result
-
-    return tracked
-
-
-def _start_stream(tracker: Tracker, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Call:
-    call = Call(tracker, keep_chunks=True)
-    if call.sampled:
-        call.set_prompt(tracker.extract_prompt(args, kwargs))
-    return call
-
-
-def _wrap_generator(fn: Callable[..., Any], tracker: Tracker) -> Callable[..., Any]:
-    @functools.wraps(fn)
-    def tracked(*args: Any, **kwargs: Any) -> Generator[Any, Any, Any]:
-        call = _start_stream(tracker, args, kwargs)
-        try:
-            gen = fn(*args, **kwargs)
-        except BaseException as exc:
-            call.finish(type(exc).__name__)
-            raise
-        sent: Any = None
-        thrown: BaseException | None = None
-        while True:
-            try:
-                if thrown is None:
-                    value = gen.send(sent)
-                else:
-                    error, thrown = thrown, None
-                    value = gen.throw(error)
-            except StopIteration as stop:
-                call.finish(None)
-                return stop.value
-            except BaseException as exc:
-                call.finish(type(exc).__name__)
-                raise
-            call.item(value)
-            try:
-                sent = yield value
-            except GeneratorExit:
-                call.finish(None)
-                gen.close()
-                raise
-            except BaseException as exc:
-                thrown = exc
-
-    return tracked
-
-
-def _wrap_async_generator(fn: Callable[..., Any], tracker: Tracker) -> Callable[..., Any]:
-    @functools.wraps(fn)
-    async def tracked(*args: Any, **kwargs: Any) -> AsyncGenerator[Any, Any]:
-        call = _start_stream(tracker, args, kwargs)
-        try:
-            agen = fn(*args, **kwargs)
-        except BaseException as exc:
-            call.finish(type(exc).__name__)
-            raise
-        sent: Any = None
-        thrown: BaseException | None = None
-        while True:
-            try:
-                if thrown is None:
-                    value = await agen.asend(sent)
-                else:
-                    error, thrown = thrown, None
-                    value = await agen.athrow(error)
-            except StopAsyncIteration:
-                call.finish(None)
-                return
-            except BaseException as exc:  # CancelledError included
-                call.finish(type(exc).__name__)
-                raise
-            call.item(value)
-            try:
-                sent = yield value
-            except GeneratorExit:
-                call.finish(None)
-                await agen.aclose()
-                raise
-            except BaseException as exc:
-                thrown = exc
 
     return tracked

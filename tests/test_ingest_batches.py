@@ -1,0 +1,183 @@
+"""Ingest's batch paths give what the one-at-a-time paths give: the records validated and
+refused (`from_json_many`), the statistics (`observe_many`) and the rows stored (SQLite
+timestamps as `datetime` formats them, NUL replaced)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+import random
+from typing import Any
+
+import pytest
+from _store_helpers import database_url
+from infersight.collectors import InferenceStats, InvalidObservation
+from infersight.monitor.records import InferenceRecord, InvalidRecord, from_json_many
+from infersight.monitor.service.pipeline import RequestWriter, _sqlite_rows
+from infersight.monitor.store.database import connect, upgrade
+from infersight.monitor.store.tables import requests
+from prometheus_client import CollectorRegistry, generate_latest
+from sqlalchemy import select
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+class Label(str):
+    pass
+
+
+def _event(**changes: Any) -> dict[str, Any]:
+    event: dict[str, Any] = {
+        "request_id": "r-1", "model": "m", "model_version": "v1", "started_at": 1_700_000_000.25,
+        "duration_s": 0.5, "ttft_s": 0.1, "tpot_s": 0.01, "queue_s": None, "prompt_tokens": 12,
+        "output_tokens": 40, "error_type": None, "prompt": "hi", "response": None, "source": "sdk",
+    }  # fmt: skip
+    event.update(changes)
+    return event
+
+
+EVENTS: list[Any] = [
+    _event(),
+    _event(duration_s=2, started_at=1_700_000_000, ttft_s=0),  # ints as seconds: accepted
+    _event(model=Label("m2")),  # a str subclass: accepted
+    _event(path="fast", system_prompt="be brief", error_type="TimeoutError", source="proxy"),
+    _event(prompt_tokens=True),
+    _event(duration_s=float("nan")),
+    _event(ttft_s=-1.0),
+    _event(tpot_s=float("inf")),
+    _event(output_tokens=2**31),
+    _event(started_at=1e12),
+    _event(model=""),
+    _event(model_version="v" * 257),
+    _event(prompt="x" * 40_000),
+    _event(source="browser"),
+    _event(source=None),
+    _event(colour="blue"),
+    {"request_id": "r-2"},
+    ["not", "an", "object"],
+    None,
+]
+
+
+def test_a_batch_is_validated_as_each_event_alone_would_be() -> None:
+    records, refused = from_json_many(EVENTS)
+    expected_records, expected_refused = [], []
+    for i, event in enumerate(EVENTS):
+        try:
+            expected_records.append(InferenceRecord.from_json(event))
+        except InvalidRecord as exc:
+            expected_refused.append((i, exc.field, exc.reason))
+    assert records == expected_records and len(records) == 4
+    assert [(i, e.field, e.reason) for i, e in refused] == expected_refused
+    assert [type(r.duration_s) for r in records] == [float] * 4
+
+
+def test_a_batch_observed_at_once_counts_as_the_same_records_one_by_one() -> None:
+    rng = random.Random(5)
+    records = [
+        InferenceRecord(
+            request_id=f"r{i}",
+            model=rng.choice(["a", "b"]),
+            model_version="v",
+            started_at=1.7e9,
+            duration_s=rng.lognormvariate(-2, 1),
+            ttft_s=rng.choice([None, 0.05]),
+            tpot_s=None,
+            queue_s=rng.choice([None, 0.001]),
+            prompt_tokens=rng.randint(1, 90),
+            output_tokens=None,
+            error_type=rng.choice([None, None, "TimeoutError", "client_error"]),
+        )
+        for i in range(500)
+    ]
+    registries = CollectorRegistry(), CollectorRegistry()
+    one, many = (InferenceStats(r, clock=Clock()) for r in registries)
+    for record in records:
+        one.observe(record)
+    many.observe_many(records)
+    assert generate_latest(registries[0]) == generate_latest(registries[1])
+    for model in ("a", "b"):
+        for q in (0.5, 0.99):
+            assert many.quantile("request_duration", q, 60, model=model) == one.quantile(
+                "request_duration", q, 60, model=model
+            )
+    assert many.error_counts() == one.error_counts() and many.count(60) == 500
+
+
+def test_a_bad_record_in_a_batch_is_left_out_and_named_after_the_others_are_added() -> None:
+    stats = InferenceStats(clock=Clock())
+    good = InferenceRecord(request_id="a", model="m", model_version="v", started_at=1.0, duration_s=0.2)
+    bad = InferenceRecord(request_id="b", model="m", model_version="v", started_at=1.0, duration_s=-1.0)
+    with pytest.raises(InvalidObservation) as info:
+        stats.observe_many([good, bad, good])
+    assert info.value.reason == "negative_duration"
+    assert stats.count(60) == 2
+
+
+def _old_stamp(ts: float) -> str:
+    return dt.datetime.fromtimestamp(ts, dt.UTC).strftime("%Y-%m-%d %H:%M:%S.%f")
+
+
+def test_sqlite_rows_carry_the_timestamp_datetime_would_format_and_no_nul() -> None:
+    rng = random.Random(9)
+    stamps = [rng.uniform(0, 4e9) for _ in range(2000)] + [1_700_000_000 + k / 1e6 + 5e-7 for k in range(50)]
+    stamps += [1_700_000_000.9999996, 1_700_000_000.9999994, 0.0, 86_399.9999999, math.floor(1.7e9)]
+    records = [
+        InferenceRecord(request_id=f"r{i}", model="m", model_version="v", started_at=t, duration_s=0.1)
+        for i, t in enumerate(stamps)
+    ]
+    rows = _sqlite_rows(records)
+    assert [row[3] for row in rows] == [_old_stamp(t) for t in stamps]
+    nul = InferenceRecord(
+        request_id="r\x00", model="m", model_version="v", started_at=1.0, duration_s=0.1, prompt="a\x00b"
+    )
+    (row,) = _sqlite_rows([nul])
+    assert row[0] == "r\ufffd" and row[11] == "a\ufffdb" and "\x00" not in "".join(str(v) for v in row)
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def writer_url(request: pytest.FixtureRequest, tmp_path: Any) -> str:
+    return database_url(request, tmp_path)
+
+
+def test_the_writer_commits_every_row_once_as_given_on_both_backends(writer_url: str) -> None:
+    engine = connect(writer_url)
+    upgrade(engine)
+    writer = RequestWriter(engine)
+    try:
+        rng = random.Random(2)
+        records = [
+            InferenceRecord(
+                request_id=f"r{i}",
+                model="m",
+                model_version="v\x00" if i == 3 else "v",
+                started_at=1_700_000_000 + rng.uniform(0, 100),
+                duration_s=rng.uniform(0, 2),
+                ttft_s=None if i % 2 else 0.1,
+                prompt_tokens=i,
+                prompt="a\x00b" if i == 5 else None,
+                error_type="TimeoutError" if i == 7 else None,
+            )
+            for i in range(300)
+        ]
+        assert writer.submit(records[:200]).result(30) == 200
+        assert writer.submit(records[100:]).result(30) == 200  # 100 already stored: ignored
+        with engine.connect() as conn:
+            rows = {r.request_id: r for r in conn.execute(select(requests))}
+    finally:
+        writer.close()
+        engine.dispose()
+    assert len(rows) == 300
+    for record in records:
+        row = rows[record.request_id]
+        assert abs(row.started_at.timestamp() - record.started_at) < 1e-5
+        assert (row.duration_s, row.ttft_s, row.prompt_tokens, row.error_type) == (
+            record.duration_s, record.ttft_s, record.prompt_tokens, record.error_type,
+        )  # fmt: skip
+    assert rows["r3"].model_version == "v\ufffd" and rows["r5"].prompt == "a\ufffdb"
