@@ -138,6 +138,7 @@ class ConnectionGuard:
         guard = self
 
         class GuardedHttpToolsProtocol(HttpToolsProtocol):
+            connection_guard = guard
             _guard_addr: str | None = None
             _header_timer: asyncio.TimerHandle | None = None
 
