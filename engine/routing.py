@@ -18,9 +18,10 @@ request is routed once, at submit, and never moves:
 3. **length breaker**: per path, closed / open / half-open (`LengthBreaker`). While open,
    a request longer than the adaptive threshold is refused (`PathOverloaded`, the service's
    503 + Retry-After) or, with `breaker_action="standard"`, sent from the fast path to the
-   standard one (`reason="breaker"`). Long requests are shed first: the fast path's
-   threshold never falls below the requests it is configured for (its `max_prompt_tokens`
-   + `max_new_tokens`), and when the fast path misses its SLA while the standard path is
+   standard one (`reason="breaker"`). Long requests are shed first: neither path's
+   threshold falls below the requests the fast path is configured for (its
+   `max_prompt_tokens` + `max_new_tokens`: a short one spilled to the standard path is not
+   shed there either), and when the fast path misses its SLA while the standard path is
    busy (one loop thread steps both: the flood comes from there), the standard breaker
    opens with the fast path's lengths as its threshold (`RouteControl._pressure`). Half-open,
    a breaker lets `probes` requests over its threshold through, and sheds the rest until
@@ -284,7 +285,7 @@ class RouteControl:
             self.breakers = {
                 name: LengthBreaker(name, spec.path(name).sla_ms / 1000.0, window=spec.breaker_window,
                                     cooldown_s=spec.breaker_cooldown_s, probes=spec.breaker_probes,
-                                    floor=fast_lengths(spec) if name == "fast" else 0)
+                                    floor=fast_lengths(spec))
                 for name in PATHS
             }  # fmt: skip
             self._fast_misses.clear()
