@@ -16,8 +16,9 @@ standard: the demo model fp32, 200 ms SLA; breaker_action reject).
 2. A 7 MB prompt (no token), sent 3 times in a row, while /healthz is asked every 50 ms:
    the big prompts' answers, and /healthz's worst and p95 latency meanwhile.
 
-Prints the CPU model; run it with both sides' code (this checkout's and main's interpreter)
-to compare. The machine's other load changes every absolute figure: quote ratios.
+`--honour-retry-after`: the flood's clients wait the Retry-After of a 503 or 429 (by default
+they ask again 10 ms later). Prints the CPU model; run it with both sides' code (this
+checkout's and main's interpreter) to compare. The machine's other load changes every absolute figure: quote ratios.
 """
 
 from __future__ import annotations
@@ -99,7 +100,7 @@ drift: {{enabled: false}}
         server.wait(60)
 
 
-def flood(url: str, seconds: float, threads: int, rate: float) -> None:
+def flood(url: str, seconds: float, threads: int, rate: float, honour_retry_after: bool = False) -> None:
     from infersight.monitor.data import banking77
 
     texts = [u.text for u in banking77("test")]
@@ -116,8 +117,11 @@ def flood(url: str, seconds: float, threads: int, rate: float) -> None:
             r = client.post(f"{url}/v1/completions", json={"prompt": longs[j % len(longs)], "max_tokens": 32})
             long_status.append(r.status_code)
             j += threads
-            if r.status_code != 200:  # shed or refused: as a client honouring no Retry-After would, at once
-                time.sleep(0.01)
+            if (
+                r.status_code != 200
+            ):  # shed or refused: again after Retry-After, or 10 ms (a client ignoring it)
+                wait = float(r.headers.get("retry-after", 0)) if honour_retry_after else 0.0
+                stop.wait(max(0.01, wait))
 
     def short(question: str, due: float) -> tuple[int, float]:
         r = client.post(f"{url}/v1/completions", json={"prompt": question, "max_tokens": 8})
@@ -144,7 +148,8 @@ def flood(url: str, seconds: float, threads: int, rate: float) -> None:
     client.close()
     ok = [s for status, s in results if status == 200]
     p95 = _q(ok, 0.95)
-    print(f"flood: {threads} threads of long prompts for {seconds:.0f} s, short questions at {rate:g}/s")
+    print(f"flood: {threads} threads of long prompts for {seconds:.0f} s, short questions at {rate:g}/s"
+          + (", the flood honouring Retry-After" if honour_retry_after else ""))  # fmt: skip
     print(f"  short: {len(ok)}/{len(results)} answered 200 ({100.0 * len(ok) / max(1, len(results)):.1f}%), "
           f"others {sorted({st for st, _ in results if st != 200})}")  # fmt: skip
     if p95 is not None:
@@ -189,12 +194,13 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=40.0)
     ap.add_argument("--threads", type=int, default=16)
     ap.add_argument("--rate", type=float, default=4.0)
+    ap.add_argument("--honour-retry-after", action="store_true", help="the flood's clients wait Retry-After")
     args = ap.parse_args()
     import infersight.engine
 
     print(f"CPU: {_cpu()}; infersight from {Path(str(infersight.engine.__file__)).parent.parent}")
     with tempfile.TemporaryDirectory() as tmp, _serve(Path(tmp)) as url:
-        flood(url, args.seconds, args.threads, args.rate)
+        flood(url, args.seconds, args.threads, args.rate, args.honour_retry_after)
         big_prompt(url)
 
 
