@@ -194,3 +194,48 @@ def test_half_open_connections_are_closed_and_other_clients_are_answered(tmp_pat
                 assert s.recv(1024) == b""  # closed by the server, nothing answered
         assert guard.refused == 450 and guard.closed_idle == 50
         assert guard.open.get("127.0.0.2", 0) == 0
+
+
+def test_infersight_serve_closes_half_open_connections_over_the_cap_and_at_the_header_timeout(
+    tmp_path: Path,
+) -> None:
+    """The command itself (a process of its own): its uvicorn runs the guarded protocol."""
+    import os
+    import subprocess
+    import sys
+
+    port = _free_port()
+    (tmp_path / "infersight.yaml").write_text(
+        "limits: {header_timeout_s: 1.0, max_connections_per_client: 5}\ndrift: {enabled: false}\n"
+    )
+    server = subprocess.Popen(
+        [sys.executable, "-m", "infersight.monitor.cli", "serve", "--config", str(tmp_path / "infersight.yaml"),
+         "--data-dir", str(tmp_path / "data"), "--port", str(port), "--log-level", "error"],
+        env={**os.environ, "INFERSIGHT_TOKEN": TOKEN}, stdout=subprocess.DEVNULL,
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+
+    def ready() -> bool:
+        assert server.poll() is None, "infersight serve exited"
+        with contextlib.suppress(httpx.HTTPError):
+            return httpx.get(f"{url}/healthz", timeout=5.0).status_code == 200
+        return False
+
+    try:
+        wait_for(ready, timeout=120.0, interval=0.2)
+        with contextlib.ExitStack() as stack:
+            sockets = []
+            for _ in range(10):
+                s = stack.enter_context(socket.socket())
+                s.bind(("127.0.0.2", 0))
+                s.connect(("127.0.0.1", port))
+                s.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n")  # the headers never end
+                sockets.append(s)
+            assert httpx.get(f"{url}/healthz", timeout=60.0).status_code == 200  # another address
+            for s in sockets:
+                s.settimeout(60.0)
+                with contextlib.suppress(ConnectionResetError):
+                    assert s.recv(1024) == b""  # closed, nothing answered
+    finally:
+        server.terminate()
+        server.wait(60)
