@@ -366,7 +366,7 @@ class EngineBackend:
                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **version},
             )
         return await self._whole(
-            handle, stream, timer, chat, observed_prompt, len(prompt_ids), system, reveal
+            handle, stream, timer, chat, observed_prompt, len(prompt_ids), system, reveal, tokenizer=tokenizer
         )
 
     def _public(self, message: str, version: str, reveal: bool) -> str:
@@ -375,18 +375,26 @@ class EngineBackend:
 
     async def _whole(
         self, handle: Any, stream: TextStream, timer: CallTimer, chat: bool, prompt: str, n_prompt: int,
-        system: str | None, reveal: bool = False,
+        system: str | None, reveal: bool = False, *, tokenizer: Any,
     ) -> Response:  # fmt: skip
         from infersight.engine.errors import GenerationFailed
 
         try:
             async for token in handle:
                 timer.first()
+                if not stream.has_stops:
+                    stream.hold(token)  # decoded once at the end, off the event loop
+                    continue
                 stream.push(token)
                 if stream.stopped:
                     handle.cancel()
                     break
             completion = await handle.aresult()
+            if not stream.has_stops:  # decode_batch releases the GIL (decode holds it)
+                decoded = await self.encoder.run(
+                    tokenizer.decode_batch, [stream.ids], skip_special_tokens=True
+                )
+                stream.settle(decoded[0])
         except GenerationFailed as exc:
             self._record(handle.request_id, handle.model_version, timer, n_prompt, stream.token_count, None,
                          type(exc).__name__, prompt, None, path=getattr(handle, "path", None), system=system)  # fmt: skip
