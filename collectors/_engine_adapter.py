@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from infersight.monitor.records import CANCELLED, CLIENT_ERROR, SHED, InferenceRecord
+from infersight.monitor.records import CANCELLED, CLIENT_ERROR, OVERLOADED, SHED, InferenceRecord
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
@@ -35,6 +35,7 @@ __all__ = ["EngineAdapter", "EnginePathCollector"]
 # What `Runtime.submit` refuses before the model sees anything: the request's fault.
 _REFUSED_REQUESTS = frozenset({"PromptTooLong", "InvalidRequest"})
 _SHED_BY = "PathOverloaded"  # SLA routing's length breaker refused it: outcome `shed`, no error
+_OVERLOADED_BY = "QueueFull"  # admission control refused it: outcome `overloaded`, no error
 
 
 @dataclass
@@ -174,6 +175,8 @@ class EngineAdapter:
                 if e.error_type in _REFUSED_REQUESTS
                 else SHED
                 if e.error_type == _SHED_BY
+                else OVERLOADED
+                if e.error_type == _OVERLOADED_BY
                 else e.error_type,
                 source="engine",
             )

@@ -77,8 +77,8 @@ _ERRORS = (
 _CLIENT = (
     "infersight_client_outcomes",
     "Requests that ended without a server error: outcome client_error (refused: e.g. an over-long "
-    "prompt, an upstream 4xx), cancelled (the client hung up) or shed (refused with 503 by SLA "
-    "routing's length breaker).",
+    "prompt, an upstream 4xx), cancelled (the client hung up), shed (refused with 503 by SLA "
+    "routing's length breaker) or overloaded (refused with 429 by admission control).",
 )
 
 

@@ -18,6 +18,7 @@
      │    └── InvalidCanaryWeight        a canary weight outside (0, 1]
      ├── RuntimeNotRunning               serving: submit/deploy before start() or while stopping
      ├── PathOverloaded                  SLA routing: a path's length breaker is open for this length
+     ├── QueueFull                       admission: the request's queue is full or its predicted wait too long
      ├── GenerationFailed                serving: the model raised on a request (re-raised by result())
      ├── SharedTierUnavailable           the prefix cache's shared tier (Redis) failed; served locally
      ├── KernelUnavailable               the native decode kernels cannot be built or loaded; eager path used
@@ -66,6 +67,7 @@ __all__ = [
     "NotACheckpoint",
     "PathOverloaded",
     "PromptTooLong",
+    "QueueFull",
     "RegistryCorrupt",
     "RegistryError",
     "RuntimeNotRunning",
@@ -188,6 +190,18 @@ class PathOverloaded(EngineError, RuntimeError):
     def __init__(self, message: str, *, path: str, retry_after_s: float) -> None:
         super().__init__(message)
         self.path = path
+        self.retry_after_s = retry_after_s
+
+
+class QueueFull(EngineError, RuntimeError):
+    """Admission control refused the request at submit: `waiting` requests are already ahead
+    of it in its queue (`path`), beyond `max_queue`, or its predicted wait is over
+    `max_queue_wait_s`. Retry after `retry_after_s` (the service answers 429)."""
+
+    def __init__(self, message: str, *, path: str, waiting: int, retry_after_s: float) -> None:
+        super().__init__(message)
+        self.path = path
+        self.waiting = waiting
         self.retry_after_s = retry_after_s
 
 

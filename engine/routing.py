@@ -18,7 +18,14 @@ request is routed once, at submit, and never moves:
 3. **length breaker**: per path, closed / open / half-open (`LengthBreaker`). While open,
    a request longer than the adaptive threshold is refused (`PathOverloaded`, the service's
    503 + Retry-After) or, with `breaker_action="standard"`, sent from the fast path to the
-   standard one (`reason="breaker"`).
+   standard one (`reason="breaker"`). Long requests are shed first: neither path's
+   threshold falls below the requests the fast path is configured for (its
+   `max_prompt_tokens` + `max_new_tokens`: a short one spilled to the standard path is not
+   shed there either), and when the fast path misses its SLA while the standard path is
+   busy (one loop thread steps both: the flood comes from there), the standard breaker
+   opens with the fast path's lengths as its threshold (`RouteControl._pressure`). Half-open,
+   a breaker lets `probes` requests over its threshold through, and sheds the rest until
+   they are judged.
 
 Each path's batch cap follows the 1-4-8-16 ladder: the rung that serves the most requests
 per second while a typical request of the path, in a batch of that size, still finishes
@@ -62,6 +69,7 @@ PATHS = ("fast", "standard")
 Path = Literal["fast", "standard"]
 BreakerState = Literal["closed", "open", "half_open"]
 MIN_MISSES = 2  # a closed breaker opens on two misses in its window at the least, never on one
+PRESSURE_WINDOW = 20  # the fast path's recent completions judged for pressure on the standard path
 
 
 @dataclass(frozen=True)
@@ -123,12 +131,16 @@ class LengthBreaker:
     longest request of the window that met the SLA and is shorter than every request that
     missed it (else one token under the shortest that missed): lengths that are still
     served in time keep being served. After `cooldown_s` it turns half-open and lets
-    everything through; `probes` completions within the SLA, or a further `cooldown_s`
-    without a miss (the long traffic may have stopped), close it; one miss reopens it."""
+    `probes` requests over the threshold through (the rest are still shed); `probes`
+    completions within the SLA, or a further `cooldown_s` without a miss (the long traffic
+    may have stopped), close it; one miss reopens it. The threshold never falls below
+    `floor` (the lengths the path exists to serve)."""
 
     def __init__(self, path: str, sla_s: float, *, window: int, cooldown_s: float, probes: int,
-                 clock: Callable[[], float] = time.monotonic) -> None:  # fmt: skip
+                 clock: Callable[[], float] = time.monotonic, floor: int = 0) -> None:  # fmt: skip
         self.path = path
+        self.floor = floor
+        self._probes_let = 0  # requests over the threshold let through since half-open
         self.sla_s = sla_s
         self.cooldown_s = cooldown_s
         self.probes = probes
@@ -164,10 +176,28 @@ class LengthBreaker:
             return None
 
     def admits(self, length: int) -> bool:
-        """False while open for a request longer than the threshold."""
+        """False while open for a request longer than the threshold; half-open, True for
+        `probes` of them, then False until they are judged."""
         with self._lock:
             self._tick()
-            return self.state != "open" or self.threshold is None or length <= self.threshold
+            if self.state == "closed" or self.threshold is None or length <= self.threshold:
+                return True
+            if self.state == "half_open" and self._probes_let < self.probes:
+                self._probes_let += 1
+                return True
+            return False
+
+    def force_open(self, threshold: int) -> BreakerState | None:
+        """Open (or keep open, from now) with `threshold` (not below the floor), whatever this
+        path measured: the other path pays for this one's load. The new state when it changed."""
+        with self._lock:
+            self._tick()
+            changed: BreakerState | None = None if self.state == "open" else "open"
+            if changed is not None:
+                self.opened += 1
+            self.state, self._opened_at = "open", self._clock()
+            self.threshold = max(self.floor, threshold)
+            return changed
 
     def retry_after_s(self) -> float:
         with self._lock:
@@ -181,7 +211,7 @@ class LengthBreaker:
     def _tick(self) -> BreakerState | None:
         now = self._clock()
         if self.state == "open" and now - self._opened_at >= self.cooldown_s:
-            self.state, self._probe_ok, self._half_open_at = "half_open", 0, now
+            self.state, self._probe_ok, self._half_open_at, self._probes_let = "half_open", 0, now, 0
             return "half_open"
         if self.state == "half_open" and now - self._half_open_at >= self.cooldown_s:
             return self._close()
@@ -202,6 +232,8 @@ class LengthBreaker:
             self.threshold = max(kept)
         elif shortest_miss is not None:
             self.threshold = max(0, shortest_miss - 1)
+        if self.threshold is not None:
+            self.threshold = max(self.floor, self.threshold)
         self.state, self._opened_at = "open", self._clock()
         self.opened += 1
         return "open"
@@ -226,6 +258,7 @@ class RouteControl:
         self._count_lock = threading.Lock()
         self._arrivals: dict[str, deque[float]] = {name: deque(maxlen=64) for name in PATHS}
         self._prompt_tokens: dict[str, float] = {}  # per path: mean prompt length (EWMA)
+        self._fast_misses: deque[bool] = deque(maxlen=PRESSURE_WINDOW)  # recent fast completions: missed?
         self.held = 0  # steps the standard replica sat out for the fast path (`hold`)
 
     @property
@@ -251,9 +284,11 @@ class RouteControl:
             replica, _ = runtime._prepare(spec.fast.version, "routing", from_version=serving)
             self.breakers = {
                 name: LengthBreaker(name, spec.path(name).sla_ms / 1000.0, window=spec.breaker_window,
-                                    cooldown_s=spec.breaker_cooldown_s, probes=spec.breaker_probes)
+                                    cooldown_s=spec.breaker_cooldown_s, probes=spec.breaker_probes,
+                                    floor=fast_lengths(spec))
                 for name in PATHS
             }  # fmt: skip
+            self._fast_misses.clear()
             self.spec = spec
             runtime._state.on_finished = self._finished
             runtime._state.hold = self.hold
@@ -405,9 +440,13 @@ class RouteControl:
         with self._count_lock:
             return dict(self._counts)
 
-    def count(self, path: str, reason: str) -> None:
+    def count(self, path: str, reason: str, *, instead_of: str | None = None) -> None:
+        """One more request of `path` for `reason` (`instead_of`: one less for that reason,
+        e.g. a request routed as "long" that admission control then refused: "overloaded")."""
         with self._count_lock:
             self._counts[(path, reason)] = self._counts.get((path, reason), 0) + 1
+            if instead_of is not None and self._counts.get((path, instead_of), 0) > 0:
+                self._counts[(path, instead_of)] -= 1
 
     def statuses(self) -> list[BreakerStatus]:
         statuses = []
@@ -464,8 +503,26 @@ class RouteControl:
         if breaker is None:
             return
         self._note(breaker, breaker.observe(len(request.prompt_ids) + request.max_new_tokens, seconds))
+        if path == "fast":
+            self._pressure(seconds > breaker.sla_s)
         if breaker.state == "closed":
             self.adapt()
+
+    def _pressure(self, missed: bool) -> None:
+        """A fast completion (the loop thread): when `MIN_MISSES` of the fast path's last
+        `PRESSURE_WINDOW` missed its SLA while the standard path has work, the standard
+        breaker opens (or stays open) shedding what the fast path does not serve: the long
+        requests go first, before any short one."""
+        spec, state = self.spec, self._runtime._state
+        self._fast_misses.append(missed)
+        if spec is None or not missed or sum(self._fast_misses) < MIN_MISSES:
+            return
+        standard = state.current
+        if standard is None or not (standard.running or len(state.queue)):
+            return
+        self._fast_misses.clear()  # judged afresh: two more misses keep it open
+        breaker = self.breakers["standard"]
+        self._note(breaker, breaker.force_open(fast_lengths(spec)))
 
     def _note(self, breaker: LengthBreaker, changed: BreakerState | None) -> None:
         if changed is None:
@@ -481,6 +538,14 @@ class RouteControl:
         if path == "fast":
             return state.fast, state.fast_queue, state.current
         return state.current, state.queue, state.fast
+
+
+def fast_lengths(spec: RoutingSpec) -> int:
+    """The longest request (prompt + max_new_tokens) the fast path is configured for (0: no bound)."""
+    fast = spec.fast
+    if fast.max_prompt_tokens is None:
+        return 0
+    return fast.max_prompt_tokens + (fast.max_new_tokens or 0)
 
 
 def _within(spec: PathSpec, prompt_tokens: int, max_new_tokens: int) -> bool:

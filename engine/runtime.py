@@ -24,6 +24,7 @@ from typing import Any, Literal, NoReturn
 
 import torch
 
+from .admission import Admission, AdmissionLimits
 from .deploy import DeployOutcome, prepare_replica
 from .errors import (
     CanaryRunning,
@@ -32,6 +33,7 @@ from .errors import (
     NoPreviousVersion,
     PathOverloaded,
     PromptTooLong,
+    QueueFull,
     RuntimeNotRunning,
 )
 from .events import DeployFailed, EngineEvent, RequestFailed, RequestQueued, VersionDeployed
@@ -66,12 +68,14 @@ class Runtime:
         preload_source: PreloadSource | None = None,
         prefill_block: int | None = None,
         preload_top: int | None = None,
+        admission: AdmissionLimits | None = None,
     ) -> None:
         """`prefix_cache`: reuse the keys and values of shared prompt prefixes (None: off);
         `preload_source`: what to prefill into it at start and at every deploy: all of it,
         or with `preload_top` the N most frequent block prefixes among those prompts;
         `prefill_block`: prompts are prefilled in chunks of this many tokens, cache or not
-        (default: the cache's block, else 64), so that the cache never changes an answer."""
+        (default: the cache's block, else 64), so that the cache never changes an answer;
+        `admission`: the bound on each path's queue and predicted wait (admission.py; None: unbounded)."""
         if max_batch_size < 1 or max_prompt_tokens < 1 or max_seq_len < 2:
             raise InvalidRequest("max_batch_size and max_prompt_tokens must be >= 1, max_seq_len >= 2")
         block = prefix_cache.block_tokens if prefix_cache is not None else 64
@@ -99,6 +103,7 @@ class Runtime:
         self._thread: threading.Thread | None = None
         self.canary = CanaryControl(self)
         self.routing = RouteControl(self)  # SLA routing, off until routing.start(spec)
+        self.admission = Admission(admission)
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -187,7 +192,8 @@ class Runtime:
         With a canary running, `user` (sticky) decides which version serves it. With SLA
         routing on, the router picks the fast or the standard path (`handle.path`; `text`,
         the prompt's text, is what a user classifier reads) and raises PathOverloaded when
-        that path's length breaker sheds the request."""
+        that path's length breaker sheds the request. Raises QueueFull when the request's
+        queue is full or its predicted wait too long (`admission`)."""
         state = self._state
         current = state.current
         if not state.accepting or current is None:
@@ -216,6 +222,14 @@ class Runtime:
             if canary is not None
             else state.queue
         )
+        path = "fast" if fast is not None else "canary" if canary is not None else "standard"
+        try:
+            self.admission.check(queue, target, priority=int(priority), path=path)
+        except QueueFull as exc:
+            if decision is not None:
+                self.routing.count(decision.path, "overloaded", instead_of=decision.reason)
+            state.post(RequestFailed(rid, target.version, time.time(), type(exc).__name__, str(exc)))
+            raise
         handle = RequestHandle(rid, target.version, lambda _h: state.cancel(request))
         if decision is not None:
             handle.path, handle.route_reason = decision.path, decision.reason

@@ -111,6 +111,11 @@ class PendingQueue:
                     return True
             return False
 
+    def count_at_least(self, priority: int) -> int:
+        """Requests waiting with `priority` or higher: those served before a new one of it."""
+        with self._lock:
+            return sum(1 for entry in self._heap if -entry[0] >= priority)
+
     def drain(self) -> list[Request]:
         with self._lock:
             out = [entry[2] for entry in sorted(self._heap)]

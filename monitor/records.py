@@ -21,6 +21,8 @@ __all__ = [
     "CLIENT_OUTCOMES",
     "MAX_TEXT_CHARS",
     "NOT_ERRORS",
+    "OVERLOADED",
+    "REFUSED_BY_SERVICE",
     "SHED",
     "InferenceRecord",
     "InvalidRecord",
@@ -47,7 +49,11 @@ CLIENT_OUTCOMES = frozenset({CLIENT_ERROR, CANCELLED})
 # job, not a failure. It misses its path's SLO but is no server error, so a flood the breaker
 # sheds does not also raise the error rate (ErrorRateSpike, the post-deploy analysis).
 SHED = "shed"
-NOT_ERRORS = CLIENT_OUTCOMES | {SHED}  # outcomes kept under their own label, never errors
+# A request admission control refused (429 + Retry-After): its queue was full or its
+# predicted wait too long. Like `shed`, protection doing its job: an SLO miss, no error.
+OVERLOADED = "overloaded"
+REFUSED_BY_SERVICE = frozenset({SHED, OVERLOADED})  # refused to protect the service: SLO misses
+NOT_ERRORS = CLIENT_OUTCOMES | REFUSED_BY_SERVICE  # outcomes kept under their own label, never errors
 
 
 def is_server_error(error_type: str | None) -> bool:

@@ -53,7 +53,9 @@ def event(i: int, **extra: Any) -> dict[str, Any]:
     return body
 
 
-def wait_for(predicate: Any, timeout: float = 10.0, interval: float = 0.05) -> Any:
+def wait_for(predicate: Any, timeout: float = 30.0, interval: float = 0.05) -> Any:
+    """`predicate()`'s first true value; the timeout only ends a run that is stuck (generous:
+    a loaded 2-core machine must not fail a test that would pass given the time)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = predicate()

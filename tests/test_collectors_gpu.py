@@ -194,9 +194,8 @@ def test_scrape_reads_the_last_sample_and_makes_no_nvml_call_with_fake_nvml() ->
     gpu = GPUCollector(registry, nvml=fake, clock=Clock())
     gpu.sample_once()
     before = len(fake.calls)
-    t0 = time.perf_counter()
     generate_latest(registry)
-    assert len(fake.calls) == before and time.perf_counter() - t0 < 0.1
+    assert len(fake.calls) == before  # the scrape reads the last sample: no NVML call, so no wait on one
 
 
 def test_background_sampler_samples_until_stopped_and_close_frees_gpm_with_fake_nvml() -> None:

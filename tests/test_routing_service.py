@@ -1,6 +1,6 @@
 """SLA routing in `infersight serve` (the real app in-process, the demo model): the
 `routing:` config checked at start naming the key, records and /metrics by path, and the
-length breaker under a flood of long prompts: it opens, short requests keep their SLA,
+length breaker under a flood of long prompts: it opens, short requests are never shed,
 long ones get 503 + Retry-After, and it closes by itself after the flood."""
 
 from __future__ import annotations
@@ -83,7 +83,9 @@ def served(tmp_path_factory: pytest.TempPathFactory, registry: Path) -> Iterator
     import dataclasses
 
     tmp = tmp_path_factory.mktemp("routed")
-    parsed = config_from_mapping(_mapping(registry, breaker_cooldown_s=6.0))
+    # the standard SLA out of reach (1 ms): every long request misses it, on any machine
+    parsed = config_from_mapping(_mapping(registry, breaker_cooldown_s=6.0,
+                                          standard={"version": GOOD, "sla_ms": 1}))  # fmt: skip
     engine = dataclasses.replace(parsed.engine, max_batch_size=8, max_prompt_tokens=400, max_tokens_limit=64)  # type: ignore[arg-type]
     cfg = dataclasses.replace(config(tmp), engine=engine, routing=parsed.routing)
     app = create_app(cfg)
@@ -127,7 +129,11 @@ def test_requests_are_routed_by_length_and_records_and_metrics_carry_the_path(se
     wait_for(lambda: {"fast", "standard"} <= stored_paths(), timeout=10.0)  # the requests table keeps it
 
 
-def test_a_flood_of_long_prompts_opens_the_breaker_short_ones_keep_their_sla_and_it_closes(served) -> None:  # type: ignore[no-untyped-def]
+def test_a_flood_of_long_prompts_sheds_long_ones_never_the_short_ones_and_the_breaker_closes(served) -> None:  # type: ignore[no-untyped-def]
+    """Asserted by outcome, not speed (issue 22): the standard SLA (1 ms) is out of reach on
+    any machine, so the standard breaker opens after a bounded number of long completions;
+    whether the fast path meets its 100 ms on a loaded machine does not matter, since a
+    request the fast path is configured for (32 + 8 tokens) is never shed."""
     app, client = served
     routing = app.state.service.parts.backend.runtime.routing  # type: ignore[attr-defined]
     stop = threading.Event()
@@ -140,30 +146,31 @@ def test_a_flood_of_long_prompts_opens_the_breaker_short_ones_keep_their_sla_and
                 refused.append(headers)
                 time.sleep(0.05)
 
+    def state(path: str) -> object:
+        return next(b for b in routing.statuses() if b.path == path)
+
     threads = [threading.Thread(target=flood, daemon=True) for _ in range(6)]
     for t in threads:
         t.start()
+    shorts: list[int] = []
+    fast_thresholds: list[int] = []
     try:
-        wait_for(lambda: any(b.state == "open" for b in routing.statuses()), timeout=40.0, interval=0.1)
-        standard = app.state.service.parts.backend.runtime._state  # type: ignore[attr-defined]
-        wait_for(lambda: not standard.current.running, timeout=20.0, interval=0.02)  # admitted long ones done
-        shorts = []
-        deadline = time.monotonic() + 60.0
-        while len(shorts) < 20:  # short requests while the breaker sheds the long ones
-            assert time.monotonic() < deadline, f"only {len(shorts)} short requests while open"
-            status, seconds, _ = _ask(client, SHORT, 4)
-            assert status == 200
-            if next(b for b in routing.statuses() if b.path == "standard").state == "open":
-                shorts.append(seconds)
-        wait_for(lambda: refused, timeout=10.0)
+        wait_for(lambda: state("standard").state == "open", timeout=120.0, interval=0.1)
+        while len(shorts) < 20 or not refused:  # short requests while the breaker sheds the long ones
+            assert len(shorts) < 400, "no long request was refused"
+            shorts.append(_ask(client, SHORT, 4)[0])
+            fast = state("fast")
+            if fast.threshold_tokens is not None:
+                fast_thresholds.append(fast.threshold_tokens)
     finally:
         stop.set()
         for t in threads:
-            t.join(30)
-    within = sum(s <= 0.100 for s in shorts) / len(shorts)
-    assert within >= 0.9, [round(s, 3) for s in sorted(shorts)[-5:]]
+            t.join(120)
+    assert set(shorts) == {200}  # never shed: not 503 "requests over 12 tokens are refused"
+    assert all(t >= 32 + 8 for t in fast_thresholds)  # the fast path's own requests are never its threshold's
     assert refused and all(int(h["retry-after"]) >= 1 for h in refused)
     assert (_metric(client, 'infersight_route_requests_total{path="standard",reason="shed"}') or 0) >= 1
+    assert (_metric(client, 'infersight_route_requests_total{path="fast",reason="shed"}') or 0) == 0
 
     # shed requests are their own outcome: SLO misses, not server errors (no error-rate page)
     def shed_outcomes() -> float:  # a refusal's record is counted just after its answer is sent
@@ -175,14 +182,13 @@ def test_a_flood_of_long_prompts_opens_the_breaker_short_ones_keep_their_sla_and
         ]
         return float(lines[0].rsplit(" ", 1)[1]) if lines else 0.0
 
-    wait_for(lambda: shed_outcomes() >= len(refused), timeout=10.0)
+    wait_for(lambda: shed_outcomes() >= len(refused), timeout=30.0)
     metrics = client.get("/metrics").text
     assert not [ln for ln in metrics.splitlines() if ln.startswith("gen_ai_server_request_errors_total{")]
     attainment = _metric(client, 'infersight_slo_attainment_ratio{path="standard",window="5m"}')
     assert attainment is not None and attainment < 1.0  # 0.0 too: every long one missed or shed
-    for _ in range(3):
-        _ask(client, SHORT, 4)
-    wait_for(lambda: all(b.state == "closed" for b in routing.statuses()), timeout=30.0, interval=0.2)
+    # no long request after the flood: half-open after the cooldown, closed after another
+    wait_for(lambda: state("standard").state == "closed", timeout=60.0, interval=0.2)
     assert _metric(client, 'infersight_route_breaker_state{path="standard"}') == 0.0
     assert _ask(client, LONG, 8)[0] == 200  # long ones are served again
     events = client.get("/api/v1/overview", headers=auth()).json()["routing"]["breaker_events"]

@@ -53,7 +53,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from infersight.monitor.records import CANCELLED, SHED, InferenceRecord
+from infersight.monitor.records import CANCELLED, REFUSED_BY_SERVICE, InferenceRecord
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 from prometheus_client.utils import floatToGoString
 
@@ -76,6 +76,7 @@ CLIENT_ERROR_TYPES = (
     "InvalidSamplingParams",
     "InvalidInput",
 )
+_REFUSED = "|".join(sorted(REFUSED_BY_SERVICE))  # shed (length breaker), overloaded (admission)
 SLO_GROUP = "slo"  # the rule group the generated alerts belong to
 SELECTOR_LABELS = ("model", "model_version", "path")
 _KEYS = {"name", "objective", "threshold_ms", "window", *SELECTOR_LABELS}
@@ -130,7 +131,7 @@ class SLO:
         return all(labels.get(k) == v for k, v in self.selector)
 
     def is_bad(self, duration_s: float, error_type: str | None) -> bool:
-        if error_type == SHED:  # refused by the length breaker: served neither in time nor at all
+        if error_type in REFUSED_BY_SERVICE:  # shed or overloaded: served neither in time nor at all
             return True
         if self.threshold_s is not None:
             return duration_s > self.threshold_s
@@ -246,14 +247,14 @@ def error_ratio_promql(slo: SLO, window_s: float) -> str:
     le = f'le="{floatToGoString(slo.threshold_s)}"' if slo.threshold_s is not None else ""
     if slo.path is not None:  # the routing metrics: a shed request is in none of the histogram's
         path = (("path", slo.path),)
-        shed = rate("infersight_route_requests_total", f'reason="{SHED}"', selector=path)
+        shed = rate("infersight_route_requests_total", f'reason=~"{_REFUSED}"', selector=path)
         total = f"({rate(_ROUTE_DURATION + '_count', selector=path)} + ({shed} or vector(0)))"
         if slo.threshold_s is not None:
             return f"(1 - {rate(_ROUTE_DURATION + '_bucket', le, selector=path)} / {total})"
         errors = rate("infersight_route_request_errors_total", selector=path)
         return f"((({errors} or vector(0)) + ({shed} or vector(0))) / {total})"
     # the collectors' series: a shed request is in the histogram (duration 0) and is no error
-    shed = rate("infersight_client_outcomes_total", f'outcome="{SHED}"')
+    shed = rate("infersight_client_outcomes_total", f'outcome=~"{_REFUSED}"')
     total = rate(_DURATION + "_count")
     if slo.threshold_s is not None:
         return f"(1 - ({rate(_DURATION + '_bucket', le)} - ({shed} or vector(0))) / {total})"

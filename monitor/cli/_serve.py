@@ -101,6 +101,7 @@ def _serve(args: argparse.Namespace) -> int:
     import uvicorn
     from infersight.monitor.redaction import install_log_redaction
     from infersight.monitor.service import Service, ServiceError, create_app
+    from infersight.monitor.service.overload import server_options
     from infersight.monitor.store import StoreError
 
     cfg = build_config(args, dict(os.environ))
@@ -118,8 +119,9 @@ def _serve(args: argparse.Namespace) -> int:
     print(f"infersight serving on {where} (page /, API docs /docs, metrics /metrics); bearer token {token_note}",
           flush=True)  # fmt: skip
     try:
-        uvicorn.run(app, host=cfg.host, port=cfg.port, log_level=cfg.log_level, http="httptools",
-                    loop="uvloop" if _has("uvloop") else "asyncio", access_log=False)  # fmt: skip
+        guarded = server_options(cfg.limits.header_timeout_s, cfg.limits.max_connections_per_client)
+        uvicorn.run(app, host=cfg.host, port=cfg.port, log_level=cfg.log_level, access_log=False,
+                    loop="uvloop" if _has("uvloop") else "asyncio", **guarded)  # fmt: skip
     finally:
         if service.started:
             service.stop()

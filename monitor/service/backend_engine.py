@@ -23,13 +23,14 @@ from typing import TYPE_CHECKING, Any
 
 from fastapi import HTTPException
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from infersight.monitor.records import CANCELLED, CLIENT_ERROR, SHED
+from infersight.monitor.records import CANCELLED, CLIENT_ERROR, OVERLOADED, SHED
 from prometheus_client import CollectorRegistry
 from sqlalchemy import Engine
 
 from . import openai_api as fmt
 from .errors import BackendUnavailable
 from .openai_api import ChatRequest, CompletionRequest, TextStream, render_chat
+from .overload import PromptEncoder, PromptOverCharacters
 from .pipeline import CallTimer, make_record
 
 if TYPE_CHECKING:
@@ -82,6 +83,8 @@ class EngineBackend:
         self.user_header = cfg.canary_user_header if cfg is not None else None
         self.canary_controller = _canary_controller(runtime, on_canary_decision)
         self.route_metrics: Any = None  # SLA routing's metrics, with `routing:` only
+        # bounds a prompt's work before tokenizing it, and tokenizes off the event loop
+        self.encoder = PromptEncoder(int(getattr(runtime, "max_prompt_tokens", 1024)))
 
     @classmethod
     def start(
@@ -102,6 +105,7 @@ class EngineBackend:
 
         if runtime is not None:
             return backend(runtime, owned=False)
+        from infersight.engine.admission import AdmissionLimits
         from infersight.engine.errors import EngineError
         from infersight.engine.registry import Registry
         from infersight.engine.runtime import Runtime
@@ -118,6 +122,7 @@ class EngineBackend:
                 registry, max_batch_size=cfg.max_batch_size, max_prompt_tokens=cfg.max_prompt_tokens,
                 max_seq_len=cfg.max_seq_len, device=cfg.device, prefix_cache=build_prefix_cache(cfg),
                 preload_source=frequent, preload_top=cfg.preload_prompts, prefill_block=cfg.prefix_block_tokens,
+                admission=AdmissionLimits(cfg.max_queue, cfg.max_queue_wait_s),
             )  # fmt: skip
             routing = config.routing
             version = routing.standard.version if routing is not None else None
@@ -206,6 +211,7 @@ class EngineBackend:
         handle.cancel()
 
     def close(self) -> None:
+        self.encoder.close()
         for name in ("_unsubscribe", "_unsubscribe_canary", "_unsubscribe_routing"):
             unsubscribe = getattr(self, name, None)
             if unsubscribe is not None:
@@ -278,7 +284,13 @@ class EngineBackend:
         system: str | None = None,  # a chat's system messages, kept in its record
         reveal: bool = False,  # the caller has the token: tell it which version answered
     ) -> Response:
-        from infersight.engine.errors import InvalidRequest, PathOverloaded, PromptTooLong, RuntimeNotRunning
+        from infersight.engine.errors import (
+            InvalidRequest,
+            PathOverloaded,
+            PromptTooLong,
+            QueueFull,
+            RuntimeNotRunning,
+        )
 
         if req.n != 1:
             raise HTTPException(422, {"field": "body.n", "reason": "the embedded runtime serves n=1 only"})
@@ -301,7 +313,13 @@ class EngineBackend:
         tokenizer = self.runtime.tokenizer
         if tokenizer is None:
             raise BackendUnavailable("the serving version has no tokenizer")
-        prompt_ids = tokenizer.encode(text, add_special_tokens=False).ids
+        field = "body.messages" if chat else "body.prompt"
+        try:
+            prompt_ids = await self.encoder.encode(tokenizer, text)
+        except PromptOverCharacters as exc:  # refused before tokenizing: a 7 MB prompt costs a len()
+            self._record(f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}", serving, CallTimer(), None, 0,
+                         None, CLIENT_ERROR, observed_prompt, None, system=system)  # fmt: skip
+            return JSONResponse(fmt_error(400, str(exc), field, "context_length_exceeded"), status_code=400)
         if not prompt_ids:
             raise HTTPException(
                 422, {"field": "body.messages" if chat else "body.prompt", "reason": "the prompt is empty"}
@@ -319,13 +337,18 @@ class EngineBackend:
         except PromptTooLong as exc:
             self._record(request_id, serving, timer, len(prompt_ids), 0, None, CLIENT_ERROR, observed_prompt, None,
                          system=system)  # fmt: skip
-            field = "body.messages" if chat else "body.prompt"
             return JSONResponse(fmt_error(400, str(exc), field, "context_length_exceeded"), status_code=400)
         except PathOverloaded as exc:  # SLA routing's length breaker is open for this length
             self._record(request_id, serving, timer, len(prompt_ids), 0, None, SHED,
                          observed_prompt, None, path=exc.path, system=system)  # fmt: skip
             retry = str(max(1, math.ceil(exc.retry_after_s)))
             return JSONResponse(fmt_error(503, str(exc), None, "path_overloaded"), status_code=503,
+                                headers={"Retry-After": retry})  # fmt: skip
+        except QueueFull as exc:  # admission control: the path's queue is full or its wait too long
+            self._record(request_id, serving, timer, len(prompt_ids), 0, None, OVERLOADED,
+                         observed_prompt, None, path=exc.path if self.route_metrics is not None and routed(exc.path) else None, system=system)  # fmt: skip
+            retry = str(max(1, math.ceil(exc.retry_after_s)))
+            return JSONResponse(fmt_error(429, str(exc), None, "overloaded"), status_code=429,
                                 headers={"Retry-After": retry})  # fmt: skip
         except InvalidRequest as exc:
             raise HTTPException(422, {"field": "body", "reason": str(exc)}) from None
@@ -343,7 +366,7 @@ class EngineBackend:
                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **version},
             )
         return await self._whole(
-            handle, stream, timer, chat, observed_prompt, len(prompt_ids), system, reveal
+            handle, stream, timer, chat, observed_prompt, len(prompt_ids), system, reveal, tokenizer=tokenizer
         )
 
     def _public(self, message: str, version: str, reveal: bool) -> str:
@@ -352,18 +375,26 @@ class EngineBackend:
 
     async def _whole(
         self, handle: Any, stream: TextStream, timer: CallTimer, chat: bool, prompt: str, n_prompt: int,
-        system: str | None, reveal: bool = False,
+        system: str | None, reveal: bool = False, *, tokenizer: Any,
     ) -> Response:  # fmt: skip
         from infersight.engine.errors import GenerationFailed
 
         try:
             async for token in handle:
                 timer.first()
+                if not stream.has_stops:
+                    stream.hold(token)  # decoded once at the end, off the event loop
+                    continue
                 stream.push(token)
                 if stream.stopped:
                     handle.cancel()
                     break
             completion = await handle.aresult()
+            if not stream.has_stops:  # decode_batch releases the GIL (decode holds it)
+                decoded = await self.encoder.run(
+                    tokenizer.decode_batch, [stream.ids], skip_special_tokens=True
+                )
+                stream.settle(decoded[0])
         except GenerationFailed as exc:
             self._record(handle.request_id, handle.model_version, timer, n_prompt, stream.token_count, None,
                          type(exc).__name__, prompt, None, path=getattr(handle, "path", None), system=system)  # fmt: skip
@@ -448,7 +479,7 @@ class EngineBackend:
             )
 
     def _record(
-        self, request_id: str, version: str | None, timer: CallTimer, prompt_tokens: int, output_tokens: int,
+        self, request_id: str, version: str | None, timer: CallTimer, prompt_tokens: int | None, output_tokens: int,
         queue_s: float | None, error: str | None, prompt: str | None, response: str | None,
         *, path: str | None = None, system: str | None = None,
     ) -> None:  # fmt: skip
@@ -502,6 +533,11 @@ def model_of(version: str | None) -> str:
     base = version.split("-v", 1)[0]
     parts = base.split("_")
     return "_".join(parts[:-1]) if len(parts) >= 3 else base
+
+
+def routed(path: str) -> bool:
+    """A routing path's name (not the canary's queue): the records' `path` column."""
+    return path in ("fast", "standard")
 
 
 def _piece(rid: str, model: str, text: str, chat: bool) -> dict[str, Any]:

@@ -59,6 +59,11 @@ class EngineConfig:
     max_seq_len: int = 2048
     device: str | None = None
     max_tokens_limit: int = 1024  # the largest `max_tokens` a request may ask for
+    # admission control: a request finding max_queue requests ahead of it in its path's queue,
+    # or a predicted wait over max_queue_wait_s, is answered 429 + Retry-After (outcome
+    # `overloaded`) instead of waiting without end (engine/admission.py)
+    max_queue: int = 64
+    max_queue_wait_s: float = 30.0
     # the header whose value keeps a user on one version during a canary (None: the
     # OpenAI `user` field only; the header wins when both are sent)
     canary_user_header: str | None = None
@@ -178,6 +183,11 @@ class LimitsConfig:
     write_queue_rows: int = 200_000  # ingest answers 503 beyond this backlog
     timeseries_points: int = 17_280  # 24 h at the default 5 s tick
     max_label_values: int = 100  # distinct model (and model_version) label values; the rest are `other`
+    # `infersight serve`'s sockets (overload.py): a connection whose request headers are not
+    # all in this long after it opened (or its next request began) is closed, and one client
+    # address holds at most this many connections at once (more are closed at once)
+    header_timeout_s: float = 10.0
+    max_connections_per_client: int = 64
 
 
 @dataclass(frozen=True)
@@ -333,7 +343,8 @@ def check_config(config: ServiceConfig, *, source: str | None = None) -> Service
         if not config.cost.window_s > 0:
             fail("cost.window_s", "must be a positive number of seconds")
     if config.engine is not None:
-        for name in ("max_batch_size", "max_prompt_tokens", "max_seq_len", "max_tokens_limit"):
+        for name in ("max_batch_size", "max_prompt_tokens", "max_seq_len", "max_tokens_limit", "max_queue",
+                     "max_queue_wait_s"):  # fmt: skip
             if not getattr(config.engine, name) > 0:
                 fail(f"engine.{name}", "must be positive")
         if not config.engine.prefix_cache_mb >= 0:

@@ -271,6 +271,24 @@ class TextStream:
             safe = min(safe, len(text) - 1)
         return self._release(safe)
 
+    @property
+    def has_stops(self) -> bool:
+        """Stop strings to look for: then each token is decoded as it comes."""
+        return bool(self._stops)
+
+    @property
+    def ids(self) -> list[int]:
+        return self._ids
+
+    def hold(self, token_id: int) -> None:
+        """Add a token without decoding: a whole answer without stop strings is decoded once,
+        at the end (`settle`), not once per token."""
+        self._ids.append(token_id)
+
+    def settle(self, text: str) -> None:
+        """The decoded text of the held tokens."""
+        self.text = text
+
     def flush(self) -> str:
         """The rest of the text at the end of generation."""
         return self._release(len(self.text))

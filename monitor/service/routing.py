@@ -4,7 +4,8 @@
 Metrics (all by `path`, "fast" or "standard"):
 - `infersight_route_requests_total{path, reason}`: where the router sent requests and why
   ("short", "long", "classifier", "classifier_error", "spill", "breaker"; "shed": refused
-  by the open breaker), read from the runtime at scrape time;
+  by the open breaker; "overloaded": refused by admission control, the path's queue full),
+  read from the runtime at scrape time;
 - `infersight_route_request_duration_seconds{path}`: arrival to last token, a histogram of
   the served requests and those the server failed (the collectors' request-duration
   buckets, so an SLO's threshold is a bucket bound), and
@@ -27,7 +28,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from infersight.collectors import DURATION_BUCKETS
-from infersight.monitor.records import NOT_ERRORS, SHED, is_server_error
+from infersight.monitor.records import NOT_ERRORS, REFUSED_BY_SERVICE, is_server_error
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
@@ -113,10 +114,10 @@ class RouteMetrics:
 
     def observe(self, path: str | None, duration_s: float, error_type: str | None) -> None:
         """One finished (or shed) request of `path`."""
-        if path not in self._buckets or (error_type in NOT_ERRORS and error_type != SHED):
+        if path not in self._buckets or (error_type in NOT_ERRORS and error_type not in REFUSED_BY_SERVICE):
             return
         ok = error_type is None and duration_s <= self.sla_s(path)
-        if error_type != SHED:  # shed: counted by the runtime (`reason="shed"`)
+        if error_type not in REFUSED_BY_SERVICE:  # shed: counted by the runtime (`reason="shed"`)
             self.duration.labels(path).observe(duration_s)
         if is_server_error(error_type):
             self.errors.labels(path).inc()
