@@ -38,7 +38,9 @@ def _decodes(model: MoEModel, ids: torch.Tensor, rows: int) -> torch.Tensor:
     for row in range(rows):
         model.prefill(cache, row, ids[row, :PROMPT])
     at = range(PROMPT, PROMPT + STEPS)
-    return torch.stack([model.decode(cache, torch.arange(rows), ids[:rows, t], torch.full((rows,), t)) for t in at])
+    return torch.stack(
+        [model.decode(cache, torch.arange(rows), ids[:rows, t], torch.full((rows,), t)) for t in at]
+    )
 
 
 def _close(got: torch.Tensor, want: torch.Tensor, relative: float, case: str) -> None:
@@ -67,7 +69,9 @@ def _refusals(model: MoEModel) -> None:
             model.decode(cache, slots, tokens, positions)
         except error:
             continue
-        raise AssertionError(f"{tokens.tolist()} at slots {slots.tolist()}, {positions.tolist()} was not refused")
+        raise AssertionError(
+            f"{tokens.tolist()} at slots {slots.tolist()}, {positions.tolist()} was not refused"
+        )
     if not (torch.equal(cache.k, before[0]) and torch.equal(cache.v, before[1])):
         raise AssertionError("a refused step wrote into the cache")
 

@@ -49,7 +49,9 @@ def test_every_level_compiles_without_a_warning() -> None:
     cc = _compiler()
     flags = [*isa.CFLAGS, "-Werror", "-fsyntax-only"]
     commands = [
-        [cc, *flags, *level.cflags, str(native.CSRC / name)] for level in isa.levels_for() for name in isa.SOURCES
+        [cc, *flags, *level.cflags, str(native.CSRC / name)]
+        for level in isa.levels_for()
+        for name in isa.SOURCES
     ]
     _run_all(commands, timeout=600)
 
