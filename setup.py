@@ -20,7 +20,6 @@ from pathlib import Path
 
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
-from setuptools.modified import newer_group
 
 HERE = Path(__file__).resolve().parent
 
@@ -59,7 +58,12 @@ class BuildLevels(build_ext):
         """The level's objects in a folder of their own (every level compiles the same files);
         skipped when the library is newer than its sources and headers."""
         target = self.get_ext_fullpath(ext.name)
-        if not self.force and not newer_group([*ext.sources, *ext.depends], target, "newer"):
+        inputs = [*ext.sources, *ext.depends]
+        if (
+            not self.force
+            and os.path.exists(target)
+            and max(map(os.path.getmtime, inputs)) <= os.path.getmtime(target)
+        ):
             return
         objects = self.compiler.compile(
             ext.sources,
