@@ -40,7 +40,8 @@ class BuildLevels(build_ext):
 
     def finalize_options(self) -> None:
         super().finalize_options()
-        if self.parallel is None:
+        parallel: int | bool | None = getattr(self, "parallel", None)
+        if parallel is None:  # `--parallel` not given: one job per core
             self.parallel = os.cpu_count() or 1
 
     def build_extensions(self) -> None:
