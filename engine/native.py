@@ -1,4 +1,4 @@
-"""Native decode kernels: a small C/OpenMP library built with the machine's C compiler.
+"""Native decode kernels: the C/OpenMP library of engine/csrc, built with the package.
 
 What it replaces: the few-row fp32 products of decode (attention's QKV and output
 projections, each expert's two projections, the lm head), and, through native_step.py,
@@ -6,15 +6,20 @@ the whole decode step. oneDNN's blocked kernel (projection.py) streams those wei
 memory, but each call goes through oneDNN's primitive cache and a thread fork-join sized for
 large products; the kernel here is one pass over the packed weight, every batch row against
 each 16-column block of it while that block is in L1, with the residual sum and a scale
-folded in (the MoE routing weight), so nothing is written twice. The C source, with what
-each entry point computes, is native_source.py.
+folded in (the MoE routing weight), so nothing is written twice. The C, with what each entry
+point computes and the data layouts, is engine/csrc (its README.md).
 
-Built once per (source, compiler, CPU model and flags) into a cache directory and loaded
-with ctypes: no torch headers, so a build takes about a second, and a restart finds the
-library already built. The build uses `-march=native` (or $INFERSIGHT_ENGINE_MARCH, `march`):
-with AVX-512 the kernels use 512-bit FMAs and masked tails, with AVX2 and FMA 256-bit ones;
-otherwise the same loops in plain C. Whether the library is *used* is not decided here:
-paths.py measures it against the eager path on this machine at load and keeps the faster.
+Which library: the package build (setup.py) compiles it once per instruction-set level
+(isa.py: x86-64-v2's plain C loops, v3's AVX2 and FMA, v4's AVX-512, v4 with AVX512-VNNI)
+into `libinfersight_<level>.so` next to this module; `kernels` loads the best level this CPU
+runs (its /proc/cpuinfo flags). No compiler is needed on the serving machine. Where
+$INFERSIGHT_ENGINE_MARCH names a gcc `-march` (`native`: this CPU, tuning included) and a C
+compiler is on PATH, the library is built for that target into the cache directory instead,
+once per (sources, compiler, flags, CPU); if that build fails, the packaged library serves,
+with one log line. Where no library loads (another architecture, a build without the
+libraries) the caller decodes on the eager path, with one log line. Whether the library is
+*used* is not decided here: paths.py measures it against the eager path on this machine at
+load and keeps the faster.
 
 The library links OpenMP by soname (`libgomp.so.1`), which torch has already loaded, so it
 shares torch's thread pool and `torch.set_num_threads` governs it too.
@@ -24,6 +29,7 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import logging
 import os
 import platform
 import shutil
@@ -33,30 +39,37 @@ from pathlib import Path
 
 import torch
 
+from . import isa
 from .errors import KernelUnavailable
-from .native_source import SOURCE
 
 __all__ = [
+    "LIBRARY_DIR",
+    "MARCH_ENV",
     "NativeKernels",
     "NativeProjection",
     "build",
     "compiler",
     "cpu_features",
     "cpu_model",
+    "kernels",
     "march",
     "pack",
+    "packaged",
+    "sources",
 ]
 
-FLAGS = ("-O3", "-fopenmp", "-shared", "-fPIC")
+log = logging.getLogger("infersight.engine")
+
 MARCH_ENV = "INFERSIGHT_ENGINE_MARCH"
+LIBRARY_DIR = Path(__file__).resolve().parent  # where setup.py puts the packaged libraries
+CSRC = LIBRARY_DIR / isa.CSRC
 
 
-def march() -> str:
-    """The instruction set the library is built for: `native` (this CPU), unless
-    $INFERSIGHT_ENGINE_MARCH names another gcc `-march` (say `x86-64-v3`: AVX2 and FMA, the
-    256-bit loops, or `x86-64-v2`: the plain C ones). A name the compiler refuses is a failed
-    build: the eager path, with one log line."""
-    return os.environ.get(MARCH_ENV) or "native"
+def march() -> str | None:
+    """$INFERSIGHT_ENGINE_MARCH: a gcc `-march` to build the library for at load (`native`:
+    this CPU; `x86-64-v3`: AVX2 and FMA, the 256-bit loops; `x86-64-v2`: the plain C ones), or
+    None: the packaged library."""
+    return os.environ.get(MARCH_ENV) or None
 
 
 def cpu_model() -> str:
@@ -74,8 +87,8 @@ def cpu_model() -> str:
 def cpu_features() -> str:
     """What `-march=native` builds for, beyond the model name (virtual machines often show one
     name, "AMD EPYC", for CPUs of different generations): family, model and the flags line of
-    /proc/cpuinfo. Part of the build's key, so a cache directory carried to another machine
-    never hands it a library with instructions it lacks."""
+    /proc/cpuinfo. Part of a $INFERSIGHT_ENGINE_MARCH build's key, so a cache directory carried
+    to another machine never hands it a library with instructions it lacks."""
     wanted = ("cpu family", "model\t", "model ", "stepping", "flags")
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:
@@ -93,12 +106,18 @@ def compiler() -> str | None:
     return None
 
 
+def sources() -> list[Path]:
+    """The library's C files (csrc/), headers included: what a build compiles and its key hashes."""
+    return sorted(CSRC.glob("*.[ch]"))
+
+
 class NativeKernels:
     """The loaded library: `linear` (the packed product), `step` and `step_scratch` (the decode
     step: native_step.py); `avx512` and `vnni` say which loops it was built with, `int8_dot`
-    whether it has int8-activation loops (VNNI, or AVX2's multiply-adds) for int8 and int4."""
+    whether it has int8-activation loops (VNNI, or AVX2's multiply-adds) for int8 and int4;
+    `level` the packaged level (isa.py) or `march=...` for a $INFERSIGHT_ENGINE_MARCH build."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, level: str) -> None:
         try:
             lib = ctypes.CDLL(str(path))
             fn = lib.infersight_linear_f32
@@ -119,7 +138,9 @@ class NativeKernels:
         step_scratch.argtypes = [p, i64, i64]
         step_scratch.restype = i64
         self.path, self.avx512, self.vnni, self._fn = path, avx512, vnni, fn
-        self.int8_dot = int8_dot
+        self.int8_dot, self.level = int8_dot, level
+        # what a measured verdict holds for (paths.py): this build of the library, by its bytes
+        self.key = f"{path.stem}-{hashlib.sha256(path.read_bytes()).hexdigest()[:12]}"
         self.step, self.step_scratch = step, step_scratch
 
     @property
@@ -185,37 +206,86 @@ class NativeProjection:
         return self.kernels.linear(x, self.packed, self.n, residual, alpha)
 
 
-def build(cache_dir: Path, *, cpu: str) -> tuple[NativeKernels, bool]:
-    """Build (or find already built) the library for this CPU in `cache_dir` -> (kernels, was cached).
+def packaged(flags: frozenset[str] | None = None, machine: str | None = None) -> NativeKernels:
+    """The best packaged library this CPU runs (`flags`: its /proc/cpuinfo flags, read when None).
+
+    Raises KernelUnavailable when none is there or none loads (another architecture, a
+    package built without the libraries)."""
+    levels = isa.supported(isa.cpu_flags() if flags is None else flags, machine)
+    if not levels:
+        raise KernelUnavailable(
+            f"no packaged native library runs on this CPU ({machine or platform.machine()})"
+        )
+    failures = []
+    for level in levels:
+        path = LIBRARY_DIR / level.library
+        if not path.is_file():
+            failures.append(f"{level.name}: not built")
+            continue
+        try:
+            return NativeKernels(path, level.name)
+        except KernelUnavailable as exc:
+            failures.append(f"{level.name}: {exc}")
+    raise KernelUnavailable(f"no packaged native library loads ({'; '.join(failures)})")
+
+
+def kernels(cache_dir: Path, *, cpu: str) -> NativeKernels:
+    """The library the engine runs on: a $INFERSIGHT_ENGINE_MARCH build where that is set and
+    a compiler builds it (else, with one log line, the packaged one), the packaged one otherwise.
+
+    Raises KernelUnavailable when no library loads; the caller falls back to the eager path.
+    """
+    target = march()
+    if target is None:
+        return packaged()
+    try:
+        return build(cache_dir, cpu=cpu, march=target)[0]
+    except KernelUnavailable as exc:
+        try:
+            found = packaged()
+        except KernelUnavailable as none:
+            raise KernelUnavailable(f"{exc}; {none}") from none
+        log.warning(
+            "engine: no library for $%s=%s (%s); running the packaged %s one",
+            MARCH_ENV,
+            target,
+            exc,
+            found.level,
+        )
+        return found
+
+
+def build(cache_dir: Path, *, cpu: str, march: str = "native") -> tuple[NativeKernels, bool]:
+    """Build (or find already built) the library for `-march=<march>` in `cache_dir` -> (kernels,
+    was cached). The packaged libraries need none of this: it is $INFERSIGHT_ENGINE_MARCH's.
 
     Raises KernelUnavailable when there is no compiler, the build fails or the result will
-    not load; the caller falls back to the eager path.
+    not load.
     """
     cc = compiler()
     if cc is None:
         raise KernelUnavailable("no C compiler (cc, gcc or $CC) on PATH")
-    flags = (*FLAGS, f"-march={march()}")
-    key = hashlib.sha256("\0".join((SOURCE, cc, *flags, cpu, cpu_features())).encode()).hexdigest()[:16]
+    flags = (*isa.CFLAGS, f"-march={march}")
+    files = sources()
+    text = "\0".join(f"{f.name}\0{f.read_text()}" for f in files)
+    key = hashlib.sha256("\0".join((text, cc, *flags, cpu, cpu_features())).encode()).hexdigest()[:16]
     target = cache_dir / f"infersight_native_{key}.so"
     if target.is_file():
-        return NativeKernels(target), True
+        return NativeKernels(target, f"march={march}"), True
     try:
         cache_dir.mkdir(parents=True, exist_ok=True)
-        _compile(cc, flags, cache_dir, target)
+        _compile(cc, flags, [f for f in files if f.suffix == ".c"], cache_dir, target)
     except OSError as exc:  # an unwritable cache directory, a full disk
         raise KernelUnavailable(f"cannot build into {cache_dir}: {exc}") from exc
-    return NativeKernels(target), False
+    return NativeKernels(target, f"march={march}"), False
 
 
-def _compile(cc: str, flags: tuple[str, ...], cache_dir: Path, target: Path) -> None:
+def _compile(cc: str, flags: tuple[str, ...], files: list[Path], cache_dir: Path, target: Path) -> None:
     with tempfile.TemporaryDirectory(dir=cache_dir) as tmp:
-        src = Path(tmp) / "native.c"
-        src.write_text(SOURCE)
         built = Path(tmp) / target.name
+        command = [cc, *flags, *map(str, files), "-o", str(built), *isa.LDFLAGS]
         try:
-            done = subprocess.run(
-                [cc, *flags, str(src), "-o", str(built)], capture_output=True, text=True, timeout=120
-            )
+            done = subprocess.run(command, capture_output=True, text=True, timeout=120)
         except (OSError, subprocess.TimeoutExpired) as exc:
             raise KernelUnavailable(f"{cc} did not run: {exc}") from exc
         if done.returncode != 0:

@@ -3,7 +3,7 @@
 Why: at batch 1 to 8 a decode step of a small MoE is mostly fixed cost, not matmul: the
 eager forward runs dozens of small torch ops per layer (norms, RoPE, the cache write,
 attention, routing's top-k and softmax, the expert dispatch), each a Python call and an
-OpenMP fork-join. `infersight_decode_step` (native.py's C source) runs the embedding
+OpenMP fork-join. `infersight_decode_step` (engine/csrc/decode_step.c) runs the embedding
 lookup, every layer (RMSNorm, QKV, RoPE, the KV-cache write, attention over each row's own
 prefix, the output projection and residual, RMSNorm, router, top-k and softmax, the chosen
 experts' SwiGLU weighted into the residual), the final norm and the lm head inside one
@@ -58,7 +58,7 @@ _PACKED = ("wqkv", "wo", "w13", "w2", "head")  # int8 activations read these pac
 
 
 class StepModel(ctypes.Structure):
-    """`infersight_model` of the C source: the sizes, then pointers to weights or to arrays of them."""
+    """`infersight_model` of engine/csrc/infersight.h: the sizes, then pointers to weights or to arrays of them."""
 
     _fields_ = [
         *((name, ctypes.c_int64) for name in _SIZES),
@@ -113,7 +113,7 @@ def _experts(moe: MoEFeedForward, int4: bool, sources: Sources) -> list[tuple[We
 
 
 def pack_int8(w: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """int8 [N, K] and scales [N] -> the C side's packed layout (native_int8.py, `p8_block`) and
+    """int8 [N, K] and scales [N] -> the C side's packed layout (engine/csrc/int8.c, `p8_block`) and
     the scales zero-padded to whole 16-column blocks: per block of 16 rows, per 64 columns of K,
     [16 k-quads][16 rows][4 k] int8 and then the block's 16 row sums over those 64 columns (int32)."""
     n, k = w.shape

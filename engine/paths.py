@@ -10,10 +10,10 @@ both paths at batch 1 and 8, alternating the two in rounds, and keeps the faster
 prefills of PROMPTS tokens through the native step against the eager forward, kept per
 prompt length: `NativeStep.prefills`). The
 verdict is cached in `cache_dir` per CPU model, torch version, library build and shapes, so a restart only
-builds (or finds) the library and reads the verdict.
+loads the library (native.py: the packaged one for this CPU's instruction-set level) and reads the verdict.
 
-Never an error: no compiler, a failed build or a library that will not load leaves the model
-on the eager path with one log line, and `MoEModel.engine_path` says which path it is on and
+Never an error: no library for this CPU (another architecture, a package built without them)
+or one that will not load leaves the model on the eager path with one log line, and `MoEModel.engine_path` says which path it is on and
 why (the collectors export it as `infersight_engine_path_info`). int8 and int4 weight-only
 models (bf16 activations) have native steps of their own, measured on the loaded model
 (`settle`); other devices and dtypes have no native path (`eager`, reason "not applicable").
@@ -105,7 +105,7 @@ def choose(
     start = time.perf_counter()
     cache_dir = cache_dir if cache_dir is not None else default_cache_dir()
     try:
-        kernels, _ = native.build(cache_dir, cpu=cpu)
+        kernels = native.kernels(cache_dir, cpu=cpu)
     except KernelUnavailable as exc:
         log.warning("engine: native kernels unavailable (%s); decoding on the eager path", exc)
         return EnginePath("eager", cpu, f"fallback: {exc}", time.perf_counter() - start), None
@@ -214,11 +214,11 @@ def annotate(path: EnginePath, step: native_step.NativeStep | None, dtype: torch
 
 
 def _key(cpu: str, config: ModelConfig, quantize: str | None, kernels: native.NativeKernels) -> str:
-    """What a verdict holds for: the CPU, torch, the library build (its file name carries the
-    hash of its source: changed kernels are measured again), fp32 or int8, and the shapes."""
+    """What a verdict holds for: the CPU, torch, the library build (its level and the hash of
+    its bytes: changed kernels are measured again), fp32 or int8, and the shapes."""
     c = config
     return (
-        f"{cpu}|torch {torch.__version__}|{kernels.path.stem}|step {quantize or 'fp32'}|{_shapes(c)}"
+        f"{cpu}|torch {torch.__version__}|{kernels.key}|step {quantize or 'fp32'}|{_shapes(c)}"
         f"|{c.num_local_experts}x{c.num_experts_per_tok}"
     )
 

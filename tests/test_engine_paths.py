@@ -1,5 +1,5 @@
-"""The decode path is chosen by measuring at load, cached across restarts, and a machine that
-cannot build the native kernels serves on the eager path with one log line, never an error.
+"""The decode path is chosen by measuring at load, cached across restarts, and a machine where
+no native library loads serves on the eager path with one log line, never an error.
 
 Exactness of each path against transformers is tests/test_engine_exact.py's job; here the
 eager fallbacks are also checked to produce the eager path's logits.
@@ -9,16 +9,15 @@ from __future__ import annotations
 
 import json
 import logging
-import platform
 import stat
 from pathlib import Path
 
 import pytest
 import torch
 from infersight.collectors import EnginePathCollector
-from infersight.engine import EnginePath, MoEModel, load, native
-from infersight.engine.errors import CacheCapacityExceeded, InvalidInput
-from infersight.engine.native import NativeProjection, cpu_features
+from infersight.engine import EnginePath, MoEModel, isa, load, native
+from infersight.engine.errors import CacheCapacityExceeded, InvalidInput, KernelUnavailable
+from infersight.engine.native import NativeProjection
 from infersight.engine.network import KVCache
 from infersight.engine.paths import cpu_model
 from prometheus_client import CollectorRegistry, generate_latest
@@ -39,6 +38,16 @@ def cache_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def checkpoint(tmp_path: Path) -> Path:
     save_checkpoint(tmp_path / "ckpt", 11)
     return tmp_path / "ckpt"
+
+
+@pytest.fixture
+def no_library(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The package without its libraries (an sdist built where the compiler failed): the
+    folder they are looked up in is an empty one."""
+    empty = tmp_path / "no-libraries"
+    empty.mkdir()
+    monkeypatch.setattr(native, "LIBRARY_DIR", empty)
+    return empty
 
 
 def _fake_compiler(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, script: str) -> None:
@@ -68,7 +77,7 @@ def test_first_load_measures_and_a_restart_reads_the_cached_verdict(
     verdicts = json.loads((cache_dir / "paths.json").read_text())
     ((key, verdict),) = verdicts.items()
     assert cpu_model() in key and verdict["path"] == first.engine_path.name
-    assert len(list(cache_dir.glob("infersight_native_*.so"))) == 1
+    assert not list(cache_dir.glob("*.so"))  # the packaged library: nothing was built
 
     again = load(checkpoint, device="cpu")  # a restart: same machine, same shapes
     assert again.engine_path.reason == "cached"
@@ -123,22 +132,54 @@ def test_the_chosen_path_is_the_one_measured_faster(checkpoint: Path, cache_dir:
     assert isinstance(wqkv, NativeProjection) == (model.engine_path.name == "native")
 
 
-def test_missing_compiler_falls_back_to_eager_with_one_log_line(
+def test_without_a_compiler_the_packaged_library_serves(
     checkpoint: Path, cache_dir: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
+    """No compiler at all (a slim image): the library the package carries for this CPU's level
+    runs, with no warning; asking for a -march build as well only adds one log line."""
     monkeypatch.delenv("CC", raising=False)
     monkeypatch.setenv("PATH", str(checkpoint))  # no cc, no gcc
     caplog.set_level(logging.INFO, logger="infersight.engine")
+    (best, *_) = isa.supported(isa.cpu_flags())
+    model = load(checkpoint, device="cpu", engine_path="native")
+    assert model.engine_path.name == "native" and model.native_step is not None
+    assert model.native_step.kernels.path == native.LIBRARY_DIR / best.library
+    assert not _engine_warnings(caplog)
+    monkeypatch.setenv(native.MARCH_ENV, "native")
+    again = load(checkpoint, device="cpu", engine_path="native")
+    assert again.native_step is not None and again.native_step.kernels.level == best.name
+    (line,) = _engine_warnings(caplog)
+    assert "no C compiler" in line and f"packaged {best.name}" in line
+    assert not list(cache_dir.glob("*.so"))
+    torch.testing.assert_close(again.logits(IDS), model.logits(IDS), rtol=0, atol=0)
+
+
+def test_no_library_for_this_cpu_falls_back_to_eager_with_one_log_line(
+    checkpoint: Path, cache_dir: Path, no_library: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="infersight.engine")
     model = load(checkpoint, device="cpu", engine_path="native")
     assert model.engine_path.name == "eager"
-    assert model.engine_path.reason.startswith("fallback: no C compiler")
+    assert model.engine_path.reason.startswith("fallback: no packaged native library loads")
     (line,) = _engine_warnings(caplog)
-    assert "eager path" in line and "no C compiler" in line
+    assert "eager path" in line and "not built" in line
     eager = load(checkpoint, device="cpu", engine_path="eager")
     assert torch.equal(model.logits(IDS), eager.logits(IDS))
 
 
-def test_failed_compilation_falls_back_to_eager_with_one_log_line(
+def test_another_architecture_has_no_x86_library(no_library: Path) -> None:
+    """An aarch64 machine: the one level it has is the plain C build (`generic`); its flags
+    say nothing of x86 levels. Where that is not built either, nothing loads."""
+    assert isa.supported(frozenset({"fp", "asimd"}), "aarch64") == (isa.GENERIC,)
+    assert isa.levels_for("aarch64") == (isa.GENERIC,)
+    assert isa.supported(None, "x86_64") == ()  # no /proc/cpuinfo: no level assumed
+    with pytest.raises(KernelUnavailable, match="generic: not built"):
+        native.packaged(frozenset({"fp", "asimd"}), "aarch64")
+    with pytest.raises(KernelUnavailable, match="runs on this CPU"):  # an x86-64 older than v2
+        native.packaged(frozenset({"sse2", "cx16"}), "x86_64")
+
+
+def test_a_failed_march_build_runs_the_packaged_library_with_one_log_line(
     tmp_path: Path,
     checkpoint: Path,
     cache_dir: Path,
@@ -146,6 +187,25 @@ def test_failed_compilation_falls_back_to_eager_with_one_log_line(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     _fake_compiler(tmp_path, monkeypatch, 'echo "native.c:1: error: unknown target" >&2\nexit 1\n')
+    monkeypatch.setenv(native.MARCH_ENV, "native")
+    caplog.set_level(logging.INFO, logger="infersight.engine")
+    model = load(checkpoint, device="cpu", engine_path="native")
+    assert model.engine_path.name == "native" and model.native_step is not None
+    assert model.native_step.kernels.level == isa.supported(isa.cpu_flags())[0].name
+    (line,) = _engine_warnings(caplog)
+    assert "failed (1): native.c:1: error: unknown target" in line
+
+
+def test_a_failed_march_build_without_a_packaged_library_falls_back_to_eager(
+    tmp_path: Path,
+    checkpoint: Path,
+    cache_dir: Path,
+    no_library: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    _fake_compiler(tmp_path, monkeypatch, 'echo "native.c:1: error: unknown target" >&2\nexit 1\n')
+    monkeypatch.setenv(native.MARCH_ENV, "native")
     caplog.set_level(logging.INFO, logger="infersight.engine")
     model = load(checkpoint, device="cpu")  # auto
     assert model.engine_path.name == "eager"
@@ -158,25 +218,31 @@ def test_a_library_that_will_not_load_falls_back_to_eager(
     tmp_path: Path,
     checkpoint: Path,
     cache_dir: Path,
+    no_library: Path,
     monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    # "builds" a file that is not a shared library: the compiler ran, the result is unusable
+    # a packaged file that is not a shared library, and a -march "build" that writes another
+    for level in isa.supported(isa.cpu_flags()):
+        (no_library / level.library).write_text("junk")
     _fake_compiler(tmp_path, monkeypatch, 'while [ "$1" != "-o" ]; do shift; done\necho junk > "$2"\n')
+    monkeypatch.setenv(native.MARCH_ENV, "native")
     model = load(checkpoint, device="cpu", engine_path="native")
     assert model.engine_path.name == "eager" and "cannot load" in model.engine_path.reason
     assert len(_engine_warnings(caplog)) == 1
 
 
-def test_an_unwritable_cache_directory_falls_back_to_eager(
+def test_an_unwritable_cache_directory_still_serves_the_packaged_library(
     tmp_path: Path, checkpoint: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     blocker = tmp_path / "not-a-directory"
     blocker.write_text("")
     monkeypatch.setenv("INFERSIGHT_CACHE_DIR", str(blocker))  # .../engine cannot be made under a file
-    model = load(checkpoint, device="cpu")
-    assert model.engine_path.name == "eager" and "cannot build into" in model.engine_path.reason
-    assert len(_engine_warnings(caplog)) == 1
+    monkeypatch.setenv(native.MARCH_ENV, "native")  # nor a library built into it
+    model = load(checkpoint, device="cpu", engine_path="native")
+    assert model.engine_path.name == "native" and model.native_step is not None
+    (line,) = _engine_warnings(caplog)
+    assert "cannot build into" in line
 
 
 def test_paths_without_a_native_variant_are_eager_and_say_so(checkpoint: Path, cache_dir: Path) -> None:
@@ -194,7 +260,7 @@ def test_quantised_models_are_measured_on_the_loaded_model_and_the_verdict_cache
     checkpoint: Path, cache_dir: Path, quantize: str
 ) -> None:
     first = load(checkpoint, device="cpu", quantize=quantize)
-    if quantize == "int4" and not native.build(cache_dir, cpu=cpu_model())[0].int8_dot:
+    if quantize == "int4" and not native.kernels(cache_dir, cpu=cpu_model()).int8_dot:
         # int4's native step needs the int8-activation loops (VNNI or AVX2): without them it stays eager, and says why
         assert (first.engine_path.name, first.engine_path.reason) == ("eager", "not applicable")
         return
@@ -210,13 +276,10 @@ def test_quantised_models_are_measured_on_the_loaded_model_and_the_verdict_cache
 
 
 def _builds() -> list[str]:
-    """The builds this CPU runs besides `-march=native`: the plain C loops (x86-64-v2) always,
-    the 256-bit ones (x86-64-v3: AVX2, FMA) where it has those. AVX-512 builds run only on
-    AVX-512 machines, where `native` is one."""
-    if platform.machine() != "x86_64":
-        return []
-    flags = cpu_features().split()
-    return ["x86-64-v2"] + (["x86-64-v3"] if {"avx2", "fma", "f16c", "bmi2"} <= set(flags) else [])
+    """The libraries this CPU runs: every packaged level it supports (isa.py), and a
+    `-march=native` build ($INFERSIGHT_ENGINE_MARCH) where there is a compiler."""
+    levels = [level.name for level in isa.supported(isa.cpu_flags())]
+    return (["march=native"] if native.compiler() else []) + levels
 
 
 def _decodes(model: MoEModel, ids: torch.Tensor) -> torch.Tensor:
@@ -231,8 +294,9 @@ def _decodes(model: MoEModel, ids: torch.Tensor) -> torch.Tensor:
 def test_every_build_this_cpu_runs_decodes_alike(
     tmp_path: Path, cache_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Parity across the library's instruction sets (`-march=native`, and the AVX2 and plain
-    C builds where this CPU runs them), in every mode of the native step: fp32 within 1e-4 of
+    """Parity across the library's instruction sets (each packaged level this CPU runs, chosen
+    as on a CPU with just that level's flags, and a `-march=native` build), in every mode of
+    the native step: fp32 within 1e-4 of
     the eager decode with the same greedy tokens; int8 with its weights dequantised within 3%
     of the largest logit of the eager int8 decode; and every mode within 1e-3 of the largest
     logit across the builds that have it (the integer products are exact in each: only the
@@ -251,13 +315,23 @@ def test_every_build_this_cpu_runs_decodes_alike(
         for q in (None, "int8")
     }
     per_mode: dict[str, list[torch.Tensor]] = {mode: [] for mode in modes}
-    for march in ["native", *_builds()]:
-        monkeypatch.setenv(native.MARCH_ENV, march)
-        kernels, _ = native.build(cache_dir, cpu=cpu_model())
-        if march == "x86-64-v2":
+    builds = _builds()
+    assert builds, "no native library runs on this CPU"
+    levels = {level.name: level for level in isa.LEVELS}
+    for build in builds:
+        if build == "march=native":
+            monkeypatch.setenv(native.MARCH_ENV, "native")
+        else:  # a CPU showing only this level's flags
+            monkeypatch.delenv(native.MARCH_ENV, raising=False)
+            monkeypatch.setattr(isa, "cpu_flags", lambda flags=levels[build].requires: flags)
+        kernels = native.kernels(cache_dir, cpu=cpu_model())
+        assert kernels.level == build
+        if build == "x86-64-v2":
             assert not kernels.avx512 and not kernels.int8_dot
-        if march == "x86-64-v3":
+        if build == "x86-64-v3":
             assert not kernels.avx512 and kernels.int8_dot
+        if build.startswith("x86-64-v4"):
+            assert kernels.avx512 and kernels.vnni == build.endswith("vnni")
         for mode, (quantize, act8) in modes.items():
             model = load(tmp_path / "ckpt", device="cpu", quantize=quantize, engine_path="native")
             step = model.native_step

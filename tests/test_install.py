@@ -1,5 +1,8 @@
 """The wheel `python -m build` makes, installed into fresh virtual environments, run from a temp dir.
 
+The wheel carries the engine's native library built for each ISA level (setup.py); the full
+install serves the native path from it on a PATH without a C compiler.
+
 Two venvs, made once for this module:
 - base: `pip install infersight-*.whl` and nothing else, so pip resolves the base dependencies
   alone (from its cache or the package index). `@track` works there, and every part that needs an
@@ -21,13 +24,14 @@ import sysconfig
 import textwrap
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 # Not part of the wheel's sources: left behind so that the copy stays small.
 _NOT_SOURCES = (".git", ".venv", "build", "dist", "*.egg-info", "var", ".bench", "__pycache__", "*_cache",
-                ".hypothesis", "tests", "benchmarks", "docs")  # fmt: skip
+                ".hypothesis", "tests", "benchmarks", "docs", "*.so")  # fmt: skip
 
 pytestmark = pytest.mark.slow
 
@@ -84,7 +88,11 @@ def full(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     site = _run(
         [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], cwd=python.parent
     )
-    (Path(_ok(site).strip()) / "test_deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    # this environment's site-packages (and any it layers on, as a worktree's venv does)
+    sites = dict.fromkeys(
+        [sysconfig.get_paths()["purelib"], *(p for p in sys.path if p.endswith("site-packages"))]
+    )
+    (Path(_ok(site).strip()) / "test_deps.pth").write_text("".join(f"{p}\n" for p in sites))
     return python
 
 
@@ -254,3 +262,113 @@ def test_wheel_writes_the_demo_model_registry(full: Path, tmp_path: Path) -> Non
     for version in ("mixtral_banking_fp32-v1.0", "mixtral_banking_int8-v1.0", "mixtral_banking_fp32-v1.1"):
         assert version in listed
     assert (tmp_path / "reg" / "checkpoints" / "demo" / "tokenizer.json").is_file()
+
+
+# ---- the engine's native library, from the wheel, without a compiler ---------------------------------
+
+_NATIVE_SCRIPT = textwrap.dedent(
+    """
+    import json, sys
+    from pathlib import Path
+    import torch
+    from infersight.engine import isa, load, native
+
+    ckpt, out = Path(sys.argv[1]), Path(sys.argv[2])
+    ids = torch.randint(0, 256, (8, 12), generator=torch.Generator().manual_seed(5))
+
+    def decodes(model, step, rows):  # 8-token prompts, then 4 decode steps of `rows` rows: [4, rows, V]
+        model.native_step = None  # the prompts on the eager path: both sides decode from the same cache
+        cache = model.new_cache(max_batch=rows, max_seq_len=12)
+        for row in range(rows):
+            model.prefill(cache, row, ids[row, :8])
+        model.native_step = step
+        steps = range(8, 12)
+        return torch.stack([model.decode(cache, torch.arange(rows), ids[:rows, t], torch.full((rows,), t)) for t in steps])
+
+    report = {"compiler": native.compiler(), "best": isa.supported(isa.cpu_flags())[0].name, "modes": {}}
+    for mode, quantize, act8 in (("fp32", None, False), ("int8", "int8", False), ("int8-act8", "int8", True),
+                                 ("int4", "int4", True)):
+        model = load(ckpt, device="cpu", quantize=quantize, engine_path="native")
+        step = model.native_step
+        if step is not None:
+            step.act8 = act8
+            if act8 != (step.act8 or step.int4):
+                continue  # no int8-activation loops in this library: not this mode
+        errors = {}
+        for rows in (1, 8):
+            got, want = decodes(model, step, rows), decodes(model, None, rows)
+            torch.save(got, out / f"{mode}-{rows}.pt")
+            errors[rows] = [(got - want).abs().max().item() / want.abs().max().item(),
+                            bool(torch.equal(got.argmax(-1), want.argmax(-1)))]
+        report["modes"][mode] = {
+            "path": model.engine_path.name,
+            "library": None if step is None else str(step.kernels.path),
+            "level": None if step is None else step.kernels.level,
+            "errors": errors,
+        }
+    auto = load(ckpt, device="cpu")
+    report["auto"] = [auto.engine_path.name, auto.engine_path.reason]
+    print(json.dumps(report))
+    """
+)
+
+
+def _native_report(python: Path, ckpt: Path, out: Path, cache: Path) -> dict[str, Any]:
+    """_NATIVE_SCRIPT run by `python` on a PATH with no compiler on it; its decodes saved in `out`."""
+    bare = out / "bin"
+    bare.mkdir(parents=True)
+    drop = ("PYTHONPATH", "VIRTUAL_ENV", "CC", "INFERSIGHT_ENGINE_MARCH")
+    env = {k: v for k, v in os.environ.items() if k not in drop}
+    env |= {"PATH": str(bare), "INFERSIGHT_CACHE_DIR": str(cache)}
+    done = subprocess.run(
+        [python, "-c", _NATIVE_SCRIPT, ckpt, out],
+        cwd=out,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    report: dict[str, Any] = json.loads(_ok(done).splitlines()[-1])
+    return report
+
+
+def test_the_wheel_serves_the_native_path_without_a_compiler(wheel: Path, full: Path, tmp_path: Path) -> None:
+    """The wheel's libraries (one per ISA level) on a PATH with no cc or gcc: the engine loads
+    the best level this CPU runs from the installed package, and its decode steps match the
+    same model's eager steps from the same cache: fp32 within 1e-4 of the largest logit with
+    the same greedy tokens, int8 with fp32 activations within 3% (tests/test_engine_int8.py's
+    bound). Every mode, int8 activations and int4 included, decodes bit for bit as this
+    checkout's build of the same level does (same sources, compiler and flags), whose modes
+    tests/test_engine_int8.py and test_engine_int4.py hold to the eager path."""
+    import zipfile
+
+    import torch
+    from infersight.engine import isa
+
+    from tests._engine_checkpoints import save_checkpoint
+
+    names = zipfile.ZipFile(wheel).namelist()
+    for level in isa.levels_for():
+        assert f"infersight/engine/{level.library}" in names, names
+    assert {f"infersight/engine/csrc/{n}" for n in (*isa.SOURCES, "infersight.h", "kernels.h")} <= set(names)
+
+    save_checkpoint(tmp_path / "ckpt", 5, hidden_size=128, intermediate_size=96, vocab_size=256)
+    report = _native_report(full, tmp_path / "ckpt", tmp_path / "wheel", tmp_path / "cache")
+    here = _native_report(Path(sys.executable), tmp_path / "ckpt", tmp_path / "checkout", tmp_path / "cache2")
+    assert report["compiler"] is None
+    assert {"fp32", "int8"} <= set(report["modes"]) and set(report["modes"]) == set(here["modes"])
+    prefix = full.parent.parent.resolve()
+    for mode, got in report["modes"].items():
+        assert got["path"] == "native", (mode, got)
+        assert got["level"] == report["best"] and Path(got["library"]).is_relative_to(prefix), got
+        for rows, (error, same_tokens) in got["errors"].items():
+            if mode in ("fp32", "int8"):
+                assert error < (1e-4 if mode == "fp32" else 0.03), (mode, rows, error)
+                assert same_tokens or mode != "fp32", (mode, rows)
+            wheel_decode = torch.load(tmp_path / "wheel" / f"{mode}-{rows}.pt")
+            assert torch.equal(wheel_decode, torch.load(tmp_path / "checkout" / f"{mode}-{rows}.pt")), (
+                mode,
+                rows,
+            )
+    assert report["auto"][1] == "measured", report["auto"]  # measured on the wheel's library: no fallback
+    assert not list((tmp_path / "cache" / "engine").glob("*.so"))  # nothing was built

@@ -1,42 +1,12 @@
-"""The int8 loops of the native library's C source (native_source.py splices them in): bf16
-conversion for int8 models' embedding and KV cache, the weight-dequantising product
-(`rows8`: 4 int8 weight rows against up to 4 fp32 activation rows per pass, prefetching four
-row-quads ahead: the int8 [N, K] rows are short runs the hardware prefetcher does not follow),
-and, where the CPU has AVX512-VNNI, the int8-activation product (`p8_block`: activations
-quantised per 64-column block, `qact`, against a packed copy of the weights made at load, one
-`vpdpbusd` per 64 weights and row with 16 output columns per register).
-"""
+/* The int8 loops: the weight-dequantising product (`rows8`: 4 int8 weight rows against up to 4
+   fp32 activation rows per pass, prefetching four row-quads ahead: the int8 [N, K] rows are
+   short runs the hardware prefetcher does not follow), the activations' quantisation per 64
+   columns (`quantize_row`, into a `qact`), and, where the build has int8-activation loops
+   (AVX512-VNNI, or AVX2), the int8-activation product over the packed copy (`p8_block`:
+   one `vpdpbusd` per 64 weights and row with 16 output columns per register). */
+#include <math.h>
 
-__all__ = ["INT8_SOURCE"]
-
-INT8_SOURCE = r"""
-static inline float bf16_in(uint16_t h) {
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
-
-static inline int32_t load4(const void *p) { /* 4 activation bytes, to broadcast */
-    int32_t v;
-    memcpy(&v, p, 4);
-    return v;
-}
-
-static inline uint16_t bf16_out(float f) { /* round to nearest even, as torch's conversion */
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 64u); /* NaN stays NaN */
-    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
-
-#if defined(__AVX2__) && !defined(__AVX512F__)
-static inline float hsum8(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
-}
-#endif
+#include "kernels.h"
 
 /* out[r * 16 + c] = s[c] * x_r . w[c] for r < MR, c < 4, w int8 rows K apart (row c0 + c of
    the caller's 16-column block; rows past `nc` repeat the last, their results unused). */
@@ -98,7 +68,7 @@ static inline __attribute__((always_inline)) void quad8(
 }
 
 /* out [M][16]: rows n0..n0+nr-1 (nr <= 16) of an int8 weight [N, K] with scales [N], for M rows of x */
-static void rows8(const float *x, int64_t ldx, int64_t M, const int8_t *w, const float *s,
+void rows8(const float *x, int64_t ldx, int64_t M, const int8_t *w, const float *s,
                   int64_t n0, int64_t nr, int64_t K, float *out) {
     for (int64_t r = 0; r < M; r += 4) {
         int64_t n = M - r < 4 ? M - r : 4;
@@ -117,132 +87,7 @@ static void rows8(const float *x, int64_t ldx, int64_t M, const int8_t *w, const
     }
 }
 
-#if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
-/* AVX2: `tile` for MR <= 4, 16 columns as two 8-float halves (2 x MR sums in registers). */
-static inline __attribute__((always_inline)) void tile4(
-        const float *x, int64_t ldx, const float *wb, int64_t K, const int MR, float *out) {
-    if (MR == 1) { /* one row: two k chains hide the FMA latency */
-        __m256 a0 = _mm256_setzero_ps(), b0 = a0, a1 = a0, b1 = a0;
-        int64_t k = 0;
-        for (; k + 2 <= K; k += 2) {
-            __m256 x0 = _mm256_set1_ps(x[k]), x1 = _mm256_set1_ps(x[k + 1]);
-            a0 = _mm256_fmadd_ps(x0, _mm256_load_ps(wb + k * 16), a0);
-            b0 = _mm256_fmadd_ps(x0, _mm256_load_ps(wb + k * 16 + 8), b0);
-            a1 = _mm256_fmadd_ps(x1, _mm256_load_ps(wb + k * 16 + 16), a1);
-            b1 = _mm256_fmadd_ps(x1, _mm256_load_ps(wb + k * 16 + 24), b1);
-        }
-        for (; k < K; k++) {
-            __m256 x0 = _mm256_set1_ps(x[k]);
-            a0 = _mm256_fmadd_ps(x0, _mm256_load_ps(wb + k * 16), a0);
-            b0 = _mm256_fmadd_ps(x0, _mm256_load_ps(wb + k * 16 + 8), b0);
-        }
-        _mm256_storeu_ps(out, _mm256_add_ps(a0, a1));
-        _mm256_storeu_ps(out + 8, _mm256_add_ps(b0, b1));
-        return;
-    }
-    __m256 lo[4], hi[4];
-    for (int i = 0; i < MR; i++) lo[i] = hi[i] = _mm256_setzero_ps();
-    for (int64_t k = 0; k < K; k++) {
-        __m256 wl = _mm256_load_ps(wb + k * 16), wh = _mm256_load_ps(wb + k * 16 + 8);
-        for (int i = 0; i < MR; i++) {
-            __m256 xv = _mm256_set1_ps(x[i * ldx + k]);
-            lo[i] = _mm256_fmadd_ps(xv, wl, lo[i]);
-            hi[i] = _mm256_fmadd_ps(xv, wh, hi[i]);
-        }
-    }
-    for (int i = 0; i < MR; i++) {
-        _mm256_storeu_ps(out + i * 16, lo[i]);
-        _mm256_storeu_ps(out + i * 16 + 8, hi[i]);
-    }
-}
-#endif
-
-/* out[r][0..15] = x[r, :] . wb[:, 0..15] for r < MR (x rows ldx apart), wb one packed block [K][16]. */
-static inline __attribute__((always_inline)) void tile(
-        const float *x, int64_t ldx, const float *wb, int64_t K, const int MR, float *out) {
-#ifdef __AVX512F__
-    if (MR == 1) { /* one row: four chains hide the FMA latency */
-        __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-        int64_t k = 0;
-        for (; k + 4 <= K; k += 4) {
-            a0 = _mm512_fmadd_ps(_mm512_set1_ps(x[k]), _mm512_load_ps(wb + k * 16), a0);
-            a1 = _mm512_fmadd_ps(_mm512_set1_ps(x[k + 1]), _mm512_load_ps(wb + k * 16 + 16), a1);
-            a2 = _mm512_fmadd_ps(_mm512_set1_ps(x[k + 2]), _mm512_load_ps(wb + k * 16 + 32), a2);
-            a3 = _mm512_fmadd_ps(_mm512_set1_ps(x[k + 3]), _mm512_load_ps(wb + k * 16 + 48), a3);
-        }
-        for (; k < K; k++) a0 = _mm512_fmadd_ps(_mm512_set1_ps(x[k]), _mm512_load_ps(wb + k * 16), a0);
-        _mm512_storeu_ps(out, _mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
-        return;
-    }
-    if (MR == 2) {
-        __m512 a0 = _mm512_setzero_ps(), a1 = a0, b0 = a0, b1 = a0;
-        const float *y = x + ldx;
-        int64_t k = 0;
-        for (; k + 2 <= K; k += 2) {
-            __m512 w0 = _mm512_load_ps(wb + k * 16), w1 = _mm512_load_ps(wb + k * 16 + 16);
-            a0 = _mm512_fmadd_ps(_mm512_set1_ps(x[k]), w0, a0);
-            b0 = _mm512_fmadd_ps(_mm512_set1_ps(y[k]), w0, b0);
-            a1 = _mm512_fmadd_ps(_mm512_set1_ps(x[k + 1]), w1, a1);
-            b1 = _mm512_fmadd_ps(_mm512_set1_ps(y[k + 1]), w1, b1);
-        }
-        for (; k < K; k++) {
-            __m512 w0 = _mm512_load_ps(wb + k * 16);
-            a0 = _mm512_fmadd_ps(_mm512_set1_ps(x[k]), w0, a0);
-            b0 = _mm512_fmadd_ps(_mm512_set1_ps(y[k]), w0, b0);
-        }
-        _mm512_storeu_ps(out, _mm512_add_ps(a0, a1));
-        _mm512_storeu_ps(out + 16, _mm512_add_ps(b0, b1));
-        return;
-    }
-    __m512 acc[8];
-    for (int i = 0; i < MR; i++) acc[i] = _mm512_setzero_ps();
-    for (int64_t k = 0; k < K; k++) {
-        __m512 wv = _mm512_load_ps(wb + k * 16);
-        for (int i = 0; i < MR; i++) acc[i] = _mm512_fmadd_ps(_mm512_set1_ps(x[i * ldx + k]), wv, acc[i]);
-    }
-    for (int i = 0; i < MR; i++) _mm512_storeu_ps(out + i * 16, acc[i]);
-#elif defined(__AVX2__) && defined(__FMA__)
-    if (MR <= 4) tile4(x, ldx, wb, K, MR, out);
-    else {
-        tile4(x, ldx, wb, K, 4, out);
-        tile4(x + 4 * ldx, ldx, wb, K, MR - 4, out + 64);
-    }
-#else
-    float acc[8][16] = {{0}};
-    for (int64_t k = 0; k < K; k++)
-        for (int i = 0; i < MR; i++)
-            for (int j = 0; j < 16; j++) acc[i][j] += x[i * ldx + k] * wb[k * 16 + j];
-    for (int i = 0; i < MR; i++)
-        for (int j = 0; j < 16; j++) out[i * 16 + j] = acc[i][j];
-#endif
-}
-
-/* tile for any rows m (<= 8 per call, chunked here): out [m][16] */
-static void tiles(const float *x, int64_t ldx, int64_t m, const float *wb, int64_t K, float *out) {
-    for (int64_t r = 0; r < m; r += 8) {
-        int64_t n = m - r < 8 ? m - r : 8;
-        const float *xr = x + r * ldx;
-        float *o = out + r * 16;
-        switch (n) {
-            case 1: tile(xr, ldx, wb, K, 1, o); break;
-            case 2: tile(xr, ldx, wb, K, 2, o); break;
-            case 3: tile(xr, ldx, wb, K, 3, o); break;
-            case 4: tile(xr, ldx, wb, K, 4, o); break;
-            case 5: tile(xr, ldx, wb, K, 5, o); break;
-            case 6: tile(xr, ldx, wb, K, 6, o); break;
-            case 7: tile(xr, ldx, wb, K, 7, o); break;
-            default: tile(xr, ldx, wb, K, 8, o); break;
-        }
-    }
-}
-
-/* int8 activations: a matrix [M, K] as per-64-column blocks of a = round(x / s), s = max|x| / 127,
-   stored as a + 128 (u8, dpbusd's unsigned side) and as a (s8, for int4's unsigned nibbles),
-   rows Kp = 64 * nb apart and zero-padded (a = 0); per block the scale, and per 32 columns the
-   sum of a and the fp32 sum of x (the zero-point terms of int8's offset and int4's groups). */
-typedef struct { uint8_t *a; int8_t *as; float *s; int32_t *asum; float *xsum; int64_t Kp, nb; } qact;
-
-static qact qact_at(char **at, int64_t rows, int64_t K) {
+qact qact_at(char **at, int64_t rows, int64_t K) {
     qact q;
     q.nb = (K + 63) / 64;
     q.Kp = q.nb * 64;
@@ -255,12 +100,12 @@ static qact qact_at(char **at, int64_t rows, int64_t K) {
     return q;
 }
 
-static int64_t qact_bytes(int64_t rows, int64_t K) {
+int64_t qact_bytes(int64_t rows, int64_t K) {
     int64_t nb = (K + 63) / 64;
     return ((2 * rows * nb * 64 + 20 * rows * nb) + 63) / 64 * 64;
 }
 
-static void quantize_row(const qact *q, int64_t row, const float *x, int64_t K) {
+void quantize_row(const qact *q, int64_t row, const float *x, int64_t K) {
 #if defined(__AVX512F__) && defined(__AVX512BW__)
     for (int64_t b = 0; b < q->nb; b++) { /* the loop below, 16 columns per register */
         int64_t k0 = b * 64, n = K - k0 < 64 ? K - k0 : 64;
@@ -365,33 +210,7 @@ static void quantize_row(const qact *q, int64_t row, const float *x, int64_t K) 
     }
 #endif
 }
-
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
-#define INFERSIGHT_VNNI 1
-#elif defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
-#define INFERSIGHT_VNNI 0
-#define INFERSIGHT_I8_AVX2 1
-#else
-#define INFERSIGHT_VNNI 0
-#endif
-/* INFERSIGHT_I8: the int8-activation loops exist (VNNI, or AVX2's multiply-adds) */
-#if INFERSIGHT_VNNI || defined(INFERSIGHT_I8_AVX2)
-#define INFERSIGHT_I8 1
-#else
-#define INFERSIGHT_I8 0
-#endif
-
-#if INFERSIGHT_I8
-/* The packed int8 layout (native_step.py's `pack_int8`, made once at load): per 16-column
-   block, per 64-column group of K, 16 k-quads of [16 columns][4 k] int8 (1024 bytes), then the
-   group's 16 column sums of w (int32, 64 bytes). One 64-byte load feeds one dpbusd per row
-   against the row's 4 activations broadcast; a block is one sequential run of memory, which the
-   hardware prefetcher follows (software prefetching here measured slower). */
-#define P8_GROUP 1088
-#endif
-
 #if INFERSIGHT_VNNI
-#define I8_ROWS 4 /* activation rows per pass of the int8 and int4 tiles */
 /* out[r][0..15] = x_r . w[n0 + c] for r < MR: `wb` one packed block of nb groups, `s` its 16 scales. */
 static inline __attribute__((always_inline)) void p8_tile(
         const qact *q, int64_t r0, const int8_t *wb, const float *s, const int MR, float *out) {
@@ -421,7 +240,6 @@ static inline __attribute__((always_inline)) void p8_tile(
     for (int r = 0; r < MR; r++) _mm512_storeu_ps(out + r * 16, _mm512_mul_ps(acc[r], sv));
 }
 #elif INFERSIGHT_I8
-#define I8_ROWS 2
 /* AVX2, the same product: 32 bytes (8 columns x 4 k) per register, the signed activations
    (`as`) against the signed weights through vpmaddubsw's sign trick (|w| times a with w's
    sign; at most 2 * 128 * 127 per pair, below int16 saturation), summed to int32 by vpmaddwd. */
@@ -459,33 +277,11 @@ static inline __attribute__((always_inline)) void p8_tile(
 #endif
 
 #if INFERSIGHT_I8
-#if I8_ROWS == 4
-#define I8_MIDDLE_ROWS(TILE, ...)                            \
-    case 2: TILE(q, r0 + r, __VA_ARGS__, 2, o); break;       \
-    case 3: TILE(q, r0 + r, __VA_ARGS__, 3, o); break;
-#else
-#define I8_MIDDLE_ROWS(TILE, ...)
-#endif
-/* The body of p8_block and p4_block: out [M][16] for rows r0..r0+M-1 of the quantised
-   activations `q`, in passes of I8_ROWS rows, each one TILE(q, row, ARGS, rows, out) call
-   with `rows` a constant (so the tile's loops over rows unroll). */
-#define I8_PASSES(TILE, ...)                                         \
-    for (int64_t r = 0; r < M; r += I8_ROWS) {                       \
-        int64_t n = M - r < I8_ROWS ? M - r : I8_ROWS;               \
-        float *o = out + r * 16;                                     \
-        switch (n) {                                                 \
-            case 1: TILE(q, r0 + r, __VA_ARGS__, 1, o); break;       \
-            I8_MIDDLE_ROWS(TILE, __VA_ARGS__)                        \
-            default: TILE(q, r0 + r, __VA_ARGS__, I8_ROWS, o); break; \
-        }                                                            \
-    }
-
 /* out [M][16]: packed block `wb` (scales `s`) for rows r0..r0+M-1 of the quantised activations */
-static void p8_block(const qact *q, int64_t r0, int64_t M, const int8_t *wb, const float *s, float *out) {
+void p8_block(const qact *q, int64_t r0, int64_t M, const int8_t *wb, const float *s, float *out) {
     I8_PASSES(p8_tile, wb, s)
 }
 #endif
 
 int infersight_has_vnni(void) { return INFERSIGHT_VNNI; }
 int infersight_has_int8_dot(void) { return INFERSIGHT_I8; }
-"""

@@ -1,162 +1,17 @@
-"""The C source of the native library (native.py builds it; the Python side of each entry point
-is in native.py and native_step.py).
-
-Entry points:
-- `infersight_linear_f32`: out = residual + alpha * x W^T for any number of rows, W packed as
-  [N/16][K][16] (native.py's `pack`): each 16-column block is one contiguous run, read once
-  for up to 8 rows at a time, one FMA per row for each 64-byte load.
-- `infersight_decode_step` (and `infersight_step_scratch`, its scratch size): a whole decode
-  step of the Mixtral network for B rows inside one OpenMP parallel region (native_step.py
-  says what it computes and why). fp32 models read the packed weights; int8 weight-only ones
-  read the engine's int8 [N, K] rows and per-row scales (dequantised in registers), or with
-  int8 activations (AVX512-VNNI or AVX2) a packed copy (the loops are native_int8.py's);
-  int4 ones (the same CPUs) a packed copy of theirs against int8 activations
-  (native_int4.py); both with a bf16 embedding and KV cache.
-- `infersight_has_avx512`, `infersight_has_vnni`, `infersight_has_int8_dot`: which loops the
-  build took.
-
-With AVX-512 (F, and BW/VL for the int8 loads) the loops use 512-bit FMAs and masked tails;
-with AVX2 and FMA, 256-bit ones (two registers per 16 columns, at most 4 rows per pass so
-the sums stay in the 16 registers); otherwise the same loops in plain C. The router,
-norms and RoPE stay fp32 in both model kinds.
-"""
-
-from .native_int4 import INT4_SOURCE
-from .native_int8 import INT8_SOURCE
-
-__all__ = ["SOURCE"]
-
-SOURCE = (
-    r"""
-#include <stdint.h>
-#include <stddef.h>
-#if defined(__AVX512F__) || defined(__AVX2__)
-#include <immintrin.h>
-#endif
-
-/* Rows m0..m0+MR-1 of out against one 16-column block of the packed weight wb [K][16]:
-   acc[i] += x[m0 + i, k] * wb[k][:], one 64-byte weight load feeds MR FMAs. */
-static inline __attribute__((always_inline)) void rows(
-        const float *x, const float *wb, const float *residual, float *out,
-        int64_t m0, const int MR, int64_t n0, int nr, int64_t N, int64_t K, float alpha) {
-#ifdef __AVX512F__
-    __m512 acc[8];
-    for (int i = 0; i < MR; i++) acc[i] = _mm512_setzero_ps();
-    for (int64_t k = 0; k < K; k++) {
-        __m512 wv = _mm512_load_ps(wb + k * 16);
-        for (int i = 0; i < MR; i++)
-            acc[i] = _mm512_fmadd_ps(_mm512_set1_ps(x[(m0 + i) * K + k]), wv, acc[i]);
-    }
-    __mmask16 cols = (__mmask16)((1u << nr) - 1u);
-    __m512 a = _mm512_set1_ps(alpha);
-    for (int i = 0; i < MR; i++) {
-        int64_t at = (m0 + i) * N + n0;
-        __m512 y = _mm512_mul_ps(acc[i], a);
-        if (residual) y = _mm512_add_ps(y, _mm512_maskz_loadu_ps(cols, residual + at));
-        _mm512_mask_storeu_ps(out + at, cols, y);
-    }
-#elif defined(__AVX2__) && defined(__FMA__)
-    for (int i0 = 0; i0 < MR; i0 += 4) { /* four rows per pass: 8 sums, 2 weights in ymm */
-        __m256 lo[4], hi[4];
-        for (int i = 0; i < 4; i++) lo[i] = hi[i] = _mm256_setzero_ps();
-        for (int64_t k = 0; k < K; k++) {
-            __m256 wl = _mm256_load_ps(wb + k * 16), wh = _mm256_load_ps(wb + k * 16 + 8);
-            for (int i = 0; i < 4 && i0 + i < MR; i++) {
-                __m256 xv = _mm256_set1_ps(x[(m0 + i0 + i) * K + k]);
-                lo[i] = _mm256_fmadd_ps(xv, wl, lo[i]);
-                hi[i] = _mm256_fmadd_ps(xv, wh, hi[i]);
-            }
-        }
-        for (int i = 0; i < 4 && i0 + i < MR; i++) {
-            float acc[16];
-            _mm256_storeu_ps(acc, lo[i]);
-            _mm256_storeu_ps(acc + 8, hi[i]);
-            int64_t at = (m0 + i0 + i) * N + n0;
-            for (int j = 0; j < nr; j++) out[at + j] = (residual ? residual[at + j] : 0.0f) + alpha * acc[j];
-        }
-    }
-#else
-    float acc[8][16] = {{0}};
-    for (int64_t k = 0; k < K; k++)
-        for (int i = 0; i < MR; i++)
-            for (int j = 0; j < 16; j++) acc[i][j] += x[(m0 + i) * K + k] * wb[k * 16 + j];
-    for (int i = 0; i < MR; i++)
-        for (int j = 0; j < nr; j++) {
-            int64_t at = (m0 + i) * N + n0 + j;
-            out[at] = (residual ? residual[at] : 0.0f) + alpha * acc[i][j];
-        }
-#endif
-}
-
-/* out [M, N] = residual [M, N] (or 0) + alpha * x [M, K] @ W^T, W packed as [ceil(N/16)][K][16]
-   (zero-padded, 64-byte aligned); contiguous fp32. Parallel over 16-column blocks: each block
-   (K * 64 bytes) is read from memory once and stays in cache for every row of x. */
-void infersight_linear_f32(const float *x, const float *wp, const float *residual, float *out,
-                           int64_t M, int64_t N, int64_t K, float alpha) {
-    int64_t blocks = (N + 15) / 16;
-    int parallel = N * K >= (1 << 16);
-#pragma omp parallel for schedule(static) if (parallel)
-    for (int64_t b = 0; b < blocks; b++) {
-        const float *wb = wp + b * K * 16;
-        int64_t n0 = b * 16;
-        int nr = N - n0 < 16 ? (int)(N - n0) : 16;
-        int64_t m0 = 0;
-        for (; m0 + 8 <= M; m0 += 8) rows(x, wb, residual, out, m0, 8, n0, nr, N, K, alpha);
-        switch (M - m0) {
-            case 1: rows(x, wb, residual, out, m0, 1, n0, nr, N, K, alpha); break;
-            case 2: rows(x, wb, residual, out, m0, 2, n0, nr, N, K, alpha); break;
-            case 3: rows(x, wb, residual, out, m0, 3, n0, nr, N, K, alpha); break;
-            case 4: rows(x, wb, residual, out, m0, 4, n0, nr, N, K, alpha); break;
-            case 5: rows(x, wb, residual, out, m0, 5, n0, nr, N, K, alpha); break;
-            case 6: rows(x, wb, residual, out, m0, 6, n0, nr, N, K, alpha); break;
-            case 7: rows(x, wb, residual, out, m0, 7, n0, nr, N, K, alpha); break;
-            default: break;
-        }
-    }
-}
-
-/* ---- the decode step: every layer of one token per row in one parallel region ---------- */
+/* The decode step: every layer of one token per row in one OpenMP parallel region (native_step.py
+   says what it computes and why; README.md lists the phases). fp32 models read the packed
+   weights (linear.c's tiles); int8 weight-only ones the engine's int8 [N, K] rows and per-row
+   scales (int8.c's rows8), or with int8 activations a packed copy (p8_block); int4 ones their
+   packed blocks against int8 activations (int4.c's p4_block). */
 #include <math.h>
-#include <string.h>
 #include <omp.h>
 
-typedef struct {
-    int64_t D, H, Hkv, hd, I, E, topk, V, layers, window; /* window 0: none */
-    float eps, scale;
-    const float *embed;                 /* [V, D] */
-    const float *const *attn_norm;      /* [layers] -> [D] */
-    const float *const *wqkv;           /* [layers] -> packed [(H + 2 Hkv) hd] x D */
-    const float *const *wo;             /* [layers] -> packed D x H hd */
-    const float *const *ffn_norm;       /* [layers] -> [D] */
-    const float *const *gate;           /* [layers] -> packed E x D (the router) */
-    const float *const *w13;            /* [layers * E] -> packed 2I x D (w1 rows, then w3) */
-    const float *const *w2;             /* [layers * E] -> packed D x I */
-    const float *norm;                  /* [D] */
-    const float *head;                  /* packed V x D */
-    /* quantized 1 (int8 weight-only models): the projections' pointers above are int8 [N, K]
-       row-major, with per-row scales here; 2 (int4, VNNI builds only): they and the `_p` ones
-       below are native_int4.py's packed blocks, scales inside. Both: embedding and KV cache
-       bf16; norms, router, RoPE fp32 */
-    int64_t quantized;
-    const float *const *wqkv_s, *const *wo_s, *const *w13_s, *const *w2_s;
-    const float *head_s;
-    int64_t act8; /* quantized: int8 activations too (VNNI builds only; else ignored) */
-    /* act8: the projections packed (native_int8.py's layout; w13 as w1's blocks, then w3's)
-       and their scales padded to whole 16-column blocks */
-    const int8_t *const *wqkv_p, *const *wo_p, *const *w13_p, *const *w2_p;
-    const int8_t *head_p;
-    const float *const *wqkv_ps, *const *wo_ps, *const *w13_ps, *const *w2_ps;
-    const float *head_ps;
-} infersight_model;
+#include "kernels.h"
 
 /* One projection as the step reads it: fp32 packed or int8 rows `w` (scales `s`), and for
    int8 activations the packed int8 copy `p` (scales `ps`). */
 typedef struct { const void *w; const float *s; const int8_t *p; const float *ps; } wref;
 
-"""
-    + INT8_SOURCE
-    + INT4_SOURCE
-    + r"""
 /* out [M][16] = columns n0..n0+nr-1 (n0 a multiple of 16, nr <= 16; packed block `bi`) of
    x [M, K] @ W^T: W packed fp32, or int8 rows when `quantized`, or with int8 activations `qx`
    (rows r0.. of it) the packed int8 copy. */
@@ -231,7 +86,7 @@ static void rms_norm_rows(const float *x, const float *w, float *out, int64_t M,
 }
 
 /* Floats of scratch one step of B rows on `threads` threads needs (the caller keeps one per B). */
-int64_t infersight_step_scratch(const infersight_model *m, int64_t B, int64_t threads) {
+INFERSIGHT_API int64_t infersight_step_scratch(const infersight_model *m, int64_t B, int64_t threads) {
     int64_t bk = B * m->topk, NQ = (m->H + 2 * m->Hkv) * m->hd;
     int64_t floats = 2 * B * m->D + B * NQ + B * m->H * m->hd + B * m->E + bk
                      + bk * m->D + bk * 2 * m->I + bk * m->I + threads * (2 * B * 16 + 2 * m->hd);
@@ -471,5 +326,3 @@ int infersight_has_avx512(void) {
     return 0;
 #endif
 }
-"""
-)
