@@ -8,6 +8,14 @@ annotations give their figures).
 Only server errors count: outcomes the client caused (`client_error`, `cancelled`, see
 `infersight.monitor.records`) are counted apart and never fail a check.
 
+With pairs (`PairedEvidence`: the runtime answers a share of requests with both versions,
+engine/runtime_shadow.py), relevance and output drift are checked on the same requests
+(alerts/actions/pairs.py: per-pair relevance difference, similarity of the two answers,
+output-length ratio, finish-reason agreement) instead of before against after, which any
+change in what clients ask at deploy time would confound; a failed paired check names its
+pairs ("relevance fell in 17 of 20 pairs, mean -0.41"). When pairs are off (proxy mode
+without a second upstream) every verdict says so.
+
 Replicas on one database share the analyses: a deploy of the version an analysis already
 watches (the same release rolled out to another replica) joins it instead of superseding
 it, and a due check is claimed with a lease, so one replica runs each check over the
@@ -30,6 +38,7 @@ from sqlalchemy import Engine, and_, insert, or_, select, text, update
 from ..lifecycle import push_alert
 from ..rules.rules import ActionSpec
 from ..rules.signals import quantile
+from .pairs import PairedCheck, PairedEvidence
 from .runner import ActionOutcome, ActionRunner
 
 __all__ = [
@@ -136,11 +145,14 @@ class CheckResult:
     output_drift_p_value: float | None
     rollback: ActionOutcome | None = None
     failed_checks: tuple[FailedCheck, ...] = ()
+    pairs: int = 0  # pairs of the two versions behind the paired checks
+    paired: str = ""  # the paired checks' figures, or why they are off
 
 
 def _compare(
-    p: AnalysisPolicy, new: VersionStats, old: VersionStats, drift_p: float | None
+    p: AnalysisPolicy, new: VersionStats, old: VersionStats, drift_p: float | None, *, paired: bool = False
 ) -> tuple[FailedCheck, ...]:
+    """The unpaired checks; with `paired`, relevance and output drift are left to the pairs."""
     out = []
     if new.error_rate is not None and old.error_rate is not None:
         limit = max(old.error_rate * p.error_rate_ratio, old.error_rate + p.error_rate_margin)
@@ -151,14 +163,15 @@ def _compare(
         text = f"p99 latency {new.p99_s:.3f}s > {p.p99_ratio:g} x previous {old.p99_s:.3f}s"
         out.append(FailedCheck("p99_latency", new.p99_s, old.p99_s * p.p99_ratio, old.p99_s, text))
     if (
-        new.relevance is not None
+        not paired
+        and new.relevance is not None
         and old.relevance is not None
         and new.relevance < old.relevance - p.relevance_drop
     ):
         limit = old.relevance - p.relevance_drop
         text = f"mean relevance {new.relevance:.3f} < previous {old.relevance:.3f} - {p.relevance_drop:g}"
         out.append(FailedCheck("relevance", new.relevance, limit, old.relevance, text))
-    if drift_p is not None and drift_p < p.drift_p_value:
+    if not paired and drift_p is not None and drift_p < p.drift_p_value:
         text = f"output drift p = {drift_p:.2g} < {p.drift_p_value:g}"
         out.append(FailedCheck("output_drift", drift_p, p.drift_p_value, None, text))
     return tuple(out)
@@ -175,6 +188,7 @@ class DeployAnalyzer:
         clock: Callable[[], float] = time.time,
         owner: str | None = None,
         lease_s: float = 600.0,
+        pairs: PairedEvidence | None = None,
     ) -> None:
         self.engine = engine
         self.metrics = metrics
@@ -183,6 +197,7 @@ class DeployAnalyzer:
         self.clock = clock
         self.owner = owner or f"analysis-{uuid.uuid4().hex[:12]}"
         self.lease_s = lease_s  # longer than a check and its rollback take
+        self.pairs = pairs
 
     def _now(self) -> dt.datetime:
         return dt.datetime.fromtimestamp(self.clock(), dt.UTC)
@@ -258,17 +273,33 @@ class DeployAnalyzer:
             if row.from_version
             else VersionStats(0, None, None, None)
         )
+        paired_on = self.pairs is not None and self.pairs.enabled and bool(row.from_version)
         drift = (
             self.metrics.output_drift_p_value(row.to_version, row.from_version, row.deployed_at)
-            if row.from_version
+            if row.from_version and not paired_on
             else None
         )
+        n_pairs, paired_checks = (
+            self.pairs.checks(row.to_version, row.from_version)
+            if self.pairs is not None and paired_on
+            else (0, ())
+        )
+        paired_failed = tuple(_paired_failure(c) for c in paired_checks if c.regressed)
         failed_checks: tuple[FailedCheck, ...] = ()
         if new.requests < p.min_requests or old.requests < p.min_requests:
-            verdict = "inconclusive"
+            failed_checks = paired_failed  # always-valid: a paired regression needs no minimum
+            verdict = "failed" if failed_checks else "inconclusive"
         else:
-            failed_checks = _compare(p, new, old, drift)
+            failed_checks = (*_compare(p, new, old, drift, paired=paired_on), *paired_failed)
             verdict = "failed" if failed_checks else "passed"
+        if paired_on:
+            paired = (
+                f"{n_pairs} pairs: " + "; ".join(c.describe() for c in paired_checks)
+                if paired_checks
+                else "0 pairs yet"
+            )
+        else:
+            paired = self.pairs.off_reason if self.pairs is not None else "paired checks off"
         failures = tuple(f.text for f in failed_checks)
         failed = row.failed_checks + (verdict == "failed")
         evidence = [
@@ -281,6 +312,8 @@ class DeployAnalyzer:
                 "new": asdict(new),
                 "old": asdict(old),
                 "output_drift_p_value": drift,
+                "pairs": n_pairs,
+                "paired": paired,
             },
         ]
         state = "running"
@@ -288,7 +321,7 @@ class DeployAnalyzer:
         if failed >= p.max_failed_checks:
             # the state says what happened, so it is written once the rollback's outcome is known
             # (a crash before then leaves it running: the next check asks the runner again, by key)
-            rollback = self._roll_back(row, failed_checks, evidence, now)
+            rollback = self._roll_back(row, failed_checks, evidence, now, n_pairs, paired_on, paired)
             state = _AFTER_ROLLBACK.get(rollback.state, "running")
         elif now >= row.ends_at:
             state = "passed"
@@ -306,12 +339,16 @@ class DeployAnalyzer:
                     lease_until=None,
                 )
             )
-        return CheckResult(row.id, now, verdict, failures, new, old, drift, rollback, failed_checks)
+        return CheckResult(
+            row.id, now, verdict, failures, new, old, drift, rollback, failed_checks, n_pairs, paired
+        )
 
     def _roll_back(
-        self, row: Any, failed_checks: tuple[FailedCheck, ...], evidence: list[Any], now: dt.datetime
-    ) -> ActionOutcome:
+        self, row: Any, failed_checks: tuple[FailedCheck, ...], evidence: list[Any], now: dt.datetime,
+        n_pairs: int, paired_on: bool, paired: str,
+    ) -> ActionOutcome:  # fmt: skip
         failures = [f.text for f in failed_checks]
+        basis = f"{n_pairs} pairs" if paired_on else paired  # the page says what the verdict rests on
         spec = ActionSpec("rollback", cooldown_s=0.0, daily_cap=self.policy.max_rollbacks_per_day)
         outcome = self.runner.run(
             spec,
@@ -334,8 +371,9 @@ class DeployAnalyzer:
                     "failed_checks": ",".join(f.check for f in failed_checks),
                 },
                 {
-                    "summary": f"{row.to_version} regressed against {row.from_version} after deploy: {'; '.join(failures)}; {done}",
+                    "summary": f"{row.to_version} regressed against {row.from_version} after deploy: {'; '.join(failures)} ({basis}); {done}",
                     "failed_checks": "; ".join(failures),
+                    "pairs": str(n_pairs),
                     "evidence": json.dumps(evidence[-self.policy.max_failed_checks :]),
                     "runbook_url": "https://runbooks.example.org/infersight#post-deploy-regression",
                 },
@@ -343,3 +381,11 @@ class DeployAnalyzer:
                 ends_at=now + dt.timedelta(hours=1),
             )
         return outcome
+
+
+def _paired_failure(check: PairedCheck) -> FailedCheck:
+    """A paired check that regressed, as the analysis records it (`value`: the mean per-pair
+    figure; `limit`: its null, 0 for a difference)."""
+    return FailedCheck(
+        check.name, check.mean if check.mean is not None else 0.0, check.null, None, check.describe()
+    )

@@ -27,6 +27,12 @@ Checks (a regression is a significant difference in the bad direction only):
   before any answer is scored).
 Each check runs at alpha / 5 (Bonferroni), so a good canary is rolled back with
 probability at most `alpha` over its whole life.
+
+With pairs (the runtime answers a share of requests with both versions: engine/
+runtime_shadow.py) the three quality checks above (relevance, output drift, output length)
+are replaced by the paired checks of alerts/actions/pairs.py on the same requests, which no
+client can steer by what it asks of its arm; server errors and latency stay arm against arm,
+and the six checks share alpha.
 """
 
 from __future__ import annotations
@@ -36,6 +42,8 @@ import threading
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
+
+from .pairs import PairedAnalysis, PairOutcome, PairPolicy, msprt_lambda
 
 __all__ = [
     "CANARY_ALERT",
@@ -56,16 +64,6 @@ __all__ = [
 CLIENT_ERRORS = frozenset({"client_error", "cancelled", "PromptTooLong", "InvalidRequest", "shed"})
 CANARY_ALERT = "CanaryRegression"
 Direction = Literal["higher_is_worse", "lower_is_worse", "either"]
-
-
-def msprt_lambda(delta: float, variance: float, tau: float) -> float:
-    """The mixture likelihood ratio of an observed difference `delta` with sampling
-    variance `variance`, mixed over N(0, tau^2) on the true difference."""
-    if variance <= 0.0:
-        return 1.0
-    t2 = tau * tau
-    log = 0.5 * math.log(variance / (variance + t2)) + (t2 * delta * delta) / (2 * variance * (variance + t2))
-    return math.exp(min(log, 700.0))
 
 
 @dataclass(frozen=True)
@@ -183,21 +181,28 @@ class CanaryAnalysis:
     """The running comparison of one canary with the stable version. Not thread-safe:
     one owner feeds it (the controller holds a lock)."""
 
-    def __init__(self, policy: CanaryPolicy | None = None) -> None:
+    def __init__(self, policy: CanaryPolicy | None = None, *, pairs: PairPolicy | None = None) -> None:
+        """`pairs`: the versions also answer the same requests (engine/runtime_shadow.py): the
+        quality checks are paired (alerts/actions/pairs.py), not arm against arm, which
+        clients could steer; server errors and latency stay unpaired."""
         self.policy = policy or CanaryPolicy()
         p = self.policy
         self._checks = {
             "server_errors": _Check("server_errors", "higher_is_worse", p.tau_rate),
             "latency": _Check("latency", "higher_is_worse", p.tau_rate),
-            "relevance": _Check("relevance", "lower_is_worse", p.tau_relevance),
-            "output_drift": _Check("output_drift", "lower_is_worse", p.tau_similarity),
-            "output_length": _Check("output_length", "either", p.tau_length),
         }
+        self.pairs: PairedAnalysis | None = None
+        if pairs is not None:  # one error budget: alpha over the two unpaired and four paired checks
+            self.pairs = PairedAnalysis(pairs, alpha=p.alpha * 4 / 6)
+        else:
+            self._checks["relevance"] = _Check("relevance", "lower_is_worse", p.tau_relevance)
+            self._checks["output_drift"] = _Check("output_drift", "lower_is_worse", p.tau_similarity)
+            self._checks["output_length"] = _Check("output_length", "either", p.tau_length)
         self._reference_sum: list[float] | None = None  # sum of the stable's baseline embeddings
         self._reference_n = 0
         self._reference: list[float] | None = None  # their mean, unit norm, once fixed
         self._pending_outputs: list[tuple[bool, list[float]]] = []  # canary answers before that
-        self._alpha = p.alpha / len(self._checks)
+        self._alpha = p.alpha / (len(self._checks) + (4 if self.pairs is not None else 0))
         self._stable_latencies: list[float] = []
         self._pending_latency: list[tuple[bool, float]] = []
         self.latency_threshold: float | None = None
@@ -225,15 +230,23 @@ class CanaryAnalysis:
         self._add("server_errors", canary, 1.0 if error_type is not None else 0.0, pooled=True)
         if error_type is None and latency_s is not None:
             self._latency(canary, latency_s)
-        if error_type is None and output_tokens is not None:
+        if error_type is None and output_tokens is not None and self.pairs is None:
             self._add("output_length", canary, float(output_tokens), pooled=False)
 
+    def observe_pair(self, pair: PairOutcome) -> None:
+        """One request answered by both (the canary is `pair.candidate`), scored."""
+        if self.pairs is not None:
+            self.pairs.observe(pair)
+
     def observe_relevance(self, canary: bool, relevance: float) -> None:
-        """The relevance of one answer to its prompt (scored later, on a sample)."""
-        self._add("relevance", canary, float(relevance), pooled=False)
+        """The relevance of one answer to its prompt (scored later, on a sample; unpaired only)."""
+        if self.pairs is None:
+            self._add("relevance", canary, float(relevance), pooled=False)
 
     def observe_output(self, canary: bool, embedding: Sequence[float]) -> None:
-        """The unit-norm embedding of one answer (scored later, on a sample)."""
+        """The unit-norm embedding of one answer (scored later, on a sample; unpaired only)."""
+        if self.pairs is not None:
+            return
         vector = [float(x) for x in embedding]
         if self._reference is None:
             if canary:
@@ -284,9 +297,15 @@ class CanaryAnalysis:
         if self.first_regression is not None:
             first = self.first_regression
             return Verdict("rollback", 0.0, f"regression on {first.describe()}", checks)
+        paired = self.pairs
+        if paired is not None and paired.first_regression is not None:
+            reason = f"paired regression: {paired.first_regression.describe()} ({paired.pairs} pairs)"
+            return Verdict("rollback", 0.0, reason, checks)
         if self.at_step >= self.policy.requests_per_step:
             nxt = self.policy.steps[min(self.step + 1, len(self.policy.steps) - 1)]
             figures = "; ".join(c.describe() for c in checks)
+            if paired is not None:
+                figures += f"; {paired.summary()}"
             return Verdict(
                 "promote",
                 nxt,
@@ -355,11 +374,15 @@ class CanaryController:
         *,
         on_decision: Callable[[CanaryDecision], None] | None = None,
         clock: Callable[[], float] | None = None,
+        pairs: PairPolicy | None = None,
     ) -> None:
+        """`pairs`: the runtime pairs requests (engine/runtime_shadow.py), fed by `on_pair`:
+        the quality checks are paired ones (None: arm against arm, as without pairs)."""
         import time
 
         self.control = control
         self.policy = policy or CanaryPolicy()
+        self.pair_policy = pairs
         self.on_decision = on_decision
         self.clock = clock or time.time
         self.analysis: CanaryAnalysis | None = None
@@ -380,7 +403,9 @@ class CanaryController:
 
         steps = (weight, *(s for s in self.policy.steps if s > weight))
         with self._lock:
-            self.analysis = CanaryAnalysis(dataclasses.replace(self.policy, steps=steps))
+            self.analysis = CanaryAnalysis(
+                dataclasses.replace(self.policy, steps=steps), pairs=self.pair_policy
+            )
             self.version, self.stable = version, stable
             self.served = {True: 0, False: 0}
             self._running, self._overlapped = {True: set(), False: set()}, set()
@@ -437,6 +462,14 @@ class CanaryController:
             if arm is None or self.analysis is None:
                 return
             self.analysis.observe_output(arm, embedding)
+        self._maybe_decide()
+
+    def on_pair(self, pair: PairOutcome) -> None:
+        """A scored pair (the monitor's pair feed); one of another canary is ignored."""
+        with self._lock:
+            if self.analysis is None or (pair.candidate, pair.baseline) != (self.version, self.stable):
+                return
+            self.analysis.observe_pair(pair)
         self._maybe_decide()
 
     def replay(self, rows: Iterable[StoredRequest]) -> int:
