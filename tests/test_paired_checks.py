@@ -178,3 +178,21 @@ def test_without_pairs_the_verdict_says_the_paired_checks_are_off(tmp_path: Path
     with analyzer.engine.connect() as conn:
         (page,) = conn.execute(select(alerts).where(alerts.c.alertname == REGRESSION_ALERT)).all()
     assert "paired checks off: proxy mode" in json.loads(page.annotations)["summary"]
+
+
+def test_latency_compares_like_requests_so_asking_one_arm_for_longer_answers_is_not_a_regression() -> None:
+    rng = random.Random(6)
+    steered = CanaryAnalysis(CanaryPolicy(requests_per_step=100_000), pairs=PairPolicy())
+    slow = CanaryAnalysis(CanaryPolicy(requests_per_step=100_000), pairs=PairPolicy())
+    for i in range(4000):
+        canary = i % 2 == 0
+        tokens = (
+            rng.choice((4, 48)) if i % 10 == 0 else (48 if canary else 4)
+        )  # both shapes on both arms, some
+        latency = 0.02 * tokens * rng.lognormvariate(0.0, 0.2)  # the same per-token speed on both versions
+        steered.observe(canary, error_type=None, latency_s=latency, output_tokens=tokens, prompt_tokens=30)
+        slow.observe(canary, error_type=None, latency_s=latency * (2.0 if canary else 1.0), output_tokens=tokens,
+                     prompt_tokens=30)  # fmt: skip
+    assert steered.verdict().action == "continue", steered.verdict().reason
+    verdict = slow.verdict()  # a truly slower canary is still caught, within like requests
+    assert verdict.action == "rollback" and verdict.reason.startswith("regression on latency"), verdict.reason

@@ -12,7 +12,10 @@ Checks (a regression is a significant difference in the bad direction only):
 - `server_errors`: share of requests that failed for a server-side reason (client errors
   and cancellations are the caller's doing and are not counted);
 - `latency`: share of requests slower than the stable version's p90, the threshold fixed
-  from the stable's first `latency_baseline` requests (exceedances, a two-proportion test).
+  from the stable's first `latency_baseline` requests (exceedances, a two-proportion test),
+  compared only between requests of the same shape (output- and prompt-length buckets),
+  strata combined Mantel-Haenszel style (alerts/actions/strata.py): a client asking one arm
+  for longer answers does not make it look slow.
   Only requests that ran at some point while the other arm had one running are compared: the
   isolated canary replica adds its own forward to every step it is busy, which a canary
   request always pays and a stable request only when a canary request runs beside it
@@ -44,6 +47,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 from .pairs import PairedAnalysis, PairOutcome, PairPolicy, msprt_lambda
+from .strata import StratifiedExceedance, shape
 
 __all__ = [
     "CANARY_ALERT",
@@ -187,10 +191,10 @@ class CanaryAnalysis:
         clients could steer; server errors and latency stay unpaired."""
         self.policy = policy or CanaryPolicy()
         p = self.policy
-        self._checks = {
-            "server_errors": _Check("server_errors", "higher_is_worse", p.tau_rate),
-            "latency": _Check("latency", "higher_is_worse", p.tau_rate),
-        }
+        self._checks = {"server_errors": _Check("server_errors", "higher_is_worse", p.tau_rate)}
+        # latency: only requests of the same shape are compared (strata.py)
+        self._latency = StratifiedExceedance(quantile=p.latency_quantile, baseline=p.latency_baseline,
+                                             tau=p.tau_rate, min_n=p.min_requests)  # fmt: skip
         self.pairs: PairedAnalysis | None = None
         if pairs is not None:  # one error budget: alpha over the two unpaired and four paired checks
             self.pairs = PairedAnalysis(pairs, alpha=p.alpha * 4 / 6)
@@ -202,10 +206,7 @@ class CanaryAnalysis:
         self._reference_n = 0
         self._reference: list[float] | None = None  # their mean, unit norm, once fixed
         self._pending_outputs: list[tuple[bool, list[float]]] = []  # canary answers before that
-        self._alpha = p.alpha / (len(self._checks) + (4 if self.pairs is not None else 0))
-        self._stable_latencies: list[float] = []
-        self._pending_latency: list[tuple[bool, float]] = []
-        self.latency_threshold: float | None = None
+        self._alpha = p.alpha / (len(self._checks) + 1 + (4 if self.pairs is not None else 0))
         self.step = 0
         self.at_step = 0  # canary requests observed at the current step
         self.first_regression: CheckState | None = None
@@ -221,15 +222,19 @@ class CanaryAnalysis:
         error_type: str | None,
         latency_s: float | None,
         output_tokens: int | None = None,
+        prompt_tokens: int | None = None,
     ) -> None:
-        """One finished (or failed) request of the canary (True) or the stable version (False)."""
+        """One finished (or failed) request of the canary (True) or the stable version (False);
+        its token counts place it in a stratum of like requests for the latency check."""
         if error_type in CLIENT_ERRORS:
             return  # the caller's doing: says nothing about either version
         if canary:
             self.at_step += 1
         self._add("server_errors", canary, 1.0 if error_type is not None else 0.0, pooled=True)
         if error_type is None and latency_s is not None:
-            self._latency(canary, latency_s)
+            key = shape(output_tokens, prompt_tokens)
+            if self._latency.add(canary, latency_s, key, alpha=self._alpha) and self.first_regression is None:
+                self.first_regression = self._latency_state()
         if error_type is None and output_tokens is not None and self.pairs is None:
             self._add("output_length", canary, float(output_tokens), pooled=False)
 
@@ -272,24 +277,15 @@ class CanaryAnalysis:
         if check.regressed and not was and self.first_regression is None:
             self.first_regression = check.state()
 
-    def _latency(self, canary: bool, latency_s: float) -> None:
-        if self.latency_threshold is None:
-            self._pending_latency.append((canary, latency_s))
-            if not canary:
-                self._stable_latencies.append(latency_s)
-            if len(self._stable_latencies) < self.policy.latency_baseline:
-                return
-            ordered = sorted(self._stable_latencies)
-            k = min(len(ordered) - 1, math.ceil(self.policy.latency_quantile * len(ordered)) - 1)
-            self.latency_threshold = ordered[max(k, 0)]
-            pending, self._pending_latency = self._pending_latency, []
-            for arm, value in pending:
-                self._add("latency", arm, 1.0 if value > self.latency_threshold else 0.0, pooled=True)
-            return
-        self._add("latency", canary, 1.0 if latency_s > self.latency_threshold else 0.0, pooled=True)
+    def _latency_state(self) -> CheckState:
+        c, st, nc, ns = self._latency.figures()
+        lat = self._latency
+        return CheckState("latency", c, st, nc, ns, lat.max_lambda,
+                          min(1.0, 1.0 / lat.max_lambda), lat.regressed)  # fmt: skip
 
     def checks(self) -> tuple[CheckState, ...]:
-        return tuple(c.state() for c in self._checks.values())
+        states = [c.state() for c in self._checks.values()]
+        return (states[0], self._latency_state(), *states[1:])
 
     def verdict(self) -> Verdict:
         """Where the canary stands now; a pure read of the observations so far."""
@@ -443,7 +439,7 @@ class CanaryController:
             if kind == "RequestFinished":
                 error = "cancelled" if event.finish_reason == "cancelled" else None
                 self.analysis.observe(arm, error_type=error, latency_s=event.duration_s if beside else None,
-                                      output_tokens=event.output_tokens)  # fmt: skip
+                                      output_tokens=event.output_tokens, prompt_tokens=getattr(event, "prompt_tokens", None))  # fmt: skip
             else:
                 self.analysis.observe(arm, error_type=event.error_type, latency_s=None)
         self._maybe_decide()
