@@ -242,6 +242,8 @@ class DeployAnalyzer:
             )
             pk = result.inserted_primary_key
         assert pk is not None
+        if self.pairs is not None and from_version:  # a new analysis: pairs of an earlier deploy do not count
+            self.pairs.forget(to_version, from_version)
         return int(pk[0])
 
     def tick(self) -> list[CheckResult]:
