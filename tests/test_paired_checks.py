@@ -196,3 +196,38 @@ def test_latency_compares_like_requests_so_asking_one_arm_for_longer_answers_is_
     assert steered.verdict().action == "continue", steered.verdict().reason
     verdict = slow.verdict()  # a truly slower canary is still caught, within like requests
     assert verdict.action == "rollback" and verdict.reason.startswith("regression on latency"), verdict.reason
+
+
+class _ShapedMetrics(_Metrics):
+    """After the deploy clients also ask for long answers (slow, a shape the previous version
+    was never asked for); like requests take as long on both versions unless `slower`."""
+
+    def __init__(self, slower: float) -> None:
+        self.slower = slower
+
+    def stats(self, version: str, since: dt.datetime, until: dt.datetime) -> VersionStats:
+        if version == OLD:
+            return VersionStats(100, 0.0, 0.10, 0.45, p99_by_shape=(("out3/prompt5", 100, 0.10),))
+        short = 0.10 * self.slower
+        return VersionStats(
+            100, 0.0, 1.2, 0.45, p99_by_shape=(("out3/prompt5", 40, short), ("out6/prompt5", 60, 1.2))
+        )
+
+
+def test_post_deploy_latency_compares_requests_of_the_same_shape(tmp_path: Path) -> None:
+    now = [1_000_000.0]
+    for slower, failed in ((1.0, False), (3.0, True)):
+        db = connect(sqlite_url(tmp_path / f"s{slower}.db"))
+        upgrade(db)
+        runner = ActionRunner(db, data_dir=tmp_path, clock=lambda: now[0])
+        analyzer = DeployAnalyzer(db, _ShapedMetrics(slower), runner, clock=lambda: now[0], pairs=PairedEvidence(),
+                                  policy=AnalysisPolicy(window_s=100.0, interval_s=10.0, max_failed_checks=2))  # fmt: skip
+        analyzer.on_deploy(NEW, OLD, dt.datetime.fromtimestamp(now[0], dt.UTC))
+        now[0] += 10.0
+        (result,) = analyzer.tick()
+        latency = [f for f in result.failed_checks if f.check == "p99_latency"]
+        assert bool(latency) is failed, result.failures
+        if failed:
+            assert latency[0].text == (
+                "p99 latency 0.300s > 1.5 x previous 0.100s on requests of the same shape (1 of 2 shapes)"
+            )

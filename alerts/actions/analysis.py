@@ -14,7 +14,8 @@ engine/runtime_shadow.py), relevance and output drift are checked on the same re
 output-length ratio, finish-reason agreement) instead of before against after, which any
 change in what clients ask at deploy time would confound; a failed paired check names its
 pairs ("relevance fell in 17 of 20 pairs, mean -0.41"). When pairs are off (proxy mode
-without a second upstream) every verdict says so.
+without a second upstream) every verdict says so. The p99 check compares requests of the
+same shape only (output- and prompt-length buckets both sides have: `_like_p99`).
 
 Replicas on one database share the analyses: a deploy of the version an analysis already
 watches (the same release rolled out to another replica) joins it instead of superseding
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import math
 import time
 import uuid
 from collections.abc import Callable
@@ -40,6 +42,7 @@ from ..rules.rules import ActionSpec
 from ..rules.signals import quantile
 from .pairs import PairedCheck, PairedEvidence
 from .runner import ActionOutcome, ActionRunner
+from .strata import shape
 
 __all__ = [
     "REGRESSION_ALERT",
@@ -66,6 +69,9 @@ class VersionStats:
     relevance: float | None
     client_errors: int = 0  # refused for the client's fault: not errors
     cancelled: int = 0  # the client hung up: not errors
+    # (shape, successful requests, their p99) per stratum of like requests (strata.py's
+    # output- and prompt-length buckets): the latency check compares within these
+    p99_by_shape: tuple[tuple[str, int, float], ...] = ()
 
 
 class VersionMetrics(Protocol):
@@ -85,7 +91,8 @@ class StoreVersionMetrics:
         self.output_drift = output_drift
 
     def stats(self, version: str, since: dt.datetime, until: dt.datetime) -> VersionStats:
-        q = select(requests.c.duration_s, requests.c.error_type, requests.c.relevance).where(
+        c = requests.c
+        q = select(c.duration_s, c.error_type, c.relevance, c.prompt_tokens, c.output_tokens).where(
             requests.c.model_version == version, requests.c.started_at >= since, requests.c.started_at < until
         )
         with self.engine.connect() as conn:
@@ -94,6 +101,11 @@ class StoreVersionMetrics:
             return VersionStats(0, None, None, None)
         ok = [r.duration_s for r in rows if r.error_type is None]
         rel = [r.relevance for r in rows if r.relevance is not None]
+        by_shape: dict[str, list[float]] = {}
+        for r in rows:
+            if r.error_type is None:
+                o, pr = shape(r.output_tokens, r.prompt_tokens)
+                by_shape.setdefault(f"out{o}/prompt{pr}", []).append(r.duration_s)
         return VersionStats(
             len(rows),
             sum(is_server_error(r.error_type) for r in rows) / len(rows),
@@ -101,6 +113,7 @@ class StoreVersionMetrics:
             sum(rel) / len(rel) if rel else None,
             sum(r.error_type == CLIENT_ERROR for r in rows),
             sum(r.error_type == CANCELLED for r in rows),
+            tuple((k, len(v), quantile(v, 0.99)) for k, v in sorted(by_shape.items())),
         )
 
     def output_drift_p_value(self, new: str, old: str, since: dt.datetime) -> float | None:
@@ -159,9 +172,11 @@ def _compare(
         if new.error_rate > limit:
             text = f"error rate {new.error_rate:.1%} > {limit:.1%} (previous {old.error_rate:.1%})"
             out.append(FailedCheck("error_rate", new.error_rate, limit, old.error_rate, text))
-    if new.p99_s is not None and old.p99_s is not None and new.p99_s > old.p99_s * p.p99_ratio:
-        text = f"p99 latency {new.p99_s:.3f}s > {p.p99_ratio:g} x previous {old.p99_s:.3f}s"
-        out.append(FailedCheck("p99_latency", new.p99_s, old.p99_s * p.p99_ratio, old.p99_s, text))
+    latency = _like_p99(new, old)
+    if latency is not None and latency[0] > latency[1] * p.p99_ratio:
+        new_p99, old_p99, like = latency
+        text = f"p99 latency {new_p99:.3f}s > {p.p99_ratio:g} x previous {old_p99:.3f}s{like}"
+        out.append(FailedCheck("p99_latency", new_p99, old_p99 * p.p99_ratio, old_p99, text))
     if (
         not paired
         and new.relevance is not None
@@ -391,3 +406,30 @@ def _paired_failure(check: PairedCheck) -> FailedCheck:
     return FailedCheck(
         check.name, check.mean if check.mean is not None else 0.0, check.null, None, check.describe()
     )
+
+
+_MIN_STRATUM = 5  # successful requests of a shape on each side before its p99 is compared
+
+
+def _like_p99(new: VersionStats, old: VersionStats) -> tuple[float, float, str] | None:
+    """(new p99, previous p99, how compared) over requests of the same shape only: per stratum
+    both sides have, weighted geometric means (weights n_new n_old / (n_new + n_old), as
+    Mantel-Haenszel's), so a change in what clients ask (longer answers after the deploy)
+    is not read as the release being slower. None when no shape has enough on both sides;
+    without strata (figures from elsewhere than the store) the overall p99s."""
+    if not new.p99_by_shape and not old.p99_by_shape:
+        if new.p99_s is None or old.p99_s is None:
+            return None
+        return new.p99_s, old.p99_s, ""
+    before = {k: (n, v) for k, n, v in old.p99_by_shape if n >= _MIN_STRATUM and v > 0}
+    pairs = [
+        (n, v, *before[k]) for k, n, v in new.p99_by_shape if k in before and n >= _MIN_STRATUM and v > 0
+    ]
+    if not pairs:
+        return None
+    weights = [n1 * n0 / (n1 + n0) for n1, _, n0, _ in pairs]
+    total = sum(weights)
+    log_new = sum(w * math.log(v1) for w, (_, v1, _, _) in zip(weights, pairs, strict=True)) / total
+    log_old = sum(w * math.log(v0) for w, (_, _, _, v0) in zip(weights, pairs, strict=True)) / total
+    like = f" on requests of the same shape ({len(pairs)} of {len(new.p99_by_shape)} shapes)"
+    return math.exp(log_new), math.exp(log_old), like
