@@ -29,6 +29,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from .errors import InvalidArgument
 from .events import EngineEvent, PairCompleted, RequestFinished
 from .requests import RequestHandle
 from .runtime_canary import user_bucket
@@ -99,7 +100,7 @@ class ShadowControl:
     ) -> None:
         if share is not None:
             if not 0.0 <= share <= 1.0:
-                raise ValueError(f"pair share must lie in [0, 1], got {share!r}")
+                raise InvalidArgument(f"pair share must lie in [0, 1], got {share!r}")
             self.share = float(share)
         if keep_previous_s is not None:
             self.keep_previous_s = max(0.0, float(keep_previous_s))
