@@ -597,5 +597,4 @@ def _cancel_everything(state: LoopState) -> None:
 
 
 def _replicas(state: LoopState) -> list[Replica]:
-    serving = (state.current, state.canary, state.fast, state.shadow)
-    return [*state.draining, *(r for r in serving if r is not None)]
+    return [*state.draining, *filter(None, (state.current, state.canary, state.fast, state.shadow))]
