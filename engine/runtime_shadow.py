@@ -23,17 +23,18 @@ nothing of what the pairs are checked for (alerts/actions/pairs.py does that).
 
 from __future__ import annotations
 
+import contextlib
 import random
 import threading
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from .errors import InvalidArgument
+from .errors import InvalidArgument, RuntimeNotRunning
 from .events import EngineEvent, PairCompleted, RequestFinished
 from .requests import RequestHandle
 from .runtime_canary import user_bucket
-from .runtime_loop import Replica, Request, Swap
+from .runtime_loop import Replica, Request, Swap, apply_swap
 
 if TYPE_CHECKING:
     from .deploy import RuntimeHost
@@ -131,7 +132,12 @@ class ShadowControl:
         if replica is None and state.shadow is None:
             return
         self._kept_until = time.monotonic() + self.keep_previous_s if replica is not None else None
-        state.request_swap(Swap(replica=replica, reason="shadow", kind="shadow"))
+        swap = Swap(replica=replica, reason="shadow", kind="shadow")
+        if replica is None:
+            state.request_swap(swap)  # a release: from a submitting thread too, never waited for
+        else:  # kept before deploy() returns: the first request after it is already paired
+            with contextlib.suppress(RuntimeNotRunning):  # stopped meanwhile: nothing to keep
+                apply_swap(state, self._runtime._thread, swap, "keeping the previous version")
 
     # -- pairing (the submitting thread) --------------------------------------------------
 
