@@ -14,6 +14,15 @@
     the answers' embeddings from all-MiniLM-L6-v2 as the service's embedding job computes
     them, fed to the same `CanaryController` the service runs. Reported per kind: rollbacks,
     seconds from start to decision, requests and the canary's share of them.
+(d) Paired against unpaired (`--paired N`, `--paired-bad M`): on the real runtime, canaries
+    of the good int8 build and of the corrupted release, each run once with the paired checks
+    (the runtime also answers `--pair-share` of requests with the other version; relevance,
+    similarity, length and finish reason compared on the same requests) and once arm against
+    arm, alternated. With `--steer` the clients steer their arm as in issue 21 (they know the
+    assignment and ask the canary for 1 token, the stable version for `--max-tokens`).
+    Reported per mode: good canaries rolled back, requests until the corrupted one is rolled
+    back (median, max) and the share it served; the shadow's cost: process CPU seconds per
+    live request and the live p99 (arrival to last token), paired against unpaired.
 (b) False rollbacks: `--good` canaries of a release as good as the stable one, each taken
     through every step (10% -> 50% -> 100%, `requests_per_step` canary requests at each).
     This part is a SIMULATED request stream fed to the same analysis functions
@@ -23,6 +32,7 @@
     (relevance Beta(2, 8)) needed before its rollback, over the same seeds.
 
     .venv/bin/python benchmarks/canary.py --demo-runs 1 --good 20 --real 20 --real-bad 5 --per-step 100
+    .venv/bin/python benchmarks/canary.py --demo-runs 0 --good 0 --paired 4 --paired-bad 3 --steer
 """
 
 from __future__ import annotations
@@ -157,6 +167,129 @@ def real_canaries(n_good: int, n_bad: int, per_step: int, good_version: str | No
               f"{statistics.median(shares):.1%} (max {max(shares):.1%})")  # fmt: skip
 
 
+def paired_canaries(
+    n_good: int, n_bad: int, per_step: int, max_tokens: int, steer: bool, share: float
+) -> None:
+    """(d): the same canaries decided with and without pairs, alternated, on the real runtime."""
+    from infersight.alerts.actions.canary import CanaryController
+    from infersight.alerts.actions.pairs import PairedEvidence, PairPolicy
+    from infersight.engine import Registry, Runtime
+    from infersight.engine.runtime_canary import user_bucket
+    from infersight.monitor import drift as d
+    from infersight.monitor.cli import main as cli
+    from infersight.monitor.data import banking77
+    from infersight.monitor.service.pairs import PairFeed
+
+    stable, good, bad = "mixtral_banking_fp32-v1.0", "mixtral_banking_int8-v1.0", "mixtral_banking_fp32-v1.1"
+    questions = [u.text for u in banking77()]
+    detector = d.DriftDetector(d.SentenceTransformerEmbedder())
+    policy = CanaryPolicy(steps=(0.5, 1.0), requests_per_step=per_step)
+    rows: dict[tuple[bool, str], list[tuple[str, int, float]]] = {}
+    cost: dict[bool, list[float]] = {True: [], False: []}  # CPU seconds per live request
+    durations: dict[bool, list[float]] = {True: [], False: []}
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp) / "registry"
+        with contextlib.redirect_stdout(io.StringIO()):
+            assert cli(["models", "init-demo", str(root)]) == 0
+        runtime = Runtime(Registry(root), max_batch_size=8, max_prompt_tokens=128, max_seq_len=192)
+        runtime.start(stable)
+        tok = runtime.tokenizer
+        rng = random.Random(0)
+        try:
+            plan = [("good", good)] * n_good + [("bad", bad)] * n_bad
+            for run, (kind, candidate) in enumerate(plan):
+                for paired in (run % 2 == 0, run % 2 == 1):  # both modes, the order alternated
+                    runtime.shadow.configure(share=share if paired else 0.0)
+                    controller = CanaryController(
+                        runtime.canary, policy, pairs=PairPolicy() if paired else None
+                    )
+                    feed = PairFeed(runtime, PairedEvidence(), canary=controller)
+                    feed.detector = detector
+                    controller.begin(candidate, stable, policy.steps[0])
+                    unsubscribe = [runtime.subscribe(controller.on_event), runtime.subscribe(feed.on_event)]
+                    runtime.canary.start(candidate, policy.steps[0])
+                    while runtime.canary.status is not None:
+                        users = [f"r{run}{paired}-{rng.getrandbits(48)}" for _ in range(8)]
+                        batch = [rng.choice(questions) for _ in users]
+                        budget = [
+                            1
+                            if steer and user_bucket(u, candidate) < runtime.canary.status.weight
+                            else max_tokens
+                            for u in users
+                        ]
+                        c0 = time.process_time()
+                        handles = [runtime.submit(tok.encode(q).ids, max_new_tokens=b, temperature=1.0, user=u)
+                                   for q, b, u in zip(batch, budget, users, strict=True)]  # fmt: skip
+                        done = [h.result(timeout=120) for h in handles]
+                        cost[paired].append((time.process_time() - c0) / len(done))
+                        durations[paired].extend(x.duration_s for x in done)
+                        answers = [tok.decode(list(x.token_ids)) for x in done]
+                        embedded = detector.embed(d.TextWindow.of(batch, answers))[0]
+                        for x, r, v in zip(
+                            done, embedded.relevance, embedded.response_embeddings, strict=True
+                        ):
+                            controller.on_relevance(x.model_version, float(r))
+                            controller.on_output(x.model_version, v.tolist())
+                        time.sleep(0.05)  # the last shadows finish
+                        feed.score()
+                    while not controller.decisions or (
+                        controller.decisions[-1].action == "promote" and controller.decisions[-1].weight < 1.0
+                    ):
+                        time.sleep(0.01)
+                    for u in unsubscribe:
+                        u()
+                    last = controller.decisions[-1]
+                    total = last.canary_requests + last.stable_requests
+                    rows.setdefault((paired, kind), []).append(
+                        (last.action, total, last.canary_requests / total)
+                    )
+                    print(f"    {'paired' if paired else 'unpaired'} {kind} canary {run + 1}: {last.action} after "
+                          f"{total} requests ({last.canary_requests} on the canary): {last.reason[:150]}", flush=True)  # fmt: skip
+                    if runtime.serving_version != stable:
+                        runtime.deploy(stable, reason="deploy")
+        finally:
+            runtime.stop(drain=False)
+    for paired in (True, False):
+        mode = f"paired (share {share:g})" if paired else "unpaired"
+        goods, bads = rows.get((paired, "good"), []), rows.get((paired, "bad"), [])
+        caught = [r for r in bads if r[0] == "rollback"]
+        line = f"(d) {mode}, steps {policy.steps}, {per_step} per step, steer={steer}: good rolled back "
+        line += f"{sum(r[0] == 'rollback' for r in goods)} of {len(goods)}; bad rolled back {len(caught)} of {len(bads)}"
+        if caught:
+            n = [r[1] for r in caught]
+            line += (f", requests until then median {statistics.median(n):.0f} (max {max(n)}), canary share "
+                     f"median {statistics.median(r[2] for r in caught):.1%}")  # fmt: skip
+        p99 = (
+            sorted(durations[paired])[int(0.99 * (len(durations[paired]) - 1))] if durations[paired] else 0.0
+        )
+        line += f"; CPU s per live request {statistics.mean(cost[paired]):.3f}, live p99 {p99:.2f} s"
+        print(line)
+    if cost[True] and cost[False]:
+        print(
+            f"    shadow cost: CPU per live request x{statistics.mean(cost[True]) / statistics.mean(cost[False]):.2f}"
+        )
+
+
+def simulated(n: int) -> None:
+    """(b): simulated streams of good and bad canaries."""
+    policy = CanaryPolicy()
+    t0 = time.perf_counter()
+    good = [simulate(1000 + i, bad=False, policy=policy) for i in range(n)]
+    rolled = [g for g in good if g[0] != "promoted"]
+    print(f"(b) good canaries (simulated stream, policy steps {policy.steps}, {policy.requests_per_step} "
+          f"canary requests per step, alpha {policy.alpha}): {len(rolled)} of {len(good)} rolled back")  # fmt: skip
+    for outcome, _, _ in rolled:
+        print(f"    {outcome}")
+    bad = [simulate(1000 + i, bad=True, policy=policy) for i in range(n)]
+    caught = [b for b in bad if b[0] != "promoted"]
+    needed = [c for _, c, _ in caught]
+    shares = [c / t for _, c, t in caught]
+    print(f"    bad canaries (simulated, relevance Beta(2,8)): {len(caught)} of {len(bad)} rolled back; canary requests "
+          f"before the rollback median {statistics.median(needed):.0f}, max {max(needed)}; share of all requests "
+          f"median {statistics.median(shares):.1%}, max {max(shares):.1%}")  # fmt: skip
+    print(f"    ({time.perf_counter() - t0:.1f} s)")
+
+
 def demo_run() -> tuple[float, float, str]:
     from infersight.monitor.service.demo import DemoOptions, run_demo
 
@@ -182,26 +315,20 @@ def main() -> None:
         "--good-version", default=None, help="the good release (default: the stable weights again)"
     )
     ap.add_argument("--max-tokens", type=int, default=12)
+    ap.add_argument("--paired", type=int, default=0, help="good canaries, paired and unpaired (d)")
+    ap.add_argument("--paired-bad", type=int, default=0, help="corrupted canaries, paired and unpaired (d)")
+    ap.add_argument("--pair-share", type=float, default=0.5)
+    ap.add_argument("--steer", action="store_true", help="clients ask the canary for 1 token (d)")
     args = ap.parse_args()
     print(f"CPU: {_cpu()}  load average: {' '.join(Path('/proc/loadavg').read_text().split()[:3])}")
     if args.real or args.real_bad:
         real_canaries(args.real, args.real_bad, args.per_step, args.good_version, args.max_tokens)
-    policy = CanaryPolicy()
-    t0 = time.perf_counter()
-    good = [simulate(1000 + i, bad=False, policy=policy) for i in range(args.good)]
-    rolled = [g for g in good if g[0] != "promoted"]
-    print(f"(b) good canaries (simulated stream, policy steps {policy.steps}, {policy.requests_per_step} "
-          f"canary requests per step, alpha {policy.alpha}): {len(rolled)} of {len(good)} rolled back")  # fmt: skip
-    for outcome, _, _ in rolled:
-        print(f"    {outcome}")
-    bad = [simulate(1000 + i, bad=True, policy=policy) for i in range(args.good)]
-    caught = [b for b in bad if b[0] != "promoted"]
-    needed = [c for _, c, _ in caught]
-    shares = [c / t for _, c, t in caught]
-    print(f"    bad canaries (simulated, relevance Beta(2,8)): {len(caught)} of {len(bad)} rolled back; canary requests "
-          f"before the rollback median {statistics.median(needed):.0f}, max {max(needed)}; share of all requests "
-          f"median {statistics.median(shares):.1%}, max {max(shares):.1%}")  # fmt: skip
-    print(f"    ({time.perf_counter() - t0:.1f} s)")
+    if args.paired or args.paired_bad:
+        paired_canaries(
+            args.paired, args.paired_bad, args.per_step, args.max_tokens, args.steer, args.pair_share
+        )
+    if args.good:
+        simulated(args.good)
     for i in range(args.demo_runs):
         seconds, share, detail = demo_run()
         print(f"(a) demo run {i + 1}: corrupted release at 10%: rolled back {seconds:.1f} s after the canary "

@@ -21,6 +21,7 @@ __all__ = [
     "DeployFailed",
     "EngineEvent",
     "FinishReason",
+    "PairCompleted",
     "RequestFailed",
     "RequestFinished",
     "RequestQueued",
@@ -130,6 +131,25 @@ class BreakerChanged:
     threshold_tokens: int | None  # while open: longer requests (prompt + max_new_tokens) are shed
 
 
+@dataclass(frozen=True, slots=True)
+class PairCompleted:
+    """A live request and its shadow on the other version (engine/runtime_shadow.py) both
+    finished: the same prompt, budget, sampling parameters and seed, two answers. Only
+    `live_tokens` went to the client. Finish reasons are "stop" or "length"."""
+
+    request_id: str  # the live request's
+    live_version: str
+    other_version: str
+    at: float
+    prompt_ids: tuple[int, ...]
+    max_new_tokens: int
+    live_tokens: tuple[int, ...]
+    other_tokens: tuple[int, ...]
+    live_finish: str
+    other_finish: str
+    seed: int | None = None  # both sides sampled with it (None: greedy)
+
+
 EngineEvent = (
     RequestQueued
     | RequestStarted
@@ -140,4 +160,5 @@ EngineEvent = (
     | DeployFailed
     | CanaryChanged
     | BreakerChanged
+    | PairCompleted
 )

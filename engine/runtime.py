@@ -43,6 +43,7 @@ from .requests import RequestHandle
 from .routing import RouteControl
 from .runtime_canary import CanaryControl, open_canary
 from .runtime_loop import LoopState, PendingQueue, Replica, Request, Swap, run_loop
+from .runtime_shadow import ShadowControl
 
 __all__ = ["Runtime"]
 
@@ -104,6 +105,7 @@ class Runtime:
         self.canary = CanaryControl(self)
         self.routing = RouteControl(self)  # SLA routing, off until routing.start(spec)
         self.admission = Admission(admission)
+        self.shadow = ShadowControl(self)  # paired answers while two versions are loaded
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -161,6 +163,7 @@ class Runtime:
         state.canary = None
         self.canary._status = None
         state.fast = None
+        state.shadow = None
         state.on_finished = None
         state.hold = None
         self.routing.spec = None
@@ -249,6 +252,7 @@ class Runtime:
             if not state.accepting:
                 raise RuntimeNotRunning("runtime is stopping: no new requests")
             state.post(RequestQueued(rid, target.version, time.time(), len(ids), request.priority))
+            self.shadow.pair(request, target)  # maybe also answered by the other version
             queue.push(request)
         state.wake.set()
         return handle
@@ -320,6 +324,8 @@ class Runtime:
         return unsubscribe
 
     def _emit(self, event: EngineEvent) -> None:
+        if self.shadow.observe(event):
+            return  # a shadow's own event: not traffic (its pair is told as a PairCompleted)
         for fn in self._subscribers:
             try:
                 fn(event)
@@ -350,6 +356,7 @@ class Runtime:
                     break
             if not swap.applied:
                 raise RuntimeNotRunning(f"runtime stopped before version {version} could be swapped in")
+            self.shadow.after_deploy(current, reason)  # kept beside for pairs, a while
             outcome = DeployOutcome(
                 from_version=current.version,
                 to_version=version,

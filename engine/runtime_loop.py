@@ -36,20 +36,11 @@ from .step_times import StepTimes
 if TYPE_CHECKING:
     from .requests import RequestHandle
 
-__all__ = [
-    "LoopState",
-    "PendingQueue",
-    "Replica",
-    "Request",
-    "Swap",
-    "apply_swap",
-    "run_loop",
-]
+__all__ = ["LoopState", "PendingQueue", "Replica", "Request", "Swap", "apply_swap", "run_loop"]
 
 
 # ==============================================================================================
 # The waiting room: requests not yet running, highest priority first, FIFO within a priority.
-#
 # `Request` is the runtime's own record of one request; after it leaves the queue only the
 # loop thread touches it.
 # ==============================================================================================
@@ -77,6 +68,7 @@ class Request:
     generator: torch.Generator | None = None
     replica: Replica | None = None
     finished: bool = False
+    shadow: bool = False  # a pair's other answer, never sent to a client (runtime_shadow.py)
 
     @property
     def position(self) -> int:
@@ -133,7 +125,6 @@ class PendingQueue:
 # During a deploy two replicas run side by side: the new one takes every new request, the
 # old one keeps decoding the requests that started on it until it drains, then is dropped.
 # Only the runtime's loop thread touches a replica once it is serving.
-#
 # Every prompt is prefilled in chunks of `prefill_block` tokens that start at multiples of
 # it, with the prefix cache or without: a block's keys and values are then computed by the
 # same operations whether the blocks before it were computed just now or copied from the
@@ -165,7 +156,8 @@ class Replica:
         self.cache = model.new_cache(max_batch, max_seq_len)
         self.running: dict[int, Request] = {}  # slot -> request, in admission order
         self._free = list(range(max_batch - 1, -1, -1))  # pop() hands out slot 0 first
-        self.eos_ids = _eos_ids(model)
+        self.eos_ids = frozenset(int(e) for e in model.config.eos_token_ids)  # config.json's
+        self.shadow_queue = PendingQueue()  # pairs' shadows to run on this version (runtime_shadow.py)
         self.vocab_size = int(model.config.vocab_size)
         device = getattr(model, "device", None)
         self.device = torch.device(device) if device is not None else torch.device("cpu")
@@ -253,16 +245,8 @@ class Replica:
         return f"Replica({self.version!r}, running={len(self.running)})"
 
 
-def _eos_ids(model: Any) -> frozenset[int]:
-    """The end-of-sequence ids of config.json (`ModelConfig.eos_token_ids`)."""
-    return frozenset(int(e) for e in model.config.eos_token_ids)
-
-
 # ==============================================================================================
-# The loop thread
-#
 # The loop thread of `Runtime`: what it shares with callers (`LoopState`) and one step.
-#
 # Callers touch the shared state only through thread-safe hand-offs: the pending queue,
 # deques of posted events, cancellations and swaps, and the `wake` event. Everything else
 # (replicas, running requests, subscribers' calls) belongs to the loop thread.
@@ -278,7 +262,7 @@ class Swap:
 
     replica: Replica | None
     reason: str
-    kind: str = "swap"  # "swap"; "canary" (serve beside); "promote" / "abort" the canary; "fast" (routing)
+    kind: str = "swap"  # "swap"; "canary" (serve beside); "promote"/"abort" it; "fast" (routing); "shadow"
     done: threading.Event = field(default_factory=threading.Event)
     applied: bool = False
     at: float = 0.0
@@ -292,6 +276,8 @@ class LoopState:
     canary_queue: PendingQueue = field(default_factory=PendingQueue)
     fast: Replica | None = None  # SLA routing: the fast path's replica beside `current` (the standard one)
     fast_queue: PendingQueue = field(default_factory=PendingQueue)
+    shadow: Replica | None = None  # the previous version, kept after a deploy to answer shadows
+    shadow_slots: int | None = None  # batch slots shadows may hold per replica (None: a quarter)
     # called with each finished request and its arrival-to-last-token seconds (SLA routing)
     on_finished: Callable[[Request, float], None] | None = None
     hold: Callable[[], Replica | None] | None = None  # before each step: a replica to sit it out
@@ -404,6 +390,10 @@ def _step(state: LoopState) -> bool:
     for replica, queue in paths:
         if replica is not None and replica is not held:
             _admit(state, replica, queue, groups)
+    if not (len(state.queue) or len(state.canary_queue)):  # shadows only with no live request waiting
+        for replica in (r for r in (current, state.canary, state.shadow) if r is not None and r is not held):
+            limit = state.shadow_slots or max(1, replica.max_batch // 4)
+            _admit(state, replica, replica.shadow_queue, groups, limit)
     for replica in _replicas(state):  # one batch per replica: versions never share one
         batch = [r for r in replica.running.values() if r.tokens]
         if not batch or replica is held:
@@ -432,11 +422,14 @@ def _step(state: LoopState) -> bool:
 
 
 def _admit(
-    state: LoopState, replica: Replica, queue: PendingQueue, groups: list[tuple[list[Request], torch.Tensor]]
-) -> None:
+    state: LoopState, replica: Replica, queue: PendingQueue, groups: list[tuple[list[Request], torch.Tensor]],
+    shadows: int | None = None,  # `queue` holds shadows: at most this many running on `replica`
+) -> None:  # fmt: skip
     admitted: list[Request] = []
     prefilled: list[torch.Tensor] = []
     while replica.has_free_slot and not state.cancel_all:
+        if shadows is not None and sum(r.shadow for r in replica.running.values()) >= shadows:
+            break
         _flush(state)  # RequestQueued goes out before RequestStarted
         request = queue.pop()
         if request is None:
@@ -540,6 +533,11 @@ def _apply_swaps(state: LoopState) -> None:
             old_fast, state.fast = state.fast, swap.replica
             if old_fast is not None and old_fast.running:
                 state.draining.append(old_fast)
+        elif swap.kind == "shadow":  # runtime_shadow.py: the previous version kept beside, or let go
+            old_shadow, state.shadow = state.shadow, swap.replica
+            state.draining = [r for r in state.draining if r is not swap.replica]
+            if old_shadow is not None and old_shadow.running:
+                state.draining.append(old_shadow)
         elif swap.kind == "abort":
             _drop_canary(state)
         else:  # "swap", or "promote": the canary's replica (and its running requests) serves all
@@ -596,4 +594,4 @@ def _cancel_everything(state: LoopState) -> None:
 
 
 def _replicas(state: LoopState) -> list[Replica]:
-    return [*state.draining, *(r for r in (state.current, state.canary, state.fast) if r is not None)]
+    return [*state.draining, *filter(None, (state.current, state.canary, state.fast, state.shadow))]

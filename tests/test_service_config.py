@@ -50,6 +50,8 @@ limits: {max_body_bytes: 1048576}
         ("port: eighty", "port"),
         ("port: 70000", "port"),
         ("drift: {alpha: 2}", "drift.alpha"),
+        ("engine: {registry: m, pair_share: 1.5}", "engine.pair_share"),
+        ("engine: {registry: m, pair_slots: 0}", "engine.pair_slots"),
         ("schedule: {rules_s: 0}", "schedule.rules_s"),
         ("upstream: {url: ftp://x}", "upstream.url"),
         ("engine: {registry: m}\nupstream: {url: 'http://x'}", "upstream"),

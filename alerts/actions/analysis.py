@@ -8,6 +8,15 @@ annotations give their figures).
 Only server errors count: outcomes the client caused (`client_error`, `cancelled`, see
 `infersight.monitor.records`) are counted apart and never fail a check.
 
+With pairs (`PairedEvidence`: the runtime answers a share of requests with both versions,
+engine/runtime_shadow.py), relevance and output drift are checked on the same requests
+(alerts/actions/pairs.py: per-pair relevance difference, similarity of the two answers,
+output-length ratio, finish-reason agreement) instead of before against after, which any
+change in what clients ask at deploy time would confound; a failed paired check names its
+pairs ("relevance fell in 17 of 20 pairs, mean -0.41"). When pairs are off (proxy mode
+without a second upstream) every verdict says so. The p99 check compares requests of the
+same shape only (output- and prompt-length buckets both sides have: `_like_p99`).
+
 Replicas on one database share the analyses: a deploy of the version an analysis already
 watches (the same release rolled out to another replica) joins it instead of superseding
 it, and a due check is claimed with a lease, so one replica runs each check over the
@@ -17,6 +26,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import math
 import time
 import uuid
 from collections.abc import Callable
@@ -30,7 +40,9 @@ from sqlalchemy import Engine, and_, insert, or_, select, text, update
 from ..lifecycle import push_alert
 from ..rules.rules import ActionSpec
 from ..rules.signals import quantile
+from .pairs import PairedCheck, PairedEvidence
 from .runner import ActionOutcome, ActionRunner
+from .strata import shape
 
 __all__ = [
     "REGRESSION_ALERT",
@@ -57,6 +69,9 @@ class VersionStats:
     relevance: float | None
     client_errors: int = 0  # refused for the client's fault: not errors
     cancelled: int = 0  # the client hung up: not errors
+    # (shape, successful requests, their p99) per stratum of like requests (strata.py's
+    # output- and prompt-length buckets): the latency check compares within these
+    p99_by_shape: tuple[tuple[str, int, float], ...] = ()
 
 
 class VersionMetrics(Protocol):
@@ -76,7 +91,8 @@ class StoreVersionMetrics:
         self.output_drift = output_drift
 
     def stats(self, version: str, since: dt.datetime, until: dt.datetime) -> VersionStats:
-        q = select(requests.c.duration_s, requests.c.error_type, requests.c.relevance).where(
+        c = requests.c
+        q = select(c.duration_s, c.error_type, c.relevance, c.prompt_tokens, c.output_tokens).where(
             requests.c.model_version == version, requests.c.started_at >= since, requests.c.started_at < until
         )
         with self.engine.connect() as conn:
@@ -85,6 +101,11 @@ class StoreVersionMetrics:
             return VersionStats(0, None, None, None)
         ok = [r.duration_s for r in rows if r.error_type is None]
         rel = [r.relevance for r in rows if r.relevance is not None]
+        by_shape: dict[str, list[float]] = {}
+        for r in rows:
+            if r.error_type is None:
+                o, pr = shape(r.output_tokens, r.prompt_tokens)
+                by_shape.setdefault(f"out{o}/prompt{pr}", []).append(r.duration_s)
         return VersionStats(
             len(rows),
             sum(is_server_error(r.error_type) for r in rows) / len(rows),
@@ -92,6 +113,7 @@ class StoreVersionMetrics:
             sum(rel) / len(rel) if rel else None,
             sum(r.error_type == CLIENT_ERROR for r in rows),
             sum(r.error_type == CANCELLED for r in rows),
+            tuple((k, len(v), quantile(v, 0.99)) for k, v in sorted(by_shape.items())),
         )
 
     def output_drift_p_value(self, new: str, old: str, since: dt.datetime) -> float | None:
@@ -136,29 +158,35 @@ class CheckResult:
     output_drift_p_value: float | None
     rollback: ActionOutcome | None = None
     failed_checks: tuple[FailedCheck, ...] = ()
+    pairs: int = 0  # pairs of the two versions behind the paired checks
+    paired: str = ""  # the paired checks' figures, or why they are off
 
 
 def _compare(
-    p: AnalysisPolicy, new: VersionStats, old: VersionStats, drift_p: float | None
+    p: AnalysisPolicy, new: VersionStats, old: VersionStats, drift_p: float | None, *, paired: bool = False
 ) -> tuple[FailedCheck, ...]:
+    """The unpaired checks; with `paired`, relevance and output drift are left to the pairs."""
     out = []
     if new.error_rate is not None and old.error_rate is not None:
         limit = max(old.error_rate * p.error_rate_ratio, old.error_rate + p.error_rate_margin)
         if new.error_rate > limit:
             text = f"error rate {new.error_rate:.1%} > {limit:.1%} (previous {old.error_rate:.1%})"
             out.append(FailedCheck("error_rate", new.error_rate, limit, old.error_rate, text))
-    if new.p99_s is not None and old.p99_s is not None and new.p99_s > old.p99_s * p.p99_ratio:
-        text = f"p99 latency {new.p99_s:.3f}s > {p.p99_ratio:g} x previous {old.p99_s:.3f}s"
-        out.append(FailedCheck("p99_latency", new.p99_s, old.p99_s * p.p99_ratio, old.p99_s, text))
+    latency = _like_p99(new, old)
+    if latency is not None and latency[0] > latency[1] * p.p99_ratio:
+        new_p99, old_p99, like = latency
+        text = f"p99 latency {new_p99:.3f}s > {p.p99_ratio:g} x previous {old_p99:.3f}s{like}"
+        out.append(FailedCheck("p99_latency", new_p99, old_p99 * p.p99_ratio, old_p99, text))
     if (
-        new.relevance is not None
+        not paired
+        and new.relevance is not None
         and old.relevance is not None
         and new.relevance < old.relevance - p.relevance_drop
     ):
         limit = old.relevance - p.relevance_drop
         text = f"mean relevance {new.relevance:.3f} < previous {old.relevance:.3f} - {p.relevance_drop:g}"
         out.append(FailedCheck("relevance", new.relevance, limit, old.relevance, text))
-    if drift_p is not None and drift_p < p.drift_p_value:
+    if not paired and drift_p is not None and drift_p < p.drift_p_value:
         text = f"output drift p = {drift_p:.2g} < {p.drift_p_value:g}"
         out.append(FailedCheck("output_drift", drift_p, p.drift_p_value, None, text))
     return tuple(out)
@@ -175,6 +203,7 @@ class DeployAnalyzer:
         clock: Callable[[], float] = time.time,
         owner: str | None = None,
         lease_s: float = 600.0,
+        pairs: PairedEvidence | None = None,
     ) -> None:
         self.engine = engine
         self.metrics = metrics
@@ -183,6 +212,7 @@ class DeployAnalyzer:
         self.clock = clock
         self.owner = owner or f"analysis-{uuid.uuid4().hex[:12]}"
         self.lease_s = lease_s  # longer than a check and its rollback take
+        self.pairs = pairs
 
     def _now(self) -> dt.datetime:
         return dt.datetime.fromtimestamp(self.clock(), dt.UTC)
@@ -227,6 +257,8 @@ class DeployAnalyzer:
             )
             pk = result.inserted_primary_key
         assert pk is not None
+        if self.pairs is not None and from_version:  # a new analysis: pairs of an earlier deploy do not count
+            self.pairs.forget(to_version, from_version)
         return int(pk[0])
 
     def tick(self) -> list[CheckResult]:
@@ -258,17 +290,33 @@ class DeployAnalyzer:
             if row.from_version
             else VersionStats(0, None, None, None)
         )
+        paired_on = self.pairs is not None and self.pairs.enabled and bool(row.from_version)
         drift = (
             self.metrics.output_drift_p_value(row.to_version, row.from_version, row.deployed_at)
-            if row.from_version
+            if row.from_version and not paired_on
             else None
         )
+        n_pairs, paired_checks = (
+            self.pairs.checks(row.to_version, row.from_version)
+            if self.pairs is not None and paired_on
+            else (0, ())
+        )
+        paired_failed = tuple(_paired_failure(c) for c in paired_checks if c.regressed)
         failed_checks: tuple[FailedCheck, ...] = ()
         if new.requests < p.min_requests or old.requests < p.min_requests:
-            verdict = "inconclusive"
+            failed_checks = paired_failed  # always-valid: a paired regression needs no minimum
+            verdict = "failed" if failed_checks else "inconclusive"
         else:
-            failed_checks = _compare(p, new, old, drift)
+            failed_checks = (*_compare(p, new, old, drift, paired=paired_on), *paired_failed)
             verdict = "failed" if failed_checks else "passed"
+        if paired_on:
+            paired = (
+                f"{n_pairs} pairs: " + "; ".join(c.describe() for c in paired_checks)
+                if paired_checks
+                else "0 pairs yet"
+            )
+        else:
+            paired = self.pairs.off_reason if self.pairs is not None else "paired checks off"
         failures = tuple(f.text for f in failed_checks)
         failed = row.failed_checks + (verdict == "failed")
         evidence = [
@@ -281,6 +329,8 @@ class DeployAnalyzer:
                 "new": asdict(new),
                 "old": asdict(old),
                 "output_drift_p_value": drift,
+                "pairs": n_pairs,
+                "paired": paired,
             },
         ]
         state = "running"
@@ -288,7 +338,7 @@ class DeployAnalyzer:
         if failed >= p.max_failed_checks:
             # the state says what happened, so it is written once the rollback's outcome is known
             # (a crash before then leaves it running: the next check asks the runner again, by key)
-            rollback = self._roll_back(row, failed_checks, evidence, now)
+            rollback = self._roll_back(row, failed_checks, evidence, now, n_pairs, paired_on, paired)
             state = _AFTER_ROLLBACK.get(rollback.state, "running")
         elif now >= row.ends_at:
             state = "passed"
@@ -306,12 +356,16 @@ class DeployAnalyzer:
                     lease_until=None,
                 )
             )
-        return CheckResult(row.id, now, verdict, failures, new, old, drift, rollback, failed_checks)
+        return CheckResult(
+            row.id, now, verdict, failures, new, old, drift, rollback, failed_checks, n_pairs, paired
+        )
 
     def _roll_back(
-        self, row: Any, failed_checks: tuple[FailedCheck, ...], evidence: list[Any], now: dt.datetime
-    ) -> ActionOutcome:
+        self, row: Any, failed_checks: tuple[FailedCheck, ...], evidence: list[Any], now: dt.datetime,
+        n_pairs: int, paired_on: bool, paired: str,
+    ) -> ActionOutcome:  # fmt: skip
         failures = [f.text for f in failed_checks]
+        basis = f"{n_pairs} pairs" if paired_on else paired  # the page says what the verdict rests on
         spec = ActionSpec("rollback", cooldown_s=0.0, daily_cap=self.policy.max_rollbacks_per_day)
         outcome = self.runner.run(
             spec,
@@ -334,8 +388,9 @@ class DeployAnalyzer:
                     "failed_checks": ",".join(f.check for f in failed_checks),
                 },
                 {
-                    "summary": f"{row.to_version} regressed against {row.from_version} after deploy: {'; '.join(failures)}; {done}",
+                    "summary": f"{row.to_version} regressed against {row.from_version} after deploy: {'; '.join(failures)} ({basis}); {done}",
                     "failed_checks": "; ".join(failures),
+                    "pairs": str(n_pairs),
                     "evidence": json.dumps(evidence[-self.policy.max_failed_checks :]),
                     "runbook_url": "https://runbooks.example.org/infersight#post-deploy-regression",
                 },
@@ -343,3 +398,38 @@ class DeployAnalyzer:
                 ends_at=now + dt.timedelta(hours=1),
             )
         return outcome
+
+
+def _paired_failure(check: PairedCheck) -> FailedCheck:
+    """A paired check that regressed, as the analysis records it (`value`: the mean per-pair
+    figure; `limit`: its null, 0 for a difference)."""
+    return FailedCheck(
+        check.name, check.mean if check.mean is not None else 0.0, check.null, None, check.describe()
+    )
+
+
+_MIN_STRATUM = 5  # successful requests of a shape on each side before its p99 is compared
+
+
+def _like_p99(new: VersionStats, old: VersionStats) -> tuple[float, float, str] | None:
+    """(new p99, previous p99, how compared) over requests of the same shape only: per stratum
+    both sides have, weighted geometric means (weights n_new n_old / (n_new + n_old), as
+    Mantel-Haenszel's), so a change in what clients ask (longer answers after the deploy)
+    is not read as the release being slower. None when no shape has enough on both sides;
+    without strata (figures from elsewhere than the store) the overall p99s."""
+    if not new.p99_by_shape and not old.p99_by_shape:
+        if new.p99_s is None or old.p99_s is None:
+            return None
+        return new.p99_s, old.p99_s, ""
+    before = {k: (n, v) for k, n, v in old.p99_by_shape if n >= _MIN_STRATUM and v > 0}
+    pairs = [
+        (n, v, *before[k]) for k, n, v in new.p99_by_shape if k in before and n >= _MIN_STRATUM and v > 0
+    ]
+    if not pairs:
+        return None
+    weights = [n1 * n0 / (n1 + n0) for n1, _, n0, _ in pairs]
+    total = sum(weights)
+    log_new = sum(w * math.log(v1) for w, (_, v1, _, _) in zip(weights, pairs, strict=True)) / total
+    log_old = sum(w * math.log(v0) for w, (_, _, _, v0) in zip(weights, pairs, strict=True)) / total
+    like = f" on requests of the same shape ({len(pairs)} of {len(new.p99_by_shape)} shapes)"
+    return math.exp(log_new), math.exp(log_old), like

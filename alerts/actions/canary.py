@@ -12,7 +12,10 @@ Checks (a regression is a significant difference in the bad direction only):
 - `server_errors`: share of requests that failed for a server-side reason (client errors
   and cancellations are the caller's doing and are not counted);
 - `latency`: share of requests slower than the stable version's p90, the threshold fixed
-  from the stable's first `latency_baseline` requests (exceedances, a two-proportion test).
+  from the stable's first `latency_baseline` requests (exceedances, a two-proportion test),
+  compared only between requests of the same shape (output- and prompt-length buckets),
+  strata combined Mantel-Haenszel style (alerts/actions/strata.py): a client asking one arm
+  for longer answers does not make it look slow.
   Only requests that ran at some point while the other arm had one running are compared: the
   isolated canary replica adds its own forward to every step it is busy, which a canary
   request always pays and a stable request only when a canary request runs beside it
@@ -27,6 +30,12 @@ Checks (a regression is a significant difference in the bad direction only):
   before any answer is scored).
 Each check runs at alpha / 5 (Bonferroni), so a good canary is rolled back with
 probability at most `alpha` over its whole life.
+
+With pairs (the runtime answers a share of requests with both versions: engine/
+runtime_shadow.py) the three quality checks above (relevance, output drift, output length)
+are replaced by the paired checks of alerts/actions/pairs.py on the same requests, which no
+client can steer by what it asks of its arm; server errors and latency stay arm against arm,
+and the six checks share alpha.
 """
 
 from __future__ import annotations
@@ -36,6 +45,9 @@ import threading
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
+
+from .pairs import PairedAnalysis, PairOutcome, PairPolicy, msprt_lambda
+from .strata import StratifiedExceedance, shape
 
 __all__ = [
     "CANARY_ALERT",
@@ -56,16 +68,6 @@ __all__ = [
 CLIENT_ERRORS = frozenset({"client_error", "cancelled", "PromptTooLong", "InvalidRequest", "shed"})
 CANARY_ALERT = "CanaryRegression"
 Direction = Literal["higher_is_worse", "lower_is_worse", "either"]
-
-
-def msprt_lambda(delta: float, variance: float, tau: float) -> float:
-    """The mixture likelihood ratio of an observed difference `delta` with sampling
-    variance `variance`, mixed over N(0, tau^2) on the true difference."""
-    if variance <= 0.0:
-        return 1.0
-    t2 = tau * tau
-    log = 0.5 * math.log(variance / (variance + t2)) + (t2 * delta * delta) / (2 * variance * (variance + t2))
-    return math.exp(min(log, 700.0))
 
 
 @dataclass(frozen=True)
@@ -183,24 +185,28 @@ class CanaryAnalysis:
     """The running comparison of one canary with the stable version. Not thread-safe:
     one owner feeds it (the controller holds a lock)."""
 
-    def __init__(self, policy: CanaryPolicy | None = None) -> None:
+    def __init__(self, policy: CanaryPolicy | None = None, *, pairs: PairPolicy | None = None) -> None:
+        """`pairs`: the versions also answer the same requests (engine/runtime_shadow.py): the
+        quality checks are paired (alerts/actions/pairs.py), not arm against arm, which
+        clients could steer; server errors and latency stay unpaired."""
         self.policy = policy or CanaryPolicy()
         p = self.policy
-        self._checks = {
-            "server_errors": _Check("server_errors", "higher_is_worse", p.tau_rate),
-            "latency": _Check("latency", "higher_is_worse", p.tau_rate),
-            "relevance": _Check("relevance", "lower_is_worse", p.tau_relevance),
-            "output_drift": _Check("output_drift", "lower_is_worse", p.tau_similarity),
-            "output_length": _Check("output_length", "either", p.tau_length),
-        }
+        self._checks = {"server_errors": _Check("server_errors", "higher_is_worse", p.tau_rate)}
+        # latency: only requests of the same shape are compared (strata.py)
+        self._latency = StratifiedExceedance(quantile=p.latency_quantile, baseline=p.latency_baseline,
+                                             tau=p.tau_rate, min_n=p.min_requests)  # fmt: skip
+        self.pairs: PairedAnalysis | None = None
+        if pairs is not None:  # one error budget: alpha over the two unpaired and four paired checks
+            self.pairs = PairedAnalysis(pairs, alpha=p.alpha * 4 / 6)
+        else:
+            self._checks["relevance"] = _Check("relevance", "lower_is_worse", p.tau_relevance)
+            self._checks["output_drift"] = _Check("output_drift", "lower_is_worse", p.tau_similarity)
+            self._checks["output_length"] = _Check("output_length", "either", p.tau_length)
         self._reference_sum: list[float] | None = None  # sum of the stable's baseline embeddings
         self._reference_n = 0
         self._reference: list[float] | None = None  # their mean, unit norm, once fixed
         self._pending_outputs: list[tuple[bool, list[float]]] = []  # canary answers before that
-        self._alpha = p.alpha / len(self._checks)
-        self._stable_latencies: list[float] = []
-        self._pending_latency: list[tuple[bool, float]] = []
-        self.latency_threshold: float | None = None
+        self._alpha = p.alpha / (len(self._checks) + 1 + (4 if self.pairs is not None else 0))
         self.step = 0
         self.at_step = 0  # canary requests observed at the current step
         self.first_regression: CheckState | None = None
@@ -216,24 +222,36 @@ class CanaryAnalysis:
         error_type: str | None,
         latency_s: float | None,
         output_tokens: int | None = None,
+        prompt_tokens: int | None = None,
     ) -> None:
-        """One finished (or failed) request of the canary (True) or the stable version (False)."""
+        """One finished (or failed) request of the canary (True) or the stable version (False);
+        its token counts place it in a stratum of like requests for the latency check."""
         if error_type in CLIENT_ERRORS:
             return  # the caller's doing: says nothing about either version
         if canary:
             self.at_step += 1
         self._add("server_errors", canary, 1.0 if error_type is not None else 0.0, pooled=True)
         if error_type is None and latency_s is not None:
-            self._latency(canary, latency_s)
-        if error_type is None and output_tokens is not None:
+            key = shape(output_tokens, prompt_tokens)
+            if self._latency.add(canary, latency_s, key, alpha=self._alpha) and self.first_regression is None:
+                self.first_regression = self._latency_state()
+        if error_type is None and output_tokens is not None and self.pairs is None:
             self._add("output_length", canary, float(output_tokens), pooled=False)
 
+    def observe_pair(self, pair: PairOutcome) -> None:
+        """One request answered by both (the canary is `pair.candidate`), scored."""
+        if self.pairs is not None:
+            self.pairs.observe(pair)
+
     def observe_relevance(self, canary: bool, relevance: float) -> None:
-        """The relevance of one answer to its prompt (scored later, on a sample)."""
-        self._add("relevance", canary, float(relevance), pooled=False)
+        """The relevance of one answer to its prompt (scored later, on a sample; unpaired only)."""
+        if self.pairs is None:
+            self._add("relevance", canary, float(relevance), pooled=False)
 
     def observe_output(self, canary: bool, embedding: Sequence[float]) -> None:
-        """The unit-norm embedding of one answer (scored later, on a sample)."""
+        """The unit-norm embedding of one answer (scored later, on a sample; unpaired only)."""
+        if self.pairs is not None:
+            return
         vector = [float(x) for x in embedding]
         if self._reference is None:
             if canary:
@@ -259,24 +277,15 @@ class CanaryAnalysis:
         if check.regressed and not was and self.first_regression is None:
             self.first_regression = check.state()
 
-    def _latency(self, canary: bool, latency_s: float) -> None:
-        if self.latency_threshold is None:
-            self._pending_latency.append((canary, latency_s))
-            if not canary:
-                self._stable_latencies.append(latency_s)
-            if len(self._stable_latencies) < self.policy.latency_baseline:
-                return
-            ordered = sorted(self._stable_latencies)
-            k = min(len(ordered) - 1, math.ceil(self.policy.latency_quantile * len(ordered)) - 1)
-            self.latency_threshold = ordered[max(k, 0)]
-            pending, self._pending_latency = self._pending_latency, []
-            for arm, value in pending:
-                self._add("latency", arm, 1.0 if value > self.latency_threshold else 0.0, pooled=True)
-            return
-        self._add("latency", canary, 1.0 if latency_s > self.latency_threshold else 0.0, pooled=True)
+    def _latency_state(self) -> CheckState:
+        c, st, nc, ns = self._latency.figures()
+        lat = self._latency
+        return CheckState("latency", c, st, nc, ns, lat.max_lambda,
+                          min(1.0, 1.0 / lat.max_lambda), lat.regressed)  # fmt: skip
 
     def checks(self) -> tuple[CheckState, ...]:
-        return tuple(c.state() for c in self._checks.values())
+        states = [c.state() for c in self._checks.values()]
+        return (states[0], self._latency_state(), *states[1:])
 
     def verdict(self) -> Verdict:
         """Where the canary stands now; a pure read of the observations so far."""
@@ -284,9 +293,15 @@ class CanaryAnalysis:
         if self.first_regression is not None:
             first = self.first_regression
             return Verdict("rollback", 0.0, f"regression on {first.describe()}", checks)
+        paired = self.pairs
+        if paired is not None and paired.first_regression is not None:
+            reason = f"paired regression: {paired.first_regression.describe()} ({paired.pairs} pairs)"
+            return Verdict("rollback", 0.0, reason, checks)
         if self.at_step >= self.policy.requests_per_step:
             nxt = self.policy.steps[min(self.step + 1, len(self.policy.steps) - 1)]
             figures = "; ".join(c.describe() for c in checks)
+            if paired is not None:
+                figures += f"; {paired.summary()}"
             return Verdict(
                 "promote",
                 nxt,
@@ -355,11 +370,15 @@ class CanaryController:
         *,
         on_decision: Callable[[CanaryDecision], None] | None = None,
         clock: Callable[[], float] | None = None,
+        pairs: PairPolicy | None = None,
     ) -> None:
+        """`pairs`: the runtime pairs requests (engine/runtime_shadow.py), fed by `on_pair`:
+        the quality checks are paired ones (None: arm against arm, as without pairs)."""
         import time
 
         self.control = control
         self.policy = policy or CanaryPolicy()
+        self.pair_policy = pairs
         self.on_decision = on_decision
         self.clock = clock or time.time
         self.analysis: CanaryAnalysis | None = None
@@ -380,7 +399,9 @@ class CanaryController:
 
         steps = (weight, *(s for s in self.policy.steps if s > weight))
         with self._lock:
-            self.analysis = CanaryAnalysis(dataclasses.replace(self.policy, steps=steps))
+            self.analysis = CanaryAnalysis(
+                dataclasses.replace(self.policy, steps=steps), pairs=self.pair_policy
+            )
             self.version, self.stable = version, stable
             self.served = {True: 0, False: 0}
             self._running, self._overlapped = {True: set(), False: set()}, set()
@@ -418,7 +439,7 @@ class CanaryController:
             if kind == "RequestFinished":
                 error = "cancelled" if event.finish_reason == "cancelled" else None
                 self.analysis.observe(arm, error_type=error, latency_s=event.duration_s if beside else None,
-                                      output_tokens=event.output_tokens)  # fmt: skip
+                                      output_tokens=event.output_tokens, prompt_tokens=getattr(event, "prompt_tokens", None))  # fmt: skip
             else:
                 self.analysis.observe(arm, error_type=event.error_type, latency_s=None)
         self._maybe_decide()
@@ -437,6 +458,14 @@ class CanaryController:
             if arm is None or self.analysis is None:
                 return
             self.analysis.observe_output(arm, embedding)
+        self._maybe_decide()
+
+    def on_pair(self, pair: PairOutcome) -> None:
+        """A scored pair (the monitor's pair feed); one of another canary is ignored."""
+        with self._lock:
+            if self.analysis is None or (pair.candidate, pair.baseline) != (self.version, self.stable):
+                return
+            self.analysis.observe_pair(pair)
         self._maybe_decide()
 
     def replay(self, rows: Iterable[StoredRequest]) -> int:

@@ -81,7 +81,18 @@ class EngineBackend:
         cfg = config.engine
         self.max_tokens_limit = cfg.max_tokens_limit if cfg is not None else 1024
         self.user_header = cfg.canary_user_header if cfg is not None else None
-        self.canary_controller = _canary_controller(runtime, on_canary_decision)
+        self.pair_share = _configure_pairs(runtime, config)
+        self.canary_controller = _canary_controller(runtime, on_canary_decision, self.pair_share)
+        self.pair_feed: Any = None  # the pairs' scoring (pairs.py), with the runtime's shadow support
+        if getattr(runtime, "shadow", None) is not None:
+            from infersight.alerts.actions.pairs import PairedEvidence
+
+            from .pairs import PairFeed
+
+            evidence = PairedEvidence(
+                enabled=self.pair_share > 0.0, off_reason="paired checks off: engine.pair_share is 0"
+            )
+            self.pair_feed = PairFeed(runtime, evidence, canary=self.canary_controller)
         self.route_metrics: Any = None  # SLA routing's metrics, with `routing:` only
         # bounds a prompt's work before tokenizing it, and tokenizes off the event loop
         self.encoder = PromptEncoder(int(getattr(runtime, "max_prompt_tokens", 1024)))
@@ -168,6 +179,13 @@ class EngineBackend:
                 stats.series(self.model_name, self.runtime.serving_version, trusted=True)
         if self.canary_controller is not None:
             self._unsubscribe_canary = self.runtime.subscribe(self.canary_controller.on_event)
+        if self.pair_feed is not None:
+            from .pairs import ShadowCollector
+
+            self._unsubscribe_pairs = self.runtime.subscribe(self.pair_feed.on_event)
+            shadow_metrics = CollectorRegistry(auto_describe=False)
+            shadow_metrics.register(ShadowCollector(self.runtime, self.pair_feed, model=self.model_name))
+            self.exposition.add(shadow_metrics)
         routing = self.config.routing
         if routing is not None and getattr(self.runtime, "routing", None) is not None:
             from .routing import RouteMetrics
@@ -212,7 +230,7 @@ class EngineBackend:
 
     def close(self) -> None:
         self.encoder.close()
-        for name in ("_unsubscribe", "_unsubscribe_canary", "_unsubscribe_routing"):
+        for name in ("_unsubscribe", "_unsubscribe_canary", "_unsubscribe_routing", "_unsubscribe_pairs"):
             unsubscribe = getattr(self, name, None)
             if unsubscribe is not None:
                 unsubscribe()
@@ -495,14 +513,31 @@ class EngineBackend:
         self.pipeline.submit_one(record, observe=False)  # the EngineAdapter fed the statistics
 
 
-def _canary_controller(runtime: Any, on_decision: Callable[[Any], None]) -> Any:
-    """The controller that analyses and steps canaries (None without the runtime's canary support)."""
+def _canary_controller(runtime: Any, on_decision: Callable[[Any], None], pair_share: float) -> Any:
+    """The controller that analyses and steps canaries (None without the runtime's canary
+    support); its quality checks are paired when the runtime pairs requests."""
     control = getattr(runtime, "canary", None)
     if control is None:
         return None
     from infersight.alerts import CanaryController
 
-    return CanaryController(control, on_decision=on_decision)
+    from .pairs import pair_policy
+
+    return CanaryController(control, on_decision=on_decision, pairs=pair_policy(pair_share))
+
+
+def _configure_pairs(runtime: Any, config: ServiceConfig) -> float:
+    """The runtime's paired answers as configured (`engine.pair_share`, `engine.pair_slots`);
+    after a deploy the previous version stays loaded for the post-deploy analysis window
+    (only with alerting on: nothing reads the pairs otherwise) -> the share (0: off)."""
+    shadow = getattr(runtime, "shadow", None)
+    if shadow is None:
+        return 0.0
+    cfg = config.engine
+    share = cfg.pair_share if cfg is not None else 0.1
+    keep = config.alerting.analysis_window_s if config.alerting.enabled else 0.0
+    shadow.configure(share=share, keep_previous_s=keep, slots=cfg.pair_slots if cfg is not None else None)
+    return float(share)
 
 
 def _stored_since(db: Engine, status: Any) -> list[Any]:

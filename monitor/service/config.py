@@ -79,6 +79,13 @@ class EngineConfig:
     # a shared tier so that a new replica starts warm, e.g. "redis://127.0.0.1:6379/0" (off)
     prefix_cache_redis_url: str | None = None
     prefix_cache_redis_prefix: str = "infersight:kv:"
+    # paired release checks (engine/runtime_shadow.py): while a canary runs, and for the
+    # post-deploy analysis window after a deploy (the previous version stays loaded), this
+    # share of live requests is also answered by the other version (0 turns pairs off).
+    # Shadows use at most pair_slots batch slots per version (default a quarter of the
+    # batch) and only when no live request waits; otherwise they are dropped, counted
+    pair_share: float = 0.1
+    pair_slots: int | None = None
 
 
 @dataclass(frozen=True)
@@ -351,6 +358,10 @@ def check_config(config: ServiceConfig, *, source: str | None = None) -> Service
             fail("engine.prefix_cache_mb", "must be >= 0 (0 turns the prefix cache off)")
         if not config.engine.prefix_block_tokens > 0:
             fail("engine.prefix_block_tokens", "must be positive")
+        if not 0.0 <= config.engine.pair_share <= 1.0:
+            fail("engine.pair_share", "must lie in [0, 1]")
+        if config.engine.pair_slots is not None and config.engine.pair_slots < 1:
+            fail("engine.pair_slots", "must be at least 1")
         if not config.engine.preload_prompts >= 0:
             fail("engine.preload_prompts", "must be >= 0")
         url = config.engine.prefix_cache_redis_url

@@ -312,6 +312,8 @@ def _wire_backend(service: Service) -> None:
         )
         service.parts.deploy_log = deploy_log
         backend.resume_canary()
+        if backend.pair_feed is not None:  # scored on the embedder's beat (drift wiring sets it)
+            service.scheduler.add("pairs", backend.pair_feed.score, config.schedule.embed_s)
         deploy_log.flush()
         service.scheduler.add("deploy_log", deploy_log.flush, 1.0)
 
@@ -358,9 +360,23 @@ def _wire_drift(service: Service) -> None:
     )  # fmt: skip
     wiring.store_configured_reference()
     parts.drift = wiring
+    feed = getattr(parts.backend, "pair_feed", None)
+    if feed is not None:  # pairs are embedded by the same model as the drift texts
+        feed.detector = wiring.detector
     schedule = service.config.schedule
     scheduler.add("drift", wiring.evaluate, schedule.drift_s, leader_only=True)
     scheduler.add("embed", wiring.embed, schedule.embed_s)
+
+
+def _pair_evidence(parts: Parts) -> Any:
+    """What the post-deploy analysis reads of pairs: the embedded runtime's (pairs.py), or,
+    in proxy mode, evidence that is off and says why in every verdict."""
+    from infersight.alerts.actions.pairs import PairedEvidence
+
+    from .pairs import PROXY_PAIRS_OFF
+
+    feed = getattr(parts.backend, "pair_feed", None)
+    return feed.evidence if feed is not None else PairedEvidence(enabled=False, off_reason=PROXY_PAIRS_OFF)
 
 
 def _wire_alerts(service: Service) -> None:
@@ -376,7 +392,7 @@ def _wire_alerts(service: Service) -> None:
         service.config, service.db, data_dir=service.data_dir, registry=service.registry,
         exposition=service.exposition, pipeline=service.pipeline, replica_id=service.replica_id,
         stats=parts.stats, gpu=parts.gpu, process=parts.process, drift=parts.drift,
-        runtime=getattr(parts.backend, "runtime", None), deploy_log=parts.deploy_log,
+        runtime=getattr(parts.backend, "runtime", None), deploy_log=parts.deploy_log, pairs=_pair_evidence(parts),
     )  # fmt: skip
     parts.alerts = wiring
     # store-wide figures come from the leader alone: a sum over replicas counts them once

@@ -115,6 +115,7 @@ class AlertsWiring:
         drift: DriftWiring | None = None,
         runtime: Any = None,
         deploy_log: DeployLog | None = None,
+        pairs: Any = None,  # PairedEvidence: the post-deploy analysis' paired checks (None: unpaired)
     ) -> None:
         from infersight import alerts as a
 
@@ -175,7 +176,8 @@ class AlertsWiring:
             p99_ratio=cfg.analysis_p99_ratio,
         )  # fmt: skip
         metrics = a.StoreVersionMetrics(db, output_drift=getattr(drift, "output_drift_p_value", None))
-        self.analyzer = a.DeployAnalyzer(db, metrics, self.runner, policy=policy, owner=self.runner.owner)
+        self.analyzer = a.DeployAnalyzer(db, metrics, self.runner, policy=policy, owner=self.runner.owner,
+                                         pairs=pairs)  # fmt: skip
         self.alertmanager = a.AlertmanagerHandler(db, self.runner)
 
     def _count(self, result: Any) -> None:

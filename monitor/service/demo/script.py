@@ -9,13 +9,14 @@ The scripted incident of `infersight demo`.
 4. a topic shift (NLU++ hotel utterances mixed in): drift flagged, explained by hotel
    texts, the PromptDrift alert delivered to the receiver signed;
 5. a bad release (the corrupted version, answers unrelated to the questions) started as
-   a 10% canary through the API while the hotel questions go on: the canary analysis
-   compares it with the stable version over the same minutes, sees relevance fall
-   (an always-valid sequential test), rolls it back by itself while it has served fewer
+   a 10% canary through the API while the hotel questions go on: a share of requests is
+   answered by both versions and the canary analysis compares the two answers to the same
+   requests, sees them differ and relevance fall (always-valid sequential tests), rolls it back by itself while it has served fewer
    than 15% of the requests (the demo prints the share), takes a snapshot and pages
    (CanaryRegression, signed webhook);
-6. the same release deployed to all traffic anyway (no canary): the post-deploy analysis
-   sees relevance fall, rolls back by itself, takes a snapshot and pages (PostDeployRegression,
+6. the same release deployed to all traffic anyway (no canary): the previous version stays
+   loaded to answer a share of the same requests, the post-deploy analysis sees relevance
+   fall on those pairs, rolls back by itself, takes a snapshot and pages (PostDeployRegression,
    signed webhook);
 7. the rolled-back version's PromptDrift resolves once it has had no request for
    `drift.stale_after_s`: nobody serves it any more.

@@ -1,0 +1,248 @@
+"""Paired release checks: the candidate and the baseline version answering the SAME requests.
+
+The runtime answers a share of live requests with both versions (engine/runtime_shadow.py:
+same prompt, token budget, sampling parameters and seed; only the live answer reaches the
+client). Each pair is one observation of the difference the release makes, and nothing a
+client chooses (its parameters, its prompts, when it asks or hangs up) can differ between
+the two sides of a pair, so a client cannot make a good release look bad.
+
+Four sequential checks per pair, each a one-sample mixture SPRT (always valid, like the
+canary's, `msprt_lambda` here) on a per-pair figure:
+- `relevance`: candidate's relevance to the prompt minus the baseline's (a drop regresses);
+- `similarity`: cosine between the two answers' embeddings, against `min_similarity` (answers
+  less alike than that on average regress: another topic, another language, garbage);
+- `output_length`: log((candidate tokens + 1) / (baseline tokens + 1)), either direction;
+- `finish_agreement`: share of pairs whose finish reasons differ, against
+  `max_finish_disagreement` (one stops where the other runs to the budget).
+`relevance` and `similarity` need the answers embedded (the monitor scores them later);
+`output_length` and `finish_agreement` are known when the pair completes. The checks share
+the caller's error budget (`alpha`, split Bonferroni-style over the checks).
+
+A verdict explains itself: `PairedCheck.describe()` says how many pairs went which way
+("relevance fell in 17 of 20 pairs, mean -0.41").
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from dataclasses import dataclass
+from typing import Literal
+
+__all__ = [
+    "PAIRED_CHECKS",
+    "PairOutcome",
+    "PairPolicy",
+    "PairedAnalysis",
+    "PairedCheck",
+    "PairedEvidence",
+    "msprt_lambda",
+]
+
+PAIRED_CHECKS = ("relevance", "similarity", "output_length", "finish_agreement")
+Direction = Literal["lower_is_worse", "higher_is_worse", "either"]
+
+
+def msprt_lambda(delta: float, variance: float, tau: float) -> float:
+    """The mixture likelihood ratio of an observed difference `delta` with sampling
+    variance `variance`, mixed over N(0, tau^2) on the true difference."""
+    if variance <= 0.0:
+        return 1.0
+    t2 = tau * tau
+    log = 0.5 * math.log(variance / (variance + t2)) + (t2 * delta * delta) / (2 * variance * (variance + t2))
+    return math.exp(min(log, 700.0))
+
+
+@dataclass(frozen=True)
+class PairPolicy:
+    """What pairs must pass. `min_pairs` before any check may decide."""
+
+    alpha: float = 0.01  # the whole budget of the paired checks (each gets alpha / 4)
+    min_pairs: int = 10
+    tau_relevance: float = 0.1  # prior sd of the mean relevance difference
+    min_similarity: float = 0.6  # mean cosine between the two answers below this: a regression
+    tau_similarity: float = 0.1
+    tau_length: float = 0.3  # prior sd of the mean log length ratio
+    max_finish_disagreement: float = 0.25
+    tau_finish: float = 0.1
+    # the smallest per-pair sd a check assumes: a few pairs that all moved by the same tiny
+    # amount (a shared rounding) are not certainty of a difference (see canary.py's pooled note)
+    min_sd: float = 0.02
+
+
+@dataclass(frozen=True)
+class PairOutcome:
+    """One scored pair: the candidate's and the baseline's answer to the same request.
+    Relevances and similarity are None until the answers are embedded."""
+
+    candidate: str
+    baseline: str
+    candidate_tokens: int
+    baseline_tokens: int
+    candidate_finish: str
+    baseline_finish: str
+    candidate_relevance: float | None = None
+    baseline_relevance: float | None = None
+    similarity: float | None = None
+
+
+@dataclass(frozen=True)
+class PairedCheck:
+    """One paired check now: pairs seen, the mean per-pair figure, how many pairs fell
+    below and rose above the check's null (`null`: 0 for a difference), the always-valid
+    p-value."""
+
+    name: str
+    pairs: int
+    mean: float | None
+    below: int
+    above: int
+    null: float
+    p_value: float
+    regressed: bool
+
+    def describe(self) -> str:
+        """The figures in words: what a page, the deploy history and the alert say."""
+        p = f"always-valid p={self.p_value:.3g}"
+        if self.mean is None:
+            return f"{self.name}: no pairs yet"
+        n, low, high = self.pairs, self.below, self.above
+        if self.name == "relevance":
+            return f"relevance fell in {low} of {n} pairs (rose in {high}), mean {self.mean:+.2f}, {p}"
+        if self.name == "similarity":
+            return (
+                f"the two answers less alike than {self.null:g} in {low} of {n} pairs, "
+                f"mean similarity {self.mean:.2f}, {p}"
+            )
+        if self.name == "output_length":
+            return (
+                f"output shorter in {low} and longer in {high} of {n} pairs, "
+                f"mean length ratio {math.exp(self.mean):.2f}, {p}"
+            )
+        return f"finish reasons differ in {high} of {n} pairs ({self.mean:.0%}), {p}"
+
+
+@dataclass
+class _OneSample:
+    """A sequential one-sample test of a per-pair figure's mean against `null`."""
+
+    name: str
+    direction: Direction
+    tau: float
+    null: float = 0.0
+    bernoulli: bool = False  # a 0/1 figure: the variance under the null, not the sample's
+    n: int = 0
+    mean: float = 0.0
+    m2: float = 0.0
+    below: int = 0
+    above: int = 0
+    max_lambda: float = 1.0
+    regressed: bool = False
+    tie: float = 1e-6  # a per-pair figure this close to the null counts neither way
+
+    def add(self, x: float, *, alpha: float, min_n: int, min_sd: float) -> None:
+        self.n += 1
+        d = x - self.mean
+        self.mean += d / self.n
+        self.m2 += d * (x - self.mean)
+        self.below += x < self.null - self.tie
+        self.above += x > self.null + self.tie
+        if self.n < min_n:
+            return
+        if self.bernoulli:
+            variance = self.null * (1.0 - self.null) / self.n
+        else:
+            sample = self.m2 / (self.n - 1) if self.n > 1 else 0.0
+            variance = max(sample, min_sd * min_sd) / self.n
+        delta = self.mean - self.null
+        lam = msprt_lambda(delta, variance, self.tau)
+        wrong_way = {"lower_is_worse": delta < 0, "higher_is_worse": delta > 0, "either": delta != 0}
+        if wrong_way[self.direction]:
+            self.max_lambda = max(self.max_lambda, lam)
+            if self.max_lambda >= 1.0 / alpha:
+                self.regressed = True
+
+    def state(self) -> PairedCheck:
+        mean = self.mean if self.n else None
+        return PairedCheck(self.name, self.n, mean, self.below, self.above, self.null,
+                           min(1.0, 1.0 / self.max_lambda), self.regressed)  # fmt: skip
+
+
+class PairedAnalysis:
+    """The running paired comparison of one candidate with one baseline. Not thread-safe:
+    its owner feeds it under a lock (`PairedEvidence`, the canary controller)."""
+
+    def __init__(self, policy: PairPolicy | None = None, *, alpha: float | None = None) -> None:
+        """`alpha`: this analysis' share of the caller's error budget (default the policy's)."""
+        self.policy = p = policy or PairPolicy()
+        self.alpha = (alpha if alpha is not None else p.alpha) / len(PAIRED_CHECKS)
+        self._checks = {
+            "relevance": _OneSample("relevance", "lower_is_worse", p.tau_relevance),
+            "similarity": _OneSample("similarity", "lower_is_worse", p.tau_similarity, null=p.min_similarity),
+            "output_length": _OneSample("output_length", "either", p.tau_length, tie=0.05),
+            "finish_agreement": _OneSample("finish_agreement", "higher_is_worse", p.tau_finish,
+                                           null=p.max_finish_disagreement, bernoulli=True),
+        }  # fmt: skip
+        self.pairs = 0
+        self.first_regression: PairedCheck | None = None
+
+    def observe(self, pair: PairOutcome) -> None:
+        """One pair: its lengths and finish reasons now, its scores when it has them."""
+        self.pairs += 1
+        ratio = math.log((pair.candidate_tokens + 1) / (pair.baseline_tokens + 1))
+        self._add("output_length", ratio)
+        self._add("finish_agreement", float(pair.candidate_finish != pair.baseline_finish))
+        if pair.candidate_relevance is not None and pair.baseline_relevance is not None:
+            self._add("relevance", pair.candidate_relevance - pair.baseline_relevance)
+        if pair.similarity is not None:
+            self._add("similarity", pair.similarity)
+
+    def _add(self, name: str, x: float) -> None:
+        check = self._checks[name]
+        was = check.regressed
+        check.add(x, alpha=self.alpha, min_n=self.policy.min_pairs, min_sd=self.policy.min_sd)
+        if check.regressed and not was and self.first_regression is None:
+            self.first_regression = check.state()
+
+    def checks(self) -> tuple[PairedCheck, ...]:
+        return tuple(c.state() for c in self._checks.values())
+
+    def regressions(self) -> tuple[PairedCheck, ...]:
+        return tuple(c for c in self.checks() if c.regressed)
+
+    def summary(self) -> str:
+        """Every check's figures, for a verdict that passed."""
+        return f"{self.pairs} pairs: " + "; ".join(c.describe() for c in self.checks())
+
+
+class PairedEvidence:
+    """Pairs per (candidate, baseline), fed by the monitor as they are scored and read by the
+    post-deploy analysis (thread-safe). `enabled` False (proxy mode without a shadow
+    upstream): no pairs will come, and a verdict says so (`off_reason`)."""
+
+    def __init__(
+        self, policy: PairPolicy | None = None, *, enabled: bool = True, off_reason: str = ""
+    ) -> None:
+        self.policy = policy or PairPolicy()
+        self.enabled = enabled
+        self.off_reason = off_reason or "paired checks off: no second version answers shadows"
+        self._lock = threading.Lock()
+        self._by: dict[tuple[str, str], PairedAnalysis] = {}
+
+    def observe(self, pair: PairOutcome) -> None:
+        key = (pair.candidate, pair.baseline)
+        with self._lock:
+            analysis = self._by.get(key)
+            if analysis is None:
+                analysis = self._by[key] = PairedAnalysis(self.policy)
+            analysis.observe(pair)
+
+    def checks(self, candidate: str, baseline: str) -> tuple[int, tuple[PairedCheck, ...]]:
+        """(pairs, each check's state) of `candidate` against `baseline` ((0, ()) when none)."""
+        with self._lock:
+            analysis = self._by.get((candidate, baseline))
+            return (0, ()) if analysis is None else (analysis.pairs, analysis.checks())
+
+    def forget(self, candidate: str, baseline: str) -> None:
+        with self._lock:
+            self._by.pop((candidate, baseline), None)

@@ -1,0 +1,258 @@
+"""Paired answers: a share of live requests also answered by the other version, bounded.
+
+While two versions are worth comparing (a canary beside the stable version, or the previous
+version kept loaded for a while after a deploy), a share of the live requests (`share`,
+chosen by a hash of the request id) is also run on the other version with the same prompt,
+token budget, sampling parameters and seed. Only the live answer goes to the client; when
+both have finished the runtime tells its subscribers a `PairCompleted` with both answers,
+so a release check can compare the two versions on the same requests: nothing a client
+chooses (its parameters, its prompts, when it asks) can differ between the two sides.
+
+The shadow work is bounded and never delays a live request:
+- a shadow waits in its own queue on the other version's replica (`Replica.shadow_queue`)
+  and is admitted only in a step where no live request waits, into at most `slots` of
+  that replica's batch slots;
+- it is dropped, and counted (`ShadowStats.dropped`), when `max_pending` live requests
+  (default: a batch) are waiting at submit, or as many shadows wait already; one not finished `max_age_s` after it was
+  asked for (its replica went away) is dropped too;
+- a live request the client hangs up on takes its shadow with it (`discarded`).
+
+The shadow's own events never reach subscribers: it is not traffic. The engine knows
+nothing of what the pairs are checked for (alerts/actions/pairs.py does that).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import threading
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from .errors import InvalidArgument, RuntimeNotRunning
+from .events import EngineEvent, PairCompleted, RequestFinished
+from .requests import RequestHandle
+from .runtime_canary import user_bucket
+from .runtime_loop import Replica, Request, Swap, apply_swap
+
+if TYPE_CHECKING:
+    from .deploy import RuntimeHost
+
+__all__ = ["PAIR_SUFFIX", "ShadowControl", "ShadowStats"]
+
+PAIR_SUFFIX = "#pair"  # a shadow's request id: the live one's with this suffix
+
+
+@dataclass(frozen=True)
+class ShadowStats:
+    """Counts since the runtime was made: live requests given a shadow (`paired`), pairs
+    told to subscribers (`completed`), shadows dropped for want of room or time (`dropped`)
+    and shadows let go because their live request failed or was cancelled (`discarded`)."""
+
+    paired: int
+    completed: int
+    dropped: int
+    discarded: int
+    waiting: int  # pairs not finished yet
+    kept_version: str | None  # the previous version kept loaded after a deploy, if any
+
+
+@dataclass(eq=False, slots=True)
+class _Pair:
+    live: Request
+    shadow: Request
+    other: str  # the shadow's version
+    asked: float  # time.monotonic()
+    live_finish: str | None = None  # a FinishReason, or "failed"
+    shadow_finish: str | None = None
+
+
+class ShadowControl:
+    """The runtime's handle for paired answers (`runtime.shadow`)."""
+
+    def __init__(
+        self,
+        runtime: RuntimeHost,
+        *,
+        share: float = 0.1,
+        keep_previous_s: float = 0.0,
+        max_pending: int | None = None,
+        max_age_s: float = 120.0,
+    ) -> None:
+        """`share`: of live requests paired while two versions are loaded (0 turns pairs off);
+        `keep_previous_s`: after a deploy, how long the previous version stays loaded beside
+        the new one to answer shadows (0: dropped at once, as before); `max_pending`: shadows waiting at once (default the batch size)."""
+        self._runtime = runtime
+        self.share = float(share)
+        self.keep_previous_s = float(keep_previous_s)
+        self.max_pending = max_pending
+        self.max_age_s = float(max_age_s)
+        self._lock = threading.Lock()
+        self._pairs: dict[str, _Pair] = {}  # by the live request id
+        self._shadows: dict[str, _Pair] = {}  # by the shadow's request id
+        self._kept_until: float | None = None
+        self._paired = self._completed = self._dropped = self._discarded = 0
+
+    # -- configuration ------------------------------------------------------------------
+
+    def configure(
+        self, *, share: float | None = None, keep_previous_s: float | None = None, slots: int | None = None
+    ) -> None:
+        if share is not None:
+            if not 0.0 <= share <= 1.0:
+                raise InvalidArgument(f"pair share must lie in [0, 1], got {share!r}")
+            self.share = float(share)
+        if keep_previous_s is not None:
+            self.keep_previous_s = max(0.0, float(keep_previous_s))
+        if slots is not None:  # the batch slots shadows may hold on one replica (default: a quarter)
+            self._runtime._state.shadow_slots = max(1, int(slots))
+
+    def stats(self) -> ShadowStats:
+        kept = self._runtime._state.shadow
+        with self._lock:
+            return ShadowStats(self._paired, self._completed, self._dropped, self._discarded, len(self._pairs),
+                               kept.version if kept is not None else None)  # fmt: skip
+
+    # -- the previous version, kept beside after a deploy ---------------------------------
+
+    def after_deploy(self, previous: Replica | None, reason: str) -> None:
+        """A deploy swapped `previous` out: keep it loaded `keep_previous_s` for pairs when the
+        deploy is a release ("deploy"); any other change (a rollback, a failover) lets the
+        kept one go."""
+        keep = previous is not None and reason == "deploy" and self.keep_previous_s > 0.0 and self.share > 0.0
+        self._set_kept(previous if keep else None)
+
+    def release(self) -> None:
+        """Let the kept previous version go now (its running shadows finish first)."""
+        self._set_kept(None)
+
+    def _set_kept(self, replica: Replica | None) -> None:
+        state = self._runtime._state
+        if replica is None and state.shadow is None:
+            return
+        self._kept_until = time.monotonic() + self.keep_previous_s if replica is not None else None
+        swap = Swap(replica=replica, reason="shadow", kind="shadow")
+        if replica is None:
+            state.request_swap(swap)  # a release: from a submitting thread too, never waited for
+        else:  # kept before deploy() returns: the first request after it is already paired
+            with contextlib.suppress(RuntimeNotRunning):  # stopped meanwhile: nothing to keep
+                apply_swap(state, self._runtime._thread, swap, "keeping the previous version")
+
+    # -- pairing (the submitting thread) --------------------------------------------------
+
+    def pair(self, request: Request, live: Replica) -> None:
+        """Called by `Runtime.submit` before `request` is queued on `live`: maybe queue its
+        shadow on the other version. Sets a seed on a sampled request that has none, the
+        same on both sides (the client's answer is drawn from the same distribution)."""
+        other = self._other(live)
+        if other is None or self.share <= 0.0:
+            return
+        if user_bucket(request.request_id, PAIR_SUFFIX) >= self.share:
+            return
+        state = self._runtime._state
+        now = time.monotonic()
+        pending = self.max_pending if self.max_pending is not None else other.max_batch
+        self._expire(now)
+        waiting = len(state.queue) + len(state.canary_queue)
+        if waiting >= pending or len(other.shadow_queue) >= pending:
+            with self._lock:
+                self._dropped += 1  # no room: live requests first, always
+            return
+        if request.temperature > 0.0 and request.seed is None:
+            request.seed = random.getrandbits(62)
+        sid = request.request_id + PAIR_SUFFIX
+        shadow = Request(
+            request_id=sid, prompt_ids=list(request.prompt_ids), max_new_tokens=request.max_new_tokens,
+            temperature=request.temperature, top_p=request.top_p, seed=request.seed, priority=request.priority,
+            handle=RequestHandle(sid, other.version, lambda _h: None), arrival=now, shadow=True,
+        )  # fmt: skip
+        entry = _Pair(request, shadow, other.version, now)
+        with self._lock:
+            self._pairs[request.request_id] = entry
+            self._shadows[sid] = entry
+            self._paired += 1
+        other.shadow_queue.push(shadow)
+
+    def _other(self, live: Replica) -> Replica | None:
+        state = self._runtime._state
+        if live is state.fast:
+            return None  # SLA routing's fast path serves another population: nothing to pair
+        if state.canary is not None:
+            return state.current if live is state.canary else state.canary
+        kept = state.shadow
+        if kept is None or live is not state.current or kept.version == live.version:
+            return None
+        if self._kept_until is None or time.monotonic() > self._kept_until:
+            self.release()  # let go (or being let go): no new shadow for it
+            return None
+        return kept
+
+    def _expire(self, now: float) -> None:
+        with self._lock:
+            old = [e for e in self._pairs.values() if now - e.asked > self.max_age_s]
+            for entry in old:
+                self._forget(entry)
+                entry.shadow.finished = True  # never admitted now
+                self._dropped += 1
+
+    def _forget(self, entry: _Pair) -> None:
+        self._pairs.pop(entry.live.request_id, None)
+        self._shadows.pop(entry.shadow.request_id, None)
+
+    # -- events (the loop thread) ---------------------------------------------------------
+
+    def observe(self, event: EngineEvent) -> bool:
+        """Called with every event before subscribers see it: True for a shadow's own event
+        (kept from subscribers). Notes how each side of a pair ended and, when both have,
+        posts the `PairCompleted`."""
+        if not self._paired:
+            return False  # no pair was ever asked for: nothing to look at
+        rid = getattr(event, "request_id", None)
+        if rid is None:
+            return False
+        own = rid.endswith(PAIR_SUFFIX)  # a shadow's event: never traffic, even once forgotten
+        kind = type(event).__name__
+        if kind not in ("RequestFinished", "RequestFailed"):
+            return own
+        with self._lock:
+            entry = self._shadows.get(rid) if own else self._pairs.get(rid)
+            if entry is None:
+                return own
+            finish = event.finish_reason if isinstance(event, RequestFinished) else "failed"
+            if own:
+                entry.shadow_finish = finish
+            else:
+                entry.live_finish = finish
+            done = self._settle(entry)
+        if done is not None:
+            self._runtime._state.post(done)
+        return own
+
+    def _settle(self, entry: _Pair) -> PairCompleted | None:
+        # with self._lock held
+        if entry.live_finish in ("cancelled", "failed"):  # the client's answer did not happen
+            self._forget(entry)
+            self._discarded += 1
+            if entry.shadow_finish is None:
+                if entry.shadow.replica is None:
+                    entry.shadow.finished = True  # still queued: never admitted
+                else:
+                    self._runtime._state.cancel(entry.shadow)
+            return None
+        if entry.shadow_finish in ("cancelled", "failed"):
+            self._forget(entry)
+            self._dropped += 1
+            return None
+        if entry.live_finish is None or entry.shadow_finish is None:
+            return None
+        self._forget(entry)
+        self._completed += 1
+        live, shadow = entry.live, entry.shadow
+        return PairCompleted(
+            request_id=live.request_id, live_version=live.version or live.handle.model_version,
+            other_version=entry.other, at=time.time(), prompt_ids=tuple(live.prompt_ids),
+            max_new_tokens=live.max_new_tokens, live_tokens=tuple(live.tokens),
+            other_tokens=tuple(shadow.tokens), live_finish=entry.live_finish,
+            other_finish=entry.shadow_finish, seed=live.seed if live.temperature > 0.0 else None,
+        )  # fmt: skip

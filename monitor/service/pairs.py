@@ -1,0 +1,155 @@
+"""Pairs: the runtime's `PairCompleted` events, scored and handed to the release checks.
+
+The embedded runtime answers a share of live requests with both versions while two are
+loaded (engine/runtime_shadow.py: a canary, or the previous version kept for the post-deploy
+analysis window; config `engine.pair_share`). `PairFeed` takes each completed pair off the
+engine's loop thread (a bounded deque: what does not fit is counted, never waited for), and
+a job (`pairs`, every `schedule.embed_s`) decodes both answers, embeds them with the drift
+module's embedder (relevance of each answer to the prompt, and the cosine between the two
+answers) and hands a `PairOutcome` to the running canary's controller and to the
+post-deploy analysis' `PairedEvidence`. Without the drift module, pairs still carry their
+lengths and finish reasons (the relevance and similarity checks then wait).
+
+The side under test (`candidate`) is the canary while one runs, else the live version (a
+deploy's new version; the other side is the previous one).
+
+In proxy mode no second version answers (no `shadow_upstream` support yet), so the paired
+checks are off and every post-deploy verdict says so (`PairedEvidence.off_reason`).
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+from infersight.alerts.actions.pairs import PairedEvidence, PairOutcome, PairPolicy
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+__all__ = ["PROXY_PAIRS_OFF", "PairFeed", "ShadowCollector"]
+
+log = logging.getLogger(__name__)
+PROXY_PAIRS_OFF = (
+    "paired checks off: proxy mode has no second version to answer the same requests "
+    "(error rate and latency only, arm against arm)"
+)
+
+
+class PairFeed:
+    """Completed pairs of `runtime` -> scored `PairOutcome`s -> `canary` (its controller, if
+    any) and `evidence` (read by the post-deploy analysis)."""
+
+    def __init__(
+        self,
+        runtime: Any,
+        evidence: PairedEvidence,
+        *,
+        canary: Any = None,
+        max_waiting: int = 512,
+    ) -> None:
+        self.runtime = runtime
+        self.evidence = evidence
+        self.canary = canary
+        self.detector: Any = None  # the drift module's, once wired: relevance and similarity
+        self._waiting: collections.deque[Any] = collections.deque()
+        self._max_waiting = max_waiting
+        self._lock = threading.Lock()
+        self.overflow = 0  # pairs not scored: more waited than `max_waiting`
+        self.scored = 0
+
+    def on_event(self, event: Any) -> None:
+        """Engine subscriber (the loop thread): keep the pair, nothing more."""
+        if type(event).__name__ != "PairCompleted":
+            return
+        with self._lock:
+            if len(self._waiting) >= self._max_waiting:
+                self.overflow += 1
+                return
+            self._waiting.append(event)
+
+    def score(self) -> int:
+        """The job: score the pairs waiting and hand them on -> how many."""
+        with self._lock:
+            events, self._waiting = list(self._waiting), collections.deque()
+        if not events:
+            return 0
+        tokenizer = self.runtime.tokenizer
+        if tokenizer is None:
+            return 0
+
+        def text(ids: tuple[int, ...]) -> str:
+            return str(tokenizer.decode(list(ids), skip_special_tokens=True)) or " "
+
+        prompts = [text(e.prompt_ids) for e in events]
+        live = [text(e.live_tokens) for e in events]
+        other = [text(e.other_tokens) for e in events]
+        scores: list[tuple[float, float, float] | None] = [None] * len(events)
+        if self.detector is not None:
+            try:
+                scores = self._embed(prompts, live, other)
+            except Exception:  # the embedder failed: lengths and finish reasons still count
+                log.exception("%d pairs not embedded", len(events))
+        for event, score in zip(events, scores, strict=True):
+            outcome = self._outcome(event, score)
+            self.evidence.observe(outcome)
+            if self.canary is not None:
+                self.canary.on_pair(outcome)
+        self.scored += len(events)
+        return len(events)
+
+    def _embed(
+        self, prompts: list[str], live: list[str], other: list[str]
+    ) -> list[tuple[float, float, float] | None]:
+        from infersight.monitor.drift import TextWindow
+
+        a, b = self.detector.embed(TextWindow.of(prompts, live), TextWindow.of(prompts, other))
+        similarity = (a.response_embeddings * b.response_embeddings).sum(axis=1)
+        return [
+            (float(ra), float(rb), float(s))
+            for ra, rb, s in zip(a.relevance, b.relevance, similarity, strict=True)
+        ]
+
+    def _outcome(self, event: Any, score: tuple[float, float, float] | None) -> PairOutcome:
+        status = getattr(getattr(self.runtime, "canary", None), "status", None)
+        live_first = status is None or status.version != event.other_version
+        sides = [(event.live_version, len(event.live_tokens), event.live_finish),
+                 (event.other_version, len(event.other_tokens), event.other_finish)]  # fmt: skip
+        relevance = [score[0], score[1]] if score is not None else [None, None]
+        if not live_first:  # the canary answered the shadow: it is the candidate
+            sides.reverse()
+            relevance.reverse()
+        (cand, c_n, c_fin), (base, b_n, b_fin) = sides
+        similarity = score[2] if score is not None else None
+        return PairOutcome(cand, base, c_n, b_n, c_fin, b_fin, relevance[0], relevance[1], similarity)
+
+
+class ShadowCollector(Collector):
+    """The runtime's paired work at scrape time (`ShadowStats`): pairs asked for, completed,
+    dropped for want of room and discarded with their hung-up live request."""
+
+    def __init__(self, runtime: Any, feed: PairFeed, *, model: str) -> None:
+        self.runtime = runtime
+        self.feed = feed
+        self.model = model
+
+    def collect(self) -> Iterator[Any]:
+        stats = self.runtime.shadow.stats()
+        shadows = CounterMetricFamily(
+            "infersight_shadow_requests", "Live requests also answered by the other version, by outcome",
+            labels=["model", "outcome"],
+        )  # fmt: skip
+        for outcome in ("paired", "completed", "dropped", "discarded"):
+            shadows.add_metric([self.model, outcome], float(getattr(stats, outcome)))
+        shadows.add_metric([self.model, "not_scored"], float(self.feed.overflow))
+        yield shadows
+        waiting = GaugeMetricFamily("infersight_shadow_waiting", "Pairs not finished yet", labels=["model"])
+        waiting.add_metric([self.model], float(stats.waiting))
+        yield waiting
+
+
+def pair_policy(share: float) -> PairPolicy | None:
+    """The canary's paired checks when the runtime pairs requests (`share` > 0), else None."""
+    return PairPolicy() if share > 0.0 else None

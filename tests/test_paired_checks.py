@@ -1,0 +1,233 @@
+"""Paired release checks (alerts/actions/pairs.py) and their use by the canary and the
+post-deploy analysis: a regression on the same requests is caught and explained with its
+pair counts; clients changing what they ask on one arm cannot make a good release fail."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import json
+import random
+from pathlib import Path
+
+from infersight.alerts.actions.analysis import REGRESSION_ALERT, AnalysisPolicy, DeployAnalyzer, VersionStats
+from infersight.alerts.actions.canary import CanaryAnalysis, CanaryPolicy
+from infersight.alerts.actions.pairs import PairedAnalysis, PairedEvidence, PairOutcome, PairPolicy
+from infersight.alerts.actions.runner import ActionRunner
+from infersight.monitor.store import connect, sqlite_url, upgrade
+from infersight.monitor.store.tables import alerts, deploy_analyses
+from sqlalchemy import select
+
+NEW, OLD = "m_fp32-v1.1", "m_fp32-v1.0"
+
+
+def _pair(rng: random.Random, *, drop: float = 0.0, similarity: float = 0.97, longer: int = 0) -> PairOutcome:
+    """One scored pair: equal versions unless told (the candidate's relevance `drop`, the
+    answers' `similarity`, `longer` extra tokens on the candidate's side)."""
+    base = rng.gauss(0.45, 0.1)
+    same = rng.random() < 0.8  # most answers of a good build are the very same text
+    cand = base if same and drop == 0.0 else base - drop + rng.gauss(0.0, 0.05)
+    sim = 1.0 if same and similarity > 0.9 else min(1.0, rng.gauss(similarity, 0.05))
+    n = rng.randint(4, 12)
+    return PairOutcome(NEW, OLD, n + longer, n, "length", "length", cand, base, sim)
+
+
+def test_equal_versions_never_fail_a_paired_check() -> None:
+    failed = 0
+    for seed in range(20):
+        rng = random.Random(seed)
+        analysis = PairedAnalysis(PairPolicy())
+        for _ in range(400):
+            analysis.observe(_pair(rng))
+        failed += bool(analysis.regressions())
+    assert failed == 0
+
+
+def test_a_worse_release_fails_on_few_pairs_and_says_how_the_pairs_went() -> None:
+    rng = random.Random(1)
+    analysis = PairedAnalysis(PairPolicy())
+    n = 0
+    while analysis.first_regression is None and n < 200:
+        analysis.observe(_pair(rng, drop=0.4, similarity=0.1))
+        n += 1
+    first = analysis.first_regression
+    assert first is not None and n <= 20, n
+    assert first.name in ("relevance", "similarity")
+    text = first.describe()
+    if first.name == "relevance":
+        assert (
+            text.startswith(f"relevance fell in {first.below} of {first.pairs} pairs") and "mean -0." in text
+        )
+    else:
+        assert f"in {first.below} of {first.pairs} pairs" in text and "mean similarity 0." in text
+    assert "always-valid p=" in text
+
+
+def test_length_and_finish_checks_see_longer_answers_on_the_same_requests() -> None:
+    rng = random.Random(2)
+    analysis = PairedAnalysis(PairPolicy())
+    for _ in range(60):
+        p = _pair(rng, longer=20)
+        analysis.observe(PairOutcome(p.candidate, p.baseline, p.candidate_tokens, p.baseline_tokens,
+                                     "length", "stop", None, None, None))  # fmt: skip
+    names = {c.name for c in analysis.regressions()}
+    assert names == {"output_length", "finish_agreement"}
+    (length,) = [c for c in analysis.checks() if c.name == "output_length"]
+    assert "longer in 60 of 60 pairs" in length.describe()
+
+
+def test_a_paired_canary_cannot_be_steered_by_what_clients_ask_of_each_arm() -> None:
+    """Issue 21's attack: clients ask 1 token on the canary arm and 48 on the stable arm. Arm
+    against arm, relevance and length differ; on pairs (both versions answer the same
+    request) nothing does, and the good canary is not rolled back."""
+    rng = random.Random(3)
+    unpaired = CanaryAnalysis(CanaryPolicy(requests_per_step=100_000))
+    paired = CanaryAnalysis(CanaryPolicy(requests_per_step=100_000), pairs=PairPolicy())
+    for i in range(600):
+        canary = i % 2 == 0
+        tokens = 1 if canary else 48
+        relevance = rng.gauss(0.18 if canary else 0.44, 0.1)  # what 1-token answers score
+        for analysis in (unpaired, paired):
+            analysis.observe(canary, error_type=None, latency_s=None, output_tokens=tokens)
+            analysis.observe_relevance(canary, relevance)
+        if i % 5 == 0:  # a share of requests answered by both: the same budget on both sides
+            same = rng.gauss(0.3, 0.1)
+            paired.observe_pair(PairOutcome(NEW, OLD, tokens, tokens, "length", "length", same, same, 1.0))
+    assert unpaired.verdict().action == "rollback"
+    assert paired.verdict().action == "continue"
+    assert {c.name for c in paired.checks()} == {"server_errors", "latency"}  # the quality checks are paired
+
+
+def test_a_paired_canary_rolls_back_a_bad_release_with_the_pairs_in_the_reason() -> None:
+    rng = random.Random(4)
+    analysis = CanaryAnalysis(CanaryPolicy(requests_per_step=100_000), pairs=PairPolicy())
+    for _ in range(40):
+        analysis.observe_pair(_pair(rng, drop=0.5, similarity=0.05))
+    verdict = analysis.verdict()
+    assert verdict.action == "rollback" and verdict.reason.startswith("paired regression: ")
+    assert " pairs" in verdict.reason and "always-valid p=" in verdict.reason
+
+
+class _Metrics:
+    """The store's figures, fixed: enough requests on both sides, the unpaired figures of a
+    before/after whose traffic changed at the deploy (lower relevance, different answers)."""
+
+    def stats(self, version: str, since: dt.datetime, until: dt.datetime) -> VersionStats:
+        return VersionStats(100, 0.0, 0.5, 0.2 if version == NEW else 0.45)
+
+    def output_drift_p_value(self, new: str, old: str, since: dt.datetime) -> float | None:
+        return 1e-14
+
+
+def _analyzer(tmp_path: Path, pairs: PairedEvidence | None, now: list[float]) -> DeployAnalyzer:
+    db = connect(sqlite_url(tmp_path / "s.db"))
+    upgrade(db)
+    runner = ActionRunner(db, data_dir=tmp_path, clock=lambda: now[0])
+    policy = AnalysisPolicy(window_s=100.0, interval_s=10.0, max_failed_checks=2)
+    return DeployAnalyzer(db, _Metrics(), runner, policy=policy, clock=lambda: now[0], pairs=pairs)
+
+
+def test_post_deploy_on_pairs_ignores_a_traffic_mix_change_but_catches_a_paired_regression(
+    tmp_path: Path,
+) -> None:
+    now = [1_000_000.0]
+    evidence = PairedEvidence()
+    analyzer = _analyzer(tmp_path, evidence, now)
+    rng = random.Random(5)
+    deployed = dt.datetime.fromtimestamp(now[0], dt.UTC)
+    analysis_id = analyzer.on_deploy(NEW, OLD, deployed)
+    for _ in range(30):
+        evidence.observe(_pair(rng))  # the same requests: the release changed nothing
+    for _ in range(11):
+        now[0] += 10.0
+        results = analyzer.tick()
+        assert all(r.verdict == "passed" for r in results), [r.failures for r in results]
+    with analyzer.engine.connect() as conn:
+        row = conn.execute(select(deploy_analyses).where(deploy_analyses.c.id == analysis_id)).one()
+    assert row.state == "passed"
+    last = json.loads(row.evidence)[-1]
+    assert last["pairs"] == 30 and last["paired"].startswith("30 pairs: relevance fell in")
+    # a bad release: the pairs fail, the page names the paired figures and the pair count
+    now[0] += 100.0
+    bad = analyzer.on_deploy("m_fp32-v1.2", OLD, dt.datetime.fromtimestamp(now[0], dt.UTC))
+    for _ in range(25):
+        worse = _pair(rng, drop=0.5, similarity=0.05)
+        evidence.observe(dataclasses.replace(worse, candidate="m_fp32-v1.2"))
+    for _ in range(2):
+        now[0] += 10.0
+        (result,) = analyzer.tick()
+    assert result.verdict == "failed" and result.rollback is not None and result.pairs == 25
+    assert any("of 25 pairs" in f for f in result.failures), result.failures
+    with analyzer.engine.connect() as conn:
+        (page,) = conn.execute(select(alerts).where(alerts.c.alertname == REGRESSION_ALERT)).all()
+    annotations = json.loads(page.annotations)
+    assert "(25 pairs)" in annotations["summary"] and annotations["pairs"] == "25"
+    assert bad != analysis_id
+
+
+def test_without_pairs_the_verdict_says_the_paired_checks_are_off(tmp_path: Path) -> None:
+    now = [1_000_000.0]
+    off = PairedEvidence(enabled=False, off_reason="paired checks off: proxy mode has no second version")
+    analyzer = _analyzer(tmp_path, off, now)
+    analyzer.on_deploy(NEW, OLD, dt.datetime.fromtimestamp(now[0], dt.UTC))
+    for _ in range(2):
+        now[0] += 10.0
+        (result,) = analyzer.tick()
+    # unpaired, the mix change reads as a regression: the verdict says what it rested on
+    assert result.verdict == "failed" and result.paired.startswith("paired checks off: proxy mode")
+    with analyzer.engine.connect() as conn:
+        (page,) = conn.execute(select(alerts).where(alerts.c.alertname == REGRESSION_ALERT)).all()
+    assert "paired checks off: proxy mode" in json.loads(page.annotations)["summary"]
+
+
+def test_latency_compares_like_requests_so_asking_one_arm_for_longer_answers_is_not_a_regression() -> None:
+    rng = random.Random(6)
+    steered = CanaryAnalysis(CanaryPolicy(requests_per_step=100_000), pairs=PairPolicy())
+    slow = CanaryAnalysis(CanaryPolicy(requests_per_step=100_000), pairs=PairPolicy())
+    for i in range(4000):
+        canary = i % 2 == 0
+        tokens = (
+            rng.choice((4, 48)) if i % 10 == 0 else (48 if canary else 4)
+        )  # both shapes on both arms, some
+        latency = 0.02 * tokens * rng.lognormvariate(0.0, 0.2)  # the same per-token speed on both versions
+        steered.observe(canary, error_type=None, latency_s=latency, output_tokens=tokens, prompt_tokens=30)
+        slow.observe(canary, error_type=None, latency_s=latency * (2.0 if canary else 1.0), output_tokens=tokens,
+                     prompt_tokens=30)  # fmt: skip
+    assert steered.verdict().action == "continue", steered.verdict().reason
+    verdict = slow.verdict()  # a truly slower canary is still caught, within like requests
+    assert verdict.action == "rollback" and verdict.reason.startswith("regression on latency"), verdict.reason
+
+
+class _ShapedMetrics(_Metrics):
+    """After the deploy clients also ask for long answers (slow, a shape the previous version
+    was never asked for); like requests take as long on both versions unless `slower`."""
+
+    def __init__(self, slower: float) -> None:
+        self.slower = slower
+
+    def stats(self, version: str, since: dt.datetime, until: dt.datetime) -> VersionStats:
+        if version == OLD:
+            return VersionStats(100, 0.0, 0.10, 0.45, p99_by_shape=(("out3/prompt5", 100, 0.10),))
+        short = 0.10 * self.slower
+        return VersionStats(
+            100, 0.0, 1.2, 0.45, p99_by_shape=(("out3/prompt5", 40, short), ("out6/prompt5", 60, 1.2))
+        )
+
+
+def test_post_deploy_latency_compares_requests_of_the_same_shape(tmp_path: Path) -> None:
+    now = [1_000_000.0]
+    for slower, failed in ((1.0, False), (3.0, True)):
+        db = connect(sqlite_url(tmp_path / f"s{slower}.db"))
+        upgrade(db)
+        runner = ActionRunner(db, data_dir=tmp_path, clock=lambda: now[0])
+        analyzer = DeployAnalyzer(db, _ShapedMetrics(slower), runner, clock=lambda: now[0], pairs=PairedEvidence(),
+                                  policy=AnalysisPolicy(window_s=100.0, interval_s=10.0, max_failed_checks=2))  # fmt: skip
+        analyzer.on_deploy(NEW, OLD, dt.datetime.fromtimestamp(now[0], dt.UTC))
+        now[0] += 10.0
+        (result,) = analyzer.tick()
+        latency = [f for f in result.failed_checks if f.check == "p99_latency"]
+        assert bool(latency) is failed, result.failures
+        if failed:
+            assert latency[0].text == (
+                "p99 latency 0.300s > 1.5 x previous 0.100s on requests of the same shape (1 of 2 shapes)"
+            )
