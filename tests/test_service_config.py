@@ -50,6 +50,8 @@ limits: {max_body_bytes: 1048576}
         ("port: eighty", "port"),
         ("port: 70000", "port"),
         ("drift: {alpha: 2}", "drift.alpha"),
+        ("drift: {embedder: openvino}", "drift.embedder"),
+        ("drift: {embed_threads: 0}", "drift.embed_threads"),
         ("schedule: {rules_s: 0}", "schedule.rules_s"),
         ("upstream: {url: ftp://x}", "upstream.url"),
         ("engine: {registry: m}\nupstream: {url: 'http://x'}", "upstream"),

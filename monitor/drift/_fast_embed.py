@@ -30,7 +30,7 @@ import logging
 import os
 import platform
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from importlib.util import find_spec
 from pathlib import Path
 from typing import Any, Literal
@@ -193,12 +193,14 @@ class OnnxEmbedder:
         threads: int | None = None,
         batch_size: int = 64,
         cache_dir: str | Path | None = None,
+        progress: bool = False,
     ) -> None:
         if threads is not None and threads < 1:
             raise ValueError("threads must be at least 1")
         self._reference = SentenceTransformerEmbedder(model_path)
         self.threads = threads or default_threads()
         self.batch_size = batch_size
+        self.progress = progress  # a tqdm bar of batches on stderr, as sentence-transformers draws
         self.cache_dir = Path(cache_dir) if cache_dir is not None else embedder_cache_dir()
         self.exported = False  # whether this instance ran the export (else it found it cached)
         self._session: Any = None
@@ -246,6 +248,8 @@ class OnnxEmbedder:
                 options.intra_op_num_threads = self.threads
                 options.inter_op_num_threads = 1
                 options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+                # idle workers sleep rather than spin: a sidecar's spare cycles belong to serving
+                options.add_session_config_entry("session.intra_op.allow_spinning", "0")
                 session = ort.InferenceSession(str(target), options, providers=["CPUExecutionProvider"])
                 tokenizer = Tokenizer.from_file(str(path / "tokenizer.json"))
             except (OSError, ValueError, ImportError, RuntimeError) as exc:
@@ -269,7 +273,12 @@ class OnnxEmbedder:
         lengths = np.fromiter((len(e.ids) for e in encodings), dtype=np.int64, count=len(encodings))
         order = np.argsort(lengths, kind="stable")  # similar lengths share a batch: little padding
         out: np.ndarray | None = None
-        for start in range(0, order.size, self.batch_size):
+        starts: Iterable[int] = range(0, order.size, self.batch_size)
+        if self.progress:
+            from tqdm.auto import tqdm
+
+            starts = tqdm(starts, desc="Batches")
+        for start in starts:
             idx = order[start : start + self.batch_size]
             width = int(lengths[idx].max())
             ids = np.zeros((idx.size, width), dtype=np.int64)  # [B, T]; 0 is [PAD]
@@ -344,5 +353,5 @@ def default_embedder(
                         "(the drift-fast extra gives the int8 ONNX Runtime one)", missing)  # fmt: skip
             inner = SentenceTransformerEmbedder(model_path, progress=progress)
         else:
-            inner = OnnxEmbedder(model_path, threads=threads, cache_dir=cache_dir)
+            inner = OnnxEmbedder(model_path, threads=threads, cache_dir=cache_dir, progress=progress)
     return CachedEmbedder(inner, max_entries=cache_entries) if cache_entries > 0 else inner
