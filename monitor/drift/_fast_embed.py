@@ -305,12 +305,11 @@ def _cuda() -> bool:
 
 
 def _fast_runtime_missing() -> str | None:
-    """Why the int8 path cannot run here, or None."""
+    """Why the int8 path cannot run here, or None. Nothing is imported: torch and
+    transformers are needed only by the export, which a cached machine never runs."""
     for module in ("onnxruntime", "onnx", "torch", "transformers", "tokenizers"):
-        try:
-            __import__(module)
-        except ImportError as exc:
-            return f"{module} is not importable ({exc})"
+        if find_spec(module) is None:
+            return f"{module} is not installed"
     return None
 
 
