@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/drift_calibration.py [--references 20] [--null 100]
         [--drifted 20] [--ref-size 1000] [--window 300] [--cost-rounds 3] [--skip-cost]
+        [--embedder fp32|int8]
 
 A team keeps one reference and compares every window with it, so what matters is the
 false-alarm rate *given* that reference (and the detector's seed), not its average over
@@ -24,7 +25,10 @@ all-MiniLM-L6-v2 and kept in `.bench/`):
     tree before issue 11 (`git archive` of `--old-commit` in build/old_tree), alternated in
     fresh processes: encoding excluded (embedded windows) and included (a cold embedder).
 
-Results go to stdout (markdown) and .bench/drift_calibration.json.
+`--embedder int8` runs (a)-(d) on embeddings of `default_embedder()`'s int8 ONNX Runtime
+export instead of the fp32 model's (issue 24: the tables must agree within noise).
+
+Results go to stdout (markdown) and .bench/drift_calibration.json (`_int8.json` for int8).
 """
 
 from __future__ import annotations
@@ -43,7 +47,7 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _corpus import OUT, Corpus, load_corpus
+from _corpus import EMBEDDERS, OUT, Corpus, load_corpus
 
 ROOT = Path(__file__).resolve().parents[1]
 ALPHA = 0.05
@@ -344,6 +348,7 @@ def main() -> None:
     ap.add_argument("--cost-rounds", type=int, default=3)
     ap.add_argument("--old-commit", default="c20ab6c")
     ap.add_argument("--skip-cost", action="store_true")
+    ap.add_argument("--embedder", choices=EMBEDDERS, default="fp32", help="whose embeddings (a)-(d) use")
     ap.add_argument("--only", choices=["batch", "relevance", "streaming", "cost"], nargs="*")
     ap.add_argument("--cost-once", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -355,8 +360,11 @@ def main() -> None:
         only.discard("cost")
     result: dict[str, Any] = {"cpu": cpu_model(), "cores": os.cpu_count(), "args": vars(args)}
     print(f"CPU: {result['cpu']} ({result['cores']} cores), load average {os.getloadavg()[0]:.1f}")
-    corpus = load_corpus()
-    print(f"Banking77: {len(corpus.banking_texts)} distinct texts; hotels: {len(corpus.hotel_texts)}")
+    corpus = load_corpus(args.embedder)
+    print(
+        f"Banking77: {len(corpus.banking_texts)} distinct texts; hotels: {len(corpus.hotel_texts)}; "
+        f"embedded by the {args.embedder} model"
+    )
     header = "| | min | median | p90 | max | refs at or under alpha | refs over 2·alpha |\n|---|---|---|---|---|---|---|"
     if "batch" in only:
         b = batch(corpus, args)
@@ -408,7 +416,8 @@ def main() -> None:
                 f"| encoding {k} | {m['before'][k]:.2f} s | {m['now'][k]:.2f} s | {m['now'][k] / m['before'][k]:.2f}x |"
             )
     OUT.mkdir(exist_ok=True)
-    (OUT / "drift_calibration.json").write_text(json.dumps(result, indent=1, default=float))
+    suffix = "" if args.embedder == "fp32" else f"_{args.embedder}"
+    (OUT / f"drift_calibration{suffix}.json").write_text(json.dumps(result, indent=1, default=float))
 
 
 if __name__ == "__main__":

