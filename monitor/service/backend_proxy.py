@@ -14,6 +14,8 @@ upstream 4xx is recorded as the client's `client_error` and a client that hangs 
 came back cancels the upstream call too (the connection to the upstream is closed, which
 vLLM and TGI take as an abort), so the upstream stops generating for nobody. The answer's
 `model` is the upstream's own: the proxy runs no canary, so it has no arm to hide.
+With `shadow_upstream:` a share of the successful answers is shadowed (proxy_shadow.py):
+the same body goes to the shadow upstream after the live answer is out, for the paired checks.
 
 The upstream server's own queue depth, read from its Prometheus text (proxy mode).
 
@@ -52,9 +54,11 @@ from .config import UpstreamConfig
 from .errors import UpstreamUnreachable
 from .openai_api import ObservedRequest
 from .pipeline import CallTimer, RecordPipeline, make_record
+from .proxy_shadow import LiveAnswer
 
 if TYPE_CHECKING:
     from .metrics import ServiceMetrics
+    from .proxy_shadow import ProxyShadow
 
 __all__ = ["QUEUE_METRICS", "ProxyBackend", "SSEObserver", "UpstreamQueueScraper", "queue_depths"]
 
@@ -72,6 +76,7 @@ class SSEObserver:
         self.usage: dict[str, Any] | None = None
         self.model: str | None = None
         self.error: str | None = None
+        self.finish: str | None = None
         self._buffer = b""
 
     def feed(self, data: bytes) -> None:
@@ -100,6 +105,8 @@ class SSEObserver:
             self.error = "UpstreamStreamError"
         choices = obj.get("choices")
         if isinstance(choices, list) and choices and isinstance(choices[0], dict):
+            if isinstance(choices[0].get("finish_reason"), str):
+                self.finish = choices[0]["finish_reason"]
             text = _choice_text(choices[0], self.chat)
             if text:
                 self.timer.first()
@@ -131,8 +138,10 @@ class ProxyBackend:
         metrics: ServiceMetrics,
         text_sample_rate: float = 1.0,
         transport: Any = None,
+        shadow: ProxyShadow | None = None,
     ) -> None:
-        """Records each call into `pipeline`, counts upstream failures in `metrics`."""
+        """Records each call into `pipeline`, counts upstream failures in `metrics`; `shadow`:
+        the shadow upstream that answers a share of the successful calls again (None: no pairs)."""
         self.config = config
         self.pipeline = pipeline
         self.metrics = metrics
@@ -144,8 +153,12 @@ class ProxyBackend:
         )
         self.last_model_version: str | None = None  # as the latest answer named it (for upstream metrics)
         self._accepted: set[str] = set()  # model names the upstream answered 200 for
+        self.shadow = shadow
+        self.pair_feed = shadow.feed if shadow is not None else None  # scored on the embedder's beat
 
     async def aclose(self) -> None:
+        if self.shadow is not None:
+            await self.shadow.aclose()
         await self.client.aclose()
 
     def close(self) -> None:
@@ -221,18 +234,21 @@ class ProxyBackend:
                 raise
             finally:
                 await upstream.aclose()
-            self._observe_whole(rid, req, timer, prompt, upstream.status_code, body, chat)
+            live = self._observe_whole(rid, req, timer, prompt, upstream.status_code, body, chat)
+            if live is not None and self.shadow is not None:  # after the answer is read: never delays it
+                self.shadow.offer(path, raw, headers, prompt, live, chat=chat)
             return Response(body, status_code=upstream.status_code, media_type=content_type)
         return StreamingResponse(
-            self._relay(upstream, rid, req, timer, prompt, chat),
+            self._relay(upstream, rid, req, timer, prompt, chat, shadow_of=(path, raw, headers)),
             status_code=200,
             media_type=content_type,
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )
 
     async def _relay(
-        self, upstream: httpx.Response, rid: str, req: Any, timer: CallTimer, prompt: str | None, chat: bool
-    ) -> AsyncIterator[bytes]:
+        self, upstream: httpx.Response, rid: str, req: Any, timer: CallTimer, prompt: str | None, chat: bool,
+        *, shadow_of: tuple[str, bytes, Any],
+    ) -> AsyncIterator[bytes]:  # fmt: skip
         observer = SSEObserver(timer, chat)
         error: str | None = None
         try:
@@ -253,27 +269,33 @@ class ProxyBackend:
         finally:
             await upstream.aclose()
             usage = observer.usage or {}
-            self._record(
+            version = self._record(
                 rid, observer.model or req.model, timer, _int(usage.get("prompt_tokens")),
                 _int(usage.get("completion_tokens")) if observer.usage else observer.text_chunks,
                 error or observer.error, prompt, observer.text,
             )  # fmt: skip
+            if self.shadow is not None and error is None and observer.error is None:
+                live = LiveAnswer(version, observer.text, _int(usage.get("completion_tokens")),
+                                  observer.finish or "unknown")  # fmt: skip
+                path, raw, headers = shadow_of
+                self.shadow.offer(path, raw, headers, prompt, live, chat=chat)
 
     def _observe_whole(
         self, rid: str, req: Any, timer: CallTimer, prompt: str | None, status: int, body: bytes, chat: bool
-    ) -> None:
+    ) -> LiveAnswer | None:
+        """Records the call -> the answer when it succeeded (for the shadow), else None."""
         timer.finish()
         if status != 200:
             self.metrics.proxy_errors.labels(f"http_{status}").inc()
             self._record(rid, req.model, timer, None, None, _status_outcome(status), prompt, None)
-            return
+            return None
         try:
             obj = orjson.loads(body)
         except orjson.JSONDecodeError:
             obj = None
         if not isinstance(obj, dict):
             self._record(rid, req.model, timer, None, None, "UpstreamBadJSON", prompt, None)
-            return
+            return None
         usage: dict[str, Any] = obj["usage"] if isinstance(obj.get("usage"), dict) else {}
         choices = obj.get("choices")
         text = (
@@ -282,13 +304,19 @@ class ProxyBackend:
             else ""
         )
         model = obj.get("model") if isinstance(obj.get("model"), str) else req.model
-        self._record(rid, model, timer, _int(usage.get("prompt_tokens")), _int(usage.get("completion_tokens")), None,
-                     prompt, text)  # fmt: skip
+        output = _int(usage.get("completion_tokens"))
+        version = self._record(
+            rid, model, timer, _int(usage.get("prompt_tokens")), output, None, prompt, text
+        )
+        first = choices[0] if isinstance(choices, list) and choices and isinstance(choices[0], dict) else {}
+        finish = first.get("finish_reason")
+        return LiveAnswer(version, text, output, finish if isinstance(finish, str) else "unknown")
 
     def _record(
         self, rid: str, model_version: str | None, timer: CallTimer, prompt_tokens: int | None,
         output_tokens: int | None, error: str | None, prompt: str | None, response: str | None,
-    ) -> None:  # fmt: skip
+    ) -> str:  # fmt: skip
+        """Hands the call's record to the pipeline -> the version it is recorded under."""
         # a label slot is only for a name the upstream accepted: junk names answered 4xx or
         # never answered would fill the cap and push the real model into `other`
         if error is None and model_version:
@@ -304,6 +332,7 @@ class ProxyBackend:
             response=response if error is None else None, text_sample_rate=self.text_sample_rate,
         )  # fmt: skip
         self.pipeline.submit_one(record)
+        return version
 
 
 _MAX_ACCEPTED_NAMES = 4096  # names an upstream answered for: a handful in practice; bounded anyway

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import ipaddress
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,6 +38,7 @@ __all__ = [
     "RoutingConfig",
     "ScheduleConfig",
     "ServiceConfig",
+    "ShadowUpstreamConfig",
     "UpstreamConfig",
     "config_from_mapping",
     "is_loopback",
@@ -124,6 +125,19 @@ class UpstreamConfig:
     # the upstream's Prometheus text (vLLM, TGI): its queue depth becomes the proxy's
     # `gen_ai_server_requests_waiting`. None: <url>/metrics; "" turns the scrape off
     metrics_url: str | None = None
+
+
+@dataclass(frozen=True)
+class ShadowUpstreamConfig:
+    """Proxy mode's paired checks: a second OpenAI-compatible server (the other version) that
+    answers a share of live requests again, in the background (proxy_shadow.py)."""
+
+    url: str
+    model: str | None = None  # the shadow side's version name when its answer names none
+    timeout_s: float = 60.0
+    api_key: str | None = None  # sent to the shadow upstream (else the client's Authorization)
+    share: float = 0.1  # of successful live requests re-sent to it (0: none)
+    max_in_flight: int = 4  # shadow requests at once; beyond it one is dropped and counted
 
 
 @dataclass(frozen=True)
@@ -216,6 +230,7 @@ class ServiceConfig:
     supervise_pid: int | None = None
     engine: EngineConfig | None = None
     upstream: UpstreamConfig | None = None
+    shadow_upstream: ShadowUpstreamConfig | None = None  # proxy mode: the other version, for pairs
     alerting: AlertingConfig = field(default_factory=AlertingConfig)
     drift: DriftConfig = field(default_factory=DriftConfig)
     retention: RetentionPolicy = field(default_factory=RetentionPolicy)
@@ -229,6 +244,24 @@ class ServiceConfig:
     redact: str | None = None
     leader_election: bool = True  # one replica runs rules, drift, outbox and retention
     log_level: str = "info"
+
+
+def _check_shadow_upstream(
+    shadow: ShadowUpstreamConfig, *, proxy: bool, fail: Callable[[str, str], None]
+) -> None:
+    if not proxy:
+        fail(
+            "shadow_upstream",
+            "is for proxy mode (upstream:); the embedded runtime pairs with engine.pair_share",
+        )
+    if not shadow.url.startswith(("http://", "https://")):
+        fail("shadow_upstream.url", "must be an http:// or https:// URL")
+    if not 0.0 <= shadow.share <= 1.0:
+        fail("shadow_upstream.share", "must lie in [0, 1]")
+    if not 1 <= shadow.max_in_flight <= 1024:
+        fail("shadow_upstream.max_in_flight", "must be between 1 and 1024")
+    if not shadow.timeout_s > 0:
+        fail("shadow_upstream.timeout_s", "must be a positive number of seconds")
 
 
 def is_loopback(host: str) -> bool:
@@ -282,7 +315,8 @@ def config_from_mapping(
         data = dict(data)
         routing = reader.routing(data.pop("routing"))
     top = reader.section(data, "", ServiceConfig, nested={
-        "engine": EngineConfig, "upstream": UpstreamConfig, "alerting": AlertingConfig,
+        "engine": EngineConfig, "upstream": UpstreamConfig,
+        "shadow_upstream": ShadowUpstreamConfig, "alerting": AlertingConfig,
         "drift": DriftConfig, "retention": RetentionPolicy, "schedule": ScheduleConfig,
         "limits": LimitsConfig, "cost": CostConfig,
     })  # fmt: skip
@@ -315,6 +349,8 @@ def check_config(config: ServiceConfig, *, source: str | None = None) -> Service
     metrics_url = config.upstream.metrics_url if config.upstream is not None else None
     if metrics_url and not metrics_url.startswith(("http://", "https://")):
         fail("upstream.metrics_url", "must be an http:// or https:// URL (or empty: no scrape)")
+    if config.shadow_upstream is not None:
+        _check_shadow_upstream(config.shadow_upstream, proxy=config.upstream is not None, fail=fail)
     if config.supervise_pid is not None and not config.supervise_pid > 0:
         fail("supervise_pid", "must be a positive process id")
     if config.token is not None and len(config.token) < 16:

@@ -13,8 +13,11 @@ lengths and finish reasons (the relevance and similarity checks then wait).
 The side under test (`candidate`) is the canary while one runs, else the live version (a
 deploy's new version; the other side is the previous one).
 
-In proxy mode no second version answers (no `shadow_upstream` support yet), so the paired
-checks are off and every post-deploy verdict says so (`PairedEvidence.off_reason`).
+In proxy mode the other version is a second upstream (`shadow_upstream:`, proxy_shadow.py):
+its pairs come as `TextPair`s (the two answers' texts, token counts and finish reasons),
+scored the same way (the live upstream is the candidate, the shadow upstream the baseline).
+Without a shadow upstream no second version answers, so the paired checks are off and every
+post-deploy verdict says so (`PairedEvidence.off_reason`).
 """
 
 from __future__ import annotations
@@ -23,19 +26,35 @@ import collections
 import logging
 import threading
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from infersight.alerts.actions.pairs import PairedEvidence, PairOutcome, PairPolicy
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-__all__ = ["PROXY_PAIRS_OFF", "PairFeed", "ShadowCollector"]
+__all__ = ["PROXY_PAIRS_OFF", "PairFeed", "ShadowCollector", "TextPair"]
 
 log = logging.getLogger(__name__)
 PROXY_PAIRS_OFF = (
     "paired checks off: proxy mode has no second version to answer the same requests "
-    "(error rate and latency only, arm against arm)"
+    "(error rate and latency only, arm against arm); configure shadow_upstream: to pair requests"
 )
+
+
+@dataclass(frozen=True)
+class TextPair:
+    """A pair whose answers are already text (proxy mode: two upstreams answered the same body)."""
+
+    prompt: str
+    live_text: str
+    other_text: str
+    live_version: str
+    other_version: str
+    live_count: int  # output tokens (or words, when either upstream gave no usage)
+    other_count: int
+    live_finish: str
+    other_finish: str
 
 
 class PairFeed:
@@ -62,7 +81,7 @@ class PairFeed:
 
     def on_event(self, event: Any) -> None:
         """Engine subscriber (the loop thread): keep the pair, nothing more."""
-        if type(event).__name__ != "PairCompleted":
+        if type(event).__name__ != "PairCompleted" and not isinstance(event, TextPair):
             return
         with self._lock:
             if len(self._waiting) >= self._max_waiting:
@@ -74,18 +93,22 @@ class PairFeed:
         """The job: score the pairs waiting and hand them on -> how many."""
         with self._lock:
             events, self._waiting = list(self._waiting), collections.deque()
+        tokenizer = getattr(self.runtime, "tokenizer", None)
+        if tokenizer is None:  # an engine's pairs cannot be read without it (proxy pairs are text)
+            events = [e for e in events if isinstance(e, TextPair)]
         if not events:
-            return 0
-        tokenizer = self.runtime.tokenizer
-        if tokenizer is None:
             return 0
 
         def text(ids: tuple[int, ...]) -> str:
+            assert tokenizer is not None  # only an engine's pairs are decoded, and only with one
             return str(tokenizer.decode(list(ids), skip_special_tokens=True)) or " "
 
-        prompts = [text(e.prompt_ids) for e in events]
-        live = [text(e.live_tokens) for e in events]
-        other = [text(e.other_tokens) for e in events]
+        def texts(e: Any) -> tuple[str, str, str]:
+            if isinstance(e, TextPair):
+                return e.prompt or " ", e.live_text or " ", e.other_text or " "
+            return text(e.prompt_ids), text(e.live_tokens), text(e.other_tokens)
+
+        prompts, live, other = (list(side) for side in zip(*map(texts, events), strict=True))
         scores: list[tuple[float, float, float] | None] = [None] * len(events)
         if self.detector is not None:
             try:
@@ -115,8 +138,13 @@ class PairFeed:
     def _outcome(self, event: Any, score: tuple[float, float, float] | None) -> PairOutcome:
         status = getattr(getattr(self.runtime, "canary", None), "status", None)
         live_first = status is None or status.version != event.other_version
-        sides = [(event.live_version, len(event.live_tokens), event.live_finish),
-                 (event.other_version, len(event.other_tokens), event.other_finish)]  # fmt: skip
+        counts = (
+            (event.live_count, event.other_count)
+            if isinstance(event, TextPair)
+            else (len(event.live_tokens), len(event.other_tokens))
+        )
+        sides = [(event.live_version, counts[0], event.live_finish),
+                 (event.other_version, counts[1], event.other_finish)]  # fmt: skip
         relevance = [score[0], score[1]] if score is not None else [None, None]
         if not live_first:  # the canary answered the shadow: it is the candidate
             sides.reverse()

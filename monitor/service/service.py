@@ -285,10 +285,14 @@ def _wire_backend(service: Service) -> None:
         from .backend_proxy import ProxyBackend
 
         assert service.pipeline is not None
-        service.parts.backend = ProxyBackend(
+        proxy = ProxyBackend(
             config.upstream, pipeline=service.pipeline, metrics=service.metrics,
             text_sample_rate=config.text_sample_rate, transport=service._upstream_transport,
+            shadow=_proxy_shadow(service),
         )  # fmt: skip
+        service.parts.backend = proxy
+        if proxy.pair_feed is not None:  # scored on the embedder's beat (drift wiring sets it)
+            service.scheduler.add("pairs", proxy.pair_feed.score, config.schedule.embed_s)
         _wire_upstream_metrics(service)
     elif config.engine is not None or service._runtime_seam is not None:
         from .backend_engine import EngineBackend
@@ -316,6 +320,28 @@ def _wire_backend(service: Service) -> None:
             service.scheduler.add("pairs", backend.pair_feed.score, config.schedule.embed_s)
         deploy_log.flush()
         service.scheduler.add("deploy_log", deploy_log.flush, 1.0)
+
+
+def _proxy_shadow(service: Service) -> Any:
+    """Proxy mode's pairs: the shadow upstream (proxy_shadow.py) and its pair feed, its
+    counts in `infersight_shadow_requests_total`; None without `shadow_upstream:`."""
+    config = service.config
+    if config.shadow_upstream is None:
+        return None
+    from infersight.alerts.actions.pairs import PairedEvidence
+
+    from .pairs import PairFeed
+    from .proxy_shadow import ProxyShadow, ProxyShadowCollector
+
+    shadow_cfg = config.shadow_upstream
+    evidence = PairedEvidence(
+        enabled=shadow_cfg.share > 0.0, off_reason="paired checks off: shadow_upstream.share is 0"
+    )
+    shadow = ProxyShadow(shadow_cfg, PairFeed(None, evidence), transport=service._upstream_transport)
+    assert config.upstream is not None
+    model = config.model or config.upstream.model or "unknown"
+    service.registry.register(ProxyShadowCollector(shadow, model=model))
+    return shadow
 
 
 def _wire_upstream_metrics(service: Service) -> None:
