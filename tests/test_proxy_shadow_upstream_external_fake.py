@@ -43,6 +43,7 @@ LIVE_MODEL = "llama-v2"
 SHADOW_MODEL = "llama-v1"
 LIVE_WORDS = ["you", " can", " top", " up", " in", " the", " app"]
 SHADOW_WORDS = ["top", " up", " in", " the", " app"]
+CLIENT_AUTH = {"Authorization": "Bearer sk-client"}
 
 
 class FakeUpstream:
@@ -51,6 +52,7 @@ class FakeUpstream:
     def __init__(self, model: str, words: list[str]) -> None:
         self.model, self.words = model, words
         self.seen: list[dict[str, Any]] = []
+        self.auth: list[str | None] = []
         self.gate = threading.Event()  # cleared: answers wait (a slow upstream)
         self.gate.set()
         self.answered = 0
@@ -65,6 +67,7 @@ class FakeUpstream:
     async def _answer(self, request: Request) -> Response:
         body = orjson.loads(await request.body())
         self.seen.append(body)
+        self.auth.append(request.headers.get("authorization"))
         while not self.gate.is_set():
             await asyncio.sleep(0.01)
         chat = request.url.path.endswith("/chat/completions")
@@ -133,11 +136,11 @@ def _ask(client: TestClient, i: int, *, stream: bool) -> tuple[dict[str, Any], s
                             "max_tokens": 16, "temperature": 0.7, "seed": 100 + i}  # fmt: skip
     if stream:
         body |= {"stream": True, "stream_options": {"include_usage": True}}
-        with client.stream("POST", "/v1/chat/completions", json=body) as r:
+        with client.stream("POST", "/v1/chat/completions", json=body, headers=CLIENT_AUTH) as r:
             assert r.status_code == 200
             lines = [x for x in r.iter_lines() if x and x != "data: [DONE]"]
         return body, "".join(orjson.loads(x[6:])["choices"][0]["delta"]["content"] for x in lines)
-    r = client.post("/v1/chat/completions", json=body)
+    r = client.post("/v1/chat/completions", json=body, headers=CLIENT_AUTH)
     assert r.status_code == 200
     return body, r.json()["choices"][0]["message"]["content"]
 
@@ -153,7 +156,8 @@ def _analysis_entries(client: TestClient, analysis_id: int) -> list[dict[str, An
 def test_a_share_of_live_requests_is_shadowed_with_the_same_body_and_paired(  # type: ignore[no-untyped-def]
     live, shadow, tmp_path: Path
 ) -> None:
-    with _proxy(tmp_path, live, shadow.url, share=0.5, max_in_flight=8) as client:
+    shadow_cfg = {"share": 0.5, "max_in_flight": 8, "served_model": "llama-old", "api_key": "sk-shadow"}
+    with _proxy(tmp_path, live, shadow.url, **shadow_cfg) as client:
         service: Any = client.app.state.service  # type: ignore[attr-defined]
         analysis_id = service.parts.alerts.analyzer.on_deploy(
             LIVE_MODEL, SHADOW_MODEL, dt.datetime.now(dt.UTC)
@@ -165,9 +169,10 @@ def test_a_share_of_live_requests_is_shadowed_with_the_same_body_and_paired(  # 
         expected = []
         for body, _ in sent[1::2]:
             body = dict(body, stream=False) if body.get("stream") else body
-            expected.append({k: v for k, v in body.items() if k != "stream_options"})
+            expected.append({k: v for k, v in body.items() if k != "stream_options"} | {"model": "llama-old"})
         key = lambda b: orjson.dumps(b, option=orjson.OPT_SORT_KEYS)  # noqa: E731
         assert sorted(shadow.seen, key=key) == sorted(expected, key=key)  # same messages, params, seed
+        assert shadow.auth == ["Bearer sk-shadow"] * 4 and live.auth == ["Bearer sk-client"] * 8
         feed = service.parts.backend.pair_feed
         wait_for(lambda: feed.score() >= 0 and feed.evidence.checks(LIVE_MODEL, SHADOW_MODEL)[0] == 4)
         _, checks = feed.evidence.checks(LIVE_MODEL, SHADOW_MODEL)
@@ -249,7 +254,8 @@ def test_a_shadow_upstream_needs_proxy_mode() -> None:
         config_from_mapping({"shadow_upstream": {"url": "http://127.0.0.1:9"}})
     assert "shadow_upstream" in str(err.value) and "proxy mode" in str(err.value)
     parsed = config_from_mapping({"upstream": {"url": "http://127.0.0.1:9"},
-                                  "shadow_upstream": {"url": "http://127.0.0.1:8", "model": "v1"}})  # fmt: skip
+                                  "shadow_upstream": {"url": "http://127.0.0.1:8", "model": "v1"}},
+                                 env={"INFERSIGHT_SHADOW_UPSTREAM_API_KEY": "sk-shadow"})  # fmt: skip
     assert parsed.shadow_upstream == dataclasses.replace(
-        ShadowUpstreamConfig(url="http://127.0.0.1:8"), model="v1"
+        ShadowUpstreamConfig(url="http://127.0.0.1:8"), model="v1", api_key="sk-shadow"
     )

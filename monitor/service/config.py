@@ -4,7 +4,7 @@ The service's configuration: frozen dataclasses, built from a YAML file plus the
 environment (`load_config`, below) or directly in code and tests.
 
 Secrets never need to be in the file: `INFERSIGHT_TOKEN` (bearer token),
-`INFERSIGHT_DATABASE_URL`, `INFERSIGHT_UPSTREAM_API_KEY`; receivers' secrets are named by
+`INFERSIGHT_DATABASE_URL`, `INFERSIGHT_UPSTREAM_API_KEY`, `INFERSIGHT_SHADOW_UPSTREAM_API_KEY`; receivers' secrets are named by
 `*_env` keys in the rule file (e.g. `routing_key_env: INFERSIGHT_PAGERDUTY_ROUTING_KEY`).
 
 `load_config(path, env)`: the YAML config file of `infersight serve`, strictly checked.
@@ -12,7 +12,8 @@ Secrets never need to be in the file: `INFERSIGHT_TOKEN` (bearer token),
 Every key is optional; an unknown key, a wrong type or a bad value raises `ConfigInvalid`
 naming its dotted path. Relative paths are resolved against the file's directory.
 Environment variables override the file for secrets and the database URL:
-`INFERSIGHT_TOKEN`, `INFERSIGHT_DATABASE_URL`, `INFERSIGHT_UPSTREAM_API_KEY`."""
+`INFERSIGHT_TOKEN`, `INFERSIGHT_DATABASE_URL`, `INFERSIGHT_UPSTREAM_API_KEY`,
+`INFERSIGHT_SHADOW_UPSTREAM_API_KEY`."""
 
 from __future__ import annotations
 
@@ -133,7 +134,8 @@ class ShadowUpstreamConfig:
     answers a share of live requests again, in the background (proxy_shadow.py)."""
 
     url: str
-    model: str | None = None  # the shadow side's version name when its answer names none
+    model: str | None = None  # the shadow side's version name (None: its answer's `model`)
+    served_model: str | None = None  # the body's `model` for the shadow upstream (None: the client's)
     timeout_s: float = 60.0
     api_key: str | None = None  # sent to the shadow upstream (else the client's Authorization)
     share: float = 0.1  # of successful live requests re-sent to it (0: none)
@@ -276,6 +278,7 @@ def is_loopback(host: str) -> bool:
 ENV_TOKEN = "INFERSIGHT_TOKEN"
 ENV_DATABASE_URL = "INFERSIGHT_DATABASE_URL"
 ENV_UPSTREAM_API_KEY = "INFERSIGHT_UPSTREAM_API_KEY"
+ENV_SHADOW_UPSTREAM_API_KEY = "INFERSIGHT_SHADOW_UPSTREAM_API_KEY"
 _PATH_FIELDS = {"data_dir", "registry", "rules", "reference"}
 
 
@@ -329,6 +332,9 @@ def config_from_mapping(
     upstream = top.get("upstream")
     if isinstance(upstream, UpstreamConfig) and env.get(ENV_UPSTREAM_API_KEY):
         top["upstream"] = dataclasses.replace(upstream, api_key=env[ENV_UPSTREAM_API_KEY])
+    shadow = top.get("shadow_upstream")
+    if isinstance(shadow, ShadowUpstreamConfig) and env.get(ENV_SHADOW_UPSTREAM_API_KEY):
+        top["shadow_upstream"] = dataclasses.replace(shadow, api_key=env[ENV_SHADOW_UPSTREAM_API_KEY])
     try:
         config = ServiceConfig(**top)
     except (TypeError, ValueError) as exc:

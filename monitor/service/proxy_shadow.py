@@ -5,7 +5,8 @@ served beside the new one), a share (`shadow_upstream.share`, default 0.1) of th
 requests that the live upstream answered successfully, streamed or not, is re-sent to the
 shadow upstream with the same body (same messages or prompt, parameters and seed; only
 `stream` is forced off and `stream_options` dropped, as a non-streamed request must not carry
-them). It runs in the background on the service's event loop, after the live answer has gone
+them; `shadow_upstream.served_model`, when given, replaces the body's `model`, for a shadow
+upstream that serves under another name). It runs in the background on the service's event loop, after the live answer has gone
 to the client: the live answer is never delayed and the client never sees the shadow's.
 
 The shadow work is bounded: at most `shadow_upstream.max_in_flight` shadow requests at once;
@@ -96,7 +97,7 @@ class ProxyShadow:
         if len(self._tasks) >= self.config.max_in_flight:
             self.dropped += 1
             return False
-        body = _shadow_body(raw)
+        body = _shadow_body(raw, self.config.served_model)
         if body is None:  # not a JSON object: the live upstream took it, a shadow cannot be built
             self.failed += 1
             return False
@@ -149,8 +150,9 @@ class ProxyShadow:
         await self.client.aclose()
 
 
-def _shadow_body(raw: bytes) -> bytes | None:
-    """The live body with `stream` off (and `stream_options` gone); None if not a JSON object."""
+def _shadow_body(raw: bytes, served_model: str | None = None) -> bytes | None:
+    """The live body with `stream` off (and `stream_options` gone), its `model` replaced by
+    `served_model` when given; None if not a JSON object."""
     try:
         obj = orjson.loads(raw)
     except orjson.JSONDecodeError:
@@ -160,6 +162,8 @@ def _shadow_body(raw: bytes) -> bytes | None:
     if obj.get("stream"):
         obj["stream"] = False
     obj.pop("stream_options", None)
+    if served_model is not None:
+        obj["model"] = served_model
     return orjson.dumps(obj)
 
 
