@@ -182,6 +182,17 @@ def test_a_share_of_live_requests_is_shadowed_with_the_same_body_and_paired(  # 
         assert by_name["output_length"].above == 4
         assert _metric(client, "paired") == 4 and _metric(client, "completed") == 4
         assert _metric(client, "dropped") == 0 and _metric(client, "failed") == 0
+        overview = client.get("/api/v1/overview").json()["pairs"]
+        assert overview["enabled"] and overview["scored"] == 4
+        (comparison,) = overview["comparisons"]
+        assert (comparison["candidate"], comparison["baseline"], comparison["pairs"]) == (
+            LIVE_MODEL,
+            SHADOW_MODEL,
+            4,
+        )
+        assert any(
+            c.startswith("output shorter in 0 and longer in 4 of 4 pairs") for c in comparison["checks"]
+        )
         entries = wait_for(lambda: [e for e in _analysis_entries(client, analysis_id) if e["pairs"] == 4])
         assert (
             entries[-1]["paired"].startswith("4 pairs: ") and "output shorter in 0" in entries[-1]["paired"]
@@ -232,6 +243,8 @@ def test_without_a_shadow_upstream_the_verdict_says_the_paired_checks_are_off(  
         entries = wait_for(lambda: _analysis_entries(client, analysis_id))
         assert entries[-1]["paired"] == PROXY_PAIRS_OFF and entries[-1]["pairs"] == 0
         assert "infersight_shadow_requests_total" not in client.get("/metrics").text
+        overview = client.get("/api/v1/overview").json()["pairs"]
+        assert overview == {"enabled": False, "off_reason": PROXY_PAIRS_OFF, "scored": 0, "comparisons": []}
 
 
 @pytest.mark.parametrize(

@@ -243,6 +243,11 @@ class PairedEvidence:
             analysis = self._by.get((candidate, baseline))
             return (0, ()) if analysis is None else (analysis.pairs, analysis.checks())
 
+    def comparisons(self) -> list[tuple[str, str, int, tuple[PairedCheck, ...]]]:
+        """(candidate, baseline, pairs, each check's state) of every comparison with pairs."""
+        with self._lock:
+            return [(c, b, a.pairs, a.checks()) for (c, b), a in self._by.items()]
+
     def forget(self, candidate: str, baseline: str) -> None:
         with self._lock:
             self._by.pop((candidate, baseline), None)

@@ -33,7 +33,7 @@ from infersight.alerts.actions.pairs import PairedEvidence, PairOutcome, PairPol
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-__all__ = ["PROXY_PAIRS_OFF", "PairFeed", "ShadowCollector", "TextPair"]
+__all__ = ["PROXY_PAIRS_OFF", "PairFeed", "ShadowCollector", "TextPair", "pairs_overview"]
 
 log = logging.getLogger(__name__)
 PROXY_PAIRS_OFF = (
@@ -176,6 +176,23 @@ class ShadowCollector(Collector):
         waiting = GaugeMetricFamily("infersight_shadow_waiting", "Pairs not finished yet", labels=["model"])
         waiting.add_metric([self.model], float(stats.waiting))
         yield waiting
+
+
+def pairs_overview(feed: PairFeed | None, *, proxy: bool) -> dict[str, Any]:
+    """The overview's `pairs`: whether pairs come (and why not), and each comparison's figures."""
+    if feed is None:
+        reason = PROXY_PAIRS_OFF if proxy else "paired checks off: the runtime has no shadow support"
+        return {"enabled": False, "off_reason": reason, "scored": 0, "comparisons": []}
+    evidence = feed.evidence
+    return {
+        "enabled": evidence.enabled,
+        "off_reason": None if evidence.enabled else evidence.off_reason,
+        "scored": feed.scored,
+        "comparisons": [
+            {"candidate": c, "baseline": b, "pairs": n, "checks": [check.describe() for check in checks]}
+            for c, b, n, checks in evidence.comparisons()
+        ],
+    }
 
 
 def pair_policy(share: float) -> PairPolicy | None:

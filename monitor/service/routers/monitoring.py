@@ -34,6 +34,7 @@ from starlette.concurrency import run_in_threadpool
 
 from ..errors import BackendUnavailable
 from ..http_edge import json_time, require_token
+from ..pairs import pairs_overview
 from . import get_service
 from .models import recent_deploys
 
@@ -98,6 +99,9 @@ def _overview(request: Request) -> dict[str, Any]:
         "cost": [c.to_json() for c in cost.costs()] if cost is not None else [],
         "cost_per_hour": cost.per_hour * max(1, cost.devices()) if cost is not None else None,
         "routing": routing.to_json() if routing is not None else None,  # SLA routing's paths, or None
+        "pairs": pairs_overview(
+            getattr(backend, "pair_feed", None), proxy=service.config.upstream is not None
+        ),
     }
 
 
