@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import httpx
 import orjson
 from fastapi.responses import Response, StreamingResponse
-from infersight.monitor.records import CANCELLED, CLIENT_ERROR
+from infersight.monitor.records import CANCELLED, CLIENT_ERROR, is_server_error
 from infersight.monitor.redaction import redact_url
 from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.parser import text_string_to_metric_families
@@ -72,6 +72,7 @@ class SSEObserver:
         self.usage: dict[str, Any] | None = None
         self.model: str | None = None
         self.error: str | None = None
+        self.finish_reason: str | None = None
         self._buffer = b""
 
     def feed(self, data: bytes) -> None:
@@ -100,6 +101,8 @@ class SSEObserver:
             self.error = "UpstreamStreamError"
         choices = obj.get("choices")
         if isinstance(choices, list) and choices and isinstance(choices[0], dict):
+            if isinstance(choices[0].get("finish_reason"), str):
+                self.finish_reason = choices[0]["finish_reason"]
             text = _choice_text(choices[0], self.chat)
             if text:
                 self.timer.first()
@@ -200,24 +203,24 @@ class ProxyBackend:
         except httpx.HTTPError as exc:
             kind = "UpstreamTimeout" if isinstance(exc, httpx.TimeoutException) else "UpstreamUnreachable"
             self.metrics.proxy_errors.labels(kind).inc()
-            self._record(rid, req.model, timer, None, None, kind, prompt, None)
+            self._record(rid, req.model, timer, None, None, kind, prompt, None, req=req)
             raise UpstreamUnreachable(
                 f"upstream {redact_url(self.config.url)} did not answer: {type(exc).__name__}"
             ) from None
         except asyncio.CancelledError:  # the client hung up: the upstream call ends with it
-            self._record(rid, req.model, timer, None, None, CANCELLED, prompt, None)
+            self._record(rid, req.model, timer, None, None, CANCELLED, prompt, None, req=req)
             raise
         content_type = upstream.headers.get("content-type", "application/json")
         if upstream.status_code != 200 or not content_type.startswith("text/event-stream"):
             try:
                 body = await upstream.aread()
             except httpx.HTTPError as exc:
-                self._record(rid, req.model, timer, None, None, "UpstreamUnreachable", prompt, None)
+                self._record(rid, req.model, timer, None, None, "UpstreamUnreachable", prompt, None, req=req)
                 raise UpstreamUnreachable(
                     f"upstream {redact_url(self.config.url)} broke off: {type(exc).__name__}"
                 ) from None
             except asyncio.CancelledError:  # the client hung up while the answer came
-                self._record(rid, req.model, timer, None, None, CANCELLED, prompt, None)
+                self._record(rid, req.model, timer, None, None, CANCELLED, prompt, None, req=req)
                 raise
             finally:
                 await upstream.aclose()
@@ -256,7 +259,7 @@ class ProxyBackend:
             self._record(
                 rid, observer.model or req.model, timer, _int(usage.get("prompt_tokens")),
                 _int(usage.get("completion_tokens")) if observer.usage else observer.text_chunks,
-                error or observer.error, prompt, observer.text,
+                error or observer.error, prompt, observer.text, finish=observer.finish_reason, req=req,
             )  # fmt: skip
 
     def _observe_whole(
@@ -265,14 +268,14 @@ class ProxyBackend:
         timer.finish()
         if status != 200:
             self.metrics.proxy_errors.labels(f"http_{status}").inc()
-            self._record(rid, req.model, timer, None, None, _status_outcome(status), prompt, None)
+            self._record(rid, req.model, timer, None, None, _status_outcome(status), prompt, None, req=req)
             return
         try:
             obj = orjson.loads(body)
         except orjson.JSONDecodeError:
             obj = None
         if not isinstance(obj, dict):
-            self._record(rid, req.model, timer, None, None, "UpstreamBadJSON", prompt, None)
+            self._record(rid, req.model, timer, None, None, "UpstreamBadJSON", prompt, None, req=req)
             return
         usage: dict[str, Any] = obj["usage"] if isinstance(obj.get("usage"), dict) else {}
         choices = obj.get("choices")
@@ -282,12 +285,15 @@ class ProxyBackend:
             else ""
         )
         model = obj.get("model") if isinstance(obj.get("model"), str) else req.model
+        first = choices[0] if isinstance(choices, list) and choices and isinstance(choices[0], dict) else {}
+        finish = first.get("finish_reason") if isinstance(first.get("finish_reason"), str) else None
         self._record(rid, model, timer, _int(usage.get("prompt_tokens")), _int(usage.get("completion_tokens")), None,
-                     prompt, text)  # fmt: skip
+                     prompt, text, finish=finish, req=req)  # fmt: skip
 
     def _record(
         self, rid: str, model_version: str | None, timer: CallTimer, prompt_tokens: int | None,
         output_tokens: int | None, error: str | None, prompt: str | None, response: str | None,
+        *, finish: str | None = None, req: Any = None,
     ) -> None:  # fmt: skip
         # a label slot is only for a name the upstream accepted: junk names answered 4xx or
         # never answered would fill the cap and push the real model into `other`
@@ -302,6 +308,8 @@ class ProxyBackend:
             request_id=rid, model=self.config.model or version, model_version=version, timer=timer, source="proxy",
             prompt_tokens=prompt_tokens, output_tokens=output_tokens, error_type=error, prompt=prompt,
             response=response if error is None else None, text_sample_rate=self.text_sample_rate,
+            max_tokens=getattr(req, "max_tokens", None), stream=getattr(req, "stream", None),
+            finish_reason="cancelled" if error == CANCELLED else "error" if is_server_error(error) else finish,
         )  # fmt: skip
         self.pipeline.submit_one(record)
 
