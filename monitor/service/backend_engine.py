@@ -347,6 +347,9 @@ class EngineBackend:
         budget = max(1, min(budget, self.runtime.max_seq_len - len(prompt_ids)))
         timer = CallTimer()
         request_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+        controller = getattr(self, "canary_controller", None)
+        if controller is not None:  # the canary compares like with like (strata.py)
+            controller.note_shape(request_id, max_tokens, bool(req.stream))
         try:
             handle = self.runtime.submit(
                 prompt_ids, max_new_tokens=budget, temperature=_temperature(req.temperature),
@@ -570,7 +573,7 @@ def _stored_since(db: Engine, status: Any) -> list[Any]:
 
     c = requests.c
     query = (
-        select(c.model_version, c.error_type, c.output_tokens, c.relevance)
+        select(c.model_version, c.error_type, c.output_tokens, c.relevance, c.max_tokens, c.stream)
         .where(
             c.model_version.in_([status.version, status.stable_version]),
             c.started_at >= dt.datetime.fromtimestamp(status.started_at, dt.UTC),
