@@ -86,10 +86,20 @@ def _traffic(n_short: int, n_long: int, *, long_every: int = 5) -> list[tuple[di
 
 def _store(engine: Any, version: str, traffic: list[tuple[dict[str, Any], bool]], start: float) -> None:
     records = [
-        InferenceRecord(f"{version}-{i}", "m", version, start + i * 0.01, 0.2, prompt_tokens=10,
-                        output_tokens=None if failed else 5, error_type="GenerationFailed" if failed else None,
-                        source="engine", max_tokens=shape["max_tokens"], stream=shape["stream"],
-                        finish_reason="error" if failed else "stop")  # fmt: skip
+        InferenceRecord(
+            f"{version}-{i}",
+            "m",
+            version,
+            start + i * 0.01,
+            0.2,
+            prompt_tokens=10,
+            output_tokens=None if failed else 5,
+            error_type="GenerationFailed" if failed else None,
+            source="engine",
+            max_tokens=shape["max_tokens"],
+            stream=shape["stream"],
+            finish_reason="error" if failed else "stop",
+        )
         for i, (shape, failed) in enumerate(traffic)
     ]
     writer = RequestWriter(engine)
