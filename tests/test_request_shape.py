@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import threading
 from typing import Any
 
 import pytest
 from _store_helpers import database_url
 from infersight.alerts.actions.analysis import AnalysisPolicy, StoreVersionMetrics, _compare
-from infersight.alerts.actions.canary import CanaryAnalysis, CanaryPolicy
+from infersight.alerts.actions.canary import CanaryAnalysis, CanaryController, CanaryPolicy
+from infersight.engine.events import RequestFailed, RequestFinished
 from infersight.monitor.records import InferenceRecord, from_json_many
 from infersight.monitor.service.pipeline import RequestWriter
 from infersight.monitor.store.database import connect, upgrade
@@ -157,3 +159,47 @@ def test_canary_server_errors_compare_within_shapes_so_arm_steering_does_not_rol
     unstratified = _canary(stratified=False)
     verdict = unstratified.verdict()
     assert verdict.action == "rollback" and "server_errors" in verdict.reason
+
+
+class _Control:
+    """Stands in for `Runtime.canary` (the real one: test_engine_canary.py): records aborts."""
+
+    def __init__(self) -> None:
+        self.aborted = threading.Event()
+
+    class status:  # the shape of CanaryStatus the controller reads
+        version = "v-new"
+
+    def set_weight(self, weight: float) -> None: ...
+
+    def promote(self, message: str = "") -> None: ...
+
+    def abort(self, message: str = "") -> None:
+        self.aborted.set()
+
+
+def _steered_canary(note_shapes: bool) -> tuple[CanaryController, _Control]:
+    """The engine's own events for a canary its clients send long, streamed requests (the
+    stable: short ones); with `note_shapes` the backend told the controller each shape."""
+    control = _Control()
+    controller = CanaryController(control, CanaryPolicy(requests_per_step=10_000))
+    controller.begin("v-new", "v-old", 0.5)
+    canary, stable = _traffic(100, 400), _traffic(400, 100)
+    for i, ((c_shape, c_failed), (s_shape, s_failed)) in enumerate(zip(canary[::-1], stable, strict=True)):
+        for version, shape, failed in (("v-new", c_shape, c_failed), ("v-old", s_shape, s_failed)):
+            rid = f"{version}-{i}"
+            if note_shapes:
+                controller.note_shape(rid, shape["max_tokens"], shape["stream"])
+            if failed:
+                controller.on_event(RequestFailed(rid, version, 0.0, "GenerationFailed", "boom"))
+            else:
+                controller.on_event(RequestFinished(rid, version, 0.0, 10, 5, 0.0, 0.01, 0.2, "stop"))
+    return controller, control
+
+
+def test_the_canary_controller_stratifies_by_the_shapes_the_backend_notes() -> None:
+    controller, control = _steered_canary(note_shapes=True)
+    assert controller.analysis is not None and controller.analysis.verdict().action == "continue"
+    assert not control.aborted.is_set() and controller._shapes == {}  # every noted shape was used
+    controller, control = _steered_canary(note_shapes=False)  # shapes unknown: one stratum
+    assert control.aborted.wait(30)  # the unstratified comparison rolls the good canary back
