@@ -19,6 +19,7 @@ __all__ = [
     "CANCELLED",
     "CLIENT_ERROR",
     "CLIENT_OUTCOMES",
+    "FINISH_REASONS",
     "MAX_TEXT_CHARS",
     "NOT_ERRORS",
     "OVERLOADED",
@@ -38,6 +39,9 @@ MAX_TEXT_CHARS = 32_768  # prompt/response text beyond this is refused at ingest
 _MAX_LABEL_CHARS = 256
 _MAX_EPOCH_S = 253_402_300_799.0  # 9999-12-31T23:59:59Z, the last instant a datetime (and the store) holds
 _MAX_TOKENS = 2**31 - 1  # the store's INTEGER
+# Why a generation ended, as recorded (OpenAI's values, plus what other producers say):
+# anything else a producer reports is kept as "other".
+FINISH_REASONS = frozenset({"stop", "length", "cancelled", "error", "content_filter", "tool_calls", "other"})
 
 # Outcomes the client caused, kept in `error_type` under their own label so they are seen
 # (dashboards, /metrics) but never counted as server errors: a request refused for the
@@ -91,6 +95,10 @@ class InferenceRecord:
     source: RecordSource = "sdk"
     path: str | None = None  # SLA routing's path ("fast", "standard") in the embedded runtime
     system_prompt: str | None = None  # a chat's system messages, sampled like `prompt` (the cache preload)
+    # the request's shape (what the client asked), so release checks compare like with like
+    max_tokens: int | None = None  # the output budget the client asked for (None: not said)
+    stream: bool | None = None  # the answer was streamed
+    finish_reason: str | None = None  # one of FINISH_REASONS
 
     def to_json(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in _FIELDS}
@@ -129,16 +137,20 @@ class InferenceRecord:
             source,
             _label(obj, "path", required=False),
             _text(obj, "system_prompt"),
+            _max_tokens(obj),
+            _flag(obj, "stream"),
+            _finish_reason(obj),
         )
 
 
 _FIELDS = tuple(f.name for f in fields(InferenceRecord))
-_OPTIONAL = ("path", "system_prompt")  # added after the first 14, so optional to `build_record`
+# added after the first 14, so optional to `build_record`
+_OPTIONAL = ("path", "system_prompt", "max_tokens", "stream", "finish_reason")
 _KNOWN = frozenset(_FIELDS)
 
 
 def _builder() -> Callable[..., InferenceRecord]:
-    """`build_record(*the first 14 fields, positionally, path=None, system_prompt=None)`: an
+    """`build_record(*the first 14 fields, positionally, path=None, ...)` (`_OPTIONAL`): an
     `InferenceRecord` without the dataclass `__init__`, for values already checked (by
     `from_json`, or made by the SDK itself).
 
@@ -210,6 +222,29 @@ def _text(obj: dict[str, Any], name: str) -> Any:
     return value
 
 
+def _max_tokens(obj: dict[str, Any]) -> Any:
+    value = obj.get("max_tokens")
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= _MAX_TOKENS:
+        raise InvalidRecord("max_tokens", f"must be an integer from 1 to {_MAX_TOKENS}")
+    return value
+
+
+def _flag(obj: dict[str, Any], name: str) -> Any:
+    value = obj.get(name)
+    if value is not None and not isinstance(value, bool):
+        raise InvalidRecord(name, "must be true or false")
+    return value
+
+
+def _finish_reason(obj: dict[str, Any]) -> Any:
+    value = obj.get("finish_reason")
+    if value is not None and value not in FINISH_REASONS:
+        raise InvalidRecord("finish_reason", f"must be one of {', '.join(sorted(FINISH_REASONS))}")
+    return value
+
+
 _INF = math.inf
 
 
@@ -221,12 +256,13 @@ def from_json_many(events: list[Any]) -> tuple[list[InferenceRecord], list[tuple
     seconds, str subclasses) and names what it refuses."""
     out: list[InferenceRecord] = []
     refused: list[tuple[int, InvalidRecord]] = []
-    build, labels, texts, tokens, epoch = (
+    build, labels, texts, tokens, epoch, reasons = (
         build_record,
         _MAX_LABEL_CHARS,
         MAX_TEXT_CHARS,
         _MAX_TOKENS,
         _MAX_EPOCH_S,
+        FINISH_REASONS,
     )
     for i, obj in enumerate(events):
         if type(obj) is dict and _KNOWN.issuperset(obj):
@@ -246,6 +282,7 @@ def from_json_many(events: list[Any]) -> tuple[list[InferenceRecord], list[tuple
                 get("system_prompt"),
                 get("source", "sdk"),
             )
+            budget, stream, finish = get("max_tokens"), get("stream"), get("finish_reason")
             if (
                 type(rid) is str and 0 < len(rid) <= labels
                 and type(model) is str and 0 < len(model) <= labels
@@ -263,9 +300,12 @@ def from_json_many(events: list[Any]) -> tuple[list[InferenceRecord], list[tuple
                 and (response is None or (type(response) is str and len(response) <= texts))
                 and (system is None or (type(system) is str and len(system) <= texts))
                 and type(source) is str and source in _SOURCES
+                and (budget is None or (type(budget) is int and 1 <= budget <= tokens))
+                and (stream is None or type(stream) is bool)
+                and (finish is None or (type(finish) is str and finish in reasons))
             ):  # fmt: skip
                 out.append(build(rid, model, version, started, d, a, b, q, p, o, e, prompt, response, source,
-                                 path, system))  # fmt: skip
+                                 path, system, budget, stream, finish))  # fmt: skip
                 continue
         try:
             out.append(InferenceRecord.from_json(obj))

@@ -186,3 +186,31 @@ def test_metrics_name_the_decode_path_the_serving_version_runs_on(served) -> Non
     ) in metrics
     assert path.kernels in ("none", "plain", "avx2", "avx512", "avx512-vnni") and path.activations
     assert path.name in ("eager", "native") and path.reason in ("measured", "cached")
+
+
+def test_each_call_records_its_max_tokens_stream_flag_and_finish_reason(served) -> None:  # type: ignore[no-untyped-def]
+    app, client = served
+    whole = client.post("/v1/completions", json={"prompt": "how do i top up my card", "max_tokens": 3,
+                                                 "temperature": 0}).json()  # fmt: skip
+    req = {"messages": [{"role": "user", "content": "why was my transfer declined"}], "max_tokens": 5,
+           "temperature": 0, "stream": True}  # fmt: skip
+    with client.stream("POST", "/v1/chat/completions", json=req) as r:
+        chunks = _sse(list(r.iter_lines()))
+    [streamed_finish] = [c["choices"][0]["finish_reason"] for c in chunks if c["choices"][0]["finish_reason"]]
+    unbounded = client.post("/v1/completions", json={"prompt": "my card", "temperature": 0}).json()
+    service = app.state.service
+    assert service.writer.flush()
+    with service.db.connect() as conn:
+        rows = {
+            r.request_id: r
+            for r in conn.execute(
+                select(requests).where(
+                    requests.c.request_id.in_([whole["id"], chunks[0]["id"], unbounded["id"]])
+                )
+            )
+        }
+    a, b, c = rows[whole["id"]], rows[chunks[0]["id"]], rows[unbounded["id"]]
+    assert (a.max_tokens, a.stream, a.finish_reason) == (3, False, whole["choices"][0]["finish_reason"])
+    assert (b.max_tokens, b.stream, b.finish_reason) == (5, True, streamed_finish)
+    # a completion that does not say max_tokens asks for OpenAI's default, 16
+    assert (c.max_tokens, c.stream, c.finish_reason) == (16, False, unbounded["choices"][0]["finish_reason"])

@@ -167,7 +167,7 @@ def test_a_streamed_chat_passes_through_untouched_and_is_observed(proxy, upstrea
 
 def test_usage_from_the_upstream_gives_the_token_counts(proxy) -> None:  # type: ignore[no-untyped-def]
     app, client = proxy
-    r = client.post("/v1/completions", json={"model": MODEL, "prompt": "card declined"})
+    r = client.post("/v1/completions", json={"model": MODEL, "prompt": "card declined", "max_tokens": 32})
     assert r.status_code == 200 and r.json()["choices"][0]["text"] == "".join(WORDS)
     req = {
         "model": MODEL,
@@ -182,6 +182,9 @@ def test_usage_from_the_upstream_gives_the_token_counts(proxy) -> None:  # type:
     assert whole.ttft_s is None  # not observable in a non-streamed answer
     assert (streamed.prompt_tokens, streamed.output_tokens) == (11, len(WORDS))
     assert streamed.ttft_s is not None
+    # the request's shape: from the body, and the finish reason from the upstream's answer
+    assert (whole.max_tokens, whole.stream, whole.finish_reason) == (32, False, "stop")
+    assert (streamed.max_tokens, streamed.stream, streamed.finish_reason) == (None, True, None)
 
 
 def test_an_upstream_4xx_is_passed_through_and_counted_as_the_clients_error(proxy) -> None:  # type: ignore[no-untyped-def]

@@ -142,6 +142,35 @@ def test_a_vllm_server_span_sent_by_the_sdk_exporter_becomes_a_record(served: Se
     assert row["tpot_s"] == pytest.approx((2.1 - 0.5) / 32)
     assert row["started_at"].timestamp() == pytest.approx((now - 2_100_000_000) / 1e9, abs=1e-3)
     assert row["error_type"] is None and row["source"] == "otlp"
+    assert (row["max_tokens"], row["stream"], row["finish_reason"]) == (
+        128,
+        None,
+        None,
+    )  # the request's shape
+
+
+def test_a_spans_max_tokens_and_finish_reason_are_stored(served: Served) -> None:
+    provider = exporting_tracer(served.base, **{"service.name": "shape-app"})
+    tracer = provider.get_tracer("shape")
+    now = time.time_ns()
+    for model, extra in (
+        ("shape-a", {"gen_ai.request.max_tokens": 64, "gen_ai.response.finish_reasons": ("length",)}),
+        ("shape-b", {"gen_ai.request.max_tokens": 0, "gen_ai.response.finish_reasons": ("function_call",),
+                     "llm.is_streaming": True}),  # out of range: dropped, the span kept
+        ("shape-c", {"llm.invocation_parameters": json.dumps({"max_tokens": 9, "stream": False}),
+                     "gen_ai.response.finish_reasons": ("eos_token",)}),
+    ):  # fmt: skip
+        span = tracer.start_span("chat", kind=SpanKind.CLIENT, attributes={**_chat(model, "hi", "hello"), **extra},
+                                 start_time=now - 10**9)  # fmt: skip
+        span.end(end_time=now)
+    provider.shutdown()
+    shapes = {m: [(r["max_tokens"], r["stream"], r["finish_reason"]) for r in served.rows(model=m)]
+              for m in ("shape-a", "shape-b", "shape-c")}  # fmt: skip
+    assert shapes == {
+        "shape-a": [(64, None, "length")],
+        "shape-b": [(None, True, "tool_calls")],
+        "shape-c": [(9, False, "other")],
+    }
 
 
 def test_protobuf_json_and_gzip_bodies_are_read_alike_and_answered_in_their_format(served: Served) -> None:

@@ -85,6 +85,9 @@ def test_build_record_makes_the_same_immutable_record_as_the_constructor() -> No
         "proxy",
         "fast",
         "be brief",
+        64,
+        True,
+        "length",
     )
     assert len(values) == len(fields(InferenceRecord))
     built = build_record(*values)

@@ -15,7 +15,11 @@ output-length ratio, finish-reason agreement) instead of before against after, w
 change in what clients ask at deploy time would confound; a failed paired check names its
 pairs ("relevance fell in 17 of 20 pairs, mean -0.41"). When pairs are off (proxy mode
 without a second upstream) every verdict says so. The p99 check compares requests of the
-same shape only (output- and prompt-length buckets both sides have: `_like_p99`).
+same shape only (output-length, prompt-length and max_tokens buckets and the stream flag,
+in strata both sides have: `_like_p99`), and the error-rate check the two versions' rates
+within strata of what the requests asked (max_tokens bucket, stream flag: `_like_errors`),
+Mantel-Haenszel weighted, so a client changing `max_tokens` or streaming at the moment of a
+deploy cannot create a difference.
 
 Replicas on one database share the analyses: a deploy of the version an analysis already
 watches (the same release rolled out to another replica) joins it instead of superseding
@@ -42,7 +46,7 @@ from ..rules.rules import ActionSpec
 from ..rules.signals import quantile
 from .pairs import PairedCheck, PairedEvidence
 from .runner import ActionOutcome, ActionRunner
-from .strata import shape
+from .strata import like_rates, request_shape, shape
 
 __all__ = [
     "REGRESSION_ALERT",
@@ -72,6 +76,9 @@ class VersionStats:
     # (shape, successful requests, their p99) per stratum of like requests (strata.py's
     # output- and prompt-length buckets): the latency check compares within these
     p99_by_shape: tuple[tuple[str, int, float], ...] = ()
+    # (shape, requests, server errors) per stratum of what the requests asked (strata.py's
+    # request_shape: max_tokens bucket, stream flag): the error-rate check compares within these
+    errors_by_shape: tuple[tuple[str, int, int], ...] = ()
 
 
 class VersionMetrics(Protocol):
@@ -92,7 +99,9 @@ class StoreVersionMetrics:
 
     def stats(self, version: str, since: dt.datetime, until: dt.datetime) -> VersionStats:
         c = requests.c
-        q = select(c.duration_s, c.error_type, c.relevance, c.prompt_tokens, c.output_tokens).where(
+        q = select(
+            c.duration_s, c.error_type, c.relevance, c.prompt_tokens, c.output_tokens, c.max_tokens, c.stream
+        ).where(
             requests.c.model_version == version, requests.c.started_at >= since, requests.c.started_at < until
         )
         with self.engine.connect() as conn:
@@ -102,10 +111,15 @@ class StoreVersionMetrics:
         ok = [r.duration_s for r in rows if r.error_type is None]
         rel = [r.relevance for r in rows if r.relevance is not None]
         by_shape: dict[str, list[float]] = {}
+        errors: dict[str, list[int]] = {}
         for r in rows:
+            m, st = request_shape(r.max_tokens, r.stream)
+            cell = errors.setdefault(f"max{m}/stream{st}", [0, 0])
+            cell[0] += 1
+            cell[1] += is_server_error(r.error_type)
             if r.error_type is None:
-                o, pr = shape(r.output_tokens, r.prompt_tokens)
-                by_shape.setdefault(f"out{o}/prompt{pr}", []).append(r.duration_s)
+                o, pr, m, st = shape(r.output_tokens, r.prompt_tokens, r.max_tokens, r.stream)
+                by_shape.setdefault(f"out{o}/prompt{pr}/max{m}/stream{st}", []).append(r.duration_s)
         return VersionStats(
             len(rows),
             sum(is_server_error(r.error_type) for r in rows) / len(rows),
@@ -114,6 +128,7 @@ class StoreVersionMetrics:
             sum(r.error_type == CLIENT_ERROR for r in rows),
             sum(r.error_type == CANCELLED for r in rows),
             tuple((k, len(v), quantile(v, 0.99)) for k, v in sorted(by_shape.items())),
+            tuple((k, n, e) for k, (n, e) in sorted(errors.items())),
         )
 
     def output_drift_p_value(self, new: str, old: str, since: dt.datetime) -> float | None:
@@ -167,11 +182,13 @@ def _compare(
 ) -> tuple[FailedCheck, ...]:
     """The unpaired checks; with `paired`, relevance and output drift are left to the pairs."""
     out = []
-    if new.error_rate is not None and old.error_rate is not None:
-        limit = max(old.error_rate * p.error_rate_ratio, old.error_rate + p.error_rate_margin)
-        if new.error_rate > limit:
-            text = f"error rate {new.error_rate:.1%} > {limit:.1%} (previous {old.error_rate:.1%})"
-            out.append(FailedCheck("error_rate", new.error_rate, limit, old.error_rate, text))
+    rates = _like_errors(new, old)
+    if rates is not None:
+        new_rate, old_rate, like = rates
+        limit = max(old_rate * p.error_rate_ratio, old_rate + p.error_rate_margin)
+        if new_rate > limit:
+            text = f"error rate {new_rate:.1%} > {limit:.1%} (previous {old_rate:.1%}){like}"
+            out.append(FailedCheck("error_rate", new_rate, limit, old_rate, text))
     latency = _like_p99(new, old)
     if latency is not None and latency[0] > latency[1] * p.p99_ratio:
         new_p99, old_p99, like = latency
@@ -409,6 +426,31 @@ def _paired_failure(check: PairedCheck) -> FailedCheck:
 
 
 _MIN_STRATUM = 5  # successful requests of a shape on each side before its p99 is compared
+
+
+def _like_errors(new: VersionStats, old: VersionStats) -> tuple[float, float, str] | None:
+    """(new error rate, previous error rate, how compared) within strata of what the requests
+    asked (max_tokens bucket, stream flag), standardised Mantel-Haenszel style to the strata
+    both sides have: a shape with a higher base error rate that only one side was asked for
+    carries no weight. None when they share no stratum; without strata (figures from
+    elsewhere than the store) the overall rates."""
+    if not new.errors_by_shape and not old.errors_by_shape:
+        if new.error_rate is None or old.error_rate is None:
+            return None
+        return new.error_rate, old.error_rate, ""
+    before = {k: (n, e) for k, n, e in old.errors_by_shape}
+    after = {k: (n, e) for k, n, e in new.errors_by_shape}
+    cells = {}
+    for k in {*before, *after}:
+        (n1, e1), (n0, e0) = after.get(k, (0, 0)), before.get(k, (0, 0))
+        cells[k] = (e1, n1, e0, n0)
+    rates = like_rates(cells)
+    if rates is None:
+        return None
+    new_rate, old_rate, shared = rates
+    if len(cells) == 1:
+        return new_rate, old_rate, ""
+    return new_rate, old_rate, f" on requests of the same shape ({shared} of {len(after)} shapes)"
 
 
 def _like_p99(new: VersionStats, old: VersionStats) -> tuple[float, float, str] | None:

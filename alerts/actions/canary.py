@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 from .pairs import PairedAnalysis, PairOutcome, PairPolicy, msprt_lambda
-from .strata import StratifiedExceedance, shape
+from .strata import StratifiedExceedance, StratifiedRate, request_shape, shape
 
 __all__ = [
     "CANARY_ALERT",
@@ -191,7 +191,9 @@ class CanaryAnalysis:
         clients could steer; server errors and latency stay unpaired."""
         self.policy = policy or CanaryPolicy()
         p = self.policy
-        self._checks = {"server_errors": _Check("server_errors", "higher_is_worse", p.tau_rate)}
+        self._checks: dict[str, _Check] = {}
+        # server errors: only requests of the same shape (max_tokens bucket, stream) are compared
+        self._errors = StratifiedRate("server_errors", tau=p.tau_rate, min_n=p.min_requests)
         # latency: only requests of the same shape are compared (strata.py)
         self._latency = StratifiedExceedance(quantile=p.latency_quantile, baseline=p.latency_baseline,
                                              tau=p.tau_rate, min_n=p.min_requests)  # fmt: skip
@@ -206,7 +208,7 @@ class CanaryAnalysis:
         self._reference_n = 0
         self._reference: list[float] | None = None  # their mean, unit norm, once fixed
         self._pending_outputs: list[tuple[bool, list[float]]] = []  # canary answers before that
-        self._alpha = p.alpha / (len(self._checks) + 1 + (4 if self.pairs is not None else 0))
+        self._alpha = p.alpha / (len(self._checks) + 2 + (4 if self.pairs is not None else 0))
         self.step = 0
         self.at_step = 0  # canary requests observed at the current step
         self.first_regression: CheckState | None = None
@@ -223,16 +225,22 @@ class CanaryAnalysis:
         latency_s: float | None,
         output_tokens: int | None = None,
         prompt_tokens: int | None = None,
+        max_tokens: int | None = None,
+        stream: bool | None = None,
     ) -> None:
         """One finished (or failed) request of the canary (True) or the stable version (False);
-        its token counts place it in a stratum of like requests for the latency check."""
+        its shape (token counts, `max_tokens`, stream flag) places it in a stratum of like
+        requests for the server-error and latency checks."""
         if error_type in CLIENT_ERRORS:
             return  # the caller's doing: says nothing about either version
         if canary:
             self.at_step += 1
-        self._add("server_errors", canary, 1.0 if error_type is not None else 0.0, pooled=True)
+        key = request_shape(max_tokens, stream)  # strata by what was asked (a failure has no lengths)
+        regressed = self._errors.add(canary, error_type is not None, key, alpha=self._alpha)
+        if regressed and self.first_regression is None:
+            self.first_regression = self._errors_state()
         if error_type is None and latency_s is not None:
-            key = shape(output_tokens, prompt_tokens)
+            key = shape(output_tokens, prompt_tokens, max_tokens, stream)
             if self._latency.add(canary, latency_s, key, alpha=self._alpha) and self.first_regression is None:
                 self.first_regression = self._latency_state()
         if error_type is None and output_tokens is not None and self.pairs is None:
@@ -277,6 +285,13 @@ class CanaryAnalysis:
         if check.regressed and not was and self.first_regression is None:
             self.first_regression = check.state()
 
+    def _errors_state(self) -> CheckState:
+        c, st, nc, ns = self._errors.figures()
+        e = self._errors
+        return CheckState(
+            "server_errors", c, st, nc, ns, e.max_lambda, min(1.0, 1.0 / e.max_lambda), e.regressed
+        )
+
     def _latency_state(self) -> CheckState:
         c, st, nc, ns = self._latency.figures()
         lat = self._latency
@@ -284,8 +299,7 @@ class CanaryAnalysis:
                           min(1.0, 1.0 / lat.max_lambda), lat.regressed)  # fmt: skip
 
     def checks(self) -> tuple[CheckState, ...]:
-        states = [c.state() for c in self._checks.values()]
-        return (states[0], self._latency_state(), *states[1:])
+        return (self._errors_state(), self._latency_state(), *(c.state() for c in self._checks.values()))
 
     def verdict(self) -> Verdict:
         """Where the canary stands now; a pure read of the observations so far."""
@@ -333,6 +347,9 @@ class CanaryRuntime(Protocol):
     def abort(self, message: str = "") -> Any: ...
 
 
+_MAX_SHAPES = 10_000  # requests in flight whose shape the controller holds
+
+
 @dataclass(frozen=True)
 class StoredRequest:
     """A request as the store recorded it, for `CanaryController.replay`."""
@@ -341,6 +358,8 @@ class StoredRequest:
     error_type: str | None
     output_tokens: int | None
     relevance: float | None
+    max_tokens: int | None = None
+    stream: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -391,6 +410,7 @@ class CanaryController:
         self._overlapped: set[str] = set()
         self._lock = threading.Lock()
         self._busy = False
+        self._shapes: dict[str, tuple[int | None, bool | None]] = {}  # request id -> (max_tokens, stream)
 
     def begin(self, version: str, stable: str, weight: float) -> None:
         """A canary of `version` against `stable` started at `weight`: a fresh analysis
@@ -405,11 +425,22 @@ class CanaryController:
             self.version, self.stable = version, stable
             self.served = {True: 0, False: 0}
             self._running, self._overlapped = {True: set(), False: set()}, set()
+            self._shapes = {}
 
     def end(self) -> None:
         """The canary ended by hand (promoted or aborted by an operator): stop analysing."""
         with self._lock:
             self.analysis = None
+
+    def note_shape(self, request_id: str, max_tokens: int | None, stream: bool | None) -> None:
+        """What a request asked (the engine's events do not say), before it is submitted: its
+        outcome is then compared within its stratum. Kept only while a canary runs, bounded."""
+        with self._lock:
+            if self.analysis is None:
+                return
+            if len(self._shapes) >= _MAX_SHAPES:  # requests refused before they ran: the oldest go
+                del self._shapes[next(iter(self._shapes))]
+            self._shapes[request_id] = (max_tokens, stream)
 
     def _arm(self, version: str | None) -> bool | None:
         if self.analysis is None or version is None:
@@ -436,12 +467,15 @@ class CanaryController:
             beside = rid in self._overlapped
             self._overlapped.discard(rid)
             self.served[arm] += 1
+            max_tokens, stream = self._shapes.pop(rid, (None, None))
             if kind == "RequestFinished":
                 error = "cancelled" if event.finish_reason == "cancelled" else None
                 self.analysis.observe(arm, error_type=error, latency_s=event.duration_s if beside else None,
-                                      output_tokens=event.output_tokens, prompt_tokens=getattr(event, "prompt_tokens", None))  # fmt: skip
+                                      output_tokens=event.output_tokens, prompt_tokens=getattr(event, "prompt_tokens", None),
+                                      max_tokens=max_tokens, stream=stream)  # fmt: skip
             else:
-                self.analysis.observe(arm, error_type=event.error_type, latency_s=None)
+                self.analysis.observe(arm, error_type=event.error_type, latency_s=None, max_tokens=max_tokens,
+                                      stream=stream)  # fmt: skip
         self._maybe_decide()
 
     def on_relevance(self, version: str, value: float) -> None:
@@ -480,8 +514,8 @@ class CanaryController:
                     continue
                 self.served[arm] += 1
                 # no latency: the store does not say which requests ran beside the other arm
-                self.analysis.observe(arm, error_type=row.error_type, latency_s=None,
-                                      output_tokens=row.output_tokens)  # fmt: skip
+                self.analysis.observe(arm, error_type=row.error_type, latency_s=None, output_tokens=row.output_tokens,
+                                      max_tokens=row.max_tokens, stream=row.stream)  # fmt: skip
                 if row.relevance is not None:
                     self.analysis.observe_relevance(arm, row.relevance)
                 n += 1

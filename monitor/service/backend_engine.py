@@ -332,11 +332,12 @@ class EngineBackend:
         if tokenizer is None:
             raise BackendUnavailable("the serving version has no tokenizer")
         field = "body.messages" if chat else "body.prompt"
+        asked = (max_tokens, bool(req.stream))  # the request's shape, kept in its record
         try:
             prompt_ids = await self.encoder.encode(tokenizer, text)
         except PromptOverCharacters as exc:  # refused before tokenizing: a 7 MB prompt costs a len()
             self._record(f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}", serving, CallTimer(), None, 0,
-                         None, CLIENT_ERROR, observed_prompt, None, system=system)  # fmt: skip
+                         None, CLIENT_ERROR, observed_prompt, None, system=system, asked=asked)  # fmt: skip
             return JSONResponse(fmt_error(400, str(exc), field, "context_length_exceeded"), status_code=400)
         if not prompt_ids:
             raise HTTPException(
@@ -346,6 +347,9 @@ class EngineBackend:
         budget = max(1, min(budget, self.runtime.max_seq_len - len(prompt_ids)))
         timer = CallTimer()
         request_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+        controller = getattr(self, "canary_controller", None)
+        if controller is not None:  # the canary compares like with like (strata.py)
+            controller.note_shape(request_id, max_tokens, bool(req.stream))
         try:
             handle = self.runtime.submit(
                 prompt_ids, max_new_tokens=budget, temperature=_temperature(req.temperature),
@@ -354,17 +358,17 @@ class EngineBackend:
             )  # fmt: skip
         except PromptTooLong as exc:
             self._record(request_id, serving, timer, len(prompt_ids), 0, None, CLIENT_ERROR, observed_prompt, None,
-                         system=system)  # fmt: skip
+                         system=system, asked=asked)  # fmt: skip
             return JSONResponse(fmt_error(400, str(exc), field, "context_length_exceeded"), status_code=400)
         except PathOverloaded as exc:  # SLA routing's length breaker is open for this length
             self._record(request_id, serving, timer, len(prompt_ids), 0, None, SHED,
-                         observed_prompt, None, path=exc.path, system=system)  # fmt: skip
+                         observed_prompt, None, path=exc.path, system=system, asked=asked)  # fmt: skip
             retry = str(max(1, math.ceil(exc.retry_after_s)))
             return JSONResponse(fmt_error(503, str(exc), None, "path_overloaded"), status_code=503,
                                 headers={"Retry-After": retry})  # fmt: skip
         except QueueFull as exc:  # admission control: the path's queue is full or its wait too long
             self._record(request_id, serving, timer, len(prompt_ids), 0, None, OVERLOADED,
-                         observed_prompt, None, path=exc.path if self.route_metrics is not None and routed(exc.path) else None, system=system)  # fmt: skip
+                         observed_prompt, None, path=exc.path if self.route_metrics is not None and routed(exc.path) else None, system=system, asked=asked)  # fmt: skip
             retry = str(max(1, math.ceil(exc.retry_after_s)))
             return JSONResponse(fmt_error(429, str(exc), None, "overloaded"), status_code=429,
                                 headers={"Retry-After": retry})  # fmt: skip
@@ -377,14 +381,23 @@ class EngineBackend:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
             version = {VERSION_HEADER: handle.model_version} if reveal else {}
             chunks = self._sse(handle, stream, timer, chat, include_usage, observed_prompt, len(prompt_ids),
-                               system, reveal)  # fmt: skip
+                               system, reveal, asked=asked)  # fmt: skip
             return StreamingResponse(
                 chunks,
                 media_type="text/event-stream",
                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **version},
             )
         return await self._whole(
-            handle, stream, timer, chat, observed_prompt, len(prompt_ids), system, reveal, tokenizer=tokenizer
+            handle,
+            stream,
+            timer,
+            chat,
+            observed_prompt,
+            len(prompt_ids),
+            system,
+            reveal,
+            tokenizer=tokenizer,
+            asked=asked,
         )
 
     def _public(self, message: str, version: str, reveal: bool) -> str:
@@ -393,7 +406,7 @@ class EngineBackend:
 
     async def _whole(
         self, handle: Any, stream: TextStream, timer: CallTimer, chat: bool, prompt: str, n_prompt: int,
-        system: str | None, reveal: bool = False, *, tokenizer: Any,
+        system: str | None, reveal: bool = False, *, tokenizer: Any, asked: tuple[int | None, bool] = (None, False),
     ) -> Response:  # fmt: skip
         from infersight.engine.errors import GenerationFailed
 
@@ -415,20 +428,23 @@ class EngineBackend:
                 stream.settle(decoded[0])
         except GenerationFailed as exc:
             self._record(handle.request_id, handle.model_version, timer, n_prompt, stream.token_count, None,
-                         type(exc).__name__, prompt, None, path=getattr(handle, "path", None), system=system)  # fmt: skip
+                         type(exc).__name__, prompt, None, path=getattr(handle, "path", None), system=system,
+                         asked=asked, finish="error")  # fmt: skip
             raise BackendUnavailable(
                 self._public(f"generation failed: {exc}", handle.model_version, reveal)
             ) from None
         except asyncio.CancelledError:  # the client went away: stop generating for it
             self._hang_up(handle)
             self._record(handle.request_id, handle.model_version, timer, n_prompt, stream.token_count, None,
-                         CANCELLED, prompt, None, path=getattr(handle, "path", None), system=system)  # fmt: skip
+                         CANCELLED, prompt, None, path=getattr(handle, "path", None), system=system,
+                         asked=asked, finish="cancelled")  # fmt: skip
             raise
         stream.flush()
         finish = "stop" if stream.stopped else _FINISH.get(completion.finish_reason, "stop")
         n_out = stream.token_count
         self._record(handle.request_id, completion.model_version, timer, n_prompt, n_out, completion.queue_s, None,
-                     prompt, stream.text, path=getattr(handle, "path", None), system=system)  # fmt: skip
+                     prompt, stream.text, path=getattr(handle, "path", None), system=system, asked=asked,
+                     finish=finish)  # fmt: skip
         u = fmt.usage(n_prompt, n_out)
         body = (fmt.chat_response if chat else fmt.completion_response)(
             handle.request_id, self.model_name, stream.text, finish, u
@@ -437,7 +453,7 @@ class EngineBackend:
 
     async def _sse(
         self, handle: Any, stream: TextStream, timer: CallTimer, chat: bool, include_usage: bool, prompt: str,
-        n_prompt: int, system: str | None, reveal: bool = False,
+        n_prompt: int, system: str | None, reveal: bool = False, *, asked: tuple[int | None, bool] = (None, True),
     ) -> AsyncIterator[bytes]:  # fmt: skip
         from infersight.engine.errors import GenerationFailed
 
@@ -445,6 +461,7 @@ class EngineBackend:
         error: str | None = None
         completion = None
         finished = False
+        finish: str | None = None
         try:
             if chat:
                 yield fmt.sse(fmt.chat_chunk(rid, name, {"role": "assistant", "content": ""}, None))
@@ -480,6 +497,8 @@ class EngineBackend:
             if not finished and error is None:  # the client went away mid-stream
                 error = CANCELLED
                 self._hang_up(handle)
+            if error is not None:
+                finish = "cancelled" if error == CANCELLED else "error"
             version = completion.model_version if completion is not None else version
             queue_s = completion.queue_s if completion is not None else None
             self._record(
@@ -494,18 +513,22 @@ class EngineBackend:
                 stream.text,
                 path=getattr(handle, "path", None),
                 system=system,
+                asked=asked,
+                finish=finish,
             )
 
     def _record(
         self, request_id: str, version: str | None, timer: CallTimer, prompt_tokens: int | None, output_tokens: int,
         queue_s: float | None, error: str | None, prompt: str | None, response: str | None,
-        *, path: str | None = None, system: str | None = None,
+        *, path: str | None = None, system: str | None = None, asked: tuple[int | None, bool] = (None, False),
+        finish: str | None = None,
     ) -> None:  # fmt: skip
         record = make_record(
             request_id=request_id, model=self.model_name, model_version=version or "unknown", timer=timer,
             source="engine", prompt_tokens=prompt_tokens, output_tokens=output_tokens, queue_s=queue_s,
             error_type=error, prompt=prompt, response=response if error is None else None,
             text_sample_rate=self.config.text_sample_rate, path=path, system_prompt=system,
+            max_tokens=asked[0], stream=asked[1], finish_reason=finish,
         )  # fmt: skip
         route_metrics = getattr(self, "route_metrics", None)
         if route_metrics is not None:
@@ -550,7 +573,7 @@ def _stored_since(db: Engine, status: Any) -> list[Any]:
 
     c = requests.c
     query = (
-        select(c.model_version, c.error_type, c.output_tokens, c.relevance)
+        select(c.model_version, c.error_type, c.output_tokens, c.relevance, c.max_tokens, c.stream)
         .where(
             c.model_version.in_([status.version, status.stable_version]),
             c.started_at >= dt.datetime.fromtimestamp(status.started_at, dt.UTC),

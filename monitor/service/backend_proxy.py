@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import httpx
 import orjson
 from fastapi.responses import Response, StreamingResponse
-from infersight.monitor.records import CANCELLED, CLIENT_ERROR
+from infersight.monitor.records import CANCELLED, CLIENT_ERROR, is_server_error
 from infersight.monitor.redaction import redact_url
 from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.parser import text_string_to_metric_families
@@ -76,7 +76,7 @@ class SSEObserver:
         self.usage: dict[str, Any] | None = None
         self.model: str | None = None
         self.error: str | None = None
-        self.finish: str | None = None
+        self.finish_reason: str | None = None
         self._buffer = b""
 
     def feed(self, data: bytes) -> None:
@@ -106,7 +106,7 @@ class SSEObserver:
         choices = obj.get("choices")
         if isinstance(choices, list) and choices and isinstance(choices[0], dict):
             if isinstance(choices[0].get("finish_reason"), str):
-                self.finish = choices[0]["finish_reason"]
+                self.finish_reason = choices[0]["finish_reason"]
             text = _choice_text(choices[0], self.chat)
             if text:
                 self.timer.first()
@@ -213,24 +213,24 @@ class ProxyBackend:
         except httpx.HTTPError as exc:
             kind = "UpstreamTimeout" if isinstance(exc, httpx.TimeoutException) else "UpstreamUnreachable"
             self.metrics.proxy_errors.labels(kind).inc()
-            self._record(rid, req.model, timer, None, None, kind, prompt, None)
+            self._record(rid, req.model, timer, None, None, kind, prompt, None, req=req)
             raise UpstreamUnreachable(
                 f"upstream {redact_url(self.config.url)} did not answer: {type(exc).__name__}"
             ) from None
         except asyncio.CancelledError:  # the client hung up: the upstream call ends with it
-            self._record(rid, req.model, timer, None, None, CANCELLED, prompt, None)
+            self._record(rid, req.model, timer, None, None, CANCELLED, prompt, None, req=req)
             raise
         content_type = upstream.headers.get("content-type", "application/json")
         if upstream.status_code != 200 or not content_type.startswith("text/event-stream"):
             try:
                 body = await upstream.aread()
             except httpx.HTTPError as exc:
-                self._record(rid, req.model, timer, None, None, "UpstreamUnreachable", prompt, None)
+                self._record(rid, req.model, timer, None, None, "UpstreamUnreachable", prompt, None, req=req)
                 raise UpstreamUnreachable(
                     f"upstream {redact_url(self.config.url)} broke off: {type(exc).__name__}"
                 ) from None
             except asyncio.CancelledError:  # the client hung up while the answer came
-                self._record(rid, req.model, timer, None, None, CANCELLED, prompt, None)
+                self._record(rid, req.model, timer, None, None, CANCELLED, prompt, None, req=req)
                 raise
             finally:
                 await upstream.aclose()
@@ -272,11 +272,11 @@ class ProxyBackend:
             version = self._record(
                 rid, observer.model or req.model, timer, _int(usage.get("prompt_tokens")),
                 _int(usage.get("completion_tokens")) if observer.usage else observer.text_chunks,
-                error or observer.error, prompt, observer.text,
+                error or observer.error, prompt, observer.text, finish=observer.finish_reason, req=req,
             )  # fmt: skip
             if self.shadow is not None and error is None and observer.error is None:
                 live = LiveAnswer(version, observer.text, _int(usage.get("completion_tokens")),
-                                  observer.finish or "unknown")  # fmt: skip
+                                  observer.finish_reason or "unknown")  # fmt: skip
                 path, raw, headers = shadow_of
                 self.shadow.offer(path, raw, headers, prompt, live, chat=chat)
 
@@ -287,14 +287,14 @@ class ProxyBackend:
         timer.finish()
         if status != 200:
             self.metrics.proxy_errors.labels(f"http_{status}").inc()
-            self._record(rid, req.model, timer, None, None, _status_outcome(status), prompt, None)
+            self._record(rid, req.model, timer, None, None, _status_outcome(status), prompt, None, req=req)
             return None
         try:
             obj = orjson.loads(body)
         except orjson.JSONDecodeError:
             obj = None
         if not isinstance(obj, dict):
-            self._record(rid, req.model, timer, None, None, "UpstreamBadJSON", prompt, None)
+            self._record(rid, req.model, timer, None, None, "UpstreamBadJSON", prompt, None, req=req)
             return None
         usage: dict[str, Any] = obj["usage"] if isinstance(obj.get("usage"), dict) else {}
         choices = obj.get("choices")
@@ -305,16 +305,16 @@ class ProxyBackend:
         )
         model = obj.get("model") if isinstance(obj.get("model"), str) else req.model
         output = _int(usage.get("completion_tokens"))
-        version = self._record(
-            rid, model, timer, _int(usage.get("prompt_tokens")), output, None, prompt, text
-        )
         first = choices[0] if isinstance(choices, list) and choices and isinstance(choices[0], dict) else {}
-        finish = first.get("finish_reason")
-        return LiveAnswer(version, text, output, finish if isinstance(finish, str) else "unknown")
+        finish = first.get("finish_reason") if isinstance(first.get("finish_reason"), str) else None
+        version = self._record(rid, model, timer, _int(usage.get("prompt_tokens")), output, None, prompt, text,
+                               finish=finish, req=req)  # fmt: skip
+        return LiveAnswer(version, text, output, finish or "unknown")
 
     def _record(
         self, rid: str, model_version: str | None, timer: CallTimer, prompt_tokens: int | None,
         output_tokens: int | None, error: str | None, prompt: str | None, response: str | None,
+        *, finish: str | None = None, req: Any = None,
     ) -> str:  # fmt: skip
         """Hands the call's record to the pipeline -> the version it is recorded under."""
         # a label slot is only for a name the upstream accepted: junk names answered 4xx or
@@ -330,6 +330,8 @@ class ProxyBackend:
             request_id=rid, model=self.config.model or version, model_version=version, timer=timer, source="proxy",
             prompt_tokens=prompt_tokens, output_tokens=output_tokens, error_type=error, prompt=prompt,
             response=response if error is None else None, text_sample_rate=self.text_sample_rate,
+            max_tokens=getattr(req, "max_tokens", None), stream=getattr(req, "stream", None),
+            finish_reason="cancelled" if error == CANCELLED else "error" if is_server_error(error) else finish,
         )  # fmt: skip
         self.pipeline.submit_one(record)
         return version

@@ -150,26 +150,37 @@ class ObservedRequest:
 
     model: str | None
     prompt: str | None  # the completion prompt or the last user message, when it is text
+    max_tokens: int | None = None  # the request's shape, when the body says it
+    stream: bool | None = None
 
     @classmethod
     def completion(cls, body: dict[str, Any]) -> ObservedRequest:
         prompt = body.get("prompt")
         if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
             prompt = prompt[0]
-        return cls(_model(body), prompt if isinstance(prompt, str) else None)  # token ids: no text to keep
+        text = prompt if isinstance(prompt, str) else None  # token ids: no text to keep
+        return cls(_model(body), text, *_shape(body))
 
     @classmethod
     def chat(cls, body: dict[str, Any]) -> ObservedRequest:
         messages = body.get("messages")
         dicts = [m for m in messages if isinstance(m, dict)] if isinstance(messages, list) else []
         users = [m for m in dicts if m.get("role") == "user"] or dicts[-1:]
-        return cls(_model(body), _text(users[-1].get("content")) if users else None)
+        return cls(_model(body), _text(users[-1].get("content")) if users else None, *_shape(body))
 
     def prompt_text(self) -> str | None:
         return self.prompt
 
     def last_user_text(self) -> str | None:
         return self.prompt
+
+
+def _shape(body: dict[str, Any]) -> tuple[int | None, bool | None]:
+    """(max_tokens, stream) as the body asks, None where it does not say (or says nonsense)."""
+    budget = body.get("max_completion_tokens", body.get("max_tokens"))
+    ok = type(budget) is int and 1 <= budget < 2**31
+    stream = body.get("stream", False)
+    return (budget if ok else None), (stream if isinstance(stream, bool) else None)
 
 
 def _model(body: dict[str, Any]) -> str | None:

@@ -23,8 +23,12 @@ Event`, OpenLLMetry's first `gen_ai.content.completion.chunk`).
 
 Texts follow the service's privacy rules, as the SDK's do: kept for `text_sample_rate` of
 the calls, passed through the `redact` hook before they are stored (a hook that fails drops
-the text), cut at `MAX_TEXT_CHARS`. Finish reasons and request parameters have no place in
-a record: finish reasons are counted (a metric), parameters are not kept."""
+the text), cut at `MAX_TEXT_CHARS`. The request's shape is kept in the record (the release
+checks compare requests of the same shape): `gen_ai.request.max_tokens` (or OpenInference's
+`llm.invocation_parameters`), the stream flag where a producer records one
+(`gen_ai.request.stream`, OpenLLMetry's `llm.is_streaming`) and the first finish reason
+(`function_call` kept as `tool_calls`, unknown ones as `other`); every finish reason is
+also counted (a metric). A malformed parameter is dropped, never a reason to reject."""
 
 from __future__ import annotations
 
@@ -283,12 +287,39 @@ def _record(
         tpot = (duration - ttft) / (output_tokens - 1)
     prompt, system, response = _texts(span, attrs, policy)
     # fields checked above: built without the dataclass __init__ (records.build_record)
+    reasons = _finish_reasons(attrs)
+    max_tokens, stream = _asked(attrs)
     record = build_record(
         f"otlp-{span.trace_id.hex()}-{span.span_id.hex()}", model, version, start / 1e9, duration, ttft, tpot,
         _seconds(attrs.get("gen_ai.latency.time_in_queue")), prompt_tokens, output_tokens,
-        _error_type(span, attrs), prompt, response, "otlp", None, system,
+        _error_type(span, attrs), prompt, response, "otlp", None, system, max_tokens, stream,
+        _STORED_FINISH.get(reasons[0], "other") if reasons else None,
     )  # fmt: skip
-    return record, _finish_reasons(attrs)
+    return record, reasons
+
+
+# the metric's finish reasons as a record keeps them (records.FINISH_REASONS)
+_STORED_FINISH = {"stop": "stop", "length": "length", "content_filter": "content_filter",
+                  "tool_calls": "tool_calls", "function_call": "tool_calls", "error": "error"}  # fmt: skip
+
+
+def _asked(attrs: Mapping[str, Any]) -> tuple[int | None, bool | None]:
+    """(max_tokens, stream) as the span records the request's parameters; None where it does
+    not say or says something out of range."""
+    params = _json(attrs.get("llm.invocation_parameters"))
+    params = params if isinstance(params, dict) else {}
+    budget = _first(attrs, "gen_ai.request.max_tokens", "llm.request.max_tokens")
+    if budget is None:
+        budget = params.get("max_completion_tokens", params.get("max_tokens"))
+    if isinstance(budget, float) and budget.is_integer():
+        budget = int(budget)
+    if isinstance(budget, str) and budget.isdigit():
+        budget = int(budget)
+    ok = type(budget) is int and 1 <= budget <= _MAX_TOKENS
+    stream = _first(attrs, "gen_ai.request.stream", "llm.is_streaming")
+    if stream is None:
+        stream = params.get("stream")
+    return (budget if ok else None), (stream if isinstance(stream, bool) else None)
 
 
 def _invoked_model(attrs: Mapping[str, Any]) -> Any:

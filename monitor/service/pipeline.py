@@ -42,7 +42,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from infersight.monitor.records import MAX_TEXT_CHARS, InferenceRecord, RecordSource
+from infersight.monitor.records import FINISH_REASONS, MAX_TEXT_CHARS, InferenceRecord, RecordSource
 from infersight.monitor.store.tables import requests
 from sqlalchemy import Engine, Insert, insert
 from sqlalchemy.dialects import postgresql
@@ -182,6 +182,9 @@ def make_record(
     rng: random.Random | None = None,
     path: str | None = None,
     system_prompt: str | None = None,
+    max_tokens: int | None = None,
+    stream: bool | None = None,
+    finish_reason: str | None = None,
 ) -> InferenceRecord:
     timer.finish()
     keep_text = text_sample_rate >= 1.0 or (rng or random).random() < text_sample_rate
@@ -202,6 +205,9 @@ def make_record(
         source=source,
         path=path,
         system_prompt=system_prompt[:MAX_TEXT_CHARS] if keep_text and system_prompt is not None else None,
+        max_tokens=max_tokens if max_tokens is not None and 1 <= max_tokens < 2**31 else None,
+        stream=stream,
+        finish_reason=finish_reason if finish_reason is None or finish_reason in FINISH_REASONS else "other",
     )
 
 
@@ -284,7 +290,7 @@ def _text(value: str | None) -> str | None:
 
 _COLUMNS = ("request_id", "model", "model_version", "started_at", "duration_s", "ttft_s", "tpot_s", "queue_s",
             "prompt_tokens", "output_tokens", "error_type", "prompt", "response", "source", "path",
-            "system_prompt")  # fmt: skip
+            "system_prompt", "max_tokens", "stream", "finish_reason")  # fmt: skip
 _SQLITE_INSERT = (
     f"INSERT OR IGNORE INTO requests ({', '.join(_COLUMNS)}) VALUES ({', '.join('?' for _ in _COLUMNS)})"
 )
@@ -305,9 +311,10 @@ def _values(r: InferenceRecord, started_at: Any) -> tuple[Any, ...]:
     ):  # fmt: skip
         return (_text(rid), _text(model), _text(version), started_at, r.duration_s, r.ttft_s, r.tpot_s,
                 r.queue_s, r.prompt_tokens, r.output_tokens, _text(error), _text(prompt), _text(response),
-                r.source, _text(path), _text(system))  # fmt: skip
+                r.source, _text(path), _text(system), r.max_tokens, r.stream, r.finish_reason)  # fmt: skip
     return (rid, model, version, started_at, r.duration_s, r.ttft_s, r.tpot_s, r.queue_s, r.prompt_tokens,
-            r.output_tokens, error, prompt, response, r.source, path, system)  # fmt: skip
+            r.output_tokens, error, prompt, response, r.source, path, system, r.max_tokens, r.stream,
+            r.finish_reason)  # fmt: skip
 
 
 def _sqlite_rows(records: Sequence[InferenceRecord]) -> list[tuple[Any, ...]]:

@@ -110,6 +110,9 @@ requests = Table(
     Column("relevance", Float),  # prompt-response cosine, filled in by the drift module
     Column("path", String(16)),  # SLA routing's path (fast, standard); NULL without routing
     Column("system_prompt", Text),  # a chat's system messages (sampled like `prompt`), for the cache preload
+    Column("max_tokens", Integer),  # the request's shape: its output budget, streamed or not, why it ended
+    Column("stream", Boolean),
+    Column("finish_reason", String(16)),
     Index("ix_requests_version_time", "model_version", "started_at"),
     Index("ix_requests_started_at", "started_at"),
 )

@@ -24,7 +24,7 @@ from typing import Any
 import orjson
 from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from fastapi.responses import Response, StreamingResponse
-from infersight.monitor.records import InferenceRecord, from_json_many
+from infersight.monitor.records import FINISH_REASONS, InferenceRecord, from_json_many
 from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
 
@@ -57,6 +57,10 @@ _RECORD_SCHEMA: dict[str, Any] = {
         "source": {"type": "string", "enum": ["sdk", "engine", "proxy", "otlp"]},
         "path": {"type": ["string", "null"], "minLength": 1, "maxLength": 256},  # SLA routing's path
         "system_prompt": {"type": ["string", "null"]},  # a chat's system messages (optional)
+        # the request's shape (optional): what the release checks compare like with like by
+        "max_tokens": {"type": ["integer", "null"], "minimum": 1, "maximum": 2**31 - 1},
+        "stream": {"type": ["boolean", "null"]},
+        "finish_reason": {"type": ["string", "null"], "enum": [*sorted(FINISH_REASONS), None]},
     },
 }
 assert set(_RECORD_SCHEMA["properties"]) == {f.name for f in fields(InferenceRecord)}
