@@ -68,12 +68,12 @@ def _chat(base: str, questions: list[str]) -> None:
     for i, question in enumerate(questions):
         messages: Any = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}]
         if i % 2:
-            stream = client.chat.completions.create(model=STABLE, messages=messages, max_tokens=4, stream=True,
+            stream = client.chat.completions.create(model=STABLE, messages=messages, max_tokens=4, stream=True, temperature=0,
                                                     stream_options={"include_usage": True})  # fmt: skip
             for _ in stream:
                 pass
         else:
-            client.chat.completions.create(model=STABLE, messages=messages, max_tokens=4)
+            client.chat.completions.create(model=STABLE, messages=messages, max_tokens=4, temperature=0)
 
 
 def _engine_rows(served: Served) -> dict[str, Any]:
