@@ -9,14 +9,19 @@ so nothing here depends on how fast this machine is."""
 from __future__ import annotations
 
 import asyncio
+import socket
+import threading
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
-from _service_support import TOKEN, auth, config
+import uvicorn
+from _service_support import TOKEN, auth, config, wait_for
 from fastapi.testclient import TestClient
 from infersight.monitor.service import create_app
 from infersight.monitor.service.config import ConfigInvalid, LimitsConfig, config_from_mapping
+from infersight.monitor.service.overload import server_options
 from infersight.monitor.service.rate_limit import ClientRateLimit, RateLimited, TokenBuckets
 from sqlalchemy import func, select
 
@@ -178,3 +183,29 @@ def test_the_app_refuses_over_rate_first_counts_it_and_writes_no_record(tmp_path
         assert other.get("/healthz").status_code == 200
         metrics = other.get("/metrics", headers=auth()).text
     assert 'infersight_http_refused_total{reason="client_rate"} 20.0' in metrics
+
+
+def test_infersight_serve_does_not_let_a_loopback_client_escape_its_rate_with_x_forwarded_for(
+    tmp_path: Path,
+) -> None:
+    limits = LimitsConfig(client_rate=0.001, client_burst=2)
+    app = create_app(config(tmp_path, limits=limits))
+    options = server_options(limits.header_timeout_s, limits.max_connections_per_client)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", **options))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        wait_for(lambda: server.started or not thread.is_alive(), timeout=120.0)
+        assert server.started, "uvicorn did not start"
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60.0) as client:
+            statuses = [
+                client.get("/healthz", headers={"X-Forwarded-For": f"203.0.113.{i}"}).status_code
+                for i in range(4)
+            ]
+    finally:
+        server.should_exit = True
+        thread.join(60)
+    assert statuses == [200, 200, 429, 429]

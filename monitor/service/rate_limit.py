@@ -20,9 +20,11 @@ distinct addresses cost 10,000 small entries at most. A client dropped from the 
 back with a full bucket, which is what an idle client would have had anyway; a client that
 is flooding is the most recently used, so it is the last to be dropped.
 
-Behind a reverse proxy every request comes from the proxy's address: run uvicorn with
-`--proxy-headers` and `--forwarded-allow-ips` so that the client address is the forwarded
-one, or the proxy's clients share one bucket."""
+The address is the connection's peer: `infersight serve` does not trust `X-Forwarded-For`
+(`server_options`), which a client on loopback could set to a new address on every request.
+Behind a reverse proxy every request has the proxy's address: limit rates at the proxy, or
+raise `client_rate`, or run the app under uvicorn with `--forwarded-allow-ips` naming the
+proxy."""
 
 from __future__ import annotations
 
