@@ -7,7 +7,12 @@ client's rate is answered `429` with `Retry-After` (the seconds until its bucket
 request again) before anything else runs: no routing, no body read, no JSON parse, no
 tokenizing, no record; only a counter (`infersight_http_refused_total{reason}`) moves. So a
 client that asks again 10 ms after each refusal costs the service a dictionary look-up per
-refusal, and the other clients' requests are served as if it were not there.
+refusal, and the other clients' requests are served as if it were not there. A client that
+asks again before the `Retry-After` it was told gets its next 429 only at that time (at most
+`MAX_HOLD_S` later; held
+on a timer: no CPU; at most `max_held` at once, then answered at once; and one address holds
+at most `limits.max_connections_per_client` connections): a flood that ignores `Retry-After`
+is slowed to the pace it was asked to keep, while a client that honours it never waits.
 
 The token is the operator's: requests that carry it are charged to a bucket of their own
 (`token_rate`, `token_burst`), apart from the token-less requests from the same address
@@ -28,11 +33,12 @@ proxy."""
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import math
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,13 +47,17 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 __all__ = ["REFUSED_REASONS", "ClientRateLimit", "RateLimited", "TokenBuckets"]
 
 REFUSED_REASONS = ("client_rate", "token_client_rate")  # the `reason` label's values
+MAX_HOLD_S = 5.0  # the longest a refusal is held
 
 
 @dataclass(frozen=True)
 class RateLimited:
-    """A request refused over its client's rate: retry after `retry_after_s` seconds."""
+    """A request refused over its client's rate: retry after `retry_after_s` seconds (the
+    `Retry-After` header says it in whole seconds, rounded up). `hold_s`: the client asked
+    again before the `Retry-After` it was last given, so its answer waits that long."""
 
     retry_after_s: float
+    hold_s: float = 0.0
 
 
 class TokenBuckets:
@@ -60,7 +70,7 @@ class TokenBuckets:
         self.rate = float(rate)
         self.burst = float(burst)
         self.max_clients = max_clients
-        self._buckets: OrderedDict[Any, list[float]] = OrderedDict()  # key -> [tokens, at]
+        self._buckets: OrderedDict[Any, list[float]] = OrderedDict()  # key -> [tokens, at, told until]
 
     def __len__(self) -> int:
         return len(self._buckets)
@@ -70,7 +80,7 @@ class TokenBuckets:
         if bucket is None:
             if len(self._buckets) >= self.max_clients:
                 self._buckets.popitem(last=False)
-            self._buckets[key] = [self.burst - 1.0, now]
+            self._buckets[key] = [self.burst - 1.0, now, now]
             return None
         self._buckets.move_to_end(key)
         tokens = min(self.burst, bucket[0] + max(0.0, now - bucket[1]) * self.rate)
@@ -79,7 +89,11 @@ class TokenBuckets:
             bucket[0] = tokens - 1.0
             return None
         bucket[0] = tokens
-        return RateLimited((1.0 - tokens) / self.rate)
+        retry = (1.0 - tokens) / self.rate
+        if now < bucket[2]:  # back before the Retry-After it was told: held until then
+            return RateLimited(retry, min(MAX_HOLD_S, bucket[2] - now))
+        bucket[2] = now + max(1, math.ceil(retry))  # what its Retry-After says
+        return RateLimited(retry)
 
 
 class ClientRateLimit:
@@ -97,8 +111,10 @@ class ClientRateLimit:
         token_rate: float = 0.0,
         token_burst: float = 0.0,
         max_clients: int = 10_000,
+        max_held: int = 1024,
         on_refused: Callable[[str], None] = lambda reason: None,
         clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
         self.app = app
         self.anonymous = TokenBuckets(rate, burst, max_clients=max_clients) if rate > 0 else None
@@ -110,6 +126,9 @@ class ClientRateLimit:
         self._token = token
         self._on_refused = on_refused
         self._clock = clock
+        self._sleep = sleep
+        self.max_held = max_held
+        self.held = 0  # refusals waiting to be answered now
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or (self.anonymous is None and self.holders is None):
@@ -126,6 +145,12 @@ class ClientRateLimit:
             await self.app(scope, receive, send)
             return
         self._on_refused(reason)
+        if refused.hold_s > 0 and self.held < self.max_held:
+            self.held += 1
+            try:
+                await self._sleep(refused.hold_s)
+            finally:
+                self.held -= 1
         await _send_429(send, refused.retry_after_s)
 
 
