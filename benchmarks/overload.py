@@ -1,6 +1,7 @@
 """`infersight serve` under overload (issue 22): a flood of long prompts, then a 7 MB prompt.
 
     .venv/bin/python benchmarks/overload.py [--seconds 40] [--threads 16] [--rate 4]
+    .venv/bin/python benchmarks/overload.py --seconds 15 --client-rates 20,0 --rounds 2 --no-big-prompt
 
 `infersight serve` in a process of its own on loopback (the clients here), the demo registry with the small demo model, and the README's `routing:`
 block (fast: the small model int8, 50 ms SLA, prompts up to 48 tokens and 16 new tokens;
@@ -15,6 +16,13 @@ standard: the demo model fp32, 200 ms SLA; breaker_action reject).
    4x the SLA), and what the long ones got (200, 503 shed, 429 overloaded).
 2. A 7 MB prompt (no token), sent 3 times in a row, while /healthz is asked every 50 ms:
    the big prompts' answers, and /healthz's worst and p95 latency meanwhile.
+
+The flood comes from one client address (`--flood-address`, 127.0.0.2 by default: loopback
+answers all of 127/8) and the short questions from another (127.0.0.1), neither with the token:
+the flood is one client, the short questions another. `--client-rates 20,0`: the service's
+`limits.client_rate` (requests per second per client address; 0: no limit), one server per
+value, alternated over `--rounds` (20, 0, 0, 20, ...), the flood's answers split into 429s of
+the rate limit and 429s of admission control (the engine's queue full).
 
 `--honour-retry-after`: the flood's clients wait the Retry-After of a 503 or 429 (by default
 they ask again 10 ms later). Prints the CPU model; run it with both sides' code (this
@@ -59,7 +67,7 @@ def _q(values: list[float], q: float) -> float | None:
 
 
 @contextlib.contextmanager
-def _serve(root: Path) -> Any:
+def _serve(root: Path, client_rate: float | None = None) -> Any:
     """`infersight serve` in its own process (the clients' threads here must not share its GIL)."""
     import os
     import subprocess
@@ -72,13 +80,16 @@ def _serve(root: Path) -> Any:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    (root / "infersight.yaml").write_text(f"""
+    (root / "infersight.yaml").write_text(
+        f"""
 engine: {{registry: {root / "registry"}, version: {FP32}}}
 routing:
   fast: {{version: {SMALL}, sla_ms: {FAST_SLA_MS:g}, max_prompt_tokens: 48, max_new_tokens: 16}}
   standard: {{version: {FP32}, sla_ms: 200}}
 drift: {{enabled: false}}
-""")
+"""
+        + ("" if client_rate is None else f"limits: {{client_rate: {client_rate:g}}}\n")
+    )
     env = {**os.environ, "INFERSIGHT_TOKEN": "bench-token-0123456789"}
     server = subprocess.Popen(
         [sys.executable, "-m", "infersight.monitor.cli", "serve", "--config", str(root / "infersight.yaml"),
@@ -100,7 +111,15 @@ drift: {{enabled: false}}
         server.wait(60)
 
 
-def flood(url: str, seconds: float, threads: int, rate: float, honour_retry_after: bool = False) -> None:
+def flood(
+    url: str,
+    seconds: float,
+    threads: int,
+    rate: float,
+    honour_retry_after: bool = False,
+    flood_address: str = "",
+) -> tuple[int, int, float | None]:
+    """Runs the flood; returns (short questions answered 200, sent, their p95 in seconds)."""
     from infersight.monitor.data import banking77
 
     texts = [u.text for u in banking77("test")]
@@ -110,12 +129,18 @@ def flood(url: str, seconds: float, threads: int, rate: float, honour_retry_afte
     stop = threading.Event()
     long_status: list[int] = []
     client = httpx.Client(timeout=300.0, limits=httpx.Limits(max_connections=48))
+    flooder = httpx.Client(timeout=300.0, limits=httpx.Limits(max_connections=48),
+                           transport=httpx.HTTPTransport(local_address=flood_address or None))  # fmt: skip
 
     def long_sender(i: int) -> None:
         j = i
         while not stop.is_set():
-            r = client.post(f"{url}/v1/completions", json={"prompt": longs[j % len(longs)], "max_tokens": 32})
-            long_status.append(r.status_code)
+            r = flooder.post(
+                f"{url}/v1/completions", json={"prompt": longs[j % len(longs)], "max_tokens": 32}
+            )
+            long_status.append(
+                -429 if r.status_code == 429 and b"rate_limited" in r.content[:40] else r.status_code
+            )
             j += threads
             if (
                 r.status_code != 200
@@ -146,6 +171,7 @@ def flood(url: str, seconds: float, threads: int, rate: float, honour_retry_afte
     for t in senders:
         t.join(300)
     client.close()
+    flooder.close()
     ok = [s for status, s in results if status == 200]
     p95 = _q(ok, 0.95)
     print(f"flood: {threads} threads of long prompts for {seconds:.0f} s, short questions at {rate:g}/s"
@@ -157,8 +183,10 @@ def flood(url: str, seconds: float, threads: int, rate: float, honour_retry_afte
         print(
             f"  short p50 {p50 * 1000:.0f} ms, p95 {p95 * 1000:.0f} ms = {p95 * 1000 / FAST_SLA_MS:.1f}x the fast SLA"
         )
+    names = {-429: "429 rate-limited", 429: "429 admission"}
     print(f"  long: {len(long_status)} sent: " + ", ".join(
-        f"{long_status.count(c)} x {c}" for c in sorted(set(long_status))))  # fmt: skip
+        f"{long_status.count(c)} x {names.get(c, c)}" for c in sorted(set(long_status))))  # fmt: skip
+    return len(ok), len(results), p95
 
 
 def big_prompt(url: str) -> None:
@@ -195,13 +223,34 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=16)
     ap.add_argument("--rate", type=float, default=4.0)
     ap.add_argument("--honour-retry-after", action="store_true", help="the flood's clients wait Retry-After")
+    ap.add_argument(
+        "--flood-address", default="127.0.0.2", help="the flood's client address ('': the default)"
+    )
+    ap.add_argument("--client-rates", default="", help="limits.client_rate values to alternate, e.g. 20,0")
+    ap.add_argument("--rounds", type=int, default=1, help="with --client-rates: rounds of every value")
+    ap.add_argument("--no-big-prompt", action="store_true")
     args = ap.parse_args()
     import infersight.engine
 
     print(f"CPU: {_cpu()}; infersight from {Path(str(infersight.engine.__file__)).parent.parent}")
-    with tempfile.TemporaryDirectory() as tmp, _serve(Path(tmp)) as url:
-        flood(url, args.seconds, args.threads, args.rate, args.honour_retry_after)
-        big_prompt(url)
+    values: list[float | None] = (
+        [float(v) for v in args.client_rates.split(",")] if args.client_rates else [None]
+    )
+    order = [v for r in range(args.rounds) for v in (values if r % 2 == 0 else values[::-1])]
+    summary: list[str] = []
+    for value in order:
+        if value is not None:
+            print(f"-- limits.client_rate: {value:g}" + (" (no limit)" if value == 0 else ""))
+        with tempfile.TemporaryDirectory() as tmp, _serve(Path(tmp), value) as url:
+            ok, sent, p95 = flood(url, args.seconds, args.threads, args.rate, args.honour_retry_after,
+                                  args.flood_address)  # fmt: skip
+            if not args.no_big_prompt:
+                big_prompt(url)
+        ratio = "-" if p95 is None else f"{p95 * 1000 / FAST_SLA_MS:.1f}x"
+        summary.append(f"client_rate={'default' if value is None else f'{value:g}'}: {ok}/{sent} short 200, "
+                       f"p95/SLA {ratio}")  # fmt: skip
+    if len(summary) > 1:
+        print("summary (in run order): " + "; ".join(summary))
 
 
 if __name__ == "__main__":

@@ -139,7 +139,9 @@ def test_a_flood_of_long_requests_on_a_bounded_queue_gets_429_and_a_short_one_is
     )  # fmt: skip  the SLAs out of reach: admission alone is under test here
     engine = dataclasses.replace(parsed.engine, max_batch_size=4, max_prompt_tokens=400, max_tokens_limit=64,  # type: ignore[arg-type]
                                  max_queue=4)  # fmt: skip
-    cfg = config(tmp_path, engine=engine, routing=parsed.routing)
+    # one address sends the flood: the per-client rate off, admission alone is under test
+    # (tests/test_rate_limit.py tests the rate)
+    cfg = config(tmp_path, engine=engine, routing=parsed.routing, limits=LimitsConfig(client_rate=0))
     with (
         _serve(cfg) as (_app, url, _guard),
         httpx.Client(timeout=300.0, limits=httpx.Limits(max_connections=64)) as client,

@@ -23,6 +23,7 @@ from starlette.concurrency import run_in_threadpool
 from .browser_guard import BrowserGuard
 from .config import ServiceConfig
 from .http_edge import BodySizeLimit, install_error_handlers
+from .rate_limit import REFUSED_REASONS, ClientRateLimit
 from .routers import ingest, models, monitoring, otlp
 from .service import Service
 
@@ -62,6 +63,14 @@ def create_app(config: ServiceConfig, *, service: Service | None = None, **servi
     install_error_handlers(app)
     app.add_middleware(BrowserGuard, listen_host=config.host, allowed_hosts=config.allowed_hosts)
     app.add_middleware(BodySizeLimit, max_bytes=config.limits.max_body_bytes)
+    limits = config.limits
+    refused = {reason: svc.metrics.http_refused.labels(reason) for reason in REFUSED_REASONS}
+    app.add_middleware(  # the outermost: a request over its client's rate costs a look-up and a counter
+        ClientRateLimit, rate=limits.client_rate, burst=limits.client_burst, token=lambda: app.state.token,
+        token_rate=limits.token_client_rate, token_burst=limits.token_client_burst,
+        max_clients=limits.rate_limited_clients,
+        on_refused=lambda reason: refused[reason].inc(),
+    )  # fmt: skip
     for module in (monitoring, ingest, models, otlp):
         app.include_router(module.router)
     monitoring.mount_alertmanager(app)

@@ -215,6 +215,17 @@ class LimitsConfig:
     # address holds at most this many connections at once (more are closed at once)
     header_timeout_s: float = 10.0
     max_connections_per_client: int = 64
+    # requests per second (and at once) from one client address without the token: more are
+    # answered 429 + Retry-After before any routing (rate_limit.py); 0: no limit. Requests
+    # with the token have their own bucket per address, token_client_rate (0: exempt)
+    client_rate: float = 200.0
+    client_burst: float = 400.0
+    token_client_rate: float = 0.0
+    token_client_burst: float = 0.0
+    rate_limited_clients: int = 10_000  # addresses tracked at once (least recently seen out)
+
+
+_RATES = frozenset({"client_rate", "client_burst", "token_client_rate", "token_client_burst"})
 
 
 @dataclass(frozen=True)
@@ -390,8 +401,16 @@ def check_config(config: ServiceConfig, *, source: str | None = None) -> Service
         if not getattr(config.schedule, f.name) > 0:
             fail(f"schedule.{f.name}", "must be a positive number of seconds")
     for f in dataclasses.fields(LimitsConfig):
+        if f.name in _RATES:
+            continue
         if not getattr(config.limits, f.name) > 0:
             fail(f"limits.{f.name}", "must be positive")
+    for rate, burst in (("client_rate", "client_burst"), ("token_client_rate", "token_client_burst")):
+        value = getattr(config.limits, rate)
+        if not (isinstance(value, int | float) and 0 <= value < float("inf")):
+            fail(f"limits.{rate}", "must be a number of requests per second, 0 for no limit")
+        if value > 0 and not getattr(config.limits, burst) >= 1:
+            fail(f"limits.{burst}", f"must be at least 1 when limits.{rate} is set")
     if config.cost is not None:
         if not (isinstance(config.cost.per_hour, int | float) and 0 < config.cost.per_hour < float("inf")):
             fail("cost.per_hour", "must be a positive number (cost of one hour of serving)")

@@ -125,6 +125,14 @@ class ServiceMetrics:
             self.otlp_spans.labels(outcome)
         for outcome in ("ok", "partial", "invalid", "unauthorized", "overloaded"):
             self.otlp_exports.labels(outcome)
+        # requests refused before any routing (rate_limit.py): counted, never recorded one by one
+        self.http_refused = Counter(
+            "infersight_http_refused", "Requests refused before routing, by reason (client_rate: "
+            "over the client's request rate; token_client_rate: the same, with the token)",
+            ["reason"], registry=registry,
+        )  # fmt: skip
+        for reason in ("client_rate", "token_client_rate"):
+            self.http_refused.labels(reason)
 
 
 class CombinedRegistry(Collector):

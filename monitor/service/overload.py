@@ -192,7 +192,9 @@ class ConnectionGuard:
 
 
 def server_options(header_timeout_s: float, max_connections_per_client: int) -> dict[str, Any]:
-    """uvicorn's settings for `infersight serve`: the guarded protocol, and idle keep-alive
-    connections closed after 5 s (uvicorn's default, stated)."""
+    """uvicorn's settings for `infersight serve`: the guarded protocol, idle keep-alive
+    connections closed after 5 s (uvicorn's default, stated), and `X-Forwarded-For` not
+    trusted (uvicorn trusts it from 127.0.0.1 by default: a client on loopback could name
+    itself a new address on every request and escape its per-address rate, rate_limit.py)."""
     guard = ConnectionGuard(header_timeout_s=header_timeout_s, max_per_client=max_connections_per_client)
-    return {"http": guard.protocol(), "timeout_keep_alive": 5}
+    return {"http": guard.protocol(), "timeout_keep_alive": 5, "proxy_headers": False}

@@ -44,7 +44,15 @@ from typing import Any, TextIO
 
 import httpx
 
-from ..config import AlertingConfig, CostConfig, DriftConfig, EngineConfig, ScheduleConfig, ServiceConfig
+from ..config import (
+    AlertingConfig,
+    CostConfig,
+    DriftConfig,
+    EngineConfig,
+    LimitsConfig,
+    ScheduleConfig,
+    ServiceConfig,
+)
 from .stage import WebhookReceiver, demo_rules, new_secret, sample, send_chats
 
 __all__ = ["DemoFailed", "DemoOptions", "DemoResult", "Step", "Timeline", "run_demo"]
@@ -218,6 +226,9 @@ def _service(
                                 rules_s=0.5, outbox_s=0.5, post_deploy_s=1.0),
         text_sample_rate=1.0,
         cost=CostConfig(per_hour=4.10),  # an example price: cost per 1k output tokens on the page and in Grafana
+        # the demo's traffic is one application's, from loopback without the token, in bursts
+        # of 8 at a time: over the default 20 requests/s per client at its peaks
+        limits=LimitsConfig(client_rate=200.0, client_burst=400.0),
     )  # fmt: skip
     (service_dir / "api-token").write_text(cfg.token or "")
     service = Service(cfg)
