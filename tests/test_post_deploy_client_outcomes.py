@@ -250,13 +250,17 @@ def test_a_bad_release_still_rolls_back_and_the_page_names_the_failed_check(serv
     failed = labels["failed_checks"].split(",")
     assert "relevance" in failed and "error_rate" not in failed, labels
     assert _FIGURES.search(annotations["failed_checks"]), annotations
-    row = _wait(  # the rollback's row, once its detail is written (the deploy log flushes it apart)
-        lambda: (
-            (d := httpx.get(f"{served.base}/api/v1/models", timeout=30).json()["deploys"][0])["detail"] and d
-        ),
-        30,
-        "history",
-    )
+
+    def rollback_row() -> dict[str, Any] | None:  # the rollback's row in the history, with its detail
+        deploys = httpx.get(f"{served.base}/api/v1/models", timeout=30).json()["deploys"]
+        return next((d for d in deploys if d["reason"] == "rollback" and d["detail"]), None)
+
+    try:
+        row = _wait(rollback_row, 30, "history")
+    except AssertionError:
+        raise AssertionError(
+            httpx.get(f"{served.base}/api/v1/models", timeout=30).json()["deploys"]
+        ) from None
     assert (row["from_version"], row["to_version"], row["reason"]) == (BAD, INT8, "rollback")
     assert "post-deploy analysis" in row["detail"] and _FIGURES.search(row["detail"]), row
     _wait(lambda: REGRESSION_ALERT in served.hook.alertnames(), 30, "the page reached on-call")
