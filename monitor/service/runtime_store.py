@@ -40,6 +40,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 from sqlalchemy import Engine, insert, select, update
+from sqlalchemy.exc import IntegrityError
 
 from .openai_api import ChatMessage, render_chat
 
@@ -164,18 +165,26 @@ class DeployLog:
         self._serving = version
 
     def sync_versions(self) -> None:
-        """Insert the registry's versions the store does not know yet."""
+        """Insert the registry's versions the store does not know yet. Replicas starting together
+        on one database race here: a name another one inserted meanwhile is a unique-key
+        conflict, and the insert is tried again with what is known then."""
         versions = self.runtime.registry.versions()
-        with self.db.begin() as conn:
-            known = set(conn.execute(select(model_versions.c.name)).scalars())
-            new = [
-                {"name": v.name, "arch": v.arch, "dataset": v.dataset, "quant": v.quant, "major": v.major,
-                 "minor": v.minor, "created_at": _at(v.created_at), "sha256": v.sha256, "parent": v.parent,
-                 "path": str(v.path), "registered_at": dt.datetime.now(dt.UTC)}
-                for v in versions if v.name not in known
-            ]  # fmt: skip
-            if new:
-                conn.execute(insert(model_versions), new)
+        for attempt in range(3):
+            try:
+                with self.db.begin() as conn:
+                    known = set(conn.execute(select(model_versions.c.name)).scalars())
+                    new = [
+                        {"name": v.name, "arch": v.arch, "dataset": v.dataset, "quant": v.quant,
+                         "major": v.major, "minor": v.minor, "created_at": _at(v.created_at), "sha256": v.sha256,
+                         "parent": v.parent, "path": str(v.path), "registered_at": dt.datetime.now(dt.UTC)}
+                        for v in versions if v.name not in known
+                    ]  # fmt: skip
+                    if new:
+                        conn.execute(insert(model_versions), new)
+                return
+            except IntegrityError:
+                if attempt == 2:
+                    raise
 
 
 def build_prefix_cache(cfg: EngineConfig) -> PrefixCache | None:
