@@ -31,6 +31,7 @@ from . import openai_api as fmt
 from .errors import BackendUnavailable
 from .openai_api import ChatRequest, CompletionRequest, TextStream, render_chat
 from .overload import PromptEncoder, PromptOverCharacters
+from .pairs import engine_release_checks
 from .pipeline import CallTimer, make_record
 
 if TYPE_CHECKING:
@@ -81,18 +82,10 @@ class EngineBackend:
         cfg = config.engine
         self.max_tokens_limit = cfg.max_tokens_limit if cfg is not None else 1024
         self.user_header = cfg.canary_user_header if cfg is not None else None
-        self.pair_share = _configure_pairs(runtime, config)
-        self.canary_controller = _canary_controller(runtime, on_canary_decision, self.pair_share)
-        self.pair_feed: Any = None  # the pairs' scoring (pairs.py), with the runtime's shadow support
-        if getattr(runtime, "shadow", None) is not None:
-            from infersight.alerts.actions.pairs import PairedEvidence
-
-            from .pairs import PairFeed
-
-            evidence = PairedEvidence(
-                enabled=self.pair_share > 0.0, off_reason="paired checks off: engine.pair_share is 0"
-            )
-            self.pair_feed = PairFeed(runtime, evidence, canary=self.canary_controller)
+        # the canary's controller, and the pairs' scoring with the runtime's shadow support (pairs.py)
+        self.pair_share, self.canary_controller, self.pair_feed = engine_release_checks(
+            runtime, config, on_canary_decision
+        )
         self.route_metrics: Any = None  # SLA routing's metrics, with `routing:` only
         # bounds a prompt's work before tokenizing it, and tokenizes off the event loop
         self.encoder = PromptEncoder(int(getattr(runtime, "max_prompt_tokens", 1024)))
@@ -534,33 +527,6 @@ class EngineBackend:
         if route_metrics is not None:
             route_metrics.observe(path, record.duration_s, error)
         self.pipeline.submit_one(record, observe=False)  # the EngineAdapter fed the statistics
-
-
-def _canary_controller(runtime: Any, on_decision: Callable[[Any], None], pair_share: float) -> Any:
-    """The controller that analyses and steps canaries (None without the runtime's canary
-    support); its quality checks are paired when the runtime pairs requests."""
-    control = getattr(runtime, "canary", None)
-    if control is None:
-        return None
-    from infersight.alerts import CanaryController
-
-    from .pairs import pair_policy
-
-    return CanaryController(control, on_decision=on_decision, pairs=pair_policy(pair_share))
-
-
-def _configure_pairs(runtime: Any, config: ServiceConfig) -> float:
-    """The runtime's paired answers as configured (`engine.pair_share`, `engine.pair_slots`);
-    after a deploy the previous version stays loaded for the post-deploy analysis window
-    (only with alerting on: nothing reads the pairs otherwise) -> the share (0: off)."""
-    shadow = getattr(runtime, "shadow", None)
-    if shadow is None:
-        return 0.0
-    cfg = config.engine
-    share = cfg.pair_share if cfg is not None else 0.1
-    keep = config.alerting.analysis_window_s if config.alerting.enabled else 0.0
-    shadow.configure(share=share, keep_previous_s=keep, slots=cfg.pair_slots if cfg is not None else None)
-    return float(share)
 
 
 def _stored_since(db: Engine, status: Any) -> list[Any]:

@@ -25,15 +25,25 @@ from __future__ import annotations
 import collections
 import logging
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from infersight.alerts.actions.pairs import PairedEvidence, PairOutcome, PairPolicy
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-__all__ = ["PROXY_PAIRS_OFF", "PairFeed", "ShadowCollector", "TextPair", "pairs_overview"]
+if TYPE_CHECKING:
+    from .config import ServiceConfig
+
+__all__ = [
+    "PROXY_PAIRS_OFF",
+    "PairFeed",
+    "ShadowCollector",
+    "TextPair",
+    "engine_release_checks",
+    "pairs_overview",
+]
 
 log = logging.getLogger(__name__)
 PROXY_PAIRS_OFF = (
@@ -198,3 +208,42 @@ def pairs_overview(feed: PairFeed | None, *, proxy: bool) -> dict[str, Any]:
 def pair_policy(share: float) -> PairPolicy | None:
     """The canary's paired checks when the runtime pairs requests (`share` > 0), else None."""
     return PairPolicy() if share > 0.0 else None
+
+
+def engine_release_checks(
+    runtime: Any, config: ServiceConfig, on_canary_decision: Callable[[Any], None]
+) -> tuple[float, Any, PairFeed | None]:
+    """The embedded runtime's release checks -> (pair share, canary controller, pair feed):
+    the paired answers configured, the canary's controller (None without canary support), and
+    the feed that scores the pairs (None without the runtime's shadow support)."""
+    share = _configure_pairs(runtime, config)
+    controller = _canary_controller(runtime, on_canary_decision, share)
+    if getattr(runtime, "shadow", None) is None:
+        return share, controller, None
+    evidence = PairedEvidence(enabled=share > 0.0, off_reason="paired checks off: engine.pair_share is 0")
+    return share, controller, PairFeed(runtime, evidence, canary=controller)
+
+
+def _canary_controller(runtime: Any, on_decision: Callable[[Any], None], pair_share: float) -> Any:
+    """The controller that analyses and steps canaries (None without the runtime's canary
+    support); its quality checks are paired when the runtime pairs requests."""
+    control = getattr(runtime, "canary", None)
+    if control is None:
+        return None
+    from infersight.alerts import CanaryController
+
+    return CanaryController(control, on_decision=on_decision, pairs=pair_policy(pair_share))
+
+
+def _configure_pairs(runtime: Any, config: ServiceConfig) -> float:
+    """The runtime's paired answers as configured (`engine.pair_share`, `engine.pair_slots`);
+    after a deploy the previous version stays loaded for the post-deploy analysis window
+    (only with alerting on: nothing reads the pairs otherwise) -> the share (0: off)."""
+    shadow = getattr(runtime, "shadow", None)
+    if shadow is None:
+        return 0.0
+    cfg = config.engine
+    share = cfg.pair_share if cfg is not None else 0.1
+    keep = config.alerting.analysis_window_s if config.alerting.enabled else 0.0
+    shadow.configure(share=share, keep_previous_s=keep, slots=cfg.pair_slots if cfg is not None else None)
+    return float(share)
