@@ -95,7 +95,8 @@ def _check_records(served: Served, version: str, questions: list[str]) -> None:
             served_row["prompt_tokens"],
             served_row["output_tokens"],
         )
-        assert row["duration_s"] >= served_row["duration_s"] * 0.5  # the client's view of the same call
+        # the client's span holds the server's handling of the same call (an order, not a speed)
+        assert row["started_at"] <= served_row["started_at"] and row["duration_s"] > 0
         if i % 2:  # streamed: the first token's event gives the time to first token
             assert row["ttft_s"] is not None and 0 < row["ttft_s"] <= row["duration_s"]
         assert row["error_type"] is None and row["request_id"].startswith("otlp-")
