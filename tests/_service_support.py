@@ -53,13 +53,16 @@ def event(i: int, **extra: Any) -> dict[str, Any]:
     return body
 
 
-def wait_for(predicate: Any, timeout: float = 30.0, interval: float = 0.05) -> Any:
+def wait_for(
+    predicate: Any, timeout: float = 30.0, what: str = "condition", *, interval: float = 0.05
+) -> Any:
     """`predicate()`'s first true value; the timeout only ends a run that is stuck (generous:
-    a loaded 2-core machine must not fail a test that would pass given the time)."""
+    a loaded 2-core machine must not fail a test that would pass given the time); `what`
+    names the condition in the failure."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = predicate()
         if value:
             return value
         time.sleep(interval)
-    raise AssertionError(f"condition not met within {timeout} s")
+    raise AssertionError(f"{what}: not met within {timeout:g} s")

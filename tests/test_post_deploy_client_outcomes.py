@@ -18,6 +18,7 @@ from typing import Any
 import httpx
 import pytest
 from _demo_registry import BAD, GOOD, private_copy, shared_demo_registry
+from _service_support import wait_for
 from conftest import free_port
 from infersight.alerts import REGRESSION_ALERT
 from infersight.monitor import data
@@ -94,16 +95,6 @@ class Served:
         return str(httpx.get(f"{self.base}/api/v1/models", timeout=30).json()["serving_version"])
 
 
-def _wait(predicate: Any, timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.25)
-    raise AssertionError(f"{what}: not within {timeout:g} s")
-
-
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     import uvicorn
@@ -137,7 +128,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
         thread = threading.Thread(target=server.run, name="client-outcomes-uvicorn", daemon=True)
         thread.start()
         try:
-            _wait(lambda: server.started, 60, "the HTTP server started")
+            wait_for(lambda: server.started, 60, "the HTTP server started")
             yield Served(f"http://127.0.0.1:{port}", service, hook)
         finally:
             server.should_exit = True
@@ -199,7 +190,7 @@ def test_careless_clients_neither_roll_back_a_good_release_nor_page(served: Serv
     assert _hang_ups(served.base, traffic[70:85]) == 15
     good2 = send_chats(served.base, traffic[85:100])
     assert good.ok + good2.ok == good.sent + good2.sent == 45, good.errors + good2.errors
-    done = _wait(lambda: (a := served.analysis(INT8)) is not None and a.state != "running" and a,
+    done = wait_for(lambda: (a := served.analysis(INT8)) is not None and a.state != "running" and a,
                  ANALYSIS_WINDOW_S + 60, "the post-deploy analysis of the good release ended")  # fmt: skip
     checks = json.loads(done.evidence)
     assert done.state == "passed", checks[-3:]
@@ -211,7 +202,7 @@ def test_careless_clients_neither_roll_back_a_good_release_nor_page(served: Serv
         assert conn.execute(select(deploys).where(deploys.c.reason == "rollback")).all() == []
     assert _firing(served) == [] and served.hook.received == []  # on-call was not paged
     # what the clients caused is recorded, under its own label, and shown to the dashboards
-    outcomes = _wait(
+    outcomes = wait_for(
         lambda: (o := _outcomes(served, INT8)).get("cancelled", 0) >= 10 and o, 30, "hang-ups recorded"
     )
     assert outcomes.get("client_error") == 15 and outcomes.get(None, 0) >= 45
@@ -239,13 +230,13 @@ def test_a_bad_release_still_rolls_back_and_the_page_names_the_failed_check(serv
     worker = threading.Thread(target=keep_sending, daemon=True)
     worker.start()
     try:
-        done = _wait(lambda: (a := served.analysis(BAD)) is not None and a.state != "running" and a,
+        done = wait_for(lambda: (a := served.analysis(BAD)) is not None and a.state != "running" and a,
                      ANALYSIS_WINDOW_S + 60, "the post-deploy analysis of the bad release ended")  # fmt: skip
     finally:
         stop.set()
         worker.join(120)
     assert done.state == "rolled_back", json.loads(done.evidence)[-3:]
-    assert _wait(lambda: served.serving() == INT8, 30, "serving the previous version again")
+    assert wait_for(lambda: served.serving() == INT8, 30, "serving the previous version again")
     [(_name, labels, annotations)] = [f for f in _firing(served) if f[0] == REGRESSION_ALERT]
     failed = labels["failed_checks"].split(",")
     assert "relevance" in failed and "error_rate" not in failed, labels
@@ -256,11 +247,11 @@ def test_a_bad_release_still_rolls_back_and_the_page_names_the_failed_check(serv
         return next((d for d in deploys if d["reason"] == "rollback" and d["detail"]), None)
 
     try:
-        row = _wait(rollback_row, 30, "history")
+        row = wait_for(rollback_row, 30, "history")
     except AssertionError:
         raise AssertionError(
             httpx.get(f"{served.base}/api/v1/models", timeout=30).json()["deploys"]
         ) from None
     assert (row["from_version"], row["to_version"], row["reason"]) == (BAD, INT8, "rollback")
     assert "post-deploy analysis" in row["detail"] and _FIGURES.search(row["detail"]), row
-    _wait(lambda: REGRESSION_ALERT in served.hook.alertnames(), 30, "the page reached on-call")
+    wait_for(lambda: REGRESSION_ALERT in served.hook.alertnames(), 30, "the page reached on-call")

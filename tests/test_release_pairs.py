@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import json
 import threading
-import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -27,6 +26,7 @@ from typing import Any
 import httpx
 import pytest
 from _demo_registry import BAD, GOOD, private_copy, shared_demo_registry
+from _service_support import wait_for
 from conftest import free_port
 from infersight.alerts import CANARY_ALERT, REGRESSION_ALERT
 from infersight.engine.runtime_canary import user_bucket
@@ -81,16 +81,6 @@ class Served:
             return [r.alertname for r in conn.execute(select(alerts).where(alerts.c.state == "firing"))]
 
 
-def _wait(predicate: Any, timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.25)
-    raise AssertionError(f"{what}: not within {timeout:g} s")
-
-
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     import uvicorn
@@ -123,7 +113,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
         thread = threading.Thread(target=server.run, name="release-pairs-uvicorn", daemon=True)
         thread.start()
         try:
-            _wait(lambda: server.started, 60, "the HTTP server started")
+            wait_for(lambda: server.started, 60, "the HTTP server started")
             yield Served(f"http://127.0.0.1:{port}", service, hook)
         finally:
             server.should_exit = True
@@ -157,7 +147,7 @@ def test_clients_steering_their_arm_do_not_roll_back_a_good_canary(served: Serve
     with ThreadPoolExecutor(6) as pool:
         models = list(pool.map(lambda i: _chat(served.base, texts[i], budget[users[i]], users[i]), range(72)))
     assert set(models) == {"mixtral_banking"}  # no answer names its version to a client without the token
-    _wait(lambda: _pairs(served) >= 20, 60, "20 scored pairs")
+    wait_for(lambda: _pairs(served) >= 20, 60, "20 scored pairs")
     status = served.canary()
     assert status["version"] == INT8 and status["weight"] == 0.5, status  # still running, not rolled back
     assert [d for d in status["decisions"] if d["action"] == "rollback"] == []
@@ -180,7 +170,7 @@ def test_a_corrupted_canary_is_rolled_back_on_pairs_having_served_under_15_perce
     worker = threading.Thread(target=keep_sending, daemon=True)
     worker.start()
     try:
-        status = _wait(
+        status = wait_for(
             lambda: (s := served.canary())["version"] is None and s, 120, "the bad canary rolled back"
         )
     finally:
@@ -191,7 +181,7 @@ def test_a_corrupted_canary_is_rolled_back_on_pairs_having_served_under_15_perce
     assert " of " in decision["reason"] and " pairs" in decision["reason"], decision["reason"]
     served_by_bad = decision["canary_requests"] / (decision["canary_requests"] + decision["stable_requests"])
     assert served_by_bad < 0.15, decision
-    _wait(lambda: CANARY_ALERT in served.hook.alertnames(), 30, "the page reached on-call")
+    wait_for(lambda: CANARY_ALERT in served.hook.alertnames(), 30, "the page reached on-call")
     with served.service.db.connect() as conn:
         (page,) = conn.execute(select(alerts).where(alerts.c.alertname == CANARY_ALERT)).all()
     assert "pairs" in json.loads(page.annotations)["summary"]
@@ -228,7 +218,7 @@ def test_hang_ups_over_long_prompts_and_a_new_mix_do_not_roll_back_a_good_deploy
                                    .order_by(deploy_analyses.c.id.desc())).first()  # fmt: skip
             return row is not None and row.state != "running" and row
 
-        done = _wait(ended, WINDOW_S + 60, "the analysis of the good deploy ended")
+        done = wait_for(ended, WINDOW_S + 60, "the analysis of the good deploy ended")
     finally:
         stop.set()
         worker.join(60)
