@@ -255,11 +255,26 @@ def render_chat(messages: Sequence[ChatMessage]) -> str:
 
 
 class TextStream:
+    """The text of a generation as its tokens arrive, decoded a few tokens at a time.
+
+    Each token decodes a window of the last few ids, not the whole answer (the way vLLM's
+    incremental detokenizer does): the text of `ids[prefix:]` less the text of
+    `ids[prefix:read]` is what the new token added, so leading-space and word-piece rules
+    that depend on the first token of a decode cancel out. A token that ends inside a UTF-8
+    character (the decode ends in U+FFFD) adds nothing until the character is complete. The
+    cost per token is bounded by the window, not by the answer's length, so a long streamed
+    answer does not grow quadratically on the event loop.
+    """
+
+    WINDOW = 64  # ids decoded at most per token; beyond it a run of incomplete bytes is let out
+
     def __init__(self, decode: Callable[[list[int]], str], stops: Sequence[str] = ()) -> None:
         self._decode = decode
         self._stops = [s for s in stops if s]
         self._hold = max((len(s) for s in self._stops), default=1) - 1
         self._ids: list[int] = []
+        self._prefix = 0  # the window's first id: context for the next decode
+        self._read = 0  # ids up to here are in `text`
         self._emitted = 0
         self.text = ""
         self.stopped = False  # a stop string was found; the text ends before it
@@ -269,18 +284,36 @@ class TextStream:
         if self.stopped:
             return ""
         self._ids.append(token_id)
-        text = self._decode(self._ids)
+        self._advance(final=False)
+        return self._after_growth()
+
+    def _advance(self, *, final: bool) -> None:
+        """Decode what the ids since `read` add to the text (all of it when `final`)."""
+        ids = self._ids
+        if self._read == len(ids):
+            return
+        before = self._decode(ids[self._prefix : self._read]) if self._read > self._prefix else ""
+        after = self._decode(ids[self._prefix :])
+        pending = len(ids) - self._prefix > self.WINDOW
+        if (after.endswith("\ufffd") or len(after) <= len(before)) and not (final or pending):
+            return  # a character split across tokens, or a token with no text: keep the context
+        if len(after) > len(before) and after.startswith(before):
+            self.text += after[len(before) :]
+        elif after != before:  # a decoder that rewrote the context: take the new ids alone
+            self.text += self._decode(ids[self._read :])
+        self._prefix, self._read = self._read, len(ids)
+
+    def _after_growth(self) -> str:
+        self._find_stop()
+        return self._release(len(self.text) if self.stopped else len(self.text) - self._hold)
+
+    def _find_stop(self) -> None:
         for stop in self._stops:
-            at = text.find(stop, max(0, self._emitted - len(stop)))
+            at = self.text.find(stop, max(0, self._emitted - len(stop)))
             if at != -1:
                 self.stopped = True
-                self.text = text[:at]
-                return self._release(len(self.text))
-        self.text = text
-        safe = len(text) - self._hold
-        if text.endswith("\ufffd"):
-            safe = min(safe, len(text) - 1)
-        return self._release(safe)
+                self.text = self.text[:at]
+                return
 
     @property
     def has_stops(self) -> bool:
@@ -299,9 +332,13 @@ class TextStream:
     def settle(self, text: str) -> None:
         """The decoded text of the held tokens."""
         self.text = text
+        self._prefix = self._read = len(self._ids)
 
     def flush(self) -> str:
         """The rest of the text at the end of generation."""
+        if not self.stopped:
+            self._advance(final=True)
+            self._find_stop()
         return self._release(len(self.text))
 
     @property
