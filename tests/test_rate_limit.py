@@ -229,3 +229,71 @@ def test_infersight_serve_does_not_let_a_loopback_client_escape_its_rate_with_x_
         server.should_exit = True
         thread.join(60)
     assert statuses == [200, 200, 429]
+
+
+class Shedding:
+    """The app behind the limit refusing as the length breaker does (503 + Retry-After) for
+    prompts marked long, answering the others; `gate` holds a request until it is set."""
+
+    def __init__(self, retry_after: int = 2) -> None:
+        self.retry_after = retry_after
+        self.gate: asyncio.Event | None = None
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        body = (await receive())["body"]
+        if self.gate is not None and b"wait" in body:
+            await self.gate.wait()
+        if b"long" in body:
+            headers = [(b"retry-after", str(self.retry_after).encode())]
+            await send({"type": "http.response.start", "status": 503, "headers": headers})
+        else:
+            await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+
+async def _post(app: Any, addr: str, body: bytes) -> int:
+    scope = {"type": "http", "method": "POST", "path": "/v1/completions", "headers": [], "client": (addr, 1)}
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    await app(scope, receive, send)
+    return int(sent[0]["status"])
+
+
+def test_a_client_back_before_a_sheds_retry_after_gets_its_next_503_only_then() -> None:
+    clock, refused = Clock(), []
+    app = _limit(Shedding(retry_after=2), clock, refused, rate=1000.0, burst=1000.0)  # the rate never bites
+    assert asyncio.run(_post(app, "10.0.0.1", b"long")) == 503 and clock.holds == []
+    clock.now += 0.01  # asks again 10 ms later, ignoring Retry-After: 2
+    assert asyncio.run(_post(app, "10.0.0.1", b"long")) == 503 and clock.holds == [pytest.approx(1.99)]
+    # its short questions in that window are answered at once, never held
+    assert asyncio.run(_post(app, "10.0.0.1", b"short")) == 200 and len(clock.holds) == 1
+    # another client is not held for this one's refusals
+    assert asyncio.run(_post(app, "10.0.0.2", b"long")) == 503 and len(clock.holds) == 1
+    clock.now += 2.5  # waited what it was told: not held
+    assert asyncio.run(_post(app, "10.0.0.1", b"long")) == 503 and len(clock.holds) == 1
+    assert refused == []  # none of these was the limit's own refusal
+
+
+def test_requests_already_in_flight_when_a_client_is_refused_are_not_held() -> None:
+    clock, refused = Clock(), []
+    inner = Shedding(retry_after=3)
+    app = _limit(inner, clock, refused, rate=1000.0, burst=1000.0)
+
+    async def scenario() -> list[int]:
+        inner.gate = asyncio.Event()
+        in_flight = asyncio.ensure_future(_post(app, "10.0.0.1", b"long wait"))  # arrives first
+        await asyncio.sleep(0)
+        clock.now += 0.1
+        first = await _post(app, "10.0.0.1", b"long")  # refused: told to come back in 3 s
+        clock.now += 0.1
+        inner.gate.set()
+        return [first, await in_flight]
+
+    assert asyncio.run(scenario()) == [503, 503]
+    assert clock.holds == []  # it was sent before the client was told anything

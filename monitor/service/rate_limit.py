@@ -13,6 +13,11 @@ asks again before the `Retry-After` it was told gets its next 429 only at that t
 on a timer: no CPU; at most `max_held` at once, then answered at once; and one address holds
 at most `limits.max_connections_per_client` connections): a flood that ignores `Retry-After`
 is slowed to the pace it was asked to keep, while a client that honours it never waits.
+The app's own refusals with `Retry-After` (the length breaker's 503, a full queue's 429) are
+held the same way for a client that comes back before their time: a flood of long prompts
+that ignores the breaker's `Retry-After` is slowed to one request per thread per
+`Retry-After`, not refused 200 times a second (each refusal still costs a parse, a tokenizing
+and a record), while the same client's requests that are answered are never delayed.
 
 The token is the operator's: requests that carry it are charged to a bucket of their own
 (`token_rate`, `token_burst`), apart from the token-less requests from the same address
@@ -129,6 +134,9 @@ class ClientRateLimit:
         self._sleep = sleep
         self.max_held = max_held
         self.held = 0  # refusals waiting to be answered now
+        # client -> (when the app last refused it, when that refusal's Retry-After ends)
+        self._told: OrderedDict[Any, tuple[float, float]] = OrderedDict()
+        self._max_told = max_clients
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or (self.anonymous is None and self.holders is None):
@@ -140,9 +148,13 @@ class ClientRateLimit:
             buckets, reason = self.holders, "token_client_rate"
         else:
             buckets, reason = self.anonymous, "client_rate"
-        refused = buckets.take(addr, self._clock()) if buckets is not None else None
+        arrived = self._clock()
+        refused = buckets.take(addr, arrived) if buckets is not None else None
         if refused is None:
-            await self.app(scope, receive, send)
+            if buckets is None:  # exempt (the token's requests by default): never held
+                await self.app(scope, receive, send)
+            else:
+                await self.app(scope, receive, self._holding(send, (addr, reason), arrived))
             return
         self._on_refused(reason)
         if refused.hold_s > 0 and self.held < self.max_held:
@@ -152,6 +164,47 @@ class ClientRateLimit:
             finally:
                 self.held -= 1
         await _send_429(send, refused.retry_after_s)
+
+    def _holding(self, send: Send, key: Any, arrived: float) -> Send:
+        """`send`, with the app's own refusals (a 429 or 503 with `Retry-After`: a shed, a
+        full queue) held like the limit's: a client that asks again before the Retry-After
+        of its last refusal gets this refusal at that time. Only a request that arrived
+        after that refusal was sent is held (requests already in flight did not ignore it),
+        and only a refusal: an answered request is never delayed."""
+
+        async def held_send(message: Any) -> None:
+            if message["type"] == "http.response.start" and message.get("status") in (429, 503):
+                retry = _retry_after(message.get("headers") or ())
+                if retry is not None:
+                    await self._hold_refusal(key, arrived, retry)
+            await send(message)
+
+        return held_send
+
+    async def _hold_refusal(self, key: Any, arrived: float, retry_after_s: float) -> None:
+        told = self._told.get(key)
+        now = self._clock()
+        if told is not None and told[0] <= arrived < told[1] and now < told[1] and self.held < self.max_held:
+            self.held += 1
+            try:
+                await self._sleep(min(MAX_HOLD_S, told[1] - now))
+            finally:
+                self.held -= 1
+            now = max(now, self._clock())
+        if key not in self._told and len(self._told) >= self._max_told:
+            self._told.popitem(last=False)
+        self._told[key] = (now, now + retry_after_s)
+        self._told.move_to_end(key)
+
+
+def _retry_after(headers: Any) -> float | None:
+    for name, value in headers:
+        if name.lower() == b"retry-after":
+            try:
+                return max(0.0, float(value))
+            except ValueError:
+                return None
+    return None
 
 
 def _has_token(scope: Scope, expected: str) -> bool:
