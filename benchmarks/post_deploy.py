@@ -13,6 +13,7 @@ Each release is deployed twice, paired (the runtime also answers `--pair-share` 
 requests with the previous version, kept loaded for the window; relevance, similarity,
 output length and finish reason compared on the same requests) and unpaired (no shadow,
 the evidence off: relevance and output drift before against after), the order alternated.
+The analysis' daily cap on rollbacks (3) is lifted so that every run can roll back.
 Between runs the fp32 version is put back with the runtime's own deploy under a reason that
 starts no analysis (`reset`), so one run's verdict cannot leak into the next.
 
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import io
 import json
 import logging
@@ -204,6 +206,8 @@ def serve(args: argparse.Namespace, tmp: Path, body: Callable[[Bench], None]) ->
                                                log_level="warning", access_log=False))  # fmt: skip
         thread = threading.Thread(target=server.run, name="post-deploy-uvicorn", daemon=True)
         thread.start()
+        analyzer = service.parts.alerts.analyzer  # every run may roll back: no daily cap (3 as shipped)
+        analyzer.policy = dataclasses.replace(analyzer.policy, max_rollbacks_per_day=10_000)
         try:
             _wait(lambda: server.started, 60, "the HTTP server")
             body(Bench(f"http://127.0.0.1:{port}", service, args))
