@@ -20,6 +20,8 @@
     similarity, length and finish reason compared on the same requests) and once arm against
     arm, alternated. With `--steer` the clients steer their arm as in issue 21 (they know the
     assignment and ask the canary for 1 token, the stable version for `--max-tokens`).
+    With `--mix-change` the clients ask hotel utterances with `max_tokens` drawn from 2..32
+    (both arms alike) instead of Banking77 questions at `--max-tokens`; `--modes` runs one mode.
     Reported per mode: good canaries rolled back, requests until the corrupted one is rolled
     back (median, max) and the share it served; the shadow's cost: process CPU seconds per
     live request and the live p99 (arrival to last token), paired against unpaired.
@@ -33,6 +35,7 @@
 
     .venv/bin/python benchmarks/canary.py --demo-runs 1 --good 20 --real 20 --real-bad 5 --per-step 100
     .venv/bin/python benchmarks/canary.py --demo-runs 0 --good 0 --paired 4 --paired-bad 3 --steer
+    .venv/bin/python benchmarks/canary.py --demo-runs 0 --good 0 --paired 20 --paired-bad 5 --per-step 30 --mix-change
 """
 
 from __future__ import annotations
