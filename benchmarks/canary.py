@@ -20,6 +20,8 @@
     similarity, length and finish reason compared on the same requests) and once arm against
     arm, alternated. With `--steer` the clients steer their arm as in issue 21 (they know the
     assignment and ask the canary for 1 token, the stable version for `--max-tokens`).
+    With `--mix-change` the clients ask hotel utterances with `max_tokens` drawn from 2..32
+    (both arms alike) instead of Banking77 questions at `--max-tokens`; `--modes` runs one mode.
     Reported per mode: good canaries rolled back, requests until the corrupted one is rolled
     back (median, max) and the share it served; the shadow's cost: process CPU seconds per
     live request and the live p99 (arrival to last token), paired against unpaired.
@@ -33,6 +35,7 @@
 
     .venv/bin/python benchmarks/canary.py --demo-runs 1 --good 20 --real 20 --real-bad 5 --per-step 100
     .venv/bin/python benchmarks/canary.py --demo-runs 0 --good 0 --paired 4 --paired-bad 3 --steer
+    .venv/bin/python benchmarks/canary.py --demo-runs 0 --good 0 --paired 20 --paired-bad 5 --per-step 30 --mix-change
 """
 
 from __future__ import annotations
@@ -168,7 +171,14 @@ def real_canaries(n_good: int, n_bad: int, per_step: int, good_version: str | No
 
 
 def paired_canaries(
-    n_good: int, n_bad: int, per_step: int, max_tokens: int, steer: bool, share: float
+    n_good: int,
+    n_bad: int,
+    per_step: int,
+    max_tokens: int,
+    steer: bool,
+    share: float,
+    mix_change: bool = False,
+    modes: tuple[bool, ...] = (True, False),
 ) -> None:
     """(d): the same canaries decided with and without pairs, alternated, on the real runtime."""
     from infersight.alerts.actions.canary import CanaryController
@@ -177,11 +187,12 @@ def paired_canaries(
     from infersight.engine.runtime_canary import user_bucket
     from infersight.monitor import drift as d
     from infersight.monitor.cli import main as cli
-    from infersight.monitor.data import banking77
+    from infersight.monitor.data import banking77, hotels
     from infersight.monitor.service.pairs import PairFeed
 
     stable, good, bad = "mixtral_banking_fp32-v1.0", "mixtral_banking_int8-v1.0", "mixtral_banking_fp32-v1.1"
     questions = [u.text for u in banking77()]
+    new_mix = [u.text for u in hotels()]  # --mix-change: what the clients ask once the canary starts
     detector = d.DriftDetector(d.SentenceTransformerEmbedder())
     policy = CanaryPolicy(steps=(0.5, 1.0), requests_per_step=per_step)
     rows: dict[tuple[bool, str], list[tuple[str, int, float]]] = {}
@@ -198,7 +209,8 @@ def paired_canaries(
         try:
             plan = [("good", good)] * n_good + [("bad", bad)] * n_bad
             for run, (kind, candidate) in enumerate(plan):
-                for paired in (run % 2 == 0, run % 2 == 1):  # both modes, the order alternated
+                order = (run % 2 == 0, run % 2 == 1) if len(modes) == 2 else modes
+                for paired in order:  # both modes, the order alternated
                     runtime.shadow.configure(share=share if paired else 0.0)
                     controller = CanaryController(
                         runtime.canary, policy, pairs=PairPolicy() if paired else None
@@ -210,11 +222,11 @@ def paired_canaries(
                     runtime.canary.start(candidate, policy.steps[0])
                     while runtime.canary.status is not None:
                         users = [f"r{run}{paired}-{rng.getrandbits(48)}" for _ in range(8)]
-                        batch = [rng.choice(questions) for _ in users]
+                        batch = [rng.choice(new_mix if mix_change else questions) for _ in users]
                         budget = [
                             1
                             if steer and user_bucket(u, candidate) < runtime.canary.status.weight
-                            else max_tokens
+                            else (rng.randint(2, 32) if mix_change else max_tokens)
                             for u in users
                         ]
                         c0 = time.process_time()
@@ -253,12 +265,17 @@ def paired_canaries(
         mode = f"paired (share {share:g})" if paired else "unpaired"
         goods, bads = rows.get((paired, "good"), []), rows.get((paired, "bad"), [])
         caught = [r for r in bads if r[0] == "rollback"]
-        line = f"(d) {mode}, steps {policy.steps}, {per_step} per step, steer={steer}: good rolled back "
+        line = (
+            f"(d) {mode}, steps {policy.steps}, {per_step} per step, steer={steer}, mix change={mix_change}: "
+        )
+        line += "good rolled back "
         line += f"{sum(r[0] == 'rollback' for r in goods)} of {len(goods)}; bad rolled back {len(caught)} of {len(bads)}"
         if caught:
             n = [r[1] for r in caught]
             line += (f", requests until then median {statistics.median(n):.0f} (max {max(n)}), canary share "
                      f"median {statistics.median(r[2] for r in caught):.1%}")  # fmt: skip
+        if not goods and not bads:
+            continue
         p99 = (
             sorted(durations[paired])[int(0.99 * (len(durations[paired]) - 1))] if durations[paired] else 0.0
         )
@@ -319,14 +336,22 @@ def main() -> None:
     ap.add_argument("--paired-bad", type=int, default=0, help="corrupted canaries, paired and unpaired (d)")
     ap.add_argument("--pair-share", type=float, default=0.5)
     ap.add_argument("--steer", action="store_true", help="clients ask the canary for 1 token (d)")
+    ap.add_argument(
+        "--mix-change",
+        action="store_true",
+        help="from the canary's start the clients ask hotel questions, max_tokens 2..32 (d)",
+    )
+    ap.add_argument("--modes", choices=("both", "paired", "unpaired"), default="both", help="(d)")
     args = ap.parse_args()
     print(f"CPU: {_cpu()}  load average: {' '.join(Path('/proc/loadavg').read_text().split()[:3])}")
     if args.real or args.real_bad:
         real_canaries(args.real, args.real_bad, args.per_step, args.good_version, args.max_tokens)
     if args.paired or args.paired_bad:
+        modes = {"both": (True, False), "paired": (True,), "unpaired": (False,)}[args.modes]
         paired_canaries(
-            args.paired, args.paired_bad, args.per_step, args.max_tokens, args.steer, args.pair_share
-        )
+            args.paired, args.paired_bad, args.per_step, args.max_tokens, args.steer, args.pair_share,
+            args.mix_change, modes,
+        )  # fmt: skip
     if args.good:
         simulated(args.good)
     for i in range(args.demo_runs):

@@ -1,0 +1,287 @@
+"""Post-deploy analysis, paired against unpaired, on the real service (issue 21).
+
+The service as `infersight serve` runs it (the embedded runtime with the demo model, uvicorn
+on a loopback port, SQLite, the drift module's embedder scoring relevance and pairs, a
+webhook receiver as on-call) serves the demo's fp32 version. Each run: `--before` good
+requests (Banking77, `max_tokens` `--max-tokens`), then a deploy through the API of the good
+int8 build (`mixtral_banking_int8-v1.0`) or the corrupted `mixtral_banking_fp32-v1.1`, then
+traffic until the post-deploy analysis ends (passed after its window) or rolls the release
+back. With `--mix-change` the clients change at the moment of the deploy: hotel utterances
+instead of Banking77 questions, `max_tokens` drawn from 2..32 instead of the fixed budget.
+
+Each release is deployed twice, paired (the runtime also answers `--pair-share` of live
+requests with the previous version, kept loaded for the window; relevance, similarity,
+output length and finish reason compared on the same requests) and unpaired (no shadow,
+the evidence off: relevance and output drift before against after), the order alternated.
+The analysis' daily cap on rollbacks (3) is lifted so that every run can roll back.
+Between runs the fp32 version is put back with the runtime's own deploy under a reason that
+starts no analysis (`reset`), so one run's verdict cannot leak into the next.
+
+Reported per mode and kind: releases rolled back, requests after the deploy until the
+rollback (median, max), the requests the release served and their share of the run's
+requests (before + after), and the verdict's failed checks.
+
+    .venv/bin/python benchmarks/post_deploy.py --good 20 --bad 5 --mix-change
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import io
+import json
+import logging
+import random
+import statistics
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+STABLE, GOOD, BAD = "mixtral_banking_fp32-v1.0", "mixtral_banking_int8-v1.0", "mixtral_banking_fp32-v1.1"
+TOKEN = "post-deploy-bench-token-0123456789"
+RULES = """\
+groups: []
+receivers:
+  - name: on-call
+    webhook: {url: "HOOK_URL", secret: "HOOK_SECRET"}
+route:
+  receiver: on-call
+  group_by: [alertname, model_version]
+  group_wait: 0s
+  group_interval: 1s
+  repeat_interval: 1h
+"""
+
+
+def _cpu() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return "unknown"
+
+
+def _wait(check: Callable[[], Any], timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise TimeoutError(f"waited {timeout:.0f} s for {what}")
+
+
+class Bench:
+    def __init__(self, base: str, service: Any, args: argparse.Namespace) -> None:
+        from infersight.monitor import data
+        from infersight.monitor.service.demo.stage import SYSTEM
+
+        self.base, self.service, self.args = base, service, args
+        self.system = SYSTEM
+        self.banking = [u.text for u in data.banking77("test")]
+        self.hotels = [u.text for u in data.hotels()]
+        self.rng = random.Random(0)
+        self.client = httpx.Client(base_url=base, timeout=120, headers={"Authorization": f"Bearer {TOKEN}"})
+        self.pool = ThreadPoolExecutor(args.workers)
+
+    @property
+    def backend(self) -> Any:
+        return self.service.parts.backend
+
+    def analysis(self, version: str) -> Any:
+        from infersight.monitor.store.tables import deploy_analyses
+        from sqlalchemy import select
+
+        with self.service.db.connect() as conn:
+            return conn.execute(select(deploy_analyses).where(deploy_analyses.c.to_version == version)
+                                .order_by(deploy_analyses.c.id.desc())).first()  # fmt: skip
+
+    def _one(self, text: str, max_tokens: int) -> str | None:
+        body = {"messages": [{"role": "system", "content": self.system}, {"role": "user", "content": text}],
+                "max_tokens": max_tokens, "temperature": 1.0, "user": f"u{self.rng.getrandbits(48)}"}  # fmt: skip
+        try:
+            r = self.client.post("/v1/chat/completions", json=body)
+        except httpx.HTTPError:
+            return None
+        return r.headers.get("x-infersight-version") if r.status_code == 200 else None
+
+    def batch(self, n: int, mixed: bool) -> list[str | None]:
+        """`n` requests: the usual mix, or (`mixed`) the clients' new one."""
+        if mixed:
+            work = [(self.rng.choice(self.hotels), self.rng.randint(2, 32)) for _ in range(n)]
+        else:
+            work = [(self.rng.choice(self.banking), self.args.max_tokens) for _ in range(n)]
+        return list(self.pool.map(lambda w: self._one(*w), work))
+
+    def run(self, candidate: str, paired: bool) -> dict[str, Any]:
+        runtime, feed = self.backend.runtime, self.backend.pair_feed
+        runtime.shadow.configure(share=self.args.pair_share if paired else 0.0)
+        feed.evidence.enabled = paired
+        before = 0
+        while before < self.args.before:
+            before += len(self.batch(8, mixed=False))
+        r = self.client.post("/api/v1/models/deploy", json={"version": candidate})
+        assert r.status_code == 200, r.text
+        t0 = time.monotonic()
+        after: list[str | None] = []
+        rolled_at: int | None = None
+        while True:  # the clients keep sending until the analysis ends
+            row = self.analysis(candidate)
+            serving = runtime.serving_version
+            if serving != candidate and rolled_at is None:
+                rolled_at = len(after)
+            if row is not None and row.state != "running" and (row.state != "rolling_back"):
+                break
+            if rolled_at is not None:
+                _wait(lambda: self.analysis(candidate).state not in ("running", "rolling_back"), 60,
+                      "the analysis' final state")  # fmt: skip
+                break
+            if time.monotonic() - t0 > self.args.window + 120:
+                raise TimeoutError(f"analysis of {candidate} still {row.state if row else None}")
+            after.extend(self.batch(8, mixed=self.args.mix_change))
+        row = self.analysis(candidate)
+        evidence = json.loads(row.evidence)
+        last = evidence[-1] if evidence else {}
+        served = sum(v == candidate for v in after)
+        result = {
+            "kind": "good" if candidate == GOOD else "bad", "paired": paired, "state": row.state,
+            "seconds": time.monotonic() - t0, "after": len(after),
+            "until_rollback": rolled_at, "served": served, "share": served / max(1, before + len(after)),
+            "failures": last.get("failures", []), "pairs": last.get("pairs", 0), "paired_text": last.get("paired", ""),
+            "errors": sum(v is None for v in after),
+        }  # fmt: skip
+        if runtime.serving_version != STABLE:  # back to the stable version, no analysis started
+            runtime.deploy(STABLE, reason="reset")
+        return result
+
+
+def serve(args: argparse.Namespace, tmp: Path, body: Callable[[Bench], None]) -> None:
+    import uvicorn
+    from infersight.monitor import data
+    from infersight.monitor.cli import main as cli
+    from infersight.monitor.service import Service, create_app
+    from infersight.monitor.service.config import (
+        AlertingConfig,
+        DriftConfig,
+        EngineConfig,
+        ScheduleConfig,
+        ServiceConfig,
+    )
+    from infersight.monitor.service.demo.stage import WebhookReceiver, new_secret
+
+    registry = tmp / "registry"
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert cli(["models", "init-demo", str(registry)]) == 0
+    reference = tmp / "reference.jsonl"
+    texts = random.Random(1).sample([u.text for u in data.banking77("train")], 200)
+    reference.write_text("".join(json.dumps({"prompt": t}) + "\n" for t in texts))
+    secret = new_secret()
+    with WebhookReceiver(secret) as hook:
+        rules = tmp / "rules.yaml"
+        rules.write_text(RULES.replace("HOOK_URL", hook.url).replace("HOOK_SECRET", secret))
+        with contextlib.closing(__import__("socket").socket()) as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        cfg = ServiceConfig(
+            data_dir=tmp / "service", port=port, token=TOKEN,
+            engine=EngineConfig(registry=registry, version=STABLE, max_batch_size=8, max_seq_len=512,
+                                max_prompt_tokens=256, max_tokens_limit=64, pair_share=args.pair_share),
+            alerting=AlertingConfig(rules=rules, analysis_window_s=args.window, analysis_interval_s=args.interval,
+                                    analysis_failed_checks=args.failed_checks, analysis_min_requests=15,
+                                    analysis_p99_ratio=args.p99_ratio),
+            drift=DriftConfig(reference=reference, alpha=0.01, window=60, min_window=30),
+            schedule=ScheduleConfig(timeseries_s=1.0, timeseries_window_s=20.0, embed_s=1.0, drift_s=3600.0,
+                                    rules_s=0.5, outbox_s=0.5, post_deploy_s=1.0),
+            text_sample_rate=1.0,
+        )  # fmt: skip
+        service = Service(cfg)
+        service.start()
+        server = uvicorn.Server(uvicorn.Config(create_app(cfg, service=service), host="127.0.0.1", port=port,
+                                               log_level="warning", access_log=False))  # fmt: skip
+        thread = threading.Thread(target=server.run, name="post-deploy-uvicorn", daemon=True)
+        thread.start()
+        analyzer = service.parts.alerts.analyzer  # every run may roll back: no daily cap (3 as shipped)
+        analyzer.policy = dataclasses.replace(analyzer.policy, max_rollbacks_per_day=10_000)
+        try:
+            _wait(lambda: server.started, 60, "the HTTP server")
+            body(Bench(f"http://127.0.0.1:{port}", service, args))
+        finally:
+            server.should_exit = True
+            thread.join(30)
+            service.stop()
+
+
+def report(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
+    for paired in (True, False):
+        mode = f"paired (share {args.pair_share:g})" if paired else "unpaired"
+        for kind in ("good", "bad"):
+            mine = [r for r in rows if r["paired"] == paired and r["kind"] == kind]
+            if not mine:
+                continue
+            rolled = [r for r in mine if r["state"] != "passed"]
+            line = (f"{mode}, {kind} deploys, mix change {args.mix_change}: rolled back {len(rolled)} of "
+                    f"{len(mine)}")  # fmt: skip
+            caught = [r for r in rolled if r["until_rollback"] is not None]
+            if caught:
+                n = [r["until_rollback"] for r in caught]
+                line += (f"; requests after the deploy until the rollback median {statistics.median(n):.0f} "
+                         f"(max {max(n)}), seconds median {statistics.median(r['seconds'] for r in caught):.0f}; "
+                         f"served by it median {statistics.median(r['served'] for r in caught):.0f} requests, "
+                         f"{statistics.median(r['share'] for r in caught):.1%} of the run's")  # fmt: skip
+            print(line, flush=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--good", type=int, default=4, help="deploys of the int8 build, each paired and unpaired")
+    ap.add_argument("--bad", type=int, default=2, help="deploys of the corrupted release, each in both modes")
+    ap.add_argument("--modes", choices=("both", "paired", "unpaired"), default="both")
+    ap.add_argument(
+        "--mix-change", action="store_true", help="hotel prompts, max_tokens 2..32 after the deploy"
+    )
+    ap.add_argument("--before", type=int, default=40, help="requests before each deploy")
+    ap.add_argument("--max-tokens", type=int, default=12)
+    ap.add_argument("--pair-share", type=float, default=0.5)
+    ap.add_argument("--window", type=float, default=30.0, help="analysis window (s)")
+    ap.add_argument("--interval", type=float, default=3.0, help="between checks (s)")
+    ap.add_argument("--failed-checks", type=int, default=2, help="failed checks before the rollback")
+    ap.add_argument("--p99-ratio", type=float, default=100.0, help="latency check (100: off, shared machine)")
+    ap.add_argument("--workers", type=int, default=4)
+    args = ap.parse_args()
+    logging.getLogger("apscheduler").setLevel(logging.ERROR)  # "skipped: already running" on a loaded machine
+    print(f"CPU: {_cpu()}  load average: {' '.join(Path('/proc/loadavg').read_text().split()[:3])}")
+    print(f"window {args.window:g} s, checks every {args.interval:g} s, rollback after {args.failed_checks} failed, "
+          f"p99 ratio {args.p99_ratio:g}, {args.before} requests before each deploy", flush=True)  # fmt: skip
+    modes = {"both": None, "paired": True, "unpaired": False}[args.modes]
+    rows: list[dict[str, Any]] = []
+
+    def body(bench: Bench) -> None:
+        plan = [GOOD] * args.good + [BAD] * args.bad
+        for i, candidate in enumerate(plan):
+            order = (i % 2 == 0, i % 2 == 1) if modes is None else (modes,)
+            for paired in order:
+                r = bench.run(candidate, paired)
+                rows.append(r)
+                why = "; ".join(r["failures"])[:200] or r["paired_text"][:160]
+                print(f"    {'paired' if paired else 'unpaired'} {r['kind']} deploy {i + 1}: {r['state']} "
+                      f"({r['after']} requests after the deploy, {r['seconds']:.0f} s, until rollback "
+                      f"{r['until_rollback']}, served {r['served']}, {r['pairs']} pairs, {r['errors']} errors): "
+                      f"{why}", flush=True)  # fmt: skip
+
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            serve(args, Path(tmp), body)
+        finally:
+            report(rows, args)
+            print(f"({time.perf_counter() - t0:.0f} s)")
+
+
+if __name__ == "__main__":
+    main()
