@@ -219,3 +219,42 @@ def test_a_canary_whose_few_outputs_all_have_one_length_is_not_rolled_back() -> 
     check = next(c for c in analysis.checks() if c.name == "output_length")
     assert check.canary == 8.0 and check.stable is not None and check.stable < 7.8
     assert not check.regressed and analysis.verdict().action == "continue"
+
+
+def test_a_step_is_left_only_when_each_arm_has_enough_requests_for_the_checks_to_decide() -> None:
+    analysis = CanaryAnalysis(CanaryPolicy(steps=(0.5, 1.0), requests_per_step=30, min_requests=20))
+    for i in range(30):  # the canary reaches its step's count while the stable arm has 12
+        analysis.observe(True, error_type=None, latency_s=0.1, output_tokens=8)
+        if i % 5 < 2:
+            analysis.observe(False, error_type=None, latency_s=0.1, output_tokens=8)
+    verdict = analysis.verdict()
+    assert verdict.action == "continue" and "stable n=12" in verdict.reason, verdict.reason
+    for _ in range(8):
+        analysis.observe(False, error_type=None, latency_s=0.1, output_tokens=8)
+    assert analysis.verdict().action == "promote"
+    # once relevance is scored, it too needs enough per arm before a step is left
+    for _ in range(25):
+        analysis.observe_relevance(True, 0.6)
+    analysis.observe_relevance(False, 0.6)
+    held = analysis.verdict()
+    assert held.action == "continue" and held.reason.startswith("holding at 50%: relevance"), held.reason
+
+
+def test_a_paired_canary_is_promoted_only_after_enough_pairs_and_enough_scored_pairs() -> None:
+    from infersight.alerts.actions.pairs import PairOutcome, PairPolicy
+
+    analysis = CanaryAnalysis(
+        CanaryPolicy(steps=(0.1, 1.0), requests_per_step=30), pairs=PairPolicy(min_pairs=10)
+    )
+    for _ in range(30):
+        analysis.observe(True, error_type=None, latency_s=0.1, output_tokens=8)
+    for _ in range(4):
+        analysis.observe_pair(PairOutcome("new", "old", 8, 8, "length", "length", 0.6, 0.6, 0.95))
+    verdict = analysis.verdict()
+    assert verdict.action == "continue" and "4 of 10 pairs so far" in verdict.reason
+    for _ in range(6):  # enough pairs, but only 4 of them scored so far
+        analysis.observe_pair(PairOutcome("new", "old", 8, 8, "length", "length"))
+    assert "4 of 10 pairs scored" in analysis.verdict().reason
+    for _ in range(6):
+        analysis.observe_pair(PairOutcome("new", "old", 8, 8, "length", "length", 0.6, 0.6, 0.95))
+    assert analysis.verdict().action == "promote"

@@ -312,6 +312,9 @@ class CanaryAnalysis:
             reason = f"paired regression: {paired.first_regression.describe()} ({paired.pairs} pairs)"
             return Verdict("rollback", 0.0, reason, checks)
         if self.at_step >= self.policy.requests_per_step:
+            short = self._evidence_short(checks)
+            if short:  # a step's count is not enough: the checks must have been able to decide
+                return Verdict("continue", self.weight, f"holding at {self.weight:.0%}: {short}", checks)
             nxt = self.policy.steps[min(self.step + 1, len(self.policy.steps) - 1)]
             figures = "; ".join(c.describe() for c in checks)
             if paired is not None:
@@ -323,6 +326,27 @@ class CanaryAnalysis:
                 checks,
             )
         return Verdict("continue", self.weight, "collecting", checks)
+
+    def _evidence_short(self, checks: tuple[CheckState, ...]) -> str:
+        """Why the checks could not have decided yet ("" when they could): a step is left only
+        when they could, as Flagger halts advancement without metrics. Paired: `min_pairs`
+        pairs, and as many scored pairs once scores arrive. Arm against arm: `min_requests`
+        per arm, and as many relevance scores per arm once scores arrive."""
+        paired = self.pairs
+        if paired is not None:
+            need = paired.policy.min_pairs
+            if paired.pairs < need:
+                return f"{paired.pairs} of {need} pairs so far"
+            for check in paired.checks():
+                if check.name in ("relevance", "similarity") and 0 < check.pairs < need:
+                    return f"{check.pairs} of {need} pairs scored for {check.name}"
+            return ""
+        need = self.policy.min_requests
+        for c in checks:
+            scored = c.name == "server_errors" or (c.name == "relevance" and c.canary_n + c.stable_n > 0)
+            if scored and min(c.canary_n, c.stable_n) < need:
+                return f"{c.name}: canary n={c.canary_n}, stable n={c.stable_n}, {need} per arm needed"
+        return ""
 
     def advance(self) -> None:
         """The promotion was applied: the next step starts counting."""
