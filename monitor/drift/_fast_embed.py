@@ -258,6 +258,8 @@ class ExportedEmbedder:
 
     backend = "?"
     precision = "int8"
+    # set by `_openvino_embed.choose`: what was measured when this one was chosen over the other
+    choice: dict[str, Any] | None = None
 
     def __init__(
         self,

@@ -192,7 +192,7 @@ def choose(
             chosen = by_backend[choice["backend"]]
         except (OSError, ValueError, KeyError, TypeError):
             return None
-        chosen.choice = {**choice, "measured_now": False, "path": str(path)}  # type: ignore[attr-defined]
+        chosen.choice = {**choice, "measured_now": False, "path": str(path)}
         return chosen
 
     chosen = cached()
@@ -229,5 +229,5 @@ def choose(
                  seconds[backend], ", ".join(f"{k} {v:.2f} s" for k, v in seconds.items() if k != backend),
                  _TIMING_TEXTS, first.threads)  # fmt: skip
         chosen = by_backend[backend]
-        chosen.choice = {**choice, "measured_now": True, "path": str(path)}  # type: ignore[attr-defined]
+        chosen.choice = {**choice, "measured_now": True, "path": str(path)}
         return chosen
