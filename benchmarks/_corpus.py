@@ -29,7 +29,8 @@ EMBEDDERS = ("fp32", "int8", "openvino")
 
 
 def load_corpus(embedder_kind: str = "fp32") -> Corpus:
-    from infersight.monitor.drift import OnnxEmbedder, OpenVinoEmbedder, SentenceTransformerEmbedder
+    from infersight.monitor.drift import OnnxEmbedder, SentenceTransformerEmbedder
+    from infersight.monitor.drift._openvino_embed import OpenVinoEmbedder
 
     if embedder_kind not in EMBEDDERS:
         raise ValueError(f"unknown embedder {embedder_kind!r}: valid ones are {', '.join(EMBEDDERS)}")

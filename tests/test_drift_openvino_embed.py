@@ -21,9 +21,10 @@ pytest.importorskip("nncf")
 
 from _drift_helpers import real_embedder
 from infersight.monitor.data import banking77
-from infersight.monitor.drift import CachedEmbedder, OnnxEmbedder, OpenVinoEmbedder, default_embedder
+from infersight.monitor.drift import CachedEmbedder, OnnxEmbedder, default_embedder
 from infersight.monitor.drift import _openvino_embed as ove
 from infersight.monitor.drift._fast_embed import ExportedEmbedder, embedder_cache_dir
+from infersight.monitor.drift._openvino_embed import OpenVinoEmbedder
 from infersight.monitor.drift.errors import EmbedderUnavailable
 
 

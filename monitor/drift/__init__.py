@@ -31,7 +31,6 @@ from ._detector import DriftDetector, evaluate_window
 from ._fast_embed import OnnxEmbedder, default_embedder
 from ._lengths import LengthDrift, RequestLengths, length_drift, read_lengths
 from ._mmd import TestOptions
-from ._openvino_embed import OpenVinoEmbedder
 from ._policy import ReferencePolicy, VersionPolicy
 from ._references import list_references, load_reference, save_reference, traffic_window
 from ._report import DriftMetrics, DriftReport, list_reports, load_report, render_html
@@ -50,7 +49,6 @@ __all__ = [
     "Embedder",
     "LengthDrift",
     "OnnxEmbedder",
-    "OpenVinoEmbedder",
     "ReferencePolicy",
     "RequestLengths",
     "SentenceTransformerEmbedder",
