@@ -1,8 +1,9 @@
 """The bundled utterances, each distinct text embedded once with all-MiniLM-L6-v2 and kept
 in `.bench/` (keyed by the texts and the model), for the drift benchmarks.
 
-`embedder`: "fp32" (sentence-transformers, PyTorch) or "int8" (`default_embedder()`'s ONNX
-Runtime export), so a benchmark can be run with either and the tables compared."""
+`embedder`: "fp32" (sentence-transformers, PyTorch), "int8" (the int8 ONNX Runtime export)
+or "openvino" (the int8 OpenVINO export, NNCF static quantization), so a benchmark can be
+run with each and the tables compared."""
 
 from __future__ import annotations
 
@@ -24,17 +25,19 @@ class Corpus:
     hotels: np.ndarray  # [H, 384]
 
 
-EMBEDDERS = ("fp32", "int8")
+EMBEDDERS = ("fp32", "int8", "openvino")
 
 
 def load_corpus(embedder_kind: str = "fp32") -> Corpus:
     from infersight.monitor.drift import OnnxEmbedder, SentenceTransformerEmbedder
+    from infersight.monitor.drift._openvino_embed import OpenVinoEmbedder
 
     if embedder_kind not in EMBEDDERS:
         raise ValueError(f"unknown embedder {embedder_kind!r}: valid ones are {', '.join(EMBEDDERS)}")
     b = tuple(sorted({u.text for u in banking77("train")} | {u.text for u in banking77("test")}))
     h = tuple(sorted({u.text for u in hotels()} - set(b)))
-    embedder = SentenceTransformerEmbedder() if embedder_kind == "fp32" else OnnxEmbedder()
+    kinds = {"fp32": SentenceTransformerEmbedder, "int8": OnnxEmbedder, "openvino": OpenVinoEmbedder}
+    embedder = kinds[embedder_kind]()
     key = hashlib.sha256("\n".join([embedder.name, *b, "\x00", *h]).encode()).hexdigest()[:16]
     path = OUT / f"corpus_embeddings_{key}.npy"
     if path.exists():

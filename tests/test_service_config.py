@@ -52,7 +52,7 @@ limits: {max_body_bytes: 1048576}
         ("drift: {alpha: 2}", "drift.alpha"),
         ("engine: {registry: m, pair_share: 1.5}", "engine.pair_share"),
         ("engine: {registry: m, pair_slots: 0}", "engine.pair_slots"),
-        ("drift: {embedder: openvino}", "drift.embedder"),
+        ("drift: {embedder: tensorrt}", "drift.embedder"),
         ("drift: {embed_threads: 0}", "drift.embed_threads"),
         ("schedule: {rules_s: 0}", "schedule.rules_s"),
         ("upstream: {url: ftp://x}", "upstream.url"),

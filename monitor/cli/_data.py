@@ -48,9 +48,10 @@ def _register_drift(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     p.add_argument(
         "--embedder",
-        choices=("auto", "onnxruntime", "sentence-transformers"),
+        choices=("auto", "onnxruntime", "openvino", "sentence-transformers"),
         default="auto",
-        help="what runs the model (default auto: int8 ONNX Runtime on a CPU where installed, else fp32)",
+        help="what runs the model (default auto, or $INFERSIGHT_EMBED_BACKEND: on a CPU the faster "
+        "int8 runtime installed, measured once per machine, else fp32)",
     )
     p.add_argument(
         "--permutations", type=int, default=1000, help="permutations of the MMD test (default 1000)"

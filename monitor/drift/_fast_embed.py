@@ -12,9 +12,14 @@ model's files, the ONNX Runtime version and the CPU's instruction sets, as the e
 caches its path choice: a new runtime or another CPU makes a new export. Two processes
 that export at once take turns on a file lock; the file appears by an atomic rename.
 
+With the `drift-openvino` extra too (openvino, nncf), an OpenVINO int8 model statically
+quantized by NNCF (`OpenVinoEmbedder`, monitor/drift/_openvino_embed.py) is the other
+candidate: the first time on a machine both are exported and timed, the faster is kept and
+the choice cached with the exports.
+
 On CUDA it is the Sentence-BERT model in fp16. Without the `drift-fast` extra (onnxruntime,
 onnx) it is the fp32 Sentence-BERT model, said in one log line. The choice can be forced
-with `backend=` (or the service's `drift.embedder`).
+with `backend=` (or `$INFERSIGHT_EMBED_BACKEND`, or the service's `drift.embedder`).
 
 Embeddings of different backends differ slightly, so each backend has its own `name`
 (stored with a reference's embeddings): a reference embedded by one is re-embedded, never
@@ -33,7 +38,7 @@ import threading
 from collections.abc import Iterable, Iterator, Sequence
 from importlib.util import find_spec
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 
@@ -42,18 +47,21 @@ from .errors import EmbedderUnavailable
 
 __all__ = [
     "BACKENDS",
+    "BACKEND_ENV",
+    "ExportedEmbedder",
     "OnnxEmbedder",
     "cpu_isa",
     "default_embedder",
     "default_threads",
     "embedder_cache_dir",
+    "export_fp32_onnx",
     "export_int8",
 ]
 
 log = logging.getLogger(__name__)
 
-Backend = Literal["auto", "onnxruntime", "sentence-transformers"]
-BACKENDS: tuple[str, ...] = ("auto", "onnxruntime", "sentence-transformers")
+BACKENDS: tuple[str, ...] = ("auto", "onnxruntime", "openvino", "sentence-transformers")
+BACKEND_ENV = "INFERSIGHT_EMBED_BACKEND"  # forces default_embedder's backend="auto"
 _RECIPE = "minilm-meanpool-int8-qoperator-perchannel-v1"  # bump when the export changes
 # the instruction sets that decide which int8 kernels ONNX Runtime runs (docs/benchmarks.md)
 _ISA_FLAGS = ("avx2", "fma", "avx512f", "avx512bw", "avx512_vnni", "avx_vnni", "amx_int8", "asimd", "i8mm")
@@ -120,13 +128,14 @@ def _quiet_quantizer(record: logging.LogRecord) -> bool:
     return "quantization" not in record.pathname or record.levelno >= logging.ERROR
 
 
-def export_int8(model_path: Path, out: Path) -> Path:
+def export_fp32_onnx(model_path: Path, out: Path) -> Path:
     """Export the Sentence-BERT model at `model_path` (transformer, mean pooling, normalize)
-    to ONNX and quantize its weights to int8, per channel (QOperator: the faster format on
-    the CPUs measured); writes `out` atomically. Needs torch, transformers, onnx, onnxruntime."""
+    to an fp32 ONNX graph at `out` (inputs input_ids, attention_mask, token_type_ids; output
+    the unit embedding). Needs torch, transformers, onnx."""
+    import warnings
+
     import onnx
     import torch
-    from onnxruntime.quantization import QuantType, quantize_dynamic
     from transformers import AutoModel
     from transformers.utils import logging as hf_logging
 
@@ -149,42 +158,108 @@ def export_int8(model_path: Path, out: Path) -> Path:
             return torch.nn.functional.normalize(mean, p=2.0, dim=1)
 
     out.parent.mkdir(parents=True, exist_ok=True)
-    fp32 = out.with_name(f".{out.stem}.{os.getpid()}.fp32.onnx")
-    tmp = out.with_name(f".{out.stem}.{os.getpid()}.int8.onnx")
     dims = {"input_ids": {0: "batch", 1: "tokens"}, "attention_mask": {0: "batch", 1: "tokens"},
             "token_type_ids": {0: "batch", 1: "tokens"}, "embedding": {0: "batch"}}  # fmt: skip
     example = torch.ones(2, 8, dtype=torch.long)
-    try:
-        import warnings
-
-        with torch.no_grad(), warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # the tracer's notes on shape-dependent Python branches
-            torch.onnx.export(
-                Pooled(model), (example, example, torch.zeros_like(example)), str(fp32),
-                input_names=["input_ids", "attention_mask", "token_type_ids"], output_names=["embedding"],
-                dynamic_axes=dims, opset_version=17, dynamo=False,
-            )  # fmt: skip
-        onnx.checker.check_model(str(fp32))
-        root = logging.getLogger()
-        root.addFilter(_quiet_quantizer)  # it logs a line per tensor on the root logger
-        try:
-            quantize_dynamic(fp32, tmp, weight_type=QuantType.QInt8, per_channel=True)
-        finally:
-            root.removeFilter(_quiet_quantizer)
-        os.replace(tmp, out)
-    finally:
-        for leftover in (fp32, tmp):
-            leftover.unlink(missing_ok=True)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the tracer's notes on shape-dependent Python branches
+        torch.onnx.export(
+            Pooled(model), (example, example, torch.zeros_like(example)), str(out),
+            input_names=["input_ids", "attention_mask", "token_type_ids"], output_names=["embedding"],
+            dynamic_axes=dims, opset_version=17, dynamo=False,
+        )  # fmt: skip
+    onnx.checker.check_model(str(out))
     return out
 
 
-class OnnxEmbedder:
-    """A Sentence-BERT model as an int8 ONNX Runtime session, exported on first use (or
-    found in `cache_dir`). `threads`: ONNX Runtime's intra-op threads (default: the CPUs
-    this process may use)."""
+@contextlib.contextmanager
+def fp32_onnx(model_path: Path, near: Path, given: Path | None = None) -> Iterator[Path]:
+    """`given` if not None, else a temporary fp32 export next to `near`, removed on exit."""
+    if given is not None:
+        yield given
+        return
+    tmp = near.with_name(f".{near.stem}.{os.getpid()}.{threading.get_ident()}.fp32.onnx")
+    try:
+        yield export_fp32_onnx(model_path, tmp)
+    finally:
+        tmp.unlink(missing_ok=True)
 
-    backend = "onnxruntime"
+
+def export_int8(model_path: Path, out: Path, *, fp32: Path | None = None) -> Path:
+    """Export the Sentence-BERT model at `model_path` to ONNX (`export_fp32_onnx`, or the
+    fp32 export `fp32` if given) and quantize its weights to int8, per channel (QOperator:
+    the faster format on the CPUs measured); writes `out` atomically. Needs torch,
+    transformers, onnx, onnxruntime."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.stem}.{os.getpid()}.int8.onnx")
+    try:
+        with fp32_onnx(model_path, out, fp32) as source:
+            root = logging.getLogger()
+            root.addFilter(_quiet_quantizer)  # it logs a line per tensor on the root logger
+            try:
+                quantize_dynamic(source, tmp, weight_type=QuantType.QInt8, per_channel=True)
+            finally:
+                root.removeFilter(_quiet_quantizer)
+        os.replace(tmp, out)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return out
+
+
+def cache_key_dir(cache_dir: Path, model_name: str, *parts: str) -> Path:
+    """The folder of one export: the model's name and a digest of what decides the export
+    (the recipe, the runtime's version, the CPU's instruction sets)."""
+    digest = hashlib.sha256("\n".join([model_name, *parts, cpu_isa()]).encode()).hexdigest()[:16]
+    return cache_dir / f"{model_name.split(':')[0]}-{digest}"
+
+
+def load_tokenizer(model_path: Path) -> Any:
+    """The model's fast tokenizer, truncating at its max_seq_length, padding nothing."""
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(model_path / "tokenizer.json"))
+    config = json.loads((model_path / "sentence_bert_config.json").read_text())
+    tokenizer.enable_truncation(int(config.get("max_seq_length", 256)))
+    tokenizer.no_padding()  # each batch is padded to its own longest text
+    return tokenizer
+
+
+def padded_batches(
+    tokenizer: Any, texts: Sequence[str], batch_size: int, *, progress: bool = False
+) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """(rows, input_ids, attention_mask) per batch, the texts ordered by token count so
+    similar lengths share a batch (little padding); 0 is [PAD]."""
+    encodings = tokenizer.encode_batch(list(texts))
+    lengths = np.fromiter((len(e.ids) for e in encodings), dtype=np.int64, count=len(encodings))
+    order = np.argsort(lengths, kind="stable")
+    starts: Iterable[int] = range(0, order.size, batch_size)
+    if progress:
+        from tqdm.auto import tqdm
+
+        starts = tqdm(starts, desc="Batches")
+    for start in starts:
+        idx = order[start : start + batch_size]
+        width = int(lengths[idx].max())
+        ids = np.zeros((idx.size, width), dtype=np.int64)  # [B, T]
+        mask = np.zeros((idx.size, width), dtype=np.int64)
+        for row, i in enumerate(idx):
+            e = encodings[i]
+            ids[row, : len(e.ids)] = e.ids
+            mask[row, : len(e.ids)] = 1
+        yield idx, ids, mask
+
+
+class ExportedEmbedder:
+    """A Sentence-BERT model run by an inference runtime from an export made on first use
+    (or found in `cache_dir`). `threads`: the runtime's threads (default: the CPUs this
+    process may use). Subclasses say where the export lives, how it is made and run."""
+
+    backend = "?"
     precision = "int8"
+    # set by `_openvino_embed.choose`: what was measured when this one was chosen over the other
+    choice: dict[str, Any] | None = None
 
     def __init__(
         self,
@@ -213,16 +288,37 @@ class OnnxEmbedder:
 
     @property
     def name(self) -> str:
-        return f"{self._reference.name}+onnxruntime-int8"
+        return f"{self._reference.name}+{self.backend}-{self.precision}"
 
     @property
     def export_path(self) -> Path:
         """Where this machine's export lives: keyed by the model, the runtime, the CPU."""
-        import onnxruntime
+        raise NotImplementedError
 
-        key = "\n".join([self._reference.name, _RECIPE, onnxruntime.__version__, cpu_isa()])
-        digest = hashlib.sha256(key.encode()).hexdigest()[:16]
-        return self.cache_dir / f"{self._reference.name.split(':')[0]}-{digest}" / "model.int8.onnx"
+    def export(self, model_path: Path, target: Path, fp32: Path | None = None) -> None:
+        """Write the export of `model_path` at `target` (atomically), from `fp32` if given."""
+        raise NotImplementedError
+
+    def open(self, target: Path) -> Any:
+        """The runtime's session over the export at `target`."""
+        raise NotImplementedError
+
+    def run(self, session: Any, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        """[B, D] unit embeddings of one padded batch."""
+        raise NotImplementedError
+
+    def ensure_export(self, fp32: Path | None = None) -> Path:
+        """The export's path, made now (under a file lock, once per machine) if absent."""
+        target = self.export_path
+        if not target.exists():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            with _file_lock(target.with_suffix(".lock")):
+                if not target.exists():  # another process may have made it meanwhile
+                    log.info("exporting %s for %s in %s (once per machine)", self.model_path,
+                             self.backend, target)  # fmt: skip
+                    self.export(self.model_path, target, fp32)
+                    self.exported = True
+        return target
 
     def _load(self) -> tuple[Any, Any]:
         with self._lock:
@@ -232,68 +328,72 @@ class OnnxEmbedder:
             if not path.is_dir():
                 raise EmbedderUnavailable(str(path), "not a directory")
             try:
-                import onnxruntime as ort
-                from tokenizers import Tokenizer
-
-                target = self.export_path
-                if not target.exists():
-                    target.parent.mkdir(parents=True, exist_ok=True)
-                    with _file_lock(target.with_suffix(".lock")):
-                        if not target.exists():  # another process may have made it meanwhile
-                            log.info("exporting %s to int8 ONNX in %s (once per machine)", path, target)
-                            export_int8(path, target)
-                            self.exported = True
-                options = ort.SessionOptions()
-                options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-                options.intra_op_num_threads = self.threads
-                options.inter_op_num_threads = 1
-                options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-                # idle workers sleep rather than spin: a sidecar's spare cycles belong to serving
-                options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-                session = ort.InferenceSession(str(target), options, providers=["CPUExecutionProvider"])
-                tokenizer = Tokenizer.from_file(str(path / "tokenizer.json"))
+                session = self.open(self.ensure_export())
+                tokenizer = load_tokenizer(path)
             except (OSError, ValueError, ImportError, RuntimeError) as exc:
                 raise EmbedderUnavailable(str(path), f"{type(exc).__name__}: {exc}") from exc
-            config = json.loads((path / "sentence_bert_config.json").read_text())
-            tokenizer.enable_truncation(int(config.get("max_seq_length", 256)))
-            tokenizer.no_padding()  # each batch is padded to its own longest text below
             self._session, self._tokenizer = session, tokenizer
             return session, tokenizer
 
     @property
     def dimension(self) -> int:
-        session, _ = self._load()
-        return int(session.get_outputs()[0].shape[-1])
+        self._load()
+        return self._reference_dimension()
+
+    def batches(self, texts: Sequence[str]) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        _, tokenizer = self._load()
+        return padded_batches(tokenizer, texts, self.batch_size, progress=self.progress)
 
     def encode(self, texts: Sequence[str]) -> np.ndarray:
-        session, tokenizer = self._load()
+        session, _ = self._load()
         if len(texts) == 0:
-            return np.zeros((0, self.dimension), dtype=np.float32)
-        encodings = tokenizer.encode_batch(list(texts))
-        lengths = np.fromiter((len(e.ids) for e in encodings), dtype=np.int64, count=len(encodings))
-        order = np.argsort(lengths, kind="stable")  # similar lengths share a batch: little padding
+            return np.zeros((0, self._reference_dimension()), dtype=np.float32)
         out: np.ndarray | None = None
-        starts: Iterable[int] = range(0, order.size, self.batch_size)
-        if self.progress:
-            from tqdm.auto import tqdm
-
-            starts = tqdm(starts, desc="Batches")
-        for start in starts:
-            idx = order[start : start + self.batch_size]
-            width = int(lengths[idx].max())
-            ids = np.zeros((idx.size, width), dtype=np.int64)  # [B, T]; 0 is [PAD]
-            mask = np.zeros((idx.size, width), dtype=np.int64)
-            for row, i in enumerate(idx):
-                e = encodings[i]
-                ids[row, : len(e.ids)] = e.ids
-                mask[row, : len(e.ids)] = 1
-            rows = session.run(None, {"input_ids": ids, "attention_mask": mask,
-                                      "token_type_ids": np.zeros_like(ids)})[0]  # fmt: skip
+        for idx, ids, mask in self.batches(texts):
+            rows = self.run(session, ids, mask)
             if out is None:
                 out = np.empty((len(texts), rows.shape[1]), dtype=np.float32)
             out[idx] = rows
         assert out is not None
         return out
+
+    def _reference_dimension(self) -> int:
+        config = json.loads((self.model_path / "config.json").read_text())
+        return int(config["hidden_size"])
+
+
+class OnnxEmbedder(ExportedEmbedder):
+    """all-MiniLM-L6-v2 (or another transformer + mean pooling + normalize model) as a
+    dynamically quantized int8 ONNX Runtime session, exported on first use (or found in
+    `cache_dir`). `threads`: ONNX Runtime's intra-op threads."""
+
+    backend = "onnxruntime"
+
+    @property
+    def export_path(self) -> Path:
+        import onnxruntime
+
+        folder = cache_key_dir(self.cache_dir, self._reference.name, _RECIPE, onnxruntime.__version__)
+        return folder / "model.int8.onnx"
+
+    def export(self, model_path: Path, target: Path, fp32: Path | None = None) -> None:
+        export_int8(model_path, target, fp32=fp32)
+
+    def open(self, target: Path) -> Any:
+        import onnxruntime as ort
+
+        options = ort.SessionOptions()
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        options.intra_op_num_threads = self.threads
+        options.inter_op_num_threads = 1
+        options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        # idle workers sleep rather than spin: a sidecar's spare cycles belong to serving
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        return ort.InferenceSession(str(target), options, providers=["CPUExecutionProvider"])
+
+    def run(self, session: Any, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        feeds = {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)}
+        return np.asarray(session.run(None, feeds)[0])
 
 
 def _cuda() -> bool:
@@ -326,31 +426,48 @@ def default_embedder(
     """The embedder the CLI, the detector and the service use, behind a text-hash LRU cache
     of `cache_entries` texts (0: none).
 
-    `backend="auto"`: on CUDA (`device=None` looks for one) the Sentence-BERT model in fp16;
-    on a CPU the int8 ONNX Runtime model, or, without onnxruntime/onnx or for a model the
+    `backend="auto"` (or `$INFERSIGHT_EMBED_BACKEND` when the argument is "auto"): on CUDA
+    (`device=None` looks for one) the Sentence-BERT model in fp16; on a CPU an int8 model:
+    with the `drift-fast` extra, ONNX Runtime's, and with the `drift-openvino` extra too,
+    whichever of ONNX Runtime's and OpenVINO's was faster when measured on this machine
+    (`_openvino_embed.choose`, once, cached); without onnxruntime/onnx or for a model the
     export does not cover, the fp32 Sentence-BERT model (one log line says so).
-    `"onnxruntime"` or `"sentence-transformers"` forces one. Its `backend` and `precision`
-    attributes say which runs."""
+    `"onnxruntime"`, `"openvino"` or `"sentence-transformers"` forces one. Its `backend` and
+    `precision` attributes say which runs."""
+    if backend == "auto":
+        backend = os.environ.get(BACKEND_ENV, "").strip() or "auto"
     if backend not in BACKENDS:
         raise ValueError(f"unknown embedder backend {backend!r}: valid backends are {', '.join(BACKENDS)}")
     inner: Embedder
-    where = device or ("cuda" if backend != "onnxruntime" and _cuda() else "cpu")
+    where = device or ("cuda" if backend not in ("onnxruntime", "openvino") and _cuda() else "cpu")
     if backend == "sentence-transformers" or (backend == "auto" and where != "cpu"):
         half = where != "cpu"
         inner = SentenceTransformerEmbedder(
             model_path, device=where, precision="fp16" if half else "fp32", progress=progress
         )
+        return CachedEmbedder(inner, max_entries=cache_entries) if cache_entries > 0 else inner
+    from ._openvino_embed import OpenVinoEmbedder, choose, openvino_missing
+
+    path = Path(model_path) if model_path is not None else default_model_path()
+    kwargs: dict[str, Any] = {"threads": threads, "cache_dir": cache_dir, "progress": progress}
+    if not _exportable(path):
+        missing: str | None = f"{path} is not a transformer + mean pooling + normalize model"
+        no_openvino: str | None = missing
     else:
-        path = Path(model_path) if model_path is not None else default_model_path()
         missing = _fast_runtime_missing()
-        if missing is None and not _exportable(path):
-            missing = f"{path} is not a transformer + mean pooling + normalize model"
-        if missing is not None and backend == "onnxruntime":
-            raise EmbedderUnavailable(str(path), f"the onnxruntime backend cannot run: {missing}")
-        if missing is not None:
-            log.warning("embedding with the fp32 sentence-transformers model: %s "
-                        "(the drift-fast extra gives the int8 ONNX Runtime one)", missing)  # fmt: skip
-            inner = SentenceTransformerEmbedder(model_path, progress=progress)
-        else:
-            inner = OnnxEmbedder(model_path, threads=threads, cache_dir=cache_dir, progress=progress)
+        no_openvino = openvino_missing(OpenVinoEmbedder(model_path, **kwargs))
+    if backend == "openvino":
+        if no_openvino is not None:
+            raise EmbedderUnavailable(str(path), f"the openvino backend cannot run: {no_openvino}")
+        inner = OpenVinoEmbedder(model_path, **kwargs)
+    elif missing is not None and backend == "onnxruntime":
+        raise EmbedderUnavailable(str(path), f"the onnxruntime backend cannot run: {missing}")
+    elif missing is not None:
+        log.warning("embedding with the fp32 sentence-transformers model: %s "
+                    "(the drift-fast extra gives the int8 ONNX Runtime one)", missing)  # fmt: skip
+        inner = SentenceTransformerEmbedder(model_path, progress=progress)
+    elif backend == "auto" and no_openvino is None:
+        inner = choose(model_path, **kwargs)
+    else:
+        inner = OnnxEmbedder(model_path, **kwargs)
     return CachedEmbedder(inner, max_entries=cache_entries) if cache_entries > 0 else inner

@@ -167,7 +167,8 @@ class DriftConfig:
     # at most this many texts embedded per `embed` tick; the rest counted as skipped. 1024: the
     # int8 embedder embeds 4x the texts of the fp32 one (256) in less CPU (docs/benchmarks.md)
     reservoir: int = 1024
-    embedder: str = "auto"  # default_embedder's backend: auto | onnxruntime | sentence-transformers
+    # default_embedder's backend: auto | onnxruntime | openvino | sentence-transformers
+    embedder: str = "auto"
     embed_threads: int | None = None  # the int8 embedder's threads; None: the CPUs the process may use
     embedding_cache: int = 20_000  # texts whose embeddings are kept (about 1.6 KB each)
     enabled: bool = True
@@ -393,8 +394,8 @@ def check_config(config: ServiceConfig, *, source: str | None = None) -> Service
         fail("drift.window", "must be at least drift.min_window, itself at least 2")
     if config.drift.stale_after_s is not None and not config.drift.stale_after_s > 0:
         fail("drift.stale_after_s", "must be a positive number of seconds or null")
-    if config.drift.embedder not in ("auto", "onnxruntime", "sentence-transformers"):
-        fail("drift.embedder", "must be one of auto, onnxruntime, sentence-transformers")
+    if config.drift.embedder not in ("auto", "onnxruntime", "openvino", "sentence-transformers"):
+        fail("drift.embedder", "must be one of auto, onnxruntime, openvino, sentence-transformers")
     if config.drift.embed_threads is not None and not config.drift.embed_threads >= 1:
         fail("drift.embed_threads", "must be a positive number of threads or null")
     for f in dataclasses.fields(ScheduleConfig):
