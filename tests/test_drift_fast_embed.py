@@ -125,3 +125,34 @@ def test_metrics_and_the_report_name_the_backend(fast: OnnxEmbedder, tmp_path: P
     assert report.context.embedder == f"{fast.name} (onnxruntime int8)"
     assert "onnxruntime int8" in report.to_json()["embedder"]
     assert wiring.detector.embedder_label.endswith("(onnxruntime int8)")
+
+
+def test_the_service_makes_the_auto_embedder_at_first_use_not_at_start(
+    fast: OnnxEmbedder, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`drift.embedder: auto` may export and time two runtimes on a new machine (tens of
+    seconds): the service starts without it and makes it when the first texts are embedded."""
+    from infersight.monitor import drift
+    from infersight.monitor.service.config import DriftConfig
+    from infersight.monitor.service.pipeline import TextReservoir
+    from infersight.monitor.service.wiring_drift import DriftWiring
+    from sqlalchemy import create_engine
+
+    made: list[str] = []
+
+    def default_embedder(**kwargs: object) -> OnnxEmbedder:
+        made.append(str(kwargs["backend"]))
+        return fast
+
+    monkeypatch.setattr(drift, "default_embedder", default_embedder)
+    registry = CollectorRegistry()
+    wiring = DriftWiring(DriftConfig(embed_threads=1), create_engine(f"sqlite:///{tmp_path / 'db.sqlite'}"),
+                         registry, TextReservoir(16))  # fmt: skip
+    assert made == [] and 'backend="auto (chosen at first use)"' in generate_latest(registry).decode()
+    rows = wiring.detector.embedder.encode(["my card was declined", "where is my refund"])
+    assert rows.shape == (2, 384) and made == ["auto"]
+    assert (
+        'infersight_embedder_info{backend="onnxruntime",precision="int8"} 1.0'
+        in generate_latest(registry).decode()
+    )
+    assert wiring.detector.embedder_name == fast.name and made == ["auto"]  # made once

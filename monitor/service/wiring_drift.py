@@ -41,10 +41,45 @@ from .pipeline import RequestWriter, SampledText, TextReservoir
 if TYPE_CHECKING:
     from .config import DriftConfig
 
-__all__ = ["DriftWiring"]
+__all__ = ["DriftWiring", "FirstUseEmbedder"]
 
 log = logging.getLogger(__name__)
 _LOOKBACK = dt.timedelta(hours=24)
+
+
+class FirstUseEmbedder:
+    """The embedder `make()` returns, made when it is first used (an encode, or any attribute
+    such as its `name`), once, under a lock; `on_made(embedder)` is then called (the service
+    updates `infersight_embedder_info`)."""
+
+    def __init__(self, make: Callable[[], Any], on_made: Callable[[Any], None] = lambda e: None) -> None:
+        self._make = make
+        self._on_made = on_made
+        self._inner: Any = None
+        self._lock = threading.Lock()
+
+    @property
+    def made(self) -> bool:
+        return self._inner is not None
+
+    def _get(self) -> Any:
+        inner = self._inner
+        if inner is None:
+            with self._lock:
+                if self._inner is None:
+                    made = self._make()
+                    self._inner = made
+                    self._on_made(made)
+                inner = self._inner
+        return inner
+
+    def encode(self, texts: Any) -> Any:
+        return self._get().encode(texts)
+
+    def __getattr__(self, name: str) -> Any:  # name, backend, precision, dimension, inner ...
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(self._get(), name)
 
 
 class DriftWiring:
@@ -74,20 +109,31 @@ class DriftWiring:
         self.writer = writer
         self.canary = canary
         self.on_alarm = on_alarm
+        embedder_info = Info("infersight_embedder", "What embeds texts for drift", registry=registry)
+
+        def show(embedder: Any) -> None:
+            embedder_info.info({"backend": str(getattr(embedder, "backend", "custom")),
+                                "precision": str(getattr(embedder, "precision", "unknown"))})  # fmt: skip
+
         if detector is None:
-            embedder = d.default_embedder(
-                backend=config.embedder, threads=config.embed_threads, cache_entries=config.embedding_cache
-            )
+
+            def make() -> Any:
+                return d.default_embedder(
+                    backend=config.embedder,
+                    threads=config.embed_threads,
+                    cache_entries=config.embedding_cache,
+                )
+
+            # "auto" exports and times both int8 runtimes the first time on a machine (40-80 s):
+            # that belongs in the first drift tick, a background job, not in the service's start
+            embedder = FirstUseEmbedder(make, show) if config.embedder == "auto" else make()
             detector = d.DriftDetector(embedder, config=d.DetectorConfig(alpha=self.config.alpha))
         self.detector = detector
         self.metrics = d.DriftMetrics(registry)
-        embedder_info = Info("infersight_embedder", "What embeds texts for drift", registry=registry)
-        embedder_info.info(
-            {
-                "backend": str(getattr(detector.embedder, "backend", "custom")),
-                "precision": str(getattr(detector.embedder, "precision", "unknown")),
-            }
-        )
+        if isinstance(detector.embedder, FirstUseEmbedder):
+            embedder_info.info({"backend": "auto (chosen at first use)", "precision": "int8"})
+        else:
+            show(detector.embedder)
         self.alarms = Counter(
             "infersight_drift_stream_alarms", "Streaming (CUSUM) drift alarms", ["model_version", "signal"],
             registry=registry,
