@@ -28,9 +28,10 @@ from infersight.monitor.extras import require_extra as _require_extra
 _require_extra("infersight.monitor.drift", "drift")  # one line when the extra is missing
 
 from ._detector import DriftDetector, evaluate_window
-from ._fast_embed import OnnxEmbedder, default_embedder
+from ._fast_embed import OnnxEmbedder
 from ._lengths import LengthDrift, RequestLengths, length_drift, read_lengths
 from ._mmd import TestOptions
+from ._openvino_embed import default_embedder
 from ._policy import ReferencePolicy, VersionPolicy
 from ._references import list_references, load_reference, save_reference, traffic_window
 from ._report import DriftMetrics, DriftReport, list_reports, load_report, render_html

@@ -22,9 +22,9 @@ from infersight.monitor.store.tables import requests
 from sqlalchemy import Engine, bindparam, select, update
 
 from ._explain import ClusterModel, FieldExplanation, explain_field, fit_clusters
-from ._fast_embed import default_embedder
 from ._lengths import LengthDrift, RequestLengths, length_drift
 from ._mmd import StatResult
+from ._openvino_embed import default_embedder
 from ._references import (
     StoredReference,
     _window,

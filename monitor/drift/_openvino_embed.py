@@ -1,4 +1,5 @@
-"""The OpenVINO int8 embedder, and the measured choice between it and ONNX Runtime's.
+"""Which embedder the monitor uses (`default_embedder()`): the OpenVINO int8 embedder, and
+the measured choice between it and ONNX Runtime's (monitor/drift/_fast_embed.py).
 
 `OpenVinoEmbedder` runs all-MiniLM-L6-v2 as an OpenVINO model statically quantized to int8
 by NNCF (weights and activations; `ModelType.TRANSFORMER`, which keeps the softmax, the
@@ -36,16 +37,28 @@ from typing import Any
 import numpy as np
 
 from ._fast_embed import (
+    BACKEND_ENV,
+    BACKENDS,
     ExportedEmbedder,
     OnnxEmbedder,
+    _exportable,
     _file_lock,
     cache_key_dir,
     fp32_onnx,
     load_tokenizer,
     padded_batches,
 )
+from ._windows import CachedEmbedder, Embedder, SentenceTransformerEmbedder, default_model_path
+from .errors import EmbedderUnavailable
 
-__all__ = ["CALIBRATION_TEXTS", "OpenVinoEmbedder", "calibration_texts", "choose", "openvino_missing"]
+__all__ = [
+    "CALIBRATION_TEXTS",
+    "OpenVinoEmbedder",
+    "calibration_texts",
+    "choose",
+    "default_embedder",
+    "openvino_missing",
+]
 
 log = logging.getLogger(__name__)
 
@@ -231,3 +244,78 @@ def choose(
         chosen = by_backend[backend]
         chosen.choice = {**choice, "measured_now": True, "path": str(path)}
         return chosen
+
+
+def _cuda() -> bool:
+    if find_spec("torch") is None or not Path("/proc/driver/nvidia").exists():
+        return False  # no need to import torch to learn there is no GPU
+    import torch
+
+    return bool(torch.cuda.is_available())
+
+
+def _fast_runtime_missing() -> str | None:
+    """Why the int8 path cannot run here, or None. Nothing is imported: torch and
+    transformers are needed only by the export, which a cached machine never runs."""
+    for module in ("onnxruntime", "onnx", "torch", "transformers", "tokenizers"):
+        if find_spec(module) is None:
+            return f"{module} is not installed"
+    return None
+
+
+def default_embedder(
+    model_path: str | Path | None = None,
+    *,
+    backend: str = "auto",
+    device: str | None = None,
+    threads: int | None = None,
+    cache_dir: str | Path | None = None,
+    cache_entries: int = 200_000,
+    progress: bool = False,
+) -> Embedder:
+    """The embedder the CLI, the detector and the service use, behind a text-hash LRU cache
+    of `cache_entries` texts (0: none).
+
+    `backend="auto"` (or `$INFERSIGHT_EMBED_BACKEND` when the argument is "auto"): on CUDA
+    (`device=None` looks for one) the Sentence-BERT model in fp16; on a CPU an int8 model:
+    with the `drift-fast` extra, ONNX Runtime's, and with the `drift-openvino` extra too,
+    whichever of ONNX Runtime's and OpenVINO's was faster when measured on this machine
+    (`_openvino_embed.choose`, once, cached); without onnxruntime/onnx or for a model the
+    export does not cover, the fp32 Sentence-BERT model (one log line says so).
+    `"onnxruntime"`, `"openvino"` or `"sentence-transformers"` forces one. Its `backend` and
+    `precision` attributes say which runs."""
+    if backend == "auto":
+        backend = os.environ.get(BACKEND_ENV, "").strip() or "auto"
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown embedder backend {backend!r}: valid backends are {', '.join(BACKENDS)}")
+    inner: Embedder
+    where = device or ("cuda" if backend not in ("onnxruntime", "openvino") and _cuda() else "cpu")
+    if backend == "sentence-transformers" or (backend == "auto" and where != "cpu"):
+        half = where != "cpu"
+        inner = SentenceTransformerEmbedder(
+            model_path, device=where, precision="fp16" if half else "fp32", progress=progress
+        )
+        return CachedEmbedder(inner, max_entries=cache_entries) if cache_entries > 0 else inner
+    path = Path(model_path) if model_path is not None else default_model_path()
+    kwargs: dict[str, Any] = {"threads": threads, "cache_dir": cache_dir, "progress": progress}
+    if not _exportable(path):
+        missing: str | None = f"{path} is not a transformer + mean pooling + normalize model"
+        no_openvino: str | None = missing
+    else:
+        missing = _fast_runtime_missing()
+        no_openvino = openvino_missing(OpenVinoEmbedder(model_path, **kwargs))
+    if backend == "openvino":
+        if no_openvino is not None:
+            raise EmbedderUnavailable(str(path), f"the openvino backend cannot run: {no_openvino}")
+        inner = OpenVinoEmbedder(model_path, **kwargs)
+    elif missing is not None and backend == "onnxruntime":
+        raise EmbedderUnavailable(str(path), f"the onnxruntime backend cannot run: {missing}")
+    elif missing is not None:
+        log.warning("embedding with the fp32 sentence-transformers model: %s "
+                    "(the drift-fast extra gives the int8 ONNX Runtime one)", missing)  # fmt: skip
+        inner = SentenceTransformerEmbedder(model_path, progress=progress)
+    elif backend == "auto" and no_openvino is None:
+        inner = choose(model_path, **kwargs)
+    else:
+        inner = OnnxEmbedder(model_path, **kwargs)
+    return CachedEmbedder(inner, max_entries=cache_entries) if cache_entries > 0 else inner
