@@ -1,4 +1,4 @@
-"""The wheel `python -m build` makes, installed into fresh virtual environments, run from a temp dir.
+"""The wheel `python -m build` makes (from its own sdist), installed into fresh virtual environments, run from a temp dir.
 
 The wheel carries the engine's native library built for each ISA level (setup.py); the full
 install serves the native path from it on a PATH without a C compiler.
@@ -21,6 +21,7 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+import tarfile
 import textwrap
 from collections.abc import Sequence
 from pathlib import Path
@@ -51,11 +52,18 @@ def _ok(proc: subprocess.CompletedProcess[str]) -> str:
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """`python -m build --wheel` over a copy of the sources (the checkout is left as it is)."""
+    """`python -m build` over a copy of the sources (the checkout is left as it is): the sdist,
+    then the wheel built from that sdist, as `pip install` from the sdist would build it (the
+    native libraries compiled there from the C the sdist carries)."""
     src = tmp_path_factory.mktemp("src") / "infersight"
     shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(*_NOT_SOURCES))
     out = tmp_path_factory.mktemp("dist")
-    _ok(_run([sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", out, src], cwd=src))
+    _ok(_run([sys.executable, "-m", "build", "--no-isolation", "--outdir", out, src], cwd=src))
+    (sdist,) = out.glob("infersight-*.tar.gz")
+    with tarfile.open(sdist) as tar:
+        carried = {Path(name).name for name in tar.getnames() if "/engine/csrc/" in name}
+    c_sources = {p.name for p in (ROOT / "engine" / "csrc").iterdir() if p.suffix in (".c", ".h")}
+    assert c_sources and c_sources <= carried, f"the sdist lacks {sorted(c_sources - carried)}"
     (built,) = out.glob("infersight-*.whl")
     return built
 
