@@ -1,4 +1,4 @@
-"""The wheel `python -m build` makes (from its own sdist), installed into fresh virtual environments, run from a temp dir.
+"""The wheel `python -m build` makes from its sdist, installed into fresh venvs, run from a temp dir.
 
 The wheel carries the engine's native library built for each ISA level (setup.py); the full
 install serves the native path from it on a PATH without a C compiler.
