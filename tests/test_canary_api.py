@@ -218,3 +218,11 @@ def test_a_second_replica_on_the_same_postgresql_refuses_another_canary(
         r = cb.post("/api/v1/models/canary", json={"version": BAD, "weight": 0.2}, headers=auth())
         assert r.status_code == 200, r.text  # A's canary ended: B may run one
         assert cb.post("/api/v1/models/canary/abort", headers=auth()).status_code == 200
+
+
+def test_a_release_mark_is_refused_where_the_embedded_runtime_reports_its_own_deploys(served) -> None:  # type: ignore[no-untyped-def]
+    _, client = served
+    history = client.get("/api/v1/models").json()["deploys"]
+    r = client.post("/api/v1/deploys", json={"version": GOOD}, headers=auth())
+    assert r.status_code == 409 and "POST /api/v1/models/deploy" in r.text, r.text
+    assert client.get("/api/v1/models").json()["deploys"] == history  # nothing recorded

@@ -1,5 +1,6 @@
 """The CLI's commands for a running server, against the service under uvicorn with the demo
-model: `infersight models rollback`, `failover` and `replicas`, and what a 401 says."""
+model: `infersight models rollback`, `failover`, `replicas`, `mark-deploy` and
+`analyses`, and what a 401 says."""
 
 from __future__ import annotations
 
@@ -82,3 +83,24 @@ def test_replicas_are_listed_with_version_leader_and_heartbeat(
     header, row = capsys.readouterr().out.strip().splitlines()
     assert header.split() == ["NAME", "HOST", "VERSION", "LEADER", "LAST", "HEARTBEAT"]
     assert row.split()[:4] == [me["name"], me["host"], GOOD, "yes"]
+
+
+def test_a_release_marked_from_the_cli_starts_an_analysis_that_the_cli_lists(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], no_env_token: None
+) -> None:
+    """The SDK alone (no engine, no upstream): the pipeline that released the model says so."""
+    port = free_port()
+    with serve(create_app(config(tmp_path, port=port)), port) as url:
+        token = ["--url", url.rstrip("/"), "--token", TOKEN]
+        assert main(["models", "mark-deploy", "llama-3-8b-v2", "--previous", "llama-3-8b-v1", *token]) == 0
+        out = capsys.readouterr().out.strip()
+        assert out.startswith("post-deploy analysis 1: llama-3-8b-v2 against llama-3-8b-v1 from "), out
+        assert "paired checks off" in out
+        assert main(["models", "analyses", *token]) == 0
+        (line,) = capsys.readouterr().out.strip().splitlines()
+        assert line.startswith("1  llama-3-8b-v2 (after llama-3-8b-v1)  running  "), line
+        assert main(["models", "mark-deploy", "llama-3-8b-v3", "--at", "tomorrow", *token]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.count("\n") == 0 and "HTTP 422" in err and "at" in err, err
+        assert main(["models", "analyses", *token]) == 0
+        assert len(capsys.readouterr().out.strip().splitlines()) == 1  # the bad mark started nothing

@@ -21,7 +21,7 @@ from typing import Any
 import orjson
 import pytest
 import uvicorn
-from _service_support import config, wait_for
+from _service_support import TOKEN, config, wait_for
 from conftest import free_port
 from fastapi.testclient import TestClient
 from infersight.monitor.service import UpstreamConfig, create_app
@@ -272,3 +272,94 @@ def test_a_shadow_upstream_needs_proxy_mode() -> None:
     assert parsed.shadow_upstream == dataclasses.replace(
         ShadowUpstreamConfig(url="http://127.0.0.1:8"), model="v1", api_key="sk-shadow"
     )
+
+
+# ---- a release of the upstream, marked by the pipeline that made it ---------------------------------
+
+
+def _mark(client: TestClient, body: dict[str, Any], token: bool = True) -> Any:
+    headers = {"Authorization": f"Bearer {TOKEN}"} if token else {}
+    return client.post("/api/v1/deploys", json=body, headers=headers)
+
+
+def test_a_release_marked_over_http_starts_a_paired_analysis_and_lists_its_verdict(  # type: ignore[no-untyped-def]
+    live, shadow, tmp_path: Path
+) -> None:
+    with _proxy(tmp_path, live, shadow.url, share=1.0, max_in_flight=8, model=SHADOW_MODEL) as client:
+        assert _mark(client, {"version": LIVE_MODEL}, token=False).status_code == 401
+        r = _mark(client, {"version": LIVE_MODEL})
+        assert r.status_code == 201, r.text
+        marked = r.json()
+        assert (marked["version"], marked["previous_version"]) == (LIVE_MODEL, SHADOW_MODEL)  # shadow's model
+        assert marked["paired"].startswith("paired: shadow_upstream")
+        history = client.get("/api/v1/models").json()["deploys"]
+        assert [(d["from_version"], d["to_version"], d["reason"]) for d in history] == [
+            (SHADOW_MODEL, LIVE_MODEL, "deploy")
+        ]
+        for i in range(6):
+            _ask(client, i, stream=False)
+        feed: Any = client.app.state.service.parts.backend.pair_feed  # type: ignore[attr-defined]
+        wait_for(lambda: feed.score() >= 0 and feed.evidence.checks(LIVE_MODEL, SHADOW_MODEL)[0] == 6)
+        wait_for(lambda: [e for e in _analysis_entries(client, marked["analysis_id"]) if e["pairs"] == 6])
+        (analysis,) = client.get("/api/v1/analyses").json()["analyses"]
+        assert (analysis["id"], analysis["version"], analysis["previous_version"]) == (
+            marked["analysis_id"],
+            LIVE_MODEL,
+            SHADOW_MODEL,
+        )
+        assert analysis["state"] == "running" and analysis["checks"] >= 1
+        assert analysis["last_check"]["pairs"] == 6 and analysis["last_check"]["paired"].startswith(
+            "6 pairs: "
+        )
+
+
+def test_a_marked_release_that_regresses_on_pairs_is_paged_saying_to_roll_back_the_upstream(  # type: ignore[no-untyped-def]
+    tmp_path: Path,
+) -> None:
+    # the new release answers one word where the previous one answered a sentence, and stops on its budget
+    with (
+        FakeUpstream(LIVE_MODEL, ["ok"]) as new,
+        FakeUpstream(SHADOW_MODEL, LIVE_WORDS * 2) as old,
+        _proxy(tmp_path, new, old.url, share=1.0, max_in_flight=8, model=SHADOW_MODEL) as client,
+    ):
+        marked = _mark(client, {"version": LIVE_MODEL, "previous_version": SHADOW_MODEL}).json()
+        for i in range(12):
+            _ask(client, i, stream=i % 3 == 0)
+        feed: Any = client.app.state.service.parts.backend.pair_feed  # type: ignore[attr-defined]
+        wait_for(lambda: feed.score() >= 0 and feed.evidence.checks(LIVE_MODEL, SHADOW_MODEL)[0] == 12)
+
+        def paged() -> Any:
+            _analysis_entries(client, marked["analysis_id"])  # a check now (the scheduler's may also run)
+            alerts = client.get("/api/v1/alerts").json()["alerts"]
+            return [a for a in alerts if a["alertname"] == "PostDeployRegression"]
+
+        (alert,) = wait_for(paged, what="the PostDeployRegression page")
+        summary = alert["annotations"]["summary"]
+        assert "output shorter in 12 and longer in 0 of 12 pairs" in summary, summary
+        assert "(12 pairs)" in summary and "roll back the upstream" in summary, summary
+        assert alert["labels"]["model_version"] == LIVE_MODEL
+        (analysis,) = client.get("/api/v1/analyses").json()["analyses"]
+        assert analysis["state"] == "rollback_refused"
+        assert any("output shorter in 12" in f for f in analysis["last_check"]["failures"])
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"version": "llama-v2\n"}, "version"),
+        ({"version": "llama v2"}, "version"),
+        ({"version": LIVE_MODEL, "previous_version": "x" * 300}, "previous_version"),
+        ({"version": LIVE_MODEL, "at": "2999-01-01T00:00:00Z"}, "body.at"),
+        ({"version": LIVE_MODEL, "at": "2020-01-01T00:00:00Z"}, "body.at"),
+        ({"version": LIVE_MODEL, "at": "2026-01-01T00:00:00"}, "body.at"),
+        ({"version": LIVE_MODEL, "at": "yesterday"}, "at"),
+    ],
+)
+def test_a_bad_release_mark_is_a_4xx_naming_its_field_and_stores_nothing(  # type: ignore[no-untyped-def]
+    live, tmp_path: Path, body: dict[str, Any], field: str
+) -> None:
+    with _proxy(tmp_path, live, None) as client:
+        r = _mark(client, body)
+        assert r.status_code == 422 and field in r.text, r.text
+        assert client.get("/api/v1/analyses").json() == {"analyses": []}
+        assert client.get("/api/v1/models").json()["deploys"] == []

@@ -391,9 +391,11 @@ class DeployAnalyzer:
             alertname=REGRESSION_ALERT,
             labels={"model_version": row.to_version},
         )
-        done = {"succeeded": f"rolled back to {outcome.after_version}", "failed": "ROLLBACK FAILED"}.get(
-            outcome.state, f"rollback {outcome.state}"
-        )
+        done = {
+            "succeeded": f"rolled back to {outcome.after_version}",
+            "failed": "ROLLBACK FAILED",
+            "refused": f"not rolled back: {outcome.detail.get('reason', 'refused')}",
+        }.get(outcome.state, f"rollback {outcome.state}")
         with self.engine.begin() as conn:
             push_alert(
                 conn,

@@ -341,7 +341,10 @@ class ActionRunner:
         replicas = self.targets.replicas_for(labels)
         if not replicas:
             what = {k: labels[k] for k in ("replica", "uuid", "model_version") if labels.get(k)} or "a model"
-            raise ActionRefused(spec.type, "no_replica", f"no live replica with a runtime matches {what}")
+            none_here = "; none here (proxy mode: roll back the upstream)" if self.control is None else ""
+            raise ActionRefused(
+                spec.type, "no_replica", f"no live replica with a runtime matches {what}{none_here}"
+            )
         here = self.replica in replicas
         detail = {**json.loads(row.detail), "replicas": replicas}
         with self.engine.begin() as conn:
@@ -378,7 +381,11 @@ class ActionRunner:
         if spec.type in _RECORDING:
             return None
         if self.control is None:
-            raise ActionRefused(spec.type, "unavailable", "no engine is under control")
+            raise ActionRefused(
+                spec.type,
+                "unavailable",
+                "no engine is under control here (proxy mode: roll back the upstream)",
+            )
         if spec.type == "hot_reload":
             version = spec.param("version")
             if not version:

@@ -119,6 +119,21 @@ def _register_models(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
     reps = actions.add_parser("replicas", help="the replicas sharing the running server's database")
     _service_args(reps)
     reps.set_defaults(handler=_replicas)
+    mark = actions.add_parser(
+        "mark-deploy",
+        help="tell a proxy-mode server the upstream now serves VERSION: starts its post-deploy analysis",
+    )
+    mark.add_argument(
+        "version", metavar="VERSION", help="the version the upstream now serves (as its answers name it)"
+    )
+    mark.add_argument("--previous", metavar="VERSION", help="the version it replaced "
+                      "(default: shadow_upstream.model where set, else VERSION itself, compared by time)")  # fmt: skip
+    mark.add_argument("--at", help="when it took traffic, ISO 8601 with its offset (default: now)")
+    _service_args(mark)
+    mark.set_defaults(handler=_mark_deploy)
+    ana = actions.add_parser("analyses", help="the post-deploy analyses of a running server, newest first")
+    _service_args(ana)
+    ana.set_defaults(handler=_analyses)
 
 
 def _service_args(p: argparse.ArgumentParser) -> None:
@@ -300,6 +315,27 @@ def _rollback(args: argparse.Namespace) -> int:
 def _failover(args: argparse.Namespace) -> int:
     done = _call(args, "POST", "/api/v1/models/failover", {"version": args.version})
     print(f"failed over from {done['from_version']} to {done['to_version']}")
+    return 0
+
+
+def _mark_deploy(args: argparse.Namespace) -> int:
+    body = {"version": args.version, "previous_version": args.previous, "at": args.at}
+    done = _call(args, "POST", "/api/v1/deploys", body)
+    print(f"post-deploy analysis {done['analysis_id']}: {done['version']} against {done['previous_version']} "
+          f"from {done['at']} to {done['window_ends_at']}; {done['paired']}")  # fmt: skip
+    return 0
+
+
+def _analyses(args: argparse.Namespace) -> int:
+    for a in _call(args, "GET", "/api/v1/analyses")["analyses"]:
+        last = a["last_check"]
+        verdict = (
+            "no check yet"
+            if last is None
+            else f"{last['verdict']}: " + ("; ".join(last["failures"]) or (last["paired"] or ""))
+        )
+        print(f"{a['id']}  {a['version']} (after {a['previous_version'] or '-'})  {a['state']}  "
+              f"{a['checks']} checks, {a['failed_checks']} failed  {verdict}".rstrip())  # fmt: skip
     return 0
 
 

@@ -33,7 +33,7 @@ import orjson
 from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
-from infersight.monitor.store.tables import deploys, snapshots
+from infersight.monitor.store.tables import snapshots
 from pydantic import BaseModel, Field, ValidationError
 from sqlalchemy import select
 from starlette.concurrency import run_in_threadpool
@@ -42,8 +42,9 @@ from ..errors import BackendUnavailable, NoRuntime
 from ..http_edge import has_token, json_time, require_token, unless_hung_up
 from ..openai_api import ChatRequest, CompletionRequest, ObservedRequest
 from . import get_service
+from .releases import recent_deploys
 
-__all__ = ["recent_deploys", "router"]
+__all__ = ["router"]
 
 openai_router = APIRouter(tags=["openai"])
 
@@ -172,37 +173,6 @@ class DeployResult(BaseModel):
     verify_s: float
     load_s: float
     warmup_s: float
-
-
-_SAME_RELEASE_S = 600.0  # replicas switching to one version within this of each other: one release
-
-
-def recent_deploys(db: Any, limit: int = 20) -> list[dict[str, Any]]:
-    """Newest first. The same switch made by several replicas (one row each) is one item,
-    with the number of replicas that made it, so the list does not grow with replicas."""
-    with db.connect() as conn:
-        rows = conn.execute(
-            select(deploys).order_by(deploys.c.at.desc(), deploys.c.id.desc()).limit(limit * 8)
-        ).all()
-    out: list[dict[str, Any]] = []
-    seen: list[tuple[Any, set[str]]] = []  # (key, replicas) of each item in `out`
-    for r in rows:
-        key = (r.from_version, r.to_version, r.reason, r.outcome)
-        merged = False
-        for i, (k, replicas) in enumerate(seen):
-            if r.replica is not None and k == key and r.replica not in replicas and (
-                abs((dt.datetime.fromisoformat(out[i]["at"]) - r.at).total_seconds()) <= _SAME_RELEASE_S
-            ):  # fmt: skip
-                replicas.add(r.replica)
-                out[i]["replicas"] = len(replicas)
-                out[i]["at"] = json_time(r.at)  # the first replica's switch
-                merged = True
-                break
-        if not merged:
-            out.append({"at": json_time(r.at), "from_version": r.from_version, "to_version": r.to_version,
-                        "reason": r.reason, "outcome": r.outcome, "detail": r.detail, "replicas": 1})  # fmt: skip
-            seen.append((key, {r.replica} if r.replica is not None else set()))
-    return out[:limit]
 
 
 def _runtime(request: Request) -> Any:

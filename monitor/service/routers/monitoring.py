@@ -36,7 +36,7 @@ from ..errors import BackendUnavailable
 from ..http_edge import json_time, require_token
 from ..pairs import pairs_overview
 from . import get_service
-from .models import recent_deploys
+from .releases import recent_deploys
 
 __all__ = ["mount_alertmanager", "router"]
 
