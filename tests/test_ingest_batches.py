@@ -15,7 +15,7 @@ from infersight.collectors import InferenceStats, InvalidObservation
 from infersight.monitor.records import InferenceRecord, InvalidRecord, from_json_many
 from infersight.monitor.service.pipeline import RequestWriter, _sqlite_rows
 from infersight.monitor.store.database import connect, upgrade
-from infersight.monitor.store.tables import requests
+from infersight.monitor.store.tables import by_start, requests, started_in, time_bucket
 from prometheus_client import CollectorRegistry, generate_latest
 from sqlalchemy import select
 
@@ -181,3 +181,47 @@ def test_the_writer_commits_every_row_once_as_given_on_both_backends(writer_url:
             record.duration_s, record.ttft_s, record.prompt_tokens, record.error_type,
         )  # fmt: skip
     assert rows["r3"].model_version == "v\ufffd" and rows["r5"].prompt == "a\ufffdb"
+
+
+def test_the_writer_buckets_each_row_by_its_stored_start_and_windows_find_it(writer_url: str) -> None:
+    # stamps a rounding away from a 10-second boundary: the bucket must follow the stored value
+    edges = [
+        1_700_000_009.9999996,
+        1_700_000_009.9999994,
+        1_700_000_010.0,
+        1_700_000_019.999999,
+        1_700_000_020.0000004,
+    ]
+    rng = random.Random(4)
+    stamps = edges + [1_700_000_000 + rng.uniform(0, 60) for _ in range(200)]
+    records = [
+        InferenceRecord(request_id=f"b{i}", model="m", model_version="v", started_at=t, duration_s=0.1)
+        for i, t in enumerate(stamps)
+    ]
+    engine = connect(writer_url)
+    upgrade(engine)
+    writer = RequestWriter(engine)
+    try:
+        assert writer.submit(records).result(30) == len(records)
+        with engine.connect() as conn:
+            rows = conn.execute(
+                select(requests.c.request_id, requests.c.started_at, requests.c.started_bucket)
+            ).all()
+            stored = sorted(row.started_at for row in rows)
+            windows = []
+            for since, until in [(stored[1], stored[3]), (stored[2], stored[2]), (stored[0], stored[-1])]:
+                for inclusive in (False, True):
+                    q = select(requests.c.started_at).where(
+                        *started_in(since, until, until_inclusive=inclusive)
+                    )
+                    got = [r.started_at for r in conn.execute(q.order_by(*by_start()))]
+                    want = [t for t in stored if since <= t and (t <= until if inclusive else t < until)]
+                    windows.append((got, want))
+    finally:
+        writer.close()
+        engine.dispose()
+    assert len(rows) == len(records)
+    assert all(row.started_bucket == time_bucket(row.started_at) for row in rows)
+    assert {time_bucket(row.started_at) for row in rows if row.request_id in ("b0", "b2")} == {170_000_001}
+    for got, want in windows:
+        assert got == want

@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from infersight.monitor.records import FINISH_REASONS, MAX_TEXT_CHARS, InferenceRecord, RecordSource
-from infersight.monitor.store.tables import requests
+from infersight.monitor.store.tables import BUCKET_S, requests, time_bucket
 from sqlalchemy import Engine, Insert, insert
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.exc import SQLAlchemyError
@@ -290,7 +290,7 @@ def _text(value: str | None) -> str | None:
 
 _COLUMNS = ("request_id", "model", "model_version", "started_at", "duration_s", "ttft_s", "tpot_s", "queue_s",
             "prompt_tokens", "output_tokens", "error_type", "prompt", "response", "source", "path",
-            "system_prompt", "max_tokens", "stream", "finish_reason")  # fmt: skip
+            "system_prompt", "max_tokens", "stream", "finish_reason", "started_bucket")  # fmt: skip
 _SQLITE_INSERT = (
     f"INSERT OR IGNORE INTO requests ({', '.join(_COLUMNS)}) VALUES ({', '.join('?' for _ in _COLUMNS)})"
 )
@@ -298,8 +298,9 @@ _FROMTS = dt.datetime.fromtimestamp
 _STARTED_AT = operator.itemgetter(_COLUMNS.index("started_at"))  # a stable sort: duplicates keep their order
 
 
-def _values(r: InferenceRecord, started_at: Any) -> tuple[Any, ...]:
-    """The row of `r` in `_COLUMNS` order, with `started_at` as the backend takes it."""
+def _values(r: InferenceRecord, started_at: Any, bucket: int) -> tuple[Any, ...]:
+    """The row of `r` in `_COLUMNS` order, with `started_at` as the backend takes it and its
+    `started_bucket`."""
     rid, model, version, error, prompt, response, path, system = (
         r.request_id, r.model, r.model_version, r.error_type, r.prompt, r.response, r.path, r.system_prompt,
     )  # fmt: skip
@@ -311,31 +312,37 @@ def _values(r: InferenceRecord, started_at: Any) -> tuple[Any, ...]:
     ):  # fmt: skip
         return (_text(rid), _text(model), _text(version), started_at, r.duration_s, r.ttft_s, r.tpot_s,
                 r.queue_s, r.prompt_tokens, r.output_tokens, _text(error), _text(prompt), _text(response),
-                r.source, _text(path), _text(system), r.max_tokens, r.stream, r.finish_reason)  # fmt: skip
+                r.source, _text(path), _text(system), r.max_tokens, r.stream, r.finish_reason, bucket)  # fmt: skip
     return (rid, model, version, started_at, r.duration_s, r.ttft_s, r.tpot_s, r.queue_s, r.prompt_tokens,
             r.output_tokens, error, prompt, response, r.source, path, system, r.max_tokens, r.stream,
-            r.finish_reason)  # fmt: skip
+            r.finish_reason, bucket)  # fmt: skip
+
+
+def _stored_time(started_at: float) -> tuple[int, int]:
+    """The whole seconds and microseconds `started_at` is stored as: rounded as `datetime`
+    rounds them (half to even, carried into the seconds), so that the bucket made from the
+    seconds is the one `time_bucket` gives for the stored value."""
+    fraction, whole = math.modf(started_at)
+    us = round(fraction * 1e6)
+    second = int(whole)
+    if us >= 1_000_000:
+        second += 1
+        us -= 1_000_000
+    return second, us
 
 
 def _sqlite_rows(records: Sequence[InferenceRecord]) -> list[tuple[Any, ...]]:
     """The rows for SQLite, `started_at` as the text SQLAlchemy's SQLite DateTime stores
     (naive UTC, microseconds), made directly: the hot path skips the per-value bind
     processing of the ORM layer. The whole seconds are formatted once per distinct second
-    (a batch's calls are close in time) and the microseconds rounded as `datetime` rounds
-    them (half to even, carried into the seconds)."""
+    (a batch's calls are close in time)."""
     rows = []
     last, prefix = -1, ""
-    modf = math.modf
     for r in records:
-        fraction, whole = modf(r.started_at)
-        us = round(fraction * 1e6)
-        second = int(whole)
-        if us >= 1_000_000:
-            second += 1
-            us -= 1_000_000
+        second, us = _stored_time(r.started_at)
         if second != last:
             last, prefix = second, _FROMTS(second, _UTC).strftime("%Y-%m-%d %H:%M:%S")
-        rows.append(_values(r, f"{prefix}.{us:06d}"))
+        rows.append(_values(r, f"{prefix}.{us:06d}", second // BUCKET_S))
     return rows
 
 
@@ -348,7 +355,11 @@ _POSTGRES_INSERT = (
 def _postgres_rows(records: Sequence[InferenceRecord]) -> list[tuple[Any, ...]]:
     """The rows for psycopg's `executemany` (pipelined), `started_at` an aware UTC datetime
     (what `UTCDateTime` binds), without SQLAlchemy's per-value bind processing."""
-    return [_values(r, _FROMTS(r.started_at, _UTC)) for r in records]
+    rows = []
+    for r in records:
+        at = _FROMTS(r.started_at, _UTC)
+        rows.append(_values(r, at, time_bucket(at)))
+    return rows
 
 
 class RequestWriter:
@@ -456,7 +467,7 @@ class RequestWriter:
         try:
             if self._sqlite:
                 tuples = _sqlite_rows(records)
-                tuples.sort(key=_STARTED_AT)  # the time indexes then grow at one end (a quarter faster)
+                tuples.sort(key=_STARTED_AT)  # rows in start order: a window reads neighbouring pages
                 with self._engine.begin() as conn:
                     conn.exec_driver_sql(_SQLITE_INSERT, tuples)
             elif self._postgres:
