@@ -132,12 +132,13 @@ def test_sqlite_rows_carry_the_timestamp_datetime_would_format_and_no_nul() -> N
         InferenceRecord(request_id=f"r{i}", model="m", model_version="v", started_at=t, duration_s=0.1)
         for i, t in enumerate(stamps)
     ]
-    rows = _sqlite_rows(records)
-    assert [row[3] for row in rows] == [_old_stamp(t) for t in stamps]
+    full, short = _sqlite_rows(records)  # no optional field: every row short
+    assert full == [] and [row[3] for row in short] == [_old_stamp(t) for t in stamps]
     nul = InferenceRecord(
         request_id="r\x00", model="m", model_version="v", started_at=1.0, duration_s=0.1, prompt="a\x00b"
     )
-    (row,) = _sqlite_rows([nul])
+    (row,), short = _sqlite_rows([nul])
+    assert short == []
     assert row[0] == "r\ufffd" and row[11] == "a\ufffdb" and "\x00" not in "".join(str(v) for v in row)
 
 
@@ -163,6 +164,8 @@ def test_the_writer_commits_every_row_once_as_given_on_both_backends(writer_url:
                 prompt_tokens=i,
                 prompt="a\x00b" if i == 5 else None,
                 error_type="TimeoutError" if i == 7 else None,
+                stream=True if i % 10 == 9 else None,  # a row with an optional field among rows without
+                max_tokens=64 if i % 10 == 9 else None,
             )
             for i in range(300)
         ]
@@ -177,9 +180,11 @@ def test_the_writer_commits_every_row_once_as_given_on_both_backends(writer_url:
     for record in records:
         row = rows[record.request_id]
         assert abs(row.started_at.timestamp() - record.started_at) < 1e-5
-        assert (row.duration_s, row.ttft_s, row.prompt_tokens, row.error_type) == (
-            record.duration_s, record.ttft_s, record.prompt_tokens, record.error_type,
+        assert (row.duration_s, row.ttft_s, row.prompt_tokens, row.error_type, row.stream, row.max_tokens) == (
+            record.duration_s, record.ttft_s, record.prompt_tokens, record.error_type, record.stream,
+            record.max_tokens,
         )  # fmt: skip
+        assert row.prompt == (None if record.prompt is None else record.prompt.replace("\x00", "\ufffd"))
     assert rows["r3"].model_version == "v\ufffd" and rows["r5"].prompt == "a\ufffdb"
 
 

@@ -294,8 +294,27 @@ _COLUMNS = ("request_id", "model", "model_version", "started_at", "duration_s", 
 _SQLITE_INSERT = (
     f"INSERT OR IGNORE INTO requests ({', '.join(_COLUMNS)}) VALUES ({', '.join('?' for _ in _COLUMNS)})"
 )
+# Most calls carry none of these. The sqlite3 module binds None through its adapter lookup
+# (two failed attribute lookups a value), which made binding eight of them most of a row's
+# binding cost: such rows go through an INSERT without them (SQLite stores NULL).
+_OPTIONAL = (
+    "error_type",
+    "prompt",
+    "response",
+    "path",
+    "system_prompt",
+    "max_tokens",
+    "stream",
+    "finish_reason",
+)
+_SHORT_COLUMNS = tuple(c for c in _COLUMNS if c not in _OPTIONAL)
+_SQLITE_INSERT_SHORT = (
+    f"INSERT OR IGNORE INTO requests ({', '.join(_SHORT_COLUMNS)}) "
+    f"VALUES ({', '.join('?' for _ in _SHORT_COLUMNS)})"
+)
 _FROMTS = dt.datetime.fromtimestamp
 _STARTED_AT = operator.itemgetter(_COLUMNS.index("started_at"))  # a stable sort: duplicates keep their order
+assert _SHORT_COLUMNS.index("started_at") == _COLUMNS.index("started_at")
 
 
 def _values(r: InferenceRecord, started_at: Any, bucket: int) -> tuple[Any, ...]:
@@ -331,19 +350,29 @@ def _stored_time(started_at: float) -> tuple[int, int]:
     return second, us
 
 
-def _sqlite_rows(records: Sequence[InferenceRecord]) -> list[tuple[Any, ...]]:
+def _sqlite_rows(records: Sequence[InferenceRecord]) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
     """The rows for SQLite, `started_at` as the text SQLAlchemy's SQLite DateTime stores
     (naive UTC, microseconds), made directly: the hot path skips the per-value bind
     processing of the ORM layer. The whole seconds are formatted once per distinct second
-    (a batch's calls are close in time)."""
-    rows = []
+    (a batch's calls are close in time). Two lists: the rows in `_COLUMNS` order, and
+    those of the records without any `_OPTIONAL` field in `_SHORT_COLUMNS` order."""
+    rows, short = [], []
     last, prefix = -1, ""
     for r in records:
         second, us = _stored_time(r.started_at)
         if second != last:
             last, prefix = second, _FROMTS(second, _UTC).strftime("%Y-%m-%d %H:%M:%S")
-        rows.append(_values(r, f"{prefix}.{us:06d}", second // BUCKET_S))
-    return rows
+        rid, model, version = r.request_id, r.model, r.model_version
+        if (
+            r.error_type is None and r.prompt is None and r.response is None and r.path is None
+            and r.system_prompt is None and r.max_tokens is None and r.stream is None and r.finish_reason is None
+            and "\x00" not in rid and "\x00" not in model and "\x00" not in version
+        ):  # fmt: skip
+            short.append((rid, model, version, f"{prefix}.{us:06d}", r.duration_s, r.ttft_s, r.tpot_s, r.queue_s,
+                          r.prompt_tokens, r.output_tokens, r.source, second // BUCKET_S))  # fmt: skip
+        else:
+            rows.append(_values(r, f"{prefix}.{us:06d}", second // BUCKET_S))
+    return rows, short
 
 
 _POSTGRES_INSERT = (
@@ -466,10 +495,14 @@ class RequestWriter:
             return None
         try:
             if self._sqlite:
-                tuples = _sqlite_rows(records)
-                tuples.sort(key=_STARTED_AT)  # rows in start order: a window reads neighbouring pages
-                with self._engine.begin() as conn:
-                    conn.exec_driver_sql(_SQLITE_INSERT, tuples)
+                rows, short = _sqlite_rows(records)
+                rows.sort(key=_STARTED_AT)  # rows in start order: a window reads neighbouring pages
+                short.sort(key=_STARTED_AT)  # (the same position in both orders)
+                with self._engine.begin() as conn:  # a duplicate with optional fields wins over one without
+                    if rows:
+                        conn.exec_driver_sql(_SQLITE_INSERT, rows)
+                    if short:
+                        conn.exec_driver_sql(_SQLITE_INSERT_SHORT, short)
             elif self._postgres:
                 rows = _postgres_rows(records)
                 rows.sort(key=_STARTED_AT)
