@@ -354,14 +354,15 @@ def _sqlite_rows(records: Sequence[InferenceRecord]) -> tuple[list[tuple[Any, ..
     """The rows for SQLite, `started_at` as the text SQLAlchemy's SQLite DateTime stores
     (naive UTC, microseconds), made directly: the hot path skips the per-value bind
     processing of the ORM layer. The whole seconds are formatted once per distinct second
-    (a batch's calls are close in time). Two lists: the rows in `_COLUMNS` order, and
+    (a batch's calls are a few seconds apart, in any order). Two lists: the rows in `_COLUMNS` order, and
     those of the records without any `_OPTIONAL` field in `_SHORT_COLUMNS` order."""
     rows, short = [], []
-    last, prefix = -1, ""
+    prefixes: dict[int, str] = {}
     for r in records:
         second, us = _stored_time(r.started_at)
-        if second != last:
-            last, prefix = second, _FROMTS(second, _UTC).strftime("%Y-%m-%d %H:%M:%S")
+        prefix = prefixes.get(second)
+        if prefix is None:
+            prefix = prefixes[second] = _FROMTS(second, _UTC).strftime("%Y-%m-%d %H:%M:%S")
         rid, model, version = r.request_id, r.model, r.model_version
         if (
             r.error_type is None and r.prompt is None and r.response is None and r.path is None
