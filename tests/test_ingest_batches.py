@@ -15,7 +15,7 @@ from infersight.collectors import InferenceStats, InvalidObservation
 from infersight.monitor.records import InferenceRecord, InvalidRecord, from_json_many
 from infersight.monitor.service.pipeline import RequestWriter, _sqlite_rows
 from infersight.monitor.store.database import connect, upgrade
-from infersight.monitor.store.tables import requests
+from infersight.monitor.store.tables import by_start, requests, started_in, time_bucket
 from prometheus_client import CollectorRegistry, generate_latest
 from sqlalchemy import select
 
@@ -132,12 +132,13 @@ def test_sqlite_rows_carry_the_timestamp_datetime_would_format_and_no_nul() -> N
         InferenceRecord(request_id=f"r{i}", model="m", model_version="v", started_at=t, duration_s=0.1)
         for i, t in enumerate(stamps)
     ]
-    rows = _sqlite_rows(records)
-    assert [row[3] for row in rows] == [_old_stamp(t) for t in stamps]
+    full, short = _sqlite_rows(records)  # no optional field: every row short
+    assert full == [] and [row[3] for row in short] == [_old_stamp(t) for t in stamps]
     nul = InferenceRecord(
         request_id="r\x00", model="m", model_version="v", started_at=1.0, duration_s=0.1, prompt="a\x00b"
     )
-    (row,) = _sqlite_rows([nul])
+    (row,), short = _sqlite_rows([nul])
+    assert short == []
     assert row[0] == "r\ufffd" and row[11] == "a\ufffdb" and "\x00" not in "".join(str(v) for v in row)
 
 
@@ -163,6 +164,8 @@ def test_the_writer_commits_every_row_once_as_given_on_both_backends(writer_url:
                 prompt_tokens=i,
                 prompt="a\x00b" if i == 5 else None,
                 error_type="TimeoutError" if i == 7 else None,
+                stream=True if i % 10 == 9 else None,  # a row with an optional field among rows without
+                max_tokens=64 if i % 10 == 9 else None,
             )
             for i in range(300)
         ]
@@ -177,7 +180,53 @@ def test_the_writer_commits_every_row_once_as_given_on_both_backends(writer_url:
     for record in records:
         row = rows[record.request_id]
         assert abs(row.started_at.timestamp() - record.started_at) < 1e-5
-        assert (row.duration_s, row.ttft_s, row.prompt_tokens, row.error_type) == (
-            record.duration_s, record.ttft_s, record.prompt_tokens, record.error_type,
+        assert (row.duration_s, row.ttft_s, row.prompt_tokens, row.error_type, row.stream, row.max_tokens) == (
+            record.duration_s, record.ttft_s, record.prompt_tokens, record.error_type, record.stream,
+            record.max_tokens,
         )  # fmt: skip
+        assert row.prompt == (None if record.prompt is None else record.prompt.replace("\x00", "\ufffd"))
     assert rows["r3"].model_version == "v\ufffd" and rows["r5"].prompt == "a\ufffdb"
+
+
+def test_the_writer_buckets_each_row_by_its_stored_start_and_windows_find_it(writer_url: str) -> None:
+    # stamps a rounding away from a 10-second boundary: the bucket must follow the stored value
+    edges = [
+        1_700_000_009.9999996,
+        1_700_000_009.9999994,
+        1_700_000_010.0,
+        1_700_000_019.999999,
+        1_700_000_020.0000004,
+    ]
+    rng = random.Random(4)
+    stamps = edges + [1_700_000_000 + rng.uniform(0, 60) for _ in range(200)]
+    records = [
+        InferenceRecord(request_id=f"b{i}", model="m", model_version="v", started_at=t, duration_s=0.1)
+        for i, t in enumerate(stamps)
+    ]
+    engine = connect(writer_url)
+    upgrade(engine)
+    writer = RequestWriter(engine)
+    try:
+        assert writer.submit(records).result(30) == len(records)
+        with engine.connect() as conn:
+            rows = conn.execute(
+                select(requests.c.request_id, requests.c.started_at, requests.c.started_bucket)
+            ).all()
+            stored = sorted(row.started_at for row in rows)
+            windows = []
+            for since, until in [(stored[1], stored[3]), (stored[2], stored[2]), (stored[0], stored[-1])]:
+                for inclusive in (False, True):
+                    q = select(requests.c.started_at).where(
+                        *started_in(since, until, until_inclusive=inclusive)
+                    )
+                    got = [r.started_at for r in conn.execute(q.order_by(*by_start()))]
+                    want = [t for t in stored if since <= t and (t <= until if inclusive else t < until)]
+                    windows.append((got, want))
+    finally:
+        writer.close()
+        engine.dispose()
+    assert len(rows) == len(records)
+    assert all(row.started_bucket == time_bucket(row.started_at) for row in rows)
+    assert {time_bucket(row.started_at) for row in rows if row.request_id in ("b0", "b2")} == {170_000_001}
+    for got, want in windows:
+        assert got == want

@@ -11,8 +11,16 @@ import pytest
 from _store_helpers import database_url, request_row
 from infersight.monitor.store import connect, current_revision, head_revision, upgrade
 from infersight.monitor.store.database import SchemaTooNew, schema_diff
-from infersight.monitor.store.tables import deploys, metadata, requests, snapshots
-from sqlalchemy import func, insert, select, text
+from infersight.monitor.store.tables import (
+    by_start,
+    deploys,
+    metadata,
+    requests,
+    snapshots,
+    started_in,
+    time_bucket,
+)
+from sqlalchemy import MetaData, Table, func, insert, select, text
 
 MIGRATIONS = Path(__file__).resolve().parents[1] / "monitor" / "store" / "migrations"
 NOW = dt.datetime(2026, 11, 1, 12, 0, tzinfo=dt.UTC)
@@ -151,3 +159,39 @@ def test_two_replicas_upgrading_at_once_both_succeed(postgres_url: str) -> None:
     for t in threads:
         t.join(60)
     assert results == [head_revision(), head_revision()]
+
+
+def test_upgrading_to_time_buckets_keeps_every_request_and_buckets_its_start(url: str) -> None:
+    # rows written before 0010 (no started_bucket) get the bucket of their stored start
+    # time, 10-second boundaries included, and the time queries still find them
+    engine = connect(url)
+    upgrade(engine, revision="0009_request_shape")
+    old = Table("requests", MetaData(), autoload_with=engine)
+    sqlite = engine.dialect.name == "sqlite"
+    starts = [NOW + dt.timedelta(seconds=s) for s in (-0.000001, 0, 9.999999, 10, 3600.5)]
+    starts += [NOW + dt.timedelta(seconds=37 * i + i / 7) for i in range(100)]
+    rows = []
+    for i, at in enumerate(starts):
+        row = request_row(i, at=at.replace(tzinfo=None) if sqlite else at)
+        rows.append({k: v for k, v in row.items() if k in old.c})
+    with engine.begin() as conn:
+        conn.execute(insert(old), rows)
+    assert upgrade(engine) == head_revision()
+    assert schema_diff(engine) == []
+    with engine.connect() as conn:
+        kept = conn.execute(
+            select(requests.c.request_id, requests.c.started_at, requests.c.started_bucket).order_by(
+                requests.c.id
+            )
+        ).all()
+        since, until = NOW, NOW + dt.timedelta(seconds=10)
+        window = conn.execute(
+            select(requests.c.request_id).where(*started_in(since, until)).order_by(*by_start())
+        ).scalars()
+        window_ids = list(window)
+    engine.dispose()
+    assert [r.request_id for r in kept] == [r["request_id"] for r in rows]
+    assert [r.started_at for r in kept] == starts
+    assert [r.started_bucket for r in kept] == [time_bucket(at) for at in starts]
+    assert time_bucket(starts[0]) + 1 == time_bucket(starts[1]) == time_bucket(starts[2])
+    assert window_ids == ["req-1", "req-5", "req-2"]  # by start, ties (req-5 also starts at NOW) by id

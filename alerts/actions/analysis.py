@@ -38,7 +38,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
 from infersight.monitor.records import CANCELLED, CLIENT_ERROR, is_server_error
-from infersight.monitor.store.tables import deploy_analyses, requests
+from infersight.monitor.store.tables import deploy_analyses, requests, started_in
 from sqlalchemy import Engine, and_, insert, or_, select, text, update
 
 from ..lifecycle import push_alert
@@ -101,9 +101,7 @@ class StoreVersionMetrics:
         c = requests.c
         q = select(
             c.duration_s, c.error_type, c.relevance, c.prompt_tokens, c.output_tokens, c.max_tokens, c.stream
-        ).where(
-            requests.c.model_version == version, requests.c.started_at >= since, requests.c.started_at < until
-        )
+        ).where(requests.c.model_version == version, *started_in(since, until))
         with self.engine.connect() as conn:
             rows = conn.execute(q).all()
         if not rows:

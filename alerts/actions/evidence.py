@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from infersight.monitor.store.tables import dataset_collections, requests, snapshots
+from infersight.monitor.store.tables import by_start, dataset_collections, requests, snapshots
 from sqlalchemy import Engine, insert, select
 from sqlalchemy.exc import IntegrityError
 
@@ -81,7 +81,7 @@ def _iso(t: dt.datetime | None) -> str | None:
 
 def recent_requests(engine: Engine, n: int, *, model_version: str | None = None) -> list[dict[str, Any]]:
     """The last `n` requests (newest first), of `model_version` only when one is given."""
-    q = select(requests).order_by(requests.c.started_at.desc(), requests.c.id.desc()).limit(n)
+    q = select(requests).order_by(*by_start(newest_first=True)).limit(n)
     if model_version is not None:
         q = q.where(requests.c.model_version == model_version)
     with engine.connect() as conn:

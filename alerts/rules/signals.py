@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from infersight.monitor.records import is_server_error
-from infersight.monitor.store.tables import outbox, requests
+from infersight.monitor.store.tables import outbox, requests, started_in
 from sqlalchemy import Engine, func, select
 
 from ..errors import UnknownSignal
@@ -244,9 +244,7 @@ class StoreSignals:
             value_col = requests.c[_COLUMNS[signal.metric]]
         else:
             value_col = requests.c.error_type
-        q = select(requests.c.model, requests.c.model_version, value_col).where(
-            requests.c.started_at >= since
-        )
+        q = select(requests.c.model, requests.c.model_version, value_col).where(*started_in(since))
         groups: dict[tuple[tuple[str, str], ...], list[object]] = defaultdict(list)
         with self.engine.connect() as conn:
             for model, version, value in conn.execute(q):

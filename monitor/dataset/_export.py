@@ -43,11 +43,13 @@ from typing import Any
 
 from infersight.monitor.sdk._config import prepare_text
 from infersight.monitor.store.tables import (
+    by_start,
     dataset_collections,
     dataset_items,
     drift_reports,
     requests,
     snapshots,
+    started_in,
 )
 from sqlalchemy import Engine, and_, func, insert, or_, select, true, update
 from sqlalchemy.exc import IntegrityError
@@ -124,7 +126,7 @@ def _fill_one(engine: Engine, c: Any, now: dt.datetime) -> int:
     cid: str = c.collection_id
     kept = select(dataset_items.c.request_id).where(dataset_items.c.collection_id == cid).scalar_subquery()
     cond = [
-        requests.c.started_at >= c.created_at,
+        *started_in(c.created_at),
         requests.c.prompt.is_not(None),
         requests.c.request_id.not_in(kept),
     ]
@@ -141,12 +143,7 @@ def _fill_one(engine: Engine, c: Any, now: dt.datetime) -> int:
             want = int(c.n) - int(have)
             rows = []
             if want > 0:
-                q = (
-                    select(*(requests.c[k] for k in _COPIED))
-                    .where(*cond)
-                    .order_by(requests.c.started_at, requests.c.id)
-                    .limit(want)
-                )
+                q = select(*(requests.c[k] for k in _COPIED)).where(*cond).order_by(*by_start()).limit(want)
                 rows = [{**r._asdict(), "collection_id": cid} for r in conn.execute(q)]
             if rows:
                 conn.execute(insert(dataset_items), rows)
@@ -286,7 +283,7 @@ def _rows(engine: Engine, query: DatasetQuery, marks: _DriftMarks) -> Iterator[A
     table = dataset_items if query.kind == "collected" else requests
     cond = [table.c.model_version == query.version, table.c.prompt.is_not(None)]
     if query.since is not None:
-        cond.append(table.c.started_at >= query.since)
+        cond += [table.c.started_at >= query.since] if table is dataset_items else started_in(query.since)
     if query.kind == "failed":
         cond.append(table.c.error_type.is_not(None))
     elif query.kind == "drifted":
@@ -294,8 +291,11 @@ def _rows(engine: Engine, query: DatasetQuery, marks: _DriftMarks) -> Iterator[A
             return
         windows = []
         for a, b in marks.windows:
-            bounds = [table.c.started_at >= a] if a is not None else []
-            bounds += [table.c.started_at <= b] if b is not None else []
+            if table is dataset_items:
+                bounds = [table.c.started_at >= a] if a is not None else []
+                bounds += [table.c.started_at <= b] if b is not None else []
+            else:
+                bounds = started_in(a, b, until_inclusive=True)
             windows.append(and_(*bounds) if bounds else true())
         cond.append(or_(*windows))
     elif query.kind == "novel":
@@ -303,7 +303,8 @@ def _rows(engine: Engine, query: DatasetQuery, marks: _DriftMarks) -> Iterator[A
         if not texts:
             return
         cond.append(or_(table.c.prompt.in_(texts), table.c.response.in_(texts)))
-    q = select(table).where(*cond).order_by(table.c.started_at, table.c.request_id)
+    order = (table.c.started_at,) if table is dataset_items else (table.c.started_bucket, table.c.started_at)
+    q = select(table).where(*cond).order_by(*order, table.c.request_id)
     with engine.connect() as conn:
         yield from conn.execution_options(yield_per=500).execute(q)
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
-from infersight.monitor.store.tables import requests
+from infersight.monitor.store.tables import by_start, requests, started_in
 from sqlalchemy import Engine, bindparam, select, update
 
 from ._explain import ClusterModel, FieldExplanation, explain_field, fit_clusters
@@ -408,10 +408,9 @@ def _traffic(
         .where(
             r.prompt.is_not(None),
             r.model_version == model_version,
-            r.started_at >= since,
-            r.started_at < until,
+            *started_in(since, until),
         )
-        .order_by(r.started_at.desc(), r.id.desc())
+        .order_by(*by_start(newest_first=True))
         .limit(limit)
     )
     if model is not None:

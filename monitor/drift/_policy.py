@@ -23,7 +23,7 @@ import datetime as dt
 from pathlib import Path
 from typing import Any
 
-from infersight.monitor.store.tables import requests
+from infersight.monitor.store.tables import by_start, requests, started_in
 from sqlalchemy import Engine, func, select
 
 from ._detector import DriftDetector
@@ -128,9 +128,10 @@ class ReferencePolicy:
     def _first_seen(self, model_version: str) -> dt.datetime | None:
         with self.engine.connect() as conn:
             value = conn.execute(
-                select(func.min(requests.c.started_at)).where(
-                    requests.c.model_version == model_version, requests.c.prompt.is_not(None)
-                )
+                select(requests.c.started_at)  # the first in the time index's order, not min(): no scan
+                .where(requests.c.model_version == model_version, requests.c.prompt.is_not(None))
+                .order_by(*by_start())
+                .limit(1)
             ).scalar()
         return value if isinstance(value, dt.datetime) else None
 
@@ -192,7 +193,7 @@ class VersionPolicy:
             else:
                 where = [r.id > self._counted_to, r.id <= top]
                 if self._counted_to == 0:
-                    where.append(r.started_at >= since)
+                    where += started_in(since)
                 rows = list(
                     conn.execute(
                         select(r.model, r.model_version, func.count(r.prompt), func.max(r.started_at))

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from infersight.monitor.store.tables import requests
+from infersight.monitor.store.tables import by_start, requests, started_in
 from sqlalchemy import Connection, Engine, func, insert, select
 from sqlalchemy.exc import IntegrityError
 
@@ -317,14 +317,14 @@ def traffic_window(
     (the newest `limit` of them when `limit` is given)."""
     r = requests.c
     query = select(r.prompt, r.response, r.started_at, r.id).where(
-        r.prompt.is_not(None), r.started_at >= since, r.started_at < until
+        r.prompt.is_not(None), *started_in(since, until)
     )
     if model_version is not None:
         query = query.where(r.model_version == model_version)
     if model is not None:
         query = query.where(r.model == model)
     if limit is not None:
-        query = query.order_by(r.started_at.desc(), r.id.desc()).limit(limit)
+        query = query.order_by(*by_start(newest_first=True)).limit(limit)
     with _tx(bind) as conn:
         rows = list(conn.execute(query))
     rows.sort(key=lambda row: (row.started_at, row.id))
@@ -349,11 +349,10 @@ def traffic_lengths(
         select(r.prompt_tokens, r.output_tokens, r.error_type)
         .where(
             r.model_version == model_version,
-            r.started_at >= since,
-            r.started_at < until,
+            *started_in(since, until),
             (r.prompt_tokens.is_not(None)) | (r.output_tokens.is_not(None)),
         )
-        .order_by(r.started_at.desc(), r.id.desc())
+        .order_by(*by_start(newest_first=True))
         .limit(limit)
     )
     if model is not None:
@@ -371,8 +370,8 @@ def first_requests_after(
     r = requests.c
     query = (
         select(r.prompt, r.response, r.started_at, r.id)
-        .where(r.prompt.is_not(None), r.model_version == model_version, r.started_at >= after)
-        .order_by(r.started_at, r.id)
+        .where(r.prompt.is_not(None), r.model_version == model_version, *started_in(after))
+        .order_by(*by_start())
         .limit(n)
     )
     with _tx(bind) as conn:

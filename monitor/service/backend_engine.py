@@ -534,7 +534,7 @@ def _stored_since(db: Engine, status: Any) -> list[Any]:
     import datetime as dt
 
     from infersight.alerts.actions.canary import StoredRequest
-    from infersight.monitor.store.tables import requests
+    from infersight.monitor.store.tables import by_start, requests, started_in
     from sqlalchemy import select
 
     c = requests.c
@@ -542,9 +542,9 @@ def _stored_since(db: Engine, status: Any) -> list[Any]:
         select(c.model_version, c.error_type, c.output_tokens, c.relevance, c.max_tokens, c.stream)
         .where(
             c.model_version.in_([status.version, status.stable_version]),
-            c.started_at >= dt.datetime.fromtimestamp(status.started_at, dt.UTC),
+            *started_in(dt.datetime.fromtimestamp(status.started_at, dt.UTC)),
         )
-        .order_by(c.started_at, c.id)
+        .order_by(*by_start())
     )
     with db.connect() as conn:
         return [StoredRequest(*row) for row in conn.execute(query)]

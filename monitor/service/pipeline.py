@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from infersight.monitor.records import FINISH_REASONS, MAX_TEXT_CHARS, InferenceRecord, RecordSource
-from infersight.monitor.store.tables import requests
+from infersight.monitor.store.tables import BUCKET_S, requests, time_bucket
 from sqlalchemy import Engine, Insert, insert
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.exc import SQLAlchemyError
@@ -290,16 +290,36 @@ def _text(value: str | None) -> str | None:
 
 _COLUMNS = ("request_id", "model", "model_version", "started_at", "duration_s", "ttft_s", "tpot_s", "queue_s",
             "prompt_tokens", "output_tokens", "error_type", "prompt", "response", "source", "path",
-            "system_prompt", "max_tokens", "stream", "finish_reason")  # fmt: skip
+            "system_prompt", "max_tokens", "stream", "finish_reason", "started_bucket")  # fmt: skip
 _SQLITE_INSERT = (
     f"INSERT OR IGNORE INTO requests ({', '.join(_COLUMNS)}) VALUES ({', '.join('?' for _ in _COLUMNS)})"
 )
+# Most calls carry none of these. The sqlite3 module binds None through its adapter lookup
+# (two failed attribute lookups a value), which made binding eight of them most of a row's
+# binding cost: such rows go through an INSERT without them (SQLite stores NULL).
+_OPTIONAL = (
+    "error_type",
+    "prompt",
+    "response",
+    "path",
+    "system_prompt",
+    "max_tokens",
+    "stream",
+    "finish_reason",
+)
+_SHORT_COLUMNS = tuple(c for c in _COLUMNS if c not in _OPTIONAL)
+_SQLITE_INSERT_SHORT = (
+    f"INSERT OR IGNORE INTO requests ({', '.join(_SHORT_COLUMNS)}) "
+    f"VALUES ({', '.join('?' for _ in _SHORT_COLUMNS)})"
+)
 _FROMTS = dt.datetime.fromtimestamp
 _STARTED_AT = operator.itemgetter(_COLUMNS.index("started_at"))  # a stable sort: duplicates keep their order
+assert _SHORT_COLUMNS.index("started_at") == _COLUMNS.index("started_at")
 
 
-def _values(r: InferenceRecord, started_at: Any) -> tuple[Any, ...]:
-    """The row of `r` in `_COLUMNS` order, with `started_at` as the backend takes it."""
+def _values(r: InferenceRecord, started_at: Any, bucket: int) -> tuple[Any, ...]:
+    """The row of `r` in `_COLUMNS` order, with `started_at` as the backend takes it and its
+    `started_bucket`."""
     rid, model, version, error, prompt, response, path, system = (
         r.request_id, r.model, r.model_version, r.error_type, r.prompt, r.response, r.path, r.system_prompt,
     )  # fmt: skip
@@ -311,32 +331,49 @@ def _values(r: InferenceRecord, started_at: Any) -> tuple[Any, ...]:
     ):  # fmt: skip
         return (_text(rid), _text(model), _text(version), started_at, r.duration_s, r.ttft_s, r.tpot_s,
                 r.queue_s, r.prompt_tokens, r.output_tokens, _text(error), _text(prompt), _text(response),
-                r.source, _text(path), _text(system), r.max_tokens, r.stream, r.finish_reason)  # fmt: skip
+                r.source, _text(path), _text(system), r.max_tokens, r.stream, r.finish_reason, bucket)  # fmt: skip
     return (rid, model, version, started_at, r.duration_s, r.ttft_s, r.tpot_s, r.queue_s, r.prompt_tokens,
             r.output_tokens, error, prompt, response, r.source, path, system, r.max_tokens, r.stream,
-            r.finish_reason)  # fmt: skip
+            r.finish_reason, bucket)  # fmt: skip
 
 
-def _sqlite_rows(records: Sequence[InferenceRecord]) -> list[tuple[Any, ...]]:
+def _stored_time(started_at: float) -> tuple[int, int]:
+    """The whole seconds and microseconds `started_at` is stored as: rounded as `datetime`
+    rounds them (half to even, carried into the seconds), so that the bucket made from the
+    seconds is the one `time_bucket` gives for the stored value."""
+    fraction, whole = math.modf(started_at)
+    us = round(fraction * 1e6)
+    second = int(whole)
+    if us >= 1_000_000:
+        second += 1
+        us -= 1_000_000
+    return second, us
+
+
+def _sqlite_rows(records: Sequence[InferenceRecord]) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
     """The rows for SQLite, `started_at` as the text SQLAlchemy's SQLite DateTime stores
     (naive UTC, microseconds), made directly: the hot path skips the per-value bind
     processing of the ORM layer. The whole seconds are formatted once per distinct second
-    (a batch's calls are close in time) and the microseconds rounded as `datetime` rounds
-    them (half to even, carried into the seconds)."""
-    rows = []
-    last, prefix = -1, ""
-    modf = math.modf
+    (a batch's calls are a few seconds apart, in any order). Two lists: the rows in `_COLUMNS` order, and
+    those of the records without any `_OPTIONAL` field in `_SHORT_COLUMNS` order."""
+    rows, short = [], []
+    prefixes: dict[int, str] = {}
     for r in records:
-        fraction, whole = modf(r.started_at)
-        us = round(fraction * 1e6)
-        second = int(whole)
-        if us >= 1_000_000:
-            second += 1
-            us -= 1_000_000
-        if second != last:
-            last, prefix = second, _FROMTS(second, _UTC).strftime("%Y-%m-%d %H:%M:%S")
-        rows.append(_values(r, f"{prefix}.{us:06d}"))
-    return rows
+        second, us = _stored_time(r.started_at)
+        prefix = prefixes.get(second)
+        if prefix is None:
+            prefix = prefixes[second] = _FROMTS(second, _UTC).strftime("%Y-%m-%d %H:%M:%S")
+        rid, model, version = r.request_id, r.model, r.model_version
+        if (
+            r.error_type is None and r.prompt is None and r.response is None and r.path is None
+            and r.system_prompt is None and r.max_tokens is None and r.stream is None and r.finish_reason is None
+            and "\x00" not in rid and "\x00" not in model and "\x00" not in version
+        ):  # fmt: skip
+            short.append((rid, model, version, f"{prefix}.{us:06d}", r.duration_s, r.ttft_s, r.tpot_s, r.queue_s,
+                          r.prompt_tokens, r.output_tokens, r.source, second // BUCKET_S))  # fmt: skip
+        else:
+            rows.append(_values(r, f"{prefix}.{us:06d}", second // BUCKET_S))
+    return rows, short
 
 
 _POSTGRES_INSERT = (
@@ -348,7 +385,11 @@ _POSTGRES_INSERT = (
 def _postgres_rows(records: Sequence[InferenceRecord]) -> list[tuple[Any, ...]]:
     """The rows for psycopg's `executemany` (pipelined), `started_at` an aware UTC datetime
     (what `UTCDateTime` binds), without SQLAlchemy's per-value bind processing."""
-    return [_values(r, _FROMTS(r.started_at, _UTC)) for r in records]
+    rows = []
+    for r in records:
+        at = _FROMTS(r.started_at, _UTC)
+        rows.append(_values(r, at, time_bucket(at)))
+    return rows
 
 
 class RequestWriter:
@@ -455,10 +496,14 @@ class RequestWriter:
             return None
         try:
             if self._sqlite:
-                tuples = _sqlite_rows(records)
-                tuples.sort(key=_STARTED_AT)  # the time indexes then grow at one end (a quarter faster)
-                with self._engine.begin() as conn:
-                    conn.exec_driver_sql(_SQLITE_INSERT, tuples)
+                rows, short = _sqlite_rows(records)
+                rows.sort(key=_STARTED_AT)  # rows in start order: a window reads neighbouring pages
+                short.sort(key=_STARTED_AT)  # (the same position in both orders)
+                with self._engine.begin() as conn:  # a duplicate with optional fields wins over one without
+                    if rows:
+                        conn.exec_driver_sql(_SQLITE_INSERT, rows)
+                    if short:
+                        conn.exec_driver_sql(_SQLITE_INSERT_SHORT, short)
             elif self._postgres:
                 rows = _postgres_rows(records)
                 rows.sort(key=_STARTED_AT)

@@ -34,7 +34,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from infersight.engine.events import CanaryChanged, DeployFailed, EngineEvent, VersionDeployed
-from infersight.monitor.store.tables import deploys, model_versions, requests
+from infersight.monitor.store.tables import by_start, deploys, model_versions, requests, started_in
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
@@ -225,9 +225,9 @@ class FrequentPrompts:
             .where(
                 requests.c.model == self.model(version),
                 requests.c.prompt.is_not(None),
-                requests.c.started_at >= since,
+                *started_in(since),
             )
-            .order_by(requests.c.started_at.desc())
+            .order_by(*by_start(newest_first=True))
             .limit(self.sample)
         )
         with self.db.connect() as conn:

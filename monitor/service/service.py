@@ -27,9 +27,11 @@ from .http_edge import load_or_create_token
 from .jobs import (
     LeaderLock,
     ServiceScheduler,
+    freeze_heap,
     leader_lock_for,
     limit_malloc_arenas,
     new_replica_id,
+    thaw_heap,
     trim_heap,
 )
 from .metrics import CombinedRegistry, ServiceMetrics, Timeseries, timeseries_point
@@ -151,6 +153,7 @@ class Service:
         )
         self.scheduler.add("trim_heap", trim_heap, 30.0)
         self.scheduler.start()
+        freeze_heap()  # see jobs.py: start-up's objects out of the collector's runs
         self.started_at = self.clock()
         self._started_mono = time.monotonic()
         log.info("infersight service started (schema %s, database %s)", self.schema_revision,
@@ -167,6 +170,7 @@ class Service:
             self.writer.close()
             self.writer = None
         self.db.dispose()
+        thaw_heap()
 
     @property
     def started(self) -> bool:

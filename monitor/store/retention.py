@@ -67,10 +67,11 @@ class _Rule:
     table: str
     time_column: str
     only_when: tuple[str, tuple[str, ...]] | None = None  # (column, values)
+    bucket_column: str | None = None  # the indexed coarse time (`tables.time_bucket`) beside `time_column`
 
 
 _RULES = (
-    _Rule("requests_days", "requests", "started_at"),
+    _Rule("requests_days", "requests", "started_at", bucket_column="started_bucket"),
     _Rule("snapshots_days", "snapshots", "taken_at"),
     _Rule("drift_reports_days", "drift_reports", "created_at"),
     _Rule("alert_history_days", "alert_history", "at"),
@@ -161,7 +162,11 @@ def prune_snapshot_files(
 
 def _delete_older(engine: Engine, table: Table, rule: _Rule, cutoff: dt.datetime, batch_size: int) -> int:
     pk = next(iter(table.primary_key.columns))
+    from .tables import time_bucket
+
     where = [table.c[rule.time_column] < cutoff]
+    if rule.bucket_column is not None and rule.bucket_column in table.c:
+        where.append(table.c[rule.bucket_column] <= time_bucket(cutoff))
     if rule.only_when is not None:
         column, values = rule.only_when
         where.append(table.c[column].in_(values))

@@ -14,6 +14,7 @@ import datetime as dt
 from typing import Any
 
 from sqlalchemy import (
+    BigInteger,
     Boolean,
     Column,
     DateTime,
@@ -30,12 +31,15 @@ from sqlalchemy import (
     UniqueConstraint,
     false,
 )
+from sqlalchemy.sql.elements import ColumnElement
 
 __all__ = [
+    "BUCKET_S",
     "action_runs",
     "alert_groups",
     "alert_history",
     "alerts",
+    "by_start",
     "dataset_collections",
     "dataset_items",
     "deploy_analyses",
@@ -54,6 +58,8 @@ __all__ = [
     "requests",
     "silences",
     "snapshots",
+    "started_in",
+    "time_bucket",
 ]
 
 
@@ -87,6 +93,30 @@ class UTCDateTime(TypeDecorator[dt.datetime]):
         return value.replace(tzinfo=dt.UTC) if value.tzinfo is None else value.astimezone(dt.UTC)
 
 
+# The time indexes of `requests` hold a coarse start time, not `started_at` itself. Calls
+# arrive out of start order (each SDK sends its calls' batch after they finish, several
+# senders interleave), so a batch indexed by `started_at` lands all over the last seconds of
+# the index: hundreds of B-tree pages rewritten per commit, most of the write's cost (issue
+# 24, docs/benchmarks.md "### Ingest"). Keyed by the bucket, equal keys sort by row id, so a
+# batch appends at the end of the one or two buckets it spans. Queries bound the bucket as
+# well as `started_at` (`started_in`) and order by both (`by_start`): the same rows, in the
+# same order, since the bucket only grows with `started_at`.
+BUCKET_S = 10
+_BUCKET = dt.timedelta(seconds=BUCKET_S)
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+
+
+def time_bucket(at: dt.datetime) -> int:
+    """The `started_bucket` of a request that started at `at` (exact: integer arithmetic on
+    the microseconds that are stored)."""
+    return (at.astimezone(dt.UTC) - _EPOCH) // _BUCKET
+
+
+def _bucket_default(ctx: Any) -> int:
+    # inserts through SQLAlchemy that give no bucket (tests, the demo); the writer gives it
+    return time_bucket(ctx.get_current_parameters()["started_at"])
+
+
 # One observed inference call (an InferenceRecord). Every call's timings are kept;
 # `prompt`/`response` only for calls whose text was sampled.
 requests = Table(
@@ -113,9 +143,38 @@ requests = Table(
     Column("max_tokens", Integer),  # the request's shape: its output budget, streamed or not, why it ended
     Column("stream", Boolean),
     Column("finish_reason", String(16)),
-    Index("ix_requests_version_time", "model_version", "started_at"),
-    Index("ix_requests_started_at", "started_at"),
+    # floor(started_at's epoch seconds / BUCKET_S), set on insert: what the time indexes
+    # order by (see `started_in`)
+    Column("started_bucket", BigInteger, nullable=False, default=_bucket_default),
+    Index("ix_requests_version_bucket", "model_version", "started_bucket"),
+    Index("ix_requests_started_bucket", "started_bucket"),
 )
+
+
+def started_in(
+    since: dt.datetime | None = None, until: dt.datetime | None = None, *, until_inclusive: bool = False
+) -> list[ColumnElement[bool]]:
+    """The conditions for `requests` that started at or after `since` and before `until`
+    (at or before, with `until_inclusive`): on `started_at`, and on the bucket that lets
+    the time indexes find them."""
+    c = requests.c
+    cond: list[ColumnElement[bool]] = []
+    if since is not None:
+        cond += [c.started_bucket >= time_bucket(since), c.started_at >= since]
+    if until is not None:
+        cond += [
+            c.started_bucket <= time_bucket(until),
+            c.started_at <= until if until_inclusive else c.started_at < until,
+        ]
+    return cond
+
+
+def by_start(*, newest_first: bool = False) -> tuple[ColumnElement[Any], ...]:
+    """ORDER BY for `requests` by start time, ties by id, in the time indexes' order."""
+    columns = (requests.c.started_bucket, requests.c.started_at, requests.c.id)
+    return tuple(col.desc() for col in columns) if newest_first else columns
+
+
 # The rows that carry a relevance score (the sampled, embedded ones: a few percent of
 # traffic), by time, with what the relevance alert reads: that windowed mean is then an
 # index-only scan of those rows, not a visit to every request of the window (20,000 events/s
