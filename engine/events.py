@@ -148,6 +148,11 @@ class PairCompleted:
     live_finish: str
     other_finish: str
     seed: int | None = None  # both sides sampled with it (None: greedy)
+    # each version's decode step (seconds) at the smallest batch size both ran in their last
+    # steps, read as the pair completed: two versions timed in the same seconds on the same
+    # machine, so their ratio is the release's and not the load's (None: no common size)
+    live_step_s: float | None = None
+    other_step_s: float | None = None
 
 
 EngineEvent = (

@@ -17,7 +17,10 @@ The shadow work is bounded and never delays a live request:
   asked for (its replica went away) is dropped too;
 - a live request the client hangs up on takes its shadow with it (`discarded`).
 
-The shadow's own events never reach subscribers: it is not traffic. The engine knows
+A pair also carries each version's decode step time at a batch size both ran in their
+last steps (`PairCompleted.live_step_s`, `other_step_s`): one loop steps both replicas in
+turn, so the two are timed under the same load, which a before-against-after latency
+comparison cannot say. The shadow's own events never reach subscribers: it is not traffic. The engine knows
 nothing of what the pairs are checked for (alerts/actions/pairs.py does that).
 """
 
@@ -42,6 +45,7 @@ if TYPE_CHECKING:
 __all__ = ["PAIR_SUFFIX", "ShadowControl", "ShadowStats"]
 
 PAIR_SUFFIX = "#pair"  # a shadow's request id: the live one's with this suffix
+_STEP_FRESH = 100  # a batch size a replica ran within this many of its steps is timed now
 
 
 @dataclass(frozen=True)
@@ -255,4 +259,17 @@ class ShadowControl:
             max_new_tokens=live.max_new_tokens, live_tokens=tuple(live.tokens),
             other_tokens=tuple(shadow.tokens), live_finish=entry.live_finish,
             other_finish=entry.shadow_finish, seed=live.seed if live.temperature > 0.0 else None,
+            **_step_times(live.replica, shadow.replica),
         )  # fmt: skip
+
+
+def _step_times(live: Replica | None, other: Replica | None) -> dict[str, float]:
+    """Both replicas' decode step at the smallest batch size both ran within their last
+    `_STEP_FRESH` steps ({} when they have none in common)."""
+    if live is None or other is None or live is other:
+        return {}
+    a, b = live.step_times.recent_decode_s(_STEP_FRESH), other.step_times.recent_decode_s(_STEP_FRESH)
+    common = sorted(a.keys() & b.keys())
+    if not common:
+        return {}
+    return {"live_step_s": a[common[0]], "other_step_s": b[common[0]]}

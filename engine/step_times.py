@@ -117,6 +117,12 @@ class StepTimes:
         top = max(fresh)
         return self._decode[top] if batch > top else self.decode_s(batch)
 
+    def recent_decode_s(self, within_steps: int) -> dict[int, float]:
+        """The measured decode step (seconds) of each batch size this replica ran within its
+        last `within_steps` steps: what it costs now, with no interpolation."""
+        seen = list(self._seen.items())
+        return {b: self._decode[b] for b, at in seen if self.steps - at < within_steps}
+
     def prefill_s(self, tokens: int) -> float | None:
         per = self._prefill_per_token
         return None if per is None else per * max(0, tokens)

@@ -95,6 +95,9 @@ def test_after_a_deploy_the_previous_version_answers_shadows_until_let_go(
     (pair,) = _pairs(recorder, 1)
     assert (pair.live_version, pair.other_version) == (V2, V1) and live.model_version == V2
     assert pair.other_tokens == tuple(greedy(V1, prompt(1, 5), 4))
+    # both versions' decode steps, timed in the same seconds at one batch size (here 1)
+    assert pair.live_step_s is not None and pair.other_step_s is not None
+    assert pair.live_step_s > 0.0 and pair.other_step_s > 0.0
     assert runtime.shadow.stats().kept_version == V1
     runtime.shadow.release()
     runtime.submit(prompt(2, 5), max_new_tokens=2).result(timeout=60)  # not paired: let go

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import json
+import math
 import random
 from pathlib import Path
 
@@ -231,3 +232,57 @@ def test_post_deploy_latency_compares_requests_of_the_same_shape(tmp_path: Path)
             assert latency[0].text == (
                 "p99 latency 0.300s > 1.5 x previous 0.100s on requests of the same shape (1 of 2 shapes)"
             )
+
+
+def _timed(rng: random.Random, slower: float, load: float) -> PairOutcome:
+    """A pair whose two sides were timed in the same seconds: both steps scaled by the machine's
+    `load` (another tenant, a flood of clients), the candidate's also by `slower`."""
+    step = 0.004 * load * rng.lognormvariate(0.0, 0.1)
+    return dataclasses.replace(
+        _pair(rng), candidate_step_s=step * slower * rng.lognormvariate(0.0, 0.05), baseline_step_s=step
+    )
+
+
+def test_the_step_check_catches_a_slower_release_whatever_the_load_and_not_a_loaded_machine() -> None:
+    for load in (1.0, 3.0):
+        rng = random.Random(int(load))
+        good, slow = PairedAnalysis(PairPolicy()), PairedAnalysis(PairPolicy())
+        for i in range(200):
+            busy = load if i >= 100 else 1.0  # the machine gets busy half way: both sides alike
+            good.observe(_timed(rng, 1.1, busy))  # a little slower (int8 against fp32 may be either)
+            slow.observe(_timed(rng, 2.0, busy))
+        assert not good.regressions(), [c.describe() for c in good.regressions()]
+        first = slow.first_regression
+        assert first is not None and first.name == "step_time" and first.pairs == 10
+        assert first.describe().startswith(
+            "decode steps slower than 1.5x in 10 of 10 pairs, mean step ratio "
+        )
+        assert first.mean is not None and abs(math.exp(first.mean) - 2.0) < 0.15, first.describe()
+    untimed = PairedAnalysis(PairPolicy())  # proxy pairs: no step times, no step check
+    untimed.observe(_pair(random.Random(0)))
+    (step,) = [c for c in untimed.checks() if c.name == "step_time"]
+    assert step.pairs == 0 and step.describe() == "step_time: no pairs yet"
+
+
+def test_with_timed_pairs_the_post_deploy_latency_rests_on_them_not_on_before_against_after(
+    tmp_path: Path,
+) -> None:
+    """The machine got 3x slower after the deploy (requests of the same shape 0.3 s against
+    0.1 s before): the before-against-after p99 reads it as the release's; the pairs, both sides
+    timed under that same load at equal steps, say it is not."""
+    now = [1_000_000.0]
+    rng = random.Random(9)
+    for step_times, failed in ((True, False), (False, True)):
+        db = connect(sqlite_url(tmp_path / f"t{step_times}.db"))
+        upgrade(db)
+        runner = ActionRunner(db, data_dir=tmp_path, clock=lambda: now[0])
+        evidence = PairedEvidence(step_times=step_times)
+        analyzer = DeployAnalyzer(db, _ShapedMetrics(3.0), runner, clock=lambda: now[0], pairs=evidence,
+                                  policy=AnalysisPolicy(window_s=100.0, interval_s=10.0, max_failed_checks=2))  # fmt: skip
+        analyzer.on_deploy(NEW, OLD, dt.datetime.fromtimestamp(now[0], dt.UTC))
+        for _ in range(20):
+            evidence.observe(_timed(rng, 1.0, 3.0))
+        now[0] += 10.0
+        (result,) = analyzer.tick()
+        assert any(f.check == "p99_latency" for f in result.failed_checks) is failed, result.failures
+        assert "decode steps slower than 1.5x in 0 of 20 pairs" in result.paired, result.paired

@@ -176,9 +176,12 @@ class CheckResult:
 
 
 def _compare(
-    p: AnalysisPolicy, new: VersionStats, old: VersionStats, drift_p: float | None, *, paired: bool = False
-) -> tuple[FailedCheck, ...]:
-    """The unpaired checks; with `paired`, relevance and output drift are left to the pairs."""
+    p: AnalysisPolicy, new: VersionStats, old: VersionStats, drift_p: float | None, *, paired: bool = False,
+    paired_latency: bool = False,
+) -> tuple[FailedCheck, ...]:  # fmt: skip
+    """The unpaired checks; with `paired`, relevance and output drift are left to the pairs,
+    and with `paired_latency` latency too (the pairs' step times: both versions timed under
+    the same load, where the p99 before against after reads any change of load as the release's)."""
     out = []
     rates = _like_errors(new, old)
     if rates is not None:
@@ -187,7 +190,7 @@ def _compare(
         if new_rate > limit:
             text = f"error rate {new_rate:.1%} > {limit:.1%} (previous {old_rate:.1%}){like}"
             out.append(FailedCheck("error_rate", new_rate, limit, old_rate, text))
-    latency = _like_p99(new, old)
+    latency = None if paired_latency else _like_p99(new, old)
     if latency is not None and latency[0] > latency[1] * p.p99_ratio:
         new_p99, old_p99, like = latency
         text = f"p99 latency {new_p99:.3f}s > {p.p99_ratio:g} x previous {old_p99:.3f}s{like}"
@@ -322,7 +325,11 @@ class DeployAnalyzer:
             failed_checks = paired_failed  # always-valid: a paired regression needs no minimum
             verdict = "failed" if failed_checks else "inconclusive"
         else:
-            failed_checks = (*_compare(p, new, old, drift, paired=paired_on), *paired_failed)
+            paired_latency = paired_on and self.pairs is not None and self.pairs.step_times
+            failed_checks = (
+                *_compare(p, new, old, drift, paired=paired_on, paired_latency=paired_latency),
+                *paired_failed,
+            )
             verdict = "failed" if failed_checks else "passed"
         if paired_on:
             paired = (

@@ -6,16 +6,20 @@ client). Each pair is one observation of the difference the release makes, and n
 client chooses (its parameters, its prompts, when it asks or hangs up) can differ between
 the two sides of a pair, so a client cannot make a good release look bad.
 
-Four sequential checks per pair, each a one-sample mixture SPRT (always valid, like the
+Five sequential checks per pair, each a one-sample mixture SPRT (always valid, like the
 canary's, `msprt_lambda` here) on a per-pair figure:
 - `relevance`: candidate's relevance to the prompt minus the baseline's (a drop regresses);
 - `similarity`: cosine between the two answers' embeddings, against `min_similarity` (answers
   less alike than that on average regress: another topic, another language, garbage);
 - `output_length`: log((candidate tokens + 1) / (baseline tokens + 1)), either direction;
 - `finish_agreement`: share of pairs whose finish reasons differ, against
-  `max_finish_disagreement` (one stops where the other runs to the budget).
+  `max_finish_disagreement` (one stops where the other runs to the budget);
+- `step_time`: log(candidate's decode step / baseline's) at the same batch size, both timed
+  by the runtime in the same seconds (engine/runtime_shadow.py), against log(`max_step_ratio`):
+  the latency check of a pair, which no load on the machine and no client can tilt, since
+  both versions step under the same load (proxy pairs carry no step times: not checked).
 `relevance` and `similarity` need the answers embedded (the monitor scores them later);
-`output_length` and `finish_agreement` are known when the pair completes. The checks share
+`output_length`, `finish_agreement` and `step_time` are known when the pair completes. The checks share
 the caller's error budget (`alpha`, split Bonferroni-style over the checks).
 
 A verdict explains itself: `PairedCheck.describe()` says how many pairs went which way
@@ -39,7 +43,7 @@ __all__ = [
     "msprt_lambda",
 ]
 
-PAIRED_CHECKS = ("relevance", "similarity", "output_length", "finish_agreement")
+PAIRED_CHECKS = ("relevance", "similarity", "output_length", "finish_agreement", "step_time")
 Direction = Literal["lower_is_worse", "higher_is_worse", "either"]
 
 
@@ -65,6 +69,8 @@ class PairPolicy:
     tau_length: float = 0.3  # prior sd of the mean log length ratio
     max_finish_disagreement: float = 0.25
     tau_finish: float = 0.1
+    max_step_ratio: float = 1.5  # the candidate's decode step over this times the baseline's regresses
+    tau_step: float = 0.3  # prior sd of the mean log step ratio
     # the smallest per-pair sd a check assumes: a few pairs that all moved by the same tiny
     # amount (a shared rounding) are not certainty of a difference (see canary.py's pooled note)
     min_sd: float = 0.02
@@ -84,6 +90,8 @@ class PairOutcome:
     candidate_relevance: float | None = None
     baseline_relevance: float | None = None
     similarity: float | None = None
+    candidate_step_s: float | None = None  # decode step seconds, both at one batch size, timed together
+    baseline_step_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -118,6 +126,11 @@ class PairedCheck:
             return (
                 f"output shorter in {low} and longer in {high} of {n} pairs, "
                 f"mean length ratio {math.exp(self.mean):.2f}, {p}"
+            )
+        if self.name == "step_time":
+            return (
+                f"decode steps slower than {math.exp(self.null):g}x in {high} of {n} pairs, "
+                f"mean step ratio {math.exp(self.mean):.2f}, {p}"
             )
         return f"finish reasons differ in {high} of {n} pairs ({self.mean:.0%}), {p}"
 
@@ -182,6 +195,7 @@ class PairedAnalysis:
             "output_length": _OneSample("output_length", "either", p.tau_length, tie=0.05),
             "finish_agreement": _OneSample("finish_agreement", "higher_is_worse", p.tau_finish,
                                            null=p.max_finish_disagreement, bernoulli=True),
+            "step_time": _OneSample("step_time", "higher_is_worse", p.tau_step, null=math.log(p.max_step_ratio)),
         }  # fmt: skip
         self.pairs = 0
         self.first_regression: PairedCheck | None = None
@@ -196,6 +210,9 @@ class PairedAnalysis:
             self._add("relevance", pair.candidate_relevance - pair.baseline_relevance)
         if pair.similarity is not None:
             self._add("similarity", pair.similarity)
+        c_step, b_step = pair.candidate_step_s, pair.baseline_step_s
+        if c_step is not None and b_step is not None and c_step > 0.0 and b_step > 0.0:
+            self._add("step_time", math.log(c_step / b_step))
 
     def _add(self, name: str, x: float) -> None:
         check = self._checks[name]
@@ -221,10 +238,14 @@ class PairedEvidence:
     upstream): no pairs will come, and a verdict says so (`off_reason`)."""
 
     def __init__(
-        self, policy: PairPolicy | None = None, *, enabled: bool = True, off_reason: str = ""
-    ) -> None:
+        self, policy: PairPolicy | None = None, *, enabled: bool = True, off_reason: str = "",
+        step_times: bool = False,
+    ) -> None:  # fmt: skip
+        """`step_times`: the pairs carry both versions' decode step times (the embedded
+        runtime's do, a shadow upstream's do not), so latency is judged on them."""
         self.policy = policy or PairPolicy()
         self.enabled = enabled
+        self.step_times = step_times
         self.off_reason = off_reason or "paired checks off: no second version answers shadows"
         self._lock = threading.Lock()
         self._by: dict[tuple[str, str], PairedAnalysis] = {}

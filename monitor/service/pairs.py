@@ -156,12 +156,15 @@ class PairFeed:
         sides = [(event.live_version, counts[0], event.live_finish),
                  (event.other_version, counts[1], event.other_finish)]  # fmt: skip
         relevance = [score[0], score[1]] if score is not None else [None, None]
+        steps = [getattr(event, "live_step_s", None), getattr(event, "other_step_s", None)]  # engine pairs
         if not live_first:  # the canary answered the shadow: it is the candidate
             sides.reverse()
             relevance.reverse()
+            steps.reverse()
         (cand, c_n, c_fin), (base, b_n, b_fin) = sides
         similarity = score[2] if score is not None else None
-        return PairOutcome(cand, base, c_n, b_n, c_fin, b_fin, relevance[0], relevance[1], similarity)
+        return PairOutcome(cand, base, c_n, b_n, c_fin, b_fin, relevance[0], relevance[1], similarity,
+                           candidate_step_s=steps[0], baseline_step_s=steps[1])  # fmt: skip
 
 
 class ShadowCollector(Collector):
@@ -220,7 +223,10 @@ def engine_release_checks(
     controller = _canary_controller(runtime, on_canary_decision, share)
     if getattr(runtime, "shadow", None) is None:
         return share, controller, None
-    evidence = PairedEvidence(enabled=share > 0.0, off_reason="paired checks off: engine.pair_share is 0")
+    # the post-deploy analysis' pairs: their step check at the analysis' own latency ratio
+    policy = PairPolicy(max_step_ratio=config.alerting.analysis_p99_ratio)
+    off = "paired checks off: engine.pair_share is 0"
+    evidence = PairedEvidence(policy, enabled=share > 0.0, off_reason=off, step_times=True)
     return share, controller, PairFeed(runtime, evidence, canary=controller)
 
 
