@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import dis
 import functools
+import inspect
 import itertools
 from collections.abc import AsyncGenerator, Callable, Generator
 from random import random as rand
@@ -109,15 +110,18 @@ def returns_only_none(fn: Callable[..., Any]) -> bool:
 
 def drops_sent_values(fn: Callable[..., Any]) -> bool:
     """Whether every `yield` in `fn`'s own code discards what is sent to it (no `x = yield`,
-    no `yield from`, no `await`): then `send(v)` does what `next()` does (False when unsure)."""
+    no `yield from`): then `send(v)` does what `next()` does (False when unsure). In an async
+    generator a suspension that follows a `SEND` is an `await` (or `async for`, `async with`):
+    what it receives comes from the event loop, never from `asend`, so it does not count."""
     code = _code(fn)
     if code is None:
         return False
+    awaits = bool(code.co_flags & inspect.CO_ASYNC_GENERATOR)
     instructions = [i for i in dis.get_instructions(code) if i.opname not in ("CACHE", "NOP", "RESUME")]
     for i, ins in enumerate(instructions):
-        if ins.opname == "YIELD_VALUE" and (
-            i + 1 >= len(instructions) or instructions[i + 1].opname != "POP_TOP"
-        ):
+        if ins.opname != "YIELD_VALUE" or (awaits and i and instructions[i - 1].opname == "SEND"):
+            continue
+        if i + 1 >= len(instructions) or instructions[i + 1].opname != "POP_TOP":
             return False
     return True
 
@@ -314,6 +318,7 @@ def wrap_generator(fn: Callable[..., Any], host: StreamHost) -> Callable[..., An
 
 
 def wrap_async_generator(fn: Callable[..., Any], host: StreamHost) -> Callable[..., Any]:
+    passthrough = drops_sent_values(fn)
     clock = host.clock
     series = host.series
     entered = series.entered.incr
@@ -353,21 +358,43 @@ def wrap_async_generator(fn: Callable[..., Any], host: StreamHost) -> Callable[.
         closing = False
         try:
             if chunks is None:
-                async for value in agen:
-                    if not n:
-                        first = _first_item_at(host)
-                    n += 1
-                    try:
-                        sent = yield value
-                    except GeneratorExit:
-                        closing = True
-                        raise
-                    except BaseException as exc:
-                        thrown = exc
-                        break
-                    if sent is not None:
-                        break
+                ended = False
+                if passthrough:  # what is sent is dropped, as the generator drops it
+                    async for value in agen:
+                        if not n:
+                            try:
+                                first = clock()
+                            except Exception:
+                                host.internal("token")
+                        n += 1
+                        try:
+                            yield value
+                        except GeneratorExit:
+                            closing = True
+                            raise
+                        except BaseException as exc:
+                            thrown = exc
+                            break
+                    else:
+                        ended = True
                 else:
+                    async for value in agen:
+                        if not n:
+                            first = _first_item_at(host)
+                        n += 1
+                        try:
+                            sent = yield value
+                        except GeneratorExit:
+                            closing = True
+                            raise
+                        except BaseException as exc:
+                            thrown = exc
+                            break
+                        if sent is not None:
+                            break
+                    else:
+                        ended = True
+                if ended:
                     if n:
                         try:
                             streamed((start, first, clock(), n))
