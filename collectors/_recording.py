@@ -227,7 +227,9 @@ def fold_pending(series: Series, interval_s: float) -> None:
         items = np.frombuffer(struct.pack(f"{len(counts)}q", *counts), dtype=np.int64).astype(float)
         del flat[3::4]
         start, first, end = _floats(flat).reshape(-1, 3).T
-        several = items > 1
+        several: Any = items > 1
+        if several.all():  # the usual stream: no fancy indexing
+            several = slice(None)
         tpot = (end[several] - first[several]) / (items[several] - 1)
         values = {"request_duration": end - start, "ttft": first - start}
         _fold_columns(series, end, values, (several, tpot), interval_s)

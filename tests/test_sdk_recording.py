@@ -103,6 +103,27 @@ def test_a_stream_not_sampled_reports_ttft_tpot_and_items() -> None:
     assert list(stream(0)) == [] and monitor.stats.count(60) == 2
 
 
+def test_single_item_streams_have_no_tpot_when_folded_beside_longer_ones() -> None:
+    clock = Clock()
+    monitor = Monitor(clock=clock)
+
+    @monitor.track(model="m")
+    def stream(n: int) -> Iterator[int]:
+        clock.t += 0.2
+        for i in range(n):
+            if i:
+                clock.t += 0.03
+            yield i
+
+    for n in (1, 3, 1):
+        assert list(stream(n)) == list(range(n))
+    assert monitor.stats.count(60) == 3
+    assert _value(monitor, "gen_ai_server_time_per_output_token_seconds_count") == 1
+    assert monitor.stats.quantile("tpot", 0.5, 60) == pytest.approx(0.03, rel=0.01)
+    assert monitor.stats.quantile("ttft", 0.5, 60) == pytest.approx(0.2, rel=0.01)
+    assert _value(monitor, "gen_ai_server_token_usage_sum", gen_ai_token_type="output") == 5
+
+
 def test_a_stream_not_sampled_hands_on_throw_close_and_its_errors() -> None:
     monitor = Monitor()
     cleaned = []
