@@ -259,7 +259,10 @@ def wrap_generator(fn: Callable[..., Any], host: StreamHost) -> Callable[..., An
             else:
                 for value in gen:
                     if not n:
-                        first = _first_item_at(host)
+                        try:
+                            first = clock()
+                        except Exception:
+                            host.internal("token")
                     n += 1
                     try:
                         sent = yield value
@@ -357,7 +360,10 @@ def wrap_async_generator(fn: Callable[..., Any], host: StreamHost) -> Callable[.
                 else:
                     async for value in agen:
                         if not n:
-                            first = _first_item_at(host)
+                            try:
+                                first = clock()
+                            except Exception:
+                                host.internal("token")
                         n += 1
                         try:
                             sent = yield value
