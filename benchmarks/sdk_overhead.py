@@ -1,7 +1,7 @@
 """The @track decorator's added cost per call, against a bare prometheus_client pair, for
 sync functions, coroutines, generators and async generators (streams).
 
-    .venv/bin/python benchmarks/sdk_overhead.py [--calls 20000] [--rounds 15] [--items 8]
+    .venv/bin/python benchmarks/sdk_overhead.py [--calls 20000] [--rounds 15] [--items 8] [--layer]
 
 The baseline is what a user would write by hand with prometheus_client:
 
@@ -24,7 +24,9 @@ machine's descheduling does not count:
   `monitor.flush()`: adds the delivery thread's work (request ids, InferenceRecord
   objects, redaction and truncation, the sink) for the sampled records.
 Folding the buffered observations into histograms and sketches happens in the caller
-when a buffer fills, so its amortized cost is in both. Scenarios: payload sampling at 0%
+when a buffer fills, so its amortized cost is in both. `--layer` adds a fourth side: the
+manual wrapper with nothing in it (no clock, no metric), the caller's cost of being a
+wrapper of that kind at all, which neither the baseline nor the decorator can avoid. Scenarios: payload sampling at 0%
 (the target: at most half of the baseline, issue 24) and 100% (in-process sink), for each
 kind; and, for sync calls, both again with a stalled sink (blocks until the run ends, so
 the queue fills and drops, counted).
@@ -110,10 +112,27 @@ def _drive_stream(fn: Callable[[str], Any], calls: int) -> None:
 
 def _kinds(
     items: int, hist: Histogram, counter: Counter
-) -> dict[str, tuple[Callable[[str], Any], Callable[[str], Any], Driver]]:
-    """kind -> (bare function, the hand-written prometheus wrapper of it, its driver)."""
+) -> dict[str, tuple[Callable[[str], Any], Callable[[str], Any], Callable[[str], Any], Driver]]:
+    """kind -> (bare function, the hand-written prometheus wrapper of it, the same wrapper
+    with nothing in it (the cost of being a wrapper of that kind), its driver)."""
     noop_gen, noop_delegating, noop_stream = _generators(items)
     pc = time.perf_counter
+
+    def layer(prompt: str) -> str:
+        return noop(prompt)
+
+    async def layer_async(prompt: str) -> str:
+        return await noop_async(prompt)
+
+    def layer_gen(prompt: str) -> Iterator[int]:
+        yield from noop_gen(prompt)
+
+    def layer_delegating(prompt: str) -> Iterator[int]:
+        yield from noop_delegating(prompt)
+
+    async def layer_stream(prompt: str) -> AsyncIterator[int]:
+        async for item in noop_stream(prompt):
+            yield item
 
     def manual(prompt: str) -> str:
         start = pc()
@@ -149,11 +168,11 @@ def _kinds(
         counter.inc()
 
     return {
-        "sync": (noop, manual, _drive_sync),
-        "async": (noop_async, manual_async, _drive_async),
-        "generator": (noop_gen, manual_gen, _drive_gen),
-        "delegating": (noop_delegating, manual_delegating, _drive_gen),
-        "stream": (noop_stream, manual_stream, _drive_stream),
+        "sync": (noop, manual, layer, _drive_sync),
+        "async": (noop_async, manual_async, layer_async, _drive_async),
+        "generator": (noop_gen, manual_gen, layer_gen, _drive_gen),
+        "delegating": (noop_delegating, manual_delegating, layer_delegating, _drive_gen),
+        "stream": (noop_stream, manual_stream, layer_stream, _drive_stream),
     }
 
 
@@ -173,14 +192,16 @@ def _per_call(
 
 
 def _scenario(
-    monitor: Monitor, kind: str, items: int, calls: int, rounds: int, *, stalled: bool
+    monitor: Monitor, kind: str, items: int, calls: int, rounds: int, *, stalled: bool, layer: bool
 ) -> dict[str, float]:
     registry = CollectorRegistry()
     hist = Histogram("bench_seconds", "baseline", registry=registry)
     counter = Counter("bench_calls", "baseline", registry=registry)
-    bare, manual, drive = _kinds(items, hist, counter)[kind]
+    bare, manual, empty, drive = _kinds(items, hist, counter)[kind]
     tracked = monitor.track(model="bench", model_version=kind)(bare)
     sides = {"bare": bare, "manual": manual, "tracked": tracked}
+    if layer:
+        sides["layer"] = empty
     caller: dict[str, list[float]] = {k: [] for k in sides}
     total: dict[str, list[float]] = {k: [] for k in sides}
     flush = None if stalled else (lambda: monitor.flush(30.0))
@@ -199,6 +220,8 @@ def _scenario(
         out[f"{name}_manual_ns"] = (med["manual"] - med["bare"]) * 1e9
         out[f"{name}_tracked_ns"] = (med["tracked"] - med["bare"]) * 1e9
         out[f"{name}_ratio"] = (med["tracked"] - med["bare"]) / (med["manual"] - med["bare"])
+        if layer:
+            out[f"{name}_layer_ns"] = (med["layer"] - med["bare"]) * 1e9
     return out
 
 
@@ -208,6 +231,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--items", type=int, default=8, help="items per generator or stream call")
     parser.add_argument("--kinds", default="sync,async,generator,stream")
+    parser.add_argument(
+        "--layer",
+        action="store_true",
+        help="also time the manual wrapper with nothing in it (the cost of being a wrapper of that kind)",
+    )
     args = parser.parse_args()
     from infersight.engine.native import cpu_model
 
@@ -241,12 +269,16 @@ def main() -> None:
     print("added CPU ns per call (median of rounds): caller thread | whole process incl. delivery")
     print(
         f"{'scenario':30} {'manual':>7} {'track':>7} {'ratio':>6} | {'manual':>7} {'track':>7} {'ratio':>6}"
+        + (f" | {'layer':>6}" if args.layer else "")
     )
     for name, kind, monitor, is_stalled in scenarios:
-        r = _scenario(monitor, kind, args.items, args.calls, args.rounds, stalled=is_stalled)
+        r = _scenario(
+            monitor, kind, args.items, args.calls, args.rounds, stalled=is_stalled, layer=args.layer
+        )
         print(
             f"{name:30} {r['caller_manual_ns']:7.0f} {r['caller_tracked_ns']:7.0f} {r['caller_ratio']:6.2f} | "
             f"{r['total_manual_ns']:7.0f} {r['total_tracked_ns']:7.0f} {r['total_ratio']:6.2f}"
+            + (f" | {r['caller_layer_ns']:6.0f}" if args.layer else "")
         )
     if scenarios[-1][3]:
         print(

@@ -300,8 +300,11 @@ class WindowedSketches:
         if len(values) == 0:
             return
         zero = values <= self._mapping.min_possible
-        keys = np.zeros(len(values), dtype=np.int64)
-        keys[~zero] = np.ceil(np.log2(values[~zero]) * self._multiplier).astype(np.int64)
+        if zero.any():
+            keys = np.zeros(len(values), dtype=np.int64)
+            keys[~zero] = np.ceil(np.log2(values[~zero]) * self._multiplier).astype(np.int64)
+        else:
+            keys = np.ceil(np.log2(values) * self._multiplier).astype(np.int64)
         slots = [i for i, _ in _counts(slot_ids)]
         for sid in slots:
             slot = self._slot(sid)
@@ -341,14 +344,15 @@ def add_keys(sketch: DDSketch, keys: Any, zero: Any, values: Any) -> None:
     the same bins as `sketch.add(value)` one at a time, in one pass per distinct key.
     (ddsketch has no bulk add: its dense store's bins are used directly, as `_shared` reads them.)"""
     store = sketch._store
-    counted = _counts(keys[~zero])
+    zeros = int(np.count_nonzero(zero))
+    counted = _counts(keys[~zero] if zeros else keys)
     if counted:
         store._extend_range(counted[0][0], counted[-1][0])
         bins, offset = store.bins, store.offset
         for key, weight in counted:
             bins[key - offset] += weight
-        store.count += len(keys) - int(np.count_nonzero(zero))
-    sketch._zero_count += int(np.count_nonzero(zero))
+        store.count += len(keys) - zeros
+    sketch._zero_count += zeros
     sketch._count += len(values)
     sketch._sum += float(values.sum())
     sketch._min = min(sketch._min, float(values.min()))

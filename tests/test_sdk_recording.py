@@ -103,6 +103,27 @@ def test_a_stream_not_sampled_reports_ttft_tpot_and_items() -> None:
     assert list(stream(0)) == [] and monitor.stats.count(60) == 2
 
 
+def test_single_item_streams_have_no_tpot_when_folded_beside_longer_ones() -> None:
+    clock = Clock()
+    monitor = Monitor(clock=clock)
+
+    @monitor.track(model="m")
+    def stream(n: int) -> Iterator[int]:
+        clock.t += 0.2
+        for i in range(n):
+            if i:
+                clock.t += 0.03
+            yield i
+
+    for n in (1, 3, 1):
+        assert list(stream(n)) == list(range(n))
+    assert monitor.stats.count(60) == 3
+    assert _value(monitor, "gen_ai_server_time_per_output_token_seconds_count") == 1
+    assert monitor.stats.quantile("tpot", 0.5, 60) == pytest.approx(0.03, rel=0.01)
+    assert monitor.stats.quantile("ttft", 0.5, 60) == pytest.approx(0.2, rel=0.01)
+    assert _value(monitor, "gen_ai_server_token_usage_sum", gen_ai_token_type="output") == 5
+
+
 def test_a_stream_not_sampled_hands_on_throw_close_and_its_errors() -> None:
     monitor = Monitor()
     cleaned = []
@@ -209,6 +230,78 @@ async def test_an_async_stream_not_sampled_reports_items_and_hands_on_asend() ->
     assert monitor.stats.quantile("ttft", 0.5, 60) == pytest.approx(0.2, rel=0.01)
     assert monitor.stats.quantile("tpot", 0.5, 60) == pytest.approx(0.4 / 3, rel=0.01)
     assert _value(monitor, "gen_ai_server_token_usage_sum", gen_ai_token_type="output") == 4
+
+
+def test_an_async_stream_that_awaits_but_drops_sent_values_takes_the_pass_through() -> None:
+    async def tokens() -> AsyncIterator[int]:
+        async with asyncio.timeout(60):
+            for i in range(3):
+                await asyncio.sleep(0)
+                yield i
+
+    async def uses_sent() -> AsyncIterator[Any]:
+        await asyncio.sleep(0)
+        got = yield 1
+        yield got
+
+    assert drops_sent_values(tokens) and not drops_sent_values(uses_sent)
+
+
+async def test_an_async_pass_through_stream_drops_sent_values_and_hands_on_athrow_and_aclose() -> None:
+    clock = Clock()
+    monitor = Monitor(clock=clock)
+    cleaned = []
+
+    @monitor.track(model="m")
+    async def stream() -> AsyncIterator[int]:
+        i = 0
+        clock.t += 0.3
+        try:
+            while i < 1000:
+                await asyncio.sleep(0)
+                try:
+                    yield i
+                except KeyError:
+                    i = 100
+                    yield -1
+                clock.t += 0.1
+                i += 1
+        finally:
+            cleaned.append(i)
+
+    agen = stream()
+    assert [await agen.__anext__(), await agen.asend("dropped"), await agen.asend(None)] == [0, 1, 2]
+    assert await agen.athrow(KeyError("k")) == -1 and await agen.asend("x") == 101
+    await agen.aclose()
+    assert cleaned == [101] and monitor.stats.error_counts() == {} and monitor.stats.in_flight() == 0
+    assert monitor.stats.count(60) == 1
+    assert monitor.stats.quantile("ttft", 0.5, 60) == pytest.approx(0.3, rel=0.01)
+    assert _value(monitor, "gen_ai_server_token_usage_sum", gen_ai_token_type="output") == 5
+
+    @monitor.track(model="m")
+    async def tokens(n: int) -> AsyncIterator[str]:
+        clock.t += 0.5
+        for i in range(n):
+            if i:
+                clock.t += 0.02
+            await asyncio.sleep(0)
+            yield f"t{i}"
+
+    assert [t async for t in tokens(6)] == [f"t{i}" for i in range(6)]
+    assert [t async for t in tokens(0)] == []
+    assert monitor.stats.count(60) == 3 and monitor.stats.in_flight() == 0
+    assert monitor.stats.quantile("tpot", 0.5, 60) == pytest.approx(0.02, rel=0.01)
+    assert _value(monitor, "gen_ai_server_token_usage_sum", gen_ai_token_type="output") == 11
+
+    @monitor.track(model="m")
+    async def broken() -> AsyncIterator[int]:
+        yield 1
+        await asyncio.sleep(0)
+        raise ConnectionResetError("gone")
+
+    with pytest.raises(ConnectionResetError):
+        [v async for v in broken()]
+    assert monitor.stats.error_counts() == {"ConnectionResetError": 1} and monitor.stats.in_flight() == 0
 
 
 def test_adding_a_batch_of_values_to_a_sketch_equals_adding_them_one_at_a_time() -> None:

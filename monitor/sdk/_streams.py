@@ -10,27 +10,27 @@ Each wrapper is the same kind of function as the user's and delegates `send`, `t
 `close` (`asend`, `athrow`, `aclose`) as `yield from` would, return value included. A call
 whose text is not sampled takes the cheapest loop its generator allows, with its state in
 locals (no object, no closure per call):
-- pass-through: after the first item (TTFT), `yield from itertools.compress(gen,
-  counter)`: C passes the items on and advances the counter once per item, so an item
-  costs what it costs under a plain `yield from`. For generators that return nothing and
-  drop what is sent to them (`returns_only_none`, `drops_sent_values`, read once from the
-  bytecode), which is what a token stream is; a `throw` or `close` reaches the wrapper
-  (compress has neither) and is handed on, and a value sent (compress has no `send`: an
-  AttributeError on it) is dropped as the generator would drop it;
-- loop: a `for` loop counting items in a local, for generators that return nothing but
-  may use what is sent (`x = yield`, `yield from`): on the first `send` of a value or
-  `throw` it hands over to the general loop;
+- pass-through: a `for` (`async for`) loop that counts items in a local and yields each
+  one, for generators that return nothing and drop what is sent to them
+  (`returns_only_none`, `drops_sent_values`, read once from the bytecode), which is what a
+  token stream is; a value sent is dropped, as the generator would drop it, and a `throw`
+  hands over to the general loop. (A loop costs what `yield from itertools.compress(gen,
+  counter)` costs per item, and about 170 ns less per call: docs/benchmarks.md, issue 24);
+- loop: the same loop, for generators that return nothing but may use what is sent
+  (`x = yield`, `yield from`), with a check of what was sent: on the first `send` of a
+  value or `throw` it hands over to the general loop;
 - general (`_drive`): `send`/`throw` on the generator, items kept for the response text
   when sampled; from the start for sampled calls and generators that may return a value.
-Async generators cannot return a value and have no `yield from`: an `async for` loop,
-then the general loop (`asend`/`athrow`) once the consumer sends or throws.
+Async generators cannot return a value and have no `yield from`: the same two loops
+(`async for`), then the general loop (`asend`/`athrow`) once the consumer throws (or, for
+one that may use what is sent, sends a value).
 """
 
 from __future__ import annotations
 
 import dis
 import functools
-import itertools
+import inspect
 from collections.abc import AsyncGenerator, Callable, Generator
 from random import random as rand
 from types import CodeType
@@ -109,15 +109,18 @@ def returns_only_none(fn: Callable[..., Any]) -> bool:
 
 def drops_sent_values(fn: Callable[..., Any]) -> bool:
     """Whether every `yield` in `fn`'s own code discards what is sent to it (no `x = yield`,
-    no `yield from`, no `await`): then `send(v)` does what `next()` does (False when unsure)."""
+    no `yield from`): then `send(v)` does what `next()` does (False when unsure). In an async
+    generator a suspension that follows a `SEND` is an `await` (or `async for`, `async with`):
+    what it receives comes from the event loop, never from `asend`, so it does not count."""
     code = _code(fn)
     if code is None:
         return False
+    awaits = bool(code.co_flags & inspect.CO_ASYNC_GENERATOR)
     instructions = [i for i in dis.get_instructions(code) if i.opname not in ("CACHE", "NOP", "RESUME")]
     for i, ins in enumerate(instructions):
-        if ins.opname == "YIELD_VALUE" and (
-            i + 1 >= len(instructions) or instructions[i + 1].opname != "POP_TOP"
-        ):
+        if ins.opname != "YIELD_VALUE" or (awaits and i and instructions[i - 1].opname == "SEND"):
+            continue
+        if i + 1 >= len(instructions) or instructions[i + 1].opname != "POP_TOP":
             return False
     return True
 
@@ -206,7 +209,6 @@ def wrap_generator(fn: Callable[..., Any], host: StreamHost) -> Callable[..., An
     streamed = series.streamed.extend
     mask = series.fold_mask
     monitor = host.monitor
-    compress, count = itertools.compress, itertools.count
 
     @functools.wraps(fn)
     def tracked(*args: Any, **kwargs: Any) -> Generator[Any, Any, Any]:
@@ -236,49 +238,31 @@ def wrap_generator(fn: Callable[..., Any], host: StreamHost) -> Callable[..., An
         first = 0.0
         thrown: BaseException | None = None
         sent: Any = None
-        if passthrough:
-            try:
-                value = next(gen)
-            except StopIteration:
-                _record(host, start, 0.0, 0, None, None, None)
-                return None
-            except BaseException as exc:
-                _record(host, start, 0.0, 0, type(exc).__name__, None, None)
-                raise
-            try:
-                first = clock()
-            except Exception:
-                host.internal("token")
-            counter = count(1)
-            items = compress(gen, counter)
-            try:
-                yield value  # what is sent is dropped, as the generator would drop it
-                while True:
-                    try:
-                        yield from items
-                        break
-                    except AttributeError as exc:  # a value sent: compress has no `send`
-                        if exc.obj is not items:
-                            raise
-                        # dropped, as the generator drops it: the caller gets the next item
-            except BaseException as exc:  # from the generator (it is over), or thrown in
-                n = next(counter)
-                if gen.gi_frame is None:
-                    _record(host, start, first, n, type(exc).__name__, None, None)
-                    raise
-                if isinstance(exc, GeneratorExit):
-                    _record(host, start, first, n, None, None, None)
-                    gen.close()
-                    raise
-                thrown = exc
-            else:
-                n = next(counter)
-        else:
-            closing = False
-            try:
+        closing = False
+        try:
+            if passthrough:  # what is sent is dropped, as the generator would drop it
                 for value in gen:
                     if not n:
-                        first = _first_item_at(host)
+                        try:
+                            first = clock()
+                        except Exception:
+                            host.internal("token")
+                    n += 1
+                    try:
+                        yield value
+                    except GeneratorExit:
+                        closing = True
+                        raise
+                    except BaseException as exc:
+                        thrown = exc
+                        break
+            else:
+                for value in gen:
+                    if not n:
+                        try:
+                            first = clock()
+                        except Exception:
+                            host.internal("token")
                     n += 1
                     try:
                         sent = yield value
@@ -290,16 +274,16 @@ def wrap_generator(fn: Callable[..., Any], host: StreamHost) -> Callable[..., An
                         break
                     if sent is not None:
                         break
-            except BaseException as exc:
-                if closing:
-                    _record(host, start, first, n, None, None, None)
-                    gen.close()
-                else:
-                    _record(host, start, first, n, type(exc).__name__, None, None)
-                raise
-            if not n:
+        except BaseException as exc:
+            if closing:
                 _record(host, start, first, n, None, None, None)
-                return None
+                gen.close()
+            else:
+                _record(host, start, first, n, type(exc).__name__, None, None)
+            raise
+        if not n:
+            _record(host, start, first, n, None, None, None)
+            return None
         if thrown is not None or sent is not None:
             return (yield from _drive(host, gen, start, n, first, sent, thrown, None, None))
         try:
@@ -314,6 +298,7 @@ def wrap_generator(fn: Callable[..., Any], host: StreamHost) -> Callable[..., An
 
 
 def wrap_async_generator(fn: Callable[..., Any], host: StreamHost) -> Callable[..., Any]:
+    passthrough = drops_sent_values(fn)
     clock = host.clock
     series = host.series
     entered = series.entered.incr
@@ -353,21 +338,46 @@ def wrap_async_generator(fn: Callable[..., Any], host: StreamHost) -> Callable[.
         closing = False
         try:
             if chunks is None:
-                async for value in agen:
-                    if not n:
-                        first = _first_item_at(host)
-                    n += 1
-                    try:
-                        sent = yield value
-                    except GeneratorExit:
-                        closing = True
-                        raise
-                    except BaseException as exc:
-                        thrown = exc
-                        break
-                    if sent is not None:
-                        break
+                ended = False
+                if passthrough:  # what is sent is dropped, as the generator drops it
+                    async for value in agen:
+                        if not n:
+                            try:
+                                first = clock()
+                            except Exception:
+                                host.internal("token")
+                        n += 1
+                        try:
+                            yield value
+                        except GeneratorExit:
+                            closing = True
+                            raise
+                        except BaseException as exc:
+                            thrown = exc
+                            break
+                    else:
+                        ended = True
                 else:
+                    async for value in agen:
+                        if not n:
+                            try:
+                                first = clock()
+                            except Exception:
+                                host.internal("token")
+                        n += 1
+                        try:
+                            sent = yield value
+                        except GeneratorExit:
+                            closing = True
+                            raise
+                        except BaseException as exc:
+                            thrown = exc
+                            break
+                        if sent is not None:
+                            break
+                    else:
+                        ended = True
+                if ended:
                     if n:
                         try:
                             streamed((start, first, clock(), n))
