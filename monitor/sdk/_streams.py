@@ -240,6 +240,10 @@ def wrap_generator(fn: Callable[..., Any], host: StreamHost) -> Callable[..., An
         sent: Any = None
         closing = False
         try:
+            # The loops below, and the async ones in wrap_async_generator, are written out
+            # once per case on purpose: they run per item inside the user's stream, where a
+            # shared helper (a call or a `yield from` per item) costs more than the whole
+            # per-call target (docs/benchmarks.md, "SDK decorator").
             if passthrough:  # what is sent is dropped, as the generator would drop it
                 for value in gen:
                     if not n:
