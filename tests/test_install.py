@@ -64,6 +64,8 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
         carried = {Path(name).name for name in tar.getnames() if "/engine/csrc/" in name}
     c_sources = {p.name for p in (ROOT / "engine" / "csrc").iterdir() if p.suffix in (".c", ".h")}
     assert c_sources and c_sources <= carried, f"the sdist lacks {sorted(c_sources - carried)}"
+    with tarfile.open(sdist) as tar:
+        assert any(name.endswith("/monitor/sdk/_cstreams.c") for name in tar.getnames())
     (built,) = out.glob("infersight-*.whl")
     return built
 
@@ -141,6 +143,24 @@ _BASE_SCRIPT = textwrap.dedent(
 def test_track_works_with_the_base_install_alone(base: Path, tmp_path: Path) -> None:
     out = _ok(_run([base, "-c", _BASE_SCRIPT], cwd=tmp_path))
     assert out.strip() == "[]", f"the base install pulled in optional dependencies: {out}"
+
+
+def test_the_base_install_tracks_streams_with_the_wheels_c_module(base: Path, tmp_path: Path) -> None:
+    """The wheel carries the SDK's C streams (built from the sdist's monitor/sdk/_cstreams.c),
+    and @track on a generator uses them from the installed package."""
+    script = textwrap.dedent(
+        """
+        from infersight.monitor.sdk import Monitor, _streams
+        monitor = Monitor()
+        @monitor.track(model="m")
+        def stream():
+            yield from range(3)
+        print(list(stream()), type(stream).__module__, _streams.native.__file__)
+        """
+    )
+    out = _ok(_run([base, "-c", script], cwd=tmp_path)).split()
+    assert out[:4] == ["[0,", "1,", "2]", "infersight.monitor.sdk._cstreams"], out
+    assert Path(out[4]).is_relative_to(base.parent.parent.resolve()), out
 
 
 @pytest.mark.parametrize(

@@ -33,12 +33,28 @@ import functools
 import inspect
 from collections.abc import AsyncGenerator, Callable, Generator
 from random import random as rand
-from types import CodeType
+from types import CodeType, ModuleType
 from typing import Any, Protocol
 
 from infersight.collectors._recording import Series
 
-__all__ = ["StreamHost", "drops_sent_values", "returns_only_none", "wrap_async_generator", "wrap_generator"]
+native: ModuleType | None
+try:  # the C streams (setup.py builds them; a machine without a compiler runs the Python ones)
+    from infersight.monitor.sdk import _cstreams as native
+except ImportError:  # pragma: no cover - depends on the build
+    native = None
+
+# `thrown` for `_drive`/`_adrive`: yield None first, then throw what is thrown there
+AWAIT_THROW: Any = BaseException("await the throw")
+
+__all__ = [
+    "AWAIT_THROW",
+    "StreamHost",
+    "drops_sent_values",
+    "returns_only_none",
+    "wrap_async_generator",
+    "wrap_generator",
+]
 
 
 class _Config(Protocol):
@@ -131,8 +147,8 @@ def _record(
     first: float,
     n: int,
     error_type: str | None,
-    chunks: list[Any] | None,
-    prompt: str | None,
+    chunks: list[Any] | None = None,
+    prompt: str | None = None,
 ) -> None:
     """The stream ended: one observation; and one sampled record when `chunks` is kept."""
     try:
@@ -166,10 +182,20 @@ def _drive(
     chunks: list[Any] | None,
     prompt: str | None,
 ) -> Generator[Any, Any, Any]:
-    """The general loop, from a state: `n` items so far, then `send(sent)` or `throw(thrown)`."""
+    """The general loop, from a state: `n` items so far, then `send(sent)` or `throw(thrown)`;
+    with `thrown` AWAIT_THROW it first yields None and throws what is thrown there (the C
+    stream primes it so, then throws)."""
     send, throw = gen.send, gen.throw
     closing = False
     try:
+        if thrown is AWAIT_THROW:
+            try:
+                yield None
+            except GeneratorExit:
+                closing = True
+                raise
+            except BaseException as exc:
+                thrown = exc
         while True:
             if thrown is None:
                 value = send(sent)
@@ -201,6 +227,14 @@ def _drive(
 
 
 def wrap_generator(fn: Callable[..., Any], host: StreamHost) -> Callable[..., Any]:
+    """`fn` (a generator function) under @track: the C type when it is built, else Python's."""
+    if native is not None:
+        sampled = _python_generator(fn, host, always_sample=True)
+        return _native(fn, host, sampled, _drive, drops_sent_values(fn), is_async=False)
+    return _python_generator(fn, host, always_sample=False)
+
+
+def _python_generator(fn: Callable[..., Any], host: StreamHost, *, always_sample: bool) -> Callable[..., Any]:
     plain = returns_only_none(fn)
     passthrough = plain and drops_sent_values(fn)
     clock = host.clock
@@ -213,10 +247,12 @@ def wrap_generator(fn: Callable[..., Any], host: StreamHost) -> Callable[..., An
     @functools.wraps(fn)
     def tracked(*args: Any, **kwargs: Any) -> Generator[Any, Any, Any]:
         try:
-            rate = host.rate
-            if rate is None:
-                rate = monitor.config.sample_rate
-            sampled = rate and (rate >= 1.0 or rand() < rate)
+            sampled: Any = always_sample
+            if not sampled:
+                rate = host.rate
+                if rate is None:
+                    rate = monitor.config.sample_rate
+                sampled = rate and (rate >= 1.0 or rand() < rate)
             start = clock()
             k = entered()
         except Exception:
@@ -302,6 +338,68 @@ def wrap_generator(fn: Callable[..., Any], host: StreamHost) -> Callable[..., An
 
 
 def wrap_async_generator(fn: Callable[..., Any], host: StreamHost) -> Callable[..., Any]:
+    """`fn` (an async generator function) under @track: the C type when built, else Python's."""
+    if native is not None:
+        sampled = _python_async_generator(fn, host, always_sample=True)
+        return _native(fn, host, sampled, _adrive, drops_sent_values(fn), is_async=True)
+    return _python_async_generator(fn, host, always_sample=False)
+
+
+async def _adrive(
+    host: StreamHost,
+    agen: AsyncGenerator[Any, Any],
+    start: float,
+    n: int,
+    first: float,
+    sent: Any,
+    thrown: BaseException | None,
+    chunks: list[Any] | None,
+    prompt: str | None,
+) -> AsyncGenerator[Any, Any]:
+    """`_drive` for an async generator: `asend(sent)` or `athrow(thrown)` from a state."""
+    closing = False
+    try:
+        if thrown is AWAIT_THROW:
+            try:
+                yield None
+            except GeneratorExit:
+                closing = True
+                raise
+            except BaseException as exc:
+                thrown = exc
+        while True:
+            if thrown is None:
+                value = await agen.asend(sent)
+            else:
+                error, thrown = thrown, None
+                value = await agen.athrow(error)
+            if not n:
+                first = _first_item_at(host)
+            n += 1
+            if chunks is not None:
+                chunks.append(value)
+            try:
+                sent = yield value
+            except GeneratorExit:
+                closing = True
+                raise
+            except BaseException as exc:
+                thrown = exc
+    except StopAsyncIteration:
+        _record(host, start, first, n, None, chunks, prompt)
+        return
+    except BaseException as exc:  # CancelledError included
+        if closing:
+            _record(host, start, first, n, None, chunks, prompt)
+            await agen.aclose()
+        else:
+            _record(host, start, first, n, type(exc).__name__, chunks, prompt)
+        raise
+
+
+def _python_async_generator(
+    fn: Callable[..., Any], host: StreamHost, *, always_sample: bool
+) -> Callable[..., Any]:
     passthrough = drops_sent_values(fn)
     clock = host.clock
     series = host.series
@@ -313,10 +411,12 @@ def wrap_async_generator(fn: Callable[..., Any], host: StreamHost) -> Callable[.
     @functools.wraps(fn)
     async def tracked(*args: Any, **kwargs: Any) -> AsyncGenerator[Any, Any]:
         try:
-            rate = host.rate
-            if rate is None:
-                rate = monitor.config.sample_rate
-            sampled = rate and (rate >= 1.0 or rand() < rate)
+            sampled: Any = always_sample
+            if not sampled:
+                rate = host.rate
+                if rate is None:
+                    rate = monitor.config.sample_rate
+                sampled = rate and (rate >= 1.0 or rand() < rate)
             start = clock()
             k = entered()
         except Exception:
@@ -333,15 +433,15 @@ def wrap_async_generator(fn: Callable[..., Any], host: StreamHost) -> Callable[.
             raise
         chunks: list[Any] | None = None
         prompt = None
-        if sampled:
-            chunks, prompt = [], host.extract_prompt(args, kwargs)
         n = 0
         first = 0.0
         sent: Any = None
         thrown: BaseException | None = None
-        closing = False
-        try:
-            if chunks is None:
+        if sampled:
+            chunks, prompt = [], host.extract_prompt(args, kwargs)
+        else:
+            closing = False
+            try:
                 ended = False
                 if passthrough:  # what is sent is dropped, as the generator drops it
                     async for value in agen:
@@ -381,44 +481,79 @@ def wrap_async_generator(fn: Callable[..., Any], host: StreamHost) -> Callable[.
                             break
                     else:
                         ended = True
-                if ended:
-                    if n:
-                        try:
-                            streamed((start, first, clock(), n))
-                            if k & mask == mask:
-                                series.fold()
-                        except Exception:
-                            host.internal("finish")
-                    else:
-                        _record(host, start, first, n, None, None, None)
-                    return
-            while True:
-                if thrown is None:
-                    value = await agen.asend(sent)
+            except BaseException as exc:  # CancelledError included
+                if closing:
+                    _record(host, start, first, n, None, None, None)
+                    await agen.aclose()
                 else:
-                    error, thrown = thrown, None
-                    value = await agen.athrow(error)
-                if not n:
-                    first = _first_item_at(host)
-                n += 1
-                if chunks is not None:
-                    chunks.append(value)
+                    _record(host, start, first, n, type(exc).__name__, None, None)
+                raise
+            if ended:
+                if n:
+                    try:
+                        streamed((start, first, clock(), n))
+                        if k & mask == mask:
+                            series.fold()
+                    except Exception:
+                        host.internal("finish")
+                else:
+                    _record(host, start, first, n, None, None, None)
+                return
+        # sampled, or sent a value or thrown into: the general loop, delegated to as
+        # `yield from` would (async generators have none)
+        general = _adrive(host, agen, start, n, first, sent, thrown, chunks, prompt)
+        try:
+            value = await general.asend(None)
+            while True:
                 try:
                     sent = yield value
                 except GeneratorExit:
-                    closing = True
+                    await general.aclose()
                     raise
                 except BaseException as exc:
-                    thrown = exc
+                    value = await general.athrow(exc)
+                else:
+                    value = await general.asend(sent)
         except StopAsyncIteration:
-            _record(host, start, first, n, None, chunks, prompt)
             return
-        except BaseException as exc:  # CancelledError included
-            if closing:
-                _record(host, start, first, n, None, chunks, prompt)
-                await agen.aclose()
-            else:
-                _record(host, start, first, n, type(exc).__name__, chunks, prompt)
-            raise
 
+    return tracked
+
+
+def _native(
+    fn: Callable[..., Any],
+    host: StreamHost,
+    sampled: Callable[..., Any],
+    handover: Callable[..., Any],
+    passthrough: bool,
+    *,
+    is_async: bool,
+) -> Callable[..., Any]:
+    """The C type around `fn`: unsampled calls in C, sampled ones through `sampled` (the
+    Python wrapper); the wrapped function's name, signature and code flags, so that
+    inspect still calls it a generator (or async generator) function."""
+    assert native is not None
+    series = host.series
+    tracked = native.Tracked(
+        fn,
+        host,
+        host.monitor,
+        host.clock,
+        series.entered.incr,
+        series.streamed,
+        series.fold,
+        rand,
+        host.internal,
+        sampled,
+        functools.partial(handover, host),
+        functools.partial(_record, host),
+        AWAIT_THROW,
+        series.fold_mask,
+        is_async,
+        passthrough,
+    )
+    functools.update_wrapper(tracked, fn)
+    for name in ("__code__", "__defaults__", "__kwdefaults__"):
+        if hasattr(fn, name):
+            setattr(tracked, name, getattr(fn, name))
     return tracked
