@@ -1,4 +1,4 @@
-/* @track on generators and async generators, in C: the unsampled call's hot path.
+/* @track on generators and async generators, in C.
  *
  * What monitor/sdk/_streams.py does in Python, for the calls whose text is not sampled: a
  * stream is one call, its items its output tokens; the first item's clock read is the time to
@@ -10,10 +10,11 @@
  *
  * `Tracked` is the decorated function: a callable whose `__get__` binds it like a function
  * and whose `__dict__` takes what functools.wraps copies, plus the wrapped function's
- * `__code__`, so that inspect still calls it a generator function. A call decides sampling
- * (a sampled call is the Python wrapper's), creates the user's generator and returns a
- * `Stream` (sync) or `AStream` (async) around it. The stream enters the label set and reads
- * the start at its first step, as the Python generator would.
+ * `__code__`, so that inspect still calls it a generator function. A call decides sampling,
+ * creates the user's generator and returns a `Stream` (sync) or `AStream` (async) around it.
+ * The stream enters the label set and reads the start at its first step, as the Python
+ * generator would; a sampled one then hands itself over (below) with the call's arguments,
+ * whose prompt the Python loop keeps with the items.
  *
  * The rest is Python's, handed over with the stream's state: a value sent to a generator that
  * uses what is sent, and anything thrown, continue in `_streams._drive` / `_streams._adrive`
@@ -40,7 +41,7 @@ typedef struct {
     PyObject *fold;         /* series.fold */
     PyObject *rand;         /* random.random */
     PyObject *internal;     /* host.internal(stage) */
-    PyObject *sampled;      /* the Python wrapper that samples every call */
+    PyObject *sampled;      /* (gen, start, args, kwargs) -> the Python loop that keeps the text */
     PyObject *handover;     /* (gen, start, n, first, sent, thrown, None, None) -> generator */
     PyObject *record;       /* (start, first, n, error_type) */
     PyObject *await_throw;  /* the sentinel `thrown` that makes `handover` wait for a throw */
@@ -56,6 +57,8 @@ typedef struct {
     Tracked *t;
     PyObject *gen;          /* the user's generator (or async generator) */
     PyObject *delegate;     /* after a handover: the Python generator; untracked: gen */
+    PyObject *args;         /* a sampled call's arguments, until its first step */
+    PyObject *kwargs;
     double start, first;
     Py_ssize_t n;
     unsigned long long k;
@@ -227,10 +230,26 @@ begin(Stream *s)
     if (PyErr_Occurred())
         goto failed;
     s->state = RUNNING;
+    if (s->args != NULL) {  /* sampled: the Python loop from here */
+        PyObject *argv[4] = {s->gen, PyFloat_FromDouble(s->start), s->args, s->kwargs};
+        PyObject *d = argv[1] ? PyObject_Vectorcall(t->sampled, argv, 4, NULL) : NULL;
+        Py_XDECREF(argv[1]);
+        Py_CLEAR(s->args);
+        Py_CLEAR(s->kwargs);
+        if (d == NULL) {  /* entered: recorded as finished, then untracked */
+            PyErr_Clear();
+            record(s, Py_None);
+            goto failed;
+        }
+        s->state = DELEGATED;
+        s->delegate = d;
+    }
     return;
 failed:
     PyErr_Clear();
     internal(t, str_start);
+    Py_CLEAR(s->args);
+    Py_CLEAR(s->kwargs);
     s->state = DELEGATED;
     Py_INCREF(s->gen);
     s->delegate = s->gen;
@@ -274,6 +293,25 @@ call_method(PyObject *obj, PyObject *name, PyObject *args)
 
 static PyObject *Stream_new(Tracked *t, PyObject *gen, PyTypeObject *type);
 
+/* A sampled call's arguments as a tuple and a dict, for its prompt. */
+static int
+keep_arguments(Stream *s, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+{
+    Py_ssize_t n = PyVectorcall_NARGS(nargsf), nk = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+    s->args = PyTuple_New(n);
+    s->kwargs = PyDict_New();
+    if (s->args == NULL || s->kwargs == NULL)
+        return -1;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Py_INCREF(args[i]);
+        PyTuple_SET_ITEM(s->args, i, args[i]);
+    }
+    for (Py_ssize_t i = 0; i < nk; i++)
+        if (PyDict_SetItem(s->kwargs, PyTuple_GET_ITEM(kwnames, i), args[n + i]) < 0)
+            return -1;
+    return 0;
+}
+
 static PyObject *
 Tracked_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
 {
@@ -284,8 +322,6 @@ Tracked_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf, PyObjec
         internal(t, str_start);
         return PyObject_Vectorcall(t->fn, args, nargsf, kwnames);
     }
-    if (sampled)
-        return PyObject_Vectorcall(t->sampled, args, nargsf, kwnames);
     PyObject *gen = PyObject_Vectorcall(t->fn, args, nargsf, kwnames);
     if (gen == NULL) {  /* bad arguments: raised here, as the bare function raises them */
         Stream s = {.t = t, .state = RUNNING};
@@ -310,6 +346,8 @@ Tracked_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf, PyObjec
     }
     PyObject *stream = Stream_new(t, gen, t->is_async ? &AStream_Type : &Stream_Type);
     Py_DECREF(gen);
+    if (stream != NULL && sampled && keep_arguments((Stream *)stream, args, nargsf, kwnames) < 0)
+        Py_CLEAR(stream);
     return stream;
 }
 
@@ -460,7 +498,7 @@ Stream_new(Tracked *t, PyObject *gen, PyTypeObject *type)
     Py_INCREF(gen);
     s->t = t;
     s->gen = gen;
-    s->delegate = NULL;
+    s->delegate = s->args = s->kwargs = NULL;
     s->start = s->first = 0.0;
     s->n = 0;
     s->k = 0;
@@ -475,6 +513,8 @@ Stream_traverse(Stream *s, visitproc visit, void *arg)
     Py_VISIT(s->t);
     Py_VISIT(s->gen);
     Py_VISIT(s->delegate);
+    Py_VISIT(s->args);
+    Py_VISIT(s->kwargs);
     return 0;
 }
 
@@ -484,6 +524,8 @@ Stream_clear(Stream *s)
     Py_CLEAR(s->t);
     Py_CLEAR(s->gen);
     Py_CLEAR(s->delegate);
+    Py_CLEAR(s->args);
+    Py_CLEAR(s->kwargs);
     return 0;
 }
 

@@ -229,12 +229,11 @@ def _drive(
 def wrap_generator(fn: Callable[..., Any], host: StreamHost) -> Callable[..., Any]:
     """`fn` (a generator function) under @track: the C type when it is built, else Python's."""
     if native is not None:
-        sampled = _python_generator(fn, host, always_sample=True)
-        return _native(fn, host, sampled, _drive, drops_sent_values(fn), is_async=False)
-    return _python_generator(fn, host, always_sample=False)
+        return _native(fn, host, _drive, drops_sent_values(fn), is_async=False)
+    return _python_generator(fn, host)
 
 
-def _python_generator(fn: Callable[..., Any], host: StreamHost, *, always_sample: bool) -> Callable[..., Any]:
+def _python_generator(fn: Callable[..., Any], host: StreamHost) -> Callable[..., Any]:
     plain = returns_only_none(fn)
     passthrough = plain and drops_sent_values(fn)
     clock = host.clock
@@ -247,12 +246,10 @@ def _python_generator(fn: Callable[..., Any], host: StreamHost, *, always_sample
     @functools.wraps(fn)
     def tracked(*args: Any, **kwargs: Any) -> Generator[Any, Any, Any]:
         try:
-            sampled: Any = always_sample
-            if not sampled:
-                rate = host.rate
-                if rate is None:
-                    rate = monitor.config.sample_rate
-                sampled = rate and (rate >= 1.0 or rand() < rate)
+            rate = host.rate
+            if rate is None:
+                rate = monitor.config.sample_rate
+            sampled = rate and (rate >= 1.0 or rand() < rate)
             start = clock()
             k = entered()
         except Exception:
@@ -340,9 +337,8 @@ def _python_generator(fn: Callable[..., Any], host: StreamHost, *, always_sample
 def wrap_async_generator(fn: Callable[..., Any], host: StreamHost) -> Callable[..., Any]:
     """`fn` (an async generator function) under @track: the C type when built, else Python's."""
     if native is not None:
-        sampled = _python_async_generator(fn, host, always_sample=True)
-        return _native(fn, host, sampled, _adrive, drops_sent_values(fn), is_async=True)
-    return _python_async_generator(fn, host, always_sample=False)
+        return _native(fn, host, _adrive, drops_sent_values(fn), is_async=True)
+    return _python_async_generator(fn, host)
 
 
 async def _adrive(
@@ -397,9 +393,7 @@ async def _adrive(
         raise
 
 
-def _python_async_generator(
-    fn: Callable[..., Any], host: StreamHost, *, always_sample: bool
-) -> Callable[..., Any]:
+def _python_async_generator(fn: Callable[..., Any], host: StreamHost) -> Callable[..., Any]:
     passthrough = drops_sent_values(fn)
     clock = host.clock
     series = host.series
@@ -411,12 +405,10 @@ def _python_async_generator(
     @functools.wraps(fn)
     async def tracked(*args: Any, **kwargs: Any) -> AsyncGenerator[Any, Any]:
         try:
-            sampled: Any = always_sample
-            if not sampled:
-                rate = host.rate
-                if rate is None:
-                    rate = monitor.config.sample_rate
-                sampled = rate and (rate >= 1.0 or rand() < rate)
+            rate = host.rate
+            if rate is None:
+                rate = monitor.config.sample_rate
+            sampled = rate and (rate >= 1.0 or rand() < rate)
             start = clock()
             k = entered()
         except Exception:
@@ -520,18 +512,30 @@ def _python_async_generator(
     return tracked
 
 
+def _sampled(
+    host: StreamHost,
+    drive: Callable[..., Any],
+    gen: Any,
+    start: float,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+) -> Any:
+    """A sampled call's loop from its first step, its items kept with its prompt (the C
+    stream hands itself over to it)."""
+    return drive(host, gen, start, 0, 0.0, None, None, [], host.extract_prompt(args, kwargs))
+
+
 def _native(
     fn: Callable[..., Any],
     host: StreamHost,
-    sampled: Callable[..., Any],
     handover: Callable[..., Any],
     passthrough: bool,
     *,
     is_async: bool,
 ) -> Callable[..., Any]:
-    """The C type around `fn`: unsampled calls in C, sampled ones through `sampled` (the
-    Python wrapper); the wrapped function's name, signature and code flags, so that
-    inspect still calls it a generator (or async generator) function."""
+    """The C type around `fn`, with `handover` (`_drive` or `_adrive`) for what it leaves to
+    Python; the wrapped function's name, signature and code flags, so that inspect still
+    calls it a generator (or async generator) function."""
     assert native is not None
     series = host.series
     tracked = native.Tracked(
@@ -544,7 +548,7 @@ def _native(
         series.fold,
         rand,
         host.internal,
-        sampled,
+        functools.partial(_sampled, host, handover),
         functools.partial(handover, host),
         functools.partial(_record, host),
         AWAIT_THROW,
