@@ -22,8 +22,16 @@ locals (no object, no closure per call):
 - general (`_drive`): `send`/`throw` on the generator, items kept for the response text
   when sampled; from the start for sampled calls and generators that may return a value.
 Async generators cannot return a value and have no `yield from`: the same two loops
-(`async for`), then the general loop (`asend`/`athrow`) once the consumer throws (or, for
-one that may use what is sent, sends a value).
+(`async for`), then the general loop (`_adrive`: `asend`/`athrow`) once the consumer throws
+(or, for one that may use what is sent, sends a value).
+
+Where the C module is built (`_cstreams.c`, setup.py), both kinds go through it instead
+(`_native`): a Python generator wrapper costs about half a bare prometheus pair before it
+tracks anything, the C types a few allocations. It runs the unsampled calls; at a sampled
+call's first step, a used `send` or a `throw`, it hands the stream to `_drive` / `_adrive`
+with the state so far (`AWAIT_THROW`: the loop first waits at a `yield` for the throw), and
+forwards to it from then on. The Python wrappers here are what runs without a compiler;
+tests/test_sdk_cstreams.py holds the two to the same behaviour.
 """
 
 from __future__ import annotations
