@@ -137,8 +137,11 @@ class OpenVinoEmbedder(ExportedEmbedder):
         core = ov.Core()
         # threads not pinned to cores: a sidecar's cores are shared with what it serves (and
         # pinned threads measured slower on a loaded machine, the same when idle)
+        # f32 for what is not quantized: on a CPU with AMX or AVX512-BF16 (Xeon Sapphire Rapids
+        # and later) OpenVINO's default is bf16, which took the int8 embeddings' 1st-percentile
+        # cosine against fp32 from 0.99 to 0.87 on Banking77 (docs/benchmarks.md)
         config = {"INFERENCE_NUM_THREADS": self.threads, "PERFORMANCE_HINT": "LATENCY", "NUM_STREAMS": 1,
-                  "ENABLE_CPU_PINNING": False}  # fmt: skip
+                  "ENABLE_CPU_PINNING": False, "INFERENCE_PRECISION_HINT": "f32"}  # fmt: skip
         return core.compile_model(core.read_model(str(target)), "CPU", config)
 
     def run(self, session: Any, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import dis
 import functools
+import importlib
 import inspect
 from collections.abc import AsyncGenerator, Callable, Generator
 from random import random as rand
@@ -47,8 +48,9 @@ from typing import Any, Protocol
 from infersight.collectors._recording import Series
 
 native: ModuleType | None
-try:  # the C streams (setup.py builds them; a machine without a compiler runs the Python ones)
-    from infersight.monitor.sdk import _cstreams as native
+try:  # the C streams (setup.py builds them; a machine without a compiler runs the Python ones),
+    # by name: a `from infersight.monitor.sdk import` here would import the package that imports this
+    native = importlib.import_module("infersight.monitor.sdk._cstreams")
 except ImportError:  # pragma: no cover - depends on the build
     native = None
 
