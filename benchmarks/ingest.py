@@ -124,6 +124,14 @@ def main() -> int:
         action="store_true",
         help="senders post orjson bodies with httpx instead of the SDK's HttpSink",
     )
+    ap.add_argument(
+        "--no-drift",
+        action="store_true",
+        help="the service with drift off (drift: {enabled: false}): ingest's CPU without the embedding",
+    )
+    ap.add_argument(
+        "--reservoir", type=int, help="drift.reservoir: texts embedded per tick (default: the service's)"
+    )
     args = ap.parse_args()
     from infersight.engine.native import cpu_model
 
@@ -134,7 +142,10 @@ def main() -> int:
     texts = [u.text for u in data.banking77("train")]
     tmp = Path(tempfile.mkdtemp(prefix="infersight-ingest-"))
     port = _free_port()
-    (tmp / "config.yaml").write_text(f"data_dir: {tmp / 'data'}\nport: {port}\n")
+    drift = "drift:\n  enabled: false\n" if args.no_drift else ""
+    if args.reservoir is not None and not args.no_drift:
+        drift = f"drift:\n  reservoir: {args.reservoir}\n"
+    (tmp / "config.yaml").write_text(f"data_dir: {tmp / 'data'}\nport: {port}\n{drift}")
     env = {**os.environ, "INFERSIGHT_TOKEN": TOKEN}
     server = subprocess.Popen(
         [sys.executable, "-m", "infersight.monitor.cli", "serve", "--config", str(tmp / "config.yaml"),
