@@ -19,7 +19,7 @@ from _service_support import TOKEN, auth, config, event, running
 from _web_page_browser import serve
 from conftest import free_port
 from infersight.monitor.service import create_app
-from infersight.monitor.service.config import AlertingConfig, LimitsConfig
+from infersight.monitor.service.config import AlertingConfig, DriftConfig, LimitsConfig, ScheduleConfig
 from infersight.monitor.store.tables import requests
 from sqlalchemy import func, select
 
@@ -126,7 +126,13 @@ def _random_name(rng: random.Random) -> str:
 
 def test_ten_thousand_random_model_names_leave_metrics_and_memory_bounded(tmp_path: Path) -> None:
     rng = random.Random(7)
-    cfg = config(tmp_path, limits=dataclasses.replace(LimitsConfig(), max_events_per_batch=1000))
+    cfg = config(
+        tmp_path,
+        limits=dataclasses.replace(LimitsConfig(), max_events_per_batch=1000),
+        # drift on for its reservoir (the texts are offered per label set); its jobs never run here
+        drift=DriftConfig(),
+        schedule=ScheduleConfig(embed_s=3600.0, drift_s=3600.0),
+    )
     with running(cfg) as (app, client):
         stats = app.state.service.parts.stats
         cap = stats.max_label_values

@@ -113,7 +113,13 @@ class SentenceTransformerEmbedder:
     def name(self) -> str:
         """Identifies the model (stored with a reference's embeddings, which are reused only
         by the same model): its directory name and a digest of its configuration files and
-        weight sizes."""
+        weight sizes, read once (every reference look-up asks for it)."""
+        name = self.__dict__.get("_name")
+        if name is None:
+            name = self.__dict__["_name"] = self._digest_name()
+        return str(name)
+
+    def _digest_name(self) -> str:
         path = self.model_path or default_model_path()
         label = path.parent.name if path.name == "model" else path.name
         digest = hashlib.sha256()

@@ -164,12 +164,19 @@ class DriftConfig:
     alpha: float = 0.05
     window: int = 300  # texts in the current window
     min_window: int = 50  # no verdict on fewer
-    # at most this many texts embedded per `embed` tick; the rest counted as skipped. 1024: the
-    # int8 embedder embeds 4x the texts of the fp32 one (256) in less CPU (docs/benchmarks.md)
+    # the share of one CPU the streaming `embed` job may take on average (CPU seconds per
+    # second): each tick takes as many texts as that buys at the CPU a text measured to cost on
+    # this machine (a faster embedder embeds more for the same CPU); None: no budget, the
+    # reservoir alone bounds a tick. The rest are counted as skipped.
+    embed_cpu: float | None = 0.25
+    # at most this many texts per `embed` tick whatever the budget allows (the memory the
+    # waiting texts may hold: up to 64 KB of text each)
     reservoir: int = 1024
     # default_embedder's backend: auto | onnxruntime | openvino | sentence-transformers
     embedder: str = "auto"
-    embed_threads: int | None = None  # the int8 embedder's threads; None: the CPUs the process may use
+    # the int8 embedder's threads; None: the CPUs the process may use. 1: the least CPU per
+    # text, and the budget measures the job's own thread exactly (docs/benchmarks.md)
+    embed_threads: int | None = 1
     embedding_cache: int = 20_000  # texts whose embeddings are kept (about 1.6 KB each)
     enabled: bool = True
     # a version with no request for this long (e.g. rolled back) has its drift state dropped:
@@ -398,6 +405,10 @@ def check_config(config: ServiceConfig, *, source: str | None = None) -> Service
         fail("drift.embedder", "must be one of auto, onnxruntime, openvino, sentence-transformers")
     if config.drift.embed_threads is not None and not config.drift.embed_threads >= 1:
         fail("drift.embed_threads", "must be a positive number of threads or null")
+    if config.drift.embed_cpu is not None and not 0 < config.drift.embed_cpu <= 1024:
+        fail("drift.embed_cpu", "must be a positive share of one CPU (0.25: a quarter) or null")
+    if not config.drift.reservoir >= 1:
+        fail("drift.reservoir", "must be a positive number of texts")
     for f in dataclasses.fields(ScheduleConfig):
         if not getattr(config.schedule, f.name) > 0:
             fail(f"schedule.{f.name}", "must be a positive number of seconds")

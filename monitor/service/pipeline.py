@@ -261,6 +261,21 @@ class TextReservoir:
             items, self._items, self._seen = self._items, [], 0
         return items
 
+    def resize(self, capacity: int) -> None:
+        """Keep at most `capacity` texts from now on (the embed job's budget, wiring_drift.py);
+        texts already held beyond it are dropped at random, counted as skipped."""
+        if capacity < 1:
+            raise ValueError("capacity must be at least 1")
+        dropped = 0
+        with self._lock:
+            if len(self._items) > capacity:
+                dropped = len(self._items) - capacity
+                self._items = self._rng.sample(self._items, capacity)
+                self.skipped_total += dropped
+            self.capacity = capacity
+        if dropped and self._on_skip is not None:
+            self._on_skip(dropped)
+
     def __len__(self) -> int:
         return len(self._items)
 

@@ -102,7 +102,12 @@ class Service:
         self.registry = CollectorRegistry(auto_describe=True)
         self.metrics = ServiceMetrics(self.registry)
         self.exposition = CombinedRegistry([self.registry])
-        self.reservoir = TextReservoir(config.drift.reservoir, on_skip=self.metrics.texts_skipped.inc)
+        # texts wait here for the drift `embed` job; none are kept when drift is off
+        self.reservoir: TextReservoir | None = (
+            TextReservoir(config.drift.reservoir, on_skip=self.metrics.texts_skipped.inc)
+            if config.drift.enabled
+            else None
+        )
         self.writer: RequestWriter | None = None
         self.pipeline: RecordPipeline | None = None
         self.timeseries = Timeseries(config.limits.timeseries_points)
@@ -382,18 +387,18 @@ def _wire_drift(service: Service) -> None:
         return
     from .wiring_drift import DriftWiring
 
-    parts, scheduler = service.parts, service.scheduler
+    parts, scheduler, schedule = service.parts, service.scheduler, service.config.schedule
+    assert service.reservoir is not None  # made whenever drift is enabled
     wiring = DriftWiring(
         service.config.drift, service.db, service.registry, service.reservoir, writer=service.writer,
         canary=getattr(parts.backend, "canary_controller", None), on_alarm=lambda: scheduler.run_now("drift"),
-        detector=parts.drift_detector,
+        detector=parts.drift_detector, interval_s=schedule.embed_s,
     )  # fmt: skip
     wiring.store_configured_reference()
     parts.drift = wiring
     feed = getattr(parts.backend, "pair_feed", None)
     if feed is not None:  # pairs are embedded by the same model as the drift texts
         feed.detector = wiring.detector
-    schedule = service.config.schedule
     scheduler.add("drift", wiring.evaluate, schedule.drift_s, leader_only=True)
     scheduler.add("embed", wiring.embed, schedule.embed_s)
 

@@ -19,6 +19,13 @@
   what does not fit is counted in `infersight_drift_texts_skipped_total`) are embedded in
   one batch per tick, their relevance stored and observed, and fed to a CUSUM chart per
   version; an alarm runs the batch test at once rather than at its next interval.
+- The streaming job's CPU budget (`EmbedBudget`): `drift.embed_cpu` of one CPU on average.
+  Each tick's CPU is measured (the job's own thread when the embedder computes on it, as
+  with one runtime thread; else the whole process's during the tick, which can only
+  overcount), and the next tick takes as many texts as the budget buys at the measured CPU
+  per text, at most `drift.reservoir`. A faster embedder, or a warmer embedding cache,
+  embeds more texts for the same CPU; a slower one fewer, never more CPU. Exposed as
+  `infersight_drift_embed_capacity` and `infersight_drift_embed_cpu_seconds_total`.
 - Quality signals for the alert rules (`drift_p_values`, `length_p_values`,
   `relevance_means`) and the post-deploy analysis's output-drift check come from here.
 """
@@ -28,11 +35,12 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import threading
+import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from infersight.monitor.store.tables import requests
-from prometheus_client import CollectorRegistry, Counter, Info
+from prometheus_client import CollectorRegistry, Counter, Gauge, Info
 from sqlalchemy import Engine, bindparam, update
 
 from .jobs import trim_heap
@@ -41,7 +49,7 @@ from .pipeline import RequestWriter, SampledText, TextReservoir
 if TYPE_CHECKING:
     from .config import DriftConfig
 
-__all__ = ["DriftWiring", "FirstUseEmbedder"]
+__all__ = ["DriftWiring", "EmbedBudget", "FirstUseEmbedder"]
 
 log = logging.getLogger(__name__)
 _LOOKBACK = dt.timedelta(hours=24)
@@ -76,10 +84,80 @@ class FirstUseEmbedder:
     def encode(self, texts: Any) -> Any:
         return self._get().encode(texts)
 
+    def make(self) -> Any:
+        """The embedder, made now if it was not yet (the embed job does this before it starts
+        counting the tick's CPU: a first export is not what a text costs)."""
+        return self._get()
+
     def __getattr__(self, name: str) -> Any:  # name, backend, precision, dimension, inner ...
         if name.startswith("_"):
             raise AttributeError(name)
         return getattr(self._get(), name)
+
+
+class EmbedBudget:
+    """How many texts the next `embed` tick may take so that the job averages `cpu_share` of
+    one CPU over ticks `interval_s` apart: the budget of a tick (`cpu_share * interval_s` CPU
+    seconds) over the CPU a text has cost, measured on the ticks before (sums decayed by
+    `decay` a tick, so a change of embedder, cache hit rate or text length shows within a few
+    ticks), between `floor` and `ceiling`. Before any measurement: `start` (or `ceiling`,
+    whichever is less). `cpu_share=None`: no budget, always `ceiling`.
+
+    Measuring a tick of few texts counts the tick's fixed cost against each of them, so the
+    estimate errs towards fewer texts, never towards more CPU; it is measured again at the
+    next, larger tick."""
+
+    def __init__(
+        self,
+        cpu_share: float | None,
+        interval_s: float,
+        *,
+        ceiling: int,
+        floor: int = 16,
+        start: int = 64,
+        decay: float = 0.7,
+    ) -> None:
+        if cpu_share is not None and not cpu_share > 0:
+            raise ValueError("cpu_share must be positive or None")
+        if not (interval_s > 0 and 1 <= floor <= ceiling and 0 <= decay < 1):
+            raise ValueError("need interval_s > 0, 1 <= floor <= ceiling and 0 <= decay < 1")
+        self.cpu_share = cpu_share
+        self.interval_s = interval_s
+        self.ceiling = ceiling
+        self.floor = floor
+        self.decay = decay
+        self._cpu_s = 0.0
+        self._texts = 0.0
+        self.capacity = ceiling if cpu_share is None else max(floor, min(ceiling, start))
+
+    @property
+    def cpu_per_text(self) -> float | None:
+        """CPU seconds a text has cost (decayed mean), None before the first measured tick."""
+        return self._cpu_s / self._texts if self._texts > 0 else None
+
+    def spent(self, cpu_s: float, texts: int) -> int:
+        """A tick took `cpu_s` CPU seconds for `texts` texts -> the next tick's capacity."""
+        if self.cpu_share is None or texts <= 0 or not cpu_s >= 0:
+            return self.capacity
+        self._cpu_s = self._cpu_s * self.decay + cpu_s
+        self._texts = self._texts * self.decay + texts
+        per_text = self._cpu_s / self._texts
+        allowed = self.cpu_share * self.interval_s / per_text if per_text > 0 else float(self.ceiling)
+        self.capacity = int(max(self.floor, min(self.ceiling, allowed)))
+        return self.capacity
+
+
+def runtime_threads(embedder: Any) -> int | None:
+    """The threads of the runtime under `embedder`'s wrappers (`threads` of the first object
+    down the `.inner` chain that has one), None where none says."""
+    for _ in range(4):
+        threads = getattr(embedder, "threads", None)
+        if isinstance(threads, int):
+            return threads
+        embedder = getattr(embedder, "inner", None)
+        if embedder is None:
+            return None
+    return None
 
 
 class DriftWiring:
@@ -99,7 +177,11 @@ class DriftWiring:
         canary: Any = None,
         on_alarm: Callable[[], None] = lambda: None,
         detector: Any = None,
+        interval_s: float = 2.0,
+        cpu_clock: Callable[[], float] | None = None,
     ) -> None:
+        """`interval_s`: the `embed` job's interval (the budget's tick); `cpu_clock`: what a
+        tick's CPU is read from (default: chosen by where the embedder computes, above)."""
         from infersight.monitor import drift as d
 
         self.d = d
@@ -138,6 +220,22 @@ class DriftWiring:
             "infersight_drift_stream_alarms", "Streaming (CUSUM) drift alarms", ["model_version", "signal"],
             registry=registry,
         )  # fmt: skip
+        self.budget = EmbedBudget(config.embed_cpu, interval_s, ceiling=config.reservoir)
+        reservoir.resize(self.budget.capacity)
+        self._cpu_clock = cpu_clock
+        self.capacity_gauge = Gauge(
+            "infersight_drift_embed_capacity",
+            "Texts the next embed tick may take (drift.embed_cpu over the measured CPU per text, "
+            "at most drift.reservoir)",
+            registry=registry,
+        )
+        self.capacity_gauge.set(self.budget.capacity)
+        self.embed_cpu = Counter(
+            "infersight_drift_embed_cpu_seconds",
+            "CPU seconds the streaming embed job took (its thread, or the process's during a tick "
+            "when the embedder runs on several threads)",
+            registry=registry,
+        )
         self._lock = threading.Lock()
         self._p_values: dict[str, dict[tuple[str, str], float]] = {"prompt": {}, "response": {}}
         self._relevance: dict[tuple[str, str], float] = {}
@@ -217,11 +315,33 @@ class DriftWiring:
                         values[(model, version)] = float(p)
 
     # -- streaming ----------------------------------------------------------------------
+    def _clock(self) -> Callable[[], float]:
+        embedder = self.detector.embedder
+        if isinstance(embedder, FirstUseEmbedder):
+            embedder.make()  # before the tick's clock starts: the first export is not a text's cost
+        if self._cpu_clock is not None:
+            return self._cpu_clock
+        # one runtime thread computes on the caller's: this thread's clock is the job's CPU; on
+        # several (or a runtime that does not say), the process's, which can only overcount
+        return time.thread_time if runtime_threads(embedder) == 1 else time.process_time
+
     def embed(self) -> int:
+        """The job: embed what the reservoir holds, then size it for the next tick."""
         items = self.reservoir.drain()
         items = [i for i in items if i.prompt]
         if not items:
             return 0
+        clock = self._clock()
+        started = clock()
+        try:
+            return self._embed(items)
+        finally:
+            spent = max(0.0, clock() - started)
+            self.embed_cpu.inc(spent)
+            self.reservoir.resize(self.budget.spent(spent, len(items)))
+            self.capacity_gauge.set(self.budget.capacity)
+
+    def _embed(self, items: list[SampledText]) -> int:
         window = self.d.TextWindow.of([i.prompt or "" for i in items], [i.response for i in items])
         (embedded,) = self.detector.embed(window)
         with_response = [i for i in items if i.response is not None]
@@ -258,8 +378,12 @@ class DriftWiring:
     def _stream(self, items: list[SampledText], embedded: Any) -> None:
         response_rows = {id(i): k for k, i in enumerate(i for i in items if i.response is not None)}
         alarmed: set[str] = set()
+        charts: dict[str, Any] = {}  # each version's chart looked up once a tick, not once a text
         for k, item in enumerate(items):
-            detector = self._stream_for(item.model_version)
+            version = item.model_version
+            if version not in charts:
+                charts[version] = self._stream_for(version)
+            detector = charts[version]
             if detector is None:
                 continue
             r = response_rows.get(id(item))
