@@ -61,9 +61,9 @@ def _wiring(
     engine = connect(sqlite_url(tmp_path))
     upgrade(engine)
     registry = CollectorRegistry()
-    config = DriftConfig(**drift)  # type: ignore[arg-type]
+    config = DriftConfig(**drift)
     reservoir = TextReservoir(config.reservoir)
-    detector = DriftDetector(embedder, config=DetectorConfig())  # type: ignore[arg-type]
+    detector = DriftDetector(embedder, config=DetectorConfig())
     wiring = DriftWiring(
         config, engine, registry, reservoir, detector=detector, interval_s=2.0, cpu_clock=clock
     )
