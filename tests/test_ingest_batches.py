@@ -230,3 +230,36 @@ def test_the_writer_buckets_each_row_by_its_stored_start_and_windows_find_it(wri
     assert {time_bucket(row.started_at) for row in rows if row.request_id in ("b0", "b2")} == {170_000_001}
     for got, want in windows:
         assert got == want
+
+
+def test_a_write_the_database_refuses_fails_alone_and_the_next_ones_commit(writer_url: str) -> None:
+    """A row the database refuses (here a count past its integer column, which the HTTP
+    validation would have refused first) fails its own submission, not the others committed
+    with it, and the writer goes on: on PostgreSQL through the same staging table again."""
+    engine = connect(writer_url)
+    upgrade(engine)
+    writer = RequestWriter(engine)
+
+    def record(i: int, tokens: int = 5) -> InferenceRecord:
+        return InferenceRecord(request_id=f"w{i}", model="m", model_version="v", started_at=1_700_000_000 + i,
+                               duration_s=0.1, prompt_tokens=tokens, prompt="hi" if i % 2 else None)  # fmt: skip
+
+    try:
+        # the first write of a new connection fails: on PostgreSQL its staging table goes with
+        # the rollback, and the writes after it must make it again
+        bad = [record(2), record(3, tokens=2**70)]  # no integer column holds it
+        good = [record(4), record(5)]
+        futures = [writer.submit(bad), writer.submit(good)]  # likely one commit: retried alone
+        assert futures[1].result(30) == 2
+        with pytest.raises(Exception):  # noqa: B017 - each backend names it its own way
+            futures[0].result(30)
+        assert writer.submit([record(0), record(1)]).result(30) == 2
+        with pytest.raises(Exception):  # noqa: B017
+            writer.submit(bad).result(30)
+        assert writer.submit([record(6), record(7)]).result(30) == 2
+        with engine.connect() as conn:
+            stored = sorted(r.request_id for r in conn.execute(select(requests.c.request_id)))
+    finally:
+        writer.close()
+        engine.dispose()
+    assert stored == ["w0", "w1", "w4", "w5", "w6", "w7"]

@@ -391,10 +391,39 @@ def _sqlite_rows(records: Sequence[InferenceRecord]) -> tuple[list[tuple[Any, ..
     return rows, short
 
 
+# PostgreSQL: the rows are COPYed into a temporary table of the session, then inserted from
+# it in one statement that skips duplicates. psycopg's pipelined `executemany` bound and
+# executed each row on its own: 11 us of the writer's CPU and 14 us of the server's a row,
+# against 4 and 8 this way (docs/benchmarks.md, "PostgreSQL").
+_POSTGRES_STAGE = "infersight_requests_in"
+_POSTGRES_CREATE_STAGE = (
+    f"CREATE TEMPORARY TABLE IF NOT EXISTS {_POSTGRES_STAGE} "
+    "(LIKE requests INCLUDING DEFAULTS) ON COMMIT DELETE ROWS"
+)
+_POSTGRES_COPY = f"COPY {_POSTGRES_STAGE} ({', '.join(_COLUMNS)}) FROM STDIN"
 _POSTGRES_INSERT = (
-    f"INSERT INTO requests ({', '.join(_COLUMNS)}) VALUES ({', '.join('%s' for _ in _COLUMNS)}) "
+    f"INSERT INTO requests ({', '.join(_COLUMNS)}) SELECT {', '.join(_COLUMNS)} FROM {_POSTGRES_STAGE} "
     "ON CONFLICT (request_id) DO NOTHING"
 )
+
+
+def _copy_postgres(conn: Any, rows: Sequence[tuple[Any, ...]]) -> None:
+    """`rows` into `requests` over `conn` (a SQLAlchemy connection on psycopg, in a
+    transaction), through the session's staging table (made once per database session)."""
+    session = conn.connection  # the pooled DB-API connection: `info` lives as long as it does
+    cursor = session.driver_connection.cursor()
+    try:
+        if not session.info.get(_POSTGRES_STAGE):
+            cursor.execute(_POSTGRES_CREATE_STAGE)
+            session.info[_POSTGRES_STAGE] = True
+        with cursor.copy(_POSTGRES_COPY) as copy:
+            for row in rows:
+                copy.write_row(row)
+        cursor.execute(_POSTGRES_INSERT)
+    except Exception:
+        # the rollback that follows also undoes a CREATE made in this transaction
+        session.info.pop(_POSTGRES_STAGE, None)
+        raise
 
 
 def _postgres_rows(records: Sequence[InferenceRecord]) -> list[tuple[Any, ...]]:
@@ -420,6 +449,12 @@ class RequestWriter:
         self._stmt = _insert_ignoring_duplicates(engine)
         self._sqlite = engine.dialect.name == "sqlite"
         self._postgres = engine.dialect.name == "postgresql" and engine.dialect.driver == "psycopg"
+        # errors psycopg raises through the COPY path, which SQLAlchemy does not wrap
+        self._driver_errors: tuple[type[Exception], ...] = ()
+        if self._postgres:
+            import psycopg
+
+            self._driver_errors = (psycopg.Error,)
         self._max = max_queued_rows
         self._queue: deque[tuple[Sequence[InferenceRecord], Future[int]]] = deque()
         self._queued_rows = 0
@@ -523,14 +558,14 @@ class RequestWriter:
                 rows = _postgres_rows(records)
                 rows.sort(key=_STARTED_AT)
                 with self._engine.begin() as conn:
-                    conn.exec_driver_sql(_POSTGRES_INSERT, rows)
+                    _copy_postgres(conn, rows)
             else:
                 with self._engine.begin() as conn:
                     conn.execute(
                         self._stmt,
                         [dict(zip(_COLUMNS, _postgres_rows([r])[0], strict=True)) for r in records],
                     )
-        except (SQLAlchemyError, ValueError, OverflowError, OSError) as exc:
+        except (SQLAlchemyError, ValueError, OverflowError, OSError, *self._driver_errors) as exc:
             log.warning("writing %d requests failed: %s", len(records), exc)
             if self._on_error is not None:
                 self._on_error(exc)
