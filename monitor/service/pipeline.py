@@ -449,12 +449,18 @@ class RequestWriter:
         self._stmt = _insert_ignoring_duplicates(engine)
         self._sqlite = engine.dialect.name == "sqlite"
         self._postgres = engine.dialect.name == "postgresql" and engine.dialect.driver == "psycopg"
-        # errors psycopg raises through the COPY path, which SQLAlchemy does not wrap
-        self._driver_errors: tuple[type[Exception], ...] = ()
+        # what a failed write raises; psycopg's own errors through the COPY path, which
+        # SQLAlchemy does not wrap
+        self._write_errors: tuple[type[Exception], ...] = (
+            SQLAlchemyError,
+            ValueError,
+            OverflowError,
+            OSError,
+        )
         if self._postgres:
             import psycopg
 
-            self._driver_errors = (psycopg.Error,)
+            self._write_errors += (psycopg.Error,)
         self._max = max_queued_rows
         self._queue: deque[tuple[Sequence[InferenceRecord], Future[int]]] = deque()
         self._queued_rows = 0
@@ -565,7 +571,7 @@ class RequestWriter:
                         self._stmt,
                         [dict(zip(_COLUMNS, _postgres_rows([r])[0], strict=True)) for r in records],
                     )
-        except (SQLAlchemyError, ValueError, OverflowError, OSError, *self._driver_errors) as exc:
+        except self._write_errors as exc:
             log.warning("writing %d requests failed: %s", len(records), exc)
             if self._on_error is not None:
                 self._on_error(exc)
