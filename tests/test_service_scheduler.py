@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import subprocess
 import sys
 import textwrap
@@ -9,8 +10,9 @@ import threading
 import time
 from pathlib import Path
 
-from _service_support import wait_for
+from _service_support import auth, config, event, running, wait_for
 from infersight.monitor.service.jobs import (
+    SERVICE_GC_THRESHOLD0,
     FileLeaderLock,
     PostgresLeaderLock,
     ServiceScheduler,
@@ -136,3 +138,19 @@ def test_sqlite_replicas_on_one_host_share_a_lock_file(tmp_path: Path) -> None:
     engine = connect(f"sqlite:///{tmp_path}/db.sqlite")
     assert isinstance(leader_lock_for(engine), FileLeaderLock)
     engine.dispose()
+
+
+def test_the_running_service_collects_young_garbage_less_often_and_gives_the_thresholds_back(
+    tmp_path: Path,
+) -> None:
+    before = gc.get_threshold()
+    assert before[0] != SERVICE_GC_THRESHOLD0  # the process's own setting, whatever it is
+    with running(config(tmp_path)) as (_, client):
+        running_threshold = gc.get_threshold()
+        frozen = gc.get_freeze_count()
+        got = client.post("/api/v1/events", json={"events": [event(i) for i in range(50)]}, headers=auth())
+        assert got.status_code == 200, got.text
+    assert running_threshold == (SERVICE_GC_THRESHOLD0, before[1], before[2])
+    assert frozen > 0  # start-up's objects out of the collector's runs while it ran
+    assert gc.get_threshold() == before  # stopped: as it was
+    assert gc.get_freeze_count() == 0

@@ -33,7 +33,14 @@ objects per event, so the collector runs hundreds of times a second under load, 
 run of its oldest generation walks every object in the process: the libraries, the app,
 the tables (millions with PyTorch imported). `freeze_heap` at the end of start-up moves
 those into the permanent generation (`gc.freeze`) and `thaw_heap` at stop moves them back;
-about a fifth of ingest's CPU per event was the collector's before (docs/benchmarks.md)."""
+about a fifth of ingest's CPU per event was the collector's before (docs/benchmarks.md).
+And a batch of 1,000 events parses into a few thousand dicts and records that all die once
+the batch is written, so with CPython's youngest-generation threshold of 700 the collector
+ran several times per batch and promoted the live half-parsed batch to older generations,
+whose runs then walked it again: 9% of the service's CPU under `benchmarks/ingest.py` on
+the EPYC. `freeze_heap` also raises that threshold to 100,000 for the service's life (cyclic
+garbage up to that many objects waits a little longer; everything else is freed by its
+reference count as before), and `thaw_heap` puts it back."""
 
 from __future__ import annotations
 
@@ -303,14 +310,28 @@ def limit_malloc_arenas(arenas: int = 2) -> bool:
     return bool(_LIBC.mallopt(_M_ARENA_MAX, arenas))
 
 
-def freeze_heap() -> None:
-    """Leave everything allocated so far out of the garbage collector's future runs."""
+# A collection of the youngest generation every this many container allocations (net of
+# frees) while the service runs; CPython's default is 700.
+SERVICE_GC_THRESHOLD0 = 100_000
+
+
+def freeze_heap() -> tuple[int, int, int]:
+    """Leave everything allocated so far out of the garbage collector's future runs, and
+    collect the youngest generation every `SERVICE_GC_THRESHOLD0` allocations rather than
+    every 700. Returns the thresholds it replaced, for `thaw_heap`."""
     gc.collect()  # what start-up left as garbage goes now, not never
     gc.freeze()
+    previous = gc.get_threshold()
+    gc.set_threshold(SERVICE_GC_THRESHOLD0, previous[1], previous[2])
+    return previous
 
 
-def thaw_heap() -> None:
+def thaw_heap(threshold: tuple[int, int, int] | None = None) -> None:
+    """Undo `freeze_heap`: the frozen objects back in the collector's care, and its
+    thresholds as they were."""
     gc.unfreeze()
+    if threshold is not None:
+        gc.set_threshold(*threshold)
 
 
 def trim_heap() -> None:

@@ -123,6 +123,7 @@ class Service:
         self._started_mono: float | None = None
         self.schema_revision: str | None = None
         self.redactor: Callable[[str], str] | None = None  # config.redact, resolved at start
+        self._gc_threshold: tuple[int, int, int] | None = None  # the process's, while started
 
     # -- lifecycle -------------------------------------------------------------------
     def start(self) -> None:
@@ -158,7 +159,7 @@ class Service:
         )
         self.scheduler.add("trim_heap", trim_heap, 30.0)
         self.scheduler.start()
-        freeze_heap()  # see jobs.py: start-up's objects out of the collector's runs
+        self._gc_threshold = freeze_heap()  # see jobs.py: start-up's objects out of the collector's runs
         self.started_at = self.clock()
         self._started_mono = time.monotonic()
         log.info("infersight service started (schema %s, database %s)", self.schema_revision,
@@ -175,7 +176,8 @@ class Service:
             self.writer.close()
             self.writer = None
         self.db.dispose()
-        thaw_heap()
+        thaw_heap(self._gc_threshold)
+        self._gc_threshold = None
 
     @property
     def started(self) -> bool:
