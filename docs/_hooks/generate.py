@@ -1,0 +1,171 @@
+"""MkDocs hook: the reference pages that must not drift, generated at build time.
+
+`configuration.md` from the config dataclasses (monitor/service/config_schema.py), `cli.md`
+from the argparse parsers of `infersight`, and `http-api.md` from the OpenAPI document of a
+built app. Each is rendered by a function here (tests/test_docs.py reads them too) and added
+to the site in `on_files`; none of the three is a file in docs/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+from pathlib import Path
+from typing import Any
+
+GENERATED = ("configuration.md", "cli.md", "http-api.md")
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def render_configuration() -> str:
+    from infersight.monitor.service.config_schema import ENVIRONMENT, sections
+
+    out = [
+        "# Configuration",
+        "",
+        "`infersight serve --config infersight.yaml` reads one YAML file. Every key is optional "
+        "except those marked *required* inside a section you give; relative paths are resolved "
+        "against the file's directory. Check a file without starting anything with "
+        "`infersight config check infersight.yaml` (it names the bad key and its line), and give "
+        "your editor the schema from `infersight config schema`.",
+        "",
+        "This page is generated from the configuration dataclasses "
+        "(`monitor/service/config.py`) each time the site is built.",
+        "",
+    ]
+    for section in sections():
+        title = f"`{section.name}:`" if section.name else "Top level"
+        out += [f"## {title}", ""]
+        if section.description:
+            out += [section.description, ""]
+        if not section.keys:
+            continue
+        out += ["| Key | Type | Default | Description |", "|---|---|---|---|"]
+        for key in section.keys:
+            kind = key.type + (" or null" if key.nullable else "")
+            out.append(f"| `{key.key}` | {kind} | `{_cell(key.default)}` | {_cell(key.description)} |")
+        out.append("")
+    out += [
+        "## Environment variables",
+        "",
+        "Secrets never need to be in the file; these override it. Receivers' secrets are named "
+        "by `*_env` keys of the rule file (see [Alerts and actions](alerts.md)).",
+        "",
+        "| Variable | Effect |",
+        "|---|---|",
+    ]
+    out += [f"| `{name}` | {_cell(effect)} |" for name, effect in ENVIRONMENT.items()]
+    return "\n".join(out) + "\n"
+
+
+def _commands(parser: argparse.ArgumentParser, name: str) -> list[tuple[str, argparse.ArgumentParser]]:
+    out = [(name, parser)]
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub_name, sub in action.choices.items():
+                out += _commands(sub, f"{name} {sub_name}")
+    return out
+
+
+def render_cli() -> str:
+    from infersight.monitor.cli import build_parser
+
+    out = [
+        "# Command line",
+        "",
+        "Every command of `infersight`, with its `--help` text. Generated from the argparse "
+        "parsers each time the site is built. Bad input is one line on stderr and exit status 2; "
+        "`infersight config check` exits 1 for a bad file.",
+        "",
+    ]
+    for name, parser in _commands(build_parser(), "infersight"):
+        parser.prog = name
+        out += [f"## `{name}`", "", "```text", parser.format_help().rstrip(), "```", ""]
+    return "\n".join(out)
+
+
+def openapi_document() -> dict[str, Any]:
+    from infersight.monitor.service import create_app
+    from infersight.monitor.service.config import DriftConfig, ServiceConfig
+
+    with tempfile.TemporaryDirectory() as tmp:
+        app = create_app(ServiceConfig(data_dir=Path(tmp), drift=DriftConfig(enabled=False)))
+        return app.openapi()
+
+
+def _schema_name(schema: dict[str, Any]) -> str:
+    if "$ref" in schema:
+        return schema["$ref"].rsplit("/", 1)[-1]
+    if "anyOf" in schema:
+        return " or ".join(_schema_name(s) for s in schema["anyOf"])
+    if schema.get("type") == "array":
+        return f"array of {_schema_name(schema.get('items', {}))}"
+    return str(schema.get("type", "any"))
+
+
+def render_http_api() -> str:
+    doc = openapi_document()
+    out = [
+        "# HTTP API",
+        "",
+        " ".join(doc["info"].get("description", "").split()),
+        "",
+        "Generated from the service's own OpenAPI document (`GET /openapi.json` of a running "
+        "service, which also serves it at `/docs`) each time the site is built.",
+        "",
+    ]
+    for path, item in doc["paths"].items():
+        for method, op in item.items():
+            if method not in {"get", "post", "put", "delete", "patch"}:
+                continue
+            out += [f"## `{method.upper()} {path}`", ""]
+            summary = op.get("summary", "")
+            description = op.get("description", "")
+            if description:
+                out += [description.strip(), ""]
+            elif summary:
+                out += [summary, ""]
+            params = op.get("parameters", [])
+            if params:
+                out += ["| Parameter | In | Type | Required | Description |", "|---|---|---|---|---|"]
+                for p in params:
+                    out.append(
+                        f"| `{p['name']}` | {p['in']} | {_cell(_schema_name(p.get('schema', {})))} | "
+                        f"{'yes' if p.get('required') else 'no'} | {_cell(p.get('description', ''))} |"
+                    )
+                out.append("")
+            body = op.get("requestBody", {}).get("content", {})
+            for media, content in body.items():
+                out += [f"Body: `{media}` {_schema_name(content.get('schema', {}))}", ""]
+            codes = ", ".join(f"`{code}` {r.get('description', '')}" for code, r in op.get("responses", {}).items())
+            if codes:
+                out += [f"Answers: {codes}", ""]
+    schemas = doc.get("components", {}).get("schemas", {})
+    if schemas:
+        out += ["## Schemas", ""]
+        for name, schema in schemas.items():
+            out += [f"### {name}", ""]
+            if schema.get("description"):
+                out += [" ".join(schema["description"].split()), ""]
+            props = schema.get("properties", {})
+            if props:
+                required = set(schema.get("required", []))
+                out += ["| Field | Type | Required |", "|---|---|---|"]
+                for field, sub in props.items():
+                    out.append(f"| `{field}` | {_cell(_schema_name(sub))} | {'yes' if field in required else 'no'} |")
+                out.append("")
+    return "\n".join(out) + "\n"
+
+
+_RENDER = {"configuration.md": render_configuration, "cli.md": render_cli, "http-api.md": render_http_api}
+
+
+def on_files(files: Any, config: Any) -> Any:
+    from mkdocs.structure.files import File
+
+    for name, render in _RENDER.items():
+        files.append(File.generated(config, name, content=render()))
+    return files
