@@ -78,7 +78,7 @@ class EngineConfig:
     # the prefix KV cache: reuse the keys and values of shared prompt prefixes, LRU over
     # blocks of prefix_block_tokens under this budget (0 turns it off). Every prompt is
     # prefilled in such blocks, cache or not, so a miss costs nothing over no cache and the
-    # answers are the same bits (docs/benchmarks.md). At start and at every deploy the
+    # answers are the same bits (docs/benchmarks/serving.md). At start and at every deploy the
     # preload_prompts most frequent block prefixes of the recorded prompts are prefilled
     # before traffic
     prefix_cache_mb: float = 256.0
@@ -195,7 +195,7 @@ class DriftConfig:
     # default_embedder's backend: auto | onnxruntime | openvino | sentence-transformers
     embedder: str = "auto"
     # the int8 embedder's threads; None: the CPUs the process may use. 1: the least CPU per
-    # text, and the budget measures the job's own thread exactly (docs/benchmarks.md)
+    # text, and the budget measures the job's own thread exactly (docs/benchmarks/drift.md)
     embed_threads: int | None = 1
     embedding_cache: int = 20_000  # texts whose embeddings are kept (about 1.6 KB each)
     # embed the texts and score drift
