@@ -51,7 +51,9 @@ def test_check_prints_one_line_and_exits_1_for_a_bad_file(
 
 
 def test_check_accepts_a_good_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    path = _write(tmp_path, "port: 8001\nupstream: {url: 'http://127.0.0.1:8002'}\nlimits: {client_rate: 0}\n")
+    path = _write(
+        tmp_path, "port: 8001\nupstream: {url: 'http://127.0.0.1:8002'}\nlimits: {client_rate: 0}\n"
+    )
     assert main(["config", "check", str(path)]) == 0
     assert capsys.readouterr().out.strip() == f"{path}: ok"
 

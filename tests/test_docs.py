@@ -79,3 +79,11 @@ def test_cli_page_has_every_command_and_http_page_every_route() -> None:
     for path, item in document["paths"].items():
         for method in item:
             assert f"## `{method.upper()} {path}`" in page, (method, path)
+
+
+def test_readme_is_a_screen_or_two_without_issue_numbers() -> None:
+    text = (ROOT / "README.md").read_text()
+    assert len(text.splitlines()) <= 250
+    assert not re.search(r"\bissues? \d+\b|(?<![\w&])#\d+\b", text, flags=re.IGNORECASE)
+    for quickstart in ("make demo", "make test", "--upstream", "/v1/traces", "@track", "--registry"):
+        assert quickstart in text, quickstart

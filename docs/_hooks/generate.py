@@ -140,7 +140,9 @@ def render_http_api() -> str:
             body = op.get("requestBody", {}).get("content", {})
             for media, content in body.items():
                 out += [f"Body: `{media}` {_schema_name(content.get('schema', {}))}", ""]
-            codes = ", ".join(f"`{code}` {r.get('description', '')}" for code, r in op.get("responses", {}).items())
+            codes = ", ".join(
+                f"`{code}` {r.get('description', '')}" for code, r in op.get("responses", {}).items()
+            )
             if codes:
                 out += [f"Answers: {codes}", ""]
     schemas = doc.get("components", {}).get("schemas", {})
@@ -155,7 +157,9 @@ def render_http_api() -> str:
                 required = set(schema.get("required", []))
                 out += ["| Field | Type | Required |", "|---|---|---|"]
                 for field, sub in props.items():
-                    out.append(f"| `{field}` | {_cell(_schema_name(sub))} | {'yes' if field in required else 'no'} |")
+                    out.append(
+                        f"| `{field}` | {_cell(_schema_name(sub))} | {'yes' if field in required else 'no'} |"
+                    )
                 out.append("")
     return "\n".join(out) + "\n"
 
