@@ -12,6 +12,7 @@ pytest.importorskip("yaml")
 pytest.importorskip("fastapi")
 
 from infersight.monitor.cli import main
+from infersight.monitor.service import errors
 from infersight.monitor.service.config_schema import check_file, config_keys, json_schema
 
 
@@ -22,22 +23,32 @@ def _write(tmp_path: Path, text: str) -> Path:
 
 
 @pytest.mark.parametrize(
-    ("text", "kind", "key", "line"),
+    ("text", "error", "key", "line"),
     [
-        ("port: 8000\nlimits:\n  bogus: 1\n", "unknown key", "limits.bogus", 3),
-        ("drift:\n  alpha: 0.05\n  window: many\n", "wrong type", "drift.window", 3),
-        ("port: 8000\nengine:\n  registry: ./m\n  max_queue: -1\n", "bad value", "engine.max_queue", 4),
-        ("retention:\n  requests_days: -1\n", "bad value", "retention.requests_days", 2),
-        ("\n\nupstream:\n  model: x\n", "missing key", "upstream.url", 3),
-        ("port: [8000\n", "not YAML", "config", 2),
+        ("port: 8000\nlimits:\n  bogus: 1\n", errors.ConfigKeyUnknown, "limits.bogus", 3),
+        ("drift:\n  alpha: 0.05\n  window: many\n", errors.ConfigTypeWrong, "drift.window", 3),
+        (
+            "port: 8000\nengine:\n  registry: ./m\n  max_queue: -1\n",
+            errors.ConfigValueBad,
+            "engine.max_queue",
+            4,
+        ),
+        ("retention:\n  requests_days: -1\n", errors.ConfigValueBad, "retention.requests_days", 2),
+        ("\n\nupstream:\n  model: x\n", errors.ConfigKeyMissing, "upstream.url", 3),
+        ("port: [8000\n", errors.ConfigNotYAML, "config", 2),
+        ("port: 8000\ntoken: abcdefghijklmnopq\n", errors.ConfigValueBad, "token", 2),
     ],
 )
-def test_each_kind_of_bad_file_is_named_with_its_key_and_line(
-    tmp_path: Path, text: str, kind: str, key: str, line: int
+def test_each_kind_of_bad_file_is_a_typed_error_with_its_key_and_line(
+    tmp_path: Path, text: str, error: type[errors.ConfigFileInvalid], key: str, line: int
 ) -> None:
-    problem = check_file(_write(tmp_path, text))
-    assert problem is not None
-    assert (problem.kind, problem.key, problem.line) == (kind, key, line)
+    path = _write(tmp_path, text)
+    with pytest.raises(error) as caught:
+        check_file(path)
+    assert (type(caught.value), caught.value.field, caught.value.line) == (error, key, line)
+    message = str(caught.value)
+    assert message.startswith(f"{path}:{line}: {key}: ") and "\n" not in message
+    assert isinstance(caught.value, errors.ConfigInvalid)  # what `serve` already catches
 
 
 def test_check_prints_one_line_and_exits_1_for_a_bad_file(
@@ -48,6 +59,10 @@ def test_check_prints_one_line_and_exits_1_for_a_bad_file(
     err = capsys.readouterr().err.strip()
     assert "\n" not in err
     assert err.startswith(f"infersight config: error: {path}:3: drift.embedder: bad value: must be one of")
+
+
+def test_a_good_file_raises_nothing(tmp_path: Path) -> None:
+    assert check_file(_write(tmp_path, "drift: {embed_cpu: null}\nlimits: {max_label_values: 50}\n")) is None
 
 
 def test_check_accepts_a_good_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -176,8 +176,8 @@ _CONFIG_DOC = """`infersight config`: the YAML file of `infersight serve`, witho
     infersight config schema > infersight.schema.json
 
 `check` reads the file exactly as `serve` does (the environment applied); a bad file is one
-line `FILE:LINE: KEY: KIND: REASON`, KIND being unknown key, wrong type, bad value or not
-YAML, and exit status 1. `schema` prints a JSON Schema of the file for editors (e.g. the YAML
+line `FILE:LINE: KEY: KIND: REASON` (KIND: unknown key, missing key, wrong type, bad value,
+not YAML, unreadable) and exit status 1. `schema` prints a JSON Schema of the file for editors (e.g. the YAML
 language server's `# yaml-language-server: $schema=infersight.schema.json`).
 """
 
@@ -195,10 +195,12 @@ def _register_config(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
 
 def _config_check(args: argparse.Namespace) -> int:
     from infersight.monitor.service.config_schema import check_file
+    from infersight.monitor.service.errors import ConfigFileInvalid
 
-    problem = check_file(args.file, env=dict(os.environ))
-    if problem is not None:
-        raise CommandError(str(problem), exit_code=1)
+    try:
+        check_file(args.file, env=dict(os.environ))
+    except ConfigFileInvalid as exc:
+        raise CommandError(str(exc), exit_code=1) from exc
     print(f"{args.file}: ok")
     return 0
 

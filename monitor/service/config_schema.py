@@ -6,7 +6,8 @@ description is the comment on its line or the first line of the `#` comment bloc
 above it, so a new field documents itself where it is declared. The configuration page of
 the docs site (docs/_hooks/generate.py) and `infersight config schema` are rendered from
 `config_keys()`; `check_file` runs the service's own `load_config` and maps the dotted key
-it rejects to the line of the YAML node that holds it.
+it rejects to the line of the YAML node that holds it, raising the typed error of its kind
+(errors.py: `ConfigFileInvalid` and below).
 """
 
 from __future__ import annotations
@@ -21,17 +22,25 @@ import typing
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import yaml
 
 from . import config as _config
-from .errors import ConfigInvalid
+from .errors import (
+    ConfigFileInvalid,
+    ConfigInvalid,
+    ConfigKeyMissing,
+    ConfigKeyUnknown,
+    ConfigNotYAML,
+    ConfigTypeWrong,
+    ConfigUnreadable,
+    ConfigValueBad,
+)
 
 __all__ = [
     "ENVIRONMENT",
     "ConfigKey",
-    "ConfigProblem",
     "Section",
     "check_file",
     "config_keys",
@@ -76,23 +85,6 @@ class Section:
     name: str  # "" for the top level
     description: str
     keys: tuple[ConfigKey, ...]
-
-
-@dataclass(frozen=True)
-class ConfigProblem:
-    """What is wrong with a config file, where: `line` is 1-based (None: not in the file)."""
-
-    kind: Literal["unknown key", "missing key", "wrong type", "bad value", "not YAML", "unreadable"]
-    key: str
-    line: int | None
-    reason: str
-    source: str
-
-    def __str__(self) -> str:
-        where = f"{self.source}:{self.line}" if self.line is not None else self.source
-        # the kind once: "unknown key (known: ...)", not "unknown key: unknown key (known: ...)"
-        said = self.reason.startswith(self.kind) or (self.kind == "not YAML" and "YAML" in self.reason)
-        return f"{where}: {self.key}: {self.reason if said else f'{self.kind}: {self.reason}'}"
 
 
 def _comments(cls: type) -> dict[str, str]:
@@ -284,19 +276,22 @@ _TYPE_REASONS = re.compile(r"^must (be (an integer|a number|a string|true or fal
                            r"a list of strings)|not be null)$")  # fmt: skip
 
 
-def check_file(path: str | Path, env: Mapping[str, str] | None = None) -> ConfigProblem | None:
-    """None when `load_config` accepts the file; else the first problem, with its line."""
+def check_file(path: str | Path, env: Mapping[str, str] | None = None) -> None:
+    """Returns when `load_config` accepts the file; else raises the `ConfigFileInvalid` of
+    its first problem (unknown key, missing key, wrong type, bad value, not YAML,
+    unreadable), with the line of the key in the file."""
     source = str(path)
     try:
         _config.load_config(path, env=env or {})
-        return None
+        return
     except ConfigInvalid as exc:
         field, reason = exc.field, exc.reason
-    if field == "config" and reason.startswith("cannot read"):
-        return ConfigProblem("unreadable", "config", None, reason, source)
+        cause: BaseException = exc
+    if (field == "config" and reason.startswith("cannot read")) or reason == "not UTF-8 text":
+        raise ConfigUnreadable("config", reason, source=source, line=None) from cause
     if field.startswith("line ") or reason.startswith("not valid YAML"):
         line = int(field.split()[1]) if field.startswith("line ") else None
-        return ConfigProblem("not YAML", "config", line, reason, source)
+        raise ConfigNotYAML("config", reason, source=source, line=line) from cause
     key_in_reason = re.match(r"^([a-z_]+(?:\.[a-z_]+)+): (.*)$", reason)
     if key_in_reason:  # a section's own check names the key inside its reason (retention)
         field, reason = key_in_reason.groups()
@@ -309,13 +304,13 @@ def check_file(path: str | Path, env: Mapping[str, str] | None = None) -> Config
     while line is None and "." in parent:  # a missing key: the line of its section
         parent = parent.rsplit(".", 1)[0]
         line = lines.get(parent)
-    kind: Literal["unknown key", "missing key", "wrong type", "bad value"]
+    kind: type[ConfigFileInvalid]
     if reason.startswith("unknown key"):
-        kind = "unknown key"
+        kind = ConfigKeyUnknown
     elif missing or reason == "is required":
-        kind = "missing key"
+        kind = ConfigKeyMissing
     elif _TYPE_REASONS.match(reason):
-        kind = "wrong type"
+        kind = ConfigTypeWrong
     else:
-        kind = "bad value"
-    return ConfigProblem(kind, field, line, reason, source)
+        kind = ConfigValueBad
+    raise kind(field, reason, source=source, line=line) from cause
