@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import Any
 
 GENERATED = ("configuration.md", "cli.md", "http-api.md")
+# what the routes left out of the OpenAPI document take, where their handler says nothing
+_UNLISTED = {"/v1/traces": "OTLP/HTTP trace exports, protobuf or JSON: see [OpenTelemetry](opentelemetry.md)"}
 
 
 def _cell(text: str) -> str:
@@ -71,7 +73,11 @@ def _commands(parser: argparse.ArgumentParser, name: str) -> list[tuple[str, arg
 
 
 def render_cli() -> str:
+    import os
+
     from infersight.monitor.cli import build_parser
+
+    os.environ["COLUMNS"] = "100"  # argparse wraps at the terminal's width: the page's is fixed
 
     out = [
         "# Command line",
@@ -87,13 +93,39 @@ def render_cli() -> str:
     return "\n".join(out)
 
 
-def openapi_document() -> dict[str, Any]:
+def _built_app() -> Any:
     from infersight.monitor.service import create_app
     from infersight.monitor.service.config import DriftConfig, ServiceConfig
 
     with tempfile.TemporaryDirectory() as tmp:
-        app = create_app(ServiceConfig(data_dir=Path(tmp), drift=DriftConfig(enabled=False)))
-        return app.openapi()
+        return create_app(ServiceConfig(data_dir=Path(tmp), drift=DriftConfig(enabled=False)))
+
+
+def openapi_document() -> dict[str, Any]:
+    return dict(_built_app().openapi())
+
+
+def _routes(routes: Any) -> list[Any]:
+    """Every route, through included routers (FastAPI keeps them as wrappers)."""
+    out = []
+    for route in routes:
+        inner = getattr(route, "original_router", None)
+        out += _routes(inner.routes) if inner is not None else [route]
+    return out
+
+
+def unlisted_routes() -> list[tuple[str, str, str]]:
+    """(method, path, summary) of the app's own routes left out of the OpenAPI document."""
+    out = []
+    for route in _routes(_built_app().routes):
+        if getattr(route, "include_in_schema", True) or not hasattr(route, "endpoint"):
+            continue
+        if route.path in ("/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"):
+            continue
+        doc = (route.endpoint.__doc__ or "").strip().splitlines()
+        for method in sorted(route.methods - {"HEAD"}):
+            out.append((method, route.path, doc[0] if doc else ""))
+    return out
 
 
 def _schema_name(schema: dict[str, Any]) -> str:
@@ -145,6 +177,13 @@ def render_http_api() -> str:
             )
             if codes:
                 out += [f"Answers: {codes}", ""]
+    unlisted = unlisted_routes()
+    if unlisted:
+        out += ["## Outside the OpenAPI document", "",
+                "Served by the same app, but not described by `/openapi.json`:", ""]  # fmt: skip
+        out += [f"- `{method} {path}`" + (f": {summary}" if summary else f" ({_UNLISTED.get(path, '')})")
+                for method, path, summary in unlisted]  # fmt: skip
+        out.append("")
     schemas = doc.get("components", {}).get("schemas", {})
     if schemas:
         out += ["## Schemas", ""]
