@@ -87,3 +87,12 @@ def test_readme_is_a_screen_or_two_without_issue_numbers() -> None:
     assert not re.search(r"\bissues? \d+\b|(?<![\w&])#\d+\b", text, flags=re.IGNORECASE)
     for quickstart in ("make demo", "make test", "--upstream", "/v1/traces", "@track", "--registry"):
         assert quickstart in text, quickstart
+
+
+def test_readme_links_point_at_files_that_exist() -> None:
+    text = (ROOT / "README.md").read_text()
+    links = re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text)
+    local = [link for link in links if "://" not in link]
+    assert len(local) >= 10
+    missing = [link for link in local if not (ROOT / link).exists()]
+    assert not missing, missing
