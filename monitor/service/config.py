@@ -66,15 +66,18 @@ class EngineConfig:
     # the torch device (None: cpu, or cuda where one is present)
     device: str | None = None
     max_tokens_limit: int = 1024  # the largest `max_tokens` a request may ask for
+    # requests ahead in a path's queue beyond which a new one is answered 429 + Retry-After
     # admission control: a request finding max_queue requests ahead of it in its path's queue,
     # or a predicted wait over max_queue_wait_s, is answered 429 + Retry-After (outcome
     # `overloaded`) instead of waiting without end (engine/admission.py)
     max_queue: int = 64
     # a request whose predicted wait is longer is answered 429 + Retry-After
     max_queue_wait_s: float = 30.0
+    # the request header that keeps a user on one version during a canary (None: `user` only)
     # the header whose value keeps a user on one version during a canary (None: the
     # OpenAI `user` field only; the header wins when both are sent)
     canary_user_header: str | None = None
+    # the prefix KV cache's memory budget in MiB, LRU over blocks (0 turns it off)
     # the prefix KV cache: reuse the keys and values of shared prompt prefixes, LRU over
     # blocks of prefix_block_tokens under this budget (0 turns it off). Every prompt is
     # prefilled in such blocks, cache or not, so a miss costs nothing over no cache and the
@@ -90,6 +93,7 @@ class EngineConfig:
     prefix_cache_redis_url: str | None = None
     # the key prefix of the shared tier's entries
     prefix_cache_redis_prefix: str = "infersight:kv:"
+    # the share of live requests also answered by the other version for paired checks (0: off)
     # paired release checks (engine/runtime_shadow.py): while a canary runs, and for the
     # post-deploy analysis window after a deploy (the previous version stays loaded), this
     # share of live requests is also answered by the other version (0 turns pairs off).
@@ -123,6 +127,7 @@ class RoutingConfig:
     fast: RoutePathConfig
     standard: RoutePathConfig
     classifier: str | None = None  # "package.module:function", (RouteQuery) -> "fast" | "standard"
+    # what the open length breaker does to long requests: reject (503) or standard
     # while a path's p99 is over its SLA, requests over the breaker's length threshold get
     # "reject" (503 + Retry-After) or go from the fast path to the "standard" one
     breaker_action: str = "reject"
@@ -139,6 +144,7 @@ class UpstreamConfig:
     # how long one upstream request may take
     timeout_s: float = 300.0
     api_key: str | None = None  # sent to the upstream when the client sends no Authorization
+    # the upstream's Prometheus page, read for its queue depth (None: <url>/metrics; "": off)
     # the upstream's Prometheus text (vLLM, TGI): its queue depth becomes the proxy's
     # `gen_ai_server_requests_waiting`. None: <url>/metrics; "" turns the scrape off
     metrics_url: str | None = None
@@ -172,6 +178,7 @@ class AlertingConfig:
     analysis_min_requests: int = 20  # fewer on either side: inconclusive
     analysis_p99_ratio: float = 1.5  # the new version's p99 over this times the previous one fails a check
     snapshot_requests: int = 100  # requests kept in the snapshot taken at an automatic rollback
+    # requests kept for `dataset export --kind collected` after an automatic rollback (0: none)
     # the next requests (any version: the previous one now answers the same traffic) kept for
     # `infersight dataset export --kind collected` after an automatic rollback; 0: none
     collect_after_rollback: int = 200
@@ -184,22 +191,26 @@ class DriftConfig:
     alpha: float = 0.05
     window: int = 300  # texts in the current window
     min_window: int = 50  # no verdict on fewer
+    # the share of one CPU the streaming `embed` job may take on average (None: no budget)
     # the share of one CPU the streaming `embed` job may take on average (CPU seconds per
     # second): each tick takes as many texts as that buys at the CPU a text measured to cost on
     # this machine (a faster embedder embeds more for the same CPU); None: no budget, the
     # reservoir alone bounds a tick. The rest are counted as skipped.
     embed_cpu: float | None = 0.25
+    # the most texts one `embed` tick takes, whatever the budget allows
     # at most this many texts per `embed` tick whatever the budget allows (the memory the
     # waiting texts may hold: up to 64 KB of text each)
     reservoir: int = 1024
     # default_embedder's backend: auto | onnxruntime | openvino | sentence-transformers
     embedder: str = "auto"
+    # the int8 embedder's threads (None: every CPU the process may use)
     # the int8 embedder's threads; None: the CPUs the process may use. 1: the least CPU per
     # text, and the budget measures the job's own thread exactly (docs/benchmarks/drift.md)
     embed_threads: int | None = 1
     embedding_cache: int = 20_000  # texts whose embeddings are kept (about 1.6 KB each)
     # embed the texts and score drift
     enabled: bool = True
+    # seconds without a request after which a version's drift state is dropped (None: kept)
     # a version with no request for this long (e.g. rolled back) has its drift state dropped:
     # its p-values and gauges go, so its drift alerts resolve; None keeps them forever
     stale_after_s: float | None = 1800.0
@@ -249,12 +260,14 @@ class LimitsConfig:
     write_queue_rows: int = 200_000  # ingest answers 503 beyond this backlog
     timeseries_points: int = 17_280  # 24 h at the default 5 s tick
     max_label_values: int = 100  # distinct model (and model_version) label values; the rest are `other`
+    # seconds a connection may take to send its request headers before it is closed
     # `infersight serve`'s sockets (overload.py): a connection whose request headers are not
     # all in this long after it opened (or its next request began) is closed, and one client
     # address holds at most this many connections at once (more are closed at once)
     header_timeout_s: float = 10.0
     # connections one client address may hold at once
     max_connections_per_client: int = 64
+    # requests per second one client address may send without the token (0: no limit)
     # requests per second (and at once) from one client address without the token: more are
     # answered 429 + Retry-After before any routing (rate_limit.py); 0: no limit. Requests
     # with the token have their own bucket per address, token_client_rate (0: exempt)
@@ -284,6 +297,7 @@ class ServiceConfig:
     allowed_hosts: tuple[str, ...] = ()
     token: str | None = None  # None on loopback: generated and kept in data_dir/api-token
     model: str | None = None  # the model name reported in records (default: from the version)
+    # the pid of the inference server the process and GPU collectors watch (None: this process)
     # the inference server's process, watched by the process (and GPU per-process) collector;
     # None: this process, which is the server only with the embedded runtime
     supervise_pid: int | None = None
@@ -298,6 +312,7 @@ class ServiceConfig:
     cost: CostConfig | None = None
     routing: RoutingConfig | None = None  # SLA routing (embedded runtime only); None: one path
     text_sample_rate: float = 1.0  # share of proxied/served requests whose text is kept
+    # a "package.module:function" (str -> str) applied to every text a dataset export lets out
     # "package.module:function", the SDK's `redact` hook (str -> str): applied to every text
     # the dataset export (CLI and GET /api/v1/dataset) lets out; a hook that fails drops the text
     redact: str | None = None
