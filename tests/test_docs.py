@@ -42,7 +42,9 @@ def test_configuration_page_lists_every_key_of_the_dataclasses_and_no_other() ->
     from infersight.monitor.service.config_schema import ENVIRONMENT, config_keys
 
     page = _hook().render_configuration()
-    rows = re.findall(r"^\| `([a-z0-9_.]+)` \| ([^|]+) \| `[^`]*` \| (.*) \|$", page, flags=re.MULTILINE)
+    rows = re.findall(
+        r"^\| `([a-z0-9_.]+)` \| ([^|]+) \| (?:`[^`]*`|\*required\*) \| (.*) \|$", page, flags=re.MULTILINE
+    )
     on_page = {key for key, _, _ in rows}
     in_code = {k.key for k in config_keys()}
     assert len(in_code) >= 100

@@ -23,7 +23,7 @@ def _cell(text: str) -> str:
 
 
 def render_configuration() -> str:
-    from infersight.monitor.service.config_schema import ENVIRONMENT, sections
+    from infersight.monitor.service.config_schema import ENV_ONLY, ENVIRONMENT, sections
 
     out = [
         "# Configuration",
@@ -48,7 +48,11 @@ def render_configuration() -> str:
         out += ["| Key | Type | Default | Description |", "|---|---|---|---|"]
         for key in section.keys:
             kind = key.type + (" or null" if key.nullable else "")
-            out.append(f"| `{key.key}` | {kind} | `{_cell(key.default)}` | {_cell(key.description)} |")
+            default = "*required*" if key.default == "required" else f"`{_cell(key.default)}`"
+            description = key.description
+            if key.key in ENV_ONLY:
+                description = f"not in the file: set `{ENV_ONLY[key.key]}` ({description})"
+            out.append(f"| `{key.key}` | {kind} | {default} | {_cell(description)} |")
         out.append("")
     out += [
         "## Environment variables",

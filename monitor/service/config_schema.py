@@ -40,6 +40,7 @@ from .errors import (
 
 __all__ = [
     "ENVIRONMENT",
+    "ENV_ONLY",
     "ConfigKey",
     "Section",
     "check_file",
@@ -87,6 +88,15 @@ class Section:
     keys: tuple[ConfigKey, ...]
 
 
+# Keys of the dataclasses that the file may not hold: they come from the environment only.
+ENV_ONLY: Mapping[str, str] = {"token": _config.ENV_TOKEN}
+
+
+def _yaml_words(text: str) -> str:
+    """A comment written for Python, said in the file's terms (None is YAML's null)."""
+    return re.sub(r"\bNone\b", "null", text)
+
+
 def _comments(cls: type) -> dict[str, str]:
     """field name -> its description: the comment on the field's line, else the first line
     of the comment block directly above it."""
@@ -101,7 +111,7 @@ def _comments(cls: type) -> dict[str, str]:
         row = node.lineno - 1
         inline = _inline_comment(lines[row])
         if inline:
-            out[node.target.id] = inline
+            out[node.target.id] = _yaml_words(inline)
             continue
         block: list[str] = []
         above = row - 1
@@ -109,7 +119,7 @@ def _comments(cls: type) -> dict[str, str]:
             block.insert(0, lines[above].strip().lstrip("#").strip())
             above -= 1
         if block:
-            out[node.target.id] = block[0]
+            out[node.target.id] = _yaml_words(block[0])
     return out
 
 
@@ -245,7 +255,8 @@ def _schema_of(cls: type, prefix: str) -> dict[str, Any]:
 def json_schema() -> dict[str, Any]:
     """A JSON Schema (draft 2020-12) of infersight.yaml, for editors."""
     schema = _schema_of(_TOP, "")
-    del schema["properties"]["token"]  # refused in the file: it comes from $INFERSIGHT_TOKEN
+    for key in ENV_ONLY:  # refused in the file: they come from the environment
+        del schema["properties"][key]
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "title": "infersight.yaml",
