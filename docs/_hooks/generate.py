@@ -81,8 +81,6 @@ def render_cli() -> str:
 
     from infersight.monitor.cli import build_parser
 
-    os.environ["COLUMNS"] = "100"  # argparse wraps at the terminal's width: the page's is fixed
-
     out = [
         "# Command line",
         "",
@@ -91,9 +89,17 @@ def render_cli() -> str:
         "`infersight config check` exits 1 for a bad file.",
         "",
     ]
-    for name, parser in _commands(build_parser(), "infersight"):
-        parser.prog = name
-        out += [f"## `{name}`", "", "```text", parser.format_help().rstrip(), "```", ""]
+    columns = os.environ.get("COLUMNS")
+    os.environ["COLUMNS"] = "100"  # argparse wraps at the terminal's width: the page's is fixed
+    try:
+        for name, parser in _commands(build_parser(), "infersight"):
+            parser.prog = name
+            out += [f"## `{name}`", "", "```text", parser.format_help().rstrip(), "```", ""]
+    finally:
+        if columns is None:
+            del os.environ["COLUMNS"]
+        else:
+            os.environ["COLUMNS"] = columns
     return "\n".join(out)
 
 
