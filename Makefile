@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck bench clean
+.PHONY: demo test lint typecheck bench docs clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -19,6 +19,10 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q
+
+# the docs site into site/ (the configuration, CLI and HTTP API pages are generated as it builds)
+docs: $(STAMP)
+	$(PY) -m mkdocs build --strict
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -18,7 +18,7 @@
     of the good int8 build and of the corrupted release, each run once with the paired checks
     (the runtime also answers `--pair-share` of requests with the other version; relevance,
     similarity, length and finish reason compared on the same requests) and once arm against
-    arm, alternated. With `--steer` the clients steer their arm as in issue 21 (they know the
+    arm, alternated. With `--steer` the clients steer their arm (they know the
     assignment and ask the canary for 1 token, the stable version for `--max-tokens`).
     With `--mix-change` the clients ask hotel utterances with `max_tokens` drawn from 2..32
     (both arms alike) instead of Banking77 questions at `--max-tokens`; `--modes` runs one mode.

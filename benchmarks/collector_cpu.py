@@ -8,7 +8,7 @@ second as Prometheus would, while the main thread sleeps; the figure is this
 process's CPU time over the run minus an idle run of the same length, divided by the
 wall time. Without a GPU the GPU collector samples a fake NVML device (GPM-capable) at
 the pynvml function boundary: that measures the collector's own Python work, not the
-driver's time inside NVML calls. Target (issue 3): under 1% of one core.
+driver's time inside NVML calls. Target: under one percent of one core.
 """
 
 from __future__ import annotations

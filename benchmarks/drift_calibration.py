@@ -1,4 +1,4 @@
-"""Drift calibration conditional on the reference in use, power, and cost (issue 11).
+"""Drift calibration conditional on the reference in use, power, and cost.
 
     .venv/bin/python benchmarks/drift_calibration.py [--references 20] [--null 100]
         [--drifted 20] [--ref-size 1000] [--window 300] [--cost-rounds 3] [--skip-cost]
@@ -13,7 +13,7 @@ all-MiniLM-L6-v2 and kept in `.bench/`):
     `--window` other Banking77 texts: per reference, the share of windows on which each
     test (MMD, novelty on prompts; their Holm verdict) and the explanation's cluster-share
     rows flag drift; printed as min / median / p90 / max over references, next to the
-    novelty test before issue 11 (hypergeometric on the pooled tail) on the same windows.
+    novelty test as it was before it bounded the reference's error (hypergeometric on the pooled tail) on the same windows.
 (b) Relevance drop on the same references: a request's "response" is another Banking77 text
     of the same intent (a related answer), so relevance is a real cosine with a real spread;
     the new reference-conditional rank test against the plain Mann-Whitney test before it.
@@ -22,12 +22,12 @@ all-MiniLM-L6-v2 and kept in `.bench/`):
     target; the chart before (cross-fitted tail, designed for the empirical rate) beside it.
 (d) Power: `--drifted` windows per reference with 5%, 10% and 20% NLU++ hotel utterances.
 (e) Cost of one evaluation of `--ref-size` against `--window` texts, this tree against the
-    tree before issue 11 (`git archive` of `--old-commit` in build/old_tree), alternated in
+    tree before that change (`git archive` of `--old-commit` in build/old_tree), alternated in
     fresh processes: encoding excluded (embedded windows) and included (a cold embedder).
 
 `--embedder int8` runs (a)-(d) on embeddings of the int8 ONNX Runtime export, `--embedder
 openvino` on those of the int8 OpenVINO one (`default_embedder()` runs the faster of the two
-here), instead of the fp32 model's (issue 24: the tables must agree within noise).
+here), instead of the fp32 model's (the tables must agree within noise).
 
 Results go to stdout (markdown) and .bench/drift_calibration.json (`_int8.json`, `_openvino.json` for the others).
 """
@@ -63,7 +63,7 @@ def cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
-# --- the tests before issue 11, for comparison on the same windows ------------------------
+# --- the tests before the conditional bounds, for comparison on the same windows ------------------------
 
 
 def old_novelty(reference: np.ndarray, current: np.ndarray, seed: int = 0) -> tuple[float, float]:

@@ -1,4 +1,4 @@
-"""Embedding speed: sentence-transformers fp32 against `default_embedder()` (issue 24).
+"""Embedding speed: sentence-transformers fp32 against `default_embedder()`.
 
     .venv/bin/python benchmarks/embed_speed.py [--texts 1024] [--rounds 3] [--threads 1 2]
         [--also onnxruntime openvino] [--fp32-same-batches]

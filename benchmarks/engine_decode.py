@@ -44,7 +44,7 @@ CONFIGS: dict[str, dict[str, Any]] = {
         "num_key_value_heads": 2,
         "vocab_size": 32000,
     },
-    # issue 13: an intermediate size that is not a power of two (nor a multiple of 64)
+    # an intermediate size that is not a power of two (nor a multiple of 64)
     "odd": {
         "hidden_size": 512,
         "intermediate_size": 1408,

@@ -11,7 +11,7 @@ its ASGI interface (middleware, bearer token, body limit, orjson, validation, th
 pipeline and its observers, the text reservoir, the group-commit writer to SQLite or the
 given database), with `--concurrency` batches in flight as several senders would have, and
 reports the process's CPU time (all threads, the writer's included) per accepted event.
-Drift is off (its model is the part issue 24's embedding work measures); 10% of events carry
+Drift is off (its model is the part the embedding benchmarks measure); 10% of events carry
 prompt and response text, as in `ingest.py`.
 
 The same script runs on another checkout with `benchmarks/before_after.py` (copy it into

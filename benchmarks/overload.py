@@ -1,4 +1,4 @@
-"""`infersight serve` under overload (issue 22): a flood of long prompts, then a 7 MB prompt.
+"""`infersight serve` under overload: a flood of long prompts, then a 7 MB prompt.
 
     .venv/bin/python benchmarks/overload.py [--seconds 40] [--threads 16] [--rate 4]
     .venv/bin/python benchmarks/overload.py --seconds 15 --client-rates 20,0 --rounds 2 --no-big-prompt
@@ -13,7 +13,7 @@ standard: the demo model fp32, 200 ms SLA; breaker_action reject).
    arrive at `--rate` per second (open loop: each at its time, whatever the server does).
    Reported: the share of short questions answered 200, their p50/p95 from arrival to answer
    and the p95 over the fast path's SLA (the issue's target: at least 95% answered, p95 within
-   4x the SLA), and what the long ones got (200, 503 shed, 429 overloaded).
+   four times the SLA), and what the long ones got (200, 503 shed, 429 overloaded).
 2. A 7 MB prompt (no token), sent 3 times in a row, while /healthz is asked every 50 ms:
    the big prompts' answers, and /healthz's worst and p95 latency meanwhile.
 

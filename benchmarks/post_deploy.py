@@ -1,4 +1,4 @@
-"""Post-deploy analysis, paired against unpaired, on the real service (issue 21).
+"""Post-deploy analysis, paired against unpaired, on the real service.
 
 The service as `infersight serve` runs it (the embedded runtime with the demo model, uvicorn
 on a loopback port, SQLite, the drift module's embedder scoring relevance and pairs, a

@@ -27,7 +27,7 @@ Folding the buffered observations into histograms and sketches happens in the ca
 when a buffer fills, so its amortized cost is in both. `--layer` adds a fourth side: the
 manual wrapper with nothing in it (no clock, no metric), the caller's cost of being a
 wrapper of that kind at all, which neither the baseline nor the decorator can avoid. Scenarios: payload sampling at 0%
-(the target: at most half of the baseline, issue 24) and 100% (in-process sink), for each
+(the target: at most half of the baseline) and 100% (in-process sink), for each
 kind; and, for sync calls, both again with a stalled sink (blocks until the run ends, so
 the queue fills and drops, counted).
 """

@@ -25,8 +25,8 @@ In flight = entered - (folded exits + exits still buffered) - left without an ob
 The hot path of the decorator: `n = series.entered.incr()` at the start, then
 `series.timed.extend((start, end))`, and a fold when `n & series.fold_mask == fold_mask`
 (one call in every `fold_mask + 1`: about `max_pending`). A flat list of floats becomes a
-numpy array four times faster than a list of tuples, and `struct.pack` reads it about three
-times faster than `np.array` does (docs/benchmarks.md, issue 24).
+numpy array faster than a list of tuples, and `struct.pack` reads it faster than
+`np.array` does (docs/benchmarks/ingest.md).
 """
 
 from __future__ import annotations

@@ -178,7 +178,7 @@ class DemoSpec:
 
 
 # The fast path's model for SLA routing: the same copy-back behaviour with half the width and
-# one layer (lm_head, [V, hidden], is most of a decode step's work). See docs/benchmarks.md.
+# one layer (lm_head, [V, hidden], is most of a decode step's work). See docs/benchmarks/engine.md.
 SMALL_DEMO = DemoSpec(hidden_size=128, num_hidden_layers=1)
 
 

@@ -299,7 +299,7 @@ class Attention:
 # - N == 1 on CPU (batch-1 decode): a loop over the k chosen experts; the routing weight and
 #   the residual are folded into the second projection.
 #
-# Why these paths (benchmarks/engine_moe_dispatch.py; the table is in docs/benchmarks.md):
+# Why these paths (benchmarks/engine_moe_dispatch.py; the table is in docs/benchmarks/engine.md):
 # gathering copies each selected expert's weights once per (token, k) pair, which makes
 # gpt-fast's gather-per-token dispatch far slower. On CPU `_grouped_mm` runs one MKL GEMM per
 # expert and MKL reads the weight well below the memory's speed for the 1-16 rows an expert

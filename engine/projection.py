@@ -43,7 +43,7 @@ __all__ = [
 # inductor's weight freezing emits for fp32 linears on CPU) is then multiplied by any number of
 # rows. MKL's GEMM on the plain layout reads the weight well below the memory's speed for 1-8
 # rows; oneDNN's blocked kernel does not (benchmarks/engine_blocked_weights.py; the figures
-# are in docs/benchmarks.md).
+# are in docs/benchmarks/engine.md).
 #
 # The blocked tensor is a copy, not a view: `block` reorders the weight into a new buffer, so
 # each blocked weight costs its full size in memory the process owns (twice that while the plain
@@ -200,7 +200,7 @@ def head_projection(
       so neither kernel alone is fastest at both batch 1 and batch 8;
     - other devices (CUDA): the stored weight as it is.
 
-    The per-row timings these were chosen by are in docs/benchmarks.md
+    The per-row timings these were chosen by are in docs/benchmarks/engine.md
     (benchmarks/engine_head_layout.py). Cost on CPU: the copies, one or two of the head.
     """
     weight = parts["weight"]

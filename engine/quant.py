@@ -4,7 +4,7 @@ The router gate stays full precision (a flipped expert choice costs far more tha
 weight). Each weight row n is stored as round(w[n] / s[n]) in int8 with s[n] = max|w[n]| / 127.
 
 On CPU the matmul is `torch._weight_int8pack_mm`, which is fast only with bf16 activations
-(with fp32 activations it is slower than fp32 `F.linear`; docs/benchmarks.md),
+(with fp32 activations it is slower than fp32 `F.linear`; docs/benchmarks/engine.md),
 so `load` runs int8 models with bf16 activations on CPU. The kernel crashes (SIGSEGV,
 torch 2.13) when the reduction size is not a multiple of 16 and refuses empty inputs; those
 cases, and other devices, dequantize on the fly instead.
@@ -14,7 +14,7 @@ Experts: the sorted (token, k) groups are contiguous, so each active expert is o
 and reading their sizes is free on CPU). Dequantizing the active experts into a bf16
 `_grouped_mm` is slower: the conversion costs more than the matmul it feeds, and reading a
 quarter of the bytes is what wins at decode sizes (benchmarks/engine_moe_dispatch.py; the
-figures are in docs/benchmarks.md).
+figures are in docs/benchmarks/engine.md).
 
 int4 (`quantize="int4"`, group-wise, asymmetric): each run of G consecutive weights of a row
 (G = 64, or 32 when the row length is not a multiple of 64) is stored as 4-bit q in 0..15 with

@@ -129,7 +129,7 @@ class PendingQueue:
 # it, with the prefix cache or without: a block's keys and values are then computed by the
 # same operations whether the blocks before it were computed just now or copied from the
 # cache, which is what makes answers bit-identical with and without the cache (the cost of
-# chunking against one whole-prompt forward is measured in docs/benchmarks.md).
+# chunking against one whole-prompt forward is measured in docs/benchmarks/serving.md).
 # ==============================================================================================
 
 

@@ -155,7 +155,7 @@ def _builder() -> Callable[..., InferenceRecord]:
     `from_json`, or made by the SDK itself).
 
     A frozen dataclass sets each field through `object.__setattr__`; this writes each slot
-    through its member descriptor instead, which about halves the cost (docs/benchmarks.md):
+    through its member descriptor instead, which about halves the cost (docs/benchmarks/ingest.md):
     it runs once per sampled SDK call and per ingested event.
     The result is an ordinary, equal, immutable record. Generated once, at import, from the
     dataclass's own fields (as `dataclasses` generates `__init__`), so it cannot drift from them.

@@ -1,6 +1,6 @@
 """Every PromQL expression of the dashboard reads only metrics the project exports.
 
-Checked twice: against the metric table of docs/architecture.md (the contract), and against
+Checked twice: against the metric table of docs/dashboards.md (the contract), and against
 the metric families actually registered by the collectors (the probe
 builds each collector with its own registry per the contract and reads `registry.collect()`).
 """
@@ -25,7 +25,7 @@ _SUFFIXES = {"histogram": ("_bucket", "_count", "_sum"), "counter": ("",), "gaug
 
 def _documented() -> dict[str, str]:
     """name -> type from the `Metric names (Prometheus)` table, shorthand (`_reserved_bytes`) expanded."""
-    text = (ROOT / "docs" / "architecture.md").read_text()
+    text = (ROOT / "docs" / "dashboards.md").read_text()
     section = text.split("## Metric names (Prometheus)", 1)[1].split("\n## ", 1)[0]
     out: dict[str, str] = {}
     for line in section.splitlines():

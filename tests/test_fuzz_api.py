@@ -1,7 +1,7 @@
 """Property-based fuzzing of the whole HTTP API from its own OpenAPI schema (schemathesis):
 valid and invalid requests to every operation, with and without the token, against a
 fully wired service (embedded runtime with the demo model, alerts, drift). No request may
-produce a 5xx. The number of cases is printed and asserted, and recorded in docs/benchmarks.md."""
+produce a 5xx. The number of cases is printed and asserted, and recorded in docs/benchmarks/ingest.md."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Two real `infersight serve` processes on the machine's PostgreSQL act as one system
-(issue 10, part 1; README "Scaling out"): traffic served by the follower reaches the
+(docs/scaling.md): traffic served by the follower reaches the
 rules, the rollback runs on the replica that serves the alerted version and had the
 traffic, and a replica taking over from a killed leader carries on the same incident.
 

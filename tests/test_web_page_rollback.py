@@ -2,7 +2,7 @@
 
 The real service rolls back only with an embedded runtime, which is too heavy to start
 here, so this one flow is served by a small ASGI app written here: the page's real assets
-and the JSON contract of docs/architecture.md for the overview, the timeseries and
+and the JSON contract of docs/dashboards.md for the overview, the timeseries and
 `POST /api/v1/models/rollback`. Everything else the page does is tested against the real
 service in test_web_page.py.
 """

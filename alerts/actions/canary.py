@@ -19,7 +19,7 @@ Checks (a regression is a significant difference in the bad direction only):
   Only requests that ran at some point while the other arm had one running are compared: the
   isolated canary replica adds its own forward to every step it is busy, which a canary
   request always pays and a stable request only when a canary request runs beside it
-  (measured: without this, equal canaries were rolled back on latency; docs/benchmarks.md);
+  (measured: without this, equal canaries were rolled back on latency; docs/benchmarks/releases.md);
 - `relevance`: mean relevance of answer to prompt (a drop is a regression);
 - `output_drift`: how close each answer's embedding lies to what the stable version
   answers: the cosine to the mean (unit-norm) embedding of the stable's first
@@ -161,7 +161,7 @@ class _Check:
             # a mean: the arms' pooled within-arm variance, as under "no difference" the two
             # share one distribution. A per-arm plug-in made a canary whose few answers all
             # had the same length (capped at max_tokens: variance 0) look certain of a
-            # 0.4-token difference (a false rollback on the real runtime, docs/benchmarks.md)
+            # 0.4-token difference (a false rollback on the real runtime, docs/benchmarks/releases.md)
             pooled_var = ((c.n - 1) * c.var + (s.n - 1) * s.var) / max(1, c.n + s.n - 2)
             variance = pooled_var * (1.0 / c.n + 1.0 / s.n)
         lam = msprt_lambda(delta, variance, self.tau)

@@ -21,6 +21,7 @@ __all__ = ["register"]
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     _register_serve(sub)
     _register_demo(sub)
+    _register_config(sub)
 
 
 _SERVE_DOC = """`infersight serve`: the sidecar service (HTTP API, OpenAI-compatible endpoints, ingest,
@@ -167,3 +168,47 @@ def _demo(args: argparse.Namespace) -> int:
         sys.stdout,
     )
     return 0 if result.ok else 1
+
+
+_CONFIG_DOC = """`infersight config`: the YAML file of `infersight serve`, without starting anything.
+
+    infersight config check infersight.yaml   # exit 0, or one line naming the key and its line
+    infersight config schema > infersight.schema.json
+
+`check` reads the file exactly as `serve` does (the environment applied); a bad file is one
+line `FILE:LINE: KEY: KIND: REASON` (KIND: unknown key, missing key, wrong type, bad value,
+not YAML, unreadable) and exit status 1. `schema` prints a JSON Schema of the file for editors (e.g. the YAML
+language server's `# yaml-language-server: $schema=infersight.schema.json`).
+"""
+
+
+def _register_config(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("config", help="check a config file, or print its JSON Schema",
+                       description=_CONFIG_DOC, formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    actions = p.add_subparsers(dest="config_command", required=True, metavar="ACTION")
+    check = actions.add_parser("check", help="validate a config file, naming the bad key and its line")
+    check.add_argument("file", type=Path, metavar="FILE")
+    check.set_defaults(handler=_config_check)
+    schema = actions.add_parser("schema", help="print the JSON Schema of infersight.yaml")
+    schema.set_defaults(handler=_config_schema)
+
+
+def _config_check(args: argparse.Namespace) -> int:
+    from infersight.monitor.service.config_schema import check_file
+    from infersight.monitor.service.errors import ConfigFileInvalid
+
+    try:
+        check_file(args.file, env=dict(os.environ))
+    except ConfigFileInvalid as exc:
+        raise CommandError(str(exc), exit_code=1) from exc
+    print(f"{args.file}: ok")
+    return 0
+
+
+def _config_schema(args: argparse.Namespace) -> int:
+    import json
+
+    from infersight.monitor.service.config_schema import json_schema
+
+    print(json.dumps(json_schema(), indent=2))
+    return 0

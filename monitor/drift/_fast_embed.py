@@ -6,7 +6,7 @@ to what this process may use, and its texts ordered by token count and cut into 
 (`plan_batches`: at most 64 texts, a power of two, widths from a few buckets) so padding
 costs little and a runtime that compiles per shape meets the same shapes again. Mean pooling and normalization, as the Sentence-BERT model does them, are part of
 the exported graph. It is several times faster than the fp32 PyTorch model at a cosine of
-about 0.99 to its embeddings (docs/benchmarks.md, "Embedding speed").
+about 0.99 to its embeddings (docs/benchmarks/drift.md).
 
 The export runs once per machine and is cached (`embedder_cache_dir()`), keyed by the
 model's files, the ONNX Runtime version and the CPU's instruction sets, as the engine
@@ -64,7 +64,7 @@ log = logging.getLogger(__name__)
 BACKENDS: tuple[str, ...] = ("auto", "onnxruntime", "openvino", "sentence-transformers")
 BACKEND_ENV = "INFERSIGHT_EMBED_BACKEND"  # forces default_embedder's backend="auto"
 _RECIPE = "minilm-meanpool-int8-qoperator-perchannel-v1"  # bump when the export changes
-# the instruction sets that decide which int8 kernels ONNX Runtime runs (docs/benchmarks.md)
+# the instruction sets that decide which int8 kernels ONNX Runtime runs (docs/benchmarks/drift.md)
 _ISA_FLAGS = ("avx2", "fma", "avx512f", "avx512bw", "avx512_vnni", "avx_vnni", "amx_int8", "asimd", "i8mm")
 
 
@@ -227,15 +227,15 @@ def load_tokenizer(model_path: Path) -> Any:
     return tokenizer
 
 
-# What one call costs beyond its padded tokens, in tokens: about 1 ms against 40 us a token
-# for this model at 1 thread on the CPUs measured (docs/benchmarks.md, "Embedding speed").
+# What one call costs beyond its padded tokens, in tokens: a call's fixed cost over one
+# token's, for this model at 1 thread on the CPUs measured (docs/benchmarks/drift.md).
 _CALL_TOKENS = 32
 
 
 def bucket_width(width: int, cap: int) -> int:
     """`width` rounded up to one of four widths per octave past 8 (10, 12, 14, 16, 20, 24, 28,
     32, 40, ...), at most `cap`: a runtime that compiles per input shape (OpenVINO's CPU
-    plugin: about 10 ms the first time a shape is seen) meets few distinct shapes."""
+    plugin: a compile the first time a shape is seen) meets few distinct shapes."""
     if width <= 8:
         return width
     step = 1 << (width.bit_length() - 3)

@@ -9,8 +9,8 @@ texts appear?").
   c_R = P(X > X_(k)) is the reference's *actual* tail coverage. c_R is Beta(n-k+1, k) over
   references (exactly for continuous lengths, stochastically smaller for discrete ones),
   so the test uses its `1 - delta` quantile as the null share: the p-value is valid
-  conditional on every reference except a `delta` share of unlucky ones. This is the fix
-  for what issue #11 measured on the novelty test (exact only on average over references).
+  conditional on every reference except a `delta` share of unlucky ones. This is what
+  the novelty test needed too (a test exact only on average over references).
 - `length_ks`: Kolmogorov-Smirnov distance between the two empirical CDFs, minus the
   reference's own DKW band eps_R = sqrt(log(2/delta) / 2n) (which holds for every
   reference but a `delta` share, for any distribution, discrete or not); the current

@@ -12,7 +12,7 @@ version and the CPU's instruction sets. NNCF (and torch, onnx) are needed only t
 
 ONNX Runtime's own static quantization (`quantize_static`, QDQ, MatMul only, per-channel,
 MinMax on the same texts) run by OpenVINO was measured instead of NNCF: cosine median 0.947
-to fp32 and slower (docs/benchmarks.md, "Embedding speed"), hence NNCF.
+to fp32 and slower (docs/benchmarks/drift.md), hence NNCF.
 
 `choose()` is what `default_embedder()` runs on a CPU where both runtimes are installed:
 once per machine (and thread count), it times both int8 embedders on calibration batches
@@ -139,7 +139,7 @@ class OpenVinoEmbedder(ExportedEmbedder):
         # pinned threads measured slower on a loaded machine, the same when idle)
         # f32 for what is not quantized: on a CPU with AMX or AVX512-BF16 (Xeon Sapphire Rapids
         # and later) OpenVINO's default is bf16, which took the int8 embeddings' 1st-percentile
-        # cosine against fp32 from 0.99 to 0.87 on Banking77 (docs/benchmarks.md)
+        # cosine against fp32 from 0.99 to 0.87 on Banking77 (docs/benchmarks/drift.md)
         config = {"INFERENCE_NUM_THREADS": self.threads, "PERFORMANCE_HINT": "LATENCY", "NUM_STREAMS": 1,
                   "ENABLE_CPU_PINNING": False, "INFERENCE_PRECISION_HINT": "f32"}  # fmt: skip
         return core.compile_model(core.read_model(str(target)), "CPU", config)

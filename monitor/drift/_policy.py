@@ -13,7 +13,7 @@ versions the batch drift test runs on, and when (`VersionPolicy`). `evaluate_win
 The texts per version are counted incrementally from the `requests` table: the first call
 counts the lookback window, each later call only the rows added since (a primary-key
 range), so a tick costs the same at a million rows as at a thousand
-(docs/benchmarks.md). The counts are a trigger, not a statistic: a row committed out of id
+(docs/benchmarks/ingest.md). The counts are a trigger, not a statistic: a row committed out of id
 order on PostgreSQL may be missed, which only delays an evaluation.
 """
 

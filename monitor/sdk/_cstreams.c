@@ -6,7 +6,7 @@
  * `streamed` buffer (four list appends, no lock: see collectors/_recording.py) and, once in
  * `mask + 1` calls, the buffers are folded. A Python wrapper of that kind (a generator or an
  * async generator) costs about half a bare prometheus pair by itself, before it tracks
- * anything (docs/benchmarks.md, issue 24); these types cost a few allocations.
+ * anything (docs/benchmarks/ingest.md); these types cost a few allocations.
  *
  * `Tracked` is the decorated function: a callable whose `__get__` binds it like a function
  * and whose `__dict__` takes what functools.wraps copies, plus the wrapped function's

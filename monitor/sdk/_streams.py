@@ -15,7 +15,7 @@ locals (no object, no closure per call):
   (`returns_only_none`, `drops_sent_values`, read once from the bytecode), which is what a
   token stream is; a value sent is dropped, as the generator would drop it, and a `throw`
   hands over to the general loop. (A loop costs what `yield from itertools.compress(gen,
-  counter)` costs per item, and about 170 ns less per call: docs/benchmarks.md, issue 24);
+  counter)` costs per item, and less per call: docs/benchmarks/ingest.md);
 - loop: the same loop, for generators that return nothing but may use what is sent
   (`x = yield`, `yield from`), with a check of what was sent: on the first `send` of a
   value or `throw` it hands over to the general loop;
@@ -286,7 +286,7 @@ def _python_generator(fn: Callable[..., Any], host: StreamHost) -> Callable[...,
             # The loops below, and the async ones in wrap_async_generator, are written out
             # once per case on purpose: they run per item inside the user's stream, where a
             # shared helper (a call or a `yield from` per item) costs more than the whole
-            # per-call target (docs/benchmarks.md, "SDK decorator").
+            # per-call target (docs/benchmarks/ingest.md).
             if passthrough:  # what is sent is dropped, as the generator would drop it
                 for value in gen:
                     if not n:

@@ -2,6 +2,13 @@
 
     ServiceError
     ├── ConfigInvalid          the config file or an environment variable is wrong (names the field)
+    │   └── ConfigFileInvalid     `infersight config check`: the same, with the line in the file
+    │       ├── ConfigUnreadable     the file cannot be read (missing, not UTF-8)
+    │       ├── ConfigNotYAML        the text does not parse as YAML
+    │       ├── ConfigKeyUnknown     a key no section has
+    │       ├── ConfigKeyMissing     a required key of a section given is absent
+    │       ├── ConfigTypeWrong      a value of the wrong type (a string for an integer, ...)
+    │       └── ConfigValueBad       a value of the right type out of its bounds or set
     ├── InsecureBind           a non-loopback address was asked for without a token
     ├── BackendUnavailable     no embedded runtime and no upstream: /v1 cannot be served
     │   └── UpstreamUnreachable   the upstream server did not answer (connection, timeout)
@@ -16,7 +23,14 @@ from __future__ import annotations
 
 __all__ = [
     "BackendUnavailable",
+    "ConfigFileInvalid",
     "ConfigInvalid",
+    "ConfigKeyMissing",
+    "ConfigKeyUnknown",
+    "ConfigNotYAML",
+    "ConfigTypeWrong",
+    "ConfigUnreadable",
+    "ConfigValueBad",
     "IngestOverloaded",
     "InsecureBind",
     "NoRuntime",
@@ -38,6 +52,46 @@ class ConfigInvalid(ServiceError):
         self.field = field
         self.reason = reason
         self.source = source
+
+
+class ConfigFileInvalid(ConfigInvalid):
+    """A bad config file, located: `line` is 1-based (None when the key is not in the file).
+    One line: `FILE:LINE: KEY: REASON`, the kind said once."""
+
+    kind = "invalid"
+    said_by = ""  # a reason holding this already says the kind (default: the kind itself)
+
+    def __init__(self, field: str, reason: str, *, source: str, line: int | None) -> None:
+        super().__init__(field, reason, source=source)
+        self.line = line
+        where = f"{source}:{line}" if line is not None else source
+        said = (self.said_by or self.kind).lower() in reason.lower()
+        self.args = (f"{where}: {field}: {reason if said else f'{self.kind}: {reason}'}",)
+
+
+class ConfigUnreadable(ConfigFileInvalid):
+    kind = "unreadable"
+
+
+class ConfigNotYAML(ConfigFileInvalid):
+    kind = "not YAML"
+    said_by = "YAML"
+
+
+class ConfigKeyUnknown(ConfigFileInvalid):
+    kind = "unknown key"
+
+
+class ConfigKeyMissing(ConfigFileInvalid):
+    kind = "missing key"
+
+
+class ConfigTypeWrong(ConfigFileInvalid):
+    kind = "wrong type"
+
+
+class ConfigValueBad(ConfigFileInvalid):
+    kind = "bad value"
 
 
 class InsecureBind(ServiceError):

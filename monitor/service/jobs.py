@@ -24,7 +24,7 @@ Keeping the service's resident memory flat under glibc.
 The embedding model (PyTorch) allocates differently shaped buffers from several threads
 at every batch; glibc's default of one malloc arena per thread (up to 8 per core) keeps
 the freed memory of each arena, and RSS climbs for minutes (benchmarks/ingest.py;
-docs/benchmarks.md). Capping the arenas at two and
+docs/benchmarks/ingest.md). Capping the arenas at two and
 handing free heap pages back after each embedding batch (`malloc_trim`) keeps it flat.
 Both are no-ops where the C library is not glibc.
 
@@ -33,12 +33,11 @@ objects per event, so the collector runs hundreds of times a second under load, 
 run of its oldest generation walks every object in the process: the libraries, the app,
 the tables (millions with PyTorch imported). `freeze_heap` at the end of start-up moves
 those into the permanent generation (`gc.freeze`) and `thaw_heap` at stop moves them back;
-about a fifth of ingest's CPU per event was the collector's before (docs/benchmarks.md).
+a large share of ingest's CPU per event was the collector's before (docs/benchmarks/ingest.md).
 And a batch of 1,000 events parses into a few thousand dicts and records that all die once
 the batch is written, so with CPython's youngest-generation threshold of 700 the collector
 ran several times per batch and promoted the live half-parsed batch to older generations,
-whose runs then walked it again: 9% of the service's CPU under `benchmarks/ingest.py` on
-the EPYC. `freeze_heap` also raises that threshold to 100,000 for the service's life (cyclic
+whose runs then walked it again (docs/benchmarks/ingest.md). `freeze_heap` also raises that threshold to 100,000 for the service's life (cyclic
 garbage up to that many objects waits a little longer; everything else is freed by its
 reference count as before), and `thaw_heap` puts it back."""
 

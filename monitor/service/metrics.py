@@ -363,7 +363,7 @@ def timeseries_point(
 def _counted_span(stats: Any, window_s: float) -> float:
     """The seconds that `stats.count(window_s)` counts: whole intervals from the one that
     holds `now - window_s` up to now (10 s each by default), not `window_s` itself. Dividing
-    by `window_s` read a steady 5 req/s as a sawtooth up to 55."""
+    by `window_s` read a steady rate as a sawtooth up to eleven times it."""
     local = getattr(stats, "local", stats)  # MergedStats: the intervals are this process's
     interval = float(getattr(local, "interval_s", 0.0) or 0.0)
     clock = getattr(local, "clock", None)

@@ -283,8 +283,8 @@ class TextReservoir:
 _MAX_ROWS_PER_COMMIT = 20_000
 # The writer gathers what arrives this long after the first waiting row into one commit, and
 # is woken once per such batch: woken per record (a GIL hand-off each) and committing one row
-# at a time, a flood the service refuses at 250 requests/s cost the event loop a third of
-# its time (issue 22). Rows reach the database at most this much later.
+# at a time, a flood the service refuses cost the event loop a large share of its time
+# (docs/benchmarks/serving.md). Rows reach the database at most this much later.
 _LINGER_S = 0.02
 _WAKE_ROWS = 1_000  # this many waiting rows wake the writer at once
 _UTC = dt.UTC
@@ -393,8 +393,8 @@ def _sqlite_rows(records: Sequence[InferenceRecord]) -> tuple[list[tuple[Any, ..
 
 # PostgreSQL: the rows are COPYed into a temporary table of the session, then inserted from
 # it in one statement that skips duplicates. psycopg's pipelined `executemany` bound and
-# executed each row on its own: 11 us of the writer's CPU and 14 us of the server's a row,
-# against 4 and 8 this way (docs/benchmarks.md, "PostgreSQL").
+# executed each row on its own, at several times the writer's and the server's CPU a row
+# this way costs (docs/benchmarks/ingest.md).
 _POSTGRES_STAGE = "infersight_requests_in"
 _POSTGRES_CREATE_STAGE = (
     f"CREATE TEMPORARY TABLE IF NOT EXISTS {_POSTGRES_STAGE} "

@@ -35,10 +35,14 @@ _FILE_GRACE_S = 3600.0  # a file this young may belong to a snapshot whose row i
 class RetentionPolicy:
     """How long rows are kept, in days; None keeps them forever."""
 
+    # recorded requests
     requests_days: float | None = 14
+    # drift reports
     drift_reports_days: float | None = 90
+    # alert state changes
     alert_history_days: float | None = 90
     notifications_days: float | None = 30  # delivered outbox rows and the notification log
+    # rollback snapshots and their files
     snapshots_days: float | None = 90
 
     def __post_init__(self) -> None:

@@ -96,8 +96,8 @@ class UTCDateTime(TypeDecorator[dt.datetime]):
 # The time indexes of `requests` hold a coarse start time, not `started_at` itself. Calls
 # arrive out of start order (each SDK sends its calls' batch after they finish, several
 # senders interleave), so a batch indexed by `started_at` lands all over the last seconds of
-# the index: hundreds of B-tree pages rewritten per commit, most of the write's cost (issue
-# 24, docs/benchmarks.md "### Ingest"). Keyed by the bucket, equal keys sort by row id, so a
+# the index: hundreds of B-tree pages rewritten per commit, most of the write's cost
+# (docs/benchmarks/ingest.md). Keyed by the bucket, equal keys sort by row id, so a
 # batch appends at the end of the one or two buckets it spans. Queries bound the bucket as
 # well as `started_at` (`started_in`) and order by both (`by_start`): the same rows, in the
 # same order, since the bucket only grows with `started_at`.
@@ -177,8 +177,8 @@ def by_start(*, newest_first: bool = False) -> tuple[ColumnElement[Any], ...]:
 
 # The rows that carry a relevance score (the sampled, embedded ones: a few percent of
 # traffic), by time, with what the relevance alert reads: that windowed mean is then an
-# index-only scan of those rows, not a visit to every request of the window (20,000 events/s
-# make 18 million rows in the default 15 minutes). Partial on both SQLite and PostgreSQL.
+# index-only scan of those rows, not a visit to every request of the window (a busy sidecar's
+# traffic makes millions of rows in the default 15 minutes). Partial on both SQLite and PostgreSQL.
 _HAS_RELEVANCE = requests.c.relevance.is_not(None)
 Index(
     "ix_requests_relevance_time",

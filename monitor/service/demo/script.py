@@ -227,7 +227,7 @@ def _service(
         text_sample_rate=1.0,
         cost=CostConfig(per_hour=4.10),  # an example price: cost per 1k output tokens on the page and in Grafana
         # the demo's traffic is one application's, from loopback without the token, in bursts
-        # of 8 at a time: over the default 20 requests/s per client at its peaks
+        # of 8 at a time: over a low per-client rate limit at its peaks
         limits=LimitsConfig(client_rate=200.0, client_burst=400.0),
     )  # fmt: skip
     (service_dir / "api-token").write_text(cfg.token or "")
