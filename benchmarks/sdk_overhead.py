@@ -14,9 +14,12 @@ and its `@monitor.track(...)` twin alternate (bare first in even rounds, tracked
   delivery thread's work (request ids, records, the sink) is not in this figure: it runs off
   the caller's thread.
 - share of a 1 ms call: the same kinds, each spending 1 ms in a busy-wait on `perf_counter`
-  (a generator spreads it over its items), timed on the wall clock. A spin ends at its deadline
-  however often the thread is descheduled inside it, so the wall clock is the honest measure
-  here, and a sleep would add the scheduler's wake-up jitter to both sides.
+  (a generator spreads it over its items), each call timed on the wall clock, a round's figure
+  the median of its calls that ran undisturbed. A spin ends at its deadline whatever the
+  wrapper did before it, so what the wrapper adds shows as wall time past the 1 ms (a sleep
+  would add the scheduler's wake-up jitter to both sides); a call during which the thread
+  waited for a core (its CPU time short of its wall time) is left out, as its deadline passed
+  while it waited. The number of calls kept is printed.
 
 Coroutines and async generators are driven without an event loop (`send(None)`), the same
 driver for both sides. The added ns include the fold of the buffered observations into
@@ -43,6 +46,7 @@ Driver = Callable[[Callable[[str], Any], int], None]
 KINDS = ("sync", "async", "generator", "delegating", "async-generator")
 TARGET_NS = 1000.0
 TARGET_SHARE = 0.01
+_DESCHEDULED_S = 20e-6  # wall time past the thread's CPU time: the call waited for a core
 
 
 def _spin(seconds: float) -> None:
@@ -132,20 +136,44 @@ DRIVERS: dict[str, Driver] = {
 
 def _alternated(
     drive: Driver, bare: Callable[[str], Any], tracked: Callable[[str], Any], calls: int, rounds: int,
-    clock: Callable[[], float],
+    *, each: bool,
 ) -> tuple[float, float]:  # fmt: skip
-    """(median seconds per bare call, median seconds per tracked call) on `clock`."""
+    """(median seconds per bare call, median seconds per tracked call), the medians of the
+    rounds' figures. `each=False`: a round's figure is its CPU time (the calling thread's) over
+    its calls; `each=True`: the median of its calls' wall times, one by one, of the calls that
+    ran undisturbed (their thread's CPU time within `_DESCHEDULED_S` of their wall time): a
+    call the scheduler interrupted ends past its deadline by however long it waited."""
     sides = {"bare": bare, "tracked": tracked}
     for fn in sides.values():  # warm up (and fill the first buffers)
         drive(fn, max(1, calls // 10))
     gc.collect()
     per_call: dict[str, list[float]] = {k: [] for k in sides}
+    kept = dict.fromkeys(sides, 0)
+    pc, cpu = time.perf_counter, time.thread_time
     for r in range(rounds):
         order = list(sides.items()) if r % 2 == 0 else list(reversed(sides.items()))
         for key, fn in order:
-            t0 = clock()
-            drive(fn, calls)
-            per_call[key].append((clock() - t0) / calls)
+            if each:
+                walls = []
+                for _ in range(calls):
+                    c0 = cpu()
+                    t0 = pc()
+                    drive(fn, 1)
+                    wall = pc() - t0
+                    if wall - (cpu() - c0) < _DESCHEDULED_S:  # it ran the whole time
+                        walls.append(wall)
+                kept[key] += len(walls)
+                if walls:
+                    per_call[key].append(statistics.median(walls))
+            else:
+                t0 = cpu()
+                drive(fn, calls)
+                per_call[key].append((cpu() - t0) / calls)
+    if each:
+        print(
+            f"  ({kept['bare']} and {kept['tracked']} of {calls * rounds} 1 ms calls ran undisturbed)",
+            flush=True,
+        )
     return statistics.median(per_call["bare"]), statistics.median(per_call["tracked"])
 
 
@@ -176,8 +204,8 @@ def measure(kind: str, rate: float, *, items: int, calls: int, slow_calls: int, 
         slow = _functions(items, 1e-3)[kind]
         fast_tracked = monitor.track(model="bench", model_version=f"{kind}-fast")(fast)
         slow_tracked = monitor.track(model="bench", model_version=f"{kind}-1ms")(slow)
-        bare, tracked = _alternated(drive, fast, fast_tracked, calls, rounds, time.thread_time)
-        slow_bare, slow_tr = _alternated(drive, slow, slow_tracked, slow_calls, rounds, time.perf_counter)
+        bare, tracked = _alternated(drive, fast, fast_tracked, calls, rounds, each=False)
+        slow_bare, slow_tr = _alternated(drive, slow, slow_tracked, slow_calls, rounds, each=True)
     finally:
         monitor.close(timeout=5.0)
     return Row(kind, rate, bare * 1e9, (tracked - bare) * 1e9, slow_bare * 1e6, (slow_tr - slow_bare) * 1e6)

@@ -231,8 +231,8 @@ def wrap_generator(fn: Callable[..., Any], host: StreamHost) -> Callable[..., An
             start = None
         if start is None:  # the SDK failed: the user's generator, untracked
             return (yield from fn(*args, **kwargs))
-        try:
-            gen = fn(*args, **kwargs)
+        try:  # without keywords, the tuple as it came: `**kwargs` would copy the dict
+            gen = fn(*args, **kwargs) if kwargs else fn(*args)
         except BaseException as exc:
             _record(host, start, 0.0, 0, type(exc).__name__, None, None)
             raise
@@ -379,7 +379,7 @@ def wrap_async_generator(fn: Callable[..., Any], host: StreamHost) -> Callable[.
                 yield value
             return
         try:
-            agen = fn(*args, **kwargs)
+            agen = fn(*args, **kwargs) if kwargs else fn(*args)
         except BaseException as exc:
             _record(host, start, 0.0, 0, type(exc).__name__, None, None)
             raise
