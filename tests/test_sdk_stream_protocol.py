@@ -283,6 +283,42 @@ def test_methods_bind_like_functions_and_tracked_functions_pickle_by_name() -> N
     assert _stats(monitor)[:2] == (3, 0)
 
 
+def test_positional_and_keyword_arguments_reach_every_kind_of_function_as_given() -> None:
+    monitor = Monitor()
+    track = monitor.track(model="m")
+
+    @track
+    def plain(a: int, b: int = 2, *, c: int = 3) -> tuple[int, int, int]:
+        return a, b, c
+
+    @track
+    async def coroutine(a: int, b: int = 2, *, c: int = 3) -> tuple[int, int, int]:
+        return a, b, c
+
+    @track
+    def stream(a: int, b: int = 2, *, c: int = 3) -> Iterator[int]:
+        yield from (a, b, c)
+
+    @track
+    async def astream(a: int, b: int = 2, *, c: int = 3) -> AsyncIterator[int]:
+        for x in (a, b, c):
+            yield x
+
+    async def collect(agen: AsyncIterator[int]) -> list[int]:
+        return [x async for x in agen]
+
+    for args, kwargs, want in (
+        ((1,), {}, (1, 2, 3)),
+        ((1, 5), {"c": 6}, (1, 5, 6)),
+        ((), {"a": 7, "b": 8}, (7, 8, 3)),
+    ):
+        assert plain(*args, **kwargs) == want
+        assert asyncio.run(coroutine(*args, **kwargs)) == want
+        assert tuple(stream(*args, **kwargs)) == want
+        assert tuple(asyncio.run(collect(astream(*args, **kwargs)))) == want
+    assert _stats(monitor) == (12, 0, {})
+
+
 _PICKLE_MONITOR = Monitor()
 
 
