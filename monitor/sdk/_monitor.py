@@ -188,7 +188,7 @@ class Monitor:
         Written as one loop with everything it reads held in locals: it runs once per
         sampled call, and at 100% sampling its cost is most of the SDK's (docs/benchmarks.md).
         The fields are unpacked by name and passed on by name on purpose: it is faster than
-        star-unpacking or slicing the tuple (docs/benchmarks.md, issue 12's section)."""
+        star-unpacking or slicing the tuple (docs/benchmarks.md)."""
         prefix, ids, text, record, cfg = (
             self._id_prefix,
             self._id_counter,
