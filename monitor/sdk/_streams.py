@@ -6,16 +6,18 @@ them): the stream's end counts as its last token, so nothing is read per item bu
 item itself. The call is recorded once, when the stream ends: exhausted, raised (its
 exception's type), closed by the consumer (no error) or cancelled.
 
-Each wrapper is the same kind of function as the user's and delegates `send`, `throw` and
-`close` (`asend`, `athrow`, `aclose`) as `yield from` would, return value included. A call
+Each wrapper is the same kind of function as the user's (a Python generator function, whose
+calls are `types.GeneratorType`s; an async generator function for an async one) and
+delegates `send`, `throw` and `close` (`asend`, `athrow`, `aclose`) as `yield from` would,
+return value included. A call
 whose text is not sampled takes the cheapest loop its generator allows, with its state in
 locals (no object, no closure per call):
 - pass-through: a `for` (`async for`) loop that counts items in a local and yields each
   one, for generators that return nothing and drop what is sent to them
   (`returns_only_none`, `drops_sent_values`, read once from the bytecode), which is what a
   token stream is; a value sent is dropped, as the generator would drop it, and a `throw`
-  hands over to the general loop. (A loop costs per item what `yield from
-  itertools.compress(gen, counter)` costs, and less per call: docs/benchmarks/sdk-overhead.md);
+  hands over to the general loop (a loop costs per item what `yield from
+  itertools.compress(gen, counter)` costs, and less per call);
 - loop: the same loop, for generators that return nothing but may use what is sent
   (`x = yield`, `yield from`), with a check of what was sent: on the first `send` of a
   value or `throw` it hands over to the general loop;
