@@ -1,5 +1,4 @@
-"""The engine's native library: engine/csrc compiled once per instruction-set level; and the
-SDK's C streams (monitor/sdk/_cstreams.c, a CPython extension module).
+"""The engine's native library: engine/csrc compiled once per instruction-set level.
 
 Everything else about the package is pyproject.toml's. setuptools' extension machinery builds
 each level as an extension of the `infersight.engine` package (a plain shared library, loaded
@@ -9,9 +8,7 @@ and is read here by path (it needs only the standard library). `pip install` fro
 engine/isa.py in the checkout) all build them; a wheel carries them, so the serving machine
 needs no compiler. The extensions are optional: a machine whose compiler cannot build them
 still installs the package, and the engine decodes on the eager path (native.py says so in one
-log line). The levels compile in parallel; the four take about 10 s of one core with gcc 12.
-The SDK's module is optional in the same way: without it @track wraps generators in Python
-(monitor/sdk/_streams.py), at about twice the cost per call.
+log line). The levels compile in parallel. The SDK (monitor/sdk/) is pure Python.
 """
 
 from __future__ import annotations
@@ -34,13 +31,6 @@ def _isa():  # engine/isa.py, without importing the package (torch)
     sys.modules[spec.name] = module  # dataclasses look their module up
     spec.loader.exec_module(module)
     return module
-
-
-class PythonModule(Extension):
-    """A CPython extension module, built as build_ext builds one (ABI-tagged, `PyInit_`)."""
-
-
-PYTHON_MODULES = {"infersight.monitor.sdk._cstreams"}
 
 
 class BuildLevels(build_ext):
@@ -68,9 +58,6 @@ class BuildLevels(build_ext):
     def build_extension(self, ext: Extension) -> None:
         """The level's objects in a folder of their own (every level compiles the same files);
         skipped when the library is newer than its sources and headers."""
-        if isinstance(ext, PythonModule):
-            super().build_extension(ext)
-            return
         target = self.get_ext_fullpath(ext.name)
         inputs = [*ext.sources, *ext.depends]
         if (
@@ -88,8 +75,6 @@ class BuildLevels(build_ext):
         self.compiler.link_shared_object(objects, target, extra_postargs=ext.extra_link_args, target_lang="c")
 
     def get_ext_filename(self, fullname: str) -> str:
-        if fullname in PYTHON_MODULES or any(m.endswith("." + fullname) for m in PYTHON_MODULES):
-            return super().get_ext_filename(fullname)
         package, _, name = fullname.rpartition(".")
         return os.path.join(*package.split("."), name + ".so")
 
@@ -107,23 +92,6 @@ setup(
             optional=True,
         )
         for level in ISA.levels_for()
-    ]
-    + [
-        PythonModule(
-            name,
-            sources=["monitor/sdk/_cstreams.c"],
-            extra_compile_args=[
-                "-O2",
-                "-fPIC",
-                "-fvisibility=hidden",
-                "-Wall",
-                "-Wextra",
-                "-Wno-unused-parameter",
-            ],
-            extra_link_args=["-shared"],
-            optional=True,
-        )
-        for name in PYTHON_MODULES
     ],
     cmdclass={"build_ext": BuildLevels},
 )

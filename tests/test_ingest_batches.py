@@ -4,6 +4,7 @@ timestamps as `datetime` formats them, NUL replaced)."""
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import math
 import random
@@ -13,9 +14,9 @@ import pytest
 from _store_helpers import database_url
 from infersight.collectors import InferenceStats, InvalidObservation
 from infersight.monitor.records import InferenceRecord, InvalidRecord, from_json_many
-from infersight.monitor.service.pipeline import RequestWriter, _sqlite_rows
 from infersight.monitor.store.database import connect, upgrade
 from infersight.monitor.store.tables import by_start, requests, started_in, time_bucket
+from infersight.monitor.store.writer import COLUMNS, RequestWriter, _postgres_rows, _sqlite_rows
 from prometheus_client import CollectorRegistry, generate_latest
 from sqlalchemy import select
 
@@ -140,6 +141,47 @@ def test_sqlite_rows_carry_the_timestamp_datetime_would_format_and_no_nul() -> N
     (row,), short = _sqlite_rows([nul])
     assert short == []
     assert row[0] == "r\ufffd" and row[11] == "a\ufffdb" and "\x00" not in "".join(str(v) for v in row)
+
+
+def test_the_writers_rows_put_every_record_field_in_the_tables_column_of_that_name() -> None:
+    # the column list is the table's; the rows are tuples written out by hand, in its order
+    names = [f.name for f in dataclasses.fields(InferenceRecord)]
+    assert sorted(COLUMNS) == sorted([*names, "started_bucket"])
+    assert set(COLUMNS) | {"id", "relevance"} == {c.name for c in requests.columns}
+    full = InferenceRecord(
+        request_id="r", model="m", model_version="v", started_at=1_700_000_000.5, duration_s=0.25,
+        ttft_s=0.125, tpot_s=0.0625, queue_s=0.03125, prompt_tokens=11, output_tokens=13,
+        error_type="TimeoutError", prompt="p", response="q", source="proxy", path="fast",
+        system_prompt="s", max_tokens=17, stream=True, finish_reason="length",
+    )  # fmt: skip
+    assert all(getattr(full, name) is not None for name in names)  # every column told apart
+    short = dataclasses.replace(
+        full, error_type=None, prompt=None, response=None, path=None, system_prompt=None,
+        max_tokens=None, stream=None, finish_reason=None,
+    )  # fmt: skip
+    stamp = "2023-11-14 22:13:20.500000"
+    (row,), _ = _sqlite_rows([full])
+    _, (short_row,) = _sqlite_rows([short])
+    (pg_row,) = _postgres_rows([full])
+    want = {name: getattr(full, name) for name in names}
+    assert dict(zip(COLUMNS, row, strict=True)) == {
+        **want,
+        "started_at": stamp,
+        "started_bucket": 170_000_000,
+    }
+    at = dt.datetime.fromtimestamp(full.started_at, dt.UTC)
+    assert dict(zip(COLUMNS, pg_row, strict=True)) == {
+        **want,
+        "started_at": at,
+        "started_bucket": 170_000_000,
+    }
+    kept = {name: getattr(short, name) for name in names if getattr(short, name) is not None}
+    short_columns = [c for c in COLUMNS if c in kept or c == "started_bucket"]
+    assert dict(zip(short_columns, short_row, strict=True)) == {
+        **kept,
+        "started_at": stamp,
+        "started_bucket": 170_000_000,
+    }
 
 
 @pytest.fixture(params=["sqlite", "postgres"])

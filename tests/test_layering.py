@@ -25,7 +25,7 @@ ALLOWED: dict[str, set[str]] = {
     "monitor.records": set(),
     "monitor.redaction": set(),  # credentials and query strings out of logs and errors (stdlib)
     "monitor.extras": set(),  # which extra each part needs: every package's __init__ asks it
-    "monitor.store": {"monitor.extras"},
+    "monitor.store": {"monitor.extras", "monitor.records"},  # the writer stores InferenceRecords
     "monitor.data": set(),
     "dashboards": {"monitor.extras", "monitor.redaction"},
     "collectors": {"monitor.records", "engine.events"},

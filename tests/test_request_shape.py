@@ -16,9 +16,9 @@ from infersight.alerts.actions.analysis import AnalysisPolicy, StoreVersionMetri
 from infersight.alerts.actions.canary import CanaryAnalysis, CanaryController, CanaryPolicy
 from infersight.engine.events import RequestFailed, RequestFinished
 from infersight.monitor.records import InferenceRecord, from_json_many
-from infersight.monitor.service.pipeline import RequestWriter
 from infersight.monitor.store.database import connect, upgrade
 from infersight.monitor.store.tables import requests
+from infersight.monitor.store.writer import RequestWriter
 from sqlalchemy import select
 
 T0 = 1_800_000_000.0

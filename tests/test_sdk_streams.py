@@ -10,15 +10,7 @@ from typing import Any
 
 import pytest
 from infersight.monitor.records import InferenceRecord
-from infersight.monitor.sdk import Monitor, _streams
-
-
-@pytest.fixture(autouse=True, params=["c", "python"])
-def impl(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Every test on the C streams and on the Python wrappers (a machine without a compiler)."""
-    if request.param == "python":
-        monkeypatch.setattr(_streams, "native", None)
-    return str(request.param)
+from infersight.monitor.sdk import Monitor
 
 
 class Clock:

@@ -6,16 +6,18 @@ them): the stream's end counts as its last token, so nothing is read per item bu
 item itself. The call is recorded once, when the stream ends: exhausted, raised (its
 exception's type), closed by the consumer (no error) or cancelled.
 
-Each wrapper is the same kind of function as the user's and delegates `send`, `throw` and
-`close` (`asend`, `athrow`, `aclose`) as `yield from` would, return value included. A call
+Each wrapper is the same kind of function as the user's (a Python generator function, whose
+calls are `types.GeneratorType`s; an async generator function for an async one) and
+delegates `send`, `throw` and `close` (`asend`, `athrow`, `aclose`) as `yield from` would,
+return value included. A call
 whose text is not sampled takes the cheapest loop its generator allows, with its state in
 locals (no object, no closure per call):
 - pass-through: a `for` (`async for`) loop that counts items in a local and yields each
   one, for generators that return nothing and drop what is sent to them
   (`returns_only_none`, `drops_sent_values`, read once from the bytecode), which is what a
   token stream is; a value sent is dropped, as the generator would drop it, and a `throw`
-  hands over to the general loop. (A loop costs what `yield from itertools.compress(gen,
-  counter)` costs per item, and less per call: docs/benchmarks/ingest.md);
+  hands over to the general loop (a loop costs per item what `yield from
+  itertools.compress(gen, counter)` costs, and less per call);
 - loop: the same loop, for generators that return nothing but may use what is sent
   (`x = yield`, `yield from`), with a check of what was sent: on the first `send` of a
   value or `throw` it hands over to the general loop;
@@ -24,41 +26,21 @@ locals (no object, no closure per call):
 Async generators cannot return a value and have no `yield from`: the same two loops
 (`async for`), then the general loop (`_adrive`: `asend`/`athrow`) once the consumer throws
 (or, for one that may use what is sent, sends a value).
-
-Where the C module is built (`_cstreams.c`, setup.py), both kinds go through it instead
-(`_native`): a Python generator wrapper costs about half a bare prometheus pair before it
-tracks anything, the C types a few allocations. It runs the unsampled calls; at a sampled
-call's first step, a used `send` or a `throw`, it hands the stream to `_drive` / `_adrive`
-with the state so far (`AWAIT_THROW`: the loop first waits at a `yield` for the throw), and
-forwards to it from then on. The Python wrappers here are what runs without a compiler;
-tests/test_sdk_cstreams.py holds the two to the same behaviour.
 """
 
 from __future__ import annotations
 
 import dis
 import functools
-import importlib
 import inspect
 from collections.abc import AsyncGenerator, Callable, Generator
 from random import random as rand
-from types import CodeType, ModuleType
+from types import CodeType
 from typing import Any, Protocol
 
 from infersight.collectors._recording import Series
 
-native: ModuleType | None
-try:  # the C streams (setup.py builds them; a machine without a compiler runs the Python ones),
-    # by name: a `from infersight.monitor.sdk import` here would import the package that imports this
-    native = importlib.import_module("infersight.monitor.sdk._cstreams")
-except ImportError:  # pragma: no cover - depends on the build
-    native = None
-
-# `thrown` for `_drive`/`_adrive`: yield None first, then throw what is thrown there
-AWAIT_THROW: Any = BaseException("await the throw")
-
 __all__ = [
-    "AWAIT_THROW",
     "StreamHost",
     "drops_sent_values",
     "returns_only_none",
@@ -192,20 +174,10 @@ def _drive(
     chunks: list[Any] | None,
     prompt: str | None,
 ) -> Generator[Any, Any, Any]:
-    """The general loop, from a state: `n` items so far, then `send(sent)` or `throw(thrown)`;
-    with `thrown` AWAIT_THROW it first yields None and throws what is thrown there (the C
-    stream primes it so, then throws)."""
+    """The general loop, from a state: `n` items so far, then `send(sent)` or `throw(thrown)`."""
     send, throw = gen.send, gen.throw
     closing = False
     try:
-        if thrown is AWAIT_THROW:
-            try:
-                yield None
-            except GeneratorExit:
-                closing = True
-                raise
-            except BaseException as exc:
-                thrown = exc
         while True:
             if thrown is None:
                 value = send(sent)
@@ -237,13 +209,7 @@ def _drive(
 
 
 def wrap_generator(fn: Callable[..., Any], host: StreamHost) -> Callable[..., Any]:
-    """`fn` (a generator function) under @track: the C type when it is built, else Python's."""
-    if native is not None:
-        return _native(fn, host, _drive, drops_sent_values(fn), is_async=False)
-    return _python_generator(fn, host)
-
-
-def _python_generator(fn: Callable[..., Any], host: StreamHost) -> Callable[..., Any]:
+    """`fn` (a generator function) under @track: a generator function of the same signature."""
     plain = returns_only_none(fn)
     passthrough = plain and drops_sent_values(fn)
     clock = host.clock
@@ -267,8 +233,8 @@ def _python_generator(fn: Callable[..., Any], host: StreamHost) -> Callable[...,
             start = None
         if start is None:  # the SDK failed: the user's generator, untracked
             return (yield from fn(*args, **kwargs))
-        try:
-            gen = fn(*args, **kwargs)
+        try:  # without keywords, the tuple as it came: `**kwargs` would copy the dict
+            gen = fn(*args, **kwargs) if kwargs else fn(*args)
         except BaseException as exc:
             _record(host, start, 0.0, 0, type(exc).__name__, None, None)
             raise
@@ -286,7 +252,7 @@ def _python_generator(fn: Callable[..., Any], host: StreamHost) -> Callable[...,
             # The loops below, and the async ones in wrap_async_generator, are written out
             # once per case on purpose: they run per item inside the user's stream, where a
             # shared helper (a call or a `yield from` per item) costs more than the whole
-            # per-call target (docs/benchmarks/ingest.md).
+            # per-call target (docs/benchmarks/sdk-overhead.md).
             if passthrough:  # what is sent is dropped, as the generator would drop it
                 for value in gen:
                     if not n:
@@ -344,13 +310,6 @@ def _python_generator(fn: Callable[..., Any], host: StreamHost) -> Callable[...,
     return tracked
 
 
-def wrap_async_generator(fn: Callable[..., Any], host: StreamHost) -> Callable[..., Any]:
-    """`fn` (an async generator function) under @track: the C type when built, else Python's."""
-    if native is not None:
-        return _native(fn, host, _adrive, drops_sent_values(fn), is_async=True)
-    return _python_async_generator(fn, host)
-
-
 async def _adrive(
     host: StreamHost,
     agen: AsyncGenerator[Any, Any],
@@ -365,14 +324,6 @@ async def _adrive(
     """`_drive` for an async generator: `asend(sent)` or `athrow(thrown)` from a state."""
     closing = False
     try:
-        if thrown is AWAIT_THROW:
-            try:
-                yield None
-            except GeneratorExit:
-                closing = True
-                raise
-            except BaseException as exc:
-                thrown = exc
         while True:
             if thrown is None:
                 value = await agen.asend(sent)
@@ -403,7 +354,8 @@ async def _adrive(
         raise
 
 
-def _python_async_generator(fn: Callable[..., Any], host: StreamHost) -> Callable[..., Any]:
+def wrap_async_generator(fn: Callable[..., Any], host: StreamHost) -> Callable[..., Any]:
+    """`fn` (an async generator function) under @track: an async generator function."""
     passthrough = drops_sent_values(fn)
     clock = host.clock
     series = host.series
@@ -429,7 +381,7 @@ def _python_async_generator(fn: Callable[..., Any], host: StreamHost) -> Callabl
                 yield value
             return
         try:
-            agen = fn(*args, **kwargs)
+            agen = fn(*args, **kwargs) if kwargs else fn(*args)
         except BaseException as exc:
             _record(host, start, 0.0, 0, type(exc).__name__, None, None)
             raise
@@ -519,55 +471,4 @@ def _python_async_generator(fn: Callable[..., Any], host: StreamHost) -> Callabl
         except StopAsyncIteration:
             return
 
-    return tracked
-
-
-def _sampled(
-    host: StreamHost,
-    drive: Callable[..., Any],
-    gen: Any,
-    start: float,
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
-) -> Any:
-    """A sampled call's loop from its first step, its items kept with its prompt (the C
-    stream hands itself over to it)."""
-    return drive(host, gen, start, 0, 0.0, None, None, [], host.extract_prompt(args, kwargs))
-
-
-def _native(
-    fn: Callable[..., Any],
-    host: StreamHost,
-    handover: Callable[..., Any],
-    passthrough: bool,
-    *,
-    is_async: bool,
-) -> Callable[..., Any]:
-    """The C type around `fn`, with `handover` (`_drive` or `_adrive`) for what it leaves to
-    Python; the wrapped function's name, signature and code flags, so that inspect still
-    calls it a generator (or async generator) function."""
-    assert native is not None
-    series = host.series
-    tracked = native.Tracked(
-        fn,
-        host,
-        host.monitor,
-        host.clock,
-        series.entered.incr,
-        series.streamed,
-        series.fold,
-        rand,
-        host.internal,
-        functools.partial(_sampled, host, handover),
-        functools.partial(handover, host),
-        functools.partial(_record, host),
-        AWAIT_THROW,
-        series.fold_mask,
-        is_async,
-        passthrough,
-    )
-    functools.update_wrapper(tracked, fn)
-    for name in ("__code__", "__defaults__", "__kwdefaults__"):
-        if hasattr(fn, name):
-            setattr(tracked, name, getattr(fn, name))
     return tracked

@@ -349,8 +349,8 @@ def _wrap_plain(fn: Callable[..., Any], tracker: Tracker) -> Callable[..., Any]:
             tracker.internal("start")
         if start is None:
             return fn(*args, **kwargs)
-        try:
-            result = fn(*args, **kwargs)
+        try:  # without keywords, the tuple as it came: `**kwargs` would copy the dict
+            result = fn(*args, **kwargs) if kwargs else fn(*args)
         except BaseException as exc:
             tracker.failed(start, exc, args, kwargs)
             raise
@@ -390,7 +390,7 @@ def _wrap_coroutine(fn: Callable[..., Any], tracker: Tracker) -> Callable[..., A
         if start is None:
             return await fn(*args, **kwargs)
         try:
-            result = await fn(*args, **kwargs)
+            result = await (fn(*args, **kwargs) if kwargs else fn(*args))
         except BaseException as exc:  # CancelledError included: recorded as its type
             tracker.failed(start, exc, args, kwargs)
             raise

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import psutil
 from infersight.monitor.store import connect, current_revision, head_revision, sqlite_url, upgrade
 from infersight.monitor.store.retention import enforce_retention, prune_snapshot_files
+from infersight.monitor.store.writer import RequestWriter
 from prometheus_client import CollectorRegistry
 from sqlalchemy import Engine, text
 
@@ -35,7 +36,7 @@ from .jobs import (
     trim_heap,
 )
 from .metrics import CombinedRegistry, ServiceMetrics, Timeseries, timeseries_point
-from .pipeline import RecordPipeline, RequestWriter, TextReservoir
+from .pipeline import RecordPipeline, TextReservoir
 
 if TYPE_CHECKING:
     from infersight.collectors import GPUCollector, InferenceStats, ProcessCollector

@@ -40,11 +40,12 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from infersight.monitor.store.tables import requests
+from infersight.monitor.store.writer import RequestWriter
 from prometheus_client import CollectorRegistry, Counter, Gauge, Info
 from sqlalchemy import Engine, bindparam, update
 
 from .jobs import trim_heap
-from .pipeline import RequestWriter, SampledText, TextReservoir
+from .pipeline import SampledText, TextReservoir
 
 if TYPE_CHECKING:
     from .config import DriftConfig

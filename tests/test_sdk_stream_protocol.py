@@ -1,22 +1,23 @@
-"""@track's generator and async-generator streams: the C types (monitor/sdk/_cstreams.c) and
-the Python wrappers they stand in for behave alike. Every test runs on both (`impl`), with
-payload sampling off unless it says otherwise, which is where the C path runs; the figures
-come from a controlled clock."""
+"""@track's generator and async-generator wrappers (monitor/sdk/_streams.py) under the whole
+generator protocol: next, send, throw, close, return values, dropping, binding, pickling, and
+what is kept after a stream ends. Payload sampling is off unless a test says otherwise: that is
+the unsampled loops' path, the one a token stream takes; the figures come from a controlled
+clock. tests/test_sdk_streams.py has the sampled records and cancellation."""
 
 from __future__ import annotations
 
 import asyncio
-import collections.abc
 import gc
 import inspect
 import pickle
+import types
 import weakref
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
 from infersight.monitor.records import InferenceRecord
-from infersight.monitor.sdk import Monitor, _cstreams, _streams
+from infersight.monitor.sdk import Monitor
 
 
 class Clock:
@@ -30,23 +31,11 @@ class Clock:
         return self.t
 
 
-@pytest.fixture(params=["c", "python"])
-def impl(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    if request.param == "python":
-        monkeypatch.setattr(_streams, "native", None)
-    return str(request.param)
-
-
-def test_the_c_streams_are_built_in_this_install() -> None:
-    # setup.py builds them with the package; without a compiler the Python wrappers run
-    assert _streams.native is not None
-
-
 def _stats(monitor: Monitor) -> tuple[int, int, dict[str, int]]:
     return monitor.stats.count(600), monitor.stats.in_flight(), monitor.stats.error_counts()
 
 
-def test_a_stream_is_still_a_generator_function_with_its_name_signature_and_kind(impl: str) -> None:
+def test_a_stream_is_still_a_generator_function_with_its_name_signature_and_kind() -> None:
     monitor = Monitor()
 
     def stream(prompt: str, n: int = 3, *, stop: str = ".") -> Iterator[str]:
@@ -66,13 +55,13 @@ def test_a_stream_is_still_a_generator_function_with_its_name_signature_and_kind
         )
         assert inspect.signature(tracked) == inspect.signature(fn)
     gen = monitor.track(model="m")(stream)("x")
-    assert isinstance(gen, collections.abc.Generator) and iter(gen) is gen
+    assert type(gen) is types.GeneratorType and inspect.isgenerator(gen) and iter(gen) is gen
     agen = monitor.track(model="m")(astream)("x")
-    assert isinstance(agen, collections.abc.AsyncGenerator)
+    assert type(agen) is types.AsyncGeneratorType and inspect.isasyncgen(agen)
     agen.aclose().close()  # never started: nothing to run
 
 
-def test_exhausted_stream_records_ttft_tpot_and_items_on_the_controlled_clock(impl: str) -> None:
+def test_exhausted_stream_records_ttft_tpot_and_items_on_the_controlled_clock() -> None:
     clock = Clock()
     monitor = Monitor(clock=clock)
 
@@ -93,7 +82,7 @@ def test_exhausted_stream_records_ttft_tpot_and_items_on_the_controlled_clock(im
     assert monitor.stats.quantile("request_duration", 1.0, 600) == pytest.approx(0.9, rel=0.02)
 
 
-def test_a_stream_that_is_created_but_never_started_never_enters(impl: str) -> None:
+def test_a_stream_that_is_created_but_never_started_never_enters() -> None:
     monitor = Monitor()
 
     @monitor.track(model="m")
@@ -107,7 +96,7 @@ def test_a_stream_that_is_created_but_never_started_never_enters(impl: str) -> N
     assert _stats(monitor) == (0, 0, {})
 
 
-def test_start_is_read_at_the_first_step_not_at_the_call(impl: str) -> None:
+def test_start_is_read_at_the_first_step_not_at_the_call() -> None:
     clock = Clock()
     monitor = Monitor(clock=clock)
 
@@ -121,7 +110,7 @@ def test_start_is_read_at_the_first_step_not_at_the_call(impl: str) -> None:
     assert monitor.stats.quantile("request_duration", 1.0, 600) == pytest.approx(0.0, abs=1e-3)
 
 
-def test_return_value_comes_back_through_yield_from(impl: str) -> None:
+def test_return_value_comes_back_through_yield_from() -> None:
     monitor = Monitor()
 
     @monitor.track(model="m")
@@ -138,7 +127,7 @@ def test_return_value_comes_back_through_yield_from(impl: str) -> None:
     assert _stats(monitor) == (1, 0, {})
 
 
-def test_sent_values_reach_a_generator_that_uses_them_and_are_dropped_by_one_that_does_not(impl: str) -> None:
+def test_sent_values_reach_a_generator_that_uses_them_and_are_dropped_by_one_that_does_not() -> None:
     monitor = Monitor()
 
     @monitor.track(model="m")
@@ -155,7 +144,7 @@ def test_sent_values_reach_a_generator_that_uses_them_and_are_dropped_by_one_tha
 
     gen = accumulate()
     assert next(gen) == 0
-    assert gen.send(4) == 4  # handed over to the general loop here on the C path
+    assert gen.send(4) == 4  # handed over to the general loop here
     assert gen.send(None) == 5
     assert gen.send(3) == 8
     with pytest.raises(StopIteration):
@@ -169,7 +158,7 @@ def test_sent_values_reach_a_generator_that_uses_them_and_are_dropped_by_one_tha
     assert _stats(monitor) == (2, 0, {})
 
 
-def test_throw_is_handled_by_the_generator_or_recorded_as_its_error(impl: str) -> None:
+def test_throw_is_handled_by_the_generator_or_recorded_as_its_error() -> None:
     monitor = Monitor()
     cleaned = []
 
@@ -202,7 +191,7 @@ def test_throw_is_handled_by_the_generator_or_recorded_as_its_error(impl: str) -
     assert _stats(monitor) == (2, 0, {"ValueError": 1})
 
 
-def test_close_and_drop_mid_stream_finish_without_error_and_run_cleanup(impl: str) -> None:
+def test_close_and_drop_mid_stream_finish_without_error_and_run_cleanup() -> None:
     monitor = Monitor()
     cleaned: list[str] = []
 
@@ -226,7 +215,7 @@ def test_close_and_drop_mid_stream_finish_without_error_and_run_cleanup(impl: st
     assert _stats(monitor) == (2, 0, {})
 
 
-def test_errors_mid_stream_and_bad_arguments_are_recorded_and_reraised_unchanged(impl: str) -> None:
+def test_errors_mid_stream_and_bad_arguments_are_recorded_and_reraised_unchanged() -> None:
     monitor = Monitor()
     boom = ConnectionResetError("upstream closed")
 
@@ -247,7 +236,7 @@ def test_errors_mid_stream_and_bad_arguments_are_recorded_and_reraised_unchanged
     assert _stats(monitor) == (2, 0, {"ConnectionResetError": 1, "TypeError": 1})
 
 
-def test_the_sdk_failing_never_breaks_the_users_stream(impl: str) -> None:
+def test_the_sdk_failing_never_breaks_the_users_stream() -> None:
     clock = Clock()
     monitor = Monitor(clock=clock)
 
@@ -266,7 +255,7 @@ def test_the_sdk_failing_never_breaks_the_users_stream(impl: str) -> None:
     assert monitor.counters.value("internal", "finish") == 1
 
 
-def test_methods_bind_like_functions_and_tracked_functions_pickle_by_name(impl: str) -> None:
+def test_methods_bind_like_functions_and_tracked_functions_pickle_by_name() -> None:
     monitor = Monitor()
 
     class Model:
@@ -294,6 +283,42 @@ def test_methods_bind_like_functions_and_tracked_functions_pickle_by_name(impl: 
     assert _stats(monitor)[:2] == (3, 0)
 
 
+def test_positional_and_keyword_arguments_reach_every_kind_of_function_as_given() -> None:
+    monitor = Monitor()
+    track = monitor.track(model="m")
+
+    @track
+    def plain(a: int, b: int = 2, *, c: int = 3) -> tuple[int, int, int]:
+        return a, b, c
+
+    @track
+    async def coroutine(a: int, b: int = 2, *, c: int = 3) -> tuple[int, int, int]:
+        return a, b, c
+
+    @track
+    def stream(a: int, b: int = 2, *, c: int = 3) -> Iterator[int]:
+        yield from (a, b, c)
+
+    @track
+    async def astream(a: int, b: int = 2, *, c: int = 3) -> AsyncIterator[int]:
+        for x in (a, b, c):
+            yield x
+
+    async def collect(agen: AsyncIterator[int]) -> list[int]:
+        return [x async for x in agen]
+
+    for args, kwargs, want in (
+        ((1,), {}, (1, 2, 3)),
+        ((1, 5), {"c": 6}, (1, 5, 6)),
+        ((), {"a": 7, "b": 8}, (7, 8, 3)),
+    ):
+        assert plain(*args, **kwargs) == want
+        assert asyncio.run(coroutine(*args, **kwargs)) == want
+        assert tuple(stream(*args, **kwargs)) == want
+        assert tuple(asyncio.run(collect(astream(*args, **kwargs)))) == want
+    assert _stats(monitor) == (12, 0, {})
+
+
 _PICKLE_MONITOR = Monitor()
 
 
@@ -302,7 +327,7 @@ def tokens_for_pickle() -> Iterator[int]:
     yield 1
 
 
-def test_nothing_is_kept_after_streams_end_however_they_end(impl: str) -> None:
+def test_nothing_is_kept_after_streams_end_however_they_end() -> None:
     monitor = Monitor()
 
     class Prompt:
@@ -336,11 +361,12 @@ def test_nothing_is_kept_after_streams_end_however_they_end(impl: str) -> None:
         del gen, prompt
     gc.collect()
     assert [r() for r in refs] == [None] * 6
-    assert not [o for o in gc.get_objects() if type(o) in (_cstreams.Stream, _cstreams.AStream)]
+    codes = (stream.__code__, stream.__wrapped__.__code__)  # type: ignore[attr-defined]
+    assert not [o for o in gc.get_objects() if isinstance(o, types.GeneratorType) and o.gi_code in codes]
     assert _stats(monitor) == (6, 0, {"KeyError": 1, "ValueError": 1})
 
 
-def test_sampled_calls_keep_their_text_and_unsampled_ones_are_counted(impl: str) -> None:
+def test_sampled_calls_keep_their_text_and_unsampled_ones_are_counted() -> None:
     got: list[InferenceRecord] = []
     monitor = Monitor(sink=got.extend, sample_rate=1.0)
 
@@ -360,7 +386,7 @@ def test_sampled_calls_keep_their_text_and_unsampled_ones_are_counted(impl: str)
 # -- async generators ---------------------------------------------------------------------------
 
 
-async def test_async_exhaustion_close_and_drop(impl: str) -> None:
+async def test_async_exhaustion_close_and_drop() -> None:
     clock = Clock()
     monitor = Monitor(clock=clock)
     cleaned: list[int] = []
@@ -391,7 +417,7 @@ async def test_async_exhaustion_close_and_drop(impl: str) -> None:
     assert _stats(monitor) == (3, 0, {})
 
 
-async def test_async_asend_athrow_and_errors(impl: str) -> None:
+async def test_async_asend_athrow_and_errors() -> None:
     # asend/athrow into a generator that uses them, and cancellation: tests/test_sdk_streams.py
     monitor = Monitor()
 
@@ -422,7 +448,7 @@ async def test_async_asend_athrow_and_errors(impl: str) -> None:
     assert _stats(monitor) == (3, 0, {"ValueError": 1, "ConnectionResetError": 1})
 
 
-async def test_async_streams_keep_nothing_after_they_end(impl: str) -> None:
+async def test_async_streams_keep_nothing_after_they_end() -> None:
     monitor = Monitor()
 
     class Prompt:
