@@ -218,6 +218,13 @@ class LimitsConfig:
     write_queue_rows: int = 200_000  # ingest answers 503 beyond this backlog
     timeseries_points: int = 17_280  # 24 h at the default 5 s tick
     max_label_values: int = 100  # distinct model (and model_version) label values; the rest are `other`
+    # the longest one call can take, in seconds (duration, TTFT, TPOT, queue time)
+    # an ingested event or OTLP span past it is refused by field: no measurement of 2**64 s
+    # reaches the histograms
+    max_duration_s: float = 86_400.0
+    # the most tokens one call can count (prompt, output, the max_tokens asked for)
+    # an ingested event or OTLP span past it is refused by field; at most 2**31-1, the store's integer
+    max_tokens: int = 10_000_000
     # `infersight serve`'s sockets (overload.py): a connection whose request headers are not
     # all in this long after it opened (or its next request began) is closed, and one client
     # address holds at most this many connections at once (more are closed at once)
@@ -417,6 +424,12 @@ def check_config(config: ServiceConfig, *, source: str | None = None) -> Service
             continue
         if not getattr(config.limits, f.name) > 0:
             fail(f"limits.{f.name}", "must be positive")
+    if not (
+        isinstance(config.limits.max_duration_s, int | float) and config.limits.max_duration_s < float("inf")
+    ):
+        fail("limits.max_duration_s", "must be a finite number of seconds")
+    if not (isinstance(config.limits.max_tokens, int) and config.limits.max_tokens <= 2**31 - 1):
+        fail("limits.max_tokens", "must be an integer of at most 2147483647")
     for rate, burst in (("client_rate", "client_burst"), ("token_client_rate", "token_client_burst")):
         value = getattr(config.limits, rate)
         if not (isinstance(value, int | float) and 0 <= value < float("inf")):

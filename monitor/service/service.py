@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import psutil
+from infersight.monitor.records import RecordLimits
 from infersight.monitor.store import connect, current_revision, head_revision, sqlite_url, upgrade
 from infersight.monitor.store.retention import enforce_retention, prune_snapshot_files
 from prometheus_client import CollectorRegistry
@@ -97,6 +98,8 @@ class Service:
         if self.data_dir.stat().st_mode & 0o077:
             log.warning("data directory %s is open to other users; chmod 700 it", self.data_dir)
         self.token = config.token or load_or_create_token(self.data_dir)
+        # what one call can be: events and spans past it are refused by field
+        self.record_limits = RecordLimits(config.limits.max_duration_s, config.limits.max_tokens)
         self.database_url = config.database_url or sqlite_url(self.data_dir)
         self.db: Engine = connect(self.database_url)
         self.registry = CollectorRegistry(auto_describe=True)
