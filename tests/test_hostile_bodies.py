@@ -63,8 +63,14 @@ def client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[FastAPI, 
     registry = private_copy(shared_demo_registry(tmp_path_factory), tmp / "registry")
     cfg = config(
         tmp,
-        engine=EngineConfig(registry=registry, version=GOOD, max_batch_size=4, max_seq_len=256,
-                            max_prompt_tokens=128, max_tokens_limit=4),  # fmt: skip
+        engine=EngineConfig(
+            registry=registry,
+            version=GOOD,
+            max_batch_size=4,
+            max_seq_len=256,
+            max_prompt_tokens=128,
+            max_tokens_limit=4,
+        ),
         limits=LimitsConfig(max_body_bytes=LIMIT, client_rate=0.0),
         drift=DriftConfig(enabled=True),  # its routes answer 503 while drift is off
         schedule=ScheduleConfig(timeseries_s=0.5, embed_s=3600.0, drift_s=3600.0),
@@ -131,7 +137,9 @@ def test_durations_and_counts_past_the_configured_maximum_are_refused_by_field(c
     r = _post(c, "/api/v1/events", body.encode())
     assert r.status_code == 200
     assert r.json()["accepted"] == 1
-    assert [(x["index"], x["field"]) for x in r.json()["rejected"]] == [(i, f) for i, (f, _) in enumerate(cases)]
+    assert [(x["index"], x["field"]) for x in r.json()["rejected"]] == [
+        (i, f) for i, (f, _) in enumerate(cases)
+    ]
 
 
 def test_a_lone_surrogate_in_an_event_is_refused_by_field(client) -> None:  # type: ignore[no-untyped-def]
@@ -208,7 +216,9 @@ def test_wrong_types_in_every_field_of_the_openai_routes_get_no_5xx(client) -> N
     for path, base in (("/v1/chat/completions", CHAT), ("/v1/completions", COMPLETION)):
         for field in OPENAI_FIELDS:
             for value in VALUES:
-                answers.append((f"{path} {field}={str(value)[:30]}", _post(c, path, _with(base, field, value))))
+                answers.append(
+                    (f"{path} {field}={str(value)[:30]}", _post(c, path, _with(base, field, value)))
+                )
             deep = _holed(base, field, _deep_value())
             answers.append((f"{path} {field}=deep", _post(c, path, deep)))
         for messages in MESSAGES:
@@ -244,7 +254,9 @@ def _otlp_json(export: ExportTraceServiceRequest) -> bytes:
     for rs in obj["resourceSpans"]:
         for ss in rs["scopeSpans"]:
             for span in ss["spans"]:
-                span["traceId"], span["spanId"] = (base64.b64decode(span[k]).hex() for k in ("traceId", "spanId"))
+                span["traceId"], span["spanId"] = (
+                    base64.b64decode(span[k]).hex() for k in ("traceId", "spanId")
+                )
     return json.dumps(obj).encode()
 
 
@@ -296,7 +308,9 @@ def test_every_otlp_refusal_is_a_google_rpc_status_in_the_requests_format(client
             status = _status(r)
             assert status.code != 0 and status.message, (what, media)
         r = c.get("/v1/traces", headers={"content-type": media})  # a wrong method: the edge answers
-        assert r.status_code in (404, 405) and r.headers["content-type"].startswith(media) and _status(r).message
+        assert (
+            r.status_code in (404, 405) and r.headers["content-type"].startswith(media) and _status(r).message
+        )
 
 
 def _varint(n: int) -> bytes:
