@@ -4,7 +4,8 @@ The service's configuration: frozen dataclasses, built from a YAML file plus the
 environment (`load_config`, below) or directly in code and tests.
 
 Secrets never need to be in the file: `INFERSIGHT_TOKEN` (bearer token),
-`INFERSIGHT_DATABASE_URL`, `INFERSIGHT_UPSTREAM_API_KEY`, `INFERSIGHT_SHADOW_UPSTREAM_API_KEY`; receivers' secrets are named by
+`INFERSIGHT_DATABASE_URL`, `INFERSIGHT_UPSTREAM_API_KEY`, `INFERSIGHT_SHADOW_UPSTREAM_API_KEY`,
+`INFERSIGHT_KV_KEY` (the shared KV tier's seal key); receivers' secrets are named by
 `*_env` keys in the rule file (e.g. `routing_key_env: INFERSIGHT_PAGERDUTY_ROUTING_KEY`).
 
 `load_config(path, env)`: the YAML config file of `infersight serve`, strictly checked.
@@ -81,6 +82,10 @@ class EngineConfig:
     # a shared tier so that a new replica starts warm, e.g. "redis://127.0.0.1:6379/0" (off)
     prefix_cache_redis_url: str | None = None
     prefix_cache_redis_prefix: str = "infersight:kv:"
+    # the secret the shared tier's blocks are sealed with (HMAC-SHA256), the same on every replica
+    # required with prefix_cache_redis_url, at least 32 bytes; better given as INFERSIGHT_KV_KEY
+    # than in the file. Without it, anyone who can write to Redis could forge a block
+    prefix_cache_redis_key: str | None = field(default=None, repr=False)
     # paired release checks (engine/runtime_shadow.py): while a canary runs, and for the
     # post-deploy analysis window after a deploy (the previous version stays loaded), this
     # share of live requests is also answered by the other version (0 turns pairs off).
@@ -305,6 +310,7 @@ ENV_TOKEN = "INFERSIGHT_TOKEN"
 ENV_DATABASE_URL = "INFERSIGHT_DATABASE_URL"
 ENV_UPSTREAM_API_KEY = "INFERSIGHT_UPSTREAM_API_KEY"
 ENV_SHADOW_UPSTREAM_API_KEY = "INFERSIGHT_SHADOW_UPSTREAM_API_KEY"
+ENV_KV_KEY = "INFERSIGHT_KV_KEY"
 _PATH_FIELDS = {"data_dir", "registry", "rules", "reference"}
 
 
@@ -361,6 +367,9 @@ def config_from_mapping(
     shadow = top.get("shadow_upstream")
     if isinstance(shadow, ShadowUpstreamConfig) and env.get(ENV_SHADOW_UPSTREAM_API_KEY):
         top["shadow_upstream"] = dataclasses.replace(shadow, api_key=env[ENV_SHADOW_UPSTREAM_API_KEY])
+    engine = top.get("engine")
+    if isinstance(engine, EngineConfig) and env.get(ENV_KV_KEY):
+        top["engine"] = dataclasses.replace(engine, prefix_cache_redis_key=env[ENV_KV_KEY])
     try:
         config = ServiceConfig(**top)
     except (TypeError, ValueError) as exc:
@@ -461,6 +470,10 @@ def check_config(config: ServiceConfig, *, source: str | None = None) -> Service
         url = config.engine.prefix_cache_redis_url
         if url is not None and not url.startswith(("redis://", "rediss://", "unix://")):
             fail("engine.prefix_cache_redis_url", "must be a redis://, rediss:// or unix:// URL")
+        key = config.engine.prefix_cache_redis_key
+        if url is not None and config.engine.prefix_cache_mb > 0 and len((key or "").encode()) < 32:
+            fail("engine.prefix_cache_redis_key", f"the shared tier needs a secret of at least 32 bytes "
+                 f"(or {ENV_KV_KEY}) to seal its blocks with; {'none' if not key else 'a shorter one'} given")  # fmt: skip
     if config.routing is not None:
         _check_routing(config, fail)
     return config
