@@ -261,12 +261,12 @@ async def _send_error(send: Send, start: AsgiMessage, body: bytes, media: str) -
         shaped = json.loads(body) if answered == JSON else None
     except (ValueError, RecursionError):
         shaped = None
-    edge = isinstance(shaped, dict) and isinstance(shaped.get("error"), dict)
-    if answered == media and not edge:
+    error = shaped.get("error") if isinstance(shaped, dict) else None  # the edge's {"error": {...}}
+    if answered == media and not isinstance(error, dict):
         await send(start)
         await send({"type": "http.response.body", "body": body})
         return
-    message = str(shaped["error"].get("message")) if edge else body.decode("utf-8", "replace")[:300]
+    message = str(error.get("message")) if isinstance(error, dict) else body.decode("utf-8", "replace")[:300]
     code = _CODES.get(http, code_pb2.INVALID_ARGUMENT if http < 500 else code_pb2.INTERNAL)
     status = status_pb2.Status(code=code, message=message or f"HTTP {http}")
     out = (
