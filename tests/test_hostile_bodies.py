@@ -85,6 +85,7 @@ def _post(c: TestClient, path: str, body: bytes, **headers: str) -> httpx.Respon
 
 
 def _no_5xx(answers: list[tuple[str, httpx.Response]]) -> None:
+    print(f"\nsent {len(answers)} hostile requests")
     bad = [f"{what} -> {r.status_code} {r.text[:160]}" for what, r in answers if r.status_code >= 500]
     assert not bad, "\n".join(bad[:15])
 
@@ -201,8 +202,8 @@ def test_wrong_types_in_every_field_of_every_state_changing_route_get_no_5xx(cli
 
 
 # -- the OpenAI routes --------------------------------------------------------------------
-CHAT = {"model": GOOD, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
-COMPLETION = {"model": GOOD, "prompt": "hi", "max_tokens": 2}
+CHAT = {"model": GOOD, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
+COMPLETION = {"model": GOOD, "prompt": "hi", "max_tokens": 1}
 # what the routes read, and two they do not (ignored, as OpenAI's own clients may send them)
 OPENAI_FIELDS = ["model", "messages", "prompt", "max_tokens", "max_completion_tokens", "temperature", "top_p",
                  "stream", "stream_options", "stop", "n", "seed", "user", "echo", "tools", "logit_bias"]  # fmt: skip
@@ -353,3 +354,14 @@ def test_an_error_answer_keeps_the_connection_for_the_next_request(served: Serve
             ok = http.post("/v1/traces", content=good, headers=proto)
             assert ok.status_code == 200
             assert _peer(ok) == _peer(bad), f"{path} {expected}: the server closed the connection"
+
+
+def test_the_rate_limits_429_on_otlp_is_a_status_too(tmp_path: Path) -> None:
+    cfg = config(tmp_path, limits=LimitsConfig(client_rate=1.0, client_burst=1.0))
+    app = create_app(cfg)
+    with TestClient(app, raise_server_exceptions=False) as c:
+        answers = [c.post("/v1/traces", content=b"", headers={"content-type": "application/x-protobuf"})
+                   for _ in range(3)]  # fmt: skip
+    limited = [r for r in answers if r.status_code == 429]
+    assert limited and limited[0].headers["content-type"] == "application/x-protobuf"
+    assert _status(limited[0]).code == 8 and "retry-after" in limited[0].headers
