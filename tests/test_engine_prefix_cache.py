@@ -301,6 +301,8 @@ def test_a_block_copied_in_redis_to_another_prompts_key_is_a_counted_miss_not_se
     assert redis_tier.get_many([b_keys[0]], [b_prompt[:BLOCK]]) == [REJECTED]
     client.set(truncated, client.get(truncated)[:20])  # cut before the end of its seal
     assert redis_tier.get_many([b_keys[0]], [b_prompt[:BLOCK]]) == [Rejected("format")]
+    client.set(truncated, b"iskv1:" + bytes(32) + b"a block in the old, unkeyed format")
+    assert redis_tier.get_many([b_keys[0]], [b_prompt[:BLOCK]]) == [Rejected("format")]
 
 
 def _forge(
