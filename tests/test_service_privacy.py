@@ -279,3 +279,18 @@ def test_a_token_file_only_its_owner_reads_is_kept_even_if_the_directory_was_ope
         (warning,) = _data_dir_warnings(caplog)
         assert ". (0711)" in warning and "rotated" not in warning
     assert _mode(Path(cfg.data_dir)) == 0o700
+
+
+def test_with_a_configured_token_an_open_token_file_is_narrowed_not_replaced(
+    tmp_path: Path, open_umask: None, caplog: pytest.LogCaptureFixture
+) -> None:
+    cfg = config(tmp_path)  # the token comes from the configuration (INFERSIGHT_TOKEN)
+    data = Path(cfg.data_dir)
+    data.mkdir(parents=True)
+    (data / "api-token").write_text(f"{cfg.token}\n")  # as a deployment script might have left it
+    (data / "api-token").chmod(0o644)
+    with caplog.at_level(logging.WARNING), running(cfg) as (app, _):
+        assert app.state.token == cfg.token
+        (warning,) = _data_dir_warnings(caplog)
+        assert "api-token (0644)" in warning and "rotated" not in warning
+    assert (data / "api-token").read_text().strip() == cfg.token and _mode(data / "api-token") == 0o600

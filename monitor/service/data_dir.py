@@ -10,9 +10,11 @@ across upgrades unless something narrows it.
 opened. Every directory under the data directory (itself included) more open than 0700
 becomes 0700 and every regular file more open than 0600 becomes 0600; symbolic links are
 left alone (a chmod would follow them out of the directory). What changed is said in ONE
-warning. An API token file that others could read is no secret any more: it is deleted,
-so that a new token is made in its place, and the warning says so: clients need the new
-one from that file.
+warning. An API token file that others could read is no secret any more: when it holds
+the service's token, it is deleted so that a new token is made in its place, and the
+warning says so: clients need the new one from that file. With a configured token
+(`INFERSIGHT_TOKEN`) the file is not what the service checks and is only narrowed:
+rotating a configured token is its operator's to do.
 """
 
 from __future__ import annotations
@@ -33,8 +35,8 @@ _SHOWN = 8  # paths named in the warning; the rest are counted
 
 @dataclass(frozen=True)
 class Narrowed:
-    """What `narrow_data_dir` changed: paths relative to the data directory, each with the
-    mode it had; whether the token was rotated; paths it could not change (not ours)."""
+    """What `narrow_data_dir` changed: paths relative to the data directory narrowed, each
+    with the mode it had; whether the token was rotated; paths it could not change."""
 
     changed: tuple[tuple[str, int], ...] = ()
     token_rotated: bool = False
@@ -45,9 +47,10 @@ class Narrowed:
 
 
 def narrow_data_dir(data_dir: Path, *, token_from_file: bool = True) -> Narrowed:
-    """Narrow `data_dir` (which exists) to its owner: directories 0700, files 0600, an
-    exposed token deleted (to be made anew when `token_from_file`: the service's token is
-    the file's); one warning when anything changed."""
+    """Narrow `data_dir` (which exists) to its owner: directories 0700, files 0600; an
+    exposed token file deleted, to be made anew, when it holds the service's token
+    (`token_from_file`; a configured token's file is only narrowed). One warning when
+    anything changed."""
     changed: list[tuple[str, int]] = []
     refused: list[str] = []
     token_rotated = False
@@ -64,14 +67,18 @@ def narrow_data_dir(data_dir: Path, *, token_from_file: bool = True) -> Narrowed
             if not mode & 0o077:
                 continue
             shown = "." if path == data_dir else str(path.relative_to(data_dir))
-            if path == data_dir / TOKEN_FILE and stat.S_ISREG(info.st_mode) and mode & 0o044:
+            if (
+                token_from_file
+                and path == data_dir / TOKEN_FILE
+                and stat.S_ISREG(info.st_mode)
+                and mode & 0o044
+            ):
                 try:
                     path.unlink()  # read by others: no secret now; the service makes a new one
                 except OSError:
                     refused.append(shown)
                     continue
                 token_rotated = True
-                changed.append((shown, mode))
                 continue
             try:
                 path.chmod(wanted)
@@ -82,26 +89,22 @@ def narrow_data_dir(data_dir: Path, *, token_from_file: bool = True) -> Narrowed
         dirs[:] = [d for d in dirs if not (here / d).is_symlink()]
     narrowed = Narrowed(tuple(changed), token_rotated, tuple(refused))
     if narrowed:
-        log.warning("%s", _warning(data_dir, narrowed, token_from_file))
+        log.warning("%s", _warning(data_dir, narrowed))
     return narrowed
 
 
-def _warning(data_dir: Path, narrowed: Narrowed, token_from_file: bool) -> str:
-    names = [f"{name} ({mode:04o})" for name, mode in narrowed.changed if name != TOKEN_FILE]
+def _warning(data_dir: Path, narrowed: Narrowed) -> str:
+    names = [f"{name} ({mode:04o})" for name, mode in narrowed.changed]
     parts = []
     if names:
         more = f" and {len(names) - _SHOWN} more" if len(names) > _SHOWN else ""
         parts.append(
             f"narrowed to the owner (directories 0700, files 0600): {', '.join(names[:_SHOWN])}{more}"
         )
-    if narrowed.token_rotated and token_from_file:
+    if narrowed.token_rotated:
         parts.append(
             f"the API token in {TOKEN_FILE} was readable by other users and has been rotated: "
             f"clients need the new token from {data_dir / TOKEN_FILE}"
-        )
-    elif narrowed.token_rotated:
-        parts.append(
-            f"{TOKEN_FILE}, readable by other users, was deleted (the token in use is the configured one)"
         )
     if narrowed.refused:
         parts.append(f"could not narrow (not this user's): {', '.join(narrowed.refused[:_SHOWN])}")
