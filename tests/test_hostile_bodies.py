@@ -29,16 +29,18 @@ from google.protobuf import json_format
 from google.rpc import status_pb2
 from infersight.monitor.service import EngineConfig, create_app
 from infersight.monitor.service.config import DriftConfig, LimitsConfig, ScheduleConfig
+from infersight.monitor.store.tables import requests
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from sqlalchemy import select
 
 LIMIT = 1024 * 1024
 DEEP = 100_000
 NAN = float("nan")
 # values that are the wrong type, shape or size for every field of every body
 VALUES: list[Any] = [None, True, 0, -1, 2**63, 10**30, 1e308, -1e308, NAN, float("inf"), float("-inf"),
-                     "", "\u0000", "\u00b2", "x" * 5000, [], {}, [["x"]], {"a": {"b": [1]}}, [None] * 3]  # fmt: skip
+                     "", "\u0000", "\u00b2", "\ud800", "x" * 5000, [], {}, [["x"]], {"a": {"b": [1]}}, [None] * 3]  # fmt: skip
 RAW_BODIES = [b"[" * DEEP + b"]" * DEEP, b'{"a":' * DEEP + b"1" + b"}" * DEEP, b'{"x": "\xff\xfe"}',
-              b'{"x": "\\ud800"}', b'{"x": NaN, "y": -Infinity}', b'{"events": [', b"", b"\x00" * 64,
+              b'{"x": "\\ud800"}', b'{"\\ud800": 1}', b'{"events": [{"\\ud800": 1}], "\\udfff": 0}', b'{"x": NaN, "y": -Infinity}', b'{"events": [', b"", b"\x00" * 64,
               b"\x1f\x8b\x08\x00garbage", gzip.compress(b'{"events": []}')[:12], b"1e99999",
               b"9" * 5000]  # fmt: skip
 
@@ -279,6 +281,30 @@ def test_json_attributes_nested_100000_levels_deep_keep_the_span(client) -> None
                 assert r.status_code == 200, (key, media, r.status_code, r.text[:200])
 
 
+def test_a_lone_surrogate_in_a_json_attribute_drops_the_text_and_the_span_is_stored(client) -> None:  # type: ignore[no-untyped-def]
+    app, c = client
+    messages = '[{"role": "user", "parts": [{"type": "text", "content": "\\ud800 hi"}]}]'  # valid JSON text
+    export = _export({"gen_ai.input.messages": messages, "gen_ai.request.model": "surrogate-text"}, 99)
+    r = c.post(
+        "/v1/traces",
+        content=export.SerializeToString(),
+        headers={**auth(), "content-type": "application/x-protobuf"},
+    )
+    assert r.status_code == 200, r.text
+    service = app.state.service
+    assert service.writer.flush()
+    with service.db.connect() as conn:
+        rows = list(
+            conn.execute(
+                select(requests.c.model, requests.c.prompt).where(requests.c.model == "surrogate-text")
+            )
+        )
+    assert [tuple(row) for row in rows] == [
+        ("surrogate-text", None)
+    ]  # stored, without a text no store can encode
+    assert not service.registry.get_sample_value("infersight_store_write_errors_total")
+
+
 def test_every_otlp_refusal_is_a_google_rpc_status_in_the_requests_format(client) -> None:  # type: ignore[no-untyped-def]
     _, c = client
     good = _export({}).SerializeToString()
@@ -299,6 +325,13 @@ def test_every_otlp_refusal_is_a_google_rpc_status_in_the_requests_format(client
         ("deep JSON body", b"[" * DEEP + b"]" * DEEP, {}, 400),
         ("invalid UTF-8", b'{"resourceSpans": "\xff"}', {}, 400),
         ("NaN", b'{"resourceSpans": NaN}', {}, 400),
+        ("a lone surrogate key", b'{"\\ud800": 1}', {}, 400),  # protobuf's JSON parser failed on it
+        (
+            "a lone surrogate id",
+            b'{"resourceSpans": [{"scopeSpans": [{"spans": [{"name": "\\udfff"}]}]}]}',
+            {},
+            400,
+        ),
     ]
     for media in ("application/x-protobuf", "application/json"):
         for what, body, headers, expected in cases:
@@ -353,7 +386,9 @@ def test_an_error_answer_keeps_the_connection_for_the_next_request(served: Serve
             assert bad.status_code == expected, (path, bad.text[:200])
             ok = http.post("/v1/traces", content=good, headers=proto)
             assert ok.status_code == 200
-            assert _peer(ok) is not None and _peer(ok) == _peer(bad), f"{path} {expected}: the server closed it"
+            assert _peer(ok) is not None and _peer(ok) == _peer(bad), (
+                f"{path} {expected}: the server closed it"
+            )
 
 
 def test_the_rate_limits_429_on_otlp_is_a_status_too(tmp_path: Path) -> None:

@@ -32,7 +32,6 @@ also counted (a metric). A malformed parameter is dropped, never a reason to rej
 
 from __future__ import annotations
 
-import json
 import logging
 import random
 import re
@@ -41,6 +40,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
 from infersight.monitor.records import (
     CLIENT_ERROR,
     DEFAULT_LIMITS,
@@ -445,11 +445,13 @@ def _plain(value: Any, role: str) -> list[Message]:
 
 def _json(value: Any) -> Any:
     """A JSON-valued attribute parsed; None when it is not JSON. Nesting past the parser's
-    recursion limit (a 2 KB string of `[` holds a thousand levels) is as unparseable as any
-    other bad JSON: the attribute is dropped, the span kept."""
+    recursion limit is as unparseable as any other bad JSON, and so is a lone surrogate
+    escape (`"\\ud800"`), which would make a text no store can encode: the attribute is
+    dropped, the span kept. orjson refuses both; Python's json raises RecursionError on
+    the first and returns the second."""
     if isinstance(value, str) and value[:1] in ("[", "{"):
         try:
-            return json.loads(value)
+            return orjson.loads(value)
         except (ValueError, RecursionError):
             return None
     return value

@@ -111,14 +111,14 @@ async def ingest(request: Request) -> Response:
         raise _unprocessable("body.events", "must be a list of events")
     extra = sorted(k for k in payload if k != "events")
     if extra:
-        raise _unprocessable(f"body.{extra[0]}", "unknown field")
+        raise _unprocessable(f"body.{_shown(extra[0])}", "unknown field")
     limit = service.config.limits.max_events_per_batch
     if len(events) > limit:
         raise _unprocessable("body.events", f"at most {limit} events per batch")
     records, refused = from_json_many(events, service.record_limits)
     if lenient:
         records, refused = _without_lone_surrogates(events, records, refused)
-    rejected = [{"index": i, "field": exc.field, "reason": exc.reason} for i, exc in refused]
+    rejected = [{"index": i, "field": _shown(exc.field), "reason": _shown(exc.reason)} for i, exc in refused]
     metrics = service.metrics
     assert service.pipeline is not None
     future = service.pipeline.submit(records)  # IngestOverloaded -> 503, nothing accepted
@@ -167,6 +167,12 @@ def _without_lone_surrogates(
         else:
             refused.append((i, InvalidRecord(bad, "not valid UTF-8 text (a lone surrogate)")))
     return kept, sorted(refused, key=lambda item: item[0])
+
+
+def _shown(name: str) -> str:
+    """A name from the body as an answer can carry it: an unknown field's name may hold a
+    lone surrogate (read leniently), which no JSON encoder writes; it is shown escaped."""
+    return name.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def _utf8(value: object) -> bool:

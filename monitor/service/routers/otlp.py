@@ -24,6 +24,7 @@ import json
 import zlib
 from typing import Any
 
+import orjson
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from google.protobuf import json_format
@@ -155,7 +156,9 @@ def _parse(raw: bytes, media: str) -> ExportTraceServiceRequest:
             ) from None
         return export
     try:
-        obj = json.loads(raw)
+        # orjson, not json: it refuses what OTLP/JSON cannot hold (lone surrogate escapes,
+        # NaN) and nesting past its limit as the bad JSON they are
+        obj = orjson.loads(raw)
         if not isinstance(obj, dict):
             raise ValueError("the body must be a JSON object")
         json_format.ParseDict(_ids_as_base64(obj), export, ignore_unknown_fields=True)
