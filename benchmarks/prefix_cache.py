@@ -174,7 +174,9 @@ def main() -> None:
             for _ in range(n):
                 tier.get_many(keys, spans)
             chain_get = (time.perf_counter() - t0) / n / len(keys)
-            pairs = [(k, ids, b) for k, ids, b in zip(keys, spans, blocks, strict=True) if isinstance(b, tuple)]
+            pairs = [
+                (k, ids, b) for k, ids, b in zip(keys, spans, blocks, strict=True) if isinstance(b, tuple)
+            ]
             t0 = time.perf_counter()
             for _ in range(n):
                 tier.put_many(pairs[:1])
