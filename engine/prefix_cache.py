@@ -24,11 +24,15 @@ use (`pip install infersight[redis]`). A block is stored under `<key_prefix><ver
 as safetensors bytes (keys and values), optionally with a TTL; a lookup fetches a whole
 chain in one MGET, a store writes all new blocks in one pipeline.
 
-Each stored value is bound to its key: it begins with a SHA-256 of the key (which names the
-version and the whole prefix through the chained hash) and of the block's bytes, checked on
-every read. A value copied in Redis from prompt B's key to prompt A's key, truncated or
-altered, is `REJECTED`: a miss, counted (`shared_rejected`), never B's keys and values
-served to A.
+Each stored value carries a keyed seal: an HMAC-SHA256, under a secret every replica is
+given (at least 32 bytes; `SealKeyInvalid` otherwise), of the full key (which names the
+version and the whole prefix through the chained hash), the version's weights digest, the
+block's token ids and the block's bytes, compared in constant time on every read. Anyone
+who can write to Redis, which is whom the seal is against, may copy a value to another
+key, truncate it, or rewrite its tensors and seal them again as the format says: without
+the secret the seal does not match, and the block is `Rejected`: a miss, counted by reason
+(`seal`, `format`, `payload`) and logged at most once a minute with the counts, never
+served. Blocks of other weights under a reused version name are rejected alike.
 
 Any failure (refused, timed out, a bad payload) raises `SharedTierUnavailable`, which the
 cache counts and serves around. After a failure the tier is skipped for `retry_s`, so an
@@ -38,11 +42,13 @@ unreachable Redis costs one short timeout per `retry_s`, not one per request.
 from __future__ import annotations
 
 import hashlib
+import hmac
 import logging
+import struct
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
@@ -50,14 +56,17 @@ import torch
 from safetensors.torch import load as load_tensors
 from safetensors.torch import save as save_tensors
 
-from .errors import SharedTierUnavailable
+from .errors import SealKeyInvalid, SharedTierUnavailable
 
 __all__ = [
+    "MIN_SEAL_KEY_BYTES",
     "REJECTED",
+    "REJECT_REASONS",
     "KVBlock",
     "PrefixCache",
     "PrefixCacheStats",
     "RedisTier",
+    "Rejected",
     "SharedTier",
     "block_keys",
     "frequent_prefixes",
@@ -69,21 +78,32 @@ log = logging.getLogger(__name__)
 KVBlock = tuple[torch.Tensor, torch.Tensor]  # keys, values: each [layers, kv_heads, block_tokens, hd]
 
 
-class _Rejected:
-    def __repr__(self) -> str:
-        return "REJECTED"
+# why a shared-tier value was not served: its seal does not match (forged, copied from
+# another key, altered, truncated, other weights or another secret); it is not in the format
+# (foreign, or cut before its seal); sealed, yet not a block (only a key holder writes that)
+REJECT_REASONS = ("seal", "format", "payload")
 
 
-REJECTED = _Rejected()  # get_many: a value is there, but not bound to its key (or corrupt)
+@dataclass(frozen=True, slots=True)
+class Rejected:
+    """get_many: a value is there, but is not served; `reason` is one of REJECT_REASONS."""
+
+    reason: str
+
+
+REJECTED = Rejected("seal")  # the common case: a value whose seal does not match
 
 
 class SharedTier(Protocol):
-    """Blocks shared between replicas. Both calls raise `SharedTierUnavailable` when the tier
-    fails; `get_many` gives, per key, the block, None (absent) or REJECTED (a bad value)."""
+    """Blocks shared between replicas, each bound to the token ids it holds (`tokens[i]`
+    for `keys[i]`). Both calls raise `SharedTierUnavailable` when the tier fails;
+    `get_many` gives, per key, the block, None (absent) or a `Rejected` (a bad value)."""
 
-    def get_many(self, keys: Sequence[str]) -> list[KVBlock | _Rejected | None]: ...
+    def get_many(
+        self, keys: Sequence[str], tokens: Sequence[Sequence[int]]
+    ) -> list[KVBlock | Rejected | None]: ...
 
-    def put_many(self, blocks: Sequence[tuple[str, KVBlock]]) -> None: ...
+    def put_many(self, blocks: Sequence[tuple[str, Sequence[int], KVBlock]]) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,7 +118,10 @@ class PrefixCacheStats:
     evictions: int = 0  # blocks dropped to stay under max_bytes
     shared_hits: int = 0  # of `hits`, blocks fetched from the shared tier
     shared_failures: int = 0  # shared-tier calls that failed (served from memory instead)
-    shared_rejected: int = 0  # shared-tier values not bound to their key or corrupt: misses
+    shared_rejected: int = 0  # shared-tier values not served (misses); by reason below
+    shared_rejected_seal: int = 0  # the seal did not match: forged, copied, altered, other weights
+    shared_rejected_format: int = 0  # not in the tier's format (foreign, or cut before its seal)
+    shared_rejected_payload: int = 0  # sealed, but not a block
 
 
 def block_keys(version: str, ids: Sequence[int], block_tokens: int) -> list[str]:
@@ -157,9 +180,18 @@ class PrefixCache:
     def keys(self, version: str, ids: Sequence[int]) -> list[str]:
         return block_keys(version, ids, self.block_tokens)
 
-    def lookup(self, version: str, keys: Sequence[str], *, count: bool = True) -> list[KVBlock]:
+    def lookup(
+        self,
+        version: str,
+        keys: Sequence[str],
+        *,
+        count: bool = True,
+        tokens: Sequence[Sequence[int]] | None = None,
+    ) -> list[KVBlock]:
         """The cached blocks at the head of `keys`, in order, up to the first one not found;
-        counted as hits and misses unless `count` is False (a preload is not traffic)."""
+        counted as hits and misses unless `count` is False (a preload is not traffic).
+        `tokens[i]`: the token ids of block `keys[i]`, which the shared tier's seal binds;
+        without them the shared tier is not asked."""
         found: list[KVBlock] = []
         with self._lock:
             for key in keys:
@@ -168,17 +200,19 @@ class PrefixCache:
                     break
                 self._blocks.move_to_end(key)
                 found.append(entry[1])
-        shared_hits = failures = rejected = 0
-        if len(found) < len(keys) and self.shared is not None:
+        shared_hits = failures = 0
+        refused: dict[str, int] = {}
+        if len(found) < len(keys) and self.shared is not None and tokens is not None:
             rest = keys[len(found) :]
             try:
-                fetched = self.shared.get_many(rest)
+                fetched = self.shared.get_many(rest, tokens[len(found) : len(keys)])
             except SharedTierUnavailable:
                 failures = 1
                 fetched = []
             for key, block in zip(rest, fetched, strict=False):
-                if block is None or isinstance(block, _Rejected):
-                    rejected = int(block is REJECTED)
+                if block is None or isinstance(block, Rejected):
+                    if block is not None:
+                        refused = {"shared_rejected": 1, f"shared_rejected_{block.reason}": 1}
                     break
                 found.append(block)
                 shared_hits += 1
@@ -187,21 +221,30 @@ class PrefixCache:
             saved = len(found) * self.block_tokens
             self._count(
                 version, hits=len(found), misses=len(keys) - len(found), tokens_saved=saved,
-                shared_hits=shared_hits, shared_failures=failures, shared_rejected=rejected,
+                shared_hits=shared_hits, shared_failures=failures, **refused,
             )  # fmt: skip
-        elif failures or rejected:
-            self._count(version, shared_failures=failures, shared_rejected=rejected)
+        elif failures or refused:
+            self._count(version, shared_failures=failures, **refused)
         return found
 
-    def store(self, version: str, blocks: Sequence[tuple[str, KVBlock]]) -> None:
-        """Keep freshly prefilled blocks (and write them through to the shared tier)."""
+    def store(
+        self,
+        version: str,
+        blocks: Sequence[tuple[str, KVBlock]],
+        *,
+        tokens: Sequence[Sequence[int]] | None = None,
+    ) -> None:
+        """Keep freshly prefilled blocks (and write them through to the shared tier, sealed
+        to `tokens[i]`, block i's token ids; without them, memory only)."""
         if not blocks:
             return
         for key, block in blocks:
             self._keep(version, key, block)
-        if self.shared is not None:
+        if self.shared is not None and tokens is not None:
             try:
-                self.shared.put_many(blocks)
+                self.shared.put_many(
+                    [(key, ids, block) for (key, block), ids in zip(blocks, tokens, strict=True)]
+                )
             except SharedTierUnavailable:
                 self._count(version, shared_failures=1)
 
@@ -253,14 +296,19 @@ class PrefixCache:
             self._stats[version] = replace(s, **{k: getattr(s, k) + v for k, v in delta.items()})
 
 
-_MAGIC = b"iskv1:"  # the format of a stored value: magic, seal, safetensors bytes
+_MAGIC = b"iskv2:"  # the format of a stored value: magic, keyed seal, safetensors bytes
 _SEAL_BYTES = 32
+MIN_SEAL_KEY_BYTES = 32  # an HMAC-SHA256 key as long as its output
+_REJECT_LOG_S = 60.0  # rejected blocks are logged at most this often, with the counts since
 
 
-def _seal(key: str, payload: bytes) -> bytes:
-    """SHA-256 of the full Redis key and the block's bytes: the block is valid under that key only."""
-    h = hashlib.sha256(key.encode())
-    h.update(b"\0")
+def _seal(secret: bytes, key: str, digest: str, tokens: Sequence[int], payload: bytes) -> bytes:
+    """HMAC-SHA256 under `secret` of the full Redis key, the weights digest, the block's token
+    ids and its bytes, each length-prefixed so that no two bindings read alike."""
+    h = hmac.new(secret, digestmod=hashlib.sha256)
+    for part in (key.encode(), digest.encode(), struct.pack(f"<{len(tokens)}q", *tokens)):
+        h.update(struct.pack("<Q", len(part)))
+        h.update(part)
     h.update(payload)
     return h.digest()
 
@@ -270,48 +318,101 @@ class RedisTier:
         self,
         url: str = "redis://127.0.0.1:6379/0",
         *,
+        secret: bytes | str | None,
+        weights_digest: Callable[[str], str],
         key_prefix: str = "infersight:kv:",
         ttl_s: int | None = 24 * 3600,
         timeout_s: float = 0.2,
         retry_s: float = 5.0,
         device: torch.device | str = "cpu",
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        """`secret`: the seal's key, the same on every replica, at least MIN_SEAL_KEY_BYTES
+        (`SealKeyInvalid` otherwise). `weights_digest(version)`: the digest of that version's
+        weights (the registry's sha256), which every block is sealed to."""
+        if not secret:
+            raise SealKeyInvalid("is missing", MIN_SEAL_KEY_BYTES)
+        self._secret = secret.encode() if isinstance(secret, str) else bytes(secret)
+        if len(self._secret) < MIN_SEAL_KEY_BYTES:
+            raise SealKeyInvalid(f"is {len(self._secret)} bytes long", MIN_SEAL_KEY_BYTES)
+        self.weights_digest = weights_digest
         self.url, self.key_prefix, self.ttl_s = url, key_prefix, ttl_s
         self.timeout_s, self.retry_s = timeout_s, retry_s
         self.device = torch.device(device)
+        self._clock = clock
         self._client: Any = None
         self._down_until = 0.0
         self._down = False  # one warning per outage, not one per retry
         self._lock = threading.Lock()
+        self._unlogged: dict[str, int] = {}  # rejections since the last log line, by reason
+        self._logged_at = -_REJECT_LOG_S
 
-    def get_many(self, keys: Sequence[str]) -> list[KVBlock | _Rejected | None]:
+    def get_many(
+        self, keys: Sequence[str], tokens: Sequence[Sequence[int]]
+    ) -> list[KVBlock | Rejected | None]:
         if not keys:
             return []
+        digests = self._digests(keys)
         raw = self._call(lambda c: c.mget([self.key_prefix + k for k in keys]))
-        out: list[KVBlock | _Rejected | None] = []
-        for key, data in zip(keys, raw, strict=True):
+        out: list[KVBlock | Rejected | None] = []
+        for key, ids, data in zip(keys, tokens, raw, strict=True):
             if data is None:
                 out.append(None)
                 continue
-            data = bytes(data)
-            head, payload = data[: len(_MAGIC) + _SEAL_BYTES], data[len(_MAGIC) + _SEAL_BYTES :]
-            if head != _MAGIC + _seal(self.key_prefix + key, payload):
-                out.append(REJECTED)  # copied from another key, truncated, altered, or foreign
-                continue
-            try:
-                tensors = load_tensors(payload)
-                out.append((tensors["k"].to(self.device), tensors["v"].to(self.device)))
-            except Exception:  # sealed by a writer that stored something else: still not served
-                out.append(REJECTED)
+            out.append(self._read(key, digests[key], ids, bytes(data)))
+        rejected = [b.reason for b in out if isinstance(b, Rejected)]
+        if rejected:
+            self._log_rejected(rejected)
         return out
 
-    def put_many(self, blocks: Sequence[tuple[str, KVBlock]]) -> None:
+    def _read(self, key: str, digest: str, ids: Sequence[int], data: bytes) -> KVBlock | Rejected:
+        if len(data) < len(_MAGIC) + _SEAL_BYTES or not data.startswith(_MAGIC):
+            return Rejected("format")  # foreign, an older unkeyed format, or cut before the seal
+        seal, payload = data[len(_MAGIC) : len(_MAGIC) + _SEAL_BYTES], data[len(_MAGIC) + _SEAL_BYTES :]
+        expected = _seal(self._secret, self.key_prefix + key, digest, ids, payload)
+        if not hmac.compare_digest(seal, expected):
+            return Rejected("seal")  # forged, copied from another key, altered, truncated
+        try:
+            tensors = load_tensors(payload)
+            return tensors["k"].to(self.device), tensors["v"].to(self.device)
+        except Exception:  # sealed by a holder of the key that stored something else
+            return Rejected("payload")
+
+    def _log_rejected(self, reasons: list[str]) -> None:
+        """One warning a minute at most, with the counts by reason since the last one."""
+        with self._lock:
+            for reason in reasons:
+                self._unlogged[reason] = self._unlogged.get(reason, 0) + 1
+            now = self._clock()
+            if now - self._logged_at < _REJECT_LOG_S:
+                return
+            counts, self._unlogged, self._logged_at = self._unlogged, {}, now
+        log.warning(
+            "prefix cache: %d block(s) in Redis at %s rejected, not served (%s); a seal that does not "
+            "match is a forgery, a copy to another key or another seal key", sum(counts.values()),
+            self._shown_url(), ", ".join(f"{r}: {n}" for r, n in sorted(counts.items())),
+        )  # fmt: skip
+
+    def _digests(self, keys: Sequence[str]) -> dict[str, str]:
+        """Each key's version's weights digest (a key is `<version>:<hash>`)."""
+        out: dict[str, str] = {}
+        for key in keys:
+            version = key.rpartition(":")[0]
+            try:
+                out[key] = str(self.weights_digest(version))
+            except Exception as exc:  # a version the registry does not know: nothing to seal to
+                raise SharedTierUnavailable(f"no weights digest for {version!r}: {exc}") from exc
+        return out
+
+    def put_many(self, blocks: Sequence[tuple[str, Sequence[int], KVBlock]]) -> None:
         if not blocks:
             return
+        digests = self._digests([key for key, _, _ in blocks])
         payloads = []
-        for key, (k, v) in blocks:
+        for key, ids, (k, v) in blocks:
             data = save_tensors({"k": k.contiguous().cpu(), "v": v.contiguous().cpu()})
-            payloads.append((self.key_prefix + key, _MAGIC + _seal(self.key_prefix + key, data) + data))
+            seal = _seal(self._secret, self.key_prefix + key, digests[key], ids, data)
+            payloads.append((self.key_prefix + key, _MAGIC + seal + data))
 
         def write(client: Any) -> None:
             pipe = client.pipeline(transaction=False)

@@ -216,19 +216,18 @@ class Replica:
         if prefix is None:
             return self.model.prefill_blocks(cache, slot, ids, start=0, block=block)
         keys = prefix.keys(self.version, prompt)
+        # each block's token ids: what the shared tier seals it to
+        spans = [prompt[i * block : (i + 1) * block] for i in range(len(keys))]
         # at least the last token is always prefilled: its logits start the answer
         usable = keys[: (len(prompt) - 1) // block]
-        hits = prefix.lookup(self.version, usable, count=count)  # preload is not traffic
+        hits = prefix.lookup(self.version, usable, count=count, tokens=spans)  # preload is not traffic
         for i, (k, v) in enumerate(hits):
             self.model.write_kv(cache, slot, i * block, k, v)
         start = len(hits) * block
         logits = self.model.prefill_blocks(cache, slot, ids, start=start, block=block)
-        fresh = [
-            (keys[i], self.model.read_kv(cache, slot, i * block, (i + 1) * block))
-            for i in range(len(hits), len(keys))
-            if keys[i] not in prefix
-        ]
-        prefix.store(self.version, fresh)
+        new = [i for i in range(len(hits), len(keys)) if keys[i] not in prefix]
+        fresh = [(keys[i], self.model.read_kv(cache, slot, i * block, (i + 1) * block)) for i in new]
+        prefix.store(self.version, fresh, tokens=[spans[i] for i in new])
         return logits
 
     def decode(self, requests: list[Request]) -> torch.Tensor:

@@ -27,6 +27,7 @@ __all__ = [
     "SHED",
     "InferenceRecord",
     "InvalidRecord",
+    "RecordLimits",
     "RecordSource",
     "build_record",
     "from_json_many",
@@ -39,6 +40,7 @@ MAX_TEXT_CHARS = 32_768  # prompt/response text beyond this is refused at ingest
 _MAX_LABEL_CHARS = 256
 _MAX_EPOCH_S = 253_402_300_799.0  # 9999-12-31T23:59:59Z, the last instant a datetime (and the store) holds
 _MAX_TOKENS = 2**31 - 1  # the store's INTEGER
+_MAX_DURATION_S = 86_400.0  # a day: no single call lasts longer
 # Why a generation ended, as recorded (OpenAI's values, plus what other producers say):
 # anything else a producer reports is kept as "other".
 FINISH_REASONS = frozenset({"stop", "length", "cancelled", "error", "content_filter", "tool_calls", "other"})
@@ -64,6 +66,26 @@ def is_server_error(error_type: str | None) -> bool:
     """True when a call with this `error_type` failed on the server's side: what error
     rates, error-rate alerts and the post-deploy analysis count."""
     return error_type is not None and error_type not in NOT_ERRORS
+
+
+@dataclass(frozen=True, slots=True)
+class RecordLimits:
+    """What one call can be, beyond which a record is refused by field: a duration
+    (`duration_s`, `ttft_s`, `tpot_s`, `queue_s`) of at most `max_duration_s` seconds and
+    token counts (`prompt_tokens`, `output_tokens`, `max_tokens`) of at most `max_tokens`.
+    A value of 2**64 seconds is no measurement, and kept it would own every percentile."""
+
+    max_duration_s: float = _MAX_DURATION_S
+    max_tokens: int = _MAX_TOKENS
+
+    def __post_init__(self) -> None:
+        if not 0 < self.max_duration_s < math.inf or not 0 < self.max_tokens <= _MAX_TOKENS:
+            raise ValueError(
+                f"RecordLimits needs 0 < max_duration_s < inf and 0 < max_tokens <= {_MAX_TOKENS}"
+            )
+
+
+DEFAULT_LIMITS = RecordLimits()
 
 
 class InvalidRecord(ValueError):
@@ -104,11 +126,13 @@ class InferenceRecord:
         return {name: getattr(self, name) for name in _FIELDS}
 
     @classmethod
-    def from_json(cls, obj: object) -> InferenceRecord:
+    def from_json(cls, obj: object, limits: RecordLimits = DEFAULT_LIMITS) -> InferenceRecord:
         """Validate one untrusted record (a decoded JSON object); `InvalidRecord` names the field.
 
         Also enforces what the store can hold (start before the year 10000, token counts
-        below 2**31), so a record that validates is a record that can be kept.
+        below 2**31) and what one call can be (`limits`), so a record that validates is a
+        record that can be kept. Any JSON value in any field is refused by name, never
+        raised as another error (an unhashable list, an integer too large for a float).
         """
         if not isinstance(obj, dict):
             raise InvalidRecord("event", "must be a JSON object")
@@ -117,27 +141,26 @@ class InferenceRecord:
         source = obj.get("source", "sdk")
         if source not in _SOURCES:
             raise InvalidRecord("source", f"must be one of {', '.join(_SOURCES)}")
-        started_at = _number(obj, "started_at", required=True)
-        if started_at > _MAX_EPOCH_S:
-            raise InvalidRecord("started_at", "after the year 9999")
+        started_at = _number(obj, "started_at", _MAX_EPOCH_S, required=True)
+        longest, most = limits.max_duration_s, limits.max_tokens
         return build_record(
             _label(obj, "request_id"),
             _label(obj, "model"),
             _label(obj, "model_version"),
             started_at,
-            _number(obj, "duration_s", required=True),
-            _number(obj, "ttft_s"),
-            _number(obj, "tpot_s"),
-            _number(obj, "queue_s"),
-            _count(obj, "prompt_tokens"),
-            _count(obj, "output_tokens"),
+            _number(obj, "duration_s", longest, required=True),
+            _number(obj, "ttft_s", longest),
+            _number(obj, "tpot_s", longest),
+            _number(obj, "queue_s", longest),
+            _count(obj, "prompt_tokens", most),
+            _count(obj, "output_tokens", most),
             _label(obj, "error_type", required=False),
             _text(obj, "prompt"),
             _text(obj, "response"),
             source,
             _label(obj, "path", required=False),
             _text(obj, "system_prompt"),
-            _max_tokens(obj),
+            _max_tokens(obj, most),
             _flag(obj, "stream"),
             _finish_reason(obj),
         )
@@ -187,7 +210,7 @@ def _label(obj: dict[str, Any], name: str, *, required: bool = True) -> Any:
     return value
 
 
-def _number(obj: dict[str, Any], name: str, *, required: bool = False) -> Any:
+def _number(obj: dict[str, Any], name: str, largest: float, *, required: bool = False) -> Any:
     value = obj.get(name)
     if value is None:
         if required:
@@ -195,19 +218,24 @@ def _number(obj: dict[str, Any], name: str, *, required: bool = False) -> Any:
         return None
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise InvalidRecord(name, "must be a number")
+    if isinstance(value, int) and value > largest:  # before float(): 10**400 has no float
+        raise InvalidRecord(name, f"larger than {largest:g}")
+    value = float(value)
     if not math.isfinite(value) or value < 0:
         raise InvalidRecord(name, "must be finite and non-negative")
-    return float(value)
+    if value > largest:
+        raise InvalidRecord(name, f"larger than {largest:g}")
+    return value
 
 
-def _count(obj: dict[str, Any], name: str) -> Any:
+def _count(obj: dict[str, Any], name: str, largest: int) -> Any:
     value = obj.get(name)
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise InvalidRecord(name, "must be a non-negative integer")
-    if value > _MAX_TOKENS:
-        raise InvalidRecord(name, f"larger than {_MAX_TOKENS}")
+    if value > largest:
+        raise InvalidRecord(name, f"larger than {largest}")
     return value
 
 
@@ -222,12 +250,12 @@ def _text(obj: dict[str, Any], name: str) -> Any:
     return value
 
 
-def _max_tokens(obj: dict[str, Any]) -> Any:
+def _max_tokens(obj: dict[str, Any], largest: int) -> Any:
     value = obj.get("max_tokens")
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= _MAX_TOKENS:
-        raise InvalidRecord("max_tokens", f"must be an integer from 1 to {_MAX_TOKENS}")
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= largest:
+        raise InvalidRecord("max_tokens", f"must be an integer from 1 to {largest}")
     return value
 
 
@@ -240,29 +268,31 @@ def _flag(obj: dict[str, Any], name: str) -> Any:
 
 def _finish_reason(obj: dict[str, Any]) -> Any:
     value = obj.get("finish_reason")
-    if value is not None and value not in FINISH_REASONS:
+    # the type first: a list or an object is unhashable, and `in` a frozenset would raise
+    if value is not None and not (isinstance(value, str) and value in FINISH_REASONS):
         raise InvalidRecord("finish_reason", f"must be one of {', '.join(sorted(FINISH_REASONS))}")
     return value
 
 
-_INF = math.inf
-
-
-def from_json_many(events: list[Any]) -> tuple[list[InferenceRecord], list[tuple[int, InvalidRecord]]]:
+def from_json_many(
+    events: list[Any], limits: RecordLimits = DEFAULT_LIMITS
+) -> tuple[list[InferenceRecord], list[tuple[int, InvalidRecord]]]:
     """A batch of untrusted records: the records, and (index, error) of those refused, the
     same outcome as `InferenceRecord.from_json` on each. The common shape (every value of
     the type JSON decodes it to, and in range) is checked inline, without a call per field;
     any other event goes through `from_json`, which accepts what it accepts (ints as
-    seconds, str subclasses) and names what it refuses."""
+    seconds, str subclasses) and names what it refuses. One bad event is refused alone:
+    the others are kept."""
     out: list[InferenceRecord] = []
     refused: list[tuple[int, InvalidRecord]] = []
-    build, labels, texts, tokens, epoch, reasons = (
+    build, labels, texts, tokens, epoch, reasons, longest = (
         build_record,
         _MAX_LABEL_CHARS,
         MAX_TEXT_CHARS,
-        _MAX_TOKENS,
+        limits.max_tokens,
         _MAX_EPOCH_S,
         FINISH_REASONS,
+        limits.max_duration_s,
     )
     for i, obj in enumerate(events):
         if type(obj) is dict and _KNOWN.issuperset(obj):
@@ -288,10 +318,10 @@ def from_json_many(events: list[Any]) -> tuple[list[InferenceRecord], list[tuple
                 and type(model) is str and 0 < len(model) <= labels
                 and type(version) is str and 0 < len(version) <= labels
                 and type(started) is float and 0.0 <= started <= epoch
-                and type(d) is float and 0.0 <= d < _INF
-                and (a is None or (type(a) is float and 0.0 <= a < _INF))
-                and (b is None or (type(b) is float and 0.0 <= b < _INF))
-                and (q is None or (type(q) is float and 0.0 <= q < _INF))
+                and type(d) is float and 0.0 <= d <= longest
+                and (a is None or (type(a) is float and 0.0 <= a <= longest))
+                and (b is None or (type(b) is float and 0.0 <= b <= longest))
+                and (q is None or (type(q) is float and 0.0 <= q <= longest))
                 and (p is None or (type(p) is int and 0 <= p <= tokens))
                 and (o is None or (type(o) is int and 0 <= o <= tokens))
                 and (e is None or (type(e) is str and 0 < len(e) <= labels))
@@ -308,7 +338,7 @@ def from_json_many(events: list[Any]) -> tuple[list[InferenceRecord], list[tuple
                                  path, system, budget, stream, finish))  # fmt: skip
                 continue
         try:
-            out.append(InferenceRecord.from_json(obj))
+            out.append(InferenceRecord.from_json(obj, limits))
         except InvalidRecord as exc:
             refused.append((i, exc))
     return out, refused

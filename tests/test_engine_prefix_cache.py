@@ -3,7 +3,9 @@ preload at start and deploy, and the shared tier on the machine's real Redis."""
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import secrets
 import uuid
 from collections.abc import Callable, Iterator
 
@@ -13,16 +15,22 @@ import torch
 from _engine_serving_support import V1, V2, prompt
 from conftest import free_port, missing_service
 from infersight.engine import load
+from infersight.engine.errors import SealKeyInvalid
 from infersight.engine.prefix_cache import (
+    _MAGIC,
     REJECTED,
     PrefixCache,
     PrefixCacheStats,
     RedisTier,
+    Rejected,
+    _seal,
     frequent_prefixes,
 )
 from infersight.engine.registry import Registry
 from infersight.engine.runtime import Runtime
 from infersight.engine.runtime_loop import Replica, Request
+from safetensors.torch import load as load_tensors
+from safetensors.torch import save as save_tensors
 
 tiny_checkpoints, registry, greedy = support.tiny_checkpoints, support.registry, support.greedy  # fixtures
 Greedy = Callable[[str, list[int], int], list[int]]
@@ -50,10 +58,18 @@ def runtime_with(registry: Registry, cache: PrefixCache | None, **kw: object) ->
     return rt
 
 
+SECRET = b"k" * 16 + secrets.token_bytes(16)  # the replicas' shared seal key
+
+
+def digest_of(registry: Registry) -> Callable[[str], str]:
+    return lambda version: registry.get(version).sha256
+
+
 @pytest.fixture
-def redis_tier() -> Iterator[RedisTier]:
+def redis_tier(registry: Registry) -> Iterator[RedisTier]:
     """A RedisTier on the machine's Redis under a fresh key prefix, deleted afterwards."""
-    tier = RedisTier(key_prefix=f"infersight-test:{uuid.uuid4().hex[:12]}:", timeout_s=2.0)
+    tier = RedisTier(key_prefix=f"infersight-test:{uuid.uuid4().hex[:12]}:", timeout_s=2.0, secret=SECRET,
+                     weights_digest=digest_of(registry))  # fmt: skip
     try:
         tier._connection().ping()
     except Exception as exc:
@@ -282,11 +298,110 @@ def test_a_block_copied_in_redis_to_another_prompts_key_is_a_counted_miss_not_se
         replica.stop()
     truncated = redis_tier.key_prefix + b_keys[0]
     client.set(truncated, client.get(truncated)[:-7])
-    assert redis_tier.get_many([b_keys[0]]) == [REJECTED]
+    assert redis_tier.get_many([b_keys[0]], [b_prompt[:BLOCK]]) == [REJECTED]
+    client.set(truncated, client.get(truncated)[:20])  # cut before the end of its seal
+    assert redis_tier.get_many([b_keys[0]], [b_prompt[:BLOCK]]) == [Rejected("format")]
+    client.set(truncated, b"iskv1:" + bytes(32) + b"a block in the old, unkeyed format")
+    assert redis_tier.get_many([b_keys[0]], [b_prompt[:BLOCK]]) == [Rejected("format")]
+
+
+def _forge(
+    tier: RedisTier, originals: dict[str, bytes], prompt_ids: list[int], seal: Callable[..., bytes]
+) -> None:
+    """What a client with write access to Redis can do knowing the format (magic, a 32-byte
+    seal, safetensors; what the seal covers) but not the key: rewrite each block's keys and
+    values (times -50) and seal them again, with `seal(full_key, token_ids, payload)`."""
+    client = tier._connection()
+    for i, (full, data) in enumerate(originals.items()):
+        tensors = load_tensors(data[len(_MAGIC) + 32 :])
+        forged = save_tensors({"k": tensors["k"] * -50, "v": tensors["v"] * -50})
+        client.set(full, _MAGIC + seal(full, prompt_ids[i * BLOCK : (i + 1) * BLOCK], forged) + forged)
+
+
+def test_a_block_resealed_by_a_forger_without_the_key_is_rejected_and_the_answer_is_a_cold_runs(
+    registry: Registry, redis_tier: RedisTier
+) -> None:
+    a_prompt = prompt(21, 3 * BLOCK)
+    plain = runtime_with(registry, None)
+    try:
+        cold = plain.submit(a_prompt, max_new_tokens=8).result(timeout=60).token_ids
+    finally:
+        plain.stop()
+    writer = runtime_with(registry, PrefixCache(block_tokens=BLOCK, shared=redis_tier))
+    try:
+        writer.submit(a_prompt, max_new_tokens=2).result(timeout=60)  # A's blocks go to Redis, sealed
+    finally:
+        writer.stop()
+    client = redis_tier._connection()
+    full_keys = [redis_tier.key_prefix + k for k in PrefixCache(block_tokens=BLOCK).keys(V1, a_prompt)]
+    originals = {k: client.get(k) for k in full_keys}
+    digest = registry.get(V1).sha256
+    guesses = {
+        "the old unkeyed seal": lambda full, ids, payload: hashlib.sha256(full.encode() + b"\0" + payload).digest(),
+        "a guessed key": lambda full, ids, payload: _seal(b"infersight" * 4, full, digest, ids, payload),
+        "the right key, other weights": lambda full, ids, payload: _seal(SECRET, full, "0" * 64, ids, payload),
+    }  # fmt: skip
+    for what, seal in guesses.items():
+        _forge(redis_tier, originals, a_prompt, seal)
+        replica = runtime_with(registry, PrefixCache(block_tokens=BLOCK, shared=redis_tier))
+        try:
+            assert replica.submit(a_prompt, max_new_tokens=8).result(timeout=60).token_ids == cold, what
+            stats = replica.prefix_cache_stats()[V1]
+            assert stats.shared_rejected_seal == 1 and stats.shared_hits == 0 and stats.hits == 0, (
+                what,
+                stats,
+            )
+        finally:
+            replica.stop()
+    # the forgery is a real one: sealed with the key, the same blocks are served and change the answer
+    _forge(
+        redis_tier, originals, a_prompt, lambda full, ids, payload: _seal(SECRET, full, digest, ids, payload)
+    )
+    replica = runtime_with(registry, PrefixCache(block_tokens=BLOCK, shared=redis_tier))
+    try:
+        assert replica.submit(a_prompt, max_new_tokens=8).result(timeout=60).token_ids != cold
+        assert replica.prefix_cache_stats()[V1].shared_hits >= 1
+    finally:
+        replica.stop()
+
+
+def test_the_shared_tier_refuses_to_start_without_a_long_enough_key(registry: Registry) -> None:
+    for secret in (None, b"", "short", b"x" * 31):
+        with pytest.raises(SealKeyInvalid, match="at least 32 bytes"):
+            RedisTier(secret=secret, weights_digest=digest_of(registry))
+    RedisTier(secret="y" * 32, weights_digest=digest_of(registry))  # a 32-byte key will do
+
+
+def test_rejected_blocks_are_logged_once_a_minute_with_their_counts(
+    registry: Registry, redis_tier: RedisTier, caplog: pytest.LogCaptureFixture
+) -> None:
+    now = [1000.0]
+    tier = RedisTier(key_prefix=redis_tier.key_prefix, timeout_s=2.0, secret=SECRET,
+                     weights_digest=digest_of(registry), clock=lambda: now[0])  # fmt: skip
+    ids = prompt(31, 2 * BLOCK)
+    keys = PrefixCache(block_tokens=BLOCK).keys(V1, ids)
+    spans = [ids[:BLOCK], ids[BLOCK:]]
+    client = tier._connection()
+    client.set(tier.key_prefix + keys[0], _MAGIC + b"\0" * 32 + b"forged")  # a seal that does not match
+    client.set(tier.key_prefix + keys[1], b"not ours")
+    with caplog.at_level(logging.WARNING, logger="infersight.engine.prefix_cache"):
+        for _ in range(5):
+            assert tier.get_many(keys, spans) == [Rejected("seal"), Rejected("format")]
+            now[0] += 10.0
+        assert len(caplog.records) == 1 and "seal: 1" in caplog.text and "format: 1" in caplog.text
+        now[0] += 20.0  # past the minute since the first line: the next one counts what came since
+        tier.get_many(keys, spans)
+    assert len(caplog.records) == 2
+    assert (
+        "10 block(s)" in caplog.records[1].getMessage()
+        and "format: 5, seal: 5" in caplog.records[1].getMessage()
+    )
+    assert SECRET.decode("latin-1") not in caplog.text
 
 
 def test_redis_unreachable_falls_back_to_local_and_counts_the_failure(registry: Registry) -> None:
-    dead = RedisTier(f"redis://127.0.0.1:{free_port()}/0", key_prefix="unused:", timeout_s=0.2)
+    dead = RedisTier(f"redis://127.0.0.1:{free_port()}/0", key_prefix="unused:", timeout_s=0.2, secret=SECRET,
+                     weights_digest=digest_of(registry))  # fmt: skip
     rt = runtime_with(registry, PrefixCache(block_tokens=BLOCK, shared=dead))
     try:
         out = [rt.submit(chat(1), max_new_tokens=5).result(timeout=60).token_ids for _ in range(2)]
@@ -298,13 +413,18 @@ def test_redis_unreachable_falls_back_to_local_and_counts_the_failure(registry: 
 
 
 def test_an_unreachable_redis_logs_one_warning_without_its_password(caplog: pytest.LogCaptureFixture) -> None:
-    dead = RedisTier(
-        f"redis://:s3cret@127.0.0.1:{free_port()}/0", key_prefix="unused:", timeout_s=0.2, retry_s=0
-    )
+    dead = RedisTier(f"redis://:s3cret@127.0.0.1:{free_port()}/0", key_prefix="unused:", timeout_s=0.2,
+                     retry_s=0, secret=SECRET, weights_digest=lambda version: "0" * 64)  # fmt: skip
     cache = PrefixCache(block_tokens=BLOCK, shared=dead)
     with caplog.at_level(logging.INFO, logger="infersight.engine.prefix_cache"):
         for q in range(5):  # five lookups, each one trying Redis again (retry_s=0)
-            assert cache.lookup(V1, cache.keys(V1, chat(q))) == []
+            keys = cache.keys(V1, chat(q))
+            assert (
+                cache.lookup(
+                    V1, keys, tokens=[chat(q)[i * BLOCK : (i + 1) * BLOCK] for i in range(len(keys))]
+                )
+                == []
+            )
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and "unreachable" in warnings[0].getMessage(), caplog.text
     assert "s3cret" not in caplog.text

@@ -1,11 +1,15 @@
 """Property-based fuzzing of the whole HTTP API from its own OpenAPI schema (schemathesis):
 valid and invalid requests to every operation, with and without the token, against a
 fully wired service (embedded runtime with the demo model, alerts, drift). No request may
-produce a 5xx. The number of cases is printed and asserted, and recorded in docs/benchmarks/ingest.md."""
+produce a 5xx. Every route the app answers is fuzzed: the one outside the OpenAPI document
+(OTLP's `/v1/traces`, protobuf) with random bytes and export-shaped JSON. The number of cases is printed and asserted, and recorded in docs/benchmarks/ingest.md."""
 
 from __future__ import annotations
 
 import collections
+import gzip
+import json
+from typing import Any
 from urllib.parse import quote
 
 import pytest
@@ -14,6 +18,7 @@ from _demo_registry import GOOD, private_copy, shared_demo_registry
 from _service_support import TOKEN, config
 from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from hypothesis.errors import Unsatisfiable
 from infersight.monitor.service import EngineConfig, create_app
 from infersight.monitor.service.config import DriftConfig, LimitsConfig, ScheduleConfig
@@ -134,3 +139,61 @@ def test_known_hostile_values_in_every_parameter_and_body_get_no_5xx(app) -> Non
     print(f"\nsent {sent} hostile requests")
     assert sent >= 150
     assert not failures, "\n".join(failures[:20])
+
+
+def _routes(routes: list[Any]) -> set[tuple[str, str]]:
+    """Every (path, method) the app answers, through the routers it includes."""
+    out: set[tuple[str, str]] = set()
+    for route in routes:
+        inner = getattr(route, "original_router", None)
+        if inner is not None:
+            out |= _routes(inner.routes)
+        elif getattr(route, "methods", None):
+            out |= {(route.path, m) for m in route.methods if m != "HEAD"}
+    return out
+
+
+# routes outside the OpenAPI document, fuzzed below: OTLP's receiver takes protobuf
+OUTSIDE_THE_SCHEMA = {("/v1/traces", "POST")}
+DOCUMENTATION = {"/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc", "/"}
+
+
+def test_every_route_is_fuzzed(app) -> None:  # type: ignore[no-untyped-def]
+    app, _ = app
+    documented = {(p, m.upper()) for p, item in app.openapi()["paths"].items() for m in item}
+    answered = {(p, m) for p, m in _routes(app.router.routes) if p not in DOCUMENTATION}
+    assert answered - documented == OUTSIDE_THE_SCHEMA
+
+
+def test_no_otlp_body_makes_the_receiver_answer_5xx(app) -> None:  # type: ignore[no-untyped-def]
+    """`/v1/traces` is outside the OpenAPI document: random bytes, and random JSON shaped like
+    an export, in both of its formats, plain and gzip, with the token."""
+    _, client = app
+    counts: collections.Counter[str] = collections.Counter()
+    failures: list[str] = []
+    shaped = st.recursive(
+        st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=12),
+        lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.sampled_from(
+            ["resourceSpans", "scopeSpans", "spans", "attributes", "key", "value", "stringValue", "traceId",
+             "spanId", "startTimeUnixNano", "endTimeUnixNano", "kvlistValue", "values"]), inner, max_size=3),
+        max_leaves=12,
+    )  # fmt: skip
+
+    @given(raw=st.binary(max_size=200), obj=shaped, gz=st.booleans())
+    @settings(max_examples=EXAMPLES * 2, deadline=None, database=None, derandomize=True,
+              suppress_health_check=list(HealthCheck))  # fmt: skip
+    def run(raw: bytes, obj: Any, gz: bool) -> None:
+        for media, body in (("application/x-protobuf", raw), ("application/json", raw),
+                            ("application/json", json.dumps({"resourceSpans": [obj]}).encode())):  # fmt: skip
+            headers = {"Authorization": f"Bearer {TOKEN}", "content-type": media}
+            if gz:
+                body, headers["content-encoding"] = gzip.compress(body), "gzip"
+            r = client.post("/v1/traces", content=body, headers=headers)
+            counts[str(r.status_code)] += 1
+            if r.status_code >= 500:
+                failures.append(f"{media} {body[:60]!r} -> {r.status_code} {r.text[:200]}")
+
+    run()
+    print(f"\nfuzzed /v1/traces with {sum(counts.values())} bodies; statuses: {dict(sorted(counts.items()))}")
+    assert not failures, "\n".join(failures[:10])
+    assert sum(counts.values()) >= EXAMPLES * 2 * 3

@@ -7,8 +7,10 @@ import json
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from infersight.monitor.records import InferenceRecord, InvalidRecord
 from infersight.monitor.sdk import HttpSink, Monitor, SinkRejected, SinkUnavailable
@@ -143,3 +145,35 @@ def test_records_the_receiver_refuses_are_counted(receiver: Receiver) -> None:
     assert [r.model for r in receiver.accepted] == ["live"]
     assert monitor.counters.value("dropped", "server_rejected") == 1
     assert monitor.counters.sent_total() == 1
+
+
+class _Counting(httpx.BaseTransport):
+    def __init__(self, inner: httpx.BaseTransport) -> None:
+        self.inner, self.requests = inner, 0
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        self.requests += 1
+        answer = self.inner.handle_request(request)  # the test client's: read into a plain response
+        return httpx.Response(answer.status_code, headers=answer.headers, content=answer.read())
+
+
+def test_the_services_partial_success_is_counted_once_and_not_retried(tmp_path: Path) -> None:
+    """Against the real service: a batch with a record past `limits.max_duration_s` is
+    answered 200 with that record refused by index; the sink counts it and sends no retry,
+    and the service keeps the others."""
+    from _service_support import config, running
+    from infersight.monitor.records import build_record
+
+    with running(config(tmp_path)) as (app, client):
+        transport = _Counting(client._transport)
+        sink = HttpSink("http://testserver/api/v1/events", token="test-token-0123456789abcdef",
+                        transport=transport, sleep=lambda s: pytest.fail("retried"))  # fmt: skip
+        good = [InferenceRecord(f"r{i}", "m", "v", started_at=1.7e9, duration_s=0.1) for i in range(2)]
+        endless = build_record("r-bad", "m", "v", 1.7e9, 2.0**64, None, None, None, None, None, None, None,
+                               None, "sdk")  # fmt: skip
+        assert sink([good[0], endless, good[1]]) == 1
+        assert transport.requests == 1
+        assert app.state.service.writer.flush()
+        monitor = Monitor(sink=sink, sample_rate=1.0)
+        monitor.track(model="m")(lambda p: p)("x")  # and the SDK's own calls still go through
+        assert monitor.flush(5) and monitor.counters.sent_total() == 1

@@ -57,7 +57,7 @@ def test_frequent_recorded_prefixes_are_prefilled_at_deploy_and_counted_on_metri
         assert f"{hits} {float(first.hits)}" in metrics
         assert f'model_version="{BAD}",tier="redis"}} 0.0' in metrics  # no Redis here: none from it
         assert (
-            f'infersight_prefix_cache_shared_rejected_total{{model="mixtral_banking",model_version="{BAD}"}}'
+            f'infersight_prefix_cache_shared_rejected_total{{model="mixtral_banking",model_version="{BAD}",reason="seal"}}'
             in metrics
         )
         assert f'infersight_prefix_cache_bytes{{model="mixtral_banking",model_version="{BAD}"}}' in metrics
@@ -70,6 +70,11 @@ def test_frequent_recorded_prefixes_are_prefilled_at_deploy_and_counted_on_metri
         ("prefix_cache_mb: -1", "engine.prefix_cache_mb"),
         ("prefix_block_tokens: 0", "engine.prefix_block_tokens"),
         ("prefix_cache_redis_url: 'http://127.0.0.1:6379'", "engine.prefix_cache_redis_url"),
+        ("prefix_cache_redis_url: 'redis://127.0.0.1:6379'", "engine.prefix_cache_redis_key"),  # no key
+        (
+            "prefix_cache_redis_url: 'redis://127.0.0.1:6379', prefix_cache_redis_key: short",
+            "engine.prefix_cache_redis_key",
+        ),
     ],
 )
 def test_a_bad_prefix_cache_setting_names_the_field(tmp_path: Path, engine: str, field: str) -> None:
@@ -78,3 +83,13 @@ def test_a_bad_prefix_cache_setting_names_the_field(tmp_path: Path, engine: str,
     with pytest.raises(ConfigInvalid) as info:
         load_config(path, {})
     assert str(info.value).startswith(f"{path}: {field}")
+
+
+def test_the_shared_tiers_seal_key_may_come_from_the_environment(tmp_path: Path) -> None:
+    path = tmp_path / "infersight.yaml"
+    path.write_text("engine: {registry: m, prefix_cache_redis_url: 'redis://127.0.0.1:6379'}\n")
+    cfg = load_config(path, {"INFERSIGHT_KV_KEY": "s" * 32})
+    assert cfg.engine is not None and cfg.engine.prefix_cache_redis_key == "s" * 32
+    assert "s" * 32 not in repr(cfg)  # a secret stays out of logged configs
+    with pytest.raises(ConfigInvalid, match="at least 32 bytes"):
+        load_config(path, {"INFERSIGHT_KV_KEY": "s" * 31})

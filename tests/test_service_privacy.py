@@ -5,6 +5,7 @@ checkpoint paths are shown only with the token."""
 
 from __future__ import annotations
 
+import dataclasses
 import http.server
 import logging
 import os
@@ -205,3 +206,91 @@ def test_infersight_serve_installs_the_log_redaction(
         None,
     )
     assert record.getMessage() == "posting to https://***@h.example/x?***"
+
+
+def _data_dir_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records
+            if r.levelno >= logging.WARNING and "data directory" in r.getMessage()]  # fmt: skip
+
+
+def test_an_older_data_directory_is_narrowed_and_its_exposed_token_rotated(
+    tmp_path: Path, open_umask: None, caplog: pytest.LogCaptureFixture
+) -> None:
+    cfg = dataclasses.replace(config(tmp_path), token=None)  # the token kept in data_dir/api-token
+    data = Path(cfg.data_dir)
+    with running(cfg) as (app, client):
+        old_token = app.state.token
+        assert (
+            client.get("/api/v1/dataset", params={"version": "v"}, headers=auth(old_token)).status_code == 200
+        )
+    # what an older version left under a umask of 0022: everything readable by every user
+    (data / "snapshots").mkdir(exist_ok=True)
+    (data / "snapshots" / "2026-01-01T00-00-00Z.json").write_text('{"prompt": "my card number is"}')
+    (data / "exports").mkdir()
+    (data / "exports" / "v1.jsonl").write_text('{"prompt": "hello"}\n')
+    outside = tmp_path / "elsewhere.txt"
+    outside.write_text("not the service's")
+    (data / "link").symlink_to(outside)
+    for path in (data, data / "snapshots", data / "exports"):
+        path.chmod(0o755)
+    for path in (data / "api-token", data / "infersight.sqlite", data / "snapshots" / "2026-01-01T00-00-00Z.json",
+                 data / "exports" / "v1.jsonl", outside):  # fmt: skip
+        path.chmod(0o644)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING), running(cfg) as (app, client):
+        new_token = app.state.token
+        (warning,) = _data_dir_warnings(caplog)  # one line says everything that changed
+        for name in (
+            "snapshots/2026-01-01T00-00-00Z.json",
+            "exports/v1.jsonl",
+            "infersight.sqlite",
+            "snapshots",
+        ):
+            assert name in warning, warning
+        assert "rotated" in warning and "api-token" in warning
+        assert old_token not in caplog.text and new_token not in caplog.text
+        # the exposed token no longer opens anything; the new one, in a 0600 file, does
+        assert new_token != old_token and (data / "api-token").read_text().strip() == new_token
+        assert (
+            client.get("/api/v1/dataset", params={"version": "v"}, headers=auth(old_token)).status_code == 401
+        )
+        assert (
+            client.get("/api/v1/dataset", params={"version": "v"}, headers=auth(new_token)).status_code == 200
+        )
+    assert _mode(data) == 0o700 and _mode(data / "snapshots") == 0o700 and _mode(data / "exports") == 0o700
+    for path in data.rglob("*"):
+        if path.is_file() and not path.is_symlink():
+            assert _mode(path) == 0o600, path
+    assert _mode(outside) == 0o644  # a link out of the directory is not followed
+    caplog.clear()
+    with caplog.at_level(logging.WARNING), running(cfg) as (app, _):
+        assert _data_dir_warnings(caplog) == [] and app.state.token == new_token  # nothing left to narrow
+
+
+def test_a_token_file_only_its_owner_reads_is_kept_even_if_the_directory_was_open(
+    tmp_path: Path, open_umask: None, caplog: pytest.LogCaptureFixture
+) -> None:
+    cfg = dataclasses.replace(config(tmp_path), token=None)
+    with running(cfg) as (app, _):
+        token = app.state.token
+    Path(cfg.data_dir).chmod(0o711)  # others could enter, but not read the 0600 token
+    with caplog.at_level(logging.WARNING), running(cfg) as (app, _):
+        assert app.state.token == token
+        (warning,) = _data_dir_warnings(caplog)
+        assert ". (0711)" in warning and "rotated" not in warning
+    assert _mode(Path(cfg.data_dir)) == 0o700
+
+
+def test_with_a_configured_token_an_open_token_file_is_narrowed_not_replaced(
+    tmp_path: Path, open_umask: None, caplog: pytest.LogCaptureFixture
+) -> None:
+    cfg = config(tmp_path)  # the token comes from the configuration (INFERSIGHT_TOKEN)
+    data = Path(cfg.data_dir)
+    data.mkdir(parents=True)
+    (data / "api-token").write_text(f"{cfg.token}\n")  # as a deployment script might have left it
+    (data / "api-token").chmod(0o644)
+    with caplog.at_level(logging.WARNING), running(cfg) as (app, _):
+        assert app.state.token == cfg.token
+        (warning,) = _data_dir_warnings(caplog)
+        assert "api-token (0644)" in warning and "rotated" not in warning
+    assert (data / "api-token").read_text().strip() == cfg.token and _mode(data / "api-token") == 0o600

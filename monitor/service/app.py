@@ -71,6 +71,7 @@ def create_app(config: ServiceConfig, *, service: Service | None = None, **servi
         max_clients=limits.rate_limited_clients,
         on_refused=lambda reason: refused[reason].inc(),
     )  # fmt: skip
+    app.add_middleware(otlp.StatusBodies)  # outside the rate limit: its 429s on /v1/traces are Status too
     for module in (monitoring, ingest, models, releases, otlp):
         app.include_router(module.router)
     monitoring.mount_alertmanager(app)

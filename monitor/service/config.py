@@ -4,7 +4,8 @@ The service's configuration: frozen dataclasses, built from a YAML file plus the
 environment (`load_config`, below) or directly in code and tests.
 
 Secrets never need to be in the file: `INFERSIGHT_TOKEN` (bearer token),
-`INFERSIGHT_DATABASE_URL`, `INFERSIGHT_UPSTREAM_API_KEY`, `INFERSIGHT_SHADOW_UPSTREAM_API_KEY`; receivers' secrets are named by
+`INFERSIGHT_DATABASE_URL`, `INFERSIGHT_UPSTREAM_API_KEY`, `INFERSIGHT_SHADOW_UPSTREAM_API_KEY`,
+`INFERSIGHT_KV_KEY` (the shared KV tier's seal key); receivers' secrets are named by
 `*_env` keys in the rule file (e.g. `routing_key_env: INFERSIGHT_PAGERDUTY_ROUTING_KEY`).
 
 `load_config(path, env)`: the YAML config file of `infersight serve`, strictly checked.
@@ -93,6 +94,10 @@ class EngineConfig:
     prefix_cache_redis_url: str | None = None
     # the key prefix of the shared tier's entries
     prefix_cache_redis_prefix: str = "infersight:kv:"
+    # the secret the shared tier's blocks are sealed with (HMAC-SHA256), the same on every replica
+    # required with prefix_cache_redis_url, at least 32 bytes; better given as INFERSIGHT_KV_KEY
+    # than in the file. Without it, anyone who can write to Redis could forge a block
+    prefix_cache_redis_key: str | None = field(default=None, repr=False)
     # the share of live requests also answered by the other version for paired checks (0: off)
     # paired release checks (engine/runtime_shadow.py): while a canary runs, and for the
     # post-deploy analysis window after a deploy (the previous version stays loaded), this
@@ -260,6 +265,13 @@ class LimitsConfig:
     write_queue_rows: int = 200_000  # ingest answers 503 beyond this backlog
     timeseries_points: int = 17_280  # 24 h at the default 5 s tick
     max_label_values: int = 100  # distinct model (and model_version) label values; the rest are `other`
+    # the longest one call can take, in seconds (duration, TTFT, TPOT, queue time)
+    # an ingested event or OTLP span past it is refused by field: no measurement of 2**64 s
+    # reaches the histograms
+    max_duration_s: float = 86_400.0
+    # the most tokens one call can count (prompt, output, the max_tokens asked for)
+    # an ingested event or OTLP span past it is refused by field; at most 2**31-1, the store's integer
+    max_tokens: int = 10_000_000
     # seconds a connection may take to send its request headers before it is closed
     # `infersight serve`'s sockets (overload.py): a connection whose request headers are not
     # all in this long after it opened (or its next request began) is closed, and one client
@@ -352,6 +364,7 @@ ENV_TOKEN = "INFERSIGHT_TOKEN"
 ENV_DATABASE_URL = "INFERSIGHT_DATABASE_URL"
 ENV_UPSTREAM_API_KEY = "INFERSIGHT_UPSTREAM_API_KEY"
 ENV_SHADOW_UPSTREAM_API_KEY = "INFERSIGHT_SHADOW_UPSTREAM_API_KEY"
+ENV_KV_KEY = "INFERSIGHT_KV_KEY"
 _PATH_FIELDS = {"data_dir", "registry", "rules", "reference"}
 
 
@@ -408,6 +421,9 @@ def config_from_mapping(
     shadow = top.get("shadow_upstream")
     if isinstance(shadow, ShadowUpstreamConfig) and env.get(ENV_SHADOW_UPSTREAM_API_KEY):
         top["shadow_upstream"] = dataclasses.replace(shadow, api_key=env[ENV_SHADOW_UPSTREAM_API_KEY])
+    engine = top.get("engine")
+    if isinstance(engine, EngineConfig) and env.get(ENV_KV_KEY):
+        top["engine"] = dataclasses.replace(engine, prefix_cache_redis_key=env[ENV_KV_KEY])
     try:
         config = ServiceConfig(**top)
     except (TypeError, ValueError) as exc:
@@ -471,6 +487,12 @@ def check_config(config: ServiceConfig, *, source: str | None = None) -> Service
             continue
         if not getattr(config.limits, f.name) > 0:
             fail(f"limits.{f.name}", "must be positive")
+    if not (
+        isinstance(config.limits.max_duration_s, int | float) and config.limits.max_duration_s < float("inf")
+    ):
+        fail("limits.max_duration_s", "must be a finite number of seconds")
+    if not (isinstance(config.limits.max_tokens, int) and config.limits.max_tokens <= 2**31 - 1):
+        fail("limits.max_tokens", "must be an integer of at most 2147483647")
     for rate, burst in (("client_rate", "client_burst"), ("token_client_rate", "token_client_burst")):
         value = getattr(config.limits, rate)
         if not (isinstance(value, int | float) and 0 <= value < float("inf")):
@@ -502,6 +524,10 @@ def check_config(config: ServiceConfig, *, source: str | None = None) -> Service
         url = config.engine.prefix_cache_redis_url
         if url is not None and not url.startswith(("redis://", "rediss://", "unix://")):
             fail("engine.prefix_cache_redis_url", "must be a redis://, rediss:// or unix:// URL")
+        key = config.engine.prefix_cache_redis_key
+        if url is not None and config.engine.prefix_cache_mb > 0 and len((key or "").encode()) < 32:
+            fail("engine.prefix_cache_redis_key", f"the shared tier needs a secret of at least 32 bytes "
+                 f"(or {ENV_KV_KEY}) to seal its blocks with; {'none' if not key else 'a shorter one'} given")  # fmt: skip
     if config.routing is not None:
         _check_routing(config, fail)
     return config

@@ -32,9 +32,7 @@ also counted (a metric). A malformed parameter is dropped, never a reason to rej
 
 from __future__ import annotations
 
-import json
 import logging
-import math
 import random
 import re
 from collections import Counter
@@ -42,7 +40,15 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from infersight.monitor.records import CLIENT_ERROR, MAX_TEXT_CHARS, InferenceRecord, build_record
+import orjson
+from infersight.monitor.records import (
+    CLIENT_ERROR,
+    DEFAULT_LIMITS,
+    MAX_TEXT_CHARS,
+    InferenceRecord,
+    RecordLimits,
+    build_record,
+)
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
@@ -63,7 +69,6 @@ SKIP_REASONS = ("not_genai", "not_a_generation")  # spans that are no model call
 REJECT_REASONS = ("no_id", "no_model", "bad_timing", "bad_value")  # model calls that cannot become records
 _MAX_LABEL = 256
 _MAX_EPOCH_NS = 253_402_300_799 * 10**9
-_MAX_TOKENS = 2**31 - 1
 # what an OpenAI client raises for a 4xx: the caller's doing, kept as CLIENT_ERROR (as the proxy does)
 _CLIENT_ERRORS = frozenset({"BadRequestError", "AuthenticationError", "PermissionDeniedError",
                             "NotFoundError", "ConflictError", "UnprocessableEntityError"})  # fmt: skip
@@ -109,8 +114,10 @@ class SpanBatch:
 _WHY = {
     "no_id": "a span without a trace id or span id",
     "no_model": "a GenAI span names no model (gen_ai.request.model, gen_ai.response.model, llm.model_name)",
-    "bad_timing": "start or end time missing, reversed or after the year 9999",
-    "bad_value": "a token count or latency attribute is negative, not a number or out of range",
+    "bad_timing": "start or end time missing, reversed, after the year 9999 or further apart than "
+    "limits.max_duration_s",
+    "bad_value": "a token count or latency attribute is negative, not a number or out of range "
+    "(limits.max_duration_s, limits.max_tokens)",
 }
 
 
@@ -119,7 +126,9 @@ class _Rejected(Exception):
         self.reason = reason
 
 
-def records_from_spans(request: ExportTraceServiceRequest, policy: TextPolicy) -> SpanBatch:
+def records_from_spans(
+    request: ExportTraceServiceRequest, policy: TextPolicy, limits: RecordLimits = DEFAULT_LIMITS
+) -> SpanBatch:
     records: list[InferenceRecord] = []
     skipped: Counter[str] = Counter()
     rejected: Counter[str] = Counter()
@@ -136,11 +145,12 @@ def records_from_spans(request: ExportTraceServiceRequest, policy: TextPolicy) -
                     skipped[why_not] += 1
                     continue
                 try:
-                    record, reasons = _record(span, attrs, resource, policy)
+                    record, reasons = _record(span, attrs, resource, policy, limits)
                 except _Rejected as exc:
                     rejected[exc.reason] += 1
                     continue
-                except (TypeError, ValueError, AttributeError, OverflowError) as exc:  # a shape not foreseen
+                # a shape not foreseen; RecursionError: a value nested past the stack
+                except (TypeError, ValueError, AttributeError, OverflowError, RecursionError) as exc:
                     log.warning("OTLP span %s not read: %s: %s", span.span_id.hex(), type(exc).__name__, exc)
                     rejected["bad_value"] += 1
                     continue
@@ -230,29 +240,33 @@ def _label(value: Any) -> str | None:
     return str(value)[:_MAX_LABEL] if value is not None and str(value) else None
 
 
-def _seconds(value: Any) -> float | None:
+def _seconds(value: Any, longest: float) -> float | None:
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
-        raise _Rejected("bad_value")
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= longest:
+        raise _Rejected("bad_value")  # NaN fails the comparison too
     return float(value)
 
 
-def _tokens(value: Any) -> int | None:
+def _tokens(value: Any, most: int) -> int | None:
     if value is None:
         return None
-    if isinstance(value, str) and value.isdigit():
+    if isinstance(value, str) and value.isascii() and value.isdigit() and len(value) <= 10:
         value = int(value)
     if isinstance(value, float) and value.is_integer():
         value = int(value)
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= _MAX_TOKENS:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= most:
         raise _Rejected("bad_value")
     return value
 
 
 # -- one span ---------------------------------------------------------------------------
 def _record(
-    span: Span, attrs: Mapping[str, Any], resource: Mapping[str, Any], policy: TextPolicy
+    span: Span,
+    attrs: Mapping[str, Any],
+    resource: Mapping[str, Any],
+    policy: TextPolicy,
+    limits: RecordLimits,
 ) -> tuple[InferenceRecord, list[str]]:
     if not span.trace_id or not span.span_id:
         raise _Rejected("no_id")
@@ -267,20 +281,27 @@ def _record(
     start, end = span.start_time_unix_nano, span.end_time_unix_nano
     if start <= 0 or end < start or end > _MAX_EPOCH_NS:
         raise _Rejected("bad_timing")
+    longest, most = limits.max_duration_s, limits.max_tokens
     duration = (end - start) / 1e9
-    e2e = _seconds(attrs.get("gen_ai.latency.e2e"))
+    if duration > longest:
+        raise _Rejected("bad_timing")
+    e2e = _seconds(attrs.get("gen_ai.latency.e2e"), longest)
     if duration == 0.0 and e2e is not None:
         duration = e2e
     ttft = _seconds(
-        _first(attrs, "gen_ai.latency.time_to_first_token", "gen_ai.response.time_to_first_chunk")
+        _first(attrs, "gen_ai.latency.time_to_first_token", "gen_ai.response.time_to_first_chunk"), longest
     )
     if ttft is None:
         ttft = _first_token_event(span)
+        if ttft is not None and ttft > longest:
+            raise _Rejected("bad_timing")
     output_tokens = _tokens(
-        _first(attrs, "gen_ai.usage.output_tokens", "gen_ai.usage.completion_tokens", "llm.token_count.completion")
+        _first(attrs, "gen_ai.usage.output_tokens", "gen_ai.usage.completion_tokens", "llm.token_count.completion"),
+        most,
     )  # fmt: skip
     prompt_tokens = _tokens(
-        _first(attrs, "gen_ai.usage.input_tokens", "gen_ai.usage.prompt_tokens", "llm.token_count.prompt")
+        _first(attrs, "gen_ai.usage.input_tokens", "gen_ai.usage.prompt_tokens", "llm.token_count.prompt"),
+        most,
     )
     tpot = None
     if ttft is not None and output_tokens is not None and output_tokens >= 2 and duration >= ttft:
@@ -288,10 +309,10 @@ def _record(
     prompt, system, response = _texts(span, attrs, policy)
     # fields checked above: built without the dataclass __init__ (records.build_record)
     reasons = _finish_reasons(attrs)
-    max_tokens, stream = _asked(attrs)
+    max_tokens, stream = _asked(attrs, most)
     record = build_record(
         f"otlp-{span.trace_id.hex()}-{span.span_id.hex()}", model, version, start / 1e9, duration, ttft, tpot,
-        _seconds(attrs.get("gen_ai.latency.time_in_queue")), prompt_tokens, output_tokens,
+        _seconds(attrs.get("gen_ai.latency.time_in_queue"), longest), prompt_tokens, output_tokens,
         _error_type(span, attrs), prompt, response, "otlp", None, system, max_tokens, stream,
         _STORED_FINISH.get(reasons[0], "other") if reasons else None,
     )  # fmt: skip
@@ -303,7 +324,7 @@ _STORED_FINISH = {"stop": "stop", "length": "length", "content_filter": "content
                   "tool_calls": "tool_calls", "function_call": "tool_calls", "error": "error"}  # fmt: skip
 
 
-def _asked(attrs: Mapping[str, Any]) -> tuple[int | None, bool | None]:
+def _asked(attrs: Mapping[str, Any], most: int) -> tuple[int | None, bool | None]:
     """(max_tokens, stream) as the span records the request's parameters; None where it does
     not say or says something out of range."""
     params = _json(attrs.get("llm.invocation_parameters"))
@@ -313,9 +334,9 @@ def _asked(attrs: Mapping[str, Any]) -> tuple[int | None, bool | None]:
         budget = params.get("max_completion_tokens", params.get("max_tokens"))
     if isinstance(budget, float) and budget.is_integer():
         budget = int(budget)
-    if isinstance(budget, str) and budget.isdigit():
+    if isinstance(budget, str) and budget.isascii() and budget.isdigit() and len(budget) <= 10:
         budget = int(budget)
-    ok = type(budget) is int and 1 <= budget <= _MAX_TOKENS
+    ok = type(budget) is int and 1 <= budget <= most
     stream = _first(attrs, "gen_ai.request.stream", "llm.is_streaming")
     if stream is None:
         stream = params.get("stream")
@@ -423,10 +444,15 @@ def _plain(value: Any, role: str) -> list[Message]:
 
 
 def _json(value: Any) -> Any:
+    """A JSON-valued attribute parsed; None when it is not JSON. Nesting past the parser's
+    recursion limit is as unparseable as any other bad JSON, and so is a lone surrogate
+    escape (`"\\ud800"`), which would make a text no store can encode: the attribute is
+    dropped, the span kept. orjson refuses both; Python's json raises RecursionError on
+    the first and returns the second."""
     if isinstance(value, str) and value[:1] in ("[", "{"):
         try:
-            return json.loads(value)
-        except ValueError:
+            return orjson.loads(value)
+        except (ValueError, RecursionError):
             return None
     return value
 

@@ -195,7 +195,19 @@ def build_prefix_cache(cfg: EngineConfig) -> PrefixCache | None:
 
     shared = None
     if cfg.prefix_cache_redis_url:
-        shared = RedisTier(cfg.prefix_cache_redis_url, key_prefix=cfg.prefix_cache_redis_prefix)
+        from infersight.engine.registry import Registry
+
+        registry = Registry(cfg.registry)
+        digests: dict[str, str] = {}
+
+        def weights_digest(version: str) -> str:  # a version's weights never change: read once
+            if version not in digests:
+                digests[version] = registry.get(version).sha256
+            return digests[version]
+
+        # SealKeyInvalid (missing or short) stops the start: check_config names the key first
+        shared = RedisTier(cfg.prefix_cache_redis_url, key_prefix=cfg.prefix_cache_redis_prefix,
+                           secret=cfg.prefix_cache_redis_key, weights_digest=weights_digest)  # fmt: skip
     return PrefixCache(
         block_tokens=cfg.prefix_block_tokens, max_bytes=int(cfg.prefix_cache_mb * (1 << 20)), shared=shared
     )
@@ -254,6 +266,8 @@ class PrefixCacheCollector(Collector):
         self.runtime, self.model = runtime, model
 
     def collect(self) -> Iterator[Metric]:
+        from infersight.engine.prefix_cache import REJECT_REASONS  # torch: only with a runtime
+
         stats = self.runtime.prefix_cache_stats()
         labels = ["model", "model_version"]
         hits = CounterMetricFamily(
@@ -276,20 +290,26 @@ class PrefixCacheCollector(Collector):
                 "infersight_prefix_cache_shared_failures", "Failed calls to the shared tier (Redis)",
                 labels=labels,
             ),
-            "shared_rejected": CounterMetricFamily(
-                "infersight_prefix_cache_shared_rejected",
-                "Blocks in the shared tier not bound to their key or corrupt (misses, never served)",
-                labels=labels,
-            ),
+
             "bytes_held": GaugeMetricFamily(
                 "infersight_prefix_cache_bytes", "Bytes of keys and values held by the prefix cache",
                 labels=labels,
             ),
         }  # fmt: skip
+        rejected = CounterMetricFamily(
+            "infersight_prefix_cache_shared_rejected",
+            "Blocks in the shared tier not served (misses), by reason: seal (forged, copied to another "
+            "key, altered, other weights or seal key), format, payload", labels=[*labels, "reason"],
+        )  # fmt: skip
         for version, s in sorted(stats.items()):
             hits.add_metric([self.model, version, "memory"], float(s.hits - s.shared_hits))
             hits.add_metric([self.model, version, "redis"], float(s.shared_hits))
+            for reason in REJECT_REASONS:
+                rejected.add_metric(
+                    [self.model, version, reason], float(getattr(s, f"shared_rejected_{reason}"))
+                )
             for name, family in families.items():
                 family.add_metric([self.model, version], float(getattr(s, name)))  # type: ignore[attr-defined]
         yield hits
+        yield rejected
         yield from families.values()

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import psutil
+from infersight.monitor.records import RecordLimits
 from infersight.monitor.store import connect, current_revision, head_revision, sqlite_url, upgrade
 from infersight.monitor.store.retention import enforce_retention, prune_snapshot_files
 from infersight.monitor.store.writer import RequestWriter
@@ -23,6 +24,7 @@ from prometheus_client import CollectorRegistry
 from sqlalchemy import Engine, text
 
 from .config import ServiceConfig, is_loopback
+from .data_dir import narrow_data_dir
 from .errors import ConfigInvalid, InsecureBind
 from .http_edge import load_or_create_token
 from .jobs import (
@@ -95,9 +97,11 @@ class Service:
         self.clock = clock
         self.data_dir = Path(config.data_dir).expanduser().resolve()
         self.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)  # it holds users' text
-        if self.data_dir.stat().st_mode & 0o077:
-            log.warning("data directory %s is open to other users; chmod 700 it", self.data_dir)
+        # what an older version (or a umask of 0022) left open is narrowed, an exposed token rotated
+        narrow_data_dir(self.data_dir, token_from_file=not config.token)
         self.token = config.token or load_or_create_token(self.data_dir)
+        # what one call can be: events and spans past it are refused by field
+        self.record_limits = RecordLimits(config.limits.max_duration_s, config.limits.max_tokens)
         self.database_url = config.database_url or sqlite_url(self.data_dir)
         self.db: Engine = connect(self.database_url)
         self.registry = CollectorRegistry(auto_describe=True)

@@ -33,6 +33,7 @@ import contextlib
 import datetime as dt
 import io
 import json
+import os
 import secrets
 import socket
 import threading
@@ -230,7 +231,9 @@ def _service(
         # of 8 at a time: over a low per-client rate limit at its peaks
         limits=LimitsConfig(client_rate=200.0, client_burst=400.0),
     )  # fmt: skip
-    (service_dir / "api-token").write_text(cfg.token or "")
+    fd = os.open(service_dir / "api-token", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # a credential
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        fh.write(cfg.token or "")
     service = Service(cfg)
     service.start()
     app = create_app(cfg, service=service)

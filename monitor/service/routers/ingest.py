@@ -24,7 +24,7 @@ from typing import Any
 import orjson
 from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from fastapi.responses import Response, StreamingResponse
-from infersight.monitor.records import FINISH_REASONS, InferenceRecord, from_json_many
+from infersight.monitor.records import FINISH_REASONS, InferenceRecord, InvalidRecord, from_json_many
 from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
 
@@ -98,10 +98,12 @@ def _unprocessable(field: str, reason: str) -> HTTPException:
 async def ingest(request: Request) -> Response:
     service = get_service(request)
     body = await request.body()
+    lenient = False
     try:
         payload = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
-        raise _unprocessable("body", f"not valid JSON: {exc}") from None
+        payload = _lenient_json(body, exc)
+        lenient = True
     if not isinstance(payload, dict):
         raise _unprocessable("body", 'must be a JSON object {"events": [...]}')
     events = payload.get("events")
@@ -109,12 +111,14 @@ async def ingest(request: Request) -> Response:
         raise _unprocessable("body.events", "must be a list of events")
     extra = sorted(k for k in payload if k != "events")
     if extra:
-        raise _unprocessable(f"body.{extra[0]}", "unknown field")
+        raise _unprocessable(f"body.{_shown(extra[0])}", "unknown field")
     limit = service.config.limits.max_events_per_batch
     if len(events) > limit:
         raise _unprocessable("body.events", f"at most {limit} events per batch")
-    records, refused = from_json_many(events)
-    rejected = [{"index": i, "field": exc.field, "reason": exc.reason} for i, exc in refused]
+    records, refused = from_json_many(events, service.record_limits)
+    if lenient:
+        records, refused = _without_lone_surrogates(events, records, refused)
+    rejected = [{"index": i, "field": _shown(exc.field), "reason": _shown(exc.reason)} for i, exc in refused]
     metrics = service.metrics
     assert service.pipeline is not None
     future = service.pipeline.submit(records)  # IngestOverloaded -> 503, nothing accepted
@@ -130,6 +134,55 @@ async def ingest(request: Request) -> Response:
     return Response(
         orjson.dumps({"accepted": len(records), "rejected": rejected}), media_type="application/json"
     )
+
+
+def _lenient_json(body: bytes, strict_error: orjson.JSONDecodeError) -> Any:
+    """The body orjson refused, read as Python's `json` reads it: `NaN`, `Infinity` and
+    lone surrogate escapes (what `json.dumps` writes by default) become values, which the
+    record checks then refuse by field, one event at a time, rather than the whole batch.
+    Anything else orjson refused (invalid UTF-8, nesting past the recursion limit,
+    truncation) stays a 422 for the body. Only taken when orjson failed: the hot path is
+    untouched."""
+    try:
+        return json.loads(body)
+    except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
+        raise _unprocessable("body", f"not valid JSON: {strict_error}") from None
+
+
+def _without_lone_surrogates(
+    events: list[Any], records: list[InferenceRecord], refused: list[tuple[int, InvalidRecord]]
+) -> tuple[list[InferenceRecord], list[tuple[int, InvalidRecord]]]:
+    """A leniently read batch less the records whose text is no UTF-8 (a lone surrogate,
+    which no store can encode): each refused by the field that holds it."""
+    refused_at = {i for i, _ in refused}
+    kept: list[InferenceRecord] = []
+    accepted = iter(records)
+    for i in range(len(events)):
+        if i in refused_at:
+            continue
+        record = next(accepted)
+        bad = next((f.name for f in fields(record) if not _utf8(getattr(record, f.name))), None)
+        if bad is None:
+            kept.append(record)
+        else:
+            refused.append((i, InvalidRecord(bad, "not valid UTF-8 text (a lone surrogate)")))
+    return kept, sorted(refused, key=lambda item: item[0])
+
+
+def _shown(name: str) -> str:
+    """A name from the body as an answer can carry it: an unknown field's name may hold a
+    lone surrogate (read leniently), which no JSON encoder writes; it is shown escaped."""
+    return name.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _utf8(value: object) -> bool:
+    if not isinstance(value, str):
+        return True
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 dataset_router = APIRouter(tags=["dataset"])

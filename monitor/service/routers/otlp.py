@@ -24,17 +24,21 @@ import json
 import zlib
 from typing import Any
 
+import orjson
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from google.protobuf import json_format
 from google.protobuf.message import DecodeError, Message
 from google.rpc import code_pb2, status_pb2
+from infersight.monitor.records import DEFAULT_LIMITS, RecordLimits
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTracePartialSuccess,
     ExportTraceServiceRequest,
     ExportTraceServiceResponse,
 )
 from starlette.concurrency import run_in_threadpool
+from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import Message as AsgiMessage
 
 from ..errors import IngestOverloaded
 from ..http_edge import has_token
@@ -42,7 +46,7 @@ from ..metrics import ServiceMetrics
 from ..otlp_spans import SpanBatch, TextPolicy, records_from_spans
 from . import get_service
 
-__all__ = ["router"]
+__all__ = ["StatusBodies", "router"]
 
 router = APIRouter(tags=["otlp"])
 
@@ -76,7 +80,9 @@ async def export_traces(request: Request) -> Response:
     limit = service.config.limits.max_body_bytes
     encoding = request.headers.get("content-encoding", "identity").strip().lower()
     try:
-        batch = await run_in_threadpool(_decode_and_map, body, encoding, media, limit, policy)
+        batch = await run_in_threadpool(
+            _decode_and_map, body, encoding, media, limit, policy, service.record_limits
+        )
     except _Refused as exc:
         metrics.otlp_exports.labels("invalid").inc()
         return _status(media, exc.status, exc.code, exc.message)
@@ -103,8 +109,15 @@ def _media(request: Request) -> str:
     return request.headers.get("content-type", PROTOBUF).partition(";")[0].strip().lower()
 
 
-def _decode_and_map(body: bytes, encoding: str, media: str, limit: int, policy: TextPolicy) -> SpanBatch:
-    return records_from_spans(_parse(_inflate(body, encoding, limit), media), policy)
+def _decode_and_map(
+    body: bytes,
+    encoding: str,
+    media: str,
+    limit: int,
+    policy: TextPolicy,
+    limits: RecordLimits = DEFAULT_LIMITS,
+) -> SpanBatch:
+    return records_from_spans(_parse(_inflate(body, encoding, limit), media), policy, limits)
 
 
 def _inflate(body: bytes, encoding: str, limit: int) -> bytes:
@@ -121,6 +134,14 @@ def _inflate(body: bytes, encoding: str, limit: int) -> bytes:
         raise _Refused(400, code_pb2.INVALID_ARGUMENT, f"the body is not valid {encoding}: {exc}") from None
     if len(raw) > limit or inflater.unconsumed_tail:
         raise _Refused(413, code_pb2.RESOURCE_EXHAUSTED, f"the inflated body is larger than {limit} bytes")
+    # zlib raises only on bytes it cannot read: a stream cut short (a gzip header and no
+    # end) inflates to whatever came before the cut, and would pass for an empty export
+    if not inflater.eof:
+        raise _Refused(400, code_pb2.INVALID_ARGUMENT, f"the body is not valid {encoding}: truncated")
+    if inflater.unused_data:
+        raise _Refused(
+            400, code_pb2.INVALID_ARGUMENT, f"the body is not valid {encoding}: bytes after its end"
+        )
     return raw
 
 
@@ -135,7 +156,9 @@ def _parse(raw: bytes, media: str) -> ExportTraceServiceRequest:
             ) from None
         return export
     try:
-        obj = json.loads(raw)
+        # orjson, not json: it refuses what OTLP/JSON cannot hold (lone surrogate escapes,
+        # NaN) and nesting past its limit as the bad JSON they are
+        obj = orjson.loads(raw)
         if not isinstance(obj, dict):
             raise ValueError("the body must be a JSON object")
         json_format.ParseDict(_ids_as_base64(obj), export, ignore_unknown_fields=True)
@@ -189,3 +212,72 @@ def _answer(media: str, http: int, message: Message, headers: dict[str, str] | N
     else:
         body = message.SerializeToString()
     return Response(body, status_code=http, media_type=media, headers=headers)
+
+
+# the HTTP status of an answer the shared edge made (a 413 before the body was read, a 429 from
+# the rate limit, a 405) as the gRPC code OTLP/HTTP exporters read from its Status
+_CODES = {400: code_pb2.INVALID_ARGUMENT, 401: code_pb2.UNAUTHENTICATED, 403: code_pb2.PERMISSION_DENIED,
+          404: code_pb2.NOT_FOUND, 405: code_pb2.UNIMPLEMENTED, 413: code_pb2.RESOURCE_EXHAUSTED,
+          415: code_pb2.INVALID_ARGUMENT, 429: code_pb2.RESOURCE_EXHAUSTED, 503: code_pb2.UNAVAILABLE}  # fmt: skip
+_KEPT_HEADERS = frozenset({b"retry-after", b"www-authenticate"})
+
+
+class StatusBodies:
+    """ASGI middleware, outermost: every error answer on `/v1/traces` is a `google.rpc.Status`
+    in the request's format, as OTLP/HTTP says, including those the shared edge makes before
+    the route runs (the body size limit, the rate limit, a wrong method), which are JSON
+    `{"error": ...}` everywhere else. The route's own answers pass through untouched."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope.get("path") != "/v1/traces":
+            await self.app(scope, receive, send)
+            return
+        given = dict(scope.get("headers", ())).get(b"content-type", b"")
+        media = JSON if given.partition(b";")[0].strip().lower() == JSON.encode() else PROTOBUF
+        start: AsgiMessage | None = None
+        chunks: list[bytes] = []
+
+        async def rewriting_send(message: AsgiMessage) -> None:
+            nonlocal start
+            if message["type"] == "http.response.start" and message["status"] >= 400:
+                start = message  # held until its body is in, to see whose answer it is
+                return
+            if start is None or message["type"] != "http.response.body":
+                await send(message)
+                return
+            chunks.append(message.get("body", b""))
+            if not message.get("more_body", False):
+                await _send_error(send, start, b"".join(chunks), media)
+
+        await self.app(scope, receive, rewriting_send)
+
+
+async def _send_error(send: Send, start: AsgiMessage, body: bytes, media: str) -> None:
+    """The held error answer as it was when it is the route's own Status, else as a Status."""
+    http = int(start["status"])
+    types = [v for k, v in start.get("headers", ()) if k == b"content-type"]
+    answered = types[0].partition(b";")[0].strip().decode("latin-1") if types else ""
+    try:
+        shaped = json.loads(body) if answered == JSON else None
+    except (ValueError, RecursionError):
+        shaped = None
+    error = shaped.get("error") if isinstance(shaped, dict) else None  # the edge's {"error": {...}}
+    if answered == media and not isinstance(error, dict):
+        await send(start)
+        await send({"type": "http.response.body", "body": body})
+        return
+    message = str(error.get("message")) if isinstance(error, dict) else body.decode("utf-8", "replace")[:300]
+    code = _CODES.get(http, code_pb2.INVALID_ARGUMENT if http < 500 else code_pb2.INTERNAL)
+    status = status_pb2.Status(code=code, message=message or f"HTTP {http}")
+    out = (
+        json_format.MessageToJson(status, indent=None).encode()
+        if media == JSON
+        else status.SerializeToString()
+    )
+    headers = [(k, v) for k, v in start.get("headers", ()) if k.lower() in _KEPT_HEADERS]
+    headers += [(b"content-type", media.encode()), (b"content-length", str(len(out)).encode())]
+    await send({"type": "http.response.start", "status": http, "headers": headers})
+    await send({"type": "http.response.body", "body": out})
