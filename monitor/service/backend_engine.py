@@ -31,7 +31,7 @@ from . import openai_api as fmt
 from .errors import BackendUnavailable
 from .openai_api import ChatRequest, CompletionRequest, TextStream, render_chat
 from .overload import PromptEncoder, PromptOverCharacters
-from .pairs import engine_release_checks
+from .pair_feed import engine_release_checks
 from .pipeline import CallTimer, make_record
 
 if TYPE_CHECKING:
@@ -82,7 +82,7 @@ class EngineBackend:
         cfg = config.engine
         self.max_tokens_limit = cfg.max_tokens_limit if cfg is not None else 1024
         self.user_header = cfg.canary_user_header if cfg is not None else None
-        # the canary's controller, and the pairs' scoring with the runtime's shadow support (pairs.py)
+        # the canary's controller, and the pairs' scoring with the runtime's shadow support (pair_feed.py)
         self.pair_share, self.canary_controller, self.pair_feed = engine_release_checks(
             runtime, config, on_canary_decision
         )
@@ -173,7 +173,7 @@ class EngineBackend:
         if self.canary_controller is not None:
             self._unsubscribe_canary = self.runtime.subscribe(self.canary_controller.on_event)
         if self.pair_feed is not None:
-            from .pairs import ShadowCollector
+            from .pair_feed import ShadowCollector
 
             self._unsubscribe_pairs = self.runtime.subscribe(self.pair_feed.on_event)
             shadow_metrics = CollectorRegistry(auto_describe=False)
@@ -341,7 +341,7 @@ class EngineBackend:
         timer = CallTimer()
         request_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
         controller = getattr(self, "canary_controller", None)
-        if controller is not None:  # the canary compares like with like (strata.py)
+        if controller is not None:  # the canary compares like with like (alerts/release/strata.py)
             controller.note_shape(request_id, max_tokens, bool(req.stream))
         try:
             handle = self.runtime.submit(
@@ -533,7 +533,7 @@ def _stored_since(db: Engine, status: Any) -> list[Any]:
     """The two versions' stored requests since the canary started, oldest first."""
     import datetime as dt
 
-    from infersight.alerts.actions.canary import StoredRequest
+    from infersight.monitor.records import StoredRequest
     from infersight.monitor.store.tables import by_start, requests, started_in
     from sqlalchemy import select
 

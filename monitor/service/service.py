@@ -339,9 +339,9 @@ def _proxy_shadow(service: Service) -> Any:
     config = service.config
     if config.shadow_upstream is None:
         return None
-    from infersight.alerts.actions.pairs import PairedEvidence
+    from infersight.alerts.release.paired_checks import PairedEvidence
 
-    from .pairs import PairFeed
+    from .pair_feed import PairFeed
     from .proxy_shadow import ProxyShadow, ProxyShadowCollector
 
     shadow_cfg = config.shadow_upstream
@@ -406,11 +406,11 @@ def _wire_drift(service: Service) -> None:
 
 
 def _pair_evidence(parts: Parts) -> Any:
-    """What the post-deploy analysis reads of pairs: the embedded runtime's (pairs.py), or,
+    """What the post-deploy analysis reads of pairs: the embedded runtime's (pair_feed.py), or,
     in proxy mode, evidence that is off and says why in every verdict."""
-    from infersight.alerts.actions.pairs import PairedEvidence
+    from infersight.alerts.release.paired_checks import PairedEvidence
 
-    from .pairs import PROXY_PAIRS_OFF
+    from .pair_feed import PROXY_PAIRS_OFF
 
     feed = getattr(parts.backend, "pair_feed", None)
     return feed.evidence if feed is not None else PairedEvidence(enabled=False, off_reason=PROXY_PAIRS_OFF)

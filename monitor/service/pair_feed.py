@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from infersight.alerts.actions.pairs import PairedEvidence, PairOutcome, PairPolicy
+from infersight.alerts.release.paired_checks import PairedEvidence, PairOutcome, PairPolicy
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 

@@ -10,7 +10,7 @@ Only server errors count: outcomes the client caused (`client_error`, `cancelled
 
 With pairs (`PairedEvidence`: the runtime answers a share of requests with both versions,
 engine/runtime_shadow.py), relevance and output drift are checked on the same requests
-(alerts/actions/pairs.py: per-pair relevance difference, similarity of the two answers,
+(alerts/release/paired_checks.py: per-pair relevance difference, similarity of the two answers,
 output-length ratio, finish-reason agreement) instead of before against after, which any
 change in what clients ask at deploy time would confound; a failed paired check names its
 pairs ("relevance fell in 17 of 20 pairs, mean -0.41"). When pairs are off (proxy mode
@@ -37,15 +37,15 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
-from infersight.monitor.records import CANCELLED, CLIENT_ERROR, is_server_error
+from infersight.monitor.outcomes import CANCELLED, CLIENT_ERROR, is_server_error
 from infersight.monitor.store.tables import deploy_analyses, requests, started_in
 from sqlalchemy import Engine, and_, insert, or_, select, text, update
 
+from ..actions.runner import ActionOutcome, ActionRunner
 from ..lifecycle import push_alert
 from ..rules.rules import ActionSpec
 from ..rules.signals import quantile
-from .pairs import PairedCheck, PairedEvidence
-from .runner import ActionOutcome, ActionRunner
+from .paired_checks import PairedCheck, PairedEvidence
 from .strata import like_rates, request_shape, shape
 
 __all__ = [
