@@ -129,7 +129,7 @@ def engine_error_classes() -> Iterator[type[engine_errors.EngineError]]:
 def _engine_entry(cls: type[engine_errors.EngineError]) -> str | None:
     for base in cls.__mro__:
         if base in ENGINE_OUTCOMES:
-            return ENGINE_OUTCOMES[base]  # type: ignore[index]
+            return ENGINE_OUTCOMES[base]
     return None
 
 

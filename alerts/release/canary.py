@@ -1,12 +1,13 @@
 """Canary analysis: the candidate against the stable version over the same minutes.
 
 Every finished request of either arm is fed to `CanaryAnalysis.observe` as it happens, and
-each check updates a mixture sequential probability ratio test (mSPRT, Johari et al.,
-"Always valid inference", 2017) after *every* observation. The test's statistic is a
-likelihood ratio averaged over a normal prior N(0, tau^2) on the effect; by Ville's
-inequality its running maximum passes 1/alpha with probability at most alpha when the
-versions do not differ, however often, and whenever, anyone looks. Asking for the verdict
-reads the state the observations left, so the result never depends on a polling period.
+each check updates its always-valid sequential test (the mSPRT of sequential.py) after
+*every* observation: however often, and whenever, anyone looks, a canary that does not
+differ passes a check's 1/alpha with probability at most alpha. Asking for the verdict reads
+the state the observations left, so the result never depends on a polling period. The
+verdict is the controller's to act on: a rollback raises its alert first (`on_decision`),
+then the action runner ends the canary (`rollback`, the service's), one path for every
+rollback (alerts/actions/runner.py).
 
 Checks (a regression is a significant difference in the bad direction only):
 - `server_errors`: share of requests that failed for a server-side reason (monitor/
@@ -368,13 +369,15 @@ class CanaryDecision:
     canary_requests: int
     stable_requests: int
     at: float
+    started_at: float | None = None  # when the canary started (the runtime's): its episode
 
 
 class CanaryController:
     """Feeds one canary's analysis from the engine's events and the sampled relevance
     scores, and applies each decision as soon as an observation makes it: the next step
     of weight, the promotion, or the rollback at the first significant regression.
-    `on_decision` is called with every applied decision (the service records an alert)."""
+    `on_decision` is called with every decision: after a step or a promotion is applied, and
+    before a rollback is performed (the service raises the alert from it first)."""
 
     def __init__(
         self,
@@ -384,15 +387,19 @@ class CanaryController:
         on_decision: Callable[[CanaryDecision], None] | None = None,
         clock: Callable[[], float] | None = None,
         pairs: PairPolicy | None = None,
+        rollback: Callable[[CanaryDecision], None] | None = None,
     ) -> None:
         """`pairs`: the runtime pairs requests (engine/runtime_shadow.py), fed by `on_pair`:
-        the quality checks are paired ones (None: arm against arm, as without pairs)."""
+        the quality checks are paired ones (None: arm against arm, as without pairs).
+        `rollback`: performs a rollback decision (the service's: the action runner, once per
+        canary), called after `on_decision` has raised its alert; None: `control.abort`."""
         import time
 
         self.control = control
         self.policy = policy or CanaryPolicy()
         self.pair_policy = pairs
         self.on_decision = on_decision
+        self.rollback = rollback
         self.clock = clock or time.time
         self.analysis: CanaryAnalysis | None = None
         self.version: str | None = None
@@ -537,11 +544,24 @@ class CanaryController:
             if status is None or status.version != version:  # ended by someone else (an operator, a rule)
                 self.end()
                 return
+            decision = CanaryDecision(
+                "rollback" if verdict.action == "rollback" else "promote", version, stable, verdict.weight,
+                verdict.reason, served[True], served[False], self.clock(), getattr(status, "started_at", None),
+            )  # fmt: skip
             if verdict.action == "rollback":
-                self.control.abort(f"canary rolled back: {verdict.reason}")
+                # one path: the decision is recorded and its alert raised first, then the
+                # action (the action runner's, when wired) ends the canary
                 with self._lock:
                     self.analysis = None
-            elif verdict.weight >= 1.0:
+                self.decisions.append(decision)
+                if self.on_decision is not None:
+                    self.on_decision(decision)
+                if self.rollback is not None:
+                    self.rollback(decision)
+                else:
+                    self.control.abort(f"canary rolled back: {verdict.reason}")
+                return
+            if verdict.weight >= 1.0:
                 self.control.promote(f"canary promoted: {verdict.reason}")
                 with self._lock:
                     self.analysis = None
@@ -549,10 +569,6 @@ class CanaryController:
                 self.control.set_weight(verdict.weight)
                 with self._lock:
                     analysis.advance()
-            decision = CanaryDecision(
-                "rollback" if verdict.action == "rollback" else "promote", version, stable, verdict.weight,
-                verdict.reason, served[True], served[False], self.clock(),
-            )  # fmt: skip
             self.decisions.append(decision)
             if self.on_decision is not None:
                 self.on_decision(decision)

@@ -60,7 +60,8 @@ def _temperature(value: float) -> float:
 class EngineBackend:
     """Serves `/v1` with `runtime`; records each call into `pipeline`, exposes the runtime's
     collectors in `exposition`, reads the canary's stored requests from `db`, and hands every
-    canary decision to `on_canary_decision` (the composition root's: log, alert, snapshot)."""
+    canary decision to `on_canary_decision` (the composition root's: log, alert) and a
+    rollback then to `on_canary_rollback` (the action runner's; None: the runtime aborts it)."""
 
     def __init__(
         self,
@@ -72,6 +73,7 @@ class EngineBackend:
         pipeline: RecordPipeline,
         exposition: CombinedRegistry,
         on_canary_decision: Callable[[Any], None] = lambda decision: None,
+        on_canary_rollback: Callable[[Any], None] | None = None,
     ) -> None:
         self.config = config
         self.db = db
@@ -84,7 +86,7 @@ class EngineBackend:
         self.user_header = cfg.canary_user_header if cfg is not None else None
         # the canary's controller, and the pairs' scoring with the runtime's shadow support (pair_feed.py)
         self.pair_share, self.canary_controller, self.pair_feed = engine_release_checks(
-            runtime, config, on_canary_decision
+            runtime, config, on_canary_decision, on_canary_rollback
         )
         self.route_metrics: Any = None  # SLA routing's metrics, with `routing:` only
         # bounds a prompt's work before tokenizing it, and tokenizes off the event loop
@@ -100,12 +102,13 @@ class EngineBackend:
         exposition: CombinedRegistry,
         runtime: Any = None,
         on_canary_decision: Callable[[Any], None] = lambda decision: None,
+        on_canary_rollback: Callable[[Any], None] | None = None,
     ) -> EngineBackend:
         """Start the configured runtime (`config.engine`), or wrap the given `runtime`."""
 
         def backend(runtime: Any, *, owned: bool) -> EngineBackend:
             return cls(runtime, owned=owned, config=config, db=db, pipeline=pipeline, exposition=exposition,
-                       on_canary_decision=on_canary_decision)  # fmt: skip
+                       on_canary_decision=on_canary_decision, on_canary_rollback=on_canary_rollback)  # fmt: skip
 
         if runtime is not None:
             return backend(runtime, owned=False)

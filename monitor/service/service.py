@@ -314,6 +314,7 @@ def _wire_backend(service: Service) -> None:
         backend = EngineBackend.start(
             config, service.db, pipeline=service.pipeline, exposition=service.exposition,
             runtime=service._runtime_seam, on_canary_decision=lambda decision: _canary_decided(service, decision),
+            on_canary_rollback=lambda decision: _canary_rollback(service, decision),
         )  # fmt: skip
         parts.backend = backend
         backend.observe_events(parts.stats)
@@ -382,6 +383,15 @@ def _canary_decided(service: Service, decision: Any) -> None:
 
     parts = service.parts
     record_canary_decision(service.db, decision, deploy_log=parts.deploy_log, alerts=parts.alerts)
+
+
+def _canary_rollback(service: Service, decision: Any) -> None:
+    """After `_canary_decided` raised the alert: the rollback, through the action runner."""
+    from .wiring_alerts import roll_back_canary
+
+    parts = service.parts
+    canary = getattr(getattr(parts.backend, "runtime", None), "canary", None)
+    roll_back_canary(service.db, decision, canary, deploy_log=parts.deploy_log, alerts=parts.alerts)
 
 
 def _wire_drift(service: Service) -> None:
