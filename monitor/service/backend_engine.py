@@ -143,7 +143,7 @@ class EngineBackend:
         except EngineError as exc:
             raise BackendUnavailable(f"the embedded runtime did not start: {exc}") from exc
         if config.routing is not None:
-            from .routing import start_routing
+            from .sla_routing import start_routing
 
             try:
                 start_routing(runtime, config.routing)
@@ -184,7 +184,7 @@ class EngineBackend:
             self.exposition.add(shadow_metrics)
         routing = self.config.routing
         if routing is not None and getattr(self.runtime, "routing", None) is not None:
-            from .routing import RouteMetrics
+            from .sla_routing import RouteMetrics
 
             self.route_metrics = RouteMetrics(self.runtime, routing)
             self.exposition.add(self.route_metrics.registry)

@@ -45,7 +45,7 @@ if TYPE_CHECKING:
     from .backend_proxy import ProxyBackend, UpstreamQueueScraper
     from .metrics import CostMeter
     from .replicas import Replicas
-    from .routing import RouteMetrics
+    from .sla_routing import RouteMetrics
     from .runtime_store import DeployLog
     from .wiring_alerts import AlertsWiring
     from .wiring_drift import DriftWiring
