@@ -21,6 +21,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import _engine_serving_support as support
 import pytest
 from infersight.alerts import ActionRunner, AnalysisPolicy, DeployAnalyzer, Evaluator, RuntimeControl
 from infersight.alerts.release.canary import CANARY_ALERT, CanaryController, CanaryPolicy
@@ -295,3 +296,53 @@ def test_the_canary_pages_first_then_the_runner_ends_it_once(db: Engine, tmp_pat
     assert "server_errors" in json.loads(page.annotations)["summary"]
     assert json.loads(page.annotations)["summary"].endswith("rolled back")
     assert len(_pages(db, clock, CANARY_ALERT)) == 1
+
+
+# -- the burst on the real runtime ----------------------------------------------------------
+
+tiny_checkpoints, registry = support.tiny_checkpoints, support.registry  # fixtures
+
+
+def test_on_the_real_runtime_a_tenants_burst_on_a_good_canary_is_refused_first_and_not_rolled_back(
+    registry: Any,
+) -> None:
+    from infersight.engine.admission import AdmissionLimits
+    from infersight.engine.errors import QueueFull
+    from infersight.engine.runtime import Runtime
+    from infersight.engine.runtime_canary import user_bucket
+
+    rt = Runtime(registry, max_batch_size=2, max_prompt_tokens=32, max_seq_len=64,
+                 admission=AdmissionLimits(max_queue=8))  # fmt: skip
+    rt.start(support.V1)
+    try:
+        rt.canary.start(support.V2, 0.5)
+        controller = CanaryController(rt.canary, CanaryPolicy(requests_per_step=100_000, min_requests=2))
+        controller.begin(support.V2, support.V1, 0.5)
+        unsubscribe = rt.subscribe(controller.on_event)
+        on_canary = [u for u in (f"user-{i}" for i in range(200)) if user_bucket(u, support.V2) < 0.5]
+        tenant, others = on_canary[0], on_canary[1:4]
+        handles, refused = [], 0
+        for i in range(24):  # the tenant's burst, all at once, every one landing on the canary
+            try:
+                handles.append(rt.submit(support.prompt(i, 8), max_new_tokens=40, user=tenant))
+            except QueueFull as exc:
+                refused += 1
+                assert "fair share" in str(exc) or "max_queue" in str(exc)
+        # the other users behind the burst still find room: the tenant holds at most half the queue
+        handles += [
+            rt.submit(support.prompt(100 + i, 8), max_new_tokens=4, user=u) for i, u in enumerate(others)
+        ]
+        for h in handles:
+            h.result(120)
+        # refused first by its share of the queue, before the queue itself was full
+        assert refused > 0 and rt.admission.refused_over_share.get("canary") == refused
+        for _ in range(500):  # the controller has seen every finished request
+            if controller.served[True] >= len(handles):
+                break
+            threading.Event().wait(0.01)
+        unsubscribe()
+        assert controller.analysis is not None and rt.canary.status is not None  # still running
+        errors = next(c for c in controller.analysis.checks() if c.name == "server_errors")
+        assert errors.canary == 0.0 and controller.decisions == []  # the refusals are no server errors
+    finally:
+        rt.stop(drain=False)
