@@ -70,17 +70,16 @@ OVERLOADED = "overloaded"  # admission control refused it: queue full or predict
 CLIENT_OUTCOMES = frozenset({CLIENT_ERROR, CANCELLED})
 REFUSED_BY_SERVICE = frozenset({SHED, OVERLOADED})  # refused to protect the service: SLO misses
 NOT_ERRORS = CLIENT_OUTCOMES | REFUSED_BY_SERVICE  # outcomes kept under their own label, never errors
+# The name an SDK user's client raises when the caller goes away (recorded as it is)
+CLIENT_DISCONNECTED = "ClientDisconnected"
 
-_OUTCOME_OF_LABEL: dict[str, Outcome] = {
+_OUTCOME_OF_LABEL: Mapping[str, Outcome] = {
     CLIENT_ERROR: Outcome.CLIENT_ERROR,
     CANCELLED: Outcome.CANCELLED,
+    CLIENT_DISCONNECTED: Outcome.CANCELLED,
     SHED: Outcome.REFUSED,
     OVERLOADED: Outcome.REFUSED,
 }
-
-
-# The name an SDK user's client raises when the caller goes away (recorded as it is)
-CLIENT_DISCONNECTED = "ClientDisconnected"
 
 
 def outcome_of(error_type: str | None) -> Outcome:
@@ -140,7 +139,6 @@ def engine_outcome(cls: type[engine_errors.EngineError]) -> Outcome:
 
 
 _ENGINE_BY_NAME = {cls.__name__: cls for cls in engine_error_classes()}
-_OUTCOME_OF_LABEL[CLIENT_DISCONNECTED] = Outcome.CANCELLED
 
 
 def client_error_names() -> tuple[str, ...]:
