@@ -16,7 +16,9 @@ notifications that are never lost, and automated remediation.
 
 An alert passes down the folders in order: `rules/` (the rule file, signals, evaluation,
 SLOs, the PromQL export), `notify/` (routing, grouping, inhibition, silences, outbox,
-receivers, delivery), `actions/` (the runner, evidence, post-deploy and canary analysis);
+receivers, delivery), `actions/` (the runner and the evidence it keeps); `release/` (the
+canary, the post-deploy analysis and their paired, stratified and sequential checks) decides
+rollbacks the runner performs;
 `inbound.py` takes Alertmanager's webhooks in (`inbound_router.py` mounts it in FastAPI).
 This module is the public API; helpers the stages share, the rule file's parts (`Rule`,
 `Route`, `Silence`, ...) and the stages' policies stay in their modules, and every error is
@@ -29,14 +31,14 @@ from infersight.monitor.extras import require_extra as _require_extra
 
 _require_extra("infersight.alerts", "service")  # one line when the extra is missing
 
-from .actions.analysis import REGRESSION_ALERT, AnalysisPolicy, DeployAnalyzer, StoreVersionMetrics
-from .actions.canary import CANARY_ALERT, CanaryController
 from .actions.evidence import SnapshotSource, open_collection, take_snapshot
 from .actions.runner import ActionRunner, ModelControl, RuntimeControl
 from .errors import AlertsError, InvalidMatcher, RuleParseError
 from .inbound import AlertmanagerHandler
 from .notify.matchers import Matcher, create_silence, expire_silence, list_silences
 from .notify.receivers import Dispatcher, HttpRequest, HttpResponse, HttpSender, HttpxSender, build_receivers
+from .release.canary import CANARY_ALERT, CanaryController
+from .release.post_deploy import REGRESSION_ALERT, AnalysisPolicy, DeployAnalyzer, StoreVersionMetrics
 from .rules.config import AlertConfig, export_prometheus, load_config
 from .rules.evaluator import Evaluator
 from .rules.signals import CompositeSignals, LiveSignals, SignalSource, StoreSignals

@@ -28,7 +28,7 @@
 (b) False rollbacks: `--good` canaries of a release as good as the stable one, each taken
     through every step (10% -> 50% -> 100%, `requests_per_step` canary requests at each).
     This part is a SIMULATED request stream fed to the same analysis functions
-    (alerts/actions/canary.py), not a runtime per canary: both arms draw server errors (1%),
+    (alerts/release/canary.py), not a runtime per canary: both arms draw server errors (1%),
     latencies (log-normal, heavy right tail), relevance (Beta(6, 4)) and output lengths
     from the same distributions. Also reported: the canary requests a simulated bad release
     (relevance Beta(2, 8)) needed before its rollback, over the same seeds.
@@ -49,7 +49,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from infersight.alerts.actions.canary import CanaryAnalysis, CanaryPolicy
+from infersight.alerts.release.canary import CanaryAnalysis, CanaryPolicy
 
 
 def _cpu() -> str:
@@ -93,7 +93,7 @@ def real_canaries(n_good: int, n_bad: int, per_step: int, good_version: str | No
     import shutil
 
     import numpy as np
-    from infersight.alerts.actions.canary import CanaryController
+    from infersight.alerts.release.canary import CanaryController
     from infersight.engine import Registry, Runtime
     from infersight.monitor.cli import main as cli
     from infersight.monitor.data import banking77
@@ -181,14 +181,14 @@ def paired_canaries(
     modes: tuple[bool, ...] = (True, False),
 ) -> None:
     """(d): the same canaries decided with and without pairs, alternated, on the real runtime."""
-    from infersight.alerts.actions.canary import CanaryController
-    from infersight.alerts.actions.pairs import PairedEvidence, PairPolicy
+    from infersight.alerts.release.canary import CanaryController
+    from infersight.alerts.release.paired_checks import PairedEvidence, PairPolicy
     from infersight.engine import Registry, Runtime
     from infersight.engine.runtime_canary import user_bucket
     from infersight.monitor import drift as d
     from infersight.monitor.cli import main as cli
     from infersight.monitor.data import banking77, hotels
-    from infersight.monitor.service.pairs import PairFeed
+    from infersight.monitor.service.pair_feed import PairFeed
 
     stable, good, bad = "mixtral_banking_fp32-v1.0", "mixtral_banking_int8-v1.0", "mixtral_banking_fp32-v1.1"
     questions = [u.text for u in banking77()]

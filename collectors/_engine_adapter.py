@@ -4,15 +4,17 @@
 (queue time, TTFT from the first TokenEmitted, TPOT from the token timestamps,
 errors, in-flight and waiting) and hands one `InferenceRecord` (source "engine") per
 finished or failed request to `on_record`. A request the runtime refused before the
-model saw it (over-long prompt, invalid request) is the client's `client_error`; one
+model saw it (over-long prompt, invalid request) is the client's `client_error`, one
+shed or refused by admission control is `shed` / `overloaded` (monitor/outcomes.py maps the
+engine's error classes once); one
 whose client hung up (the server calls `hung_up(request_id)` before cancelling it) is
 `cancelled`: neither counts as a server error. Runs on the engine's loop thread, so it
 only does dictionary work and appends; it never raises into the engine (a failure is
 counted in `failures`).
 
-Events are dispatched on their class name, so this module imports nothing from
-`infersight.engine` at run time: whatever `infersight/engine/__init__.py` imports
-(torch), observing the engine never pulls it in.
+Events are dispatched on their class name, so this module imports nothing from the engine
+at run time but its torch-free errors (through monitor/outcomes.py): observing the engine
+never pulls torch in.
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from infersight.monitor.records import CANCELLED, CLIENT_ERROR, OVERLOADED, SHED, InferenceRecord
+from infersight.monitor.outcomes import engine_label
+from infersight.monitor.records import CANCELLED, InferenceRecord
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
@@ -31,11 +34,6 @@ if TYPE_CHECKING:
     from infersight.engine.events import EngineEvent
 
 __all__ = ["EngineAdapter", "EnginePathCollector"]
-
-# What `Runtime.submit` refuses before the model sees anything: the request's fault.
-_REFUSED_REQUESTS = frozenset({"PromptTooLong", "InvalidRequest"})
-_SHED_BY = "PathOverloaded"  # SLA routing's length breaker refused it: outcome `shed`, no error
-_OVERLOADED_BY = "QueueFull"  # admission control refused it: outcome `overloaded`, no error
 
 
 @dataclass
@@ -171,13 +169,7 @@ class EngineAdapter:
                 queue_s=None if req is None else req.queue_s,
                 prompt_tokens=None if req is None else req.prompt_tokens,
                 output_tokens=None if req is None else req.tokens,
-                error_type=CLIENT_ERROR
-                if e.error_type in _REFUSED_REQUESTS
-                else SHED
-                if e.error_type == _SHED_BY
-                else OVERLOADED
-                if e.error_type == _OVERLOADED_BY
-                else e.error_type,
+                error_type=engine_label(e.error_type),
                 source="engine",
             )
         )

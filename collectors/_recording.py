@@ -38,7 +38,7 @@ from collections.abc import Callable, Iterable
 from typing import Any, NamedTuple, TypeVar
 
 import numpy as np
-from infersight.monitor.records import CANCELLED, CLIENT_ERROR, NOT_ERRORS, InferenceRecord, is_server_error
+from infersight.monitor.records import CANCELLED, CLIENT_ERROR, InferenceRecord, is_server_error
 
 from ._series import BUCKETS, LATENCY_METRICS, TOKEN_BUCKETS, HistogramState, Tally, WindowedSketches
 from .errors import InvalidObservation
@@ -301,7 +301,7 @@ def _count_errors(errors: dict[str, int], client: dict[str, int], column: tuple[
     for error_type in column:
         if error_type is None:
             continue
-        if error_type in NOT_ERRORS:
+        if not is_server_error(error_type):  # the client's doing or a refusal (monitor/outcomes.py)
             client[error_type] = client.get(error_type, 0) + 1
             continue
         if error_type not in errors and len(errors) >= MAX_ERROR_TYPES:

@@ -227,7 +227,7 @@ class Runtime:
         )
         path = "fast" if fast is not None else "canary" if canary is not None else "standard"
         try:
-            self.admission.check(queue, target, priority=int(priority), path=path)
+            self.admission.check(queue, target, priority=int(priority), path=path, user=user)
         except QueueFull as exc:
             if decision is not None:
                 self.routing.count(decision.path, "overloaded", instead_of=decision.reason)
@@ -247,6 +247,7 @@ class Runtime:
             handle=handle,
             arrival=time.monotonic(),
             path=decision.path if decision is not None else None,
+            user=user,
         )
         with state.submit_lock:
             if not state.accepting:

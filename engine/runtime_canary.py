@@ -10,7 +10,7 @@ assigned by its request id. A request is assigned once, at submit, and never mov
 other version while it runs: an aborted canary finishes the requests it started.
 
 `CanaryControl` is the runtime's handle for it (`runtime.canary`); the decisions (when to
-promote, when to roll back) belong to the analysis in alerts/actions/canary.py.
+promote, when to roll back) belong to the analysis in alerts/release/canary.py.
 
 The canary's state lives in the registry's deploy history (every start, step, promotion and
 rollback is a record with its weight), not only in this process: `open_canary` reads the

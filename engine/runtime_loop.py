@@ -58,6 +58,7 @@ class Request:
     handle: RequestHandle
     arrival: float  # time.monotonic() at submit
     path: str | None = None  # SLA routing: "fast" or "standard" (None without routing)
+    user: str | None = None  # who asked (admission's fair share of the queue; None: nobody's)
     # set by the loop thread once the request runs
     version: str | None = None
     slot: int = -1
@@ -107,6 +108,18 @@ class PendingQueue:
         """Requests waiting with `priority` or higher: those served before a new one of it."""
         with self._lock:
             return sum(1 for entry in self._heap if -entry[0] >= priority)
+
+    def waiting_of(self, user: str) -> tuple[int, int]:
+        """(requests of `user` waiting, distinct other users with requests waiting)."""
+        with self._lock:
+            mine = 0
+            others: set[str | None] = set()
+            for entry in self._heap:
+                if entry[2].user == user:
+                    mine += 1
+                else:
+                    others.add(entry[2].user)
+            return mine, len(others)
 
     def drain(self) -> list[Request]:
         with self._lock:

@@ -21,7 +21,7 @@ A pair also carries each version's decode step time at a batch size both ran in 
 last steps (`PairCompleted.live_step_s`, `other_step_s`): one loop steps both replicas in
 turn, so the two are timed under the same load, which a before-against-after latency
 comparison cannot say. The shadow's own events never reach subscribers: it is not traffic. The engine knows
-nothing of what the pairs are checked for (alerts/actions/pairs.py does that).
+nothing of what the pairs are checked for (alerts/release/paired_checks.py does that).
 """
 
 from __future__ import annotations

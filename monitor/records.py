@@ -15,6 +15,18 @@ from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any, Literal
 
+# the outcome vocabulary is defined in outcomes.py; re-exported here for the record's readers
+from .outcomes import (
+    CANCELLED,
+    CLIENT_ERROR,
+    CLIENT_OUTCOMES,
+    NOT_ERRORS,
+    OVERLOADED,
+    REFUSED_BY_SERVICE,
+    SHED,
+    is_server_error,
+)
+
 __all__ = [
     "CANCELLED",
     "CLIENT_ERROR",
@@ -29,6 +41,7 @@ __all__ = [
     "InvalidRecord",
     "RecordLimits",
     "RecordSource",
+    "StoredRequest",
     "build_record",
     "from_json_many",
     "is_server_error",
@@ -44,28 +57,6 @@ _MAX_DURATION_S = 86_400.0  # a day: no single call lasts longer
 # Why a generation ended, as recorded (OpenAI's values, plus what other producers say):
 # anything else a producer reports is kept as "other".
 FINISH_REASONS = frozenset({"stop", "length", "cancelled", "error", "content_filter", "tool_calls", "other"})
-
-# Outcomes the client caused, kept in `error_type` under their own label so they are seen
-# (dashboards, /metrics) but never counted as server errors: a request refused for the
-# client's fault (an over-long prompt, an upstream 4xx) and a client that hung up.
-CLIENT_ERROR = "client_error"
-CANCELLED = "cancelled"
-CLIENT_OUTCOMES = frozenset({CLIENT_ERROR, CANCELLED})
-# A request SLA routing's length breaker refused (503 + Retry-After): the breaker doing its
-# job, not a failure. It misses its path's SLO but is no server error, so a flood the breaker
-# sheds does not also raise the error rate (ErrorRateSpike, the post-deploy analysis).
-SHED = "shed"
-# A request admission control refused (429 + Retry-After): its queue was full or its
-# predicted wait too long. Like `shed`, protection doing its job: an SLO miss, no error.
-OVERLOADED = "overloaded"
-REFUSED_BY_SERVICE = frozenset({SHED, OVERLOADED})  # refused to protect the service: SLO misses
-NOT_ERRORS = CLIENT_OUTCOMES | REFUSED_BY_SERVICE  # outcomes kept under their own label, never errors
-
-
-def is_server_error(error_type: str | None) -> bool:
-    """True when a call with this `error_type` failed on the server's side: what error
-    rates, error-rate alerts and the post-deploy analysis count."""
-    return error_type is not None and error_type not in NOT_ERRORS
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,6 +161,19 @@ _FIELDS = tuple(f.name for f in fields(InferenceRecord))
 # added after the first 14, so optional to `build_record`
 _OPTIONAL = ("path", "system_prompt", "max_tokens", "stream", "finish_reason")
 _KNOWN = frozenset(_FIELDS)
+
+
+@dataclass(frozen=True)
+class StoredRequest:
+    """A request as the store recorded it, read back for a release check (the canary's
+    `replay` after a restart): the fields its outcome and shape need."""
+
+    version: str
+    error_type: str | None
+    output_tokens: int | None
+    relevance: float | None
+    max_tokens: int | None = None
+    stream: bool | None = None
 
 
 def _builder() -> Callable[..., InferenceRecord]:

@@ -21,7 +21,12 @@ INTERNAL = {
     "StaticSignals", "Signal", "Sample", "SLO", "CanaryPolicy", "CanaryAnalysis", "VersionStats",
     "FAILURE_ALERT", "DEFAULT_RULES",
 }  # fmt: skip
-STAGES = ("infersight.alerts.rules", "infersight.alerts.notify", "infersight.alerts.actions")
+STAGES = (
+    "infersight.alerts.rules",
+    "infersight.alerts.notify",
+    "infersight.alerts.actions",
+    "infersight.alerts.release",
+)
 
 
 def _modules() -> list[str]:

@@ -10,7 +10,7 @@ import time
 from typing import Any
 
 import pytest
-from infersight.alerts.actions.canary import CanaryAnalysis, CanaryController, CanaryPolicy, msprt_lambda
+from infersight.alerts.release.canary import CanaryAnalysis, CanaryController, CanaryPolicy, msprt_lambda
 
 
 def _feed(analysis: CanaryAnalysis, rng: random.Random, n: int, *, canary_share: float = 0.1,
@@ -241,7 +241,7 @@ def test_a_step_is_left_only_when_each_arm_has_enough_requests_for_the_checks_to
 
 
 def test_a_paired_canary_is_promoted_only_after_enough_pairs_and_enough_scored_pairs() -> None:
-    from infersight.alerts.actions.pairs import PairOutcome, PairPolicy
+    from infersight.alerts.release.paired_checks import PairOutcome, PairPolicy
 
     analysis = CanaryAnalysis(
         CanaryPolicy(steps=(0.1, 1.0), requests_per_step=30), pairs=PairPolicy(min_pairs=10)

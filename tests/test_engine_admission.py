@@ -163,3 +163,35 @@ def test_fast_misses_while_the_standard_path_is_busy_open_the_standard_breaker_n
             h.cancel()
     finally:
         runtime.stop(drain=False)
+
+
+def _submit(admission: Admission, queue: PendingQueue, replica: Any, user: str | None, i: int) -> bool:
+    """One request of `user` at submit: admitted (queued) or refused (QueueFull)."""
+    try:
+        admission.check(queue, replica, priority=0, path="canary", user=user)
+    except QueueFull:
+        return False
+    queue.push(Request(f"{user}-{i}", [1], 1, 0.0, 1.0, None, 0, None, 0.0, user=user))  # type: ignore[arg-type]
+    return True
+
+
+def test_one_tenants_burst_is_refused_over_its_share_and_the_other_users_are_still_admitted() -> None:
+    replica: Any = _Replica(cap=4, running=4, service_s=1.0)
+    # first come, first served (no users): the burst of 24 connections fills the queue and
+    # everyone behind it is refused
+    fifo, fifo_queue = Admission(AdmissionLimits(max_queue=8)), PendingQueue()
+    assert sum(_submit(fifo, fifo_queue, replica, None, i) for i in range(24)) == 8
+    assert not _submit(fifo, fifo_queue, replica, None, 100)
+    # by user: the tenant alone may hold half the queue, the rest stays for the others
+    admission, queue = Admission(AdmissionLimits(max_queue=8)), PendingQueue()
+    admitted = [_submit(admission, queue, replica, "tenant", i) for i in range(24)]
+    assert admitted.count(True) == 4 and admitted[:4] == [True] * 4
+    assert [_submit(admission, queue, replica, u, 0) for u in ("alice", "bob", "carol")] == [True] * 3
+    assert not _submit(admission, queue, replica, "tenant", 99)  # still over its share (8 // 5)
+    assert _submit(admission, queue, replica, "dave", 0)  # the last place goes to a newcomer
+    assert not _submit(admission, queue, replica, "erin", 0)  # the queue is full: max_queue holds
+    assert admission.refused_over_share == {"canary": 21} and admission.refused == {"canary": 22}
+    assert queue.pop() is not None  # the tenant's first request leaves for a slot: room again
+    with pytest.raises(QueueFull, match="user 'tenant' has 3 requests waiting on the canary path"):
+        admission.check(queue, replica, priority=0, path="canary", user="tenant")  # share 8 // 6
+    assert _submit(admission, queue, replica, "erin", 1)  # the place goes to another user

@@ -1,4 +1,4 @@
-"""Paired release checks (alerts/actions/pairs.py) and their use by the canary and the
+"""Paired release checks (alerts/release/paired_checks.py) and their use by the canary and the
 post-deploy analysis: a regression on the same requests is caught and explained with its
 pair counts; clients changing what they ask on one arm cannot make a good release fail."""
 
@@ -11,10 +11,15 @@ import math
 import random
 from pathlib import Path
 
-from infersight.alerts.actions.analysis import REGRESSION_ALERT, AnalysisPolicy, DeployAnalyzer, VersionStats
-from infersight.alerts.actions.canary import CanaryAnalysis, CanaryPolicy
-from infersight.alerts.actions.pairs import PairedAnalysis, PairedEvidence, PairOutcome, PairPolicy
 from infersight.alerts.actions.runner import ActionRunner
+from infersight.alerts.release.canary import CanaryAnalysis, CanaryPolicy
+from infersight.alerts.release.paired_checks import PairedAnalysis, PairedEvidence, PairOutcome, PairPolicy
+from infersight.alerts.release.post_deploy import (
+    REGRESSION_ALERT,
+    AnalysisPolicy,
+    DeployAnalyzer,
+    VersionStats,
+)
 from infersight.monitor.store import connect, sqlite_url, upgrade
 from infersight.monitor.store.tables import alerts, deploy_analyses
 from sqlalchemy import select

@@ -31,7 +31,7 @@ from infersight.monitor.service.config import (
     ShadowUpstreamConfig,
     config_from_mapping,
 )
-from infersight.monitor.service.pairs import PROXY_PAIRS_OFF
+from infersight.monitor.service.pair_feed import PROXY_PAIRS_OFF
 from infersight.monitor.store.tables import deploy_analyses, requests
 from sqlalchemy import select
 from starlette.applications import Starlette

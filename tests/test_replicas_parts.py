@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 from infersight.alerts import ActionRunner, DeployAnalyzer, LiveSignals
-from infersight.alerts.actions.analysis import VersionStats
+from infersight.alerts.release.post_deploy import VersionStats
 from infersight.alerts.rules.rules import ActionSpec
 from infersight.alerts.rules.signals import Signal
 from infersight.collectors import InferenceStats, MergedStats, RemoteStats, SlotExporter

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 from _store_helpers import database_url
-from infersight.alerts.actions.analysis import AnalysisPolicy, StoreVersionMetrics, _compare
-from infersight.alerts.actions.canary import CanaryAnalysis, CanaryController, CanaryPolicy
+from infersight.alerts.release.canary import CanaryAnalysis, CanaryController, CanaryPolicy
+from infersight.alerts.release.post_deploy import AnalysisPolicy, StoreVersionMetrics, _compare
 from infersight.engine.events import RequestFailed, RequestFinished
 from infersight.monitor.records import InferenceRecord, from_json_many
 from infersight.monitor.store.database import connect, upgrade

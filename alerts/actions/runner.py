@@ -14,7 +14,8 @@ the cooldown does not: the run that started the cooldown either succeeded or has
 paged.
 
 `ModelControl`: what actions need of the serving engine, and the adapter for the engine's
-`Runtime` (duck-typed: alerts/ does not import the engine).
+`Runtime` (duck-typed: alerts/ does not import the engine). A rollback with a `canary`
+parameter is a canary's (alerts/release/canary.py): it ends that canary (`CanaryAbort`).
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ __all__ = [
     "FAILURE_ALERT",
     "ActionOutcome",
     "ActionRunner",
+    "CanaryAbort",
     "ModelControl",
     "ReplicaTargets",
     "RuntimeControl",
@@ -59,6 +61,16 @@ class ModelControl(Protocol):
     def rollback(self) -> None: ...
 
     def failover(self, version: str) -> None: ...
+
+
+@runtime_checkable
+class CanaryAbort(Protocol):
+    """A `ModelControl` whose engine runs canaries: a canary's rollback ends the canary (its
+    share of traffic back to the stable version), not the serving version."""
+
+    def abort_canary(self, version: str, message: str) -> bool:
+        """End the canary of `version` -> False when no canary of it was running."""
+        ...
 
 
 class ReplicaTargets(Protocol):
@@ -99,6 +111,16 @@ class RuntimeControl:
 
     def failover(self, version: str) -> None:
         self._call("failover", self.runtime.failover, version)
+
+    def abort_canary(self, version: str, message: str) -> bool:
+        canary = getattr(self.runtime, "canary", None)
+        status = None if canary is None else canary.status
+        if (
+            canary is None or status is None or status.version != version
+        ):  # ended already (an operator, a rule)
+            return False
+        self._call("rollback", canary.abort, message)
+        return True
 
 
 FAILURE_ALERT = "RemediationFailed"
@@ -434,6 +456,8 @@ class ActionRunner:
         assert self.control is not None
         if target is not None and target == before:
             return {"noop": f"already serving {target}"}
+        if spec.type == "rollback" and spec.param("canary") is not None:
+            return self._abort_canary(spec)
         if spec.type == "rollback":
             self.control.rollback()
         elif spec.type == "hot_reload":
@@ -443,6 +467,16 @@ class ActionRunner:
             assert target is not None
             self.control.failover(target)
         return {"from": before, "to": self.control.serving_version()}
+
+    def _abort_canary(self, spec: ActionSpec) -> dict[str, Any]:
+        """A canary's rollback (params `canary`: its version, `reason`: the deploy history's
+        message): the canary ends, the stable version serves on."""
+        control, version = self.control, str(spec.param("canary"))
+        if not isinstance(control, CanaryAbort):
+            raise ActionRefused(spec.type, "unavailable", "the engine under control runs no canaries")
+        if not control.abort_canary(version, str(spec.param("reason") or "")):
+            return {"noop": f"no canary of {version} running", "canary": version}
+        return {"canary": version, "aborted": True, "serving": control.serving_version()}
 
     def _collect(self, spec: ActionSpec, row: Any, before: str | None, now: dt.datetime) -> dict[str, Any]:
         kind = str(spec.param("kind") or "version")

@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-from infersight.monitor.records import is_server_error
+from infersight.monitor.outcomes import is_server_error
 from infersight.monitor.store.tables import outbox, requests, started_in
 from sqlalchemy import Engine, func, select
 

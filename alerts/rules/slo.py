@@ -53,7 +53,8 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from infersight.monitor.records import CANCELLED, REFUSED_BY_SERVICE, InferenceRecord
+from infersight.monitor.outcomes import CANCELLED, REFUSED_BY_SERVICE, client_error_names, is_server_error
+from infersight.monitor.records import InferenceRecord
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 from prometheus_client.utils import floatToGoString
 
@@ -64,18 +65,10 @@ from .signals import Sample, Signal
 __all__ = ["BURN_WINDOWS", "CLIENT_ERROR_TYPES", "SLO", "BurnWindow", "SLOLedger", "SLOStatus"]
 
 
-# Caused by the client, so they never spend an availability budget: the generic names an SDK
-# user may record, and the ones infersight's own backends record (exception class names:
-# a client that hung up, a prompt over the limits, bad sampling parameters).
-CLIENT_ERROR_TYPES = (
-    "client_error",
-    "cancelled",
-    "ClientDisconnected",
-    "PromptTooLong",
-    "InvalidRequest",
-    "InvalidSamplingParams",
-    "InvalidInput",
-)
+# Caused by the client, so they never spend an availability budget: the labels, the name an
+# SDK user's client raises at a hang-up, and the engine's client-error class names (one
+# vocabulary: monitor/outcomes.py).
+CLIENT_ERROR_TYPES = client_error_names()
 _REFUSED = "|".join(sorted(REFUSED_BY_SERVICE))  # shed (length breaker), overloaded (admission)
 SLO_GROUP = "slo"  # the rule group the generated alerts belong to
 SELECTOR_LABELS = ("model", "model_version", "path")
@@ -135,7 +128,7 @@ class SLO:
             return True
         if self.threshold_s is not None:
             return duration_s > self.threshold_s
-        return error_type is not None and error_type not in CLIENT_ERROR_TYPES
+        return is_server_error(error_type)
 
 
 def _parse_one(src: Source, m: MarkedMap, what: str, buckets: tuple[float, ...]) -> SLO:

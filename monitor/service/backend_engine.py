@@ -31,7 +31,7 @@ from . import openai_api as fmt
 from .errors import BackendUnavailable
 from .openai_api import ChatRequest, CompletionRequest, TextStream, render_chat
 from .overload import PromptEncoder, PromptOverCharacters
-from .pairs import engine_release_checks
+from .pair_feed import engine_release_checks
 from .pipeline import CallTimer, make_record
 
 if TYPE_CHECKING:
@@ -60,7 +60,8 @@ def _temperature(value: float) -> float:
 class EngineBackend:
     """Serves `/v1` with `runtime`; records each call into `pipeline`, exposes the runtime's
     collectors in `exposition`, reads the canary's stored requests from `db`, and hands every
-    canary decision to `on_canary_decision` (the composition root's: log, alert, snapshot)."""
+    canary decision to `on_canary_decision` (the composition root's: log, alert) and a
+    rollback then to `on_canary_rollback` (the action runner's; None: the runtime aborts it)."""
 
     def __init__(
         self,
@@ -72,6 +73,7 @@ class EngineBackend:
         pipeline: RecordPipeline,
         exposition: CombinedRegistry,
         on_canary_decision: Callable[[Any], None] = lambda decision: None,
+        on_canary_rollback: Callable[[Any], None] | None = None,
     ) -> None:
         self.config = config
         self.db = db
@@ -82,9 +84,9 @@ class EngineBackend:
         cfg = config.engine
         self.max_tokens_limit = cfg.max_tokens_limit if cfg is not None else 1024
         self.user_header = cfg.canary_user_header if cfg is not None else None
-        # the canary's controller, and the pairs' scoring with the runtime's shadow support (pairs.py)
+        # the canary's controller, and the pairs' scoring with the runtime's shadow support (pair_feed.py)
         self.pair_share, self.canary_controller, self.pair_feed = engine_release_checks(
-            runtime, config, on_canary_decision
+            runtime, config, on_canary_decision, on_canary_rollback
         )
         self.route_metrics: Any = None  # SLA routing's metrics, with `routing:` only
         # bounds a prompt's work before tokenizing it, and tokenizes off the event loop
@@ -100,12 +102,13 @@ class EngineBackend:
         exposition: CombinedRegistry,
         runtime: Any = None,
         on_canary_decision: Callable[[Any], None] = lambda decision: None,
+        on_canary_rollback: Callable[[Any], None] | None = None,
     ) -> EngineBackend:
         """Start the configured runtime (`config.engine`), or wrap the given `runtime`."""
 
         def backend(runtime: Any, *, owned: bool) -> EngineBackend:
             return cls(runtime, owned=owned, config=config, db=db, pipeline=pipeline, exposition=exposition,
-                       on_canary_decision=on_canary_decision)  # fmt: skip
+                       on_canary_decision=on_canary_decision, on_canary_rollback=on_canary_rollback)  # fmt: skip
 
         if runtime is not None:
             return backend(runtime, owned=False)
@@ -140,7 +143,7 @@ class EngineBackend:
         except EngineError as exc:
             raise BackendUnavailable(f"the embedded runtime did not start: {exc}") from exc
         if config.routing is not None:
-            from .routing import start_routing
+            from .sla_routing import start_routing
 
             try:
                 start_routing(runtime, config.routing)
@@ -173,7 +176,7 @@ class EngineBackend:
         if self.canary_controller is not None:
             self._unsubscribe_canary = self.runtime.subscribe(self.canary_controller.on_event)
         if self.pair_feed is not None:
-            from .pairs import ShadowCollector
+            from .pair_feed import ShadowCollector
 
             self._unsubscribe_pairs = self.runtime.subscribe(self.pair_feed.on_event)
             shadow_metrics = CollectorRegistry(auto_describe=False)
@@ -181,7 +184,7 @@ class EngineBackend:
             self.exposition.add(shadow_metrics)
         routing = self.config.routing
         if routing is not None and getattr(self.runtime, "routing", None) is not None:
-            from .routing import RouteMetrics
+            from .sla_routing import RouteMetrics
 
             self.route_metrics = RouteMetrics(self.runtime, routing)
             self.exposition.add(self.route_metrics.registry)
@@ -341,7 +344,7 @@ class EngineBackend:
         timer = CallTimer()
         request_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
         controller = getattr(self, "canary_controller", None)
-        if controller is not None:  # the canary compares like with like (strata.py)
+        if controller is not None:  # the canary compares like with like (alerts/release/strata.py)
             controller.note_shape(request_id, max_tokens, bool(req.stream))
         try:
             handle = self.runtime.submit(
@@ -533,7 +536,7 @@ def _stored_since(db: Engine, status: Any) -> list[Any]:
     """The two versions' stored requests since the canary started, oldest first."""
     import datetime as dt
 
-    from infersight.alerts.actions.canary import StoredRequest
+    from infersight.monitor.records import StoredRequest
     from infersight.monitor.store.tables import by_start, requests, started_in
     from sqlalchemy import select
 

@@ -15,7 +15,7 @@ one more is dropped, not queued. Everything is counted in
 (sent), `completed` (answered and handed on), `dropped` (no room), `failed` (the shadow
 upstream did not answer 200 with a readable answer), `not_scored` (the pair feed was full).
 
-Each completed shadow becomes a `TextPair` (pairs.py) of the live answer (candidate) and the
+Each completed shadow becomes a `TextPair` (pair_feed.py) of the live answer (candidate) and the
 shadow's (baseline), which `PairFeed` scores like the runtime's pairs and hands to the
 post-deploy analysis' `PairedEvidence`. The shares are chosen by a running credit (share per
 live success, one pair per whole credit): exactly `floor(n * share)` of n requests, spread out.
@@ -35,7 +35,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from .config import ShadowUpstreamConfig
-from .pairs import PairFeed, TextPair
+from .pair_feed import PairFeed, TextPair
 
 __all__ = ["LiveAnswer", "ProxyShadow", "ProxyShadowCollector", "ShadowCounts"]
 

@@ -48,7 +48,7 @@ if TYPE_CHECKING:
     from .backend_proxy import ProxyBackend, UpstreamQueueScraper
     from .metrics import CostMeter
     from .replicas import Replicas
-    from .routing import RouteMetrics
+    from .sla_routing import RouteMetrics
     from .runtime_store import DeployLog
     from .wiring_alerts import AlertsWiring
     from .wiring_drift import DriftWiring
@@ -319,6 +319,7 @@ def _wire_backend(service: Service) -> None:
         backend = EngineBackend.start(
             config, service.db, pipeline=service.pipeline, exposition=service.exposition,
             runtime=service._runtime_seam, on_canary_decision=lambda decision: _canary_decided(service, decision),
+            on_canary_rollback=lambda decision: _canary_rollback(service, decision),
         )  # fmt: skip
         parts.backend = backend
         backend.observe_events(parts.stats)
@@ -344,9 +345,9 @@ def _proxy_shadow(service: Service) -> Any:
     config = service.config
     if config.shadow_upstream is None:
         return None
-    from infersight.alerts.actions.pairs import PairedEvidence
+    from infersight.alerts.release.paired_checks import PairedEvidence
 
-    from .pairs import PairFeed
+    from .pair_feed import PairFeed
     from .proxy_shadow import ProxyShadow, ProxyShadowCollector
 
     shadow_cfg = config.shadow_upstream
@@ -389,6 +390,15 @@ def _canary_decided(service: Service, decision: Any) -> None:
     record_canary_decision(service.db, decision, deploy_log=parts.deploy_log, alerts=parts.alerts)
 
 
+def _canary_rollback(service: Service, decision: Any) -> None:
+    """After `_canary_decided` raised the alert: the rollback, through the action runner."""
+    from .wiring_alerts import roll_back_canary
+
+    parts = service.parts
+    canary = getattr(getattr(parts.backend, "runtime", None), "canary", None)
+    roll_back_canary(service.db, decision, canary, deploy_log=parts.deploy_log, alerts=parts.alerts)
+
+
 def _wire_drift(service: Service) -> None:
     if not service.config.drift.enabled:
         return
@@ -411,11 +421,11 @@ def _wire_drift(service: Service) -> None:
 
 
 def _pair_evidence(parts: Parts) -> Any:
-    """What the post-deploy analysis reads of pairs: the embedded runtime's (pairs.py), or,
+    """What the post-deploy analysis reads of pairs: the embedded runtime's (pair_feed.py), or,
     in proxy mode, evidence that is off and says why in every verdict."""
-    from infersight.alerts.actions.pairs import PairedEvidence
+    from infersight.alerts.release.paired_checks import PairedEvidence
 
-    from .pairs import PROXY_PAIRS_OFF
+    from .pair_feed import PROXY_PAIRS_OFF
 
     feed = getattr(parts.backend, "pair_feed", None)
     return feed.evidence if feed is not None else PairedEvidence(enabled=False, off_reason=PROXY_PAIRS_OFF)

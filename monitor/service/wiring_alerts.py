@@ -59,6 +59,7 @@ __all__ = [
     "ServiceSnapshotSource",
     "check_backups",
     "record_canary_decision",
+    "roll_back_canary",
 ]
 
 log = logging.getLogger(__name__)
@@ -377,15 +378,18 @@ class AlertStoreCollector(Collector):
 def record_canary_decision(
     db: Engine, decision: Any, *, deploy_log: DeployLog | None, alerts: AlertsWiring | None
 ) -> None:
-    """Every decision goes to the log and the deploy log; a rollback also raises the
-    `CanaryRegression` alert with the check and its figures (notified like any alert) and,
-    with alerting on, takes its snapshot."""
+    """Every decision goes to the log and the deploy log; a rollback raises the
+    `CanaryRegression` alert with the check and its figures (notified like any alert)
+    FIRST: `roll_back_canary` then performs it and says on the same alert what it did."""
     log.warning("canary %s beside %s: %s (weight now %.0f%%): %s", decision.version, decision.stable_version,
                 decision.action, decision.weight * 100, decision.reason)  # fmt: skip
     if deploy_log is not None:
         deploy_log.flush()
-    if decision.action != "rollback":
-        return
+    if decision.action == "rollback":
+        _canary_page(db, decision, "rolling back to the stable version")
+
+
+def _canary_page(db: Engine, decision: Any, done: str) -> None:
     from infersight.alerts import CANARY_ALERT
     from infersight.alerts.lifecycle import push_alert
 
@@ -396,13 +400,43 @@ def record_canary_decision(
             push_alert(
                 conn, CANARY_ALERT,
                 {"severity": "critical", "model_version": decision.version, "previous_version": decision.stable_version},
-                {"summary": f"canary {decision.version} regressed against {decision.stable_version} and was rolled "
-                            f"back: {decision.reason}; it served {share:.1%} of requests",
+                {"summary": f"canary {decision.version} regressed against {decision.stable_version}: "
+                            f"{decision.reason}; it served {share:.1%} of requests; {done}",
                  "runbook_url": "https://runbooks.example.org/infersight#canary-regression"},
                 now=now, ends_at=now + dt.timedelta(hours=1),
             )  # fmt: skip
-    except Exception:  # the rollback happened; a store outage must not hide it from the log
+    except Exception:  # the rollback goes on; a store outage must not hide it from the log
         log.exception("canary %s: could not record the CanaryRegression alert", decision.version)
+
+
+def roll_back_canary(
+    db: Engine, decision: Any, canary: Any, *, deploy_log: DeployLog | None, alerts: AlertsWiring | None
+) -> None:
+    """Perform a canary's rollback decision after its alert: through the action runner with
+    alerting on (one run per canary, keyed by when it started; recorded, verified, paged on
+    failure like every action), else by `canary.abort` (the runtime's canary control); then
+    the alert says what happened, the deploy log is flushed and the snapshot taken."""
+    from infersight.alerts import CANARY_ALERT
+    from infersight.alerts.release.post_deploy import rollback_done
+    from infersight.alerts.rules.rules import ActionSpec
+
+    message = f"canary rolled back: {decision.reason}"
+    if alerts is not None and alerts.control is not None:
+        started = int(decision.started_at or decision.at)  # the canary's episode: one rollback
+        labels = {"model_version": decision.version}
+        if alerts.runner.replica is not None:  # this replica's canary: no other replica acts
+            labels["replica"] = alerts.runner.replica
+        spec = ActionSpec("rollback", params=(("canary", decision.version), ("reason", message)),
+                          cooldown_s=0.0, daily_cap=1_000_000)  # ending a canary never waits: stable serves  # fmt: skip
+        outcome = alerts.runner.run(spec, trigger="canary", key=f"canary-{decision.version}-{started}",
+                                    alertname=CANARY_ALERT, labels=labels)  # fmt: skip
+        done = "rolled back" if outcome.state == "succeeded" else rollback_done(outcome)
+    else:
+        canary.abort(message)
+        done = "rolled back"
+    _canary_page(db, decision, done)
+    if deploy_log is not None:
+        deploy_log.flush()
     if alerts is not None:
         try:
             alerts.snapshot_after_canary(decision)

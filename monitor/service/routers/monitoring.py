@@ -34,7 +34,7 @@ from starlette.concurrency import run_in_threadpool
 
 from ..errors import BackendUnavailable
 from ..http_edge import json_time, require_token
-from ..pairs import pairs_overview
+from ..pair_feed import pairs_overview
 from . import get_service
 from .releases import recent_deploys
 

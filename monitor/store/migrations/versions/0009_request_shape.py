@@ -1,7 +1,7 @@
 """requests.max_tokens, requests.stream, requests.finish_reason: each request's shape
 
 What the client asked (its output budget, streamed or not) and why the generation ended,
-so that the release checks compare requests of the same shape (alerts/actions/strata.py):
+so that the release checks compare requests of the same shape (alerts/release/strata.py):
 a client changing `max_tokens` or streaming at deploy time then cannot make a difference.
 
 Revision ID: 0009_request_shape

@@ -7,7 +7,7 @@ client chooses (its parameters, its prompts, when it asks or hangs up) can diffe
 the two sides of a pair, so a client cannot make a good release look bad.
 
 Five sequential checks per pair, each a one-sample mixture SPRT (always valid, like the
-canary's, `msprt_lambda` here) on a per-pair figure:
+canary's: sequential.py) on a per-pair figure:
 - `relevance`: candidate's relevance to the prompt minus the baseline's (a drop regresses);
 - `similarity`: cosine between the two answers' embeddings, against `min_similarity` (answers
   less alike than that on average regress: another topic, another language, garbage);
@@ -30,8 +30,9 @@ from __future__ import annotations
 
 import math
 import threading
-from dataclasses import dataclass
-from typing import Literal
+from dataclasses import dataclass, field
+
+from .sequential import Evidence, Moments, msprt_lambda
 
 __all__ = [
     "PAIRED_CHECKS",
@@ -44,17 +45,6 @@ __all__ = [
 ]
 
 PAIRED_CHECKS = ("relevance", "similarity", "output_length", "finish_agreement", "step_time")
-Direction = Literal["lower_is_worse", "higher_is_worse", "either"]
-
-
-def msprt_lambda(delta: float, variance: float, tau: float) -> float:
-    """The mixture likelihood ratio of an observed difference `delta` with sampling
-    variance `variance`, mixed over N(0, tau^2) on the true difference."""
-    if variance <= 0.0:
-        return 1.0
-    t2 = tau * tau
-    log = 0.5 * math.log(variance / (variance + t2)) + (t2 * delta * delta) / (2 * variance * (variance + t2))
-    return math.exp(min(log, 700.0))
 
 
 @dataclass(frozen=True)
@@ -140,45 +130,35 @@ class _OneSample:
     """A sequential one-sample test of a per-pair figure's mean against `null`."""
 
     name: str
-    direction: Direction
-    tau: float
+    evidence: Evidence
     null: float = 0.0
     bernoulli: bool = False  # a 0/1 figure: the variance under the null, not the sample's
-    n: int = 0
-    mean: float = 0.0
-    m2: float = 0.0
+    moments: Moments = field(default_factory=Moments)
     below: int = 0
     above: int = 0
-    max_lambda: float = 1.0
-    regressed: bool = False
     tie: float = 1e-6  # a per-pair figure this close to the null counts neither way
 
     def add(self, x: float, *, alpha: float, min_n: int, min_sd: float) -> None:
-        self.n += 1
-        d = x - self.mean
-        self.mean += d / self.n
-        self.m2 += d * (x - self.mean)
+        m = self.moments
+        m.add(x)
         self.below += x < self.null - self.tie
         self.above += x > self.null + self.tie
-        if self.n < min_n:
+        if m.n < min_n:
             return
         if self.bernoulli:
-            variance = self.null * (1.0 - self.null) / self.n
+            variance = self.null * (1.0 - self.null) / m.n
         else:
-            sample = self.m2 / (self.n - 1) if self.n > 1 else 0.0
-            variance = max(sample, min_sd * min_sd) / self.n
-        delta = self.mean - self.null
-        lam = msprt_lambda(delta, variance, self.tau)
-        wrong_way = {"lower_is_worse": delta < 0, "higher_is_worse": delta > 0, "either": delta != 0}
-        if wrong_way[self.direction]:
-            self.max_lambda = max(self.max_lambda, lam)
-            if self.max_lambda >= 1.0 / alpha:
-                self.regressed = True
+            variance = max(m.var, min_sd * min_sd) / m.n
+        self.evidence.update(m.mean - self.null, variance, alpha=alpha)
+
+    @property
+    def regressed(self) -> bool:
+        return self.evidence.regressed
 
     def state(self) -> PairedCheck:
-        mean = self.mean if self.n else None
-        return PairedCheck(self.name, self.n, mean, self.below, self.above, self.null,
-                           min(1.0, 1.0 / self.max_lambda), self.regressed)  # fmt: skip
+        m = self.moments
+        return PairedCheck(self.name, m.n, m.mean if m.n else None, self.below, self.above, self.null,
+                           self.evidence.p_value, self.evidence.regressed)  # fmt: skip
 
 
 class PairedAnalysis:
@@ -190,12 +170,14 @@ class PairedAnalysis:
         self.policy = p = policy or PairPolicy()
         self.alpha = (alpha if alpha is not None else p.alpha) / len(PAIRED_CHECKS)
         self._checks = {
-            "relevance": _OneSample("relevance", "lower_is_worse", p.tau_relevance),
-            "similarity": _OneSample("similarity", "lower_is_worse", p.tau_similarity, null=p.min_similarity),
-            "output_length": _OneSample("output_length", "either", p.tau_length, tie=0.05),
-            "finish_agreement": _OneSample("finish_agreement", "higher_is_worse", p.tau_finish,
+            "relevance": _OneSample("relevance", Evidence("lower_is_worse", p.tau_relevance)),
+            "similarity": _OneSample("similarity", Evidence("lower_is_worse", p.tau_similarity),
+                                     null=p.min_similarity),
+            "output_length": _OneSample("output_length", Evidence("either", p.tau_length), tie=0.05),
+            "finish_agreement": _OneSample("finish_agreement", Evidence("higher_is_worse", p.tau_finish),
                                            null=p.max_finish_disagreement, bernoulli=True),
-            "step_time": _OneSample("step_time", "higher_is_worse", p.tau_step, null=math.log(p.max_step_ratio)),
+            "step_time": _OneSample("step_time", Evidence("higher_is_worse", p.tau_step),
+                                    null=math.log(p.max_step_ratio)),
         }  # fmt: skip
         self.pairs = 0
         self.first_regression: PairedCheck | None = None

@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from infersight.alerts.actions.pairs import PairedEvidence, PairOutcome, PairPolicy
+from infersight.alerts.release.paired_checks import PairedEvidence, PairOutcome, PairPolicy
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -214,13 +214,14 @@ def pair_policy(share: float) -> PairPolicy | None:
 
 
 def engine_release_checks(
-    runtime: Any, config: ServiceConfig, on_canary_decision: Callable[[Any], None]
-) -> tuple[float, Any, PairFeed | None]:
+    runtime: Any, config: ServiceConfig, on_canary_decision: Callable[[Any], None],
+    on_canary_rollback: Callable[[Any], None] | None = None,
+) -> tuple[float, Any, PairFeed | None]:  # fmt: skip
     """The embedded runtime's release checks -> (pair share, canary controller, pair feed):
     the paired answers configured, the canary's controller (None without canary support), and
     the feed that scores the pairs (None without the runtime's shadow support)."""
     share = _configure_pairs(runtime, config)
-    controller = _canary_controller(runtime, on_canary_decision, share)
+    controller = _canary_controller(runtime, on_canary_decision, on_canary_rollback, share)
     if getattr(runtime, "shadow", None) is None:
         return share, controller, None
     # the post-deploy analysis' pairs: their step check at the analysis' own latency ratio
@@ -230,7 +231,12 @@ def engine_release_checks(
     return share, controller, PairFeed(runtime, evidence, canary=controller)
 
 
-def _canary_controller(runtime: Any, on_decision: Callable[[Any], None], pair_share: float) -> Any:
+def _canary_controller(
+    runtime: Any,
+    on_decision: Callable[[Any], None],
+    rollback: Callable[[Any], None] | None,
+    pair_share: float,
+) -> Any:
     """The controller that analyses and steps canaries (None without the runtime's canary
     support); its quality checks are paired when the runtime pairs requests."""
     control = getattr(runtime, "canary", None)
@@ -238,7 +244,9 @@ def _canary_controller(runtime: Any, on_decision: Callable[[Any], None], pair_sh
         return None
     from infersight.alerts import CanaryController
 
-    return CanaryController(control, on_decision=on_decision, pairs=pair_policy(pair_share))
+    return CanaryController(
+        control, on_decision=on_decision, pairs=pair_policy(pair_share), rollback=rollback
+    )
 
 
 def _configure_pairs(runtime: Any, config: ServiceConfig) -> float:

@@ -10,7 +10,7 @@ Only server errors count: outcomes the client caused (`client_error`, `cancelled
 
 With pairs (`PairedEvidence`: the runtime answers a share of requests with both versions,
 engine/runtime_shadow.py), relevance and output drift are checked on the same requests
-(alerts/actions/pairs.py: per-pair relevance difference, similarity of the two answers,
+(alerts/release/paired_checks.py: per-pair relevance difference, similarity of the two answers,
 output-length ratio, finish-reason agreement) instead of before against after, which any
 change in what clients ask at deploy time would confound; a failed paired check names its
 pairs ("relevance fell in 17 of 20 pairs, mean -0.41"). When pairs are off (proxy mode
@@ -37,15 +37,15 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
-from infersight.monitor.records import CANCELLED, CLIENT_ERROR, is_server_error
+from infersight.monitor.outcomes import CANCELLED, CLIENT_ERROR, is_server_error
 from infersight.monitor.store.tables import deploy_analyses, requests, started_in
 from sqlalchemy import Engine, and_, insert, or_, select, text, update
 
+from ..actions.runner import ActionOutcome, ActionRunner
 from ..lifecycle import push_alert
 from ..rules.rules import ActionSpec
 from ..rules.signals import quantile
-from .pairs import PairedCheck, PairedEvidence
-from .runner import ActionOutcome, ActionRunner
+from .paired_checks import PairedCheck, PairedEvidence
 from .strata import like_rates, request_shape, shape
 
 __all__ = [
@@ -386,8 +386,35 @@ class DeployAnalyzer:
         self, row: Any, failed_checks: tuple[FailedCheck, ...], evidence: list[Any], now: dt.datetime,
         n_pairs: int, paired_on: bool, paired: str,
     ) -> ActionOutcome:  # fmt: skip
+        """The verdict's one path: the page is raised from it first, then the action runner rolls
+        back (once per analysis: its key), then the same page says what the rollback did."""
         failures = [f.text for f in failed_checks]
         basis = f"{n_pairs} pairs" if paired_on else paired  # the page says what the verdict rests on
+        labels = {
+            "severity": "critical",
+            "model_version": row.to_version,
+            "previous_version": row.from_version or "",
+            "failed_checks": ",".join(f.check for f in failed_checks),
+        }
+
+        def page(done: str) -> None:
+            with self.engine.begin() as conn:
+                push_alert(
+                    conn,
+                    REGRESSION_ALERT,
+                    labels,
+                    {
+                        "summary": f"{row.to_version} regressed against {row.from_version} after deploy: {'; '.join(failures)} ({basis}); {done}",
+                        "failed_checks": "; ".join(failures),
+                        "pairs": str(n_pairs),
+                        "evidence": json.dumps(evidence[-self.policy.max_failed_checks :]),
+                        "runbook_url": "https://runbooks.example.org/infersight#post-deploy-regression",
+                    },
+                    now=now,
+                    ends_at=now + dt.timedelta(hours=1),
+                )
+
+        page("rolling back to the previous version")
         spec = ActionSpec("rollback", cooldown_s=0.0, daily_cap=self.policy.max_rollbacks_per_day)
         outcome = self.runner.run(
             spec,
@@ -396,32 +423,17 @@ class DeployAnalyzer:
             alertname=REGRESSION_ALERT,
             labels={"model_version": row.to_version},
         )
-        done = {
-            "succeeded": f"rolled back to {outcome.after_version}",
-            "failed": "ROLLBACK FAILED",
-            "refused": f"not rolled back: {outcome.detail.get('reason', 'refused')}",
-        }.get(outcome.state, f"rollback {outcome.state}")
-        with self.engine.begin() as conn:
-            push_alert(
-                conn,
-                REGRESSION_ALERT,
-                {
-                    "severity": "critical",
-                    "model_version": row.to_version,
-                    "previous_version": row.from_version or "",
-                    "failed_checks": ",".join(f.check for f in failed_checks),
-                },
-                {
-                    "summary": f"{row.to_version} regressed against {row.from_version} after deploy: {'; '.join(failures)} ({basis}); {done}",
-                    "failed_checks": "; ".join(failures),
-                    "pairs": str(n_pairs),
-                    "evidence": json.dumps(evidence[-self.policy.max_failed_checks :]),
-                    "runbook_url": "https://runbooks.example.org/infersight#post-deploy-regression",
-                },
-                now=now,
-                ends_at=now + dt.timedelta(hours=1),
-            )
+        page(rollback_done(outcome))
         return outcome
+
+
+def rollback_done(outcome: ActionOutcome) -> str:
+    """What a rollback did, in the words of the page that asked for it."""
+    return {
+        "succeeded": f"rolled back to {outcome.after_version}",
+        "failed": "ROLLBACK FAILED",
+        "refused": f"not rolled back: {outcome.detail.get('reason', 'refused')}",
+    }.get(outcome.state, f"rollback {outcome.state}")
 
 
 def _paired_failure(check: PairedCheck) -> FailedCheck:

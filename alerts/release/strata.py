@@ -19,7 +19,7 @@ the post-deploy analysis' (the two versions' rates standardised to the same stra
 requests slower than the stable version's `quantile` there (the threshold fixed by the
 stable's first `baseline` requests of that stratum), canary against stable; the combined
 difference and its variance feed the same always-valid mixture SPRT as every other check
-(`msprt_lambda`).
+(sequential.py).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .pairs import msprt_lambda
+from .sequential import Evidence
 
 __all__ = ["StratifiedExceedance", "StratifiedRate", "like_rates", "request_shape", "shape"]
 
@@ -101,8 +101,7 @@ class StratifiedRate:
         self._cells: dict[Key, list[int]] = {}  # [events canary, n canary, events stable, n stable]
         self.n = {True: 0, False: 0}
         self.events = {True: 0, False: 0}
-        self.max_lambda = 1.0
-        self.regressed = False
+        self.evidence = Evidence("higher_is_worse", tau)
 
     def add(self, canary: bool, event: bool, key: Key, *, alpha: float) -> bool:
         """One request; True when this observation made the check regress."""
@@ -115,12 +114,10 @@ class StratifiedRate:
         if self.n[True] < self.min_n or self.n[False] < self.min_n:
             return False
         combined = _combine([(c[0], c[1], c[2], c[3]) for c in self._cells.values()])
-        if combined is None or combined[2] <= 0:
+        if combined is None:
             return False
-        was = self.regressed
-        self.max_lambda = max(self.max_lambda, msprt_lambda(combined[2], combined[3], self.tau))
-        self.regressed = self.max_lambda >= 1.0 / alpha
-        return self.regressed and not was
+        was = self.evidence.regressed
+        return self.evidence.update(combined[2], combined[3], alpha=alpha) and not was
 
     def figures(self) -> tuple[float | None, float | None, int, int]:
         """(canary rate, stable rate, canary n, stable n), unstratified (what was seen)."""
@@ -146,8 +143,7 @@ class StratifiedExceedance:
         self.tau = tau
         self.min_n = min_n
         self._strata: dict[Key, _Stratum] = {}
-        self.max_lambda = 1.0
-        self.regressed = False
+        self.evidence = Evidence("higher_is_worse", tau)
 
     def add(self, canary: bool, latency_s: float, key: Key, *, alpha: float) -> bool:
         """One request; True when this observation made the check regress."""
@@ -176,13 +172,8 @@ class StratifiedExceedance:
         combined = _combine([(s.over[True], s.n[True], s.over[False], s.n[False]) for s in strata])
         if combined is None:
             return False
-        delta, variance = combined[2], combined[3]
-        if delta <= 0:
-            return False
-        was = self.regressed
-        self.max_lambda = max(self.max_lambda, msprt_lambda(delta, variance, self.tau))
-        self.regressed = self.max_lambda >= 1.0 / alpha
-        return self.regressed and not was
+        was = self.evidence.regressed
+        return self.evidence.update(combined[2], combined[3], alpha=alpha) and not was
 
     def figures(self) -> tuple[float | None, float | None, int, int]:
         """(canary share slow, stable share slow, canary n, stable n), over the compared strata."""

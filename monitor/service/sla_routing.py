@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from infersight.collectors import DURATION_BUCKETS
-from infersight.monitor.records import NOT_ERRORS, REFUSED_BY_SERVICE, is_server_error
+from infersight.monitor.outcomes import REFUSED_BY_SERVICE, Outcome, is_server_error, outcome_of
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
@@ -114,7 +114,7 @@ class RouteMetrics:
 
     def observe(self, path: str | None, duration_s: float, error_type: str | None) -> None:
         """One finished (or shed) request of `path`."""
-        if path not in self._buckets or (error_type in NOT_ERRORS and error_type not in REFUSED_BY_SERVICE):
+        if path not in self._buckets or outcome_of(error_type) in (Outcome.CLIENT_ERROR, Outcome.CANCELLED):
             return
         ok = error_type is None and duration_s <= self.sla_s(path)
         if error_type not in REFUSED_BY_SERVICE:  # shed: counted by the runtime (`reason="shed"`)

@@ -1,20 +1,22 @@
 """Canary analysis: the candidate against the stable version over the same minutes.
 
 Every finished request of either arm is fed to `CanaryAnalysis.observe` as it happens, and
-each check updates a mixture sequential probability ratio test (mSPRT, Johari et al.,
-"Always valid inference", 2017) after *every* observation. The test's statistic is a
-likelihood ratio averaged over a normal prior N(0, tau^2) on the effect; by Ville's
-inequality its running maximum passes 1/alpha with probability at most alpha when the
-versions do not differ, however often, and whenever, anyone looks. Asking for the verdict
-reads the state the observations left, so the result never depends on a polling period.
+each check updates its always-valid sequential test (the mSPRT of sequential.py) after
+*every* observation: however often, and whenever, anyone looks, a canary that does not
+differ passes a check's 1/alpha with probability at most alpha. Asking for the verdict reads
+the state the observations left, so the result never depends on a polling period. The
+verdict is the controller's to act on: a rollback raises its alert first (`on_decision`),
+then the action runner ends the canary (`rollback`, the service's), one path for every
+rollback (alerts/actions/runner.py).
 
 Checks (a regression is a significant difference in the bad direction only):
-- `server_errors`: share of requests that failed for a server-side reason (client errors
-  and cancellations are the caller's doing and are not counted);
+- `server_errors`: share of requests that failed for a server-side reason (monitor/
+  outcomes.py: client errors and cancellations are the caller's doing, requests shed or
+  refused by admission control the service protecting itself; none is counted);
 - `latency`: share of requests slower than the stable version's p90, the threshold fixed
   from the stable's first `latency_baseline` requests (exceedances, a two-proportion test),
   compared only between requests of the same shape (output- and prompt-length buckets),
-  strata combined Mantel-Haenszel style (alerts/actions/strata.py): a client asking one arm
+  strata combined Mantel-Haenszel style (alerts/release/strata.py): a client asking one arm
   for longer answers does not make it look slow.
   Only requests that ran at some point while the other arm had one running are compared: the
   isolated canary replica adds its own forward to every step it is busy, which a canary
@@ -33,7 +35,7 @@ probability at most `alpha` over its whole life.
 
 With pairs (the runtime answers a share of requests with both versions: engine/
 runtime_shadow.py) the three quality checks above (relevance, output drift, output length)
-are replaced by the paired checks of alerts/actions/pairs.py on the same requests, which no
+are replaced by the paired checks of alerts/release/paired_checks.py on the same requests, which no
 client can steer by what it asks of its arm; server errors and latency stay arm against arm,
 and the six checks share alpha.
 """
@@ -46,12 +48,15 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
-from .pairs import PairedAnalysis, PairOutcome, PairPolicy, msprt_lambda
+from infersight.monitor.outcomes import engine_label, is_server_error
+from infersight.monitor.records import StoredRequest
+
+from .paired_checks import PairedAnalysis, PairOutcome, PairPolicy
+from .sequential import Evidence, Moments, msprt_lambda
 from .strata import StratifiedExceedance, StratifiedRate, request_shape, shape
 
 __all__ = [
     "CANARY_ALERT",
-    "CLIENT_ERRORS",
     "CanaryAnalysis",
     "CanaryController",
     "CanaryDecision",
@@ -63,11 +68,7 @@ __all__ = [
     "msprt_lambda",
 ]
 
-# error_type values caused by the caller, not the server (see alerts/actions/analysis.py),
-# and requests SLA routing's length breaker shed: they say nothing about either version
-CLIENT_ERRORS = frozenset({"client_error", "cancelled", "PromptTooLong", "InvalidRequest", "shed"})
 CANARY_ALERT = "CanaryRegression"
-Direction = Literal["higher_is_worse", "lower_is_worse", "either"]
 
 
 @dataclass(frozen=True)
@@ -86,23 +87,6 @@ class CanaryPolicy:
     tau_length: float = 8.0  # prior sd of a mean output-length difference (tokens)
     drift_baseline: int = 20  # stable answers whose mean embedding is the output reference
     tau_similarity: float = 0.1  # prior sd of a mean difference in cosine to that reference
-
-
-@dataclass
-class _Moments:
-    n: int = 0
-    mean: float = 0.0
-    m2: float = 0.0
-
-    def add(self, x: float) -> None:
-        self.n += 1
-        d = x - self.mean
-        self.mean += d / self.n
-        self.m2 += d * (x - self.mean)
-
-    @property
-    def var(self) -> float:
-        return self.m2 / (self.n - 1) if self.n > 1 else 0.0
 
 
 @dataclass(frozen=True)
@@ -141,19 +125,17 @@ class Verdict:
 
 @dataclass
 class _Check:
+    """One arm-against-arm check: each arm's running moments and the evidence of a difference."""
+
     name: str
-    direction: Direction
-    tau: float
-    arms: dict[bool, _Moments] = field(default_factory=lambda: {True: _Moments(), False: _Moments()})
-    max_lambda: float = 1.0
-    regressed: bool = False
+    evidence: Evidence
+    arms: dict[bool, Moments] = field(default_factory=lambda: {True: Moments(), False: Moments()})
 
     def add(self, canary: bool, x: float, *, alpha: float, min_n: int, pooled: bool) -> None:
         self.arms[canary].add(x)
         c, s = self.arms[True], self.arms[False]
         if c.n < min_n or s.n < min_n:
             return
-        delta = c.mean - s.mean
         if pooled:  # a proportion: the variance under "no difference", add-one smoothed
             p = (c.mean * c.n + s.mean * s.n + 1.0) / (c.n + s.n + 2.0)
             variance = p * (1 - p) * (1.0 / c.n + 1.0 / s.n)
@@ -164,20 +146,17 @@ class _Check:
             # 0.4-token difference (a false rollback on the real runtime, docs/benchmarks/releases.md)
             pooled_var = ((c.n - 1) * c.var + (s.n - 1) * s.var) / max(1, c.n + s.n - 2)
             variance = pooled_var * (1.0 / c.n + 1.0 / s.n)
-        lam = msprt_lambda(delta, variance, self.tau)
-        bad = {"higher_is_worse": delta > 0, "lower_is_worse": delta < 0, "either": delta != 0}[
-            self.direction
-        ]
-        if bad:
-            self.max_lambda = max(self.max_lambda, lam)
-            if self.max_lambda >= 1.0 / alpha:
-                self.regressed = True
+        self.evidence.update(c.mean - s.mean, variance, alpha=alpha)
+
+    @property
+    def regressed(self) -> bool:
+        return self.evidence.regressed
 
     def state(self) -> CheckState:
-        c, s = self.arms[True], self.arms[False]
+        c, s, e = self.arms[True], self.arms[False], self.evidence
         return CheckState(
             self.name, c.mean if c.n else None, s.mean if s.n else None, c.n, s.n,
-            self.max_lambda, min(1.0, 1.0 / self.max_lambda), self.regressed,
+            e.max_lambda, e.p_value, e.regressed,
         )  # fmt: skip
 
 
@@ -187,7 +166,7 @@ class CanaryAnalysis:
 
     def __init__(self, policy: CanaryPolicy | None = None, *, pairs: PairPolicy | None = None) -> None:
         """`pairs`: the versions also answer the same requests (engine/runtime_shadow.py): the
-        quality checks are paired (alerts/actions/pairs.py), not arm against arm, which
+        quality checks are paired (alerts/release/paired_checks.py), not arm against arm, which
         clients could steer; server errors and latency stay unpaired."""
         self.policy = policy or CanaryPolicy()
         p = self.policy
@@ -201,9 +180,11 @@ class CanaryAnalysis:
         if pairs is not None:  # one error budget: alpha over the two unpaired and four paired checks
             self.pairs = PairedAnalysis(pairs, alpha=p.alpha * 4 / 6)
         else:
-            self._checks["relevance"] = _Check("relevance", "lower_is_worse", p.tau_relevance)
-            self._checks["output_drift"] = _Check("output_drift", "lower_is_worse", p.tau_similarity)
-            self._checks["output_length"] = _Check("output_length", "either", p.tau_length)
+            self._checks["relevance"] = _Check("relevance", Evidence("lower_is_worse", p.tau_relevance))
+            self._checks["output_drift"] = _Check(
+                "output_drift", Evidence("lower_is_worse", p.tau_similarity)
+            )
+            self._checks["output_length"] = _Check("output_length", Evidence("either", p.tau_length))
         self._reference_sum: list[float] | None = None  # sum of the stable's baseline embeddings
         self._reference_n = 0
         self._reference: list[float] | None = None  # their mean, unit norm, once fixed
@@ -231,8 +212,13 @@ class CanaryAnalysis:
         """One finished (or failed) request of the canary (True) or the stable version (False);
         its shape (token counts, `max_tokens`, stream flag) places it in a stratum of like
         requests for the server-error and latency checks."""
-        if error_type in CLIENT_ERRORS:
-            return  # the caller's doing: says nothing about either version
+        if error_type is not None:  # an engine event's class name, or a stored label
+            error_type = engine_label(error_type)
+            if not is_server_error(error_type):
+                # the caller's doing (client error, hang-up) or the service protecting itself
+                # (shed, overloaded: a burst on this arm fills its queue, not a failure of
+                # the version): says nothing about either version
+                return
         if canary:
             self.at_step += 1
         key = request_shape(max_tokens, stream)  # strata by what was asked (a failure has no lengths)
@@ -287,16 +273,13 @@ class CanaryAnalysis:
 
     def _errors_state(self) -> CheckState:
         c, st, nc, ns = self._errors.figures()
-        e = self._errors
-        return CheckState(
-            "server_errors", c, st, nc, ns, e.max_lambda, min(1.0, 1.0 / e.max_lambda), e.regressed
-        )
+        e = self._errors.evidence
+        return CheckState("server_errors", c, st, nc, ns, e.max_lambda, e.p_value, e.regressed)
 
     def _latency_state(self) -> CheckState:
         c, st, nc, ns = self._latency.figures()
-        lat = self._latency
-        return CheckState("latency", c, st, nc, ns, lat.max_lambda,
-                          min(1.0, 1.0 / lat.max_lambda), lat.regressed)  # fmt: skip
+        e = self._latency.evidence
+        return CheckState("latency", c, st, nc, ns, e.max_lambda, e.p_value, e.regressed)
 
     def checks(self) -> tuple[CheckState, ...]:
         return (self._errors_state(), self._latency_state(), *(c.state() for c in self._checks.values()))
@@ -375,18 +358,6 @@ _MAX_SHAPES = 10_000  # requests in flight whose shape the controller holds
 
 
 @dataclass(frozen=True)
-class StoredRequest:
-    """A request as the store recorded it, for `CanaryController.replay`."""
-
-    version: str
-    error_type: str | None
-    output_tokens: int | None
-    relevance: float | None
-    max_tokens: int | None = None
-    stream: bool | None = None
-
-
-@dataclass(frozen=True)
 class CanaryDecision:
     """A decision applied: what, to which versions, why (the check and its figures)."""
 
@@ -398,13 +369,15 @@ class CanaryDecision:
     canary_requests: int
     stable_requests: int
     at: float
+    started_at: float | None = None  # when the canary started (the runtime's): its episode
 
 
 class CanaryController:
     """Feeds one canary's analysis from the engine's events and the sampled relevance
     scores, and applies each decision as soon as an observation makes it: the next step
     of weight, the promotion, or the rollback at the first significant regression.
-    `on_decision` is called with every applied decision (the service records an alert)."""
+    `on_decision` is called with every decision: after a step or a promotion is applied, and
+    before a rollback is performed (the service raises the alert from it first)."""
 
     def __init__(
         self,
@@ -414,15 +387,19 @@ class CanaryController:
         on_decision: Callable[[CanaryDecision], None] | None = None,
         clock: Callable[[], float] | None = None,
         pairs: PairPolicy | None = None,
+        rollback: Callable[[CanaryDecision], None] | None = None,
     ) -> None:
         """`pairs`: the runtime pairs requests (engine/runtime_shadow.py), fed by `on_pair`:
-        the quality checks are paired ones (None: arm against arm, as without pairs)."""
+        the quality checks are paired ones (None: arm against arm, as without pairs).
+        `rollback`: performs a rollback decision (the service's: the action runner, once per
+        canary), called after `on_decision` has raised its alert; None: `control.abort`."""
         import time
 
         self.control = control
         self.policy = policy or CanaryPolicy()
         self.pair_policy = pairs
         self.on_decision = on_decision
+        self.rollback = rollback
         self.clock = clock or time.time
         self.analysis: CanaryAnalysis | None = None
         self.version: str | None = None
@@ -567,11 +544,24 @@ class CanaryController:
             if status is None or status.version != version:  # ended by someone else (an operator, a rule)
                 self.end()
                 return
+            decision = CanaryDecision(
+                "rollback" if verdict.action == "rollback" else "promote", version, stable, verdict.weight,
+                verdict.reason, served[True], served[False], self.clock(), getattr(status, "started_at", None),
+            )  # fmt: skip
             if verdict.action == "rollback":
-                self.control.abort(f"canary rolled back: {verdict.reason}")
+                # one path: the decision is recorded and its alert raised first, then the
+                # action (the action runner's, when wired) ends the canary
                 with self._lock:
                     self.analysis = None
-            elif verdict.weight >= 1.0:
+                self.decisions.append(decision)
+                if self.on_decision is not None:
+                    self.on_decision(decision)
+                if self.rollback is not None:
+                    self.rollback(decision)
+                else:
+                    self.control.abort(f"canary rolled back: {verdict.reason}")
+                return
+            if verdict.weight >= 1.0:
                 self.control.promote(f"canary promoted: {verdict.reason}")
                 with self._lock:
                     self.analysis = None
@@ -579,10 +569,6 @@ class CanaryController:
                 self.control.set_weight(verdict.weight)
                 with self._lock:
                     analysis.advance()
-            decision = CanaryDecision(
-                "rollback" if verdict.action == "rollback" else "promote", version, stable, verdict.weight,
-                verdict.reason, served[True], served[False], self.clock(),
-            )  # fmt: skip
             self.decisions.append(decision)
             if self.on_decision is not None:
                 self.on_decision(decision)
