@@ -15,6 +15,11 @@ one more is dropped, not queued. Everything is counted in
 (sent), `completed` (answered and handed on), `dropped` (no room), `failed` (the shadow
 upstream did not answer 200 with a readable answer), `not_scored` (the pair feed was full).
 
+The shadow side's version is the `shadow_upstream.release_header` of its answer where set
+(another infersight sidecar names its release in `x-infersight-release`), else
+`shadow_upstream.model`, else the answer's `model`. Shadow requests carry
+`x-infersight-shadow`, so a sidecar receiving one does not shadow it in turn.
+
 Each completed shadow becomes a `TextPair` (pairs.py) of the live answer (candidate) and the
 shadow's (baseline), which `PairFeed` scores like the runtime's pairs and hands to the
 post-deploy analysis' `PairedEvidence`. The shares are chosen by a running credit (share per
@@ -122,7 +127,8 @@ class ProxyShadow:
             self.failed += 1
             return
         model, text, tokens, finish = answer
-        version = self.config.model or model or "shadow"
+        named = resp.headers.get(self.config.release_header) if self.config.release_header else None
+        version = named or self.config.model or model or "shadow"
         if live.output_tokens is not None and tokens is not None:
             counts = (live.output_tokens, tokens)
         else:  # a side without usage: both sides in words, so the ratio compares like with like
@@ -137,6 +143,7 @@ class ProxyShadow:
     def _headers(self, incoming: Any) -> dict[str, str]:
         headers = {k: v for k in _FORWARDED if (v := incoming.get(k)) is not None}
         headers["content-type"] = "application/json"
+        headers["x-infersight-shadow"] = "1"  # a sidecar receiving it answers it and shadows it no further
         headers.pop("accept", None)  # the shadow is never streamed
         if self.config.api_key:
             headers["authorization"] = f"Bearer {self.config.api_key}"
