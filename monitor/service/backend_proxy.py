@@ -306,6 +306,7 @@ class ProxyBackend:
                 live = LiveAnswer(version, observer.text, _int(usage.get("completion_tokens")),
                                   observer.finish_reason or "unknown")  # fmt: skip
                 path, raw, headers = shadow_of
+                assert self.shadow is not None  # _shadows says so
                 self.shadow.offer(path, raw, headers, prompt, live, chat=chat)
 
     def _observe_whole(

@@ -103,7 +103,7 @@ def verdict_line(v: ReleaseVerdict) -> str:
     return f"{v.verdict} {v.candidate} against {v.baseline}: {v.pairs} pairs (min {v.min_pairs}): {v.reason}"
 
 
-_VERDICT_DOC = {
+_VERDICT_DOC: dict[str, Any] = {
     "dependencies": [Depends(require_token)],
     "responses": {401: {"description": "token"}, 404: {"description": "a version never seen here, named"},
                   409: {"description": "no pairs are made here (the reason)"},
