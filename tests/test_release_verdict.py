@@ -235,3 +235,21 @@ def test_bad_questions_are_refused_naming_the_field(stable: StableSidecar, tmp_p
                 r = client.request(method, "/api/v1/releases/verdict", params=query, headers=auth())
                 assert r.status_code == status and r.json()["error"]["field"] == field, (change, r.text)
         assert client.post("/api/v1/releases/verdict", params=params, headers=auth(TOKEN)).status_code == 200
+
+
+def test_the_pods_release_comes_from_the_environment_and_a_bad_one_is_refused_naming_its_field() -> None:
+    from infersight.monitor.service.config import ConfigInvalid, config_from_mapping
+
+    mapping = {"upstream": {"url": "http://127.0.0.1:8001"}}
+    parsed = config_from_mapping(mapping, env={"INFERSIGHT_UPSTREAM_RELEASE": GOOD_HASH})
+    assert parsed.upstream is not None and parsed.upstream.release == GOOD_HASH
+    # an empty label (a pod without it): the answer's `model` names the version, as before
+    assert config_from_mapping(mapping, env={"INFERSIGHT_UPSTREAM_RELEASE": ""}).upstream.release is None  # type: ignore[union-attr]
+    with pytest.raises(ConfigInvalid) as err:
+        config_from_mapping(mapping, env={"INFERSIGHT_UPSTREAM_RELEASE": "hash with spaces"})
+    assert err.value.field == "upstream.release"
+    with pytest.raises(ConfigInvalid) as err:
+        config_from_mapping(
+            {**mapping, "shadow_upstream": {"url": "http://x", "release_header": "x release"}}
+        )
+    assert "shadow_upstream.release_header" in str(err.value)

@@ -389,6 +389,9 @@ def check_config(config: ServiceConfig, *, source: str | None = None) -> Service
     release = config.upstream.release if config.upstream is not None else None
     if release is not None and not _RELEASE_NAME.fullmatch(release):
         fail("upstream.release", "must be a version name: letters, digits and ._:/@+- (at most 256)")
+    header = config.shadow_upstream.release_header if config.shadow_upstream is not None else None
+    if header is not None and not re.fullmatch(r"[A-Za-z0-9!#$%&'*+.^_`|~-]+", header):
+        fail("shadow_upstream.release_header", "must be an HTTP header name, e.g. x-infersight-release")
     metrics_url = config.upstream.metrics_url if config.upstream is not None else None
     if metrics_url and not metrics_url.startswith(("http://", "https://")):
         fail("upstream.metrics_url", "must be an http:// or https:// URL (or empty: no scrape)")
