@@ -16,7 +16,7 @@ is a real infersight service under uvicorn; the canary sidecar is the service un
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +30,7 @@ from infersight.monitor.service import UpstreamConfig, create_app
 from infersight.monitor.service.config import ShadowUpstreamConfig
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 STABLE_HASH, GOOD_HASH, BAD_HASH = "7d9f8c6b5", "5c8b7d4f6", "6f5d9c8b7"
@@ -51,9 +51,22 @@ class FakeInferenceServer:
         )
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 
-    async def _answer(self, request: Request) -> JSONResponse:
-        self.seen.append(orjson.loads(await request.body()))
+    async def _answer(self, request: Request) -> Response:
+        body = orjson.loads(await request.body())
+        self.seen.append(body)
         text = " ".join(self.words)
+        if body.get("stream"):  # one chunk per word, then the usage, as vLLM streams
+
+            async def chunks() -> AsyncIterator[bytes]:
+                for i, word in enumerate(self.words):
+                    choice = {"index": 0, "delta": {"content": word if i == 0 else f" {word}"},
+                              "finish_reason": "stop" if i == len(self.words) - 1 else None}  # fmt: skip
+                    yield b"data: " + orjson.dumps({"model": "llama", "choices": [choice]}) + b"\n\n"
+                usage = {"prompt_tokens": 4, "completion_tokens": len(self.words)}
+                yield b"data: " + orjson.dumps({"model": "llama", "choices": [], "usage": usage}) + b"\n\n"
+                yield b"data: [DONE]\n\n"
+
+            return StreamingResponse(chunks(), media_type="text/event-stream")
         return JSONResponse({
             "id": "c", "model": "llama", "usage": {"prompt_tokens": 4, "completion_tokens": len(self.words)},
             "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": text}}],
@@ -116,11 +129,12 @@ def _canary(tmp_path: Path, vllm: FakeInferenceServer, stable: StableSidecar, re
     return TestClient(create_app(cfg), raise_server_exceptions=False)
 
 
-def _ask(client: TestClient, i: int) -> Any:
+def _ask(client: TestClient, i: int, *, stream: bool = False) -> Any:
     body = {
         "model": "llama",
         "messages": [{"role": "user", "content": f"how do I top up? {i}"}],
         "max_tokens": 16,
+        "stream": stream,
     }
     r = client.post("/v1/chat/completions", json=body)
     assert r.status_code == 200, r.text
@@ -145,7 +159,9 @@ def test_a_good_release_is_inconclusive_before_min_pairs_then_passes_on_pairs_na
     with FakeInferenceServer(SENTENCE) as vllm, _canary(tmp_path, vllm, stable, GOOD_HASH) as client:
         first = _ask(client, 0)
         assert first.headers["x-infersight-release"] == GOOD_HASH and first.json()["model"] == "llama"
-        for i in range(1, 4):
+        streamed = _ask(client, 1, stream=True)  # a streamed answer names its release too, and is paired
+        assert streamed.headers["x-infersight-release"] == GOOD_HASH and "data: [DONE]" in streamed.text
+        for i in range(2, 4):
             _ask(client, i)
         wait_for(lambda: _pairs_scored(client, GOOD_HASH, 4), what="4 pairs scored")
         early = _verdict(client, GOOD_HASH)
