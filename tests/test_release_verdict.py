@@ -269,3 +269,21 @@ def test_the_pods_release_comes_from_the_environment_and_a_bad_one_is_refused_na
             {**mapping, "shadow_upstream": {"url": "http://x", "release_header": "x release"}}
         )
     assert "shadow_upstream.release_header" in str(err.value)
+
+
+def test_without_pairs_the_verdict_says_why_none_can_be_judged(tmp_path: Path) -> None:
+    from infersight.monitor.service.pairs import PROXY_PAIRS_OFF
+
+    with FakeInferenceServer(SENTENCE) as vllm:
+        cfg = config(
+            tmp_path, upstream=UpstreamConfig(url=vllm.url, model="llama", release=GOOD_HASH, metrics_url="")
+        )
+        with TestClient(create_app(cfg), raise_server_exceptions=False) as client:
+            _ask(client, 0)
+            r = _verdict(client, GOOD_HASH)
+            assert r.status_code == 409 and r.json()["error"]["message"].endswith(PROXY_PAIRS_OFF), r.text
+            assert "infersight_release_pairs" not in [
+                line.split("{")[0]
+                for line in client.get("/metrics").text.splitlines()
+                if not line.startswith("#")
+            ]
