@@ -99,7 +99,8 @@ class StableSidecar:
             upstream=UpstreamConfig(url=self.vllm.url, model="llama", release=STABLE_HASH, metrics_url=""),
             shadow_upstream=ShadowUpstreamConfig(url=self.url, share=1.0, release_header="x-infersight-release"),
         )  # fmt: skip
-        self.server = uvicorn.Server(uvicorn.Config(create_app(cfg), host="127.0.0.1", port=self.port,
+        self.app: Any = create_app(cfg)
+        self.server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=self.port,
                                                     log_level="warning"))  # fmt: skip
         self.thread = threading.Thread(target=self.server.run, daemon=True)
         self.thread.start()
@@ -287,3 +288,33 @@ def test_without_pairs_the_verdict_says_why_none_can_be_judged(tmp_path: Path) -
                 for line in client.get("/metrics").text.splitlines()
                 if not line.startswith("#")
             ]
+
+
+def test_a_stable_pod_whose_shadow_is_its_own_release_stops_shadowing(stable: StableSidecar) -> None:
+    import httpx
+
+    def outcome(name: str) -> float:
+        prefix = f'infersight_shadow_requests_total{{model="llama",outcome="{name}"}} '
+        text = httpx.get(f"{stable.url}/metrics", timeout=10).text
+        (line,) = [x for x in text.splitlines() if x.startswith(prefix)]
+        return float(line.split()[-1])
+
+    def ask() -> None:
+        body = {
+            "model": "llama",
+            "messages": [{"role": "user", "content": "how do I top up?"}],
+            "max_tokens": 16,
+        }
+        r = httpx.post(f"{stable.url}/v1/chat/completions", json=body, timeout=30)
+        assert r.status_code == 200 and r.headers["x-infersight-release"] == STABLE_HASH
+
+    seen, completed = len(stable.vllm.seen), outcome("completed")
+    ask()  # shadowed to the stable Service: to itself, which names its own release
+    wait_for(lambda: outcome("completed") == completed + 1, what="the first shadow answered")
+    skipped = outcome("same_release")
+    for _ in range(5):
+        ask()
+    assert outcome("same_release") == skipped + 5
+    assert len(stable.vllm.seen) - seen == 7  # 6 requests and the one shadow that found it out
+    feed = stable.app.state.service.parts.backend.pair_feed  # no pair of a release with itself
+    assert feed.score() == 0 and feed.scored == 0
