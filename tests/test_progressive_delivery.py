@@ -337,6 +337,7 @@ def test_flaggers_webhooks_refuse_what_they_cannot_answer_naming_the_field(serve
 def test_releases_wait_waits_for_a_version_not_seen_yet_and_stops_at_the_verdict() -> None:
     now = [0.0]
     answers = iter([
+        (0, {"detail": "cannot reach http://llm-canary:8000: ConnectError: [Errno 111] Connection refused"}),
         (404, {"error": {"field": "query.candidate", "message": "no version 'v2' has been seen here"}}),
         (200, {"verdict": "inconclusive", "candidate": "v2", "baseline": "v1", "pairs": 4, "min_pairs": 10,
                "reason": "4 of 10 pairs so far"}),
@@ -351,7 +352,7 @@ def test_releases_wait_waits_for_a_version_not_seen_yet_and_stops_at_the_verdict
 
     verdict, line = wait_for_verdict(lambda: next(answers), timeout_s=600, interval_s=10, clock=lambda: now[0],
                                      sleep=sleep)  # fmt: skip
-    assert (verdict, slept) == ("pass", [10, 10])
+    assert (verdict, slept) == ("pass", [10, 10, 10])
     assert line == "pass v2 against v1: 10 pairs (min 10): 10 pairs, no regression"
     stuck = (200, {"verdict": "inconclusive", "candidate": "v2", "baseline": "v1", "pairs": 4, "min_pairs": 10,
                    "reason": "4 of 10 pairs so far"})  # fmt: skip

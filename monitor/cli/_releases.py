@@ -6,8 +6,9 @@
 Asks `GET /api/v1/releases/verdict` every `--interval` until it is `pass` or `fail`, or
 `--timeout` has passed, and prints the last verdict line. Exit status, as Argo Rollouts'
 Job metric provider reads it (0 succeeds, anything else fails the measurement): 0 pass,
-1 fail, 2 still inconclusive at the timeout (or the versions never seen by then: a
-candidate whose pods have not answered yet is waited for, not refused). A bad argument,
+1 fail, 2 still inconclusive at the timeout (or the versions never seen, or the server
+not reachable, by then: a candidate whose pods are starting or have not answered yet is
+waited for, not refused). A bad argument,
 a wrong token or a server that cannot judge (no pairs made there) is a one-line error,
 exit 2, at once. The token comes as for the other commands that talk to a server:
 --token, else $INFERSIGHT_TOKEN, else DATA_DIR/api-token.
@@ -67,8 +68,9 @@ def wait_for_verdict(
     clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
 ) -> tuple[str, str]:  # fmt: skip
     """Ask until pass or fail or `timeout_s` -> (verdict, the line to print). `ask` returns
-    the HTTP status and the JSON answer; a 404 (a version not seen yet) is waited on as
-    inconclusive, any other error raises CommandError."""
+    the HTTP status (0: the server did not answer) and the JSON answer; a 404 (a version
+    not seen yet) and no answer are waited on as inconclusive, any other error raises
+    CommandError."""
     deadline = clock() + timeout_s
     while True:
         status, data = ask()
@@ -78,7 +80,7 @@ def wait_for_verdict(
                     f"(min {data.get('min_pairs')}): {data.get('reason')}")  # fmt: skip
             if verdict not in EXIT:
                 raise CommandError(f"the server answered an unknown verdict {verdict!r}")
-        elif status == 404:
+        elif status in (0, 404):
             verdict, line = "inconclusive", f"inconclusive: {_message(data)}"
         elif status == 401:
             raise CommandError("HTTP 401: the service wants its bearer token: pass --token, set "
@@ -96,7 +98,7 @@ def _message(data: dict[str, Any]) -> str:
     if isinstance(error, dict):
         where = f"{error['field']}: " if error.get("field") else ""
         return " ".join(f"{where}{error.get('message', '')}".split())[:300]
-    return " ".join(str(data).split())[:300]
+    return " ".join(str(data.get("detail", data)).split())[:300]
 
 
 def _wait(args: argparse.Namespace) -> int:
@@ -115,8 +117,8 @@ def _wait(args: argparse.Namespace) -> int:
     def ask() -> tuple[int, dict[str, Any]]:
         try:
             r = httpx.get(f"{base}/api/v1/releases/verdict", params=params, headers=headers, timeout=30.0)
-        except httpx.HTTPError as exc:
-            raise CommandError(f"cannot reach {base}: {type(exc).__name__}: {exc}") from exc
+        except httpx.HTTPError as exc:  # the pods may be starting: asked again until the timeout
+            return 0, {"detail": f"cannot reach {base}: {type(exc).__name__}: {exc}"}
         try:
             data = r.json()
         except ValueError:
