@@ -30,7 +30,9 @@ from __future__ import annotations
 
 import math
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Literal
 
 from .sequential import Evidence, Moments, msprt_lambda
 
@@ -231,6 +233,9 @@ class PairedEvidence:
         self.off_reason = off_reason or "paired checks off: no second version answers shadows"
         self._lock = threading.Lock()
         self._by: dict[tuple[str, str], PairedAnalysis] = {}
+        # called under the lock with (candidate, baseline, pairs, each check's state) whenever a
+        # comparison changes (0 pairs: forgotten), so a reader keeps its own copy current
+        self.listeners: list[Callable[[str, str, int, tuple[PairedCheck, ...]], None]] = []
 
     def observe(self, pair: PairOutcome) -> None:
         key = (pair.candidate, pair.baseline)
@@ -239,6 +244,10 @@ class PairedEvidence:
             if analysis is None:
                 analysis = self._by[key] = PairedAnalysis(self.policy)
             analysis.observe(pair)
+            if self.listeners:
+                checks = analysis.checks()
+                for listener in self.listeners:
+                    listener(*key, analysis.pairs, checks)
 
     def checks(self, candidate: str, baseline: str) -> tuple[int, tuple[PairedCheck, ...]]:
         """(pairs, each check's state) of `candidate` against `baseline` ((0, ()) when none)."""
@@ -254,3 +263,5 @@ class PairedEvidence:
     def forget(self, candidate: str, baseline: str) -> None:
         with self._lock:
             self._by.pop((candidate, baseline), None)
+            for listener in self.listeners:
+                listener(candidate, baseline, 0, ())

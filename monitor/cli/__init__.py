@@ -1,7 +1,8 @@
 """The `infersight` command line.
 
-The subcommands live in three modules by what they act on: `_serve.py` (serve, demo),
-`_models.py` (models, rules, dashboards) and `_data.py` (drift, dataset). Each exposes
+The subcommands live in modules by what they act on: `_serve.py` (serve, demo),
+`_models.py` (models, rules, dashboards), `_data.py` (drift, dataset) and `_releases.py`
+(a release's verdict, for a controller's job). Each exposes
 `register(subparsers)`, which adds its parsers and sets each one's `handler` (a function
 `(argparse.Namespace) -> int`).
 Modules import their heavy dependencies inside the handler, so `infersight --help`
@@ -23,7 +24,7 @@ from infersight.monitor.extras import MissingExtra, extra_for_module
 __all__ = ["CommandError", "main"]
 
 # The modules of subcommands, each with `register(subparsers)`, in the order `--help` lists them.
-_COMMAND_MODULES = ("_models", "_data", "_serve")
+_COMMAND_MODULES = ("_models", "_data", "_serve", "_releases")
 
 
 class CommandError(Exception):

@@ -19,7 +19,7 @@ else the `api-token` file in the service's data directory (--data-dir, default .
 rule file, the default rule set shipped with infersight is used.
 
     infersight rules check [RULES.yaml]
-    infersight rules export FILE [--rules RULES.yaml]
+    infersight rules export FILE [--rules RULES.yaml] [--prometheus-rule NAME]
 
 `infersight dashboards export DIR` and `infersight dashboards push --url URL --token TOKEN`:
 the Grafana dashboard as files with a provisioning YAML, or uploaded.
@@ -28,6 +28,7 @@ the Grafana dashboard as files with a provisioning YAML, or uploaded.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import os
 import sys
@@ -372,6 +373,8 @@ def _register_rules(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     export = verbs.add_parser("export", help="write the rules as a Prometheus rule file")
     export.add_argument("file", help="where to write the Prometheus rule file ('-' for stdout)")
     export.add_argument("--rules", help="rule file (default: the shipped default rules)")
+    export.add_argument("--prometheus-rule", metavar="NAME",
+                        help="write a Kubernetes PrometheusRule named NAME (Prometheus Operator) instead")  # fmt: skip
     export.set_defaults(handler=_rules_export)
 
 
@@ -412,6 +415,8 @@ def _rules_export(args: argparse.Namespace) -> int:
     from infersight.alerts import export_prometheus
 
     result = export_prometheus(_load_rules(args.rules))
+    if args.prometheus_rule:
+        result = dataclasses.replace(result, text=_prometheus_rule(result.text, args.prometheus_rule))
     if args.file == "-":
         print(result.text, end="")
     else:
@@ -427,6 +432,23 @@ def _rules_export(args: argparse.Namespace) -> int:
     for key in result.skipped:
         print(f"skipped {key}: no PromQL form", file=sys.stderr)
     return 0
+
+
+def _prometheus_rule(text: str, name: str) -> str:
+    """The exported rule file as a PrometheusRule object: its groups under `spec`."""
+    import re
+
+    import yaml
+
+    if not re.fullmatch(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?", name):
+        raise CommandError(
+            f"--prometheus-rule: {name!r} is not a Kubernetes name (lower case, digits, - and .)"
+        )
+    header, _, body = text.partition("\n")
+    rule = {"apiVersion": "monitoring.coreos.com/v1", "kind": "PrometheusRule",
+            "metadata": {"name": name, "labels": {"app.kubernetes.io/name": "infersight"}},
+            "spec": yaml.safe_load(body)}  # fmt: skip
+    return header + "\n" + yaml.safe_dump(rule, sort_keys=False, width=1000, allow_unicode=True)
 
 
 def _register_dashboards(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -72,7 +72,8 @@ def build_config(args: argparse.Namespace, env: dict[str, str]) -> Any:
                 changes[key] = value
         if args.upstream:
             changes["upstream"] = UpstreamConfig(url=args.upstream, model=args.upstream_model,
-                                                 api_key=env.get("INFERSIGHT_UPSTREAM_API_KEY"))  # fmt: skip
+                                                 api_key=env.get("INFERSIGHT_UPSTREAM_API_KEY"),
+                                                 release=env.get("INFERSIGHT_UPSTREAM_RELEASE"))  # fmt: skip
             changes["engine"] = None
         if args.registry:
             base = cfg.engine or EngineConfig(registry=args.registry)

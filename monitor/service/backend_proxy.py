@@ -16,6 +16,10 @@ vLLM and TGI take as an abort), so the upstream stops generating for nobody. The
 `model` is the upstream's own: the proxy runs no canary, so it has no arm to hide.
 With `shadow_upstream:` a share of the successful answers is shadowed (proxy_shadow.py):
 the same body goes to the shadow upstream after the live answer is out, for the paired checks.
+With `upstream.release` (the pod's release, e.g. Argo Rollouts' pod-template hash) every
+answer is recorded as that version and names it in the `x-infersight-release` header, so a
+sidecar that shadows to this one knows which release answered; a request that is itself
+another sidecar's shadow (`x-infersight-shadow`) is answered but never shadowed again.
 
 The upstream server's own queue depth, read from its Prometheus text (proxy mode).
 
@@ -60,9 +64,19 @@ if TYPE_CHECKING:
     from .metrics import ServiceMetrics
     from .proxy_shadow import ProxyShadow
 
-__all__ = ["QUEUE_METRICS", "ProxyBackend", "SSEObserver", "UpstreamQueueScraper", "queue_depths"]
+__all__ = [
+    "QUEUE_METRICS",
+    "RELEASE_HEADER",
+    "SHADOW_HEADER",
+    "ProxyBackend",
+    "SSEObserver",
+    "UpstreamQueueScraper",
+    "queue_depths",
+]
 
 _FORWARDED = ("content-type", "accept", "authorization", "openai-organization", "openai-project")
+RELEASE_HEADER = "x-infersight-release"  # the release that answered (upstream.release)
+SHADOW_HEADER = "x-infersight-shadow"  # on a shadow request: answer it, shadow it no further
 
 
 class SSEObserver:
@@ -168,6 +182,13 @@ class ProxyBackend:
     def not_ready(self) -> str | None:
         return None
 
+    def answered_as(self, version: str) -> bool:
+        """Whether this upstream's answers were recorded as `version` (or it is configured so)."""
+        return version in self._accepted or version in (self.config.release, self.config.model)
+
+    def _release_headers(self) -> dict[str, str]:
+        return {RELEASE_HEADER: self.config.release} if self.config.release else {}
+
     async def models(self) -> Any:
         try:
             resp = await self.client.get("/v1/models", headers=self._headers({}))
@@ -235,15 +256,22 @@ class ProxyBackend:
             finally:
                 await upstream.aclose()
             live = self._observe_whole(rid, req, timer, prompt, upstream.status_code, body, chat)
-            if live is not None and self.shadow is not None:  # after the answer is read: never delays it
+            if live is not None and self._shadows(headers):  # after the answer is read: never delays it
+                assert self.shadow is not None
                 self.shadow.offer(path, raw, headers, prompt, live, chat=chat)
-            return Response(body, status_code=upstream.status_code, media_type=content_type)
+            return Response(body, status_code=upstream.status_code, media_type=content_type,
+                            headers=self._release_headers())  # fmt: skip
         return StreamingResponse(
             self._relay(upstream, rid, req, timer, prompt, chat, shadow_of=(path, raw, headers)),
             status_code=200,
             media_type=content_type,
-            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **self._release_headers()},
         )
+
+    def _shadows(self, headers: Any) -> bool:
+        """Whether a request may be shadowed: a shadow upstream is set and the request is not
+        itself a shadow (one sidecar shadowing to another would otherwise shadow in turn)."""
+        return self.shadow is not None and headers.get(SHADOW_HEADER) is None
 
     async def _relay(
         self, upstream: httpx.Response, rid: str, req: Any, timer: CallTimer, prompt: str | None, chat: bool,
@@ -274,10 +302,11 @@ class ProxyBackend:
                 _int(usage.get("completion_tokens")) if observer.usage else observer.text_chunks,
                 error or observer.error, prompt, observer.text, finish=observer.finish_reason, req=req,
             )  # fmt: skip
-            if self.shadow is not None and error is None and observer.error is None:
+            if error is None and observer.error is None and self._shadows(shadow_of[2]):
                 live = LiveAnswer(version, observer.text, _int(usage.get("completion_tokens")),
                                   observer.finish_reason or "unknown")  # fmt: skip
                 path, raw, headers = shadow_of
+                assert self.shadow is not None  # _shadows says so
                 self.shadow.offer(path, raw, headers, prompt, live, chat=chat)
 
     def _observe_whole(
@@ -324,7 +353,7 @@ class ProxyBackend:
                 self._accepted.add(model_version)
         elif model_version not in self._accepted:
             model_version = None
-        version = model_version or self.config.model or "unknown"
+        version = self.config.release or model_version or self.config.model or "unknown"
         self.last_model_version = version
         record = make_record(
             request_id=rid, model=self.config.model or version, model_version=version, timer=timer, source="proxy",

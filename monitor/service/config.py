@@ -14,12 +14,14 @@ Every key is optional; an unknown key, a wrong type or a bad value raises `Confi
 naming its dotted path. Relative paths are resolved against the file's directory.
 Environment variables override the file for secrets and the database URL:
 `INFERSIGHT_TOKEN`, `INFERSIGHT_DATABASE_URL`, `INFERSIGHT_UPSTREAM_API_KEY`,
-`INFERSIGHT_SHADOW_UPSTREAM_API_KEY`."""
+`INFERSIGHT_SHADOW_UPSTREAM_API_KEY`, and `INFERSIGHT_UPSTREAM_RELEASE` (`upstream.release`:
+set per pod from the controller's label through the downward API)."""
 
 from __future__ import annotations
 
 import dataclasses
 import ipaddress
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -153,6 +155,11 @@ class UpstreamConfig:
     # the upstream's Prometheus text (vLLM, TGI): its queue depth becomes the proxy's
     # `gen_ai_server_requests_waiting`. None: <url>/metrics; "" turns the scrape off
     metrics_url: str | None = None
+    # The release this upstream serves, recorded as every answer's version instead of the answer's `model`.
+    # In a pod, the controller's label for the release (Argo Rollouts' `rollouts-pod-template-hash`)
+    # through the downward API and $INFERSIGHT_UPSTREAM_RELEASE; the proxy's answers name it in
+    # the `x-infersight-release` header, which a shadow upstream's `release_header` reads.
+    release: str | None = None
 
 
 @dataclass(frozen=True)
@@ -169,6 +176,9 @@ class ShadowUpstreamConfig:
     api_key: str | None = None  # sent to the shadow upstream (else the client's Authorization)
     share: float = 0.1  # of successful live requests re-sent to it (0: none)
     max_in_flight: int = 4  # shadow requests at once; beyond it one is dropped and counted
+    # The answer header naming the shadow side's release (before `model` and the answer's `model`).
+    # `x-infersight-release` when the shadow upstream is another infersight sidecar with `upstream.release`.
+    release_header: str | None = None
 
 
 @dataclass(frozen=True)
@@ -365,6 +375,8 @@ ENV_DATABASE_URL = "INFERSIGHT_DATABASE_URL"
 ENV_UPSTREAM_API_KEY = "INFERSIGHT_UPSTREAM_API_KEY"
 ENV_SHADOW_UPSTREAM_API_KEY = "INFERSIGHT_SHADOW_UPSTREAM_API_KEY"
 ENV_KV_KEY = "INFERSIGHT_KV_KEY"
+ENV_UPSTREAM_RELEASE = "INFERSIGHT_UPSTREAM_RELEASE"
+_RELEASE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,255}")  # as the deploy marks' names
 _PATH_FIELDS = {"data_dir", "registry", "rules", "reference"}
 
 
@@ -418,6 +430,9 @@ def config_from_mapping(
     upstream = top.get("upstream")
     if isinstance(upstream, UpstreamConfig) and env.get(ENV_UPSTREAM_API_KEY):
         top["upstream"] = dataclasses.replace(upstream, api_key=env[ENV_UPSTREAM_API_KEY])
+    upstream = top.get("upstream")
+    if isinstance(upstream, UpstreamConfig) and env.get(ENV_UPSTREAM_RELEASE):
+        top["upstream"] = dataclasses.replace(upstream, release=env[ENV_UPSTREAM_RELEASE])
     shadow = top.get("shadow_upstream")
     if isinstance(shadow, ShadowUpstreamConfig) and env.get(ENV_SHADOW_UPSTREAM_API_KEY):
         top["shadow_upstream"] = dataclasses.replace(shadow, api_key=env[ENV_SHADOW_UPSTREAM_API_KEY])
@@ -441,6 +456,12 @@ def check_config(config: ServiceConfig, *, source: str | None = None) -> Service
         fail("upstream", "give either engine (embedded runtime) or upstream (proxy), not both")
     if config.upstream is not None and not config.upstream.url.startswith(("http://", "https://")):
         fail("upstream.url", "must be an http:// or https:// URL")
+    release = config.upstream.release if config.upstream is not None else None
+    if release is not None and not _RELEASE_NAME.fullmatch(release):
+        fail("upstream.release", "must be a version name: letters, digits and ._:/@+- (at most 256)")
+    header = config.shadow_upstream.release_header if config.shadow_upstream is not None else None
+    if header is not None and not re.fullmatch(r"[A-Za-z0-9!#$%&'*+.^_`|~-]+", header):
+        fail("shadow_upstream.release_header", "must be an HTTP header name, e.g. x-infersight-release")
     metrics_url = config.upstream.metrics_url if config.upstream is not None else None
     if metrics_url and not metrics_url.startswith(("http://", "https://")):
         fail("upstream.metrics_url", "must be an http:// or https:// URL (or empty: no scrape)")

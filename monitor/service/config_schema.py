@@ -57,6 +57,10 @@ ENVIRONMENT: Mapping[str, str] = {
     _config.ENV_DATABASE_URL: "overrides `database_url` (a sqlite:/// or postgresql:// URL)",
     _config.ENV_UPSTREAM_API_KEY: "overrides `upstream.api_key`",
     _config.ENV_SHADOW_UPSTREAM_API_KEY: "overrides `shadow_upstream.api_key`",
+    _config.ENV_KV_KEY: "overrides `engine.prefix_cache_redis_key`, the secret the shared KV tier's "
+    "blocks are sealed with (at least 32 bytes)",
+    _config.ENV_UPSTREAM_RELEASE: "overrides `upstream.release`, the release this pod's answers are "
+    "recorded as (e.g. the pod's rollouts-pod-template-hash label)",
     "INFERSIGHT_CACHE_DIR": "where the engine caches built libraries and converted weights "
     "(default $XDG_CACHE_HOME/infersight, or ~/.cache/infersight)",
     "INFERSIGHT_ENGINE_MARCH": "a gcc -march (`native`: this CPU) to build the engine's native "

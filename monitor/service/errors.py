@@ -13,10 +13,11 @@
     ├── BackendUnavailable     no embedded runtime and no upstream: /v1 cannot be served
     │   └── UpstreamUnreachable   the upstream server did not answer (connection, timeout)
     ├── NoRuntime              a model operation needs the embedded runtime (proxy mode has none)
+    ├── UnknownRelease         a release verdict was asked of a version never seen here (names the field)
     └── IngestOverloaded       the store's write queue is full: the client should retry later
 
 HTTP mapping (routers): ConfigInvalid never reaches HTTP; BackendUnavailable 503,
-UpstreamUnreachable 502, NoRuntime 409, IngestOverloaded 503 with Retry-After.
+UpstreamUnreachable 502, NoRuntime 409, IngestOverloaded 503 with Retry-After, UnknownRelease 404.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ __all__ = [
     "InsecureBind",
     "NoRuntime",
     "ServiceError",
+    "UnknownRelease",
     "UpstreamUnreachable",
 ]
 
@@ -119,3 +121,12 @@ class NoRuntime(ServiceError):
 
 class IngestOverloaded(ServiceError):
     """The store's write queue is full; nothing of the batch was accepted."""
+
+
+class UnknownRelease(ServiceError):
+    """A release verdict names a version the service has not seen; `field`: which one."""
+
+    def __init__(self, field: str, reason: str) -> None:
+        super().__init__(f"{field}: {reason}")
+        self.field = field
+        self.reason = reason

@@ -13,7 +13,17 @@ The shadow work is bounded: at most `shadow_upstream.max_in_flight` shadow reque
 one more is dropped, not queued. Everything is counted in
 `infersight_shadow_requests_total{outcome}` as the embedded runtime's shadows are: `paired`
 (sent), `completed` (answered and handed on), `dropped` (no room), `failed` (the shadow
-upstream did not answer 200 with a readable answer), `not_scored` (the pair feed was full).
+upstream did not answer 200 with a readable answer), `not_scored` (the pair feed was full),
+`same_release` (not sent: the shadow upstream serves the live side's own release, below).
+
+The shadow side's version is the `shadow_upstream.release_header` of its answer where set
+(another infersight sidecar names its release in `x-infersight-release`), else
+`shadow_upstream.model`, else the answer's `model`. Shadow requests carry
+`x-infersight-shadow`, so a sidecar receiving one does not shadow it in turn. When the
+shadow's header names the live side's own release (a stable pod whose shadow upstream is
+the stable Service, i.e. its own release), the pair would compare a release with itself:
+such pairs are not scored, and further shadows are skipped (`same_release`) but for one in
+`_REPROBE` chosen ones, which finds out when the shadow upstream serves another release again.
 
 Each completed shadow becomes a `TextPair` (pair_feed.py) of the live answer (candidate) and the
 shadow's (baseline), which `PairFeed` scores like the runtime's pairs and hands to the
@@ -41,6 +51,7 @@ __all__ = ["LiveAnswer", "ProxyShadow", "ProxyShadowCollector", "ShadowCounts"]
 
 log = logging.getLogger(__name__)
 _FORWARDED = ("content-type", "accept", "authorization", "openai-organization", "openai-project")
+_REPROBE = 64  # while the shadow upstream is this release, one chosen shadow in this many is still sent
 
 
 @dataclass(frozen=True)
@@ -60,6 +71,7 @@ class ShadowCounts:
     dropped: int
     failed: int
     in_flight: int
+    same_release: int = 0  # chosen, not sent: the shadow upstream serves the live side's release
 
 
 class ProxyShadow:
@@ -76,10 +88,12 @@ class ProxyShadow:
         )
         self._credit = 0.0
         self._tasks: set[asyncio.Task[None]] = set()
-        self.paired = self.completed = self.dropped = self.failed = 0
+        self.paired = self.completed = self.dropped = self.failed = self.same_release = 0
+        self._self_release: str | None = None  # the live release, while the shadow's header names it
 
     def counts(self) -> ShadowCounts:
-        return ShadowCounts(self.paired, self.completed, self.dropped, self.failed, len(self._tasks))
+        return ShadowCounts(self.paired, self.completed, self.dropped, self.failed, len(self._tasks),
+                            self.same_release)  # fmt: skip
 
     def _chosen(self) -> bool:
         self._credit += self.config.share
@@ -93,6 +107,9 @@ class ProxyShadow:
     ) -> bool:
         """A live request answered successfully: maybe shadow it -> whether one was sent."""
         if not self._chosen():
+            return False
+        if live.version == self._self_release and (self.same_release + 1) % _REPROBE:
+            self.same_release += 1
             return False
         if len(self._tasks) >= self.config.max_in_flight:
             self.dropped += 1
@@ -122,7 +139,13 @@ class ProxyShadow:
             self.failed += 1
             return
         model, text, tokens, finish = answer
-        version = self.config.model or model or "shadow"
+        named = resp.headers.get(self.config.release_header) if self.config.release_header else None
+        version = named or self.config.model or model or "shadow"
+        if named is not None:
+            self._self_release = named if named == live.version else None
+            if named == live.version:  # the same release on both sides: nothing to compare
+                self.completed += 1
+                return
         if live.output_tokens is not None and tokens is not None:
             counts = (live.output_tokens, tokens)
         else:  # a side without usage: both sides in words, so the ratio compares like with like
@@ -137,6 +160,7 @@ class ProxyShadow:
     def _headers(self, incoming: Any) -> dict[str, str]:
         headers = {k: v for k in _FORWARDED if (v := incoming.get(k)) is not None}
         headers["content-type"] = "application/json"
+        headers["x-infersight-shadow"] = "1"  # a sidecar receiving it answers it and shadows it no further
         headers.pop("accept", None)  # the shadow is never streamed
         if self.config.api_key:
             headers["authorization"] = f"Bearer {self.config.api_key}"
@@ -203,7 +227,7 @@ class ProxyShadowCollector(Collector):
             "infersight_shadow_requests", "Live requests also answered by the other version, by outcome",
             labels=["model", "outcome"],
         )  # fmt: skip
-        for outcome in ("paired", "completed", "dropped", "failed"):
+        for outcome in ("paired", "completed", "dropped", "failed", "same_release"):
             shadows.add_metric([self.model, outcome], float(getattr(counts, outcome)))
         shadows.add_metric([self.model, "not_scored"], float(self.shadow.feed.overflow))
         yield shadows

@@ -47,6 +47,7 @@ if TYPE_CHECKING:
     from .backend_engine import EngineBackend
     from .backend_proxy import ProxyBackend, UpstreamQueueScraper
     from .metrics import CostMeter
+    from .release_verdicts import ReleaseVerdicts
     from .replicas import Replicas
     from .sla_routing import RouteMetrics
     from .runtime_store import DeployLog
@@ -73,6 +74,7 @@ class Parts:
     drift_detector: DriftDetector | None = None  # set before start() to score with this detector
     alerts: AlertsWiring | None = None
     replicas: Replicas | None = None  # with a shared (PostgreSQL) store
+    verdicts: ReleaseVerdicts | None = None  # the release verdicts the paired checks keep current
 
 
 log = logging.getLogger(__name__)
@@ -217,6 +219,7 @@ class Service:
 def _wire(service: Service) -> None:
     _wire_collectors(service)
     _wire_backend(service)
+    _wire_verdicts(service)
     _wire_drift(service)
     _wire_alerts(service)
     schedule = service.config.schedule
@@ -359,6 +362,42 @@ def _proxy_shadow(service: Service) -> Any:
     model = config.model or config.upstream.model or "unknown"
     service.registry.register(ProxyShadowCollector(shadow, model=model))
     return shadow
+
+
+def _wire_verdicts(service: Service) -> None:
+    """The release verdicts (release_verdicts.py), kept current by the backend's pair evidence,
+    and their series; without pairs, verdicts that say why none can be judged."""
+    from infersight.alerts.release.paired_checks import PairPolicy
+    from infersight.monitor.redaction import redact_url
+
+    from .pair_feed import PROXY_PAIRS_OFF
+    from .release_verdicts import ReleaseVerdicts, VerdictCollector
+
+    backend, config = service.parts.backend, service.config
+    feed = getattr(backend, "pair_feed", None)
+    if feed is None:
+        off = PROXY_PAIRS_OFF if config.upstream is not None else "paired checks off: no pairs are made here"
+        verdicts = ReleaseVerdicts(min_pairs=PairPolicy().min_pairs, source=off, enabled=False)
+    else:
+        evidence = feed.evidence
+        shadow = config.shadow_upstream
+        if shadow is not None:
+            source = (f"shadow_upstream {redact_url(shadow.url)}: {shadow.share:g} of the live upstream's "
+                      "successful answers asked again (live: candidate, shadow: baseline)")  # fmt: skip
+            answered = getattr(backend, "answered_as", lambda version: False)
+            known = lambda version: answered(version) or version == shadow.model  # noqa: E731
+        else:
+            share = config.engine.pair_share if config.engine is not None else 0.0
+            source = f"the embedded runtime's paired answers (engine.pair_share {share:g})"
+            registry = getattr(getattr(backend, "runtime", None), "registry", None)
+            known = lambda version: registry is not None and version in registry  # noqa: E731
+        verdicts = ReleaseVerdicts(min_pairs=evidence.policy.min_pairs, source=source,
+                                   enabled=evidence.enabled, known=known)  # fmt: skip
+        if not evidence.enabled:
+            verdicts.source = evidence.off_reason
+        evidence.listeners.append(verdicts.update)
+    service.parts.verdicts = verdicts
+    service.registry.register(VerdictCollector(verdicts))
 
 
 def _wire_upstream_metrics(service: Service) -> None:
