@@ -24,7 +24,7 @@ from .browser_guard import BrowserGuard
 from .config import ServiceConfig
 from .http_edge import BodySizeLimit, install_error_handlers
 from .rate_limit import REFUSED_REASONS, ClientRateLimit
-from .routers import ingest, models, monitoring, otlp, releases
+from .routers import business, ingest, models, monitoring, otlp, releases
 from .service import Service
 
 __all__ = ["create_app", "mount_page", "web_root"]
@@ -71,7 +71,7 @@ def create_app(config: ServiceConfig, *, service: Service | None = None, **servi
         max_clients=limits.rate_limited_clients,
         on_refused=lambda reason: refused[reason].inc(),
     )  # fmt: skip
-    for module in (monitoring, ingest, models, releases, otlp):
+    for module in (monitoring, ingest, models, releases, otlp, business):
         app.include_router(module.router)
     monitoring.mount_alertmanager(app)
     mount_page(app)

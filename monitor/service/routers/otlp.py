@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import binascii
+import datetime as dt
 import json
 import zlib
 from typing import Any
@@ -29,6 +30,7 @@ from fastapi.responses import Response
 from google.protobuf import json_format
 from google.protobuf.message import DecodeError, Message
 from google.rpc import code_pb2, status_pb2
+from infersight.monitor.business import Feedback, store_feedback
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTracePartialSuccess,
     ExportTraceServiceRequest,
@@ -39,6 +41,7 @@ from starlette.concurrency import run_in_threadpool
 from ..errors import IngestOverloaded
 from ..http_edge import has_token
 from ..metrics import ServiceMetrics
+from ..otlp_feedback import feedback_from_spans
 from ..otlp_spans import SpanBatch, TextPolicy, records_from_spans
 from . import get_service
 
@@ -76,7 +79,7 @@ async def export_traces(request: Request) -> Response:
     limit = service.config.limits.max_body_bytes
     encoding = request.headers.get("content-encoding", "identity").strip().lower()
     try:
-        batch = await run_in_threadpool(_decode_and_map, body, encoding, media, limit, policy)
+        batch, evaluations = await run_in_threadpool(_decode_and_map, body, encoding, media, limit, policy)
     except _Refused as exc:
         metrics.otlp_exports.labels("invalid").inc()
         return _status(media, exc.status, exc.code, exc.message)
@@ -89,6 +92,9 @@ async def export_traces(request: Request) -> Response:
         why = str(exc) if isinstance(exc, IngestOverloaded) else "the store is unavailable; retry later"
         return _status(media, 503, code_pb2.UNAVAILABLE, why, {"Retry-After": _RETRY_AFTER_S})
     _count(service.metrics, batch)
+    if evaluations:  # the GenAI evaluation results: users' (or judges') feedback on requests
+        now = dt.datetime.fromtimestamp(service.clock(), dt.UTC)
+        await run_in_threadpool(store_feedback, service.db, evaluations, source="otlp", now=now)
     answer = ExportTraceServiceResponse()
     if batch.rejected_spans:
         answer.partial_success.CopyFrom(
@@ -103,8 +109,11 @@ def _media(request: Request) -> str:
     return request.headers.get("content-type", PROTOBUF).partition(";")[0].strip().lower()
 
 
-def _decode_and_map(body: bytes, encoding: str, media: str, limit: int, policy: TextPolicy) -> SpanBatch:
-    return records_from_spans(_parse(_inflate(body, encoding, limit), media), policy)
+def _decode_and_map(
+    body: bytes, encoding: str, media: str, limit: int, policy: TextPolicy
+) -> tuple[SpanBatch, list[Feedback]]:
+    export = _parse(_inflate(body, encoding, limit), media)
+    return records_from_spans(export, policy), feedback_from_spans(export)
 
 
 def _inflate(body: bytes, encoding: str, limit: int) -> bytes:
