@@ -169,10 +169,10 @@ def _distribution(now: list[_Row], base: list[_Row], long_prompt: int) -> Check:
     rise = s_now - s_base
     suspect = drifted or rise > 0.05
     score = min(1.0, max(rise * 2.5, 0.0) + (0.3 if drifted else 0.0))
-    p_text = "n/a" if p_prompt is None else f"{p_prompt:.2g}"
+    p_text = " n/a" if p_prompt is None else "<0.001" if p_prompt < 0.001 else f"={p_prompt:.2g}"
     return Check(
         "request distribution", "suspect" if suspect else "clear", score,
-        f"{s_now:.0%} of prompts over {long_prompt} tokens (before {s_base:.0%}); prompt length drift p={p_text}",
+        f"{s_now:.0%} of prompts over {long_prompt} tokens (before {s_base:.0%}); prompt length drift p{p_text}",
         {"long_prompt_share": s_now, "long_prompt_share_baseline": s_base,
          "prompt_p_value": p_prompt, "output_p_value": p_output},
     )  # fmt: skip
@@ -224,6 +224,8 @@ def _load(now: list[_Row], base: list[_Row]) -> Check:
     same_load_slower = before is not None and after is not None and after > before * 1.2
     suspect = strongest > 0.6 and not same_load_slower
     like = "n/a" if before is None or after is None else f"{before * 1000:.0f} -> {after * 1000:.0f} ms"
+    if same_load_slower:
+        like += " (slower at the same load: not load)"
 
     def fmt(c: float | None) -> str:
         return "n/a" if c is None else f"{c:+.2f}"
