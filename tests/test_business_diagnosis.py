@@ -124,3 +124,14 @@ def test_a_changed_torch_version_names_itself_and_a_start_on_it_raises_dependenc
         assert [h["versions"]["torch"] for h in env["history"][:2]] == ["2.4.0", "2.3.0"]
         record_environment(db, current, reason="deploy", now=_at(T0))  # an unchanged deploy
         assert diagnose(db, now=_at(T0 + 1), window_s=600).checks  # still runs
+
+
+def test_the_environment_is_read_from_package_metadata_without_importing_torch() -> None:
+    import platform
+    import subprocess
+    import sys
+
+    code = ("import sys; from infersight.monitor.business import current_environment as c; "
+            "v = c(engine_native=lambda: 'x86-64-v3'); print(v['python'], v['engine_native'], 'torch' in sys.modules)")  # fmt: skip
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out == [platform.python_version(), "x86-64-v3", "False"]

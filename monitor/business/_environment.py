@@ -77,21 +77,13 @@ def _torch_cuda() -> str | None:
     return None
 
 
-def _engine_native() -> str | None:
-    try:
-        spec = util.find_spec("infersight.engine")
-    except ModuleNotFoundError:
-        return None
-    if spec is None or spec.origin is None:
-        return None
-    built = sorted(p.name for p in Path(spec.origin).parent.glob("**/*.so"))
-    if not built:
-        return None
-    return hashlib.sha256("\n".join(built).encode()).hexdigest()[:12]  # which native builds are present
-
-
-def current_environment(*, cuda_driver: Callable[[], str | None] | None = None) -> dict[str, str | None]:
-    """The versions of this process's software; `cuda_driver`: the NVML read (None: none)."""
+def current_environment(
+    *,
+    cuda_driver: Callable[[], str | None] | None = None,
+    engine_native: Callable[[], str | None] | None = None,
+) -> dict[str, str | None]:
+    """The versions of this process's software; `cuda_driver`: the NVML read, `engine_native`:
+    the native library level the engine would load (each None: not known here)."""
     versions: dict[str, str | None] = {"python": platform.python_version()}
     for key, dist in _DISTRIBUTIONS.items():
         versions[key] = _distribution(dist)
@@ -100,7 +92,10 @@ def current_environment(*, cuda_driver: Callable[[], str | None] | None = None) 
         versions["cuda_driver"] = cuda_driver() if cuda_driver is not None else None
     except Exception:  # no driver reading is no reason to refuse a start
         versions["cuda_driver"] = None
-    versions["engine_native"] = _engine_native()
+    try:
+        versions["engine_native"] = engine_native() if engine_native is not None else None
+    except Exception:
+        versions["engine_native"] = None
     return {k: versions.get(k) for k in COMPONENTS}
 
 

@@ -29,7 +29,7 @@ from infersight.monitor.business import (
 from prometheus_client.metrics_core import GaugeMetricFamily, InfoMetricFamily, Metric
 from sqlalchemy import Engine
 
-__all__ = ["DEPENDENCY_ALERT", "BusinessWiring", "SatisfactionMetrics"]
+__all__ = ["DEPENDENCY_ALERT", "BusinessWiring", "SatisfactionMetrics", "engine_native_level"]
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +84,20 @@ class SatisfactionMetrics:
             yield info
 
 
+def engine_native_level() -> str | None:
+    """The instruction-set level of the packaged native library the engine would load: the
+    best one this CPU runs whose library was built (engine/isa.py; nothing is loaded)."""
+    from pathlib import Path
+
+    from infersight.engine import isa
+
+    folder = Path(isa.__file__).resolve().parent
+    for level in isa.supported(isa.cpu_flags()):
+        if (folder / level.library).is_file():
+            return level.name
+    return None
+
+
 class BusinessWiring:
     def __init__(
         self,
@@ -103,7 +117,9 @@ class BusinessWiring:
         self.long_prompt_tokens = long_prompt_tokens
         self.replica = replica
         self.readings = readings  # the service's time series of the last N seconds (memory check)
-        self._environment = environment or (lambda: current_environment(cuda_driver=cuda_driver))
+        self._environment = environment or (
+            lambda: current_environment(cuda_driver=cuda_driver, engine_native=engine_native_level)
+        )
         self.metrics = SatisfactionMetrics()
 
     def now(self) -> dt.datetime:
