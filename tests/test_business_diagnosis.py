@@ -135,3 +135,37 @@ def test_the_environment_is_read_from_package_metadata_without_importing_torch()
             "v = c(engine_native=lambda: 'x86-64-v3'); print(v['python'], v['engine_native'], 'torch' in sys.modules)")  # fmt: skip
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert out == [platform.python_version(), "x86-64-v3", "False"]
+
+
+def test_a_growing_gpu_memory_is_a_suspected_leak_ranked_first(tmp_path: Any) -> None:
+    with running(config(tmp_path)) as (app, _client):
+        db = app.state.service.db
+        _traffic(db, T0 - DAY - 600, n=600, span_s=600, long_share=0.0, tag="yesterday")
+        _traffic(db, T0 - 600, n=600, span_s=600, long_share=0.0, tag="today")
+        t = [T0 - 600 + 30 * i for i in range(20)]
+        readings = {"t": t, "series": {"gpu_memory_used_bytes": [8 * 2**30 + 200 * 2**20 * i / 2 for i in range(20)],
+                                       "process_rss_bytes": [2**30] * 20}}  # fmt: skip
+        found = diagnose(db, now=_at(T0), window_s=600, readings=readings)
+        assert found.checks[0].name == "memory" and found.checks[0].verdict == "suspect"
+        assert "leak suspected: gpu +200.0 MiB/min" in found.checks[0].figure
+
+
+def test_a_deploy_on_changed_versions_is_recorded_and_raises_dependency_changed(tmp_path: Any) -> None:
+    clock = Clock()
+    with running(config(tmp_path), clock=clock) as (app, _client):
+        db = app.state.service.db
+        current = dict(VERSIONS)
+        business = BusinessWiring(db, clock=clock, feedback_ttl_s=DAY, long_prompt_tokens=2048,
+                                  environment=lambda: current)  # fmt: skip
+        business.record_environment("start")
+
+        class VersionDeployed:  # the runtime's event, by its name (the engine is not imported)
+            pass
+
+        current["transformers"] = "4.45.0"
+        clock.t += 60
+        business.on_deploy_event(VersionDeployed())
+        with db.connect() as conn:
+            pushed = conn.execute(select(alerts).where(alerts.c.alertname == "DependencyChanged")).all()
+        summaries = [json.loads(p.annotations)["summary"] for p in pushed]
+        assert any("this deploy runs on changed versions: transformers None -> 4.45.0" in s for s in summaries)

@@ -19,8 +19,9 @@ by score, suspects first.
 - dependency versions: the environment record in force now against the one of the
   baseline window (monitor/business/_environment.py): any component that changed.
 - load: the correlation over the window's minutes of the p99 with the request rate and
-  the mean queue time, and the p99 at like load (minutes whose rate is within a fifth of
-  the current median rate) before and now.
+  the mean queue time, and over the service's samples with GPU busy (SM activity), and the
+  p99 at like load (minutes whose rate is within a fifth of the current median rate)
+  before and now.
 """
 
 from __future__ import annotations
@@ -210,16 +211,27 @@ def _corr(a: Sequence[float], b: Sequence[float]) -> float | None:
     return float(np.corrcoef(a, b)[0, 1])
 
 
-def _load(now: list[_Row], base: list[_Row]) -> Check:
+def _busy_corr(readings: Mapping[str, Any] | None) -> float | None:
+    """Correlation of the sampled p99 with GPU busy (SM activity) over the window's samples."""
+    if not readings:
+        return None
+    series = readings.get("series", {})
+    pairs = [(a, b) for a, b in zip(series.get("latency_p99_s", []), series.get("gpu_sm_activity_ratio", []),
+                                    strict=False) if a is not None and b is not None]  # fmt: skip
+    return _corr([p[1] for p in pairs], [p[0] for p in pairs]) if len(pairs) >= 3 else None
+
+
+def _load(now: list[_Row], base: list[_Row], readings: Mapping[str, Any] | None = None) -> Check:
     m_now, m_base = _per_minute(now), _per_minute(base)
     if len(m_now) < 3:
         return Check("load", "unknown", 0.0, "fewer than three minutes of requests in the window")
     rate_corr = _corr([m[0] for m in m_now], [m[1] for m in m_now])
     queue_corr = _corr([m[2] for m in m_now], [m[1] for m in m_now])
+    busy_corr = _busy_corr(readings)
     typical = float(np.median([m[0] for m in m_now]))
     like_before = [m[1] for m in m_base if abs(m[0] - typical) <= typical / 5]
     like_now = [m[1] for m in m_now if abs(m[0] - typical) <= typical / 5]
-    strongest = max((abs(c) for c in (rate_corr, queue_corr) if c is not None), default=0.0)
+    strongest = max((abs(c) for c in (rate_corr, queue_corr, busy_corr) if c is not None), default=0.0)
     before, after = _median(like_before), _median(like_now)
     same_load_slower = before is not None and after is not None and after > before * 1.2
     suspect = strongest > 0.6 and not same_load_slower
@@ -232,8 +244,9 @@ def _load(now: list[_Row], base: list[_Row]) -> Check:
 
     return Check(
         "load", "suspect" if suspect else "clear", strongest * (0.3 if same_load_slower else 0.7),
-        f"p99 vs request rate r={fmt(rate_corr)}, vs queue time r={fmt(queue_corr)}; p99 at like load {like}",
-        {"rate_correlation": rate_corr, "queue_correlation": queue_corr,
+        f"p99 vs request rate r={fmt(rate_corr)}, vs queue time r={fmt(queue_corr)}, vs GPU busy "
+        f"r={fmt(busy_corr)}; p99 at like load {like}",
+        {"rate_correlation": rate_corr, "queue_correlation": queue_corr, "gpu_busy_correlation": busy_corr,
          "p99_like_load_baseline_s": before, "p99_like_load_now_s": after},
     )  # fmt: skip
 
@@ -266,7 +279,7 @@ def diagnose(
         _kernel(cur, base, long_prompt_tokens),
         _distribution(cur, base, long_prompt_tokens),
         _dependencies(engine, now, b_until),
-        _load(cur, base),
+        _load(cur, base, readings),
     ]
     order = {"suspect": 0, "clear": 1, "unknown": 2}
     ranked = sorted(checks, key=lambda c: (order[c.verdict], -c.score, CHECKS.index(c.name)))

@@ -23,6 +23,7 @@ import json
 from dataclasses import asdict
 from typing import Any
 
+import orjson
 from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from infersight.monitor.business import (
     METRICS,
@@ -78,8 +79,8 @@ def _items(payload: Any) -> tuple[list[Any], str]:
 async def post_feedback(request: Request) -> dict[str, int]:
     service = get_service(request)
     try:
-        payload = json.loads(await request.body())
-    except ValueError as exc:
+        payload = orjson.loads(await request.body())
+    except orjson.JSONDecodeError as exc:
         raise _unprocessable("body", f"not valid JSON: {exc}") from None
     raw, source = _items(payload)
     parsed = []
