@@ -83,6 +83,7 @@ def test_satisfaction_endpoint_and_metrics_serve_the_fit(tmp_path: Any) -> None:
         assert (group["model_version"], group["path"], group["n"]) == ("v1", None, 600)
         assert group["worth"]["p99_to_s"] == 1.0 and group["worth"]["low"] > 0
         assert group["worth_sentence"].startswith("a p99 cut from")
+        assert group["buckets"][-1]["le_s"] is None  # the open last bucket: JSON has no infinity
         assert client.get("/api/v1/satisfaction", params={"metric": "ttft"}).json()["groups"][0]["metric"] == "ttft"
         bad = client.get("/api/v1/satisfaction", params={"metric": "tpot"})
         assert bad.status_code == 422 and bad.json()["error"]["field"] == "query.metric"

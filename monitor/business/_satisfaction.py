@@ -45,6 +45,7 @@ METRICS = ("e2e", "ttft")
 LATENCY_BUCKETS_S = (0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, math.inf)
 _MIN_FIT = 30  # fewer rated requests than this: buckets only, no curve
 _STRATA = 5
+_MAX_LATENCY_S = 86_400.0
 
 
 @dataclass(frozen=True)
@@ -179,7 +180,8 @@ def fit_satisfaction(
 ) -> SatisfactionFit:
     """Buckets, curve, band and worth of one population (see the module docstring).
     `target_s`: the p99 after the cut (default: half the current p99)."""
-    lat = np.asarray(latency_s, dtype=float)
+    # a latency past a day is a clock's fault, not a wait: clipped, so no sum overflows
+    lat = np.clip(np.asarray(latency_s, dtype=float), 0.0, _MAX_LATENCY_S)
     y = np.asarray(scores, dtype=float)
     prompt = np.array([np.nan if p is None else float(p) for p in prompt_tokens])
     n = len(lat)

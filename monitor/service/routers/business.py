@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import math
 from dataclasses import asdict
 from typing import Any
 
@@ -117,6 +118,16 @@ def _since(text: str, now: dt.datetime) -> dt.datetime:
         raise _unprocessable("query.since", str(exc)) from None
 
 
+def _finite(obj: Any) -> Any:
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_finite(v) for v in obj]
+    return obj
+
+
 @router.get("/api/v1/satisfaction", summary="Satisfaction against latency, per version and path")
 async def get_satisfaction(
     request: Request,
@@ -138,10 +149,7 @@ async def get_satisfaction(
         )
         out = []
         for f in fits:
-            obj = asdict(f)
-            obj["buckets"] = [
-                {**b, "le_s": None if b["le_s"] == float("inf") else b["le_s"]} for b in obj["buckets"]
-            ]
+            obj = _finite(asdict(f))  # the last bucket's upper edge (inf) is null: JSON has no inf
             obj["worth_sentence"] = f.worth.sentence() if f.worth is not None else None
             out.append(obj)
         return out
