@@ -5,13 +5,24 @@ expire after the TTL; comment text is redacted."""
 
 from __future__ import annotations
 
+import datetime as dt
 from typing import Any
 
+import pytest
 from _service_support import TOKEN, auth, config, event, running
-from infersight.monitor.business import joined_feedback
+from _store_helpers import database_url, request_row
+from infersight.monitor.business import (
+    environment_at,
+    expire_orphans,
+    joined_feedback,
+    parse_feedback,
+    record_environment,
+    store_feedback,
+)
 from infersight.monitor.sdk import HttpSink, Monitor
+from infersight.monitor.store.database import connect, upgrade
 from infersight.monitor.store.tables import feedback, requests
-from sqlalchemy import func, select
+from sqlalchemy import func, insert, select
 
 T0 = 1_800_000_000.0
 
@@ -185,3 +196,28 @@ def test_otlp_evaluation_results_join_the_request_of_their_trace(tmp_path: Any) 
         with app.state.service.db.connect() as conn:
             assert conn.execute(select(func.count()).select_from(requests)).scalar() == 3  # no span of a judge
         assert {r.source for r in _feedback_rows(app)} == {"otlp"}
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def store(request: pytest.FixtureRequest, tmp_path: Any) -> Any:
+    engine = connect(database_url(request, tmp_path))
+    upgrade(engine)
+    yield engine
+    engine.dispose()
+
+
+def test_the_store_joins_expires_and_records_on_sqlite_and_postgresql(store: Any) -> None:
+    now = dt.datetime.fromtimestamp(T0, dt.UTC)
+    with store.begin() as conn:
+        conn.execute(insert(requests), [request_row(1, at=now - dt.timedelta(hours=2), path="fast")])
+    items = [parse_feedback({"request_id": "req-1", "rating": 5, "user": "u"}),
+             parse_feedback({"request_id": "req-404", "thumbs": "down"})]  # fmt: skip
+    assert store_feedback(store, items, source="http", now=now) == 2
+    assert [(j.request_id, j.score, j.path) for j in joined_feedback(store)] == [("req-1", 1.0, "fast")]
+    assert expire_orphans(store, now=now + dt.timedelta(hours=2), ttl_s=3600) == 1
+    with store.connect() as conn:
+        assert [r.request_id for r in conn.execute(select(feedback))] == ["req-1"]
+    record_environment(store, {"torch": "2.3.0"}, reason="start", now=now)
+    record_environment(store, {"torch": "2.4.0"}, reason="deploy", now=now + dt.timedelta(minutes=5))
+    at = environment_at(store, now + dt.timedelta(minutes=1))
+    assert at is not None and at.versions == {"torch": "2.3.0"}
