@@ -119,6 +119,8 @@ _REMEDIATIONS = (
 )  # a snapshot or collect fixes nothing: no page when it cannot run
 _RECORDING = ("snapshot", "collect", "diagnose")  # actions that keep evidence and leave the serving version alone
 _UNPAGED_REFUSALS = ("cooldown",)
+# reads the store and changes nothing: each alert episode gets its own, however many fire
+_UNLIMITED = ("diagnose",)
 MODEL_ACTIONS = _REMEDIATIONS  # act on a runtime: fanned out to the replicas
 
 
@@ -274,6 +276,8 @@ class ActionRunner:
         self, conn: Connection, spec: ActionSpec, row_id: int, now: dt.datetime, replica: str | None = None
     ) -> None:
         """Cooldown and daily cap, per replica (each replica's runtime is rolled back once)."""
+        if spec.type in _UNLIMITED:
+            return
         recent = select(func.max(action_runs.c.started_at), func.count()).where(
             action_runs.c.action == spec.type,
             action_runs.c.replica.is_not_distinct_from(replica),
