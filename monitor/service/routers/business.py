@@ -49,6 +49,30 @@ __all__ = ["router"]
 router = APIRouter(tags=["business"])
 
 _MAX_BATCH = 1000
+_ITEM_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["request_id"],
+    "properties": {
+        "request_id": {"type": "string", "minLength": 1, "maxLength": 256,
+                       "description": "the answer's `id` (served or proxied), or an OTLP request's id"},
+        "score": {"type": "number", "minimum": 0, "maximum": 1},
+        "thumbs": {"type": "string", "enum": ["up", "down"]},
+        "rating": {"type": "integer", "minimum": 1, "maximum": 5, "description": "normalised to (rating - 1) / 4"},
+        "kind": {"type": "string", "minLength": 1, "maxLength": 64, "description": "what was rated"},
+        "comment": {"type": "string", "minLength": 1, "maxLength": 4096},
+        "user": {"type": "string", "minLength": 1, "maxLength": 256},
+    },
+    "description": "exactly one of score, thumbs or rating",
+}  # fmt: skip
+_BODY_SCHEMA: dict[str, Any] = {
+    "oneOf": [
+        _ITEM_SCHEMA,
+        {"type": "object", "additionalProperties": False, "required": ["feedback"],
+         "properties": {"feedback": {"type": "array", "minItems": 1, "maxItems": _MAX_BATCH, "items": _ITEM_SCHEMA},
+                        "source": {"type": "string", "enum": ["http", "sdk"]}}},
+    ]
+}  # fmt: skip
 
 
 def _unprocessable(field: str, reason: str) -> HTTPException:
@@ -75,6 +99,7 @@ def _items(payload: Any) -> tuple[list[Any], str]:
 @router.post(
     "/api/v1/feedback", summary="A user's feedback on a request (by the answer's id)",
     dependencies=[Depends(require_token)],
+    openapi_extra={"requestBody": {"required": True, "content": {"application/json": {"schema": _BODY_SCHEMA}}}},
     responses={401: {"description": "missing or wrong token"}, 422: {"description": "bad item; nothing stored"}},
 )  # fmt: skip
 async def post_feedback(request: Request) -> dict[str, int]:
