@@ -32,7 +32,7 @@ from infersight.monitor.extras import require_extra as _require_extra
 _require_extra("infersight.alerts", "service")  # one line when the extra is missing
 
 from .actions.evidence import SnapshotSource, open_collection, take_snapshot
-from .actions.runner import ActionRunner, ModelControl, RuntimeControl
+from .actions.runner import ActionRunner, Diagnoser, ModelControl, RuntimeControl
 from .errors import AlertsError, InvalidMatcher, RuleParseError
 from .inbound import AlertmanagerHandler
 from .notify.matchers import Matcher, create_silence, expire_silence, list_silences
@@ -55,6 +55,7 @@ __all__ = [
     "CanaryController",
     "CompositeSignals",
     "DeployAnalyzer",
+    "Diagnoser",
     "Dispatcher",
     "Evaluator",
     "HttpRequest",

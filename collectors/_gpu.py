@@ -373,6 +373,15 @@ class GPUCollector(Collector):
         if registry is not None:
             registry.register(self)
 
+    def driver_version(self) -> str | None:
+        """The NVIDIA driver's version (None: no NVML, or it would not say)."""
+        if self._calls is None:
+            return None
+        value = self._calls("nvmlSystemGetDriverVersion")
+        if isinstance(value, bytes):
+            value = value.decode(errors="replace")
+        return None if value is None else str(value)
+
     def _open(self, nvml: Any, trend_window_s: float) -> None:
         module = open_nvml(nvml)
         calls = NVMLCalls(module)

@@ -21,6 +21,7 @@ from ._rows import (
     pipeline_row,
     process_row,
     routing,
+    satisfaction,
     slo_cost,
     traffic,
 )
@@ -157,6 +158,7 @@ def build_dashboard(*, uid: str = DASHBOARD_UID, title: str = "infersight: LLM s
         [
             headline(),
             slo_cost(),
+            satisfaction(),
             routing(),
             latency(),
             traffic(),

@@ -33,6 +33,7 @@ __all__ = [
     "pipeline_row",
     "process_row",
     "routing",
+    "satisfaction",
     "slo_cost",
     "traffic",
 ]
@@ -255,6 +256,49 @@ def slo_cost() -> Section:
                 width=6,
                 min_value=0,
                 description="cost.per_hour shared by busy time among versions, per 1000 output tokens.",
+            ),
+        ],
+    )
+
+
+def satisfaction() -> Section:
+    """Users' feedback against latency (monitor/business): the rate, the rate by latency
+    bucket, and what halving the p99 is worth by the fitted curve (prompt length held fixed)."""
+    versions = 'version=~"$model_version"'
+    return Section(
+        "Satisfaction",
+        [
+            timeseries(
+                "Satisfaction of rated requests",
+                [Target(f"max by (version, path) (infersight_satisfaction_ratio{{{versions}}})",
+                        "{{version}} {{path}}")],
+                unit="percentunit",
+                width=8,
+                min_value=0,
+                max_value=1,
+                description="Mean feedback score (thumbs, ratings and scores normalised to 0..1) of the "
+                "requests rated over the last week, per version and SLA path.",
+            ),
+            timeseries(
+                "Satisfaction by end-to-end latency",
+                [Target(f'max by (le) (infersight_satisfaction_bucket_ratio{{metric="e2e", {versions}}})',
+                        "up to {{le}} s")],
+                unit="percentunit",
+                width=8,
+                min_value=0,
+                max_value=1,
+                description="Mean score of the rated requests in each latency bucket, as observed (the "
+                "fitted curve and its band: GET /api/v1/satisfaction).",
+            ),
+            stat(
+                "Worth of halving the p99",
+                [Target(f'max by (version, path) (infersight_satisfaction_worth_points{{bound="estimate", '
+                        f'metric="e2e", {versions}}})', "{{version}} {{path}}", instant=True)],
+                unit="short",
+                width=8,
+                steps=((None, "blue"),),
+                description="Points of satisfaction a p99 cut to half is worth by the fitted curve, adjusted "
+                "for prompt length by stratification (its 95% interval: bound=low/high).",
             ),
         ],
     )

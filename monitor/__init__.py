@@ -6,12 +6,12 @@ from typing import TYPE_CHECKING, Any
 
 # The SDK's user-facing names, imported on first use so that `import infersight.monitor`
 # stays light (no prometheus/numpy until the decorator is used; never torch).
-_SDK_NAMES = ("Monitor", "configure", "default_monitor", "track")
+_SDK_NAMES = ("Monitor", "configure", "default_monitor", "feedback", "track")
 
 if TYPE_CHECKING:
-    from .sdk import Monitor, configure, default_monitor, track
+    from .sdk import Monitor, configure, default_monitor, feedback, track
 
-__all__ = ["Monitor", "configure", "default_monitor", "track"]
+__all__ = ["Monitor", "configure", "default_monitor", "feedback", "track"]
 
 
 def __getattr__(name: str) -> Any:

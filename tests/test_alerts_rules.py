@@ -184,7 +184,7 @@ def test_cli_check_lists_rules_and_refuses_a_bad_file_in_one_line(
     from infersight.monitor.cli import main
 
     assert main(["rules", "check"]) == 0
-    assert "default_rules.yaml: 9 rules OK" in capsys.readouterr().out
+    assert "default_rules.yaml: 10 rules OK" in capsys.readouterr().out
     bad = tmp_path / "bad.yaml"
     bad.write_text(GOOD_RULE.replace("for: 1m", "for: 1 minute"))
     assert main(["rules", "check", str(bad)]) == 2

@@ -36,6 +36,8 @@ ALLOWED: dict[str, set[str]] = {
     # drift's OpenVINO int8 embedder is calibrated on Banking77 train texts (monitor.data: texts only)
     "monitor.drift": {"monitor.store", "monitor.extras", "monitor.data"},
     "monitor.dataset": {"monitor.store", "monitor.sdk", "monitor.extras"},
+    # feedback, satisfaction, the environment record and the slowdown checklist
+    "monitor.business": {"monitor.store", "monitor.redaction", "monitor.drift", "monitor.extras"},
     # alerts reads collectors' DURATION_BUCKETS: an SLO's latency threshold must be a
     # bucket bound of the histogram Prometheus computes it from (alerts/rules/config.py)
     "alerts": {

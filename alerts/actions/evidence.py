@@ -110,12 +110,25 @@ def render_html(content: Mapping[str, Any]) -> str:
 td,th{{border:1px solid #ccc;padding:4px;vertical-align:top;max-width:40em;overflow-wrap:anywhere}}
 pre{{background:#f6f6f6;padding:1em;overflow:auto;max-height:30em}}</style></head><body>
 <h1>Inference snapshot</h1><pre>{e(meta)}</pre>
-<h2>Last {len(content["requests"])} requests</h2><table><tr>{head}</tr>{rows}</table>
+{_diagnosis_html(content.get("diagnosis"))}<h2>Last {len(content["requests"])} requests</h2><table><tr>{head}</tr>{rows}</table>
 <h2>Model version config</h2><pre>{e(json.dumps(content["version_config"], indent=2))}</pre>
 <h2>Latest drift report</h2><pre>{e(json.dumps(content["drift_report"], indent=2))}</pre>
 <h2>Metrics</h2><pre>{e(content["metrics"])}</pre>
 </body></html>
 """
+
+
+def _diagnosis_html(diagnosis: Mapping[str, Any] | None) -> str:
+    if not diagnosis:
+        return ""
+    e = html.escape
+    rows = "".join(
+        f"<tr><td>{i}</td><td>{e(str(c.get('name')))}</td><td>{e(str(c.get('verdict')))}</td>"
+        f"<td>{e(str(c.get('figure')))}</td></tr>"
+        for i, c in enumerate(diagnosis.get("checks", []), 1)
+    )
+    return (f"<h2>Diagnosis</h2><p>{e(str(diagnosis.get('summary', '')))}</p>"
+            f"<table><tr><th>rank</th><th>check</th><th>verdict</th><th>figure</th></tr>{rows}</table>")  # fmt: skip
 
 
 _COLS = (
@@ -160,6 +173,7 @@ def take_snapshot(
     now: dt.datetime,
     model_version: str | None,
     source: SnapshotSource | None = None,
+    diagnosis: Mapping[str, Any] | None = None,
 ) -> SnapshotResult:
     # this form is what retention recognises as a snapshot's file (monitor/store/retention.py)
     snapshot_id = f"{now.strftime('%Y%m%dT%H%M%SZ')}-{uuid.uuid4().hex[:8]}"
@@ -174,6 +188,7 @@ def take_snapshot(
         "requests": reqs,
         "metrics": source.metrics_text() if source else "",
         "drift_report": dict(source.latest_drift_report() or {}) if source else None,
+        "diagnosis": dict(diagnosis) if diagnosis else None,  # the alert's checklist, when it ran
     }
     folder = Path(data_dir) / "snapshots"
     folder.mkdir(mode=0o700, parents=True, exist_ok=True)

@@ -29,12 +29,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from infersight.monitor.store.tables import action_runs
+from infersight.monitor.store.tables import action_runs, alerts
 from sqlalchemy import Connection, Engine, and_, func, insert, or_, select, update
 from sqlalchemy.exc import IntegrityError
 
 from ..errors import ActionFailed, ActionRefused
-from ..lifecycle import push_alert
+from ..lifecycle import fingerprint, push_alert
 from ..rules.rules import ActionSpec
 from .evidence import SnapshotSource, open_collection, take_snapshot
 
@@ -43,6 +43,7 @@ __all__ = [
     "ActionOutcome",
     "ActionRunner",
     "CanaryAbort",
+    "Diagnoser",
     "ModelControl",
     "ReplicaTargets",
     "RuntimeControl",
@@ -71,6 +72,11 @@ class CanaryAbort(Protocol):
     def abort_canary(self, version: str, message: str) -> bool:
         """End the canary of `version` -> False when no canary of it was running."""
         ...
+class Diagnoser(Protocol):
+    """The slowdown checklist for an alert (the service wires it: alerts/ does not import it).
+    Returns the diagnosis as JSON, with a one-line `summary`."""
+
+    def diagnose(self, alertname: str | None, labels: Mapping[str, str], now: dt.datetime) -> Mapping[str, Any]: ...
 
 
 class ReplicaTargets(Protocol):
@@ -131,8 +137,10 @@ _REMEDIATIONS = (
     "hot_reload",
     "failover",
 )  # a snapshot or collect fixes nothing: no page when it cannot run
-_RECORDING = ("snapshot", "collect")  # actions that keep evidence and leave the serving version alone
+_RECORDING = ("snapshot", "collect", "diagnose")  # actions that keep evidence and leave the serving version alone
 _UNPAGED_REFUSALS = ("cooldown",)
+# reads the store and changes nothing: each alert episode gets its own, however many fire
+_UNLIMITED = ("diagnose",)
 MODEL_ACTIONS = _REMEDIATIONS  # act on a runtime: fanned out to the replicas
 
 
@@ -181,6 +189,7 @@ class ActionRunner:
         owner: str | None = None,
         replica: str | None = None,
         targets: ReplicaTargets | None = None,
+        diagnoser: Diagnoser | None = None,
     ) -> None:
         self.engine = engine
         self.data_dir = Path(data_dir)
@@ -193,6 +202,7 @@ class ActionRunner:
         self.owner = owner or f"actions-{uuid.uuid4().hex[:12]}"
         self.replica = replica  # this process's replica id: rows for other replicas are theirs
         self.targets = targets  # None: model actions act on this process's runtime
+        self.diagnoser = diagnoser  # None: the diagnose action is refused
 
     def _now(self) -> dt.datetime:
         return dt.datetime.fromtimestamp(self.clock(), dt.UTC)
@@ -286,6 +296,8 @@ class ActionRunner:
         self, conn: Connection, spec: ActionSpec, row_id: int, now: dt.datetime, replica: str | None = None
     ) -> None:
         """Cooldown and daily cap, per replica (each replica's runtime is rolled back once)."""
+        if spec.type in _UNLIMITED:
+            return
         recent = select(func.max(action_runs.c.started_at), func.count()).where(
             action_runs.c.action == spec.type,
             action_runs.c.replica.is_not_distinct_from(replica),
@@ -423,6 +435,8 @@ class ActionRunner:
     def _describe(self, spec: ActionSpec, before: str | None, target: str | None) -> str:
         if spec.type == "snapshot":
             return f"snapshot of the last {spec.param('requests') or 50} requests"
+        if spec.type == "diagnose":
+            return "run the slowdown checklist and add it to the alert"
         if spec.type == "collect":
             return (
                 f"keep the next {spec.param('n') or 200} requests of kind {spec.param('kind') or 'version'}"
@@ -445,6 +459,7 @@ class ActionRunner:
                 # the alerted version's requests (the serving one when the alert names none)
                 model_version=json.loads(row.labels or "{}").get("model_version") or before,
                 source=self.snapshots,
+                diagnosis=self._diagnosis_of(row),
             )
             return {
                 "snapshot_id": snap.snapshot_id,
@@ -453,6 +468,8 @@ class ActionRunner:
             }
         if spec.type == "collect":
             return self._collect(spec, row, before, now)
+        if spec.type == "diagnose":
+            return self._diagnose(spec, row, now)
         assert self.control is not None
         if target is not None and target == before:
             return {"noop": f"already serving {target}"}
@@ -477,6 +494,30 @@ class ActionRunner:
         if not control.abort_canary(version, str(spec.param("reason") or "")):
             return {"noop": f"no canary of {version} running", "canary": version}
         return {"canary": version, "aborted": True, "serving": control.serving_version()}
+    def _diagnose(self, spec: ActionSpec, row: Any, now: dt.datetime) -> dict[str, Any]:
+        """Runs the checklist; its summary line joins the alert's annotations."""
+        if self.diagnoser is None:
+            raise ActionRefused(spec.type, "unavailable", "no diagnosis is wired here")
+        labels = json.loads(row.labels or "{}")
+        diagnosis = dict(self.diagnoser.diagnose(row.alertname, labels, now))
+        fp = fingerprint({**labels, "alertname": row.alertname} if row.alertname else labels)
+        with self.engine.begin() as conn:
+            current = conn.execute(select(alerts.c.annotations).where(alerts.c.fingerprint == fp)).first()
+            if current is not None:
+                annotations = {**json.loads(current.annotations), "diagnosis": str(diagnosis.get("summary", ""))}
+                conn.execute(update(alerts).where(alerts.c.fingerprint == fp)
+                             .values(annotations=json.dumps(annotations, sort_keys=True)))  # fmt: skip
+        return {"fingerprint": fp, "diagnosis": diagnosis}
+
+    def _diagnosis_of(self, row: Any) -> Mapping[str, Any] | None:
+        """The diagnosis its alert episode's diagnose run made, if one ran before this."""
+        episode = json.loads(row.detail or "{}").get("episode")
+        if not episode:
+            return None
+        with self.engine.connect() as conn:
+            found = conn.execute(select(action_runs.c.detail).where(
+                action_runs.c.run_key == f"diagnose:{episode}", action_runs.c.state == "succeeded")).first()  # fmt: skip
+        return None if found is None else json.loads(found.detail).get("diagnosis")
 
     def _collect(self, spec: ActionSpec, row: Any, before: str | None, now: dt.datetime) -> dict[str, Any]:
         kind = str(spec.param("kind") or "version")

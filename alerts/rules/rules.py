@@ -205,7 +205,7 @@ OPS: Mapping[str, Callable[[float, float], bool]] = {
     "==": operator.eq,
     "!=": operator.ne,
 }
-ACTION_TYPES = ("snapshot", "rollback", "hot_reload", "failover", "collect")
+ACTION_TYPES = ("snapshot", "rollback", "hot_reload", "failover", "collect", "diagnose")
 COLLECT_KINDS = ("version", "any", "failed")  # what the collect action keeps (alerts/actions/evidence.py)
 
 
@@ -377,6 +377,7 @@ _ACTION_PARAMS = {
     "failover": {"backup"},
     "rollback": set(),
     "collect": {"n", "kind"},
+    "diagnose": set(),
 }
 _ALL_PARAMS = set().union(*_ACTION_PARAMS.values())
 
@@ -429,6 +430,10 @@ def _signal(src: Source, raw: Any, line: int, what: str) -> Signal:
         if m["resource"] not in MEMORY_RESOURCES:
             src.fail(m.key_lines["resource"], f"resource must be one of {', '.join(MEMORY_RESOURCES)}")
         values["resource"] = m["resource"]
+    if "baseline" in m:
+        values["baseline_s"] = _duration(src, m, "baseline", what, 0.0)
+        if values["baseline_s"] <= 0:
+            src.fail(m.key_lines["baseline"], "baseline must be positive")
     if "slo" in m:
         values["slo"] = src.string(m, "slo", what)
     if "min_requests" in m:

@@ -89,6 +89,14 @@ SIGNAL_KINDS: Mapping[str, SignalKind] = {
             "failed requests / all requests over the window (0..1); no sample under min_requests",
         ),
         SignalKind("request_rate", _MODEL, ("window",), ("window",), "requests per second over the window"),
+        SignalKind(
+            "throughput_drop",
+            _MODEL,
+            ("window", "baseline"),
+            ("window",),
+            "1 - served output tokens/s over the window / the same window one baseline earlier (default 1d);"
+            " no sample while demand (requests started) is lower",
+        ),
         SignalKind("queue_depth", _MODEL, (), (), "requests waiting to be scheduled"),
         SignalKind("gpu_sm_activity", ("gpu", "uuid"), (), (), "GPM SM activity ratio (0..1), Hopper+"),
         SignalKind("gpu_memory_ratio", ("gpu", "uuid"), (), (), "GPU memory used / total (0..1)"),
@@ -140,6 +148,7 @@ class Signal:
     resource: str | None = None
     min_requests: int | None = None
     slo: str | None = None  # slo_burn_rate: the SLO's name (alerts/rules/slo.py)
+    baseline_s: float | None = None  # throughput_drop: how far back the baseline window lies
 
     @property
     def spec(self) -> SignalKind:
@@ -203,6 +212,7 @@ class StaticSignals(SignalSource):
         return [Sample(k, v) for k, v in sorted(out.items())]
 
 
+_DEMAND_SLACK = 0.1  # throughput_drop: demand this share under the baseline's still counts as not lower
 _COLUMNS = {"request_duration": "duration_s", "ttft": "ttft_s", "tpot": "tpot_s", "queue_time": "queue_s"}
 
 
@@ -215,7 +225,7 @@ def quantile(values: Sequence[float], q: float) -> float:
 
 
 class StoreSignals:
-    KINDS = ("dead_letters", "latency_quantile", "error_rate", "request_rate", "relevance")
+    KINDS = ("dead_letters", "latency_quantile", "error_rate", "request_rate", "relevance", "throughput_drop")
 
     def __init__(
         self, engine: Engine, *, clock: Callable[[], float] = time.time, relevance_window_s: float = 900.0
@@ -239,6 +249,8 @@ class StoreSignals:
         since = dt.datetime.fromtimestamp(self.clock() - window, dt.UTC)
         if signal.kind == "relevance":
             return self._relevance(since, by)
+        if signal.kind == "throughput_drop":
+            return self._throughput_drop(signal, by)
         if signal.kind == "latency_quantile":
             assert signal.metric is not None
             value_col = requests.c[_COLUMNS[signal.metric]]
@@ -281,6 +293,43 @@ class StoreSignals:
                 acc[0] += float(total or 0.0)
                 acc[1] += int(n or 0)
         return [Sample(key, total / n) for key, (total, n) in sorted(sums.items()) if n]
+
+
+    def _served(
+        self, since: dt.datetime, until: dt.datetime, by: Sequence[str]
+    ) -> dict[tuple[tuple[str, str], ...], list[float]]:
+        """Per `by` group: [requests started, output tokens, requests with a token count]."""
+        r = requests.c
+        q = select(r.model, r.model_version, r.output_tokens).where(*started_in(since, until))
+        out: dict[tuple[tuple[str, str], ...], list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0])
+        with self.engine.connect() as conn:
+            for model, version, tokens in conn.execute(q):
+                labels = {"model": model, "model_version": version}
+                acc = out[tuple((k, v) for k, v in sorted(labels.items()) if k in by)]
+                acc[0] += 1
+                if tokens is not None:
+                    acc[1] += tokens
+                    acc[2] += 1
+        return out
+
+    def _throughput_drop(self, signal: Signal, by: Sequence[str]) -> list[Sample]:
+        """The share by which served throughput (output tokens/s) fell against the same
+        window one baseline earlier. Only while demand (requests started) is not lower than
+        the baseline's, within a tenth (a window's count is noisy): less traffic serves
+        fewer tokens and is no slowdown. No sample where no request counts its tokens."""
+        window = signal.window_s or 300.0
+        offset = dt.timedelta(seconds=signal.baseline_s or 86_400.0)
+        until = dt.datetime.fromtimestamp(self.clock(), dt.UTC)
+        since = until - dt.timedelta(seconds=window)
+        now, before = self._served(since, until, by), self._served(since - offset, until - offset, by)
+        out = []
+        for key, (n_now, tok_now, counted_now) in sorted(now.items()):
+            n_before, tok_before, counted_before = before.get(key, (0.0, 0.0, 0.0))
+            if n_before <= 0 or n_now < n_before * (1.0 - _DEMAND_SLACK):
+                continue
+            if counted_now and counted_before and tok_before > 0:
+                out.append(Sample(key, 1.0 - tok_now / tok_before))
+        return out
 
 
 class CompositeSignals:

@@ -8,6 +8,7 @@ import * as fmt from "./format.js";
 const $ = (id) => document.getElementById(id);
 const params = new URLSearchParams(location.search);
 const REFRESH_MS = Math.max(500, Number(params.get("refresh")) * 1000 || 5000);
+const SATISFACTION_MS = 60000;  // a fit with a bootstrap: once a minute is news enough
 const TOKEN_KEY = "infersight.token";
 const state = { timeseries: null, overview: null, failures: 0, timer: null, driftId: null };
 
@@ -73,6 +74,12 @@ function renderAlerts(alerts) {
     since.className = "muted";
     since.textContent = `firing since ${fmt.when(a.active_since)}`;
     li.append(title, sev, summary, since);
+    if (a.diagnosis) {  // the slowdown checklist, most likely cause first
+      const diag = document.createElement("p");
+      diag.className = "diagnosis";
+      diag.textContent = a.diagnosis;
+      li.appendChild(diag);
+    }
     list.appendChild(li);
   }
 }
@@ -223,6 +230,25 @@ function renderCharts(ts) {
 }
 
 // ---- polling -----------------------------------------------------------------------------------
+
+function renderSatisfaction(body) {
+  fillRows($("satisfaction"), body.groups.filter((g) => g.metric === "e2e").map((g) => [
+    [g.model_version, "mono"],
+    [g.path ?? "—", ""],
+    [String(g.n), ""],
+    [fmt.percent(g.satisfaction), ""],
+    [g.worth_sentence ?? "too few rated requests for a curve", ""],
+  ]), "No feedback joined to a request yet (POST /api/v1/feedback).", 5);
+}
+
+async function refreshSatisfaction() {
+  try {
+    renderSatisfaction(await getJSON("api/v1/satisfaction"));
+  } catch (err) {
+    // the fit is a minute's news: the next round tries again
+  }
+  setTimeout(refreshSatisfaction, SATISFACTION_MS);
+}
 
 async function refresh() {
   const span = $("window").value;
@@ -407,3 +433,4 @@ function wire() {
 
 wire();
 refresh();
+refreshSatisfaction();

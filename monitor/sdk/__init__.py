@@ -12,6 +12,9 @@ async def answer(prompt: str) -> str: ...
 default_monitor().serve_metrics(port=9400)     # /metrics, without the sidecar
 ```
 
+`feedback(request_id, score=...)` (or `thumbs="up"`, `rating=4`): a user's feedback on an
+answer, by its id, sent like the records (non-blocking, never raising).
+
 Sync functions, coroutines, generators and async generators; also `with track(...) as
 call:`. Latency, TTFT, TPOT, tokens, in-flight and errors go to the monitor's
 InferenceStats (Prometheus + sliding-window sketches); a sample of calls, with their
@@ -21,7 +24,7 @@ into the call; the user's exceptions are re-raised unchanged.
 """
 
 from ._config import SDKConfig, SDKConfigError, SDKError, Sink, SinkError, SinkRejected, SinkUnavailable
-from ._monitor import Monitor, configure, default_monitor, track
+from ._monitor import Monitor, configure, default_monitor, feedback, track
 from ._outbox import HttpSink
 from ._tracker import Call
 
@@ -38,5 +41,6 @@ __all__ = [
     "SinkUnavailable",
     "configure",
     "default_monitor",
+    "feedback",
     "track",
 ]

@@ -38,6 +38,7 @@ from infersight.monitor.records import InferenceRecord, build_record
 from prometheus_client.registry import CollectorRegistry
 
 from ._config import SDKConfig, SDKConfigError, SDKCounters, check_sample_rate, prepare_text
+from ._feedback import FeedbackQueue
 from ._outbox import Outbox
 from ._tracker import Tracker
 
@@ -73,6 +74,7 @@ class Monitor:
         self._outbox: Outbox
         self.counters = SDKCounters(self.registry, queue_depth=lambda: len(self._outbox))
         self._outbox = Outbox(lambda: self.config, self.counters, self._to_records)
+        self._feedback = FeedbackQueue(lambda: self.config, self.counters, self._text)
         self._closed = False
         self._new_ids()
         register_fork_handler(self)
@@ -173,6 +175,23 @@ class Monitor:
             self.counters.count("internal", "sample")
         return True
 
+    def feedback(
+        self,
+        request_id: str,
+        *,
+        score: float | None = None,
+        thumbs: str | None = None,
+        rating: int | None = None,
+        kind: str | None = None,
+        comment: str | None = None,
+        user: str | None = None,
+    ) -> bool:
+        """A user's feedback on a request (the `id` of its OpenAI-compatible answer): exactly
+        one of `score` (0..1), `thumbs` ("up" or "down") or `rating` (1-5). Queued and sent
+        from the background thread; returns whether it was queued. Never raises, never blocks."""
+        return self._feedback.put(request_id, score=score, thumbs=thumbs, rating=rating, kind=kind,
+                                  comment=comment, user=user)  # fmt: skip
+
     # -- delivery --------------------------------------------------------------------------------
     def enqueue(self, item: tuple[Any, ...]) -> None:
         self._outbox.put(item)
@@ -256,15 +275,16 @@ class Monitor:
         return out
 
     def flush(self, timeout: float = 5.0) -> bool:
-        """Deliver every queued record; True when done within `timeout` seconds."""
-        return self._outbox.flush(timeout)
+        """Deliver every queued record and feedback item; True when done within `timeout` seconds."""
+        return self._outbox.flush(timeout) and self._feedback.flush(timeout)
 
     def close(self, timeout: float | None = None) -> bool:
         """Flush (at most `timeout`, default exit_timeout_s) and stop the delivery thread."""
         if self._closed:
             return True
         self._closed = True
-        return self._outbox.stop(self.config.exit_timeout_s if timeout is None else timeout)
+        limit = self.config.exit_timeout_s if timeout is None else timeout
+        return self._outbox.stop(limit) and self._feedback.stop(limit)
 
     # -- exposition ------------------------------------------------------------------------------
     def serve_metrics(self, *, port: int = 0, host: str = "127.0.0.1") -> MetricsServer:
@@ -274,6 +294,7 @@ class Monitor:
     def _after_fork_in_child(self) -> None:
         self._new_ids()
         self._outbox.after_fork_in_child()
+        self._feedback.after_fork_in_child()
 
 
 class _AtExit:
@@ -329,6 +350,21 @@ def default_monitor() -> Monitor:
 def configure(**options: Any) -> Monitor:
     """Set options of the default monitor (sink, sample_rate, redact, ...); returns it."""
     return _default.get().configure(**options)
+
+
+def feedback(
+    request_id: str,
+    *,
+    score: float | None = None,
+    thumbs: str | None = None,
+    rating: int | None = None,
+    kind: str | None = None,
+    comment: str | None = None,
+    user: str | None = None,
+) -> bool:
+    """A user's feedback on a request, sent by the default monitor. See `Monitor.feedback`."""
+    return _default.get().feedback(request_id, score=score, thumbs=thumbs, rating=rating, kind=kind,
+                                   comment=comment, user=user)  # fmt: skip
 
 
 def track(

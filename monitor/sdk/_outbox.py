@@ -208,25 +208,38 @@ class HttpSink:
     def __call__(self, records: Sequence[InferenceRecord]) -> int:
         """Send one batch; returns how many records the receiver refused."""
         # orjson serialises the frozen dataclasses natively (field order = the wire format)
-        body = orjson.dumps({"events": list(records)})
+        return self._post(self.url, orjson.dumps({"events": list(records)}), len(records))
+
+    @property
+    def feedback_url(self) -> str:
+        """The sidecar's `POST /api/v1/feedback` beside the events endpoint."""
+        base = self.url.removesuffix("/events") if self.url.endswith("/events") else self.url.rsplit("/", 1)[0]
+        return f"{base}/feedback"
+
+    def send_feedback(self, items: Sequence[dict[str, Any]]) -> int:
+        """Send users' feedback items (all or nothing: a refused batch raises SinkRejected)."""
+        self._post(self.feedback_url, orjson.dumps({"feedback": list(items), "source": "sdk"}), len(items))
+        return 0
+
+    def _post(self, url: str, body: bytes, sent: int) -> int:
         problem = "no attempt made"
         for attempt in range(self._retries + 1):
             if attempt:
                 self._sleep(self._delay(attempt, problem))
             try:
-                response = self._http().post(self.url, content=body, headers=self._headers)
+                response = self._http().post(url, content=body, headers=self._headers)
             except httpx.HTTPError as exc:
                 problem = f"{type(exc).__name__}: {exc}"
                 continue
             if response.status_code == 200:
-                return _refused(response, len(records))
+                return _refused(response, sent)
             problem = f"HTTP {response.status_code}: {response.text[:200]}"
             if response.status_code not in _RETRY_STATUS:
-                raise SinkRejected(f"{redact_url(self.url)} refused the batch: {problem}")
+                raise SinkRejected(f"{redact_url(url)} refused the batch: {problem}")
             retry_after = response.headers.get("Retry-After", "")
             if retry_after.isascii() and retry_after.isdigit():
                 problem = f"retry-after:{retry_after}"
-        raise SinkUnavailable(f"{redact_url(self.url)}: {self._retries + 1} attempts failed; last: {problem}")
+        raise SinkUnavailable(f"{redact_url(url)}: {self._retries + 1} attempts failed; last: {problem}")
 
     def _delay(self, attempt: int, problem: str) -> float:
         if problem.startswith("retry-after:"):

@@ -24,7 +24,7 @@ from .browser_guard import BrowserGuard
 from .config import ServiceConfig
 from .http_edge import BodySizeLimit, install_error_handlers
 from .rate_limit import REFUSED_REASONS, ClientRateLimit
-from .routers import ingest, models, monitoring, otlp, progressive, releases
+from .routers import business, ingest, models, monitoring, otlp, progressive, releases
 from .service import Service
 
 __all__ = ["create_app", "mount_page", "web_root"]
@@ -72,7 +72,7 @@ def create_app(config: ServiceConfig, *, service: Service | None = None, **servi
         on_refused=lambda reason: refused[reason].inc(),
     )  # fmt: skip
     app.add_middleware(otlp.StatusBodies)  # outside the rate limit: its 429s on /v1/traces are Status too
-    for module in (monitoring, ingest, models, releases, progressive, otlp):
+    for module in (monitoring, ingest, models, releases, progressive, otlp, business):
         app.include_router(module.router)
     monitoring.mount_alertmanager(app)
     mount_page(app)

@@ -43,6 +43,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
+from collections import OrderedDict
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -79,6 +80,12 @@ RELEASE_HEADER = "x-infersight-release"  # the release that answered (upstream.r
 SHADOW_HEADER = "x-infersight-shadow"  # on a shadow request: answer it, shadow it no further
 
 
+def _answer_id(obj: dict[str, Any]) -> str | None:
+    """An OpenAI-compatible answer's `id`, where it can be a request id."""
+    value = obj.get("id")
+    return value if isinstance(value, str) and 0 < len(value) <= 256 else None
+
+
 class SSEObserver:
     """Reads an OpenAI SSE stream as it passes: text, first-text time, usage, model."""
 
@@ -89,6 +96,7 @@ class SSEObserver:
         self.text_chunks = 0
         self.usage: dict[str, Any] | None = None
         self.model: str | None = None
+        self.answer_id: str | None = None  # the upstream's own `id` of the answer
         self.error: str | None = None
         self.finish_reason: str | None = None
         self._buffer = b""
@@ -113,6 +121,8 @@ class SSEObserver:
             return
         if isinstance(obj.get("model"), str):
             self.model = obj["model"]
+        if self.answer_id is None:
+            self.answer_id = _answer_id(obj)
         if isinstance(obj.get("usage"), dict):
             self.usage = obj["usage"]
         if isinstance(obj.get("error"), dict):
@@ -167,6 +177,9 @@ class ProxyBackend:
         )
         self.last_model_version: str | None = None  # as the latest answer named it (for upstream metrics)
         self._accepted: set[str] = set()  # model names the upstream answered 200 for
+        # the answer ids seen lately: an upstream that repeats ids (a fake, an old server) must
+        # not make calls collide on one request id, whose duplicates the store drops
+        self._recent_ids: OrderedDict[str, None] = OrderedDict()
         self.shadow = shadow
         self.pair_feed = shadow.feed if shadow is not None else None  # scored on the embedder's beat
 
@@ -298,7 +311,7 @@ class ProxyBackend:
             await upstream.aclose()
             usage = observer.usage or {}
             version = self._record(
-                rid, observer.model or req.model, timer, _int(usage.get("prompt_tokens")),
+                self._request_id(observer.answer_id, rid), observer.model or req.model, timer, _int(usage.get("prompt_tokens")),
                 _int(usage.get("completion_tokens")) if observer.usage else observer.text_chunks,
                 error or observer.error, prompt, observer.text, finish=observer.finish_reason, req=req,
             )  # fmt: skip
@@ -325,6 +338,7 @@ class ProxyBackend:
         if not isinstance(obj, dict):
             self._record(rid, req.model, timer, None, None, "UpstreamBadJSON", prompt, None, req=req)
             return None
+        rid = self._request_id(_answer_id(obj), rid)  # the id the client sees: what its users' feedback names
         usage: dict[str, Any] = obj["usage"] if isinstance(obj.get("usage"), dict) else {}
         choices = obj.get("choices")
         text = (
@@ -339,6 +353,15 @@ class ProxyBackend:
         version = self._record(rid, model, timer, _int(usage.get("prompt_tokens")), output, None, prompt, text,
                                finish=finish, req=req)  # fmt: skip
         return LiveAnswer(version, text, output, finish or "unknown")
+
+    def _request_id(self, answer_id: str | None, rid: str) -> str:
+        """The answer's own id as the request id, unless it is missing or was seen lately."""
+        if answer_id is None or answer_id in self._recent_ids:
+            return rid
+        self._recent_ids[answer_id] = None
+        if len(self._recent_ids) > _RECENT_IDS:
+            self._recent_ids.popitem(last=False)
+        return answer_id
 
     def _record(
         self, rid: str, model_version: str | None, timer: CallTimer, prompt_tokens: int | None,
@@ -366,6 +389,7 @@ class ProxyBackend:
         return version
 
 
+_RECENT_IDS = 65_536  # answer ids remembered against repeats
 _MAX_ACCEPTED_NAMES = 4096  # names an upstream answered for: a handful in practice; bounded anyway
 
 

@@ -339,6 +339,10 @@ class ServiceConfig:
     # the dataset export (CLI and GET /api/v1/dataset) lets out; a hook that fails drops the text
     redact: str | None = None
     leader_election: bool = True  # one replica runs rules, drift, outbox and retention
+    # seconds feedback whose request has not arrived is kept before it is deleted
+    feedback_ttl_s: float = 86_400.0
+    # prompt tokens above which the slowdown diagnosis counts a request as a long prompt
+    long_prompt_tokens: int = 2048
     # debug | info | warning | error
     log_level: str = "info"
 
@@ -473,6 +477,10 @@ def check_config(config: ServiceConfig, *, source: str | None = None) -> Service
         fail("token", "must be at least 16 characters")
     if not 0.0 <= config.text_sample_rate <= 1.0:
         fail("text_sample_rate", "must be between 0 and 1")
+    if not config.feedback_ttl_s > 0:
+        fail("feedback_ttl_s", "must be a positive number of seconds")
+    if config.long_prompt_tokens < 1:
+        fail("long_prompt_tokens", "must be a positive number of tokens")
     if not 0 <= config.alerting.collect_after_rollback <= 100_000:
         fail("alerting.collect_after_rollback", "must be between 0 and 100000")
     if config.redact is not None:

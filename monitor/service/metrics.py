@@ -120,7 +120,7 @@ class ServiceMetrics:
             ["reason"], registry=registry,
         )  # fmt: skip
         # accepted, or why not: otlp_spans.py's SKIP_REASONS and REJECT_REASONS
-        spans = ("accepted", "not_genai", "not_a_generation", "no_id", "no_model", "bad_timing", "bad_value")
+        spans = ("accepted", "not_genai", "not_a_generation", "evaluation", "no_id", "no_model", "bad_timing", "bad_value")
         for outcome in spans:
             self.otlp_spans.labels(outcome)
         for outcome in ("ok", "partial", "invalid", "unauthorized", "overloaded"):

@@ -65,7 +65,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 GENERATIONS = frozenset({"chat", "text_completion", "completion", "generate_content"})
 FINISH_REASONS = ("stop", "length", "content_filter", "tool_calls", "function_call", "error", "other")
-SKIP_REASONS = ("not_genai", "not_a_generation")  # spans that are no model call: not errors
+SKIP_REASONS = ("not_genai", "not_a_generation", "evaluation")  # spans that are no model call: not errors
 REJECT_REASONS = ("no_id", "no_model", "bad_timing", "bad_value")  # model calls that cannot become records
 _MAX_LABEL = 256
 _MAX_EPOCH_NS = 253_402_300_799 * 10**9
@@ -210,6 +210,8 @@ class _SpanAttributes(Mapping[str, Any]):
 
 
 def _not_a_model_call(attrs: Mapping[str, Any]) -> str | None:
+    if "gen_ai.request.model" not in attrs and any(k.startswith("gen_ai.evaluation.") for k in attrs):
+        return "evaluation"  # an evaluation of a call (feedback: otlp_feedback.py), not a call
     operation = attrs.get("gen_ai.operation.name")
     if operation is not None:
         return None if isinstance(operation, str) and operation in GENERATIONS else "not_a_generation"

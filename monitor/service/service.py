@@ -52,6 +52,7 @@ if TYPE_CHECKING:
     from .sla_routing import RouteMetrics
     from .runtime_store import DeployLog
     from .wiring_alerts import AlertsWiring
+    from .wiring_business import BusinessWiring
     from .wiring_drift import DriftWiring
 
 __all__ = ["Parts", "Service"]
@@ -75,6 +76,7 @@ class Parts:
     alerts: AlertsWiring | None = None
     replicas: Replicas | None = None  # with a shared (PostgreSQL) store
     verdicts: ReleaseVerdicts | None = None  # the release verdicts the paired checks keep current
+    business: BusinessWiring | None = None  # feedback, satisfaction, environment, diagnosis
 
 
 log = logging.getLogger(__name__)
@@ -222,8 +224,30 @@ def _wire(service: Service) -> None:
     _wire_verdicts(service)
     _wire_drift(service)
     _wire_alerts(service)
+    _wire_business(service)
     schedule = service.config.schedule
     service.scheduler.add("timeseries", lambda: _sample_timeseries(service), schedule.timeseries_s)
+
+
+def _wire_business(service: Service) -> None:
+    from .wiring_business import BusinessWiring
+
+    parts, config = service.parts, service.config
+    gpu = parts.gpu
+    business = BusinessWiring(
+        service.db, clock=service.clock, feedback_ttl_s=config.feedback_ttl_s,
+        long_prompt_tokens=config.long_prompt_tokens, replica=service.replica_id,
+        readings=lambda seconds: service.timeseries.window(seconds, now=service.clock()),
+        cuda_driver=getattr(gpu, "driver_version", None),
+    )  # fmt: skip
+    parts.business = business
+    service.registry.register(business.metrics)
+    business.record_environment("start")
+    if parts.deploy_log is not None:
+        parts.deploy_log.listeners.append(business.on_deploy_event)
+    if parts.alerts is not None:
+        parts.alerts.runner.diagnoser = business
+    service.scheduler.add("satisfaction", business.refresh, 300.0, leader_only=True, run_now=True)
 
 
 def _sample_timeseries(service: Service) -> None:

@@ -289,6 +289,8 @@ class AlertsWiring:
                 "alertname": r.alertname, "severity": labels.get("severity"),
                 "summary": annotations.get("summary", ""), "active_since": json_time(r.fired_at or r.active_at),
                 "labels": labels,
+                # the slowdown checklist's summary line, where the rule ran it (the diagnose action)
+                "diagnosis": annotations.get("diagnosis"), "fingerprint": r.fingerprint,
             })  # fmt: skip
         return out
 

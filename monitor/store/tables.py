@@ -48,6 +48,8 @@ __all__ = [
     "drift_reference_texts",
     "drift_references",
     "drift_reports",
+    "environments",
+    "feedback",
     "inbound_keys",
     "metadata",
     "model_versions",
@@ -544,4 +546,37 @@ drift_reports = Table(
     Column("content", Text, nullable=False),  # DriftReport.to_json()
     Index("ix_drift_reports_created_at", "created_at"),
     Index("ix_drift_reports_version_time", "model_version", "created_at"),
+)
+
+
+# Users' feedback on a request, by its `request_id`: kept apart from `requests`, so that a
+# request's own record is never altered and feedback may come before its request (joined
+# when the request arrives, deleted when it never does within the feedback TTL).
+feedback = Table(
+    "feedback",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("request_id", String(256), nullable=False),
+    Column("received_at", UTCDateTime(), nullable=False),
+    Column("score", Float, nullable=False),  # 0..1, the given value normalised
+    Column("given", String(32), nullable=False),  # the value as given: 0.7, up, 4/5
+    Column("kind", String(64)),  # what was rated (helpfulness, accuracy...); None: overall
+    Column("comment", Text),  # redacted, kept for the sampled share only
+    Column("user", String(256)),
+    Column("source", String(16), nullable=False),  # http, sdk, otlp
+    Index("ix_feedback_request_id", "request_id"),
+    Index("ix_feedback_received_at", "received_at"),
+)
+
+# The software a service process ran on, recorded at each start and deploy.
+environments = Table(
+    "environments",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("taken_at", UTCDateTime(), nullable=False),
+    Column("reason", String(16), nullable=False),  # start, deploy
+    Column("replica", String(128)),
+    Column("versions", Text, nullable=False),  # JSON {component: version}
+    Column("fingerprint", String(64), nullable=False),  # sha256 of the versions
+    Index("ix_environments_taken_at", "taken_at"),
 )

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import binascii
+import datetime as dt
 import json
 import zlib
 from typing import Any
@@ -30,6 +31,7 @@ from fastapi.responses import Response
 from google.protobuf import json_format
 from google.protobuf.message import DecodeError, Message
 from google.rpc import code_pb2, status_pb2
+from infersight.monitor.business import Feedback, store_feedback
 from infersight.monitor.records import DEFAULT_LIMITS, RecordLimits
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTracePartialSuccess,
@@ -43,6 +45,7 @@ from starlette.types import Message as AsgiMessage
 from ..errors import IngestOverloaded
 from ..http_edge import has_token
 from ..metrics import ServiceMetrics
+from ..otlp_feedback import feedback_from_spans
 from ..otlp_spans import SpanBatch, TextPolicy, records_from_spans
 from . import get_service
 
@@ -80,7 +83,7 @@ async def export_traces(request: Request) -> Response:
     limit = service.config.limits.max_body_bytes
     encoding = request.headers.get("content-encoding", "identity").strip().lower()
     try:
-        batch = await run_in_threadpool(
+        batch, evaluations = await run_in_threadpool(
             _decode_and_map, body, encoding, media, limit, policy, service.record_limits
         )
     except _Refused as exc:
@@ -95,6 +98,9 @@ async def export_traces(request: Request) -> Response:
         why = str(exc) if isinstance(exc, IngestOverloaded) else "the store is unavailable; retry later"
         return _status(media, 503, code_pb2.UNAVAILABLE, why, {"Retry-After": _RETRY_AFTER_S})
     _count(service.metrics, batch)
+    if evaluations:  # the GenAI evaluation results: users' (or judges') feedback on requests
+        now = dt.datetime.fromtimestamp(service.clock(), dt.UTC)
+        await run_in_threadpool(store_feedback, service.db, evaluations, source="otlp", now=now)
     answer = ExportTraceServiceResponse()
     if batch.rejected_spans:
         answer.partial_success.CopyFrom(
@@ -116,8 +122,9 @@ def _decode_and_map(
     limit: int,
     policy: TextPolicy,
     limits: RecordLimits = DEFAULT_LIMITS,
-) -> SpanBatch:
-    return records_from_spans(_parse(_inflate(body, encoding, limit), media), policy, limits)
+) -> tuple[SpanBatch, list[Feedback]]:
+    export = _parse(_inflate(body, encoding, limit), media)
+    return records_from_spans(export, policy, limits), feedback_from_spans(export)
 
 
 def _inflate(body: bytes, encoding: str, limit: int) -> bytes:
