@@ -81,6 +81,9 @@ class FieldVerdict:
     p_value: float  # smallest adjusted p-value among the field's tests
     score: float  # the field's MMD² (its drift score gauge)
     novelty_rate: float | None
+    # The smallest share of this window's texts, farther from the reference than its own
+    # held-out texts, that the verdict detects with 90% power (None without a novelty test).
+    detectable_share: float | None = None
 
 
 @dataclass(frozen=True)
@@ -119,6 +122,12 @@ class DriftReport:
     def field(self, name: str) -> FieldVerdict | None:
         return next((f for f in self.fields if f.field == name), None)
 
+    @property
+    def detectable_share(self) -> float | None:
+        """The prompts' smallest detectable share of new-topic texts (90% power)."""
+        prompt = self.field("prompt")
+        return None if prompt is None else prompt.detectable_share
+
     def explanation(self, name: str) -> FieldExplanation | None:
         return next((e for e in self.explanations if e.field == name), None)
 
@@ -145,6 +154,7 @@ class DriftReport:
             "window": {"since": c.since, "until": c.until},
             "fields": [asdict(f) for f in self.fields],
             "length_drift": None if self.lengths is None else self.lengths.drifted,
+            "detectable_share": self.detectable_share,
             "notes": list(self.notes),
         }
 
@@ -235,6 +245,7 @@ def list_reports(
         "window",
         "fields",
         "length_drift",
+        "detectable_share",
     )
     out = []
     for row in rows:
