@@ -58,8 +58,8 @@ __all__ = [
     "check_sizes",
     "deciding_test",
     "detectable_share_for",
-    "family_size",
     "evaluate_window",
+    "family_size",
     "fit_stored",
     "run_tests",
     "tested_fields",
@@ -281,9 +281,7 @@ class DriftDetector:
         if len(ref.prompts) < self.config.min_reference:
             raise WindowTooSmall("reference", len(ref.prompts), self.config.min_reference)
         family = family_size(ref, self.config, with_responses=ref.has_responses)
-        return tuple(
-            detectable_share_for(ref.prompt_embeddings, w, family, self.config) for w in windows
-        )
+        return tuple(detectable_share_for(ref.prompt_embeddings, w, family, self.config) for w in windows)
 
     def compare(
         self, reference: FittedReference, current: EmbeddedWindow, *, context: ReportContext | None = None
@@ -324,7 +322,9 @@ class DriftDetector:
             fields=tuple(
                 replace(
                     _verdict(f, tests, explanations),
-                    detectable_share=detectable_share_for(ref.field(f)[1], len(current.field(f)[1]), len(tests), cfg),
+                    detectable_share=detectable_share_for(
+                        ref.field(f)[1], len(current.field(f)[1]), len(tests), cfg
+                    ),
                 )
                 for f in fields
             ),

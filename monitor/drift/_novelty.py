@@ -51,9 +51,9 @@ from ._mmd import StatResult, TestOptions, check_pair
 from .errors import WindowTooSmall
 
 __all__ = [
+    "MIN_REFERENCE",
     "NOVELTY_METHOD",
     "NOVELTY_SINGLE_METHOD",
-    "MIN_REFERENCE",
     "NoveltyCalibration",
     "detectable_share",
     "exceedance_upper",

@@ -451,6 +451,7 @@ def render_html(report: DriftReport, *, title: str = "infersight drift report") 
         f"<div class='verdict {'drift' if report.drifted else 'nodrift'}'><strong>{verdict}</strong> — "
         f"p = {_num(report.p_value)} (Holm-adjusted, α = {report.threshold:g}), effect {_num(report.score)} "
         f"by {escape(report.method)}; {report.n_reference} reference vs {report.n_current} current texts.</div>",
+        _detectable(report.detectable_share),
         "<h2>Tests</h2>",
         _tests_table(report.tests),
         f"<p class='muted'>Drift is declared for a test when its Holm-adjusted p-value (over all "
@@ -466,6 +467,16 @@ def render_html(report: DriftReport, *, title: str = "infersight drift report") 
         parts.append(_lengths_section(report.lengths))
     parts.append("</body></html>")
     return "\n".join(parts)
+
+
+def _detectable(share: float | None) -> str:
+    if share is None:
+        return ""
+    return (
+        f"<p>This window detects, with 90% power, a new topic at <strong>{100 * share:.1f}%</strong> of its "
+        "texts or more (texts farther from the reference than its own held-out texts); a quiet verdict "
+        "rules out such a topic at that share, not a smaller one.</p>"
+    )
 
 
 def _tests_table(tests: tuple[TestResult, ...]) -> str:
