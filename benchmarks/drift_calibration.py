@@ -276,14 +276,14 @@ def streaming(corpus: Corpus, args: argparse.Namespace) -> dict[str, Any]:
 
 def cost_once(ref_size: int, window: int) -> dict[str, float]:
     """One process's timings of a `ref_size` vs `window` evaluation (printed as JSON)."""
-    from infersight.monitor.drift import DriftDetector, SentenceTransformerEmbedder, TextWindow
+    from infersight.monitor.drift import DriftDetector, TextWindow, default_embedder
     from infersight.monitor.drift._windows import EmbeddedWindow
 
     corpus = load_corpus()
     rng = np.random.default_rng(5)
     order = rng.permutation(len(corpus.banking_texts))
     ref_idx, cur_idx = order[:ref_size], order[ref_size : ref_size + window]
-    detector = DriftDetector(SentenceTransformerEmbedder())
+    detector = DriftDetector(default_embedder(cache_entries=0))  # the shipped embedder, no cache
     ref_e = EmbeddedWindow.from_arrays(corpus.banking[ref_idx])
     cur_e = EmbeddedWindow.from_arrays(corpus.banking[cur_idx])
     detector.score(ref_e, cur_e)  # warm: imports, scipy, BLAS threads

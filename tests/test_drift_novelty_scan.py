@@ -74,8 +74,8 @@ def test_the_reported_detectable_share_is_the_share_detected_with_90_percent_pow
     calibration = fit_novelty(reference, config.options)
     level, floor = config.alpha / family, config.floor("novelty")
     powers: dict[int, tuple[int, int]] = {}
-    draws = 150
-    for new in range(max(1, reported - 3), reported + 4):
+    draws = 120
+    for new in range(max(1, reported - 2), reported + 3):
         hits = 0
         for _ in range(draws):
             cur = np.concatenate(
