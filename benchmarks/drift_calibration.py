@@ -90,12 +90,12 @@ def _window_flags(
 ) -> dict[str, bool]:
     """Both sides on one window; which side runs first alternates with `turn`."""
     from infersight.monitor.drift._mmd import mmd_test
-    from infersight.monitor.drift._novelty import novelty_single_test, scan_test
+    from infersight.monitor.drift._novelty import novelty_single_test, scan_splits
 
     mmd = mmd_test(ref_rows, cur, config.options)
     runs = {
         "before": lambda: novelty_single_test(ref_rows, cur, config.options),
-        "after": lambda: scan_test(calibration, cur),
+        "after": lambda: scan_splits(calibration, cur),
     }
     order = SIDES if turn % 2 == 0 else SIDES[::-1]
     novelty = {side: runs[side]() for side in order}
@@ -112,7 +112,7 @@ def _doubled(rng: np.random.Generator, rest: np.ndarray, labels: np.ndarray, siz
 def batch(corpus: Corpus, args: argparse.Namespace) -> dict[str, Any]:
     from infersight.monitor.drift import DetectorConfig, TestOptions
     from infersight.monitor.drift._detector import detectable_share_for
-    from infersight.monitor.drift._novelty import fit_novelty
+    from infersight.monitor.drift._novelty import fit_splits
 
     config = DetectorConfig(alpha=ALPHA, options=TestOptions(permutations=args.permutations))
     home = _home_rows(corpus, args.home)
@@ -124,7 +124,7 @@ def batch(corpus: Corpus, args: argparse.Namespace) -> dict[str, Any]:
         order = home[rng.permutation(home.size)]
         ref_idx, rest = order[: args.ref_size], order[args.ref_size :]
         ref_rows = corpus.banking[ref_idx]
-        calibration = fit_novelty(ref_rows, config.options)
+        calibration = fit_splits(ref_rows, config.options)
         share = detectable_share_for(ref_rows, args.window, 2, config)
         row: dict[str, Any] = {"reference": r, "detectable_share": share}
         counts: dict[str, list[int]] = {}
@@ -154,7 +154,8 @@ def batch(corpus: Corpus, args: argparse.Namespace) -> dict[str, Any]:
         seconds.append((time.perf_counter() - start) / max(turn, 1))
         row["counts"] = counts
         per_ref.append(row)
-        null_b, null_a = counts["null|verdict_before"], counts["null|verdict_after"]
+        null_b = counts.get("null|verdict_before", [0, 0])
+        null_a = counts.get("null|verdict_after", [0, 0])
         p5 = counts.get("share 0.05|verdict_after", [0, 1])
         print(
             f"reference {r}: null {null_b[0]}/{null_b[1]} -> {null_a[0]}/{null_a[1]}, "
@@ -367,6 +368,7 @@ def _rate(counts: dict[str, list[int]], key: str) -> float:
 def print_batch(b: dict[str, Any], args: argparse.Namespace) -> None:
     refs = b["per_reference"]
     arms = ["null", "doubled"] + [f"share {s:g}" for s in args.shares]
+    arms = [a for a in arms if f"{a}|mmd" in refs[0]["counts"]]  # arms run with no window are left out
     print(
         f"\n(a, d) per reference: the verdict's alarm rate, before -> after "
         f"({args.null} null, {args.doubled} doubled-intent, {args.drifted} windows per share)"
@@ -388,8 +390,10 @@ def print_batch(b: dict[str, Any], args: argparse.Namespace) -> None:
     for a in arms:
         for name in ("verdict_before", "verdict_after", "novelty_before", "novelty_after", "mmd"):
             v = np.asarray([_rate(r["counts"], f"{a}|{name}") for r in refs])
-            hit = sum(r["counts"][f"{a}|{name}"][0] for r in refs)
-            n = sum(r["counts"][f"{a}|{name}"][1] for r in refs)
+            hit = sum(r["counts"].get(f"{a}|{name}", [0, 0])[0] for r in refs)
+            n = sum(r["counts"].get(f"{a}|{name}", [0, 0])[1] for r in refs)
+            if n == 0:
+                continue
             print(
                 f"| {a} | {name} | {hit}/{n} ({hit / n:.3f}) | {v.min():.2f} | {np.quantile(v, 0.1):.2f} | "
                 f"{v.max():.2f} | {int(np.sum(v <= ALPHA))}/{v.size} | {int(np.sum(v > 2 * ALPHA))}/{v.size} |"

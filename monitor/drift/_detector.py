@@ -134,7 +134,8 @@ def detectable_share_for(
 ) -> float | None:
     """The smallest share of a `window`-text window, texts beyond every novelty cut of this
     reference, that the verdict detects with 90% power: the novelty scan at `alpha / family`
-    (Holm's first step never asks less of the smallest p-value), its effect floor applied.
+    (Holm's first step never asks less of the smallest p-value) on its first split at that
+    split's Bonferroni share, the effect floor applied.
     None when the configuration runs no novelty scan or no share would do."""
     if "novelty" not in config.tests:
         return None
@@ -142,7 +143,7 @@ def detectable_share_for(
     return detectable_share(
         calibration,
         window,
-        level=config.alpha / max(family, 1),
+        level=config.alpha / max(family, 1) / config.options.novelty_splits,
         floor=config.floor("novelty"),
         seed=config.options.seed,
     )

@@ -153,6 +153,9 @@ class TestOptions:
     # The novelty scan counts beyond several cuts at once, from the largest held-out score
     # out to this tail (see _novelty).
     novelty_scan_tail: float = 0.01
+    # Splits of the reference the scan runs on (seeds seed, seed + 1, ...), Bonferroni across
+    # them: one unlucky held-out part (a few odd texts at its top) no longer decides alone.
+    novelty_splits: int = 2
     # Tests that bound the reference's own sampling error first (novelty, relevance, the
     # streaming charts) hold their level for at least this share of references (the conditional calibration in _stat_tests).
     reference_confidence: float = 0.99
@@ -166,6 +169,8 @@ class TestOptions:
             raise ValueError("novelty_tail must be in (0, 0.5)")
         if not 0.0 < self.novelty_scan_tail < 0.5:
             raise ValueError("novelty_scan_tail must be in (0, 0.5)")
+        if not 1 <= self.novelty_splits <= 8:
+            raise ValueError("novelty_splits must be between 1 and 8")
         if not 0.5 <= self.reference_confidence < 1.0:
             raise ValueError("reference_confidence must be in [0.5, 1)")
         if self.exact_max_pool < 0 or self.rff_frequencies < 1 or self.permutation_chunk < 1:

@@ -58,12 +58,14 @@ __all__ = [
     "detectable_share",
     "exceedance_upper",
     "fit_novelty",
+    "fit_splits",
     "nearest",
     "novelty_scores",
     "novelty_single_test",
     "novelty_test",
     "scan_p_value",
     "scan_ranks",
+    "scan_splits",
     "scan_test",
     "simultaneous_upper",
     "split_reference",
@@ -240,17 +242,26 @@ class NoveltyCalibration:
         return int(self.calibration.size)
 
 
-def fit_novelty(reference: np.ndarray, options: TestOptions) -> NoveltyCalibration:
-    """Split unit-row `reference`, score the held-out part against the bank, place the cuts."""
+def fit_novelty(reference: np.ndarray, options: TestOptions, *, split: int = 0) -> NoveltyCalibration:
+    """Split unit-row `reference` (seed `options.seed + split`), score the held-out part
+    against the bank, place the cuts; the bounds hold jointly over every split at
+    `reference_confidence` (each split gets its share of `1 - reference_confidence`)."""
     if reference.shape[0] < MIN_REFERENCE:
         raise WindowTooSmall("reference", reference.shape[0], MIN_REFERENCE)
-    bank_rows, cal_rows = split_reference(reference.shape[0], options.calibration_fraction, seed=options.seed)
+    seed = options.seed + split
+    bank_rows, cal_rows = split_reference(reference.shape[0], options.calibration_fraction, seed=seed)
     bank = reference[bank_rows]
     cal = np.sort(nearest(reference[cal_rows], bank)[0].astype(np.float64))[::-1]
     ranks = scan_ranks(cal.size, options.novelty_scan_tail)
-    upper = simultaneous_upper(cal.size, ranks, options.reference_confidence, seed=options.seed)
+    confidence = 1.0 - (1.0 - options.reference_confidence) / options.novelty_splits
+    upper = simultaneous_upper(cal.size, ranks, confidence, seed=options.seed)
     cuts = tuple(float(cal[k - 1]) for k in ranks)
     return NoveltyCalibration(bank, bank_rows, cal, ranks, cuts, upper)
+
+
+def fit_splits(reference: np.ndarray, options: TestOptions) -> tuple[NoveltyCalibration, ...]:
+    """One calibration per split (`options.novelty_splits`)."""
+    return tuple(fit_novelty(reference, options, split=i) for i in range(options.novelty_splits))
 
 
 def novelty_scores(
@@ -274,14 +285,25 @@ def _checked(reference: np.ndarray, current: np.ndarray) -> tuple[np.ndarray, np
 
 
 def novelty_test(reference: np.ndarray, current: np.ndarray, options: TestOptions) -> StatResult:
-    """The scan over cuts. Statistic: the count beyond the deciding cut (smallest single-cut
-    p); effect size (`score`): the largest excess share over the cuts, a cut's count share
-    minus the share expected there, `k_j / (n + 1)`."""
+    """The scan over cuts, on each split of the reference, Bonferroni across the splits.
+    Statistic: the count beyond the deciding cut of the deciding split; effect size
+    (`score`): that split's largest excess share over its cuts (a cut's count share minus
+    the share expected there, `k_j / (n + 1)`)."""
     x, y = _checked(reference, current)
-    return scan_test(fit_novelty(x, options), y)
+    return scan_splits(fit_splits(x, options), y)
+
+
+def scan_splits(calibrations: tuple[NoveltyCalibration, ...], current: np.ndarray) -> StatResult:
+    results = [scan_test(c, current) for c in calibrations]
+    best = min(results, key=lambda r: (r.p_value, -r.score))
+    p = min(1.0, len(results) * best.p_value)
+    return StatResult(
+        "novelty", NOVELTY_METHOD, best.statistic, best.score, p, best.n_reference, best.n_current, 0
+    )
 
 
 def scan_test(calibration: NoveltyCalibration, current: np.ndarray) -> StatResult:
+    """The scan on one split."""
     counts = calibration.counts(calibration.score(current))
     m = current.shape[0]
     p, j = scan_p_value(counts, m, calibration.upper)
@@ -315,8 +337,10 @@ def detectable_share(
     seed: int = 0,
 ) -> float | None:
     """The smallest share of a `window`-text window, texts beyond every cut, that the scan
-    detects (p-value at most `level`, effect at least `floor`) with probability `power`;
-    None when even a whole window of them would not be."""
+    on this one split detects (p-value at most `level`, effect at least `floor`) with
+    probability `power`; None when even a whole window of them would not be. With several
+    splits, pass `level / splits`: one split alone at its Bonferroni share (the others can
+    only add detections, so the figure errs on the side of a larger share)."""
     b = np.asarray(calibration.upper)
     limits = _limits(_critical(level, window, b), window, b)  # reject iff some count reaches its limit
     expected = np.asarray(calibration.ranks) / (calibration.n + 1)  # home texts' exceedance chance
