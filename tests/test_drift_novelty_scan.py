@@ -138,7 +138,8 @@ def reference_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_window_size_prints_the_detectable_share_for_each_window(
     reference_file: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    rc = main(["drift", str(reference_file), "--window-size", "100", "1000", "--json", "--no-progress"])
+    rc = main(["drift", str(reference_file), "--window-size", "100", "1000", "--json", "--no-progress",
+               "--embedder", "sentence-transformers"])  # fmt: skip
     out, err = capsys.readouterr()
     assert rc == 0, err
     data = json.loads(out)
