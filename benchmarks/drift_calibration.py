@@ -63,109 +63,132 @@ def cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
-# --- the tests before the conditional bounds, for comparison on the same windows ------------------------
+# --- (a), (d): batch tests, before and after the novelty scan, on the same windows ---------
 
 
-def old_novelty(reference: np.ndarray, current: np.ndarray, seed: int = 0) -> tuple[float, float]:
-    """`(p, score)` of the split-conformal test on the pooled 5% tail (hypergeometric)."""
-    from infersight.monitor.drift import TestOptions
-    from infersight.monitor.drift._stat_tests import novelty_scores
-    from scipy.stats import hypergeom
+SIDES = ("before", "after")  # before: MMD + the single-cut novelty test (the tree before the scan)
 
-    cal, cur = novelty_scores(reference, current, TestOptions(seed=seed))[:2]
-    pooled = np.concatenate([cal, cur])
-    cut = np.quantile(pooled, 0.95, method="higher")
-    in_tail = int(np.count_nonzero(pooled >= cut))
-    current_in_tail = int(np.count_nonzero(cur >= cut))
-    p = float(hypergeom.sf(current_in_tail - 1, pooled.size, cur.size, in_tail))
-    return min(1.0, p), current_in_tail / cur.size - (in_tail - current_in_tail) / cal.size
+
+def _verdicts(mmd: Any, novelty: dict[str, Any], config: Any) -> dict[str, bool]:
+    """Per side, Holm over MMD and that side's novelty test, effect floors applied."""
+    from infersight.monitor.drift._stat_tests import holm_adjust
+
+    out = {}
+    for side in SIDES:
+        nov = novelty[side]
+        adj = holm_adjust([mmd.p_value, nov.p_value])
+        m = adj[0] < ALPHA and mmd.score >= config.floor("mmd")
+        n = adj[1] < ALPHA and nov.score >= config.floor(nov.test)
+        out[f"verdict_{side}"] = bool(m or n)
+        out[f"novelty_{side}"] = bool(n)
+        out["mmd"] = bool(m)
+    return out
+
+
+def _window_flags(
+    ref_rows: np.ndarray, calibration: Any, cur: np.ndarray, config: Any, turn: int
+) -> dict[str, bool]:
+    """Both sides on one window; which side runs first alternates with `turn`."""
+    from infersight.monitor.drift._mmd import mmd_test
+    from infersight.monitor.drift._novelty import novelty_single_test, scan_splits
+
+    mmd = mmd_test(ref_rows, cur, config.options)
+    runs = {
+        "before": lambda: novelty_single_test(ref_rows, cur, config.options),
+        "after": lambda: scan_splits(calibration, cur),
+    }
+    order = SIDES if turn % 2 == 0 else SIDES[::-1]
+    novelty = {side: runs[side]() for side in order}
+    return _verdicts(mmd, novelty, config)
+
+
+def _doubled(rng: np.random.Generator, rest: np.ndarray, labels: np.ndarray, size: int) -> np.ndarray:
+    """`size` rows of `rest` with one home intent (drawn per window) twice as likely as the others."""
+    intent = rng.choice(np.unique(labels[rest]))
+    weight = np.where(labels[rest] == intent, 2.0, 1.0)
+    return rng.choice(rest, size, replace=False, p=weight / weight.sum())
+
+
+def batch(corpus: Corpus, args: argparse.Namespace) -> dict[str, Any]:
+    from infersight.monitor.drift import DetectorConfig, TestOptions
+    from infersight.monitor.drift._detector import detectable_share_for
+    from infersight.monitor.drift._novelty import fit_splits
+
+    config = DetectorConfig(alpha=ALPHA, options=TestOptions(permutations=args.permutations))
+    home = _home_rows(corpus, args.home)
+    labels = _labels(corpus)
+    per_ref: list[dict[str, Any]] = []
+    seconds = []
+    for r in range(args.references):
+        rng = np.random.default_rng(1000 + r)
+        order = home[rng.permutation(home.size)]
+        ref_idx, rest = order[: args.ref_size], order[args.ref_size :]
+        ref_rows = corpus.banking[ref_idx]
+        calibration = fit_splits(ref_rows, config.options)
+        share = detectable_share_for(ref_rows, args.window, 2, config)
+        row: dict[str, Any] = {"reference": r, "detectable_share": share}
+        counts: dict[str, list[int]] = {}
+        turn = 0
+        start = time.perf_counter()
+        arms: list[tuple[str, int, Any]] = [("null", args.null, None), ("doubled", args.doubled, None)]
+        arms += [(f"share {s:g}", args.drifted, s) for s in args.shares]
+        for arm, windows, s in arms:
+            for _ in range(windows):
+                if arm == "null":
+                    cur = corpus.banking[rng.choice(rest, args.window, replace=False)]
+                elif arm == "doubled":
+                    cur = corpus.banking[_doubled(rng, rest, labels, args.window)]
+                else:
+                    n_new = round(args.window * s)
+                    cur = np.concatenate(
+                        [
+                            corpus.banking[rng.choice(rest, args.window - n_new, replace=False)],
+                            corpus.hotels[rng.choice(len(corpus.hotel_texts), n_new, replace=False)],
+                        ]
+                    )
+                for name, flag in _window_flags(ref_rows, calibration, cur, config, turn).items():
+                    c = counts.setdefault(f"{arm}|{name}", [0, 0])
+                    c[0] += int(flag)
+                    c[1] += 1
+                turn += 1
+        seconds.append((time.perf_counter() - start) / max(turn, 1))
+        row["counts"] = counts
+        per_ref.append(row)
+        null_b = counts.get("null|verdict_before", [0, 0])
+        null_a = counts.get("null|verdict_after", [0, 0])
+        p5 = counts.get("share 0.05|verdict_after", [0, 1])
+        print(
+            f"reference {r}: null {null_b[0]}/{null_b[1]} -> {null_a[0]}/{null_a[1]}, "
+            f"5% after {p5[0]}/{p5[1]}, detectable share {share}",
+            flush=True,
+        )
+    return {"per_reference": per_ref, "seconds_per_window": statistics.median(seconds)}
+
+
+def _home_rows(corpus: Corpus, home: str) -> np.ndarray:
+    """Indices of the home pool: every Banking77 text, or only the test split's (texts the
+    int8 OpenVINO export was not calibrated on: its calibration set is the train split)."""
+    if home == "all":
+        return np.arange(len(corpus.banking_texts))
+    from infersight.monitor.data import banking77
+
+    test = {u.text for u in banking77("test")} - {u.text for u in banking77("train")}
+    return np.asarray([i for i, t in enumerate(corpus.banking_texts) if t in test])
+
+
+def _labels(corpus: Corpus) -> np.ndarray:
+    from infersight.monitor.data import banking77
+
+    label: dict[str, str] = {}
+    for u in banking77("train") + banking77("test"):
+        label.setdefault(u.text, u.label)
+    return np.asarray([label[t] for t in corpus.banking_texts])
 
 
 def old_relevance_p(reference: np.ndarray, current: np.ndarray) -> float:
     from scipy.stats import mannwhitneyu
 
     return float(mannwhitneyu(reference, current, alternative="greater", method="auto")[1])
-
-
-# --- (a), (d): batch tests ---------------------------------------------------------------
-
-
-def _flags(ref: Any, cur_rows: np.ndarray, fitted_clusters: Any, config: Any) -> dict[str, bool]:
-    from infersight.monitor.drift._detector import run_tests
-    from infersight.monitor.drift._explain import _novelty, cluster_shares
-    from infersight.monitor.drift._stat_tests import holm_adjust
-    from infersight.monitor.drift._windows import EmbeddedWindow
-
-    cur = EmbeddedWindow.from_arrays(cur_rows)
-    tests = run_tests(ref, cur, config)
-    by = {t.test: t for t in tests}
-    old_p, old_score = old_novelty(ref.prompt_embeddings, cur_rows, config.options.seed)
-    mmd = by["mmd"]
-    adj = holm_adjust([mmd.p_value, old_p])
-    old_nov = adj[1] < ALPHA and old_score >= config.floor("novelty")
-    old_mmd = adj[0] < ALPHA and mmd.score >= mmd.effect_floor
-    _, novel, ref_novel = _novelty(ref.prompts, ref.prompt_embeddings, cur.prompts, cur_rows, config)
-    shares = cluster_shares(
-        fitted_clusters,
-        cur_rows,
-        cur.prompts,
-        np.zeros(cur_rows.shape[0]),
-        current_novel=novel,
-        reference_novel=ref_novel,
-        alpha=config.alpha,
-    )
-    return {
-        "mmd": mmd.drifted,
-        "novelty": by["novelty"].drifted,
-        "verdict": any(t.drifted for t in tests),
-        "clusters": any(s.significant for s in shares),
-        "novelty_before": bool(old_nov),
-        "verdict_before": bool(old_nov or old_mmd),
-    }
-
-
-def batch(corpus: Corpus, args: argparse.Namespace) -> dict[str, Any]:
-    from infersight.monitor.drift import DetectorConfig
-    from infersight.monitor.drift._explain import fit_clusters
-    from infersight.monitor.drift._windows import EmbeddedWindow
-
-    config = DetectorConfig(alpha=ALPHA)
-    null: dict[str, list[float]] = {}
-    power: dict[str, list[int]] = {}
-    seconds = []
-    for r in range(args.references):
-        rng = np.random.default_rng(1000 + r)
-        order = rng.permutation(len(corpus.banking_texts))
-        ref_rows = corpus.banking[order[: args.ref_size]]
-        rest = order[args.ref_size :]
-        ref = EmbeddedWindow.from_arrays(ref_rows)
-        clusters = fit_clusters(ref.prompts, ref_rows, seed=config.options.seed)
-        counts: dict[str, int] = {}
-        start = time.perf_counter()
-        for _ in range(args.null):
-            cur = corpus.banking[rng.choice(rest, args.window, replace=False)]
-            for name, flag in _flags(ref, cur, clusters, config).items():
-                counts[name] = counts.get(name, 0) + int(flag)
-        seconds.append((time.perf_counter() - start) / args.null)
-        for name, c in counts.items():
-            null.setdefault(name, []).append(c / args.null)
-        for share in args.shares:
-            n_new = round(args.window * share)
-            for _ in range(args.drifted):
-                cur = np.concatenate(
-                    [
-                        corpus.banking[rng.choice(rest, args.window - n_new, replace=False)],
-                        corpus.hotels[rng.choice(len(corpus.hotel_texts), n_new, replace=False)],
-                    ]
-                )
-                flags = _flags(ref, cur, clusters, config)
-                for name in ("verdict", "mmd", "novelty", "verdict_before"):
-                    key = f"{name}@{share:g}"
-                    power.setdefault(key, [0, 0])
-                    power[key][0] += int(flags[name])
-                    power[key][1] += 1
-        print(f"reference {r}: " + ", ".join(f"{k} {v[-1]:.2f}" for k, v in null.items()), flush=True)
-    return {"null": null, "power": power, "seconds_per_window": statistics.median(seconds)}
 
 
 # --- (b) relevance ----------------------------------------------------------------------
@@ -254,14 +277,14 @@ def streaming(corpus: Corpus, args: argparse.Namespace) -> dict[str, Any]:
 
 def cost_once(ref_size: int, window: int) -> dict[str, float]:
     """One process's timings of a `ref_size` vs `window` evaluation (printed as JSON)."""
-    from infersight.monitor.drift import DriftDetector, SentenceTransformerEmbedder, TextWindow
+    from infersight.monitor.drift import DriftDetector, TextWindow, default_embedder
     from infersight.monitor.drift._windows import EmbeddedWindow
 
     corpus = load_corpus()
     rng = np.random.default_rng(5)
     order = rng.permutation(len(corpus.banking_texts))
     ref_idx, cur_idx = order[:ref_size], order[ref_size : ref_size + window]
-    detector = DriftDetector(SentenceTransformerEmbedder())
+    detector = DriftDetector(default_embedder(cache_entries=0))  # the shipped embedder, no cache
     ref_e = EmbeddedWindow.from_arrays(corpus.banking[ref_idx])
     cur_e = EmbeddedWindow.from_arrays(corpus.banking[cur_idx])
     detector.score(ref_e, cur_e)  # warm: imports, scipy, BLAS threads
@@ -337,17 +360,76 @@ def dist(values: list[float]) -> str:
     )
 
 
+def _rate(counts: dict[str, list[int]], key: str) -> float:
+    hit, n = counts.get(key, [0, 0])
+    return hit / n if n else float("nan")
+
+
+def print_batch(b: dict[str, Any], args: argparse.Namespace) -> None:
+    refs = b["per_reference"]
+    arms = ["null", "doubled"] + [f"share {s:g}" for s in args.shares]
+    arms = [a for a in arms if f"{a}|mmd" in refs[0]["counts"]]  # arms run with no window are left out
+    print(
+        f"\n(a, d) per reference: the verdict's alarm rate, before -> after "
+        f"({args.null} null, {args.doubled} doubled-intent, {args.drifted} windows per share)"
+    )
+    print("| reference | detectable share | " + " | ".join(arms) + " |")
+    print("|---|---|" + "---|" * len(arms))
+    for row in refs:
+        share = row["detectable_share"]
+        cells = [
+            f"{_rate(row['counts'], f'{a}|verdict_before'):.2f} -> {_rate(row['counts'], f'{a}|verdict_after'):.2f}"
+            for a in arms
+        ]
+        shown = "none" if share is None else f"{100 * share:.1f}%"
+        print(f"| {row['reference']} | {shown} | " + " | ".join(cells) + " |")
+    print("\n(a, d) over references: pooled, min, p10 | refs at or under alpha, over 2 alpha (null)")
+    print(
+        "| arm | test | pooled | min | p10 | max | refs <= alpha | refs > 2 alpha |\n|---|---|---|---|---|---|---|---|"
+    )
+    for a in arms:
+        for name in ("verdict_before", "verdict_after", "novelty_before", "novelty_after", "mmd"):
+            v = np.asarray([_rate(r["counts"], f"{a}|{name}") for r in refs])
+            hit = sum(r["counts"].get(f"{a}|{name}", [0, 0])[0] for r in refs)
+            n = sum(r["counts"].get(f"{a}|{name}", [0, 0])[1] for r in refs)
+            if n == 0:
+                continue
+            print(
+                f"| {a} | {name} | {hit}/{n} ({hit / n:.3f}) | {v.min():.2f} | {np.quantile(v, 0.1):.2f} | "
+                f"{v.max():.2f} | {int(np.sum(v <= ALPHA))}/{v.size} | {int(np.sum(v > 2 * ALPHA))}/{v.size} |"
+            )
+    shares = [r["detectable_share"] for r in refs if r["detectable_share"] is not None]
+    if shares:
+        print(
+            f"detectable share (reported, window {args.window}): min {100 * min(shares):.1f}%, "
+            f"median {100 * statistics.median(shares):.1f}%, max {100 * max(shares):.1f}%"
+        )
+    print(f"median seconds per window (MMD and both novelty tests): {b['seconds_per_window']:.3f}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--references", type=int, default=20)
     ap.add_argument("--null", type=int, default=100)
     ap.add_argument("--drifted", type=int, default=20)
+    ap.add_argument(
+        "--doubled", type=int, default=20, help="windows per reference with one home intent doubled"
+    )
+    ap.add_argument(
+        "--permutations", type=int, default=1000, help="of the MMD test (its p-value's resolution)"
+    )
+    ap.add_argument(
+        "--home",
+        choices=["all", "test"],
+        default="all",
+        help="home texts: all of Banking77, or its test split only",
+    )
     ap.add_argument("--shares", type=float, nargs="+", default=[0.05, 0.1, 0.2])
     ap.add_argument("--ref-size", type=int, default=1000)
     ap.add_argument("--window", type=int, default=300)
     ap.add_argument("--target-arl", type=float, default=500.0)
     ap.add_argument("--cost-rounds", type=int, default=3)
-    ap.add_argument("--old-commit", default="c20ab6c")
+    ap.add_argument("--old-commit", default="937e36d")
     ap.add_argument("--skip-cost", action="store_true")
     ap.add_argument("--embedder", choices=EMBEDDERS, default="fp32", help="whose embeddings (a)-(d) use")
     ap.add_argument("--only", choices=["batch", "relevance", "streaming", "cost"], nargs="*")
@@ -370,20 +452,7 @@ def main() -> None:
     if "batch" in only:
         b = batch(corpus, args)
         result["batch"] = b
-        print(f"\n(a) false-alarm rate per reference ({args.references} references x {args.null} windows)")
-        print(header)
-        for name, values in b["null"].items():
-            print(f"| {name} | {dist(values)} |")
-        print(
-            "\n(d) power (hotel utterances mixed in)\n| | " + " | ".join(f"{s:g}" for s in args.shares) + " |"
-        )
-        print("|---|" + "---|" * len(args.shares))
-        for name in ("verdict", "mmd", "novelty", "verdict_before"):
-            cells = [b["power"][f"{name}@{s:g}"] for s in args.shares]
-            print(f"| {name} | " + " | ".join(f"{c[0]}/{c[1]} ({c[0] / c[1]:.2f})" for c in cells) + " |")
-        print(
-            f"median seconds per window (all tests, both novelty tests, cluster rows): {b['seconds_per_window']:.3f}"
-        )
+        print_batch(b, args)
     if "relevance" in only:
         rel = relevance_calibration(corpus, args)
         result["relevance"] = rel

@@ -112,7 +112,7 @@ def test_novelty_test_detects_a_small_far_away_subpopulation() -> None:
     result = novelty_test(ref, cur, TestOptions())
     assert result.p_value < 1e-3
     assert result.score > 0.05  # excess share of novel texts
-    assert result.method == "nn_novelty_conformal_conditional_binomial"
+    assert result.method == "nn_novelty_scan_conformal_conditional"
 
 
 def test_holm_adjusts_step_down_and_keeps_input_order() -> None:

@@ -40,6 +40,8 @@ function facts(r) {
     ["Deciding test", r.method],
     ["Correction", r.correction],
     ["Texts", r.n_reference != null ? `${r.n_reference} reference / ${r.n_current} current` : null],
+    // what a quiet verdict rules out: reports stored before this field have none
+    ["Smallest detectable new topic", r.detectable_share != null ? `${percent(r.detectable_share)} of the window (90% power)` : null],
   ];
   const dl = h("dl", { class: "kv" });
   for (const [k, v] of rows) if (v != null && v !== "—") dl.append(h("div", {}, h("dt", { text: k }), h("dd", { text: String(v) })));
@@ -62,8 +64,8 @@ function verdictCell(v) {
 function fieldTable(fields) {
   return table(
     "Verdict per field",
-    ["Field", "Verdict", "p (adjusted)", "Effect", "Novelty rate"],
-    fields.map((f) => [FIELD_NAMES[f.field] ?? f.field, verdictCell(f.drifted), number(f.p_value), number(f.score), percent(f.novelty_rate)]),
+    ["Field", "Verdict", "p (adjusted)", "Effect", "Novelty rate", "Detectable share"],
+    fields.map((f) => [FIELD_NAMES[f.field] ?? f.field, verdictCell(f.drifted), number(f.p_value), number(f.score), percent(f.novelty_rate), percent(f.detectable_share)]),
   );
 }
 

@@ -39,7 +39,15 @@ def _register_drift(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "MMD and nearest-neighbour novelty tests, Holm-corrected).",
     )
     p.add_argument("reference", help="reference window: .jsonl, .csv or .txt")
-    p.add_argument("current", help="current window: .jsonl, .csv or .txt")
+    p.add_argument("current", nargs="?", help="current window: .jsonl, .csv or .txt (not with --window-size)")
+    p.add_argument(
+        "--window-size",
+        type=int,
+        nargs="+",
+        metavar="N",
+        help="instead of testing, print for each window size N the smallest share of new-topic texts "
+        "this reference detects with 90%% power (choose the window for the share you need to catch)",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object (the full report)")
     p.add_argument("--alpha", type=float, default=0.05, help="family-wise false-alarm rate (default 0.05)")
     p.add_argument("--report", metavar="FILE.html", help="write a self-contained HTML report")
@@ -85,6 +93,10 @@ def _drift(args: argparse.Namespace) -> int:
         raise CommandError(f"--permutations must be at least 1, got {args.permutations}")
     if args.model is not None and not Path(args.model).is_dir():
         raise CommandError(f"--model {args.model}: not a directory")
+    if args.window_size is not None:
+        return _plan_windows(args)
+    if args.current is None:
+        raise CommandError("give a CURRENT window to test, or --window-size N to plan one")
     report_path = Path(args.report) if args.report else None
     if report_path is not None and not report_path.parent.is_dir():
         raise CommandError(f"--report {args.report}: directory {report_path.parent} does not exist")
@@ -119,6 +131,52 @@ def _drift(args: argparse.Namespace) -> int:
     return 1 if (args.fail_on_drift and drifted) else 0
 
 
+def _plan_windows(args: argparse.Namespace) -> int:
+    """`--window-size`: the reference's smallest detectable share at each window size."""
+    import json
+
+    from infersight.monitor.drift import (
+        DetectorConfig,
+        DriftDetector,
+        DriftError,
+        TestOptions,
+        default_embedder,
+        read_window,
+    )
+
+    if args.current is not None:
+        raise CommandError("--window-size plans a window from the reference alone: drop CURRENT")
+    bad = [n for n in args.window_size if n < 2]
+    if bad:
+        raise CommandError(f"--window-size must be at least 2, got {bad[0]}")
+    try:
+        reference = read_window(args.reference, "reference")
+        config = DetectorConfig(
+            alpha=args.alpha, options=TestOptions(permutations=args.permutations, seed=args.seed)
+        )
+        embedder = default_embedder(args.model, backend=args.embedder, progress=not args.no_progress)
+        sizes = tuple(args.window_size)
+        shares = DriftDetector(embedder, config).detectable_shares(reference, sizes)
+    except DriftError as exc:
+        raise CommandError(str(exc)) from exc
+    if args.json:
+        rows = [{"window": n, "detectable_share": s} for n, s in zip(sizes, shares, strict=True)]
+        print(json.dumps({"n_reference": len(reference.prompts), "alpha": args.alpha, "windows": rows}))
+        return 0
+    print(
+        f"reference of {len(reference.prompts)} texts, alpha={args.alpha:g}: the smallest share of "
+        "new-topic texts (farther from the reference than its own held-out texts) detected with 90% power"
+    )
+    for n, share in zip(sizes, shares, strict=True):
+        shown = (
+            "not detectable at this size"
+            if share is None
+            else f"{100 * share:.1f}% ({round(share * n)} texts)"
+        )
+        print(f"  window {n:>6}: {shown}")
+    return 0
+
+
 def _print_verdict(report: DriftReport, report_path: Path | None) -> None:
     out = sys.stdout
     head = "DRIFT" if report.drifted else "no drift"
@@ -128,6 +186,12 @@ def _print_verdict(report: DriftReport, report_path: Path | None) -> None:
         f"{report.n_current} current texts",
         file=out,
     )
+    if report.detectable_share is not None:
+        print(
+            f"  detects with 90% power a new topic at {100 * report.detectable_share:.1f}% of this window "
+            "or more (texts farther from the reference than its own)",
+            file=out,
+        )
     for note in report.notes:
         print(f"  note: {note}", file=out)
     for t in report.tests:

@@ -23,7 +23,8 @@ from sqlalchemy import Engine, bindparam, select, update
 
 from ._explain import ClusterModel, FieldExplanation, explain_field, fit_clusters
 from ._lengths import LengthDrift, RequestLengths, length_drift
-from ._mmd import StatResult
+from ._mmd import StatResult, as_unit_rows
+from ._novelty import detectable_share, fit_novelty
 from ._openvino_embed import default_embedder
 from ._references import (
     StoredReference,
@@ -56,7 +57,9 @@ __all__ = [
     "FittedReference",
     "check_sizes",
     "deciding_test",
+    "detectable_share_for",
     "evaluate_window",
+    "family_size",
     "fit_stored",
     "run_tests",
     "tested_fields",
@@ -124,6 +127,34 @@ def run_tests(
             )
         )
     return tuple(out)
+
+
+def detectable_share_for(
+    reference_rows: np.ndarray, window: int, family: int, config: DetectorConfig
+) -> float | None:
+    """The smallest share of a `window`-text window, texts beyond every novelty cut of this
+    reference, that the verdict detects with 90% power: the novelty scan at `alpha / family`
+    (Holm's first step never asks less of the smallest p-value) on its first split at that
+    split's Bonferroni share, the effect floor applied.
+    None when the configuration runs no novelty scan or no share would do."""
+    if "novelty" not in config.tests:
+        return None
+    calibration = fit_novelty(as_unit_rows(reference_rows, "reference"), config.options)
+    return detectable_share(
+        calibration,
+        window,
+        level=config.alpha / max(family, 1) / config.options.novelty_splits,
+        floor=config.floor("novelty"),
+        seed=config.options.seed,
+    )
+
+
+def family_size(reference: EmbeddedWindow, config: DetectorConfig, *, with_responses: bool) -> int:
+    """How many tests a report on this reference runs (the Holm family), when the current
+    window has responses too (`with_responses`) or not."""
+    fields = 2 if with_responses and len(reference.responses) >= config.min_reference else 1
+    relevance = int(config.relevance_test and fields == 2)
+    return fields * len(config.tests) + relevance
 
 
 def deciding_test(tests: tuple[TestResult, ...]) -> TestResult:
@@ -242,6 +273,17 @@ class DriftDetector:
         fitted = reference if isinstance(reference, FittedReference) else self._fit(ref_window, None, None)
         return self.compare(fitted, cur_window, context=context)
 
+    def detectable_shares(
+        self, reference: TextWindow | EmbeddedWindow, windows: tuple[int, ...]
+    ) -> tuple[float | None, ...]:
+        """For each window size, the smallest share of new-topic prompts a report on this
+        reference detects with 90% power (from the reference's own calibration)."""
+        ref = self.embed(reference)[0] if isinstance(reference, TextWindow) else reference
+        if len(ref.prompts) < self.config.min_reference:
+            raise WindowTooSmall("reference", len(ref.prompts), self.config.min_reference)
+        family = family_size(ref, self.config, with_responses=ref.has_responses)
+        return tuple(detectable_share_for(ref.prompt_embeddings, w, family, self.config) for w in windows)
+
     def compare(
         self, reference: FittedReference, current: EmbeddedWindow, *, context: ReportContext | None = None
     ) -> DriftReport:
@@ -278,7 +320,15 @@ class DriftDetector:
             n_reference=len(ref.prompts),
             n_current=len(current.prompts),
             tests=tests,
-            fields=tuple(_verdict(f, tests, explanations) for f in fields),
+            fields=tuple(
+                replace(
+                    _verdict(f, tests, explanations),
+                    detectable_share=detectable_share_for(
+                        ref.field(f)[1], len(current.field(f)[1]), len(tests), cfg
+                    ),
+                )
+                for f in fields
+            ),
             relevance=relevance,
             explanations=explanations,
             context=context,

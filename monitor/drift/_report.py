@@ -81,6 +81,9 @@ class FieldVerdict:
     p_value: float  # smallest adjusted p-value among the field's tests
     score: float  # the field's MMD² (its drift score gauge)
     novelty_rate: float | None
+    # The smallest share of this window's texts, farther from the reference than its own
+    # held-out texts, that the verdict detects with 90% power (None without a novelty test).
+    detectable_share: float | None = None
 
 
 @dataclass(frozen=True)
@@ -119,6 +122,12 @@ class DriftReport:
     def field(self, name: str) -> FieldVerdict | None:
         return next((f for f in self.fields if f.field == name), None)
 
+    @property
+    def detectable_share(self) -> float | None:
+        """The prompts' smallest detectable share of new-topic texts (90% power)."""
+        prompt = self.field("prompt")
+        return None if prompt is None else prompt.detectable_share
+
     def explanation(self, name: str) -> FieldExplanation | None:
         return next((e for e in self.explanations if e.field == name), None)
 
@@ -145,6 +154,7 @@ class DriftReport:
             "window": {"since": c.since, "until": c.until},
             "fields": [asdict(f) for f in self.fields],
             "length_drift": None if self.lengths is None else self.lengths.drifted,
+            "detectable_share": self.detectable_share,
             "notes": list(self.notes),
         }
 
@@ -235,6 +245,7 @@ def list_reports(
         "window",
         "fields",
         "length_drift",
+        "detectable_share",
     )
     out = []
     for row in rows:
@@ -440,6 +451,7 @@ def render_html(report: DriftReport, *, title: str = "infersight drift report") 
         f"<div class='verdict {'drift' if report.drifted else 'nodrift'}'><strong>{verdict}</strong> — "
         f"p = {_num(report.p_value)} (Holm-adjusted, α = {report.threshold:g}), effect {_num(report.score)} "
         f"by {escape(report.method)}; {report.n_reference} reference vs {report.n_current} current texts.</div>",
+        _detectable(report.detectable_share),
         "<h2>Tests</h2>",
         _tests_table(report.tests),
         f"<p class='muted'>Drift is declared for a test when its Holm-adjusted p-value (over all "
@@ -455,6 +467,16 @@ def render_html(report: DriftReport, *, title: str = "infersight drift report") 
         parts.append(_lengths_section(report.lengths))
     parts.append("</body></html>")
     return "\n".join(parts)
+
+
+def _detectable(share: float | None) -> str:
+    if share is None:
+        return ""
+    return (
+        f"<p>This window detects, with 90% power, a new topic at <strong>{100 * share:.1f}%</strong> of its "
+        "texts or more (texts farther from the reference than its own held-out texts); a quiet verdict "
+        "rules out such a topic at that share, not a smaller one.</p>"
+    )
 
 
 def _tests_table(tests: tuple[TestResult, ...]) -> str:

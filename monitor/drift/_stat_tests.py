@@ -24,25 +24,10 @@ Mean rank (relevance). For a current value `y`, `G(y)` is the share of reference
 above it (ties count half). Given the reference, the window's mean `W` of `G` has mean
 `θ = (1/m) Σ F(r_i)`, a mean of `m` uniforms: `θ ≤ 1/2 + z₁₋δ / sqrt(12 m)` for a share
 1 - δ of references; `G(Y)` has variance at most about 1/12 (less with ties).
-- Novelty: Nearest-neighbour novelty test, calibrated for the reference in use (split conformal, PAC).
-
-The reference is split once (seeded) into a bank and a held-out calibration part. Every
-held-out reference text and every current text gets the same score: its distance
-(1 - cosine) to the nearest bank text. The cut is the `k`-th largest held-out score
-(`k ≈ novelty_tail · (n_cal + 1)`), and the statistic counts current texts strictly
-beyond it.
-
-Given the reference (bank and held-out part fixed), a current text from the reference's
-distribution lands beyond the cut with some chance `q`; over references `q` follows
-`Beta(k, n_cal + 1 - k)` (see `exceedance_upper`), so `q ≤ q⁺`, that law's
-`reference_confidence` quantile, for all but a share `1 - reference_confidence` of
-references. The p-value is the binomial tail at `q⁺`: it is valid conditional on the
-reference, not only on average. (The earlier test counted current texts in the *pooled*
-tail with a hypergeometric law: exact over random references and splits, but with one
-unlucky reference and seed it raised false alarms on about every third window.)
-
-Effect size (`score`): the share of current texts beyond the cut minus the share expected
-without drift (`k / (n_cal + 1)`), i.e. the excess share of novel texts.
+- Novelty (`_novelty`, re-exported here): the nearest-neighbour tests on the same bound.
+  `novelty_single` counts beyond one cut, the `novelty_tail` tail of the held-out scores,
+  against `Binomial(n_current, q⁺)`; `novelty` (the default) scans several cuts at once with
+  bounds that hold for all of them together.
 - Relevance: Prompt-response relevance: the cosine between a prompt and its response, per request
 and as a windowed distribution. Relevance drop: are the current window's prompt-response cosines lower than the reference's?
 
@@ -66,7 +51,17 @@ from types import MappingProxyType
 
 import numpy as np
 
-from ._mmd import StatResult, StatTest, TestOptions, check_pair, mmd_exact_test, mmd_rff_test, mmd_test
+from ._mmd import StatResult, StatTest, TestOptions, mmd_exact_test, mmd_rff_test, mmd_test
+from ._novelty import (
+    exceedance_upper,
+    nearest,
+    novelty_scores,
+    novelty_single_test,
+    novelty_test,
+    split_reference,
+    tail_count_p_value,
+    tail_cut,
+)
 from .errors import UnknownTest, WindowTooSmall
 
 __all__ = [
@@ -82,6 +77,7 @@ __all__ = [
     "mean_rank_p_value",
     "nearest",
     "novelty_scores",
+    "novelty_single_test",
     "novelty_test",
     "relevance",
     "relevance_drop_test",
@@ -90,37 +86,6 @@ __all__ = [
     "tail_count_p_value",
     "tail_cut",
 ]
-
-
-def tail_cut(calibration: np.ndarray, tail: float) -> tuple[float, int]:
-    """`(cut, k)`: the `k`-th largest calibration score, `k = max(1, ⌊tail · (n + 1)⌋)`.
-
-    New scores count as exceedances when strictly above `cut`; with ties that only makes
-    the exceedance probability smaller than the continuous case's."""
-    scores = np.sort(np.asarray(calibration, dtype=np.float64).ravel())
-    n = scores.size
-    if n == 0:
-        raise ValueError("no calibration scores")
-    k = min(max(1, math.floor(tail * (n + 1))), n)
-    return float(scores[n - k]), k
-
-
-def exceedance_upper(k: int, n: int, confidence: float) -> float:
-    """`q⁺`: the `confidence` quantile of `Beta(k, n + 1 - k)`, the law of the chance that a
-    new score exceeds the `k`-th largest of `n` calibration scores."""
-    from scipy.stats import beta  # scipy.stats is slow to import: only when testing
-
-    return float(beta.ppf(confidence, k, n + 1 - k))
-
-
-def tail_count_p_value(count: int, size: int, q_upper: float) -> float:
-    """`P(Binomial(size, q⁺) ≥ count)`: valid for the reference whenever its true
-    exceedance chance is at most `q⁺`."""
-    from scipy.stats import binom
-
-    if count <= 0:
-        return 1.0
-    return float(min(1.0, binom.sf(count - 1, size, q_upper)))
 
 
 def mean_rank_p_value(reference: np.ndarray, current: np.ndarray, confidence: float) -> tuple[float, float]:
@@ -139,56 +104,6 @@ def mean_rank_p_value(reference: np.ndarray, current: np.ndarray, confidence: fl
     theta_upper = 0.5 + float(norm.ppf(confidence)) / math.sqrt(12.0 * m)
     z = (w - theta_upper) / math.sqrt(1.0 / (12.0 * k))
     return w, float(norm.sf(z))
-
-
-def nearest(queries: np.ndarray, bank: np.ndarray, *, block: int = 2048) -> tuple[np.ndarray, np.ndarray]:
-    """`(distance, index)`: for each query row its smallest `1 - cos` to a bank row and that row."""
-    dist = np.empty(queries.shape[0], dtype=np.float32)
-    index = np.empty(queries.shape[0], dtype=np.int64)
-    for start in range(0, queries.shape[0], block):
-        sims = queries[start : start + block] @ bank.T  # [b, bank]
-        best = sims.argmax(axis=1)
-        index[start : start + block] = best
-        dist[start : start + block] = 1.0 - sims[np.arange(sims.shape[0]), best]
-    return np.maximum(dist, 0.0), index
-
-
-def split_reference(n: int, calibration_fraction: float, *, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """`(bank_rows, calibration_rows)` of a reference of `n` rows: a seeded random split,
-    each side at least one row."""
-    order = np.random.default_rng(seed).permutation(n)
-    n_cal = min(max(round(n * calibration_fraction), 1), n - 1)
-    return np.sort(order[n_cal:]), np.sort(order[:n_cal])
-
-
-NOVELTY_METHOD = "nn_novelty_conformal_conditional_binomial"
-MIN_REFERENCE = 4
-
-
-def novelty_scores(
-    reference: np.ndarray, current: np.ndarray, options: TestOptions
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """`(calibration_scores, current_scores, bank_rows)` for unit-row reference and current."""
-    bank_rows, cal_rows = split_reference(reference.shape[0], options.calibration_fraction, seed=options.seed)
-    bank = reference[bank_rows]
-    cal_scores, _ = nearest(reference[cal_rows], bank)
-    cur_scores, _ = nearest(current, bank)
-    return cal_scores, cur_scores, bank_rows
-
-
-def novelty_test(reference: np.ndarray, current: np.ndarray, options: TestOptions) -> StatResult:
-    x, y = check_pair(reference, current)
-    if x.shape[0] < MIN_REFERENCE:
-        raise WindowTooSmall("reference", x.shape[0], MIN_REFERENCE)
-    if y.shape[0] < 1:
-        raise WindowTooSmall("current", y.shape[0], 1)
-    cal, cur = novelty_scores(x, y, options)[:2]
-    cut, k = tail_cut(cal, options.novelty_tail)
-    beyond = int(np.count_nonzero(cur > cut))
-    q_upper = exceedance_upper(k, cal.size, options.reference_confidence)
-    p_value = tail_count_p_value(beyond, cur.size, q_upper)
-    score = beyond / cur.size - k / (cal.size + 1)
-    return StatResult("novelty", NOVELTY_METHOD, float(beyond), score, p_value, x.shape[0], y.shape[0], 0)
 
 
 # Histogram edges shared by the summary and the Prometheus histogram.
@@ -285,7 +200,8 @@ STAT_TESTS: Mapping[str, StatTest] = MappingProxyType(
         "mmd": mmd_test,  # exact kernel or random features, by size
         "mmd_exact": mmd_exact_test,
         "mmd_rff": mmd_rff_test,
-        "novelty": novelty_test,
+        "novelty": novelty_test,  # the scan over several tail cuts
+        "novelty_single": novelty_single_test,  # one cut (the test before the scan)
     }
 )
 
@@ -303,7 +219,14 @@ def get_test(name: str) -> StatTest:
 # Novelty: excess share of current texts in the pooled tail (2 percentage points).
 # Relevance: drop of the mean prompt-response cosine (0.05).
 DEFAULT_EFFECT_FLOORS: Mapping[str, float] = MappingProxyType(
-    {"mmd": 1e-4, "mmd_exact": 1e-4, "mmd_rff": 1e-4, "novelty": 0.02, "relevance_drop": 0.05}
+    {
+        "mmd": 1e-4,
+        "mmd_exact": 1e-4,
+        "mmd_rff": 1e-4,
+        "novelty": 0.02,
+        "novelty_single": 0.02,
+        "relevance_drop": 0.05,
+    }
 )
 
 

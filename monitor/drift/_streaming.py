@@ -1,8 +1,9 @@
 """Streaming drift for the service: per-request novelty and relevance into CUSUM charts.
 
 Novelty of a request is its prompt's distance (1 - cosine) to the nearest text of the
-reference's bank half, the same score as the batch novelty test; the chart's in-control
-scores are the held-out half's distances to the bank. Relevance (when the reference has
+reference's bank half: the batch novelty scan's per-item score, from the same
+`NoveltyCalibration`; the chart's in-control scores are the held-out half's distances to
+the bank. Relevance (when the reference has
 responses) is charted on its negative, so a drop is the anomalous side. Both charts are
 designed for the upper `reference_confidence` bound of their in-control exceedance rate
 (`design_cusum`), so the run length between false alarms holds for the reference in use,
@@ -33,7 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ._mmd import TestOptions, as_unit_rows
-from ._stat_tests import exceedance_upper, nearest, split_reference, tail_cut
+from ._novelty import exceedance_upper, fit_novelty, tail_cut
 from ._windows import EmbeddedWindow
 
 __all__ = ["CusumDesign", "StreamUpdate", "StreamingDetector", "TailCusum", "design_cusum"]
@@ -187,12 +188,9 @@ class StreamingDetector:
         min_responses: int = 20,
     ) -> None:
         opts = options or TestOptions()
-        bank_rows, cal_rows = split_reference(
-            len(reference.prompts), opts.calibration_fraction, seed=opts.seed
-        )
-        rows = reference.prompt_embeddings
-        self._bank = rows[bank_rows]
-        cal_scores, _ = nearest(rows[cal_rows], self._bank)
+        # the batch test's per-item scores: the same bank, the same held-out scores
+        self.calibration = fit_novelty(as_unit_rows(reference.prompt_embeddings, "reference"), opts)
+        cal_scores = self.calibration.calibration
         charts = 2 if len(reference.relevance) >= min_responses else 1
         per_chart = charts * target_arl  # union bound: alarm rates add up across charts
         self.novelty_design: CusumDesign = design_cusum(
@@ -223,7 +221,7 @@ class StreamingDetector:
     ) -> StreamUpdate:
         """One request: its prompt embedding `[D]` and, when it has one, its response's."""
         p = as_unit_rows(np.asarray(prompt_embedding).reshape(1, -1), "prompt embedding")
-        distance = float(nearest(p, self._bank)[0][0])
+        distance = float(self.calibration.score(p)[0])
         novel, novelty_alarm = self._novelty.update(distance)
         relevance: float | None = None
         relevance_alarm = False
