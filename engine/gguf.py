@@ -77,6 +77,32 @@ class GGUFImport:
     rerounded: tuple[Rerounded, ...]
 
 
+def _reader(path: str) -> Any:
+    """gguf's reader, checking each tensor's bytes lie inside the file before it maps them, so a
+    truncated file is refused naming its first incomplete tensor (and an unknown type, its tensor)."""
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader
+
+    class Reader(GGUFReader):  # type: ignore[misc]
+        def _build_tensors(self, start_offs: int, fields: list[Any]) -> None:
+            size = len(self.data)
+            for field in fields:
+                _, name, _, dims, raw_type, offset = field.parts
+                tensor = str(bytes(name), encoding="utf-8", errors="replace")
+                try:
+                    kind = GGMLQuantizationType(int(raw_type[0]))
+                except ValueError:
+                    raise GGUFUnsupported(path, tensor, f"unknown tensor type {int(raw_type[0])}") from None
+                block, type_size = GGML_QUANT_SIZES[kind]
+                end = int(start_offs + offset[0]) + int(np.prod(dims)) * type_size // block
+                if end > size:
+                    raise GGUFCorrupt(
+                        path, tensor, f"tensor data truncated: it ends at byte {end}, the file has {size}"
+                    )
+            super()._build_tensors(start_offs, fields)
+
+    return Reader
+
+
 class _File:
     """A GGUF file's metadata (key -> plain value) and tensors (name -> reader tensor)."""
 
@@ -88,10 +114,8 @@ class _File:
             magic = fh.read(4)
         if magic != _MAGIC:
             raise GGUFCorrupt(self.path, "", f"not a GGUF file (starts with {magic!r}, not {_MAGIC!r})")
-        from gguf import GGUFReader
-
         try:
-            reader = GGUFReader(path)
+            reader = _reader(self.path)(path)
         except (ValueError, IndexError, KeyError, OSError, OverflowError) as exc:
             raise GGUFCorrupt(self.path, "", f"unreadable header ({type(exc).__name__}: {exc})") from exc
         self.meta: dict[str, Any] = {}
