@@ -42,7 +42,7 @@ def byte_vocab(size: int) -> tuple[list[str], list[str], list[int]]:
 
 
 def write_gguf(model: Any, path: Path, *, outtype: str = "f32", arch: str = "mixtral",
-               tokens: list[str] | None = None) -> Path:  # fmt: skip
+               tokens: list[str] | None = None, chat_template: str | None = None) -> Path:  # fmt: skip
     import gguf
 
     c = model.config
@@ -70,6 +70,8 @@ def write_gguf(model: Any, path: Path, *, outtype: str = "f32", arch: str = "mix
     w.add_token_types(types if tokens is None else [1] * len(tokens))
     w.add_eos_token_id(len(vocab) - 1)
     w.add_bos_token_id(len(vocab) - 1)
+    if chat_template is not None:
+        w.add_chat_template(chat_template)
 
     def put(name: str, t: Any) -> None:
         data = t.detach().float().numpy()

@@ -143,7 +143,7 @@ def test_a_missing_tensor_is_named(mixtral, tmp_path: Path) -> None:  # type: ig
     out.write_kv_data_to_file()
     out.write_tensors_to_file()
     out.close()
-    with pytest.raises(GGUFMismatch, match="blk.1.attn_v.weight: tensor missing"):
+    with pytest.raises(GGUFMismatch, match=r"blk\.1\.attn_v\.weight: tensor missing"):
         import_gguf(Registry(tmp_path / "r"), "mixtral_tiny_fp32-v1.0", tmp_path / "missing.gguf")
 
 

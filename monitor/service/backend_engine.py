@@ -29,8 +29,8 @@ from prometheus_client import CollectorRegistry
 from sqlalchemy import Engine
 
 from . import openai_api as fmt
-from .errors import BackendUnavailable
 from .chat_template import ChatTemplateFailed, render_template
+from .errors import BackendUnavailable
 from .openai_api import ChatRequest, CompletionRequest, TextStream, render_chat
 from .overload import PromptEncoder, PromptOverCharacters
 from .pairs import engine_release_checks
