@@ -39,7 +39,7 @@ CONVERSATIONS = [
         {"role": "user", "content": "héllo"},
         {"role": "assistant", "content": "Hi."},
         {"role": "user", "content": "and then?"},
-    ],  # fmt: skip
+    ],
 ]
 
 

@@ -8,7 +8,6 @@ import os
 import signal
 import subprocess
 import sys
-
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -91,9 +90,8 @@ def test_served_smollm2_answers_paris_through_the_openai_client(tmp_path_factory
                                                               tmp_path: Path) -> None:  # fmt: skip
     openai = pytest.importorskip("openai")
     from infersight.monitor.store import sqlite_url
-    from sqlalchemy import create_engine, select
-
     from infersight.monitor.store.tables import requests
+    from sqlalchemy import create_engine, select
 
     registry = smollm2_registry(tmp_path_factory)
     port, token, log = free_port(), "t0ken-for-the-test", tmp_path / "serve.log"
