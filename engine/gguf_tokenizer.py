@@ -176,7 +176,7 @@ def _sentencepiece(path: str, meta: Mapping[str, Any], tokens: Sequence[str]) ->
     vocab = {t: i for i, t in enumerate(tokens)}
     merges = meta.get("tokenizer.ggml.merges")
     if isinstance(merges, list):
-        pairs = [tuple(str(m).split(" ", 1)) for m in merges]
+        pairs = [(left, right) for left, _, right in (str(m).partition(" ") for m in merges)]
     else:
         pairs = _merges_from_scores(vocab, dict(zip(tokens, scores, strict=True)))
     unk = meta.get("tokenizer.ggml.unknown_token_id")

@@ -39,6 +39,8 @@ def _chat(tokenizer, question: str) -> list[int]:  # type: ignore[no-untyped-def
     return list(tokenizer.encode(text, add_special_tokens=False).ids)
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(1500)  # a loaded 2-core machine; a quiet one takes a small part of this
 def test_import_matches_transformers_reading_of_the_same_gguf(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
@@ -86,6 +88,8 @@ def _ready(url: str, process: subprocess.Popen[bytes], log: Path) -> bool:
         return False
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(1500)
 def test_served_smollm2_answers_paris_through_the_openai_client(tmp_path_factory: pytest.TempPathFactory,
                                                               tmp_path: Path) -> None:  # fmt: skip
     openai = pytest.importorskip("openai")
