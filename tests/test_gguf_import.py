@@ -153,3 +153,26 @@ def test_the_name_must_say_the_quant_the_import_serves(mixtral, tmp_path: Path) 
     with pytest.raises(Exception, match="says quant 'int4' but the import is int8"):
         import_gguf(registry, "mixtral_tiny_int4-v1.0", path, quantize="keep")
     assert registry.versions() == [] and not any((registry.root / "imports").glob("*"))
+
+
+def test_a_sentencepiece_vocabulary_tokenizes_as_transformers_reads_it() -> None:
+    from infersight.engine.gguf_tokenizer import build_tokenizer
+    from transformers.integrations.gguf.gguf_tokenizer_mapping import convert_gguf_tokenizer
+
+    pieces = ["▁", "t", "h", "e", "a", "s", "i", "n", "o", "r", "▁t", "he", "▁the", "▁a", "▁is", "in", "▁in",
+              "on", "er", "▁o", "▁on", "st", "▁s", "at", "en", "an"]  # fmt: skip
+    tokens = ["<unk>", "<s>", "</s>", *(f"<0x{b:02X}>" for b in range(256)), *pieces]
+    types = [2, 3, 3] + [6] * 256 + [1] * len(pieces)  # unknown, control, bytes, normal
+    scores = [0.0] * 259 + [-float(i) for i in range(len(pieces))]
+    meta = {"tokenizer.ggml.model": "llama", "tokenizer.ggml.tokens": tokens, "tokenizer.ggml.scores": scores,
+            "tokenizer.ggml.token_type": types, "tokenizer.ggml.bos_token_id": 1, "tokenizer.ggml.eos_token_id": 2,
+            "tokenizer.ggml.unknown_token_id": 0}  # fmt: skip
+    ours = build_tokenizer("tiny.gguf", meta, len(tokens))
+    theirs, _ = convert_gguf_tokenizer("llama", {"tokenizer_type": "llama", "tokens": tokens, "scores": scores,
+                                                 "token_type": types, "unk_token_id": 0})  # fmt: skip
+    for text in ["the sea is on in the street", "hé 😀 x", "Then at nine"]:
+        ids = ours.tokenizer.encode(text, add_special_tokens=False).ids
+        assert ids == theirs.encode(text, add_special_tokens=False).ids
+        assert ours.tokenizer.decode(ids) == text  # unknown characters through byte fallback
+        assert ours.tokenizer.encode(text).ids == [1, *ids]  # llama vocabularies add BOS
+    assert ours.config["bos_token"] == "<s>" and ours.config["eos_token"] == "</s>"
