@@ -124,14 +124,7 @@ class _File:
                 self.meta[key] = field.contents()
             except (ValueError, IndexError, TypeError) as exc:
                 raise GGUFCorrupt(self.path, key, f"unreadable value ({exc})") from exc
-        size = path.stat().st_size
-        self.tensors = {t.name: t for t in reader.tensors}
-        for t in reader.tensors:
-            end = int(t.data_offset) + int(t.n_bytes)
-            if end > size or t.data.size * t.data.itemsize < int(t.n_bytes):
-                raise GGUFCorrupt(
-                    self.path, t.name, f"data truncated: ends at byte {end}, the file has {size}"
-                )
+        self.tensors = {t.name: t for t in reader.tensors}  # bounds checked as they were read (_reader)
 
     def arch_value(self, key: str, kind: type, default: Any = None) -> Any:
         full = f"{self.meta.get('general.architecture')}.{key}"
@@ -160,9 +153,8 @@ class _File:
 
         t = self.tensor(name)
         values = dequantize(t.data, t.tensor_type)
-        return torch.from_numpy(
-            np.array(values, dtype=np.float32).reshape(self.shape(name))
-        )  # a writable copy
+        copy = np.array(values, dtype=np.float32)  # writable: the reader's arrays map the file read-only
+        return torch.from_numpy(copy.reshape(self.shape(name)))
 
 
 def _unpermute(w: torch.Tensor, heads: int) -> torch.Tensor:
