@@ -82,7 +82,7 @@ def _reader(path: str) -> Any:
     truncated file is refused naming its first incomplete tensor (and an unknown type, its tensor)."""
     from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader
 
-    class Reader(GGUFReader):  # type: ignore[misc]
+    class Reader(GGUFReader):
         def _build_tensors(self, start_offs: int, fields: list[Any]) -> None:
             size = len(self.data)
             for field in fields:
