@@ -7,7 +7,11 @@
      │    ├── CheckpointMismatch         a tensor is missing, unexpected or has the wrong shape/dtype
      │    ├── NonFiniteWeights           a tensor holds NaN or Inf
      │    ├── UnsupportedConfig          config.json asks for something the engine does not implement
-     │    └── TokenizerInvalid           tokenizer.json is present but cannot be read
+     │    ├── TokenizerInvalid           tokenizer.json is present but cannot be read
+     │    └── GGUFError                  a GGUF file cannot be imported (names the file and the field or tensor)
+     │         ├── GGUFCorrupt           not a GGUF file, or its data is truncated
+     │         ├── GGUFUnsupported       an architecture, tensor type or tokenizer the importer does not implement
+     │         └── GGUFMismatch          a tensor is missing or disagrees with the metadata (vocabulary size, shapes)
      ├── UnsupportedQuantization         `quantize=` names a scheme the engine does not have, or one the sizes do not fit
      ├── InvalidArgument                 an argument refused before any work (also a ValueError)
      │    ├── InvalidSamplingParams      temperature < 0, top_p outside (0, 1]
@@ -54,6 +58,10 @@ __all__ = [
     "ChecksumMismatch",
     "DeployRefused",
     "EngineError",
+    "GGUFCorrupt",
+    "GGUFError",
+    "GGUFMismatch",
+    "GGUFUnsupported",
     "GenerationFailed",
     "InvalidArgument",
     "InvalidCanaryWeight",
@@ -135,6 +143,28 @@ class TokenizerInvalid(CheckpointError):
         self.path = path
         self.reason = reason
         super().__init__(f"{path}: {reason}")
+
+
+class GGUFError(CheckpointError):
+    """`where` is the GGUF metadata key or tensor name at fault ("" for the file as a whole)."""
+
+    def __init__(self, path: str, where: str, reason: str) -> None:
+        self.path = path
+        self.where = where
+        self.reason = reason
+        super().__init__(f"{path}: {where + ': ' if where else ''}{reason}")
+
+
+class GGUFCorrupt(GGUFError):
+    pass
+
+
+class GGUFUnsupported(GGUFError):
+    pass
+
+
+class GGUFMismatch(GGUFError):
+    pass
 
 
 class UnsupportedQuantization(EngineError, ValueError):

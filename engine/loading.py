@@ -8,8 +8,10 @@ plain objects the forward reads: tensors used as stored stay views of the memory
 
 from __future__ import annotations
 
+import json
+from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -59,6 +61,8 @@ def load(
     ckpt.check(expected, optional)
     ckpt.check_finite(expected)
     tokenizer = _tokenizer(directory)
+    template, special = _chat_template(directory)
+    config = replace(config, eos_token_ids=_stop_ids(directory, config, tokenizer, special))
 
     chosen, kernels = choose(config, requested=engine_path, device=target, dtype=dtype, quantize=quantize)
     fmt = weight_format(quantize, dtype, target) if quantize is not None else None
@@ -77,6 +81,8 @@ def load(
         path=directory,
         engine_path=chosen,
         native_step=step if chosen.name == "native" else None,
+        chat_template=template,
+        special_tokens=special,
     )
 
 
@@ -94,3 +100,57 @@ def _tokenizer(directory: Path) -> Tokenizer | None:
         return Tokenizer.from_file(str(path))
     except Exception as exc:  # tokenizers raises bare Exception subclasses from Rust
         raise TokenizerInvalid(str(path), f"cannot be read by tokenizers: {exc}") from exc
+
+
+_SPECIAL = ("bos_token", "eos_token", "unk_token", "pad_token")
+
+
+def _json_object(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        return {}
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise TokenizerInvalid(str(path), f"cannot be read as JSON: {exc}") from exc
+    if not isinstance(raw, dict):
+        raise TokenizerInvalid(str(path), "must hold a JSON object")
+    return raw
+
+
+def _chat_template(directory: Path) -> tuple[str | None, dict[str, str]]:
+    """The checkpoint's chat template, as transformers finds it (chat_template.jinja, else
+    tokenizer_config.json's `chat_template`: a string, or a list whose "default" entry is
+    used), and the special tokens a template may name."""
+    raw = _json_object(directory / "tokenizer_config.json")
+    special: dict[str, str] = {}
+    for key in _SPECIAL:
+        value = raw.get(key)
+        value = value.get("content") if isinstance(value, dict) else value  # AddedToken's form
+        if isinstance(value, str):
+            special[key] = value
+    jinja = directory / "chat_template.jinja"
+    template: Any = jinja.read_text(encoding="utf-8") if jinja.is_file() else raw.get("chat_template")
+    if isinstance(template, list):
+        named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
+        template = named.get("default")
+    if template is not None and not isinstance(template, str):
+        raise TokenizerInvalid(str(directory / "tokenizer_config.json"), "chat_template must be a string")
+    return template or None, special
+
+
+def _stop_ids(
+    directory: Path, config: ModelConfig, tokenizer: Tokenizer | None, special: dict[str, str]
+) -> tuple[int, ...]:
+    """config.json's eos ids, plus generation_config.json's and tokenizer_config.json's
+    eos_token: an instruct model's end-of-turn token (<|im_end|>) is often named only there."""
+    ids = list(config.eos_token_ids)
+    generation = _json_object(directory / "generation_config.json").get("eos_token_id")
+    for value in generation if isinstance(generation, list) else [generation]:
+        if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < config.vocab_size:
+            ids.append(value)
+    eos = special.get("eos_token")
+    if eos is not None and tokenizer is not None:
+        found = tokenizer.token_to_id(eos)
+        if found is not None and found < config.vocab_size:
+            ids.append(int(found))
+    return tuple(dict.fromkeys(ids))

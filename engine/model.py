@@ -8,6 +8,7 @@ each row of a decode step at its own position.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -39,6 +40,8 @@ class MoEModel:
         path: Path | None = None,
         engine_path: EnginePath | None = None,
         native_step: NativeStep | None = None,
+        chat_template: str | None = None,
+        special_tokens: Mapping[str, str] | None = None,
     ) -> None:
         self.network = network
         self.config = config
@@ -50,6 +53,10 @@ class MoEModel:
         # the decode path chosen at load (paths.py); a model built by hand runs the eager one
         self.engine_path = engine_path or EnginePath("eager", cpu_model(), "not applicable", 0.0)
         self.native_step = native_step  # the native path's decode step in one C call (native_step.py)
+        # tokenizer_config.json's Jinja chat template (the serving layer renders it) and the
+        # special tokens it may name (bos_token, eos_token, ...); None: prompted as plain lines
+        self.chat_template = chat_template
+        self.special_tokens = dict(special_tokens or {})
 
     def __repr__(self) -> str:
         c = self.config

@@ -474,6 +474,15 @@ class Runtime:
         return current.model.tokenizer if current is not None else None
 
     @property
+    def chat_format(self) -> tuple[str | None, dict[str, str]]:
+        """The serving version's chat template (None: none) and the special tokens it may name."""
+        current = self._state.current
+        if current is None:
+            return None, {}
+        model = current.model
+        return getattr(model, "chat_template", None), dict(getattr(model, "special_tokens", {}))
+
+    @property
     def eos_token_ids(self) -> frozenset[int]:
         current = self._state.current
         return current.eos_ids if current is not None else frozenset()

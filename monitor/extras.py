@@ -14,6 +14,7 @@ and orjson for `HttpSink`). Every other part sits behind an extra of pyproject.t
     drift-openvino  its OpenVINO int8 model, timed against that one    openvino, nncf (+ drift-fast)
     grafana   infersight.dashboards                                   grafana-client, PyYAML
     redis     the prefix cache's shared tier (engine.RedisTier)       redis
+    gguf      `infersight models import` (engine.gguf)                gguf (+ engine)
 
 A package whose extra is missing raises `MissingExtra` (a ModuleNotFoundError) as it is imported,
 with one line naming the extra, e.g. `infersight.monitor.drift needs the drift extra: pip
@@ -49,13 +50,16 @@ EXTRAS: dict[str, tuple[str, ...]] = {
         "uvloop",
         "opentelemetry",  # opentelemetry-proto: the OTLP receiver's messages
         "google",  # googleapis-common-protos: google.rpc.Status
+        "jinja2",  # chat templates
     ),
     "grafana": ("grafana_client", "yaml"),
     "redis": ("redis",),
+    "gguf": ("gguf",),
 }
 _INCLUDES: dict[str, tuple[str, ...]] = {
     "service": ("drift", "drift-fast", "engine", "grafana"),
     "drift-openvino": ("drift-fast",),
+    "gguf": ("engine",),
 }
 
 
@@ -84,7 +88,7 @@ def require_extra(part: str, extra: str) -> None:
 def extra_for_module(module: str | None) -> str | None:
     """The smallest extra that installs the top-level module of `module`, None for the base's."""
     top = (module or "").split(".", 1)[0]
-    for extra in ("engine", "drift", "drift-fast", "drift-openvino", "grafana", "redis", "service"):
+    for extra in ("engine", "gguf", "drift", "drift-fast", "drift-openvino", "grafana", "redis", "service"):
         if top in EXTRAS[extra]:
             return extra
     return None

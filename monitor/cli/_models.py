@@ -6,6 +6,7 @@ infersight models init-demo DIR [--small]  the demo model: fp32, int8 and a corr
                                            (--small: and the small demo model's int8 build)
 infersight models list DIR                 registered versions and the deploy history's last good
 infersight models register DIR NAME CHECKPOINT [--quantize int8|int4] [--parent P] [--copy]
+infersight models import DIR NAME FILE.gguf [--quantize keep|fp32|bf16|int8|int4] [--parent P]
 infersight models canary VERSION --weight W [--url URL] [--token T]   start a canary on a server
 infersight models canary --status|--promote|--abort [--url URL]       its state, or end it by hand
 infersight models rollback [--url URL] [--token T]           back to the previous good version
@@ -95,6 +96,24 @@ def _register_models(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
     reg.add_argument("--parent", help="the version this one derives from (must be registered)")
     reg.add_argument("--copy", action="store_true", help="copy the checkpoint into the registry")
     reg.set_defaults(handler=_register)
+
+    imp = actions.add_parser(
+        "import", help="convert a GGUF file (llama or mixtral) into a checkpoint and register it as a version"
+    )
+    imp.add_argument("directory", metavar="DIR", help="registry directory (created)")
+    imp.add_argument(
+        "name",
+        metavar="NAME",
+        help="[arch]_[dataset]_[quant]-v[major].[minor], e.g. smollm2_instruct_fp32-v1.0",
+    )
+    imp.add_argument("file", metavar="FILE.gguf", help="the GGUF file")
+    imp.add_argument(
+        "--quantize", choices=["keep", "fp32", "bf16", "int8", "int4"], default="fp32",
+        help="how the version serves (default fp32); keep: the engine scheme nearest the file's own "
+        "(Q8_0 -> int8, Q4_0/Q4_1 -> int4); the name's quant must match",
+    )  # fmt: skip
+    imp.add_argument("--parent", help="the version this one derives from (must be registered)")
+    imp.set_defaults(handler=_import)
 
     can = actions.add_parser(
         "canary", help="serve VERSION beside the stable one to a share of users on a running server"
@@ -223,6 +242,30 @@ def _register(args: argparse.Namespace) -> int:
         )
     except (EngineError, OSError) as exc:
         raise CommandError(str(exc)) from exc
+    print(f"registered {info.name} sha256 {info.sha256[:12]} from {info.path}")
+    return 0
+
+
+def _import(args: argparse.Namespace) -> int:
+    from infersight.engine.errors import EngineError
+    from infersight.engine.gguf import import_gguf
+    from infersight.engine.registry import Registry, VersionName
+
+    try:
+        VersionName.parse(args.name)  # before the registry directory is created
+        info, done = import_gguf(
+            Registry(args.directory), args.name, args.file, quantize=args.quantize, parent=args.parent
+        )
+    except (EngineError, OSError) as exc:
+        raise CommandError(str(exc)) from exc
+    kinds = ", ".join(f"{n} {k}" for k, n in done.tensor_types)
+    print(f"imported {done.source.name} ({done.arch}; tensors: {kinds}) as {done.quant}")
+    if done.rerounded:
+        worst = max(done.rerounded, key=lambda r: r.rms_rel)
+        top = max(r.max_rel for r in done.rerounded)
+        print(f"re-rounded to the engine's {worst.scheme} at load: {len(done.rerounded)} tensors, "
+              f"max relative error {top:.2e}, worst RMS relative error {worst.rms_rel:.2e} ({worst.tensor}); "
+              f"per tensor: {done.checkpoint / 'gguf-import.json'}")  # fmt: skip
     print(f"registered {info.name} sha256 {info.sha256[:12]} from {info.path}")
     return 0
 

@@ -1,7 +1,8 @@
 """Serving `/v1` with the embedded runtime (`infersight.engine.Runtime`).
 
-Prompts are tokenized with the serving version's tokenizer (chat through the documented
-template of openai_api.py), generated with the runtime's continuous batching, and
+Prompts are tokenized with the serving version's tokenizer (chat through the model's own
+template where its checkpoint has one, chat_template.py, else the documented one of
+openai_api.py), generated with the runtime's continuous batching, and
 streamed as SSE. Every call becomes an `InferenceRecord` (source "engine") with its
 measured latency, time to first token, token counts and, sampled, its text. What the
 client caused is recorded under its own label, never as a server error: a prompt over
@@ -28,6 +29,7 @@ from prometheus_client import CollectorRegistry
 from sqlalchemy import Engine
 
 from . import openai_api as fmt
+from .chat_template import ChatTemplateFailed, render_template
 from .errors import BackendUnavailable
 from .openai_api import ChatRequest, CompletionRequest, TextStream, render_chat
 from .overload import PromptEncoder, PromptOverCharacters
@@ -273,8 +275,18 @@ class EngineBackend:
     async def chat(
         self, req: ChatRequest, raw: bytes, headers: Any, *, reveal_version: bool = False
     ) -> Response:
+        template, special = self.runtime.chat_format
+        if template is None:
+            prompt = render_chat(req.messages)
+        else:  # the model's own format (chat_template.py); its failure is the client's 400
+            messages = [{"role": m.role, "content": m.text()} | ({"name": m.name} if m.name else {})
+                        for m in req.messages]  # fmt: skip
+            try:
+                prompt = render_template(template, messages, special)
+            except ChatTemplateFailed as exc:
+                return JSONResponse(fmt_error(400, str(exc), "body.messages", "invalid_messages"), status_code=400)
         return await self._serve(
-            req, render_chat(req.messages), req.last_user_text(), req.token_budget(), chat=True,
+            req, prompt, req.last_user_text(), req.token_budget(), chat=True,
             user=self._user(req, headers), system=req.system_text(), reveal=reveal_version,
         )  # fmt: skip
 
