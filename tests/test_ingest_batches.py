@@ -305,3 +305,24 @@ def test_a_write_the_database_refuses_fails_alone_and_the_next_ones_commit(write
         writer.close()
         engine.dispose()
     assert stored == ["w0", "w1", "w4", "w5", "w6", "w7"]
+
+
+def test_a_lone_surrogate_in_a_records_text_is_replaced_and_fails_no_row_beside_it(writer_url: str) -> None:
+    # text that Python's JSON let through (an upstream's answer, a client's field) may hold a
+    # lone surrogate, which neither SQLite nor PostgreSQL can encode
+    engine = connect(writer_url)
+    upgrade(engine)
+    writer = RequestWriter(engine)
+    try:
+        records = [
+            InferenceRecord(request_id=f"s{i}", model="m", model_version="v", started_at=1_700_000_000.0 + i,
+                            duration_s=0.1, prompt="fine", response="a\ud800b" if i == 1 else "ok")
+            for i in range(3)
+        ]
+        assert writer.submit(records).result(30) == 3
+        with engine.connect() as conn:
+            got = dict(conn.execute(select(requests.c.request_id, requests.c.response)).all())
+        assert got == {"s0": "ok", "s1": "a\ufffdb", "s2": "ok"}
+    finally:
+        writer.close()
+        engine.dispose()

@@ -17,10 +17,12 @@ same name, and `started_bucket` is computed from `started_at`.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import logging
 import math
 import operator
+import re
 import threading
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -66,6 +68,27 @@ def _insert_ignoring_duplicates(engine: Engine) -> Insert:
 def _text(value: str | None) -> str | None:
     # PostgreSQL text cannot hold NUL; keep the rest of the string on every backend alike
     return value.replace("\x00", "\ufffd") if value is not None and "\x00" in value else value
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+_TEXT_FIELDS = tuple(f.name for f in dataclasses.fields(InferenceRecord) if "str" in str(f.type))
+
+
+def _without_surrogates(records: Sequence[InferenceRecord]) -> list[InferenceRecord] | None:
+    """The records with every lone surrogate replaced (no encoding can store one), or None when
+    none has one. Only a failed write looks: checking every text up front would cost each row."""
+    cleaned, changed = [], False
+    for r in records:
+        fields = {
+            name: _SURROGATE.sub("\ufffd", value)
+            for name in _TEXT_FIELDS
+            if isinstance(value := getattr(r, name), str) and _SURROGATE.search(value)
+        }
+        if fields:
+            changed = True
+            r = dataclasses.replace(r, **fields)
+        cleaned.append(r)
+    return cleaned if changed else None
 
 
 # what the database fills (`id`) or the drift module sets later (`relevance`)
@@ -320,6 +343,20 @@ class RequestWriter:
                 self._queued_rows -= n
 
     def _write(self, records: Sequence[InferenceRecord]) -> Exception | None:
+        error = self._write_once(records)
+        if error is not None and (cleaned := _without_surrogates(records)) is not None:
+            # a lone surrogate (text from a client or an upstream that JSON let through) cannot
+            # be encoded for the database: it must not fail the rows written beside it
+            error = self._write_once(cleaned)
+        if error is not None:
+            log.warning("writing %d requests failed: %s", len(records), error)
+            if self._on_error is not None:
+                self._on_error(error)
+        elif self._on_written is not None:
+            self._on_written(len(records))
+        return error
+
+    def _write_once(self, records: Sequence[InferenceRecord]) -> Exception | None:
         if not records:
             return None
         try:
@@ -344,12 +381,7 @@ class RequestWriter:
                         [dict(zip(COLUMNS, _postgres_rows([r])[0], strict=True)) for r in records],
                     )
         except self._write_errors as exc:
-            log.warning("writing %d requests failed: %s", len(records), exc)
-            if self._on_error is not None:
-                self._on_error(exc)
             return exc
-        if self._on_written is not None:
-            self._on_written(len(records))
         return None
 
     @staticmethod
