@@ -78,12 +78,14 @@ class Registry:
         registered."""
         parsed = VersionName.parse(name)
         if quantize is not None and quantize not in WEIGHT_QUANTS:
-            raise InvalidVersionName(f"quantize must be None, 'int8' or 'int4', got {quantize!r}")
+            raise InvalidVersionName(
+                f"quantize must be None or one of {', '.join(WEIGHT_QUANTS)}, got {quantize!r}"
+            )
         wanted = parsed.quant if parsed.quant in WEIGHT_QUANTS else None
         if wanted != quantize:
             raise InvalidVersionName(
                 f"version {name!r} says quant {parsed.quant!r} but quantize={quantize!r}: "
-                "an int8 or int4 name needs that quantize= and the other quants need none"
+                f"a {'/'.join(WEIGHT_QUANTS)} name needs that quantize= and the other quants need none"
             )
         if parent is not None:
             self.get(parent)
@@ -163,8 +165,8 @@ def _write_json(path: Path, data: object) -> None:
     os.replace(tmp, path)
 
 
-QUANTS = ("fp32", "bf16", "fp16", "int8", "int4")
-WEIGHT_QUANTS = ("int8", "int4")  # the quants that load quantized: `load(quantize=quant)`
+QUANTS = ("fp32", "bf16", "fp16", "int8", "int4", "fp8")
+WEIGHT_QUANTS = ("int8", "int4", "fp8")  # the quants that load quantized: `load(quantize=quant)`
 VERSION_RULE = (
     "a version name is [arch]_[dataset]_[quant]-v[major].[minor]: arch and dataset are lowercase "
     f"letters and digits, quant is one of {', '.join(QUANTS)}, major and minor are integers "

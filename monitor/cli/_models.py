@@ -88,8 +88,8 @@ def _register_models(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
     reg.add_argument("checkpoint", metavar="CHECKPOINT", help="directory with config.json and *.safetensors")
     reg.add_argument(
         "--quantize",
-        choices=["int8", "int4"],
-        help="serve weight-only int8 or int4 (the name's quant must match)",
+        choices=["int8", "int4", "fp8"],
+        help="serve weight-only int8, int4 or fp8 (the name's quant must match)",
     )
     reg.add_argument("--parent", help="the version this one derives from (must be registered)")
     reg.add_argument("--copy", action="store_true", help="copy the checkpoint into the registry")
