@@ -70,6 +70,7 @@ class StepModel(ctypes.Structure):
         ("act8", ctypes.c_int64),
         *((name + "_p", ctypes.c_void_p) for name in _PACKED),
         *((name + "_ps", ctypes.c_void_p) for name in _PACKED),
+        ("head_quantized", ctypes.c_int64),
     ]
 
 
@@ -156,13 +157,14 @@ def _step_for(network: Transformer, kernels: NativeKernels) -> NativeStep | None
     embeddings = network.embeddings
     if embeddings.device.type != "cpu" or embeddings.dtype not in (torch.float32, torch.bfloat16):
         return None
-    if isinstance(network.head, Int4Projection) and not kernels.int8_dot:
+    # int4 models: the body's projections say it (an int4 build's head may be int8)
+    int4 = isinstance(network.layers[0].attention.wqkv, Int4Projection)
+    if (int4 or isinstance(network.head, Int4Projection)) and not kernels.int8_dot:
         return None
     sources: Sources = {}  # int4: torch's packed layouts, per shape, while this model is packed
     head = _weights(network.head, sources)
     if head is None:
         return None
-    int4 = head[1] is _INT4
     layers = []
     for block in network.layers:
         qkv, wo = _weights(block.attention.wqkv, sources), _weights(block.attention.wo, sources)
@@ -179,7 +181,8 @@ def _step_for(network: Transformer, kernels: NativeKernels) -> NativeStep | None
 
     kinds = {kind(w) for _, qkv, wo, experts in layers for w in (qkv, wo, *(x for e in experts for x in e))}
     want = torch.bfloat16 if quantized else torch.float32
-    if kinds != {kind(head)} or embeddings.dtype != want:
+    int8_head = kinds == {"int4"} and kind(head) == "int8"  # read with the int8 activations too
+    if (kinds != {kind(head)} and not int8_head) or embeddings.dtype != want:
         return None
     return NativeStep(network, kernels, head, layers)
 
@@ -197,7 +200,8 @@ class NativeStep:
         layers: list[tuple[Layer, Weights, Weights, list[tuple[Weights, Weights]]]],
     ) -> None:
         c = network.config
-        quantized, int4 = head[1] is not None, head[1] is _INT4
+        quantized, int4 = head[1] is not None, layers[0][1][1] is _INT4
+        int8_head = int4 and head[1] is not _INT4  # an int4 build's head kept at int8
         fp8 = quantized and not int4 and head[0].dtype == torch.uint8
         self.kernels = kernels
         # int8 models compute in bf16 on the eager path; here activations are fp32, RoPE too
@@ -248,6 +252,10 @@ class NativeStep:
                 columns[name + "_s"] = [None]
                 columns[name + "_p"] = columns[name]
             head_p = head[0]
+            if int8_head:
+                assert head[1] is not None
+                head_p, head_ps = pack_int8(head[0], head[1])
+                keep.extend((head_p, head_ps))
         elif quantized and kernels.int8_dot and not fp8:  # int8 activations: packed copies, made here
             for name in _PACKED[:4]:
                 packer = _pack_w13 if name == "w13" else pack_int8
@@ -275,10 +283,11 @@ class NativeStep:
             embed=embed.data_ptr(),
             norm=norm.data_ptr(),
             head=head[0].data_ptr(),
-            head_s=head[1].data_ptr() if quantized and not int4 else 0,  # type: ignore[union-attr]
+            head_s=head[1].data_ptr() if quantized and head[1] is not _INT4 else 0,  # type: ignore[union-attr]
             head_p=head_p.data_ptr() if head_p is not None else 0,
             head_ps=head_ps.data_ptr() if head_ps is not None else 0,
             quantized=2 if int4 else 3 if fp8 else int(quantized),
+            head_quantized=1 if int8_head else 0,
             **{name: array(tensors) for name, tensors in columns.items()},
         )
         self._keep, self._address = keep, ctypes.addressof(self.model)

@@ -102,6 +102,7 @@ class Registry:
                 path = version_dir / "checkpoint"
                 shutil.copytree(source, path)
             sha256, files = hash_weight_files(path)
+            quantization = _quantization(path)
             info = VersionInfo(
                 name=name,
                 arch=parsed.arch,
@@ -114,6 +115,7 @@ class Registry:
                 parent=parent,
                 path=path,
                 files=files,
+                quantization=quantization,
             )
             _write_json(version_dir / _META, info.to_json())
         except BaseException:
@@ -139,6 +141,20 @@ class Registry:
 
     def __repr__(self) -> str:
         return f"Registry({str(self.root)!r})"
+
+
+def _quantization(path: Path) -> tuple[tuple[str, str], ...]:
+    """A quantized build's record (engine/quantized_store.py's quantization.json), as pairs."""
+    meta = path / "quantization.json"
+    if not meta.is_file():
+        return ()
+    try:
+        data = json.loads(meta.read_text())
+    except (OSError, ValueError) as exc:
+        raise NotACheckpoint(f"{meta} is unreadable: {exc}") from exc
+    if not isinstance(data, dict):
+        raise NotACheckpoint(f"{meta} is not a JSON object")
+    return tuple(sorted((str(k), json.dumps(v)) for k, v in data.items()))
 
 
 def _check_checkpoint(path: Path) -> None:
@@ -219,6 +235,9 @@ class VersionInfo:
     parent: str | None
     path: Path
     files: tuple[tuple[str, str], ...] = ()
+    # a build that carries its quantized weights: its quantization.json (method, group size,
+    # head precision...), as (key, JSON value) pairs; () for a plain checkpoint
+    quantization: tuple[tuple[str, str], ...] = ()
 
     @property
     def quantize(self) -> str | None:
@@ -238,7 +257,7 @@ class VersionInfo:
             "parent": self.parent,
             "path": str(self.path),
             "files": dict(self.files),
-        }
+        } | ({"quantization": {k: json.loads(v) for k, v in self.quantization}} if self.quantization else {})
 
     @classmethod
     def from_json(cls, data: Any, *, source: Path) -> VersionInfo:
@@ -257,6 +276,9 @@ class VersionInfo:
                 parent=None if data.get("parent") is None else str(data["parent"]),
                 path=Path(data["path"]),
                 files=tuple(sorted((str(k), str(v)) for k, v in files.items())),
+                quantization=tuple(
+                    sorted((str(k), json.dumps(v)) for k, v in (data.get("quantization") or {}).items())
+                ),
             )
         except (KeyError, TypeError, ValueError, AttributeError, InvalidVersionName) as exc:
             raise RegistryCorrupt(

@@ -315,8 +315,8 @@ int64_t infersight_decode_step(const infersight_model *m, int64_t B, const int64
             if (v8)
                 for (int64_t b = 0; b < out_rows; b++) quantize_row(&qxn, b, xn + b * D, D);
         }
-        linear_for(q8, xn, out_rows, (wref){m->head, m->head_s, m->head_p, m->head_ps}, m->V, D, logits, 0, acc,
-                   v8 ? &qxn : 0);
+        linear_for(m->head_quantized ? m->head_quantized : q8, xn, out_rows,
+                   (wref){m->head, m->head_s, m->head_p, m->head_ps}, m->V, D, logits, 0, acc, v8 ? &qxn : 0);
     }
     return -1;
 }

@@ -39,6 +39,9 @@ typedef struct {
     const int8_t *head_p;
     const float *const *wqkv_ps, *const *wo_ps, *const *w13_ps, *const *w2_ps;
     const float *head_ps;
+    /* the head's own kind where it differs from `quantized`: 1, an int4 model's int8 head (its
+       `head_p`/`head_ps` packed as int8's, read with the int8 activations); 0: as the model */
+    int64_t head_quantized;
 } infersight_model;
 
 /* linear.c: out [M, N] = residual [M, N] (or 0) + alpha * x [M, K] @ W^T, W packed [N/16][K][16] */
