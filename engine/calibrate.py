@@ -320,10 +320,10 @@ def quantize_checkpoint(
         head_key = "model.embed_tokens.weight" if c.tie_word_embeddings else "lm_head.weight"
         w_head = ckpt.tensor(head_key).float()
         if head == "int8":
-            parts = int8_rows(w_head, torch.float32)
-            put("output", parts)
+            head8 = int8_rows(w_head, torch.float32)
+            put("output", head8)
             count += 1
-            w_head = parts["weight"].float() * parts["scales"][:, None]
+            w_head = head8["weight"].float() * head8["scales"][:, None]
         else:
             final = Hessian(c.hidden_size) if samples else None
             norm = ckpt.tensor("model.norm.weight").float()
