@@ -54,8 +54,10 @@ def smollm2_mixtral(directory: Path) -> Path:
         f = reader.fields[name]
         return [bytes(f.parts[i]).decode("utf-8") for i in f.data]
 
-    layers, heads, kv = int(field("llama.block_count")), int(field("llama.attention.head_count")), int(
-        field("llama.attention.head_count_kv")
+    layers, heads, kv = (
+        int(field("llama.block_count")),
+        int(field("llama.attention.head_count")),
+        int(field("llama.attention.head_count_kv")),
     )
     D, inter = int(field("llama.embedding_length")), int(field("llama.feed_forward_length"))
     tensors: dict[str, torch.Tensor] = {}
@@ -80,7 +82,9 @@ def smollm2_mixtral(directory: Path) -> Path:
             p + "block_sparse_moe.experts.0.w3.weight": tensors[b + "ffn_up.weight"],
             p + "block_sparse_moe.experts.0.w2.weight": tensors[b + "ffn_down.weight"],
         }
-    save_file({k: v.contiguous() for k, v in out.items()}, str(directory / "model.safetensors"), {"format": "pt"})
+    save_file(
+        {k: v.contiguous() for k, v in out.items()}, str(directory / "model.safetensors"), {"format": "pt"}
+    )
     vocab = strings("tokenizer.ggml.tokens")
     config = {
         "model_type": "mixtral",

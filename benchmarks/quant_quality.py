@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _smollm2_mixtral import smollm2_mixtral  # noqa: E402
+from _smollm2_mixtral import smollm2_mixtral
 
 DATA = Path(__file__).resolve().parent.parent / "monitor" / "data"
 
@@ -59,7 +59,9 @@ def _logits(model: object, windows: list[torch.Tensor]) -> list[torch.Tensor]:
     return [model.logits(w[None])[0].float() for w in windows]  # type: ignore[attr-defined]
 
 
-def _scores(logits: list[torch.Tensor], reference: list[torch.Tensor], windows: list[torch.Tensor]) -> dict[str, float]:
+def _scores(
+    logits: list[torch.Tensor], reference: list[torch.Tensor], windows: list[torch.Tensor]
+) -> dict[str, float]:
     nll, agree, kl, n = 0.0, 0, 0.0, 0
     for lg, ref, w in zip(logits, reference, windows, strict=True):
         lg, ref, target = lg[:-1], ref[:-1], w[1:]
@@ -72,7 +74,9 @@ def _scores(logits: list[torch.Tensor], reference: list[torch.Tensor], windows: 
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--tokens", type=int, default=3072, help="measured tokens (Banking77 test)")
     parser.add_argument("--window", type=int, default=256)
     parser.add_argument("--calibration", type=int, default=256, help="hotels utterances GPTQ calibrates on")
@@ -95,7 +99,12 @@ def main() -> None:
         if not (target / "quantization.json").is_file():
             started = time.perf_counter()
             quantize_checkpoint(
-                source, target, method=method, texts=calib, group_size=args.group_size, act_order=args.act_order
+                source,
+                target,
+                method=method,
+                texts=calib,
+                group_size=args.group_size,
+                act_order=args.act_order,
             )
             print(f"built int4 {method} in {time.perf_counter() - started:.0f} s", flush=True)
         builds[method] = target
@@ -111,7 +120,9 @@ def main() -> None:
         "int4 load-time (RTN, head int4)": (source, {"quantize": "int4"}),
     }
     reference_model = load(source, device="cpu", engine_path="eager")
-    windows = _windows(reference_model.tokenizer, _texts(DATA / "banking77" / "test.csv"), args.tokens, args.window)
+    windows = _windows(
+        reference_model.tokenizer, _texts(DATA / "banking77" / "test.csv"), args.tokens, args.window
+    )
     reference = _logits(reference_model, windows)
     del reference_model
     results: dict[str, dict[str, float]] = {}
