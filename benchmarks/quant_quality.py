@@ -84,7 +84,13 @@ def main() -> None:
     parser.add_argument("--act-order", action="store_true")
     parser.add_argument("--work", type=Path, help="where the checkpoints go (default: a temporary directory)")
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--threads", type=int, help="torch threads (a shared machine: 1)")
+    parser.add_argument(
+        "--fp16", action="store_true", help="also the fp16 row (slow on CPUs: torch's fp16 CPU products)"
+    )
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     from infersight.engine import load
     from infersight.engine.calibrate import quantize_checkpoint
     from infersight.engine.native import cpu_model
@@ -105,6 +111,7 @@ def main() -> None:
                 texts=calib,
                 group_size=args.group_size,
                 act_order=args.act_order,
+                progress=lambda done, total, m=method: print(f"  {m}: {done}/{total} layers", flush=True),
             )
             print(f"built int4 {method} in {time.perf_counter() - started:.0f} s", flush=True)
         builds[method] = target
@@ -119,6 +126,9 @@ def main() -> None:
         f"int4 GPTQ g{args.group_size}, head int8": (builds["gptq"], {"quantize": "int4"}),
         "int4 load-time (RTN, head int4)": (source, {"quantize": "int4"}),
     }
+    if not args.fp16:
+        del rows["fp16"]
+        print("fp16: not measured (--fp16 adds it; torch's fp16 products on CPU are very slow)")
     reference_model = load(source, device="cpu", engine_path="eager")
     windows = _windows(
         reference_model.tokenizer, _texts(DATA / "banking77" / "test.csv"), args.tokens, args.window
