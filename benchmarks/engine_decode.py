@@ -7,7 +7,7 @@ Both sides run the same random weights (written by transformers' save_pretrained
 same process, alternating run by run; each figure is the median over repeats. Decode time is
 isolated as time(generate N+1 tokens) - time(generate 1 token), so prefill is not counted.
 
-    .venv/bin/python benchmarks/engine_decode.py                 # CPU, fp32 (+ int8, int4 at batch 1)
+    .venv/bin/python benchmarks/engine_decode.py                 # CPU, fp32 (+ int8, int4, fp8 at batch 1)
     .venv/bin/python benchmarks/engine_decode.py --device cuda   # GPU, bf16
 """
 
@@ -104,7 +104,7 @@ class Row:
     batch: int
     side: str
     tokens_per_s: float
-    ratio: float | None  # against transformers (int8: against the engine's fp32; int4: its int8)
+    ratio: float | None  # against transformers (int8: against the engine's fp32; int4, fp8: its int8)
     target: float | None
 
 
@@ -153,7 +153,9 @@ def bench_case(
         reference.save_pretrained(tmp)
         engine = load(tmp, device=device, dtype=dtype, engine_path="eager")
         native = load(tmp, device=device, dtype=dtype, engine_path="native") if device.type == "cpu" else None
-        quantized = {q: load(tmp, device=device, quantize=q) for q in (("int8", "int4") if int8 else ())}
+        quantized = {
+            q: load(tmp, device=device, quantize=q) for q in (("int8", "int4", "fp8") if int8 else ())
+        }
         reference = reference.to(device=device, dtype=dtype)
         ids = torch.randint(0, config.vocab_size, (batch, prompt), device=device)
         mask = torch.ones_like(ids)
@@ -245,11 +247,19 @@ def main() -> None:
             q8, q4 = rates["engine int8"], rates["engine int4"]
             rows.append(Row(name, batch, "engine int8", q8, q8 / eng, 1.5))
             rows.append(Row(name, batch, "engine int4", q4, q4 / q8, 1.2))
+            if "engine fp8" in rates:  # the bytes int8 reads, decoded as e4m3
+                rows.append(
+                    Row(name, batch, "engine fp8", rates["engine fp8"], rates["engine fp8"] / q8, 0.9)
+                )
         for row in rows[-len(rates) :]:
             ratio = f"{row.ratio:5.2f}x" if row.ratio is not None else "      "
             goal = f"(target >= {row.target}x)" if row.target is not None else ""
             wbytes = weight_bytes_per_step(
-                name, batch, {"engine int8": 1.0, "engine int4": 0.5}.get(row.side, float(dtype.itemsize))
+                name,
+                batch,
+                {"engine int8": 1.0, "engine int4": 0.5, "engine fp8": 1.0}.get(
+                    row.side, float(dtype.itemsize)
+                ),
             )
             floor = batch * bandwidth / wbytes  # tok/s if reading the weights were all it took
             print(

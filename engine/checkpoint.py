@@ -219,9 +219,13 @@ def build_state(
     device: torch.device,
     dtype: torch.dtype,
     quantizer: Quantizer | None = None,
+    stored: Mapping[str, dict[str, torch.Tensor]] | None = None,
 ) -> dict[str, torch.Tensor]:
     """The engine's state dict (the names network.py's `build` reads) from a checked
-    checkpoint. Tied embeddings in full precision: the head is the embedding tensor itself."""
+    checkpoint. Tied embeddings in full precision: the head is the embedding tensor itself.
+    `stored`: projections already quantized (quantized_store.py), by engine name, taken as
+    they are instead of being quantized here."""
+    stored = stored or {}
     stacked = stacked_experts(ckpt.infos)
 
     def experts(moe: str) -> dict[str, Callable[[torch.dtype], torch.Tensor]]:
@@ -244,6 +248,8 @@ def build_state(
         return t if (t.device, t.dtype) == (device, dtype) else t.to(device=device, dtype=dtype)
 
     def linear(name: str, keys: list[str]) -> dict[str, torch.Tensor]:
+        if quantizer is not None and name in stored:
+            return {f"{name}.{k}": v for k, v in stored[name].items()}
         if quantizer is None:
             w = plain(keys[0]) if len(keys) == 1 else _fused(ckpt, [keys], device, dtype)[0]
             return {f"{name}.weight": w}
@@ -274,6 +280,10 @@ def build_state(
         for name, make in experts(moe).items():
             if quantizer is None:
                 state[f"{m}moe.experts.{name}"] = make(dtype)
+            elif f"{m}moe.experts.{name}" in stored:
+                state |= {
+                    f"{m}moe.experts.{name}_{k}": v for k, v in stored[f"{m}moe.experts.{name}"].items()
+                }
             else:
                 state |= {f"{m}moe.experts.{name}_{k}": v for k, v in quantizer(make(torch.float32)).items()}
     return state

@@ -20,7 +20,8 @@
      │    ├── PromptTooLong              serving: a request over the runtime's length limits (at submit)
      │    ├── InvalidRequest             serving: empty prompt, max_new_tokens < 1, bad sampling values
      │    ├── InvalidCanaryWeight        a canary weight outside (0, 1]
-     │    └── SealKeyInvalid             the shared tier's seal key is missing or shorter than 32 bytes
+     │    ├── SealKeyInvalid             the shared tier's seal key is missing or shorter than 32 bytes
+     │    └── CalibrationInvalid         a calibration file with no usable prompt, or texts the model cannot take
      ├── RuntimeNotRunning               serving: submit/deploy before start() or while stopping
      ├── PathOverloaded                  SLA routing: a path's length breaker is open for this length
      ├── QueueFull                       admission: the request's queue is full or its predicted wait too long
@@ -49,6 +50,7 @@ from __future__ import annotations
 
 __all__ = [
     "CacheCapacityExceeded",
+    "CalibrationInvalid",
     "CanaryRunning",
     "CheckpointCorrupt",
     "CheckpointError",
@@ -180,6 +182,11 @@ class UnsupportedQuantization(EngineError, ValueError):
 class InvalidArgument(EngineError, ValueError):
     """An argument the engine refuses before doing any work: the family every argument
     check raises (one `except InvalidArgument` catches them all; each is also a ValueError)."""
+
+
+class CalibrationInvalid(InvalidArgument):
+    """`models quantize --method gptq`: the calibration file cannot calibrate this model (no
+    usable prompt, no tokenizer to read it with, ids outside the vocabulary)."""
 
 
 class InvalidSamplingParams(InvalidArgument):

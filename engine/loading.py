@@ -23,6 +23,7 @@ from .native_step import step_for
 from .network import build
 from .paths import annotate, choose, settle
 from .quant import QUANTIZERS, weight_format
+from .quantized_store import read_stored, stored_parts
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
@@ -45,6 +46,8 @@ def load(
     bf16, because the int8 CPU kernel is only fast with bf16 activations (int4: see quant.py).
     engine_path: "auto" (the faster of the eager and native paths on this machine, measured
     once and cached: paths.py), "eager" or "native"; `model.engine_path` says which it runs and why.
+    A build that carries its quantized weights (`infersight models quantize`: quantized_store.py)
+    serves them when `quantize` is its scheme, its head at the precision it was built with.
     """
     if quantize is not None and quantize not in QUANTIZERS:
         raise UnsupportedQuantization(quantize, tuple(QUANTIZERS))
@@ -66,7 +69,15 @@ def load(
 
     chosen, kernels = choose(config, requested=engine_path, device=target, dtype=dtype, quantize=quantize)
     fmt = weight_format(quantize, dtype, target) if quantize is not None else None
-    state = build_state(ckpt, config, device=target, dtype=dtype, quantizer=fmt.quantize if fmt else None)
+    built = read_stored(directory) if fmt is not None else None
+    stored = (
+        stored_parts(directory, fmt, target)
+        if fmt is not None and built and built.scheme == quantize
+        else None
+    )
+    state = build_state(
+        ckpt, config, device=target, dtype=dtype, quantizer=fmt.quantize if fmt else None, stored=stored
+    )
     network = build(config, state, kernels=kernels, fmt=fmt)
     del state  # what the network did not keep (stacks replaced by blocked copies) is released
     step = step_for(network, kernels) if kernels is not None else None

@@ -125,6 +125,7 @@ class NativeKernels:
             vnni = bool(lib.infersight_has_vnni())
             int8_dot = bool(lib.infersight_has_int8_dot())
             step, step_scratch = lib.infersight_decode_step, lib.infersight_step_scratch
+            rows_fp8 = lib.infersight_rows_fp8
         except (OSError, AttributeError) as exc:
             raise KernelUnavailable(f"cannot load {path}: {exc}") from exc
         p, i64 = ctypes.c_void_p, ctypes.c_int64
@@ -137,6 +138,9 @@ class NativeKernels:
         step.restype = i64  # -1, or the first bad row: its token (b), slot (B + b) or position (2B + b)
         step_scratch.argtypes = [p, i64, i64]
         step_scratch.restype = i64
+        rows_fp8.argtypes = [p, p, p, p, i64, i64, i64]
+        rows_fp8.restype = None
+        self._rows_fp8 = rows_fp8
         self.path, self.avx512, self.vnni, self._fn = path, avx512, vnni, fn
         self.int8_dot, self.level = int8_dot, level
         # what a measured verdict holds for (paths.py): this build of the library, by its bytes
@@ -172,6 +176,18 @@ class NativeKernels:
             n,
             x.shape[1],
             alpha,
+        )
+        return out
+
+    def rows_fp8(self, x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+        """x [M, K] fp32, weight [N, K] float8_e4m3fn, scales [N] -> x (scales * W)^T [M, N]: the
+        decode step's fp8 loop on its own (engine/csrc/int8.c), for tests."""
+        x = x.float().contiguous()
+        w = weight.contiguous().view(torch.uint8)
+        s = scales.float().contiguous()
+        out = torch.empty((x.shape[0], w.shape[0]), dtype=torch.float32)
+        self._rows_fp8(
+            x.data_ptr(), w.data_ptr(), s.data_ptr(), out.data_ptr(), x.shape[0], w.shape[0], x.shape[1]
         )
         return out
 

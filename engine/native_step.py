@@ -45,7 +45,7 @@ from .errors import CacheCapacityExceeded, InvalidInput
 from .native import NativeKernels, NativeProjection, pack
 from .native_int4 import Sources, pack_int4, plain_nibbles
 from .network import KVCache, Layer, MoEFeedForward, RopeTable, Transformer
-from .projection import Int4Projection, Int8Projection
+from .projection import Fp8Projection, Int4Projection, Int8Projection
 
 __all__ = ["NativeStep", "step_for"]
 
@@ -70,12 +70,14 @@ class StepModel(ctypes.Structure):
         ("act8", ctypes.c_int64),
         *((name + "_p", ctypes.c_void_p) for name in _PACKED),
         *((name + "_ps", ctypes.c_void_p) for name in _PACKED),
+        ("head_quantized", ctypes.c_int64),
     ]
 
 
 Weights = tuple[torch.Tensor, torch.Tensor | None]
 """A projection as the C step reads it: packed fp32 (no scales), int8 [N, K] and fp32 scales
-[N], or int4 packed (native_int4.py; its scales inside) with an empty scales tensor."""
+[N], fp8 the same with its e4m3 bytes (dtype uint8), or int4 packed (native_int4.py; its
+scales inside) with an empty scales tensor."""
 
 PREFILL_CHUNK = 64  # prompt tokens per native step in `prefill`: the weights are read once per chunk
 _INT4 = torch.empty(0, dtype=torch.uint8)  # the scales of an int4 `Weights`: inside the packed blocks
@@ -91,6 +93,8 @@ def _weights(p: object, sources: Sources) -> Weights | None:
         return p.packed, None
     if isinstance(p, Int8Projection):
         return p.weight.contiguous(), p.scales.float().contiguous()
+    if isinstance(p, Fp8Projection):  # the same bytes, read as e4m3 by the C side (`quantized` 3)
+        return p.weight.contiguous().view(torch.uint8), p.scales.float().contiguous()
     if isinstance(p, Int4Projection):
         return _int4(p.weight, p.scales_zeros, p.packed, sources)
     return None
@@ -153,13 +157,14 @@ def _step_for(network: Transformer, kernels: NativeKernels) -> NativeStep | None
     embeddings = network.embeddings
     if embeddings.device.type != "cpu" or embeddings.dtype not in (torch.float32, torch.bfloat16):
         return None
-    if isinstance(network.head, Int4Projection) and not kernels.int8_dot:
+    # int4 models: the body's projections say it (an int4 build's head may be int8)
+    int4 = isinstance(network.layers[0].attention.wqkv, Int4Projection)
+    if (int4 or isinstance(network.head, Int4Projection)) and not kernels.int8_dot:
         return None
     sources: Sources = {}  # int4: torch's packed layouts, per shape, while this model is packed
     head = _weights(network.head, sources)
     if head is None:
         return None
-    int4 = head[1] is _INT4
     layers = []
     for block in network.layers:
         qkv, wo = _weights(block.attention.wqkv, sources), _weights(block.attention.wo, sources)
@@ -170,11 +175,14 @@ def _step_for(network: Transformer, kernels: NativeKernels) -> NativeStep | None
     quantized = head[1] is not None
 
     def kind(w: Weights) -> str:
-        return "fp32" if w[1] is None else "int4" if w[1] is _INT4 else "int8"
+        if w[1] is None:
+            return "fp32"
+        return "int4" if w[1] is _INT4 else "fp8" if w[0].dtype == torch.uint8 else "int8"
 
     kinds = {kind(w) for _, qkv, wo, experts in layers for w in (qkv, wo, *(x for e in experts for x in e))}
     want = torch.bfloat16 if quantized else torch.float32
-    if kinds != {kind(head)} or embeddings.dtype != want:
+    int8_head = kinds == {"int4"} and kind(head) == "int8"  # read with the int8 activations too
+    if (kinds != {kind(head)} and not int8_head) or embeddings.dtype != want:
         return None
     return NativeStep(network, kernels, head, layers)
 
@@ -192,7 +200,9 @@ class NativeStep:
         layers: list[tuple[Layer, Weights, Weights, list[tuple[Weights, Weights]]]],
     ) -> None:
         c = network.config
-        quantized, int4 = head[1] is not None, head[1] is _INT4
+        quantized, int4 = head[1] is not None, layers[0][1][1] is _INT4
+        int8_head = int4 and head[1] is not _INT4  # an int4 build's head kept at int8
+        fp8 = quantized and not int4 and head[0].dtype == torch.uint8
         self.kernels = kernels
         # int8 models compute in bf16 on the eager path; here activations are fp32, RoPE too
         self.rope = RopeTable(network.rope.inv_freq, torch.float32) if quantized else network.rope
@@ -242,7 +252,11 @@ class NativeStep:
                 columns[name + "_s"] = [None]
                 columns[name + "_p"] = columns[name]
             head_p = head[0]
-        elif quantized and kernels.int8_dot:  # int8 activations read packed copies, made once here
+            if int8_head:
+                assert head[1] is not None
+                head_p, head_ps = pack_int8(head[0], head[1])
+                keep.extend((head_p, head_ps))
+        elif quantized and kernels.int8_dot and not fp8:  # int8 activations: packed copies, made here
             for name in _PACKED[:4]:
                 packer = _pack_w13 if name == "w13" else pack_int8
                 pairs = [packer(w, sc) for w, sc in zip(columns[name], columns[name + "_s"], strict=True)]  # type: ignore[arg-type]
@@ -269,14 +283,15 @@ class NativeStep:
             embed=embed.data_ptr(),
             norm=norm.data_ptr(),
             head=head[0].data_ptr(),
-            head_s=head[1].data_ptr() if quantized and not int4 else 0,  # type: ignore[union-attr]
+            head_s=head[1].data_ptr() if quantized and head[1] is not _INT4 else 0,  # type: ignore[union-attr]
             head_p=head_p.data_ptr() if head_p is not None else 0,
             head_ps=head_ps.data_ptr() if head_ps is not None else 0,
-            quantized=2 if int4 else int(quantized),
+            quantized=2 if int4 else 3 if fp8 else int(quantized),
+            head_quantized=1 if int8_head else 0,
             **{name: array(tensors) for name, tensors in columns.items()},
         )
         self._keep, self._address = keep, ctypes.addressof(self.model)
-        self.quantized, self.int4 = quantized, int4
+        self.quantized, self.int4, self.fp8 = quantized, int4, fp8
         self._cache_dtype = torch.bfloat16 if quantized else torch.float32
         self._cache_shape = (c.num_hidden_layers, c.num_key_value_heads, c.head_dim)
         self._scratch: dict[tuple[int, int], torch.Tensor] = {}  # (rows, threads) -> buffer
@@ -292,7 +307,7 @@ class NativeStep:
 
     @act8.setter
     def act8(self, on: bool) -> None:
-        self.model.act8 = int(on and self.quantized and self.kernels.int8_dot)
+        self.model.act8 = int(on and self.quantized and not self.fp8 and self.kernels.int8_dot)
 
     def __call__(
         self,

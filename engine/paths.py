@@ -97,7 +97,7 @@ def choose(
     if requested not in PATHS:
         raise InvalidInput(f"engine_path must be one of {', '.join(PATHS)}, got {requested!r}")
     cpu = cpu_model() if device.type == "cpu" else device.type
-    int8 = quantize in ("int8", "int4") and dtype == torch.bfloat16  # int4: int8's way
+    int8 = quantize in ("int8", "int4", "fp8") and dtype == torch.bfloat16  # int4, fp8: int8's way
     if device.type != "cpu" or not (int8 or (dtype == torch.float32 and quantize is None)):
         return EnginePath("eager", cpu, "not applicable", 0.0), None
     if requested == "eager":
@@ -173,7 +173,9 @@ def settle(
     start = time.perf_counter()
     timed: dict[bool, tuple[Ratios, Ratios]] = {}
     try:
-        for act8 in (True,) if step.int4 else (False, True) if step.kernels.int8_dot else (False,):
+        # fp8 has one native variant too: its bytes decoded in registers against fp32 activations
+        one = (True,) if step.int4 else (False,) if step.fp8 else None
+        for act8 in one or ((False, True) if step.kernels.int8_dot else (False,)):
             step.act8 = act8
             timed[act8] = _timed(
                 network, step, network.config.num_hidden_layers, network.embeddings.dtype, rounds=5

@@ -17,12 +17,13 @@ from collections.abc import Mapping
 import torch
 
 from .native import NativeKernels, NativeProjection
-from .quant import WeightFormat, int4_matmul, int8_matmul
+from .quant import WeightFormat, fp8_matmul, int4_matmul, int8_matmul
 
 __all__ = [
     "HINT_ROWS",
     "BlockedProjection",
     "DenseProjection",
+    "Fp8Projection",
     "HeadProjection",
     "Int4Projection",
     "Int8Projection",
@@ -123,6 +124,19 @@ class Int8Projection:
         return torch.add(residual, int8_matmul(x, self.weight, self.scales), alpha=alpha)
 
 
+class Fp8Projection:
+    __slots__ = ("scales", "weight")
+
+    def __init__(self, weight: torch.Tensor, scales: torch.Tensor) -> None:
+        self.weight, self.scales = weight, scales  # float8_e4m3fn [N, K], [N]
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return fp8_matmul(x, self.weight, self.scales)
+
+    def add(self, residual: torch.Tensor, x: torch.Tensor, alpha: float = 1.0) -> torch.Tensor:
+        return torch.add(residual, fp8_matmul(x, self.weight, self.scales), alpha=alpha)
+
+
 class Int4Projection:
     __slots__ = ("packed", "scales_zeros", "weight")
 
@@ -157,7 +171,13 @@ class HeadProjection:
 
 
 Projection = (
-    DenseProjection | BlockedProjection | Int8Projection | Int4Projection | HeadProjection | NativeProjection
+    DenseProjection
+    | BlockedProjection
+    | Int8Projection
+    | Fp8Projection
+    | Int4Projection
+    | HeadProjection
+    | NativeProjection
 )
 
 
@@ -172,6 +192,8 @@ def projection(
     native kernels' packed copy when `kernels` is given (the native path, paths.py), else
     on a oneDNN-blocked copy; other weights (bf16, CUDA, no oneDNN) as stored."""
     weight = parts["weight"]
+    if "scales" in parts and weight.dtype == torch.float8_e4m3fn:
+        return Fp8Projection(weight, parts["scales"])
     if "scales" in parts:
         return Int8Projection(weight, parts["scales"])
     if "scales_zeros" in parts:

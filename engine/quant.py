@@ -24,6 +24,14 @@ own packed byte order (made by `_convert_weight_to_int4pack_for_cpu`, and only f
 multiple of 16); the other path unpacks plain nibbles (low nibble first) and runs a dense
 matmul. Which of the two a model uses on CPU is measured once per CPU model, torch version
 and activation dtype, at the first int4 load, and cached on disk (`int4_choice`).
+
+fp8 (`quantize="fp8"`, weight-only): the rows of int8 (scale s[n] = max|w[n]| / 448, e4m3's
+largest finite value) and one float8 e4m3 byte per weight, stored as torch.float8_e4m3fn,
+rounded to nearest even by torch's own conversion. It reads the bytes int8 reads; what it buys
+is a floating grid: fine near zero, where most weights lie, coarse at the row's extremes. The
+eager CPU path dequantizes per call; the native step decodes the bytes in registers
+(engine/csrc/int8.c); on CUDA devices with fp8 tensor cores `fp8_matmul` runs
+`torch._scaled_mm` with the activations cast to e4m3 per row.
 """
 
 from __future__ import annotations
@@ -50,6 +58,9 @@ __all__ = [
     "WeightFormat",
     "choice_key",
     "cpu_model",
+    "fp8_dequantize",
+    "fp8_matmul",
+    "fp8_rows",
     "int4_choice",
     "int4_dequantize",
     "int4_group_size",
@@ -68,6 +79,51 @@ def int8_rows(w: torch.Tensor, scale_dtype: torch.dtype) -> dict[str, torch.Tens
     scales = (w.abs().amax(dim=-1) / 127.0).clamp_min(torch.finfo(torch.float32).tiny)
     q = torch.round(w / scales.unsqueeze(-1)).clamp_(-127, 127).to(torch.int8)
     return {"weight": q, "scales": scales.to(scale_dtype)}
+
+
+FP8_MAX = 448.0  # the largest finite float8 e4m3fn value
+
+
+def fp8_rows(w: torch.Tensor, scale_dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """w [..., N, K] -> {"weight": float8_e4m3fn [..., N, K], "scales": [..., N] in `scale_dtype`}."""
+    w = w.float()
+    scales = (w.abs().amax(dim=-1) / FP8_MAX).clamp_min(torch.finfo(torch.float32).tiny)
+    q = (w / scales.unsqueeze(-1)).clamp_(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+    return {"weight": q, "scales": scales.to(scale_dtype)}
+
+
+def fp8_dequantize(weight: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """float8 weight [..., N, K] and scales [..., N] -> dense [..., N, K] in `dtype`."""
+    return (weight.float() * scales.float().unsqueeze(-1)).to(dtype)
+
+
+def _scaled_mm_ok(x: torch.Tensor) -> bool:
+    """CUDA with fp8 tensor cores (compute capability 8.9: Ada, 9.0: Hopper, and later)."""
+    return (
+        x.device.type == "cuda"
+        and hasattr(torch, "_scaled_mm")
+        and torch.cuda.get_device_capability(x.device) >= (8, 9)
+        and x.shape[0] > 0
+        and x.shape[1] % 16 == 0
+    )
+
+
+def fp8_matmul(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """x [M, K] @ dequant(weight [N, K] e4m3, scales [N]).T -> [M, N] in x's dtype.
+
+    On fp8 tensor cores the activations are cast to e4m3 with a scale per row (row-wise
+    scaling, `torch._scaled_mm`); elsewhere the weight is dequantized into x's dtype."""
+    if _scaled_mm_ok(x) and weight.shape[0] % 16 == 0:
+        xs = (x.float().abs().amax(dim=1, keepdim=True) / FP8_MAX).clamp_min(1e-12)  # [M, 1]
+        xq = (x.float() / xs).clamp_(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+        return torch._scaled_mm(
+            xq,
+            weight.t(),  # column-major [K, N], what the kernel wants for its second operand
+            scale_a=xs,
+            scale_b=scales.float().view(1, -1),
+            out_dtype=x.dtype if x.dtype in (torch.bfloat16, torch.float16) else torch.bfloat16,
+        ).to(x.dtype)
+    return F.linear(x, weight.to(x.dtype)) * scales.to(x.dtype)
 
 
 INT4_GROUPS = (64, 32)  # preferred group sizes, largest first; both are kernel sizes
@@ -131,7 +187,11 @@ def int4_matmul(
 
 # scheme -> (weight [..., N, K], activation dtype) -> the tensors its projections hold; the
 # names `load(quantize=)` accepts. int4 takes `packed=` too (see `WeightFormat`).
-QUANTIZERS: dict[str, Callable[..., dict[str, torch.Tensor]]] = {"int8": int8_rows, "int4": int4_groups}
+QUANTIZERS: dict[str, Callable[..., dict[str, torch.Tensor]]] = {
+    "int8": int8_rows,
+    "int4": int4_groups,
+    "fp8": fp8_rows,
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -239,6 +299,8 @@ class WeightFormat:
         """A row-major weight [..., N, K] -> the tensors its quantized projection holds."""
         if self.scheme == "int4":
             return int4_groups(w, self.dtype, packed=self.packs(w.shape[-2]))
+        if self.scheme == "fp8":
+            return fp8_rows(w, self.dtype)
         return int8_rows(w, self.dtype)
 
 

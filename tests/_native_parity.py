@@ -10,7 +10,7 @@ contraction (-O1 against -O3) may differ; int4 within 3%, the bound tests/test_e
 holds native int4 to eager int4 by: its activations are quantised to int8 at every product,
 where one ulp can move a value across a rounding step. Each build's distance to the eager
 quantised decode is tests/test_engine_paths.py's and test_engine_int4.py's). Cases:
-fp32, int8 (fp32 and int8 activations), int4, each at 1 and 8 rows (a 6-token prompt per row
+fp32, int8 (fp32 and int8 activations), int4, fp8 (as int8's fp32-activation case), each at 1 and 8 rows (a 6-token prompt per row
 through the native prefill, then 4 decode steps); fp32 under a sliding window shorter than the
 sequence; and bad token ids, slots and positions refused with nothing written. Prints one JSON line: the cases that ran. Any failed check raises (exit 1); any
 sanitizer report aborts (its own exit code and report on stderr).
@@ -91,6 +91,7 @@ def main(checkpoints: Path, library_dir: Path) -> list[str]:
         ("int8", "tiny", "int8", False, 1e-3),
         ("int8-act8", "tiny", "int8", True, 1e-3),
         ("int4", "tiny", "int4", True, 0.03),
+        ("fp8", "tiny", "fp8", False, 1e-3),
         ("fp32-window", "window", None, False, 1e-4),
     ]
     for name, ckpt, quantize, act8, bound in modes:

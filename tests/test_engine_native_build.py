@@ -98,5 +98,7 @@ def test_the_sanitizer_build_passes_the_parity_set(tmp_path: Path) -> None:
     assert done.returncode == 0, f"exit {done.returncode}:\n{done.stderr[-6000:]}"
     assert "runtime error" not in done.stderr and "AddressSanitizer" not in done.stderr, done.stderr[-6000:]
     ran = json.loads(done.stdout.strip().splitlines()[-1])
-    modes = ["fp32", "int8", "fp32-window"] + (["int8-act8", "int4"] if level.name != "x86-64-v2" else [])
+    modes = ["fp32", "int8", "fp8", "fp32-window"] + (
+        ["int8-act8", "int4"] if level.name != "x86-64-v2" else []
+    )
     assert sorted(ran) == sorted([f"{m} x{rows}" for m in modes for rows in (1, 8)] + ["refusals"])

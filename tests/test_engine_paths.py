@@ -299,7 +299,8 @@ def test_every_build_this_cpu_runs_decodes_alike(
     the native step: fp32 within 1e-4 of
     the eager decode with the same greedy tokens; int8 with its weights dequantised within 3%
     of the largest logit of the eager int8 decode; and every mode within 1e-3 of the largest
-    logit across the builds that have it (the integer products are exact in each: only the
+    logit across the builds that have it (fp8's distance to its eager decode is
+    tests/test_engine_fp8.py's, on weights whose routing margins bf16 does not flip) (the integer products are exact in each: only the
     order of the fp32 sums differs). The plain C build has no int8-activation loops: int8
     keeps fp32 activations on it and int4 stays eager, saying why."""
     save_checkpoint(tmp_path / "ckpt", 5, hidden_size=128, intermediate_size=96, vocab_size=256)
@@ -309,6 +310,7 @@ def test_every_build_this_cpu_runs_decodes_alike(
         "int8": ("int8", False),
         "int8-act8": ("int8", True),
         "int4": ("int4", True),
+        "fp8": ("fp8", False),
     }
     eager = {
         q: _decodes(load(tmp_path / "ckpt", device="cpu", quantize=q, engine_path="eager"), ids)

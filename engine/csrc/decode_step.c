@@ -2,7 +2,8 @@
    says what it computes and why; README.md lists the phases). fp32 models read the packed
    weights (linear.c's tiles); int8 weight-only ones the engine's int8 [N, K] rows and per-row
    scales (int8.c's rows8), or with int8 activations a packed copy (p8_block); int4 ones their
-   packed blocks against int8 activations (int4.c's p4_block). */
+   packed blocks against int8 activations (int4.c's p4_block); fp8 weight-only ones their e4m3
+   [N, K] bytes and per-row scales (int8.c's rowsf8), like int8's rows. */
 #include <math.h>
 #include <omp.h>
 
@@ -31,7 +32,8 @@ static void block(int64_t quantized, const float *x, int64_t ldx, int64_t M, wre
     (void)r0;
     (void)bi;
 #endif
-    if (quantized) rows8(x, ldx, M, (const int8_t *)W.w, W.s, n0, nr, K, out);
+    if (quantized == 3) rowsf8(x, ldx, M, (const uint8_t *)W.w, W.s, n0, nr, K, out); /* fp8 */
+    else if (quantized) rows8(x, ldx, M, (const int8_t *)W.w, W.s, n0, nr, K, out);
     else tiles(x, ldx, M, (const float *)W.w + (n0 / 16) * K * 16, K, out);
 }
 
@@ -128,7 +130,7 @@ int64_t infersight_decode_step(const infersight_model *m, int64_t B, const int64
     int64_t *sel_e = (int64_t *)(void *)(((uintptr_t)(per_thread + threads * stride) + 15) & ~(uintptr_t)15);
     int64_t *order = sel_e + bk, *group = order + bk, *count = group + E + 1, *active = count + E;
     int64_t n_active = 0;
-    const int v8 = q8 && (m->act8 || q8 == 2) && INFERSIGHT_I8; /* int4 (q8 == 2): always */
+    const int v8 = q8 && q8 != 3 && (m->act8 || q8 == 2) && INFERSIGHT_I8; /* int4 (q8 == 2): always; fp8: never */
     char *qat = (char *)(((uintptr_t)(active + E) + 63) & ~(uintptr_t)63);
     qact qxn = qact_at(&qat, B, D), qattn = qact_at(&qat, B, H * hd);
     qact qxe = qact_at(&qat, bk, D), qa = qact_at(&qat, bk, I);
@@ -313,8 +315,8 @@ int64_t infersight_decode_step(const infersight_model *m, int64_t B, const int64
             if (v8)
                 for (int64_t b = 0; b < out_rows; b++) quantize_row(&qxn, b, xn + b * D, D);
         }
-        linear_for(q8, xn, out_rows, (wref){m->head, m->head_s, m->head_p, m->head_ps}, m->V, D, logits, 0, acc,
-                   v8 ? &qxn : 0);
+        linear_for(m->head_quantized ? m->head_quantized : q8, xn, out_rows,
+                   (wref){m->head, m->head_s, m->head_p, m->head_ps}, m->V, D, logits, 0, acc, v8 ? &qxn : 0);
     }
     return -1;
 }

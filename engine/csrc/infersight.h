@@ -26,8 +26,9 @@ typedef struct {
     const float *head;                  /* packed V x D */
     /* quantized 1 (int8 weight-only models): the projections' pointers above are int8 [N, K]
        row-major, with per-row scales here; 2 (int4, builds with int8-activation loops only):
-       they and the `_p` ones below are int4.c's packed blocks, scales inside. Both: embedding
-       and KV cache bf16; norms, router, RoPE fp32 */
+       they and the `_p` ones below are int4.c's packed blocks, scales inside; 3 (fp8 weight-only):
+       as 1 with float8 e4m3 bytes, never int8 activations. All: embedding and KV cache bf16;
+       norms, router, RoPE fp32 */
     int64_t quantized;
     const float *const *wqkv_s, *const *wo_s, *const *w13_s, *const *w2_s;
     const float *head_s;
@@ -38,11 +39,19 @@ typedef struct {
     const int8_t *head_p;
     const float *const *wqkv_ps, *const *wo_ps, *const *w13_ps, *const *w2_ps;
     const float *head_ps;
+    /* the head's own kind where it differs from `quantized`: 1, an int4 model's int8 head (its
+       `head_p`/`head_ps` packed as int8's, read with the int8 activations); 0: as the model */
+    int64_t head_quantized;
 } infersight_model;
 
 /* linear.c: out [M, N] = residual [M, N] (or 0) + alpha * x [M, K] @ W^T, W packed [N/16][K][16] */
 INFERSIGHT_API void infersight_linear_f32(const float *x, const float *wp, const float *residual, float *out,
                                           int64_t M, int64_t N, int64_t K, float alpha);
+
+/* int8.c: out [M, N] = x [M, K] @ (s [N] * W)^T for float8 e4m3 bytes W [N, K] row-major: the
+   fp8 weight-only product on its own, serial (the decode step's loop; tests hold it to torch) */
+INFERSIGHT_API void infersight_rows_fp8(const float *x, const uint8_t *w, const float *s, float *out,
+                                        int64_t M, int64_t N, int64_t K);
 
 /* decode_step.c: one decode step of B rows -> -1, or the first bad row (token b, slot B + b,
    position 2B + b), nothing written then; and the scratch it needs, in floats */

@@ -3,23 +3,74 @@
    short runs the hardware prefetcher does not follow), the activations' quantisation per 64
    columns (`quantize_row`, into a `qact`), and, where the build has int8-activation loops
    (AVX512-VNNI, or AVX2), the int8-activation product over the packed copy (`p8_block`:
-   one `vpdpbusd` per 64 weights and row with 16 output columns per register). */
+   one `vpdpbusd` per 64 weights and row with 16 output columns per register).
+
+   fp8 weight-only rows (`rowsf8`) are the same loop over float8 e4m3 bytes: each byte b is
+   decoded with bit operations as the fp16 value (b & 0x80) << 8 | (b & 0x7f) << 7, which is
+   exactly 2^-8 times its e4m3 value, subnormals included (fp16's exponent bias is 8 more than
+   e4m3's; `vcvtph2ps` widens it), and the 2^8 is folded into the row's scale. The plain C
+   loop decodes through `fp8_in`, the definition the vector loops are tested against. The
+   NaN bytes (0x7f, 0xff) are not decoded as NaN: the quantizer never writes them. */
 #include <math.h>
 
 #include "kernels.h"
 
-/* out[r * 16 + c] = s[c] * x_r . w[c] for r < MR, c < 4, w int8 rows K apart (row c0 + c of
-   the caller's 16-column block; rows past `nc` repeat the last, their results unused). */
+/* The e4m3 value of byte b (sign, 4 exponent bits of bias 7, 3 mantissa bits; exponent 0:
+   subnormal, m * 2^-9). */
+static inline float fp8_in(uint8_t b) {
+    int e = (b >> 3) & 15, m = b & 7;
+    float v = e ? ldexpf(1.0f + (float)m / 8.0f, e - 7) : ldexpf((float)m, -9);
+    return b & 0x80 ? -v : v;
+}
+
+#if defined(__AVX2__) && defined(__FMA__) && !(defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__))
+/* 8 weight bytes as floats: int8, or e4m3 times 2^-8 (`F8`) */
+static inline __attribute__((always_inline)) __m256 wide8(const int8_t *p, const int F8) {
+    __m128i b = _mm_loadl_epi64((const __m128i *)(const void *)p);
+    if (!F8) return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b));
+#ifdef __F16C__
+    __m128i h = _mm_slli_epi16(_mm_cvtepu8_epi16(b), 7);
+    h = _mm_add_epi16(h, _mm_and_si128(h, _mm_set1_epi16(0x4000)));
+    return _mm256_cvtph_ps(h);
+#else
+    float f[8];
+    for (int i = 0; i < 8; i++) f[i] = fp8_in((uint8_t)p[i]) / 256.0f;
+    return _mm256_loadu_ps(f);
+#endif
+}
+#endif
+
+/* out[r * 16 + c] = s[c] * x_r . w[c] for r < MR, c < 4, w int8 (or, `F8`, e4m3) rows K apart
+   (row c0 + c of the caller's 16-column block; rows past `nc` repeat the last, their results
+   unused). */
 static inline __attribute__((always_inline)) void quad8(
         const float *x, int64_t ldx, const int8_t *w, const float *s, int64_t nc, int64_t K,
-        const int MR, float *out) {
+        const int MR, const int F8, float *out) {
     const int8_t *rw[4];
     for (int c = 0; c < 4; c++) rw[c] = w + (c < nc ? c : nc - 1) * K;
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
     __m512 acc[4][4];
     for (int r = 0; r < MR; r++)
         for (int c = 0; c < 4; c++) acc[r][c] = _mm512_setzero_ps();
-    for (int64_t k = 0; k < K; k += 16) {
+    /* e4m3: 32 bytes per row at a time, decoded in 16-bit lanes (one shift, and, add for 32
+       weights), then widened in two halves; int8: 16 at a time, widened straight to fp32 */
+    for (int64_t k = 0; F8 && k < K; k += 32) {
+        __mmask32 km = K - k >= 32 ? (__mmask32)0xffffffffu : (__mmask32)((1ull << (K - k)) - 1u);
+        __m512 wl[4], wh[4];
+        for (int c = 0; c < 4; c++) {
+            if ((k & 63) == 0) _mm_prefetch((const char *)(rw[c] + k + 16 * K), _MM_HINT_T0);
+            __m512i h = _mm512_slli_epi16(_mm512_cvtepu8_epi16(_mm256_maskz_loadu_epi8(km, rw[c] + k)), 7);
+            h = _mm512_add_epi16(h, _mm512_and_si512(h, _mm512_set1_epi16(0x4000)));
+            wl[c] = _mm512_cvtph_ps(_mm512_castsi512_si256(h));
+            wh[c] = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(h, 1));
+        }
+        for (int r = 0; r < MR; r++) {
+            __m512 xl = _mm512_maskz_loadu_ps((__mmask16)km, x + r * ldx + k);
+            __m512 xh = _mm512_maskz_loadu_ps((__mmask16)(km >> 16), x + r * ldx + k + 16);
+            for (int c = 0; c < 4; c++) acc[r][c] = _mm512_fmadd_ps(xh, wh[c], _mm512_fmadd_ps(xl, wl[c], acc[r][c]));
+        }
+    }
+    for (int64_t k = 0; !F8 && k < K; k += 16) {
         __mmask16 km = K - k >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (K - k)) - 1u);
         __m512 wv[4];
         for (int c = 0; c < 4; c++) {
@@ -31,8 +82,9 @@ static inline __attribute__((always_inline)) void quad8(
             for (int c = 0; c < 4; c++) acc[r][c] = _mm512_fmadd_ps(xv, wv[c], acc[r][c]);
         }
     }
+    const float unit = F8 ? 256.0f : 1.0f; /* e4m3 was decoded as 2^-8 times its value */
     for (int r = 0; r < MR; r++)
-        for (int c = 0; c < nc; c++) out[r * 16 + c] = s[c] * _mm512_reduce_add_ps(acc[r][c]);
+        for (int c = 0; c < nc; c++) out[r * 16 + c] = s[c] * unit * _mm512_reduce_add_ps(acc[r][c]);
 #elif defined(__AVX2__) && defined(__FMA__)
     /* two columns at a time (16 ymm registers hold 2 x MR sums, 2 weights and x) */
     for (int c0 = 0; c0 < 4; c0 += 2) {
@@ -43,7 +95,7 @@ static inline __attribute__((always_inline)) void quad8(
             __m256 wv[2];
             for (int c = 0; c < 2; c++) {
                 if ((k & 63) == 0) _mm_prefetch((const char *)(rw[c0 + c] + k + 16 * K), _MM_HINT_T0);
-                wv[c] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)(rw[c0 + c] + k))));
+                wv[c] = wide8(rw[c0 + c] + k, F8);
             }
             for (int r = 0; r < MR; r++) {
                 __m256 xv = _mm256_loadu_ps(x + r * ldx + k);
@@ -53,7 +105,12 @@ static inline __attribute__((always_inline)) void quad8(
         for (int r = 0; r < MR; r++)
             for (int c = 0; c < 2 && c0 + c < nc; c++) {
                 float a = hsum8(acc[r][c]);
-                for (int64_t t = k; t < K; t++) a += x[r * ldx + t] * (float)rw[c0 + c][t];
+                if (F8) {
+                    a *= 256.0f; /* e4m3 was decoded as 2^-8 times its value */
+                    for (int64_t t = k; t < K; t++) a += x[r * ldx + t] * fp8_in((uint8_t)rw[c0 + c][t]);
+                } else {
+                    for (int64_t t = k; t < K; t++) a += x[r * ldx + t] * (float)rw[c0 + c][t];
+                }
                 out[r * 16 + c0 + c] = s[c0 + c] * a;
             }
     }
@@ -61,15 +118,18 @@ static inline __attribute__((always_inline)) void quad8(
     for (int r = 0; r < MR; r++)
         for (int c = 0; c < nc; c++) {
             float a = 0.0f;
-            for (int64_t k = 0; k < K; k++) a += x[r * ldx + k] * (float)rw[c][k];
+            for (int64_t k = 0; k < K; k++)
+                a += x[r * ldx + k] * (F8 ? fp8_in((uint8_t)rw[c][k]) : (float)rw[c][k]);
             out[r * 16 + c] = s[c] * a;
         }
 #endif
 }
 
-/* out [M][16]: rows n0..n0+nr-1 (nr <= 16) of an int8 weight [N, K] with scales [N], for M rows of x */
-void rows8(const float *x, int64_t ldx, int64_t M, const int8_t *w, const float *s,
-                  int64_t n0, int64_t nr, int64_t K, float *out) {
+/* out [M][16]: rows n0..n0+nr-1 (nr <= 16) of a weight [N, K] of int8 (or, `F8`, e4m3 bytes)
+   with scales [N], for M rows of x */
+static inline __attribute__((always_inline)) void rows_q8(
+        const float *x, int64_t ldx, int64_t M, const int8_t *w, const float *s,
+        int64_t n0, int64_t nr, int64_t K, const int F8, float *out) {
     for (int64_t r = 0; r < M; r += 4) {
         int64_t n = M - r < 4 ? M - r : 4;
         for (int64_t c = 0; c < nr; c += 4) {
@@ -78,11 +138,35 @@ void rows8(const float *x, int64_t ldx, int64_t M, const int8_t *w, const float 
             int64_t nc = nr - c < 4 ? nr - c : 4;
             float *o = out + r * 16 + c;
             switch (n) {
-                case 1: quad8(xr, ldx, wc, sc, nc, K, 1, o); break;
-                case 2: quad8(xr, ldx, wc, sc, nc, K, 2, o); break;
-                case 3: quad8(xr, ldx, wc, sc, nc, K, 3, o); break;
-                default: quad8(xr, ldx, wc, sc, nc, K, 4, o); break;
+                case 1: quad8(xr, ldx, wc, sc, nc, K, 1, F8, o); break;
+                case 2: quad8(xr, ldx, wc, sc, nc, K, 2, F8, o); break;
+                case 3: quad8(xr, ldx, wc, sc, nc, K, 3, F8, o); break;
+                default: quad8(xr, ldx, wc, sc, nc, K, 4, F8, o); break;
             }
+        }
+    }
+}
+
+void rows8(const float *x, int64_t ldx, int64_t M, const int8_t *w, const float *s,
+           int64_t n0, int64_t nr, int64_t K, float *out) {
+    rows_q8(x, ldx, M, w, s, n0, nr, K, 0, out);
+}
+
+void rowsf8(const float *x, int64_t ldx, int64_t M, const uint8_t *w, const float *s,
+            int64_t n0, int64_t nr, int64_t K, float *out) {
+    rows_q8(x, ldx, M, (const int8_t *)w, s, n0, nr, K, 1, out);
+}
+
+void infersight_rows_fp8(const float *x, const uint8_t *w, const float *s, float *out, int64_t M, int64_t N,
+                         int64_t K) {
+    float tmp[4 * 16];
+    for (int64_t r = 0; r < M; r += 4) {
+        int64_t m = M - r < 4 ? M - r : 4;
+        for (int64_t n0 = 0; n0 < N; n0 += 16) {
+            int64_t nr = N - n0 < 16 ? N - n0 : 16;
+            rowsf8(x + r * K, K, m, w, s, n0, nr, K, tmp);
+            for (int64_t i = 0; i < m; i++)
+                for (int64_t j = 0; j < nr; j++) out[(r + i) * N + n0 + j] = tmp[i * 16 + j];
         }
     }
 }

@@ -86,6 +86,9 @@ INFERSIGHT_INTERNAL void tiles(const float *x, int64_t ldx, int64_t m, const flo
 /* out [M][16]: rows n0..n0+nr-1 (nr <= 16) of an int8 weight [N, K] with scales [N], for M rows of x */
 INFERSIGHT_INTERNAL void rows8(const float *x, int64_t ldx, int64_t M, const int8_t *w, const float *s,
                                int64_t n0, int64_t nr, int64_t K, float *out);
+/* the same for float8 e4m3 weight bytes [N, K] (fp8 weight-only models) */
+INFERSIGHT_INTERNAL void rowsf8(const float *x, int64_t ldx, int64_t M, const uint8_t *w, const float *s,
+                                int64_t n0, int64_t nr, int64_t K, float *out);
 /* a qact of `rows` rows over K carved from *at (64-byte aligned), *at moved past it; its size */
 INFERSIGHT_INTERNAL qact qact_at(char **at, int64_t rows, int64_t K);
 INFERSIGHT_INTERNAL int64_t qact_bytes(int64_t rows, int64_t K);

