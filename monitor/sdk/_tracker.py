@@ -202,10 +202,11 @@ class Tracker:
     ) -> None:
         """A finished plain call or coroutine, sampled (positional: no keyword handling on the
         caller's path; the extractors never raise)."""
+        response = rid = None
         if error_type is None:
-            response, rid = self.extract_response(result), self.request_id_of(result)
-        else:
-            response = rid = None
+            response = self.extract_response(result)
+            if self._request_id is not None:  # the common case skips a call
+                rid = self.request_id_of(result)
         prompt = self.extract_prompt(args, kwargs)
         self.sample(start, end, None, None, None, None, None, error_type, prompt, response, rid)
 
