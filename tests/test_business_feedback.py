@@ -150,6 +150,37 @@ def test_sdk_feedback_is_sent_in_the_background_and_joins_its_request(tmp_path: 
         assert monitor.counters.value("rejected", "feedback_request_id") == 2
 
 
+class _Answer:
+    """The shape of an OpenAI-compatible answer that matters here: its `id`."""
+
+    def __init__(self, id: str, text: str) -> None:
+        self.id = id
+        self.text = text
+
+
+def test_feedback_on_a_tracked_call_joins_its_record_by_the_answers_id(tmp_path: Any) -> None:
+    with running(config(tmp_path)) as (app, client):
+        sink = HttpSink("http://testserver/api/v1/events", token=TOKEN, transport=client._transport)
+        monitor = Monitor(sink=sink, sample_rate=1.0, extract_response=lambda a: a.text)
+        try:
+
+            @monitor.track(model="chat", model_version="v2", request_id=lambda answer: answer.id)
+            def ask(prompt: str) -> _Answer:
+                return _Answer("chatcmpl-abc123", prompt.upper())
+
+            answer = ask("hello")
+            assert monitor.flush(10.0)  # the record is in
+            assert monitor.feedback(answer.id, thumbs="down", kind="helpful") is True
+            assert monitor.flush(10.0)
+        finally:
+            monitor.close(5.0)
+        row = _request_row(app, "chatcmpl-abc123")
+        assert (row.model, row.model_version, row.response) == ("chat", "v2", "HELLO")
+        joined = joined_feedback(app.state.service.db)
+        assert [(j.request_id, j.score) for j in joined] == [("chatcmpl-abc123", 0.0)]
+        assert monitor.counters.value("internal", "request_id") == 0
+
+
 def _kv(key: str, value: Any) -> dict[str, Any]:
     kind = "doubleValue" if isinstance(value, float) else "stringValue"
     return {"key": key, "value": {kind: value}}

@@ -230,3 +230,47 @@ def test_bad_labels_raise_at_decoration_not_at_call_time() -> None:
         monitor.track(model="m", model_version="")
     with pytest.raises(SDKConfigError, match="model"):
         monitor.track(model="")
+
+
+class _Answer:
+    def __init__(self, id: Any) -> None:
+        self.id = id
+
+
+async def test_request_id_names_the_sampled_record_and_a_bad_one_falls_back_counted() -> None:
+    got: list[Any] = []
+    monitor = Monitor(sink=got.extend, sample_rate=1.0)
+    by_id = monitor.track(model="m", request_id=lambda answer: answer.id)
+
+    @by_id
+    def plain(rid: Any) -> _Answer:
+        return _Answer(rid)
+
+    @by_id
+    async def coro(rid: Any) -> _Answer:
+        return _Answer(rid)
+
+    @monitor.track(model="m", request_id=lambda chunks: chunks[0].id)  # a stream: its items
+    def stream(rid: str) -> Any:
+        yield _Answer(rid)
+        yield _Answer(rid)
+
+    assert plain("chatcmpl-1").id == "chatcmpl-1"
+    assert (await coro("chatcmpl-2")).id == "chatcmpl-2"
+    assert [c.id for c in stream("chatcmpl-3")] == ["chatcmpl-3", "chatcmpl-3"]
+    with monitor.track(model="m") as call:
+        call.set_request_id("chatcmpl-4")
+    assert plain(None).id is None  # not a string: the generated id, counted
+    assert plain("x" * 257).id == "x" * 257  # longer than feedback accepts: the same
+    plain_boom = monitor.track(model="m", request_id=lambda answer: 1 / 0)(lambda: _Answer("a"))
+    assert plain_boom().id == "a"  # the callable raised: never into the user's call
+    with monitor.track(model="m") as call:
+        call.set_request_id(42)
+    assert monitor.flush(5.0)
+    monitor.close(1.0)
+    ids = [r.request_id for r in got]
+    assert ids[:4] == ["chatcmpl-1", "chatcmpl-2", "chatcmpl-3", "chatcmpl-4"]
+    assert len(ids) == 8 and len(set(ids)) == 8 and not any(i.startswith("x") for i in ids[4:])
+    assert monitor.counters.value("internal", "request_id") == 4
+    with pytest.raises(SDKConfigError, match="request_id"):
+        monitor.track(model="m", request_id="id")  # type: ignore[arg-type]

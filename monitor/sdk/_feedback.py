@@ -18,10 +18,11 @@ from typing import Any
 
 from ._config import SDKConfig, SDKCounters, SinkError
 from ._outbox import Outbox
+from ._tracker import MAX_REQUEST_ID_CHARS
 
 __all__ = ["FeedbackQueue"]
 
-_MAX_ID_CHARS = 256
+_MAX_ID_CHARS = MAX_REQUEST_ID_CHARS
 
 
 def _shape_problem(request_id: Any, score: Any, thumbs: Any, rating: Any) -> str | None:

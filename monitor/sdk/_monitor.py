@@ -95,9 +95,16 @@ class Monitor:
         sample_rate: float | None = None,
         extract_prompt: Callable[[tuple[Any, ...], dict[str, Any]], Any] | None = None,
         extract_response: Callable[[Any], Any] | None = None,
+        request_id: Callable[[Any], Any] | None = None,
     ) -> Any:
         """`@monitor.track(model=...)`, bare `@monitor.track` (model: the function's
-        qualified name), or `with monitor.track(model=...) as call:`."""
+        qualified name), or `with monitor.track(model=...) as call:`.
+
+        `request_id`: a function of the result (of a stream: the list of its items) returning
+        the id a sampled record gets, e.g. `lambda answer: answer.id` for an OpenAI answer, so
+        that `feedback(answer.id, ...)` joins it."""
+        if request_id is not None and not callable(request_id):
+            raise SDKConfigError("track(): request_id must be a function of the call's result")
         if fn is not None and not callable(fn):
             raise SDKConfigError("track() takes the function to wrap, or keyword options only")
         if sample_rate is not None:
@@ -113,6 +120,7 @@ class Monitor:
                 sample_rate=sample_rate,
                 extract_prompt=extract_prompt,
                 extract_response=extract_response,
+                request_id=request_id,
             )
         except InvalidObservation as exc:
             raise SDKConfigError(
@@ -169,7 +177,7 @@ class Monitor:
                 started_at = time.time() - float(duration_s)
                 self.enqueue(
                     (model, model_version, started_at, float(duration_s), ttft_s, tpot_s, queue_s,
-                     prompt_tokens, output_tokens, error_type, texts[0], texts[1])
+                     prompt_tokens, output_tokens, error_type, texts[0], texts[1], None)
                 )  # fmt: skip
         except Exception:
             self.counters.count("internal", "sample")
@@ -231,6 +239,7 @@ class Monitor:
             error,
             prompt,
             response,
+            rid,
         ) in items:
             if prompt is not None and not (plain and len(prompt) <= limit):
                 prompt = text("prompt", prompt)
@@ -238,7 +247,7 @@ class Monitor:
                 response = text("response", response)
             out.append(
                 record(
-                    f"{prefix}-{next(ids):x}",
+                    rid or f"{prefix}-{next(ids):x}",
                     model,
                     version,
                     started_at if started_at > 0.0 else 0.0,
@@ -375,6 +384,7 @@ def track(
     sample_rate: float | None = None,
     extract_prompt: Callable[[tuple[Any, ...], dict[str, Any]], Any] | None = None,
     extract_response: Callable[[Any], Any] | None = None,
+    request_id: Callable[[Any], Any] | None = None,
 ) -> Any:
     """Track calls on the default monitor: `@track(model="m", model_version="v1")`,
     bare `@track`, or `with track(model="m") as call:`. See `Monitor.track`."""
@@ -385,4 +395,5 @@ def track(
         sample_rate=sample_rate,
         extract_prompt=extract_prompt,
         extract_response=extract_response,
+        request_id=request_id,
     )

@@ -75,6 +75,8 @@ class StreamHost(Protocol):
 
     def extract_response(self, result: Any) -> str | None: ...
 
+    def request_id_of(self, result: Any) -> str | None: ...
+
     def sample(
         self,
         start: float,
@@ -87,6 +89,7 @@ class StreamHost(Protocol):
         error_type: str | None = None,
         prompt: str | None = None,
         response: str | None = None,
+        request_id: str | None = None,
     ) -> None: ...
 
 
@@ -149,8 +152,11 @@ def _record(
         tpot = (end - first) / (n - 1) if n > 1 else None
         host.series.exit(end, end - start, ttft, tpot, None, None, n or None, error_type)
         if chunks is not None:
-            response = host.extract_response(chunks) if error_type is None else None
-            host.sample(start, end, ttft, tpot, None, None, n or None, error_type, prompt, response)
+            if error_type is None:
+                response, rid = host.extract_response(chunks), host.request_id_of(chunks)
+            else:
+                response = rid = None
+            host.sample(start, end, ttft, tpot, None, None, n or None, error_type, prompt, response, rid)
     except Exception:
         host.internal("finish")
 

@@ -12,6 +12,12 @@ without a lock (`infersight.collectors._recording`), and the fold of that buffer
 about 4096 calls. Generators and async generators are wrapped in `_streams`: their items
 count as output tokens, and the call is recorded once, when the stream ends.
 
+A sampled record's request id is generated in the delivery thread, unless the tracker has
+`request_id=`: a function of what `extract_response` gets (the result, or the list of a
+stream's items) returning the id the user already holds, so that feedback can name it. It
+runs only for sampled calls that did not raise; a failing or bad one is counted and the
+generated id used.
+
 User exceptions are re-raised unchanged with a bare `raise`. The SDK's own failures are
 counted and swallowed, never raised inside an `except` that holds the user's exception.
 """
@@ -33,7 +39,11 @@ from infersight.collectors import InferenceStats
 from ._config import SDKConfig, SDKCounters
 from ._streams import wrap_async_generator, wrap_generator
 
-__all__ = ["Call", "Host", "Tracker"]
+__all__ = ["MAX_REQUEST_ID_CHARS", "Call", "Host", "Tracker"]
+
+# The longest id feedback accepts (the SDK's and the service's check), so that a record the
+# user names by its own id can always be joined.
+MAX_REQUEST_ID_CHARS = 256
 
 
 class Host(Protocol):
@@ -61,6 +71,7 @@ class Tracker:
         sample_rate: float | None,
         extract_prompt: Callable[[tuple[Any, ...], dict[str, Any]], Any] | None,
         extract_response: Callable[[Any], Any] | None,
+        request_id: Callable[[Any], Any] | None = None,
     ) -> None:
         self.monitor = monitor
         self.model = model
@@ -68,6 +79,7 @@ class Tracker:
         self.rate = sample_rate  # None: follow the monitor's configuration
         self._extract_prompt = extract_prompt
         self._extract_response = extract_response
+        self._request_id = request_id
         self.series = monitor.stats.series(model, model_version)
         self.clock = monitor.clock
         self._random = random.random
@@ -154,6 +166,20 @@ class Tracker:
             return None
         return text if text is None or isinstance(text, str) else self.check_text(text)
 
+    def request_id_of(self, result: Any) -> str | None:
+        """The user's id for a sampled call's result; None: the delivery thread generates one."""
+        if self._request_id is None:
+            return None
+        try:
+            rid = self._request_id(result)
+        except Exception:
+            self.internal("request_id")
+            return None
+        if isinstance(rid, str) and 0 < len(rid) <= MAX_REQUEST_ID_CHARS:
+            return rid
+        self.internal("request_id")
+        return None
+
     def failed(self, start: float, exc: BaseException, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         """A plain call raised: record it with its error type (the caller re-raises)."""
         try:
@@ -176,10 +202,13 @@ class Tracker:
     ) -> None:
         """A finished plain call or coroutine, sampled (positional: no keyword handling on the
         caller's path; the extractors never raise)."""
-        response = None if error_type is not None else self.extract_response(result)
-        self.sample(
-            start, end, None, None, None, None, None, error_type, self.extract_prompt(args, kwargs), response
-        )
+        response = rid = None
+        if error_type is None:
+            response = self.extract_response(result)
+            if self._request_id is not None:  # the common case skips a call
+                rid = self.request_id_of(result)
+        prompt = self.extract_prompt(args, kwargs)
+        self.sample(start, end, None, None, None, None, None, error_type, prompt, response, rid)
 
     def sample(
         self,
@@ -193,6 +222,7 @@ class Tracker:
         error_type: str | None = None,
         prompt: str | None = None,
         response: str | None = None,
+        request_id: str | None = None,
     ) -> None:
         try:
             duration = end - start
@@ -210,6 +240,7 @@ class Tracker:
                     error_type,
                     prompt,
                     response,
+                    request_id,
                 )
             )
         except Exception:
@@ -220,7 +251,8 @@ class Call:
     """One call in progress. In a `with track(...) as call:` block:
     `call.token()` at each streamed token (the first sets the time to first token),
     `call.set_prompt(text)`, `call.set_response(text)`,
-    `call.set_token_counts(prompt_tokens=..., output_tokens=...)`, `call.set_queue_time(s)`."""
+    `call.set_token_counts(prompt_tokens=..., output_tokens=...)`, `call.set_queue_time(s)`,
+    `call.set_request_id(id)` (the record's request id when sampled, for feedback to name)."""
 
     __slots__ = (
         "_done",
@@ -230,6 +262,7 @@ class Call:
         "_prompt",
         "_prompt_tokens",
         "_queue_s",
+        "_request_id",
         "_response",
         "_start",
         "_tokens",
@@ -248,6 +281,7 @@ class Call:
         self._prompt_tokens: int | None = None
         self._output_tokens: int | None = None
         self._queue_s: float | None = None
+        self._request_id: str | None = None
         self.sampled = False
         try:
             self.sampled = tracker.decide_sample()
@@ -274,6 +308,12 @@ class Call:
 
     def set_response(self, text: Any) -> None:
         self._response = self._tracker.check_text(text)
+
+    def set_request_id(self, request_id: Any) -> None:
+        if isinstance(request_id, str) and 0 < len(request_id) <= MAX_REQUEST_ID_CHARS:
+            self._request_id = request_id
+        else:
+            self._tracker.internal("request_id")
 
     def set_token_counts(self, *, prompt_tokens: Any = None, output_tokens: Any = None) -> None:
         for name, value in (("_prompt_tokens", prompt_tokens), ("_output_tokens", output_tokens)):
@@ -323,6 +363,7 @@ class Call:
                     error_type=error_type,
                     prompt=self._prompt,
                     response=self._response,
+                    request_id=self._request_id,
                 )
         except Exception:
             self._tracker.internal("finish")
