@@ -32,7 +32,6 @@ import math
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal
 
 from .sequential import Evidence, Moments, msprt_lambda
 

@@ -49,8 +49,8 @@ if TYPE_CHECKING:
     from .metrics import CostMeter
     from .release_verdicts import ReleaseVerdicts
     from .replicas import Replicas
-    from .sla_routing import RouteMetrics
     from .runtime_store import DeployLog
+    from .sla_routing import RouteMetrics
     from .wiring_alerts import AlertsWiring
     from .wiring_business import BusinessWiring
     from .wiring_drift import DriftWiring

@@ -79,7 +79,7 @@ def _without_surrogates(records: Sequence[InferenceRecord]) -> list[InferenceRec
     none has one. Only a failed write looks: checking every text up front would cost each row."""
     cleaned, changed = [], False
     for r in records:
-        fields = {
+        fields: dict[str, Any] = {
             name: _SURROGATE.sub("\ufffd", value)
             for name in _TEXT_FIELDS
             if isinstance(value := getattr(r, name), str) and _SURROGATE.search(value)
