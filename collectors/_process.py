@@ -49,6 +49,7 @@ class ProcessCollector(Collector):
         self._process = process if process is not None else psutil.Process(self.pid)
         self._clock = clock
         self._trend = Trend(trend_window_s)
+        self._cpu = Trend(trend_window_s)  # cumulative CPU seconds: its slope is the CPU busy
         self._latest: ProcessSample | None = None
         self._errors: dict[str, int] = {}
         self._lock = threading.Lock()
@@ -79,6 +80,7 @@ class ProcessCollector(Collector):
         now = self._clock()
         with self._lock:
             self._trend.add(now, float(rss))
+            self._cpu.add(now, float(cpu.user + cpu.system))
             sample = ProcessSample(
                 pid=self.pid,
                 at=now,
@@ -97,6 +99,13 @@ class ProcessCollector(Collector):
         """RSS slope in bytes per minute over the last `window_s` (at most the trend window)."""
         with self._lock:
             return self._trend.slope_per_minute(window_s)
+
+    def cpu_busy(self, window_s: float) -> float | None:
+        """CPU seconds the process used per second over the last `window_s` (at most the
+        trend window; 1.0: one core busy), None with fewer than three samples in it."""
+        with self._lock:
+            slope = self._cpu.slope_per_minute(window_s)
+        return None if slope is None else max(0.0, slope / 60.0)
 
     def _fail(self, reason: str) -> ProcessSample | None:
         with self._lock:

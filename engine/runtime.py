@@ -44,6 +44,7 @@ from .routing import RouteControl
 from .runtime_canary import CanaryControl, open_canary
 from .runtime_loop import LoopState, PendingQueue, Replica, Request, Swap, run_loop
 from .runtime_shadow import ShadowControl
+from .step_times import StepTimes
 
 __all__ = ["Runtime"]
 
@@ -463,6 +464,13 @@ class Runtime:
         state = self._state
         replicas = [r for r in (state.current, state.canary) if r is not None]
         return {r.version: getattr(r.model, "engine_path", None) for r in replicas}
+
+    def step_times(self) -> dict[str, StepTimes]:
+        """Per version serving traffic (stable, canary): its replica's measured step times, to
+        read only. The fast path's replica is left out: requests are recorded by version, and
+        its steps run another batch and model beside the version's own."""
+        state = self._state
+        return {r.version: r.step_times for r in (state.current, state.canary) if r is not None}
 
     @property
     def draining_versions(self) -> list[str]:

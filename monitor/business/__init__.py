@@ -8,7 +8,7 @@
   dependency versions and load, ranked, for a throughput or latency alert.
 """
 
-from ._diagnosis import CHECKS, Check, Diagnosis, diagnose
+from ._diagnosis import CHECKS, Check, Diagnosis, StepSample, diagnose
 from ._environment import (
     COMPONENTS,
     EnvironmentRecord,
@@ -57,6 +57,7 @@ __all__ = [
     "LatencyBucket",
     "SatisfactionFit",
     "SatisfactionQueryInvalid",
+    "StepSample",
     "TextKeeping",
     "Worth",
     "changed_components",

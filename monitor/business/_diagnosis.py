@@ -9,19 +9,23 @@ by score, suspects first.
 
 - memory: least-squares slope of GPU memory used and process RSS over the window's
   samples (bytes per minute); a slope over `leak_bytes_per_min` is a suspected leak.
-- kernel/step time: the median time per output token (TPOT) now against the baseline, on
-  requests of like prompt length (the short ones: under the long-prompt threshold), so a
-  change of traffic does not read as slower kernels. TPOT is what every source records
-  (engine, proxy, OTLP); the engine's own decode step time is not in the store.
+- kernel/step time: with the embedded engine, its own decode step time at like batch sizes
+  (`StepSample`s the service samples from the engine's measured steps: a batch size run in
+  both windows compares its median step now with before; the ratio is the geometric mean
+  over those sizes, weighted by the fewer samples), so a shift to larger batches does not
+  read as slower kernels. For a proxy or OTLP source (no step samples), or where no batch
+  size ran in both windows, the median time per output token (TPOT) on requests of like
+  prompt length (under the long-prompt threshold) instead.
 - request distribution: the length drift test of monitor/drift (prompt and output token
   lengths, the current window against the baseline) and the share of requests whose prompt
   is over `long_prompt_tokens`, now and before.
 - dependency versions: the environment record in force now against the one of the
   baseline window (monitor/business/_environment.py): any component that changed.
 - load: the correlation over the window's minutes of the p99 with the request rate and
-  the mean queue time, and over the service's samples with GPU busy (SM activity), and the
-  p99 at like load (minutes whose rate is within a fifth of the current median rate)
-  before and now.
+  the mean queue time, and over the service's samples with GPU busy (SM activity) and the
+  process's CPU busy; and the p99 at like load before and now: minutes whose rate is within
+  a fifth of the current median rate, and samples whose CPU busy is within a fifth of the
+  current median. It is not load when the p99 is higher at every like load measured.
 """
 
 from __future__ import annotations
@@ -40,7 +44,7 @@ from sqlalchemy import Engine, select
 
 from ._environment import changed_components, environment_at
 
-__all__ = ["CHECKS", "Check", "Diagnosis", "diagnose"]
+__all__ = ["CHECKS", "Check", "Diagnosis", "StepSample", "diagnose"]
 
 CHECKS = ("memory", "kernel/step time", "request distribution", "dependency versions", "load")
 _MIN_REQUESTS = 20
@@ -57,6 +61,16 @@ class Check:
     def to_json(self) -> dict[str, Any]:
         return {"name": self.name, "verdict": self.verdict, "score": round(self.score, 4),
                 "figure": self.figure, "detail": dict(self.detail)}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class StepSample:
+    """The embedded engine's decode step seconds by batch size, of the steps one version ran
+    during one sampling tick of the service (`at`: epoch seconds)."""
+
+    at: float
+    version: str
+    decode_s: Mapping[int, float]
 
 
 @dataclass(frozen=True)
@@ -92,6 +106,16 @@ class _Row:
     queue_s: float | None
     prompt_tokens: int | None
     output_tokens: int | None
+
+
+def _between(readings: Mapping[str, Any] | None, a: dt.datetime, b: dt.datetime) -> dict[str, Any] | None:
+    """The service's samples taken from `a` to `b`."""
+    if not readings or not readings.get("t"):
+        return None
+    lo, hi = a.timestamp(), b.timestamp()
+    keep = [i for i, t in enumerate(readings["t"]) if lo <= t <= hi]
+    series = {k: [v[i] for i in keep if i < len(v)] for k, v in readings.get("series", {}).items()}
+    return {"t": [readings["t"][i] for i in keep], "series": series}
 
 
 def _rows(engine: Engine, since: dt.datetime, until: dt.datetime, version: str | None) -> list[_Row]:
@@ -137,20 +161,48 @@ def _median(xs: Sequence[float]) -> float | None:
     return float(np.median(xs)) if xs else None
 
 
-def _kernel(now: list[_Row], base: list[_Row], long_prompt: int) -> Check:
+def _steps(now: Sequence[StepSample], base: Sequence[StepSample]) -> Check | None:
+    """The decode step check at like batch sizes; None where no size ran in both windows."""
+
+    def by_batch(samples: Sequence[StepSample]) -> dict[int, list[float]]:
+        out: dict[int, list[float]] = defaultdict(list)
+        for sample in samples:
+            for batch, seconds in sample.decode_s.items():
+                out[batch].append(seconds)
+        return out
+
+    a, b = by_batch(now), by_batch(base)
+    like = sorted(set(a) & set(b))
+    if not like:
+        return None
+    pairs = {k: (float(np.median(b[k])), float(np.median(a[k]))) for k in like}
+    weights = np.array([min(len(a[k]), len(b[k])) for k in like], dtype=float)
+    logs = np.array([math.log(max(pairs[k][1], 1e-12) / max(pairs[k][0], 1e-12)) for k in like])
+    ratio = float(math.exp(float(np.average(logs, weights=weights))))
+    slower = ratio > 1.2
+    text = ", ".join(f"batch {k}: {pairs[k][0] * 1000:.1f} -> {pairs[k][1] * 1000:.1f} ms" for k in like[:4])
+    return Check("kernel/step time", "suspect" if slower else "clear", min(1.0, max(0.0, ratio - 1.0)),
+                 f"engine decode step {ratio:.2f}x at like batch sizes ({text})",
+                 {"source": "engine", "ratio": ratio,
+                  "decode_step_s": {str(k): {"baseline": v[0], "now": v[1]} for k, v in pairs.items()}})  # fmt: skip
+
+
+def _kernel(now: list[_Row], base: list[_Row], long_prompt: int, note: str = "") -> Check:
     def tpots(rows: list[_Row]) -> list[float]:
         return [r.tpot_s for r in rows if r.tpot_s is not None and (r.prompt_tokens or 0) <= long_prompt]
 
     a, b = tpots(now), tpots(base)
     if len(a) < 5 or len(b) < 5:
-        return Check("kernel/step time", "unknown", 0.0, "too few requests of like prompt length with a TPOT")
+        return Check(
+            "kernel/step time", "unknown", 0.0, "too few requests of like prompt length with a TPOT" + note
+        )
     ma, mb = _median(a), _median(b)
     assert ma is not None and mb is not None
     ratio = ma / mb if mb > 0 else math.inf
     slower = ratio > 1.2
     return Check("kernel/step time", "suspect" if slower else "clear", min(1.0, max(0.0, (ratio - 1.0) / 1.0)),
-                 f"TPOT {mb * 1000:.1f} -> {ma * 1000:.1f} ms ({ratio:.2f}x) at like prompt length",
-                 {"tpot_now_s": ma, "tpot_baseline_s": mb, "ratio": ratio})  # fmt: skip
+                 f"TPOT {mb * 1000:.1f} -> {ma * 1000:.1f} ms ({ratio:.2f}x) at like prompt length{note}",
+                 {"source": "tpot", "tpot_now_s": ma, "tpot_baseline_s": mb, "ratio": ratio})  # fmt: skip
 
 
 def _distribution(now: list[_Row], base: list[_Row], long_prompt: int) -> Check:
@@ -211,31 +263,58 @@ def _corr(a: Sequence[float], b: Sequence[float]) -> float | None:
     return float(np.corrcoef(a, b)[0, 1])
 
 
-def _busy_corr(readings: Mapping[str, Any] | None) -> float | None:
-    """Correlation of the sampled p99 with GPU busy (SM activity) over the window's samples."""
+def _sampled(readings: Mapping[str, Any] | None, name: str) -> list[tuple[float, float]]:
+    """(busy, p99) of the service's samples that have both."""
     if not readings:
-        return None
+        return []
     series = readings.get("series", {})
-    pairs = [(a, b) for a, b in zip(series.get("latency_p99_s", []), series.get("gpu_sm_activity_ratio", []),
-                                    strict=False) if a is not None and b is not None]  # fmt: skip
-    return _corr([p[1] for p in pairs], [p[0] for p in pairs]) if len(pairs) >= 3 else None
+    return [(a, b) for a, b in zip(series.get(name, []), series.get("latency_p99_s", []), strict=False)
+            if a is not None and b is not None]  # fmt: skip
 
 
-def _load(now: list[_Row], base: list[_Row], readings: Mapping[str, Any] | None = None) -> Check:
+def _busy_corr(pairs: list[tuple[float, float]]) -> float | None:
+    return _corr([p[0] for p in pairs], [p[1] for p in pairs]) if len(pairs) >= 3 else None
+
+
+def _like(
+    now: Sequence[tuple[float, float]], base: Sequence[tuple[float, float]]
+) -> tuple[float | None, float | None]:
+    """Median p99 of (load, p99) points whose load is within a fifth of the current median load."""
+    if not now:
+        return None, None
+    typical = float(np.median([m[0] for m in now]))
+    return (_median([m[1] for m in base if abs(m[0] - typical) <= typical / 5]),
+            _median([m[1] for m in now if abs(m[0] - typical) <= typical / 5]))  # fmt: skip
+
+
+def _load(
+    now: list[_Row],
+    base: list[_Row],
+    readings: Mapping[str, Any] | None = None,
+    base_readings: Mapping[str, Any] | None = None,
+) -> Check:
     m_now, m_base = _per_minute(now), _per_minute(base)
     if len(m_now) < 3:
         return Check("load", "unknown", 0.0, "fewer than three minutes of requests in the window")
     rate_corr = _corr([m[0] for m in m_now], [m[1] for m in m_now])
     queue_corr = _corr([m[2] for m in m_now], [m[1] for m in m_now])
-    busy_corr = _busy_corr(readings)
-    typical = float(np.median([m[0] for m in m_now]))
-    like_before = [m[1] for m in m_base if abs(m[0] - typical) <= typical / 5]
-    like_now = [m[1] for m in m_now if abs(m[0] - typical) <= typical / 5]
-    strongest = max((abs(c) for c in (rate_corr, queue_corr, busy_corr) if c is not None), default=0.0)
-    before, after = _median(like_before), _median(like_now)
-    same_load_slower = before is not None and after is not None and after > before * 1.2
+    busy_corr = _busy_corr(_sampled(readings, "gpu_sm_activity_ratio"))
+    cpu_now = _sampled(readings, "process_cpu_seconds_per_s")
+    cpu_corr = _busy_corr(cpu_now)
+    before, after = _like([(m[0], m[1]) for m in m_now], [(m[0], m[1]) for m in m_base])
+    cpu_before, cpu_after = _like(cpu_now, _sampled(base_readings, "process_cpu_seconds_per_s"))
+    strongest = max(
+        (abs(c) for c in (rate_corr, queue_corr, busy_corr, cpu_corr) if c is not None), default=0.0
+    )
+    likes = [(b, a) for b, a in ((before, after), (cpu_before, cpu_after)) if b is not None and a is not None]
+    # higher at every like load measured: something other than load made it slower
+    same_load_slower = bool(likes) and all(a > b * 1.2 for b, a in likes)
     suspect = strongest > 0.6 and not same_load_slower
-    like = "n/a" if before is None or after is None else f"{before * 1000:.0f} -> {after * 1000:.0f} ms"
+
+    def ms(b: float | None, a: float | None) -> str:
+        return "n/a" if b is None or a is None else f"{b * 1000:.0f} -> {a * 1000:.0f} ms"
+
+    like = f"{ms(before, after)}, at like CPU busy {ms(cpu_before, cpu_after)}"
     if same_load_slower:
         like += " (slower at the same load: not load)"
 
@@ -245,9 +324,10 @@ def _load(now: list[_Row], base: list[_Row], readings: Mapping[str, Any] | None 
     return Check(
         "load", "suspect" if suspect else "clear", strongest * (0.3 if same_load_slower else 0.7),
         f"p99 vs request rate r={fmt(rate_corr)}, vs queue time r={fmt(queue_corr)}, vs GPU busy "
-        f"r={fmt(busy_corr)}; p99 at like load {like}",
+        f"r={fmt(busy_corr)}, vs CPU busy r={fmt(cpu_corr)}; p99 at like load {like}",
         {"rate_correlation": rate_corr, "queue_correlation": queue_corr, "gpu_busy_correlation": busy_corr,
-         "p99_like_load_baseline_s": before, "p99_like_load_now_s": after},
+         "cpu_busy_correlation": cpu_corr, "p99_like_load_baseline_s": before, "p99_like_load_now_s": after,
+         "p99_like_cpu_baseline_s": cpu_before, "p99_like_cpu_now_s": cpu_after},
     )  # fmt: skip
 
 
@@ -261,9 +341,12 @@ def diagnose(
     long_prompt_tokens: int = 2048,
     leak_bytes_per_min: float = 50 * 2**20,
     readings: Mapping[str, Any] | None = None,
+    step_samples: Sequence[StepSample] | None = None,
 ) -> Diagnosis:
     """Runs every check of the module docstring and ranks them. `readings`: the service's
-    time series of the window (`Timeseries.window`), for the memory check."""
+    time series (`Timeseries.window`) reaching back at least to the baseline window, for
+    the memory and load checks; `step_samples`: the embedded engine's decode steps (None:
+    no engine here, e.g. a proxy or OTLP source; the step check then reads TPOT)."""
     since = now - dt.timedelta(seconds=window_s)
     cur = _rows(engine, since, now, model_version)
     b_since, b_until = (
@@ -274,12 +357,24 @@ def diagnose(
     if len(base) < _MIN_REQUESTS:  # no same-hour traffic: the window just before
         b_since, b_until = since - dt.timedelta(seconds=window_s), since
         base = _rows(engine, b_since, b_until, model_version)
+    kernel = None
+    if step_samples is not None:
+
+        def steps_in(a: dt.datetime, b: dt.datetime) -> list[StepSample]:
+            lo, hi = a.timestamp(), b.timestamp()
+            return [s for s in step_samples if lo <= s.at <= hi and model_version in (None, s.version)]
+
+        kernel = _steps(steps_in(since, now), steps_in(b_since, b_until))
+    if kernel is None:
+        note = "" if step_samples is None else " (no engine decode steps at like batch sizes in both windows)"
+        kernel = _kernel(cur, base, long_prompt_tokens, note)
+    current = _between(readings, since, now)
     checks = [
-        _memory(readings, leak_bytes_per_min),
-        _kernel(cur, base, long_prompt_tokens),
+        _memory(current, leak_bytes_per_min),
+        kernel,
         _distribution(cur, base, long_prompt_tokens),
         _dependencies(engine, now, b_until),
-        _load(cur, base, readings),
+        _load(cur, base, current, _between(readings, b_since, b_until)),
     ]
     order = {"suspect": 0, "clear": 1, "unknown": 2}
     ranked = sorted(checks, key=lambda c: (order[c.verdict], -c.score, CHECKS.index(c.name)))

@@ -290,6 +290,7 @@ SERIES = (
     "gpu_sm_activity_ratio",
     "gpu_memory_used_bytes",
     "process_rss_bytes",
+    "process_cpu_seconds_per_s",  # the process's CPU busy (1.0: one core) over the quantiles' window
 )
 
 
@@ -357,6 +358,9 @@ def timeseries_point(
         sample = process.latest()
         rss = getattr(sample, "rss_bytes", None) if sample is not None else None
         point["process_rss_bytes"] = None if rss is None else float(rss)
+        # over the window the latency quantiles cover, so the two line up point by point
+        cpu_busy = getattr(process, "cpu_busy", None)
+        point["process_cpu_seconds_per_s"] = cpu_busy(window_s) if cpu_busy is not None else None
     return point
 
 

@@ -230,15 +230,18 @@ def _wire(service: Service) -> None:
 
 
 def _wire_business(service: Service) -> None:
-    from .wiring_business import BusinessWiring
+    from .wiring_business import BusinessWiring, StepTimeHistory
 
     parts, config = service.parts, service.config
     gpu = parts.gpu
+    # the embedded engine's measured steps (a proxy backend has no runtime)
+    step_times = getattr(getattr(parts.backend, "runtime", None), "step_times", None)
+    steps = StepTimeHistory(step_times, tick_s=config.schedule.timeseries_s) if callable(step_times) else None
     business = BusinessWiring(
         service.db, clock=service.clock, feedback_ttl_s=config.feedback_ttl_s,
         long_prompt_tokens=config.long_prompt_tokens, replica=service.replica_id,
         readings=lambda seconds: service.timeseries.window(seconds, now=service.clock()),
-        cuda_driver=getattr(gpu, "driver_version", None),
+        cuda_driver=getattr(gpu, "driver_version", None), steps=steps,
     )  # fmt: skip
     parts.business = business
     service.registry.register(business.metrics)
@@ -259,7 +262,11 @@ def _sample_timeseries(service: Service) -> None:
         window_s=schedule.timeseries_window_s,
         tick_s=schedule.timeseries_s,
     )
-    service.timeseries.append(service.clock(), point)
+    now = service.clock()
+    service.timeseries.append(now, point)
+    business = parts.business
+    if business is not None and business.steps is not None:  # the step check's baseline needs history
+        business.steps.sample(now)
 
 
 def _unwire(service: Service) -> None:

@@ -4,13 +4,16 @@
 runtime), raises `DependencyChanged` when a start or deploy runs on other versions than
 the record before it, refreshes the satisfaction fits on the scheduler (they feed
 `/metrics`), deletes expired orphan feedback, and is the diagnoser behind the alerts'
-`diagnose` action."""
+`diagnose` action. With the embedded engine, `StepTimeHistory` keeps the engine's decode
+step times by batch size on the service's sampling tick: the engine holds only a current
+estimate per batch size, and the step check needs the baseline window's too."""
 
 from __future__ import annotations
 
 import datetime as dt
 import logging
 import threading
+from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -18,6 +21,7 @@ from infersight.monitor.business import (
     COMPONENTS,
     EnvironmentRecord,
     SatisfactionFit,
+    StepSample,
     changed_components,
     current_environment,
     diagnose,
@@ -29,12 +33,60 @@ from infersight.monitor.business import (
 from prometheus_client.metrics_core import GaugeMetricFamily, InfoMetricFamily, Metric
 from sqlalchemy import Engine
 
-__all__ = ["DEPENDENCY_ALERT", "BusinessWiring", "SatisfactionMetrics", "engine_native_level"]
+__all__ = [
+    "DEPENDENCY_ALERT",
+    "BusinessWiring",
+    "SatisfactionMetrics",
+    "StepTimeHistory",
+    "engine_native_level",
+]
 
 log = logging.getLogger(__name__)
 
 DEPENDENCY_ALERT = "DependencyChanged"
 _SATISFACTION_WINDOW_S = 7 * 86_400.0  # the fits read a week of rated requests
+_WINDOW_S, _BASELINE_OFFSET_S = 900.0, 86_400.0  # the diagnosis's window and its baseline a day back
+_HISTORY_S = _BASELINE_OFFSET_S + _WINDOW_S  # the baseline window starts this long before now
+
+
+class StepTimeHistory:
+    """The embedded engine's decode step seconds by batch size, one `StepSample` per serving
+    version (stable, canary: two at most) per `tick_s` tick in which it stepped, kept for
+    `keep_s` (the diagnosis's reach back to its baseline window).
+
+    `source()` answers the runtime's `step_times()`: version -> its replica's `StepTimes`.
+    A tick records the sizes measured since the tick before (`recent_decode_s` over the
+    steps run in between), so a size the engine last ran hours ago is not recorded again
+    as if it ran now; an idle tick records nothing."""
+
+    def __init__(
+        self, source: Callable[[], Mapping[str, Any]], *, tick_s: float, keep_s: float = _HISTORY_S
+    ) -> None:
+        self.source = source
+        self.keep_s = keep_s
+        self._points: deque[StepSample] = deque(maxlen=2 * (int(keep_s / max(tick_s, 1e-3)) + 1))
+        self._steps: dict[str, tuple[int, int]] = {}  # version -> (id of its StepTimes, steps then)
+        self._lock = threading.Lock()
+
+    def sample(self, now: float) -> None:
+        counted: dict[str, tuple[int, int]] = {}  # versions no longer serving are forgotten
+        for version, times in dict(self.source()).items():
+            steps = int(times.steps)
+            seen, before = self._steps.get(version, (id(times), 0))
+            ran = steps - before if seen == id(times) and steps >= before else steps  # a new replica: from 0
+            counted[version] = (id(times), steps)
+            decode = times.recent_decode_s(ran) if ran > 0 else {}
+            if decode:
+                with self._lock:
+                    self._points.append(StepSample(now, version, dict(decode)))
+        self._steps = counted
+        with self._lock:
+            while self._points and self._points[0].at < now - self.keep_s:
+                self._points.popleft()
+
+    def samples(self) -> list[StepSample]:
+        with self._lock:
+            return list(self._points)
 
 
 class SatisfactionMetrics:
@@ -110,13 +162,15 @@ class BusinessWiring:
         readings: Callable[[float], Mapping[str, Any]] | None = None,
         cuda_driver: Callable[[], str | None] | None = None,
         environment: Callable[[], Mapping[str, str | None]] | None = None,
+        steps: StepTimeHistory | None = None,
     ) -> None:
         self.db = db
         self.clock = clock
         self.feedback_ttl_s = feedback_ttl_s
         self.long_prompt_tokens = long_prompt_tokens
         self.replica = replica
-        self.readings = readings  # the service's time series of the last N seconds (memory check)
+        self.readings = readings  # the service's time series of the last N seconds (memory, load)
+        self.steps = steps  # the embedded engine's decode steps (None: proxy mode)
         self._environment = environment or (
             lambda: current_environment(cuda_driver=cuda_driver, engine_native=engine_native_level)
         )
@@ -170,7 +224,8 @@ class BusinessWiring:
     def diagnose(
         self, alertname: str | None, labels: Mapping[str, str], now: dt.datetime
     ) -> Mapping[str, Any]:
-        readings = self.readings(900.0) if self.readings is not None else None
-        found = diagnose(self.db, now=now, model_version=labels.get("model_version"),
-                         long_prompt_tokens=self.long_prompt_tokens, readings=readings)  # fmt: skip
+        readings = self.readings(_HISTORY_S) if self.readings is not None else None
+        found = diagnose(self.db, now=now, model_version=labels.get("model_version"), window_s=_WINDOW_S,
+                         baseline_offset_s=_BASELINE_OFFSET_S, long_prompt_tokens=self.long_prompt_tokens,
+                         readings=readings, step_samples=None if self.steps is None else self.steps.samples())  # fmt: skip
         return {"alertname": alertname, **found.to_json()}
