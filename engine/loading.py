@@ -152,16 +152,12 @@ def _chat_template(directory: Path) -> tuple[str | None, dict[str, str]]:
 def _stop_ids(
     directory: Path, config: ModelConfig, tokenizer: Tokenizer | None, special: dict[str, str]
 ) -> tuple[int, ...]:
-    """config.json's eos ids, plus generation_config.json's and tokenizer_config.json's
-    eos_token: an instruct model's end-of-turn token (<|im_end|>) is often named only there."""
+    """config.json's eos ids, plus generation_config.json's (an instruct model's end-of-turn
+    token, <|im_end|>, is often named only there), as transformers' generate stops. Not
+    tokenizer_config.json's eos_token: generate does not stop at it either."""
     ids = list(config.eos_token_ids)
     generation = _json_object(directory / "generation_config.json").get("eos_token_id")
     for value in generation if isinstance(generation, list) else [generation]:
         if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < config.vocab_size:
             ids.append(value)
-    eos = special.get("eos_token")
-    if eos is not None and tokenizer is not None:
-        found = tokenizer.token_to_id(eos)
-        if found is not None and found < config.vocab_size:
-            ids.append(int(found))
     return tuple(dict.fromkeys(ids))

@@ -32,6 +32,7 @@ def tiny_checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path
     config = json.loads((v1 / "config.json").read_text())
     config["eos_token_id"] = None  # no early stop unless a test asks for one
     (v1 / "config.json").write_text(json.dumps(config))
+    (v1 / "generation_config.json").unlink(missing_ok=True)  # its eos stops generation as config.json's does
     v2 = perturbed_copy(v1, root / "v2", lambda name, t: -t if name == "lm_head.weight" else t)
     return {V1: v1, V2: v2}
 

@@ -90,12 +90,21 @@ def _is_routing(expr: str) -> bool:
     return bool(names) and (all(n.startswith("infersight_route_") for n in names) or 'path!=""' in expr)
 
 
+def _is_satisfaction(expr: str) -> bool:
+    """A panel of the "Satisfaction" row: data only where users' feedback arrived (not the demo)."""
+    names = metric_names(expr)
+    return bool(names) and all(n.startswith("infersight_satisfaction_") for n in names)
+
+
 def test_every_panel_query_returns_data_after_the_demo(demo: Demo) -> None:
     gpu_on = any(float(s["value"][1]) for s in demo.instant("max(infersight_gpu_collector_enabled)"))
     routing_on = bool(demo.instant("max(infersight_route_sla_seconds)"))
+    rated = bool(demo.instant("max(infersight_satisfaction_rated_requests) > 0"))
     empty, checked = [], 0
     for title, target in _queries():
         if (_is_gpu(target["expr"]) and not gpu_on) or (_is_routing(target["expr"]) and not routing_on):
+            continue
+        if _is_satisfaction(target["expr"]) and not rated:
             continue
         series = demo.instant(target["expr"]) if target.get("instant") else demo.range(target["expr"])
         checked += 1
