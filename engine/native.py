@@ -10,7 +10,8 @@ folded in (the MoE routing weight), so nothing is written twice. The C, with wha
 point computes and the data layouts, is engine/csrc (its README.md).
 
 Which library: the package build (setup.py) compiles it once per instruction-set level
-(isa.py: x86-64-v2's plain C loops, v3's AVX2 and FMA, v4's AVX-512, v4 with AVX512-VNNI)
+(isa.py: x86-64-v2's plain C loops, v3's AVX2 and FMA, v4's AVX-512, v4 with AVX512-VNNI,
+and with AVX512-BF16 and VBMI too)
 into `libinfersight_<level>.so` next to this module; `kernels` loads the best level this CPU
 runs (its /proc/cpuinfo flags). No compiler is needed on the serving machine. Where
 $INFERSIGHT_ENGINE_MARCH names a gcc `-march` (`native`: this CPU, tuning included) and a C
@@ -114,7 +115,8 @@ def sources() -> list[Path]:
 class NativeKernels:
     """The loaded library: `linear` (the packed product), `step` and `step_scratch` (the decode
     step: native_step.py); `avx512` and `vnni` say which loops it was built with, `int8_dot`
-    whether it has int8-activation loops (VNNI, or AVX2's multiply-adds) for int8 and int4;
+    whether it has int8-activation loops (VNNI, or AVX2's multiply-adds) for int8 and int4, `bf16`
+    whether its fp8 loop reads bf16 activations (AVX512-BF16 and VBMI);
     `level` the packaged level (isa.py) or `march=...` for a $INFERSIGHT_ENGINE_MARCH build."""
 
     def __init__(self, path: Path, level: str) -> None:
@@ -124,6 +126,7 @@ class NativeKernels:
             avx512 = bool(lib.infersight_has_avx512())
             vnni = bool(lib.infersight_has_vnni())
             int8_dot = bool(lib.infersight_has_int8_dot())
+            bf16 = bool(lib.infersight_has_bf16())
             step, step_scratch = lib.infersight_decode_step, lib.infersight_step_scratch
             rows_fp8 = lib.infersight_rows_fp8
         except (OSError, AttributeError) as exc:
@@ -142,16 +145,16 @@ class NativeKernels:
         rows_fp8.restype = None
         self._rows_fp8 = rows_fp8
         self.path, self.avx512, self.vnni, self._fn = path, avx512, vnni, fn
-        self.int8_dot, self.level = int8_dot, level
+        self.int8_dot, self.bf16, self.level = int8_dot, bf16, level
         # what a measured verdict holds for (paths.py): this build of the library, by its bytes
         self.key = f"{path.stem}-{hashlib.sha256(path.read_bytes()).hexdigest()[:12]}"
         self.step, self.step_scratch = step, step_scratch
 
     @property
     def isa(self) -> str:
-        """The loops the build took: "avx512-vnni", "avx512", "avx2" or "plain" (C)."""
+        """The loops the build took: "avx512-bf16", "avx512-vnni", "avx512", "avx2" or "plain" (C)."""
         if self.avx512:
-            return "avx512-vnni" if self.vnni else "avx512"
+            return "avx512-bf16" if self.bf16 else "avx512-vnni" if self.vnni else "avx512"
         return "avx2" if self.int8_dot else "plain"
 
     def linear(
@@ -181,7 +184,8 @@ class NativeKernels:
 
     def rows_fp8(self, x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
         """x [M, K] fp32, weight [N, K] float8_e4m3fn, scales [N] -> x (scales * W)^T [M, N]: the
-        decode step's fp8 loop on its own (engine/csrc/int8.c), for tests."""
+        decode step's fp8 loop on its own (engine/csrc/int8.c; x rounded to bf16 where `bf16`),
+        for tests."""
         x = x.float().contiguous()
         w = weight.contiguous().view(torch.uint8)
         s = scales.float().contiguous()

@@ -3,7 +3,8 @@ layout of the C loop (engine/csrc/int4.c, which shares int8.c's quantised activa
 made once at load.
 
 The weights, as quant.py stores them: per row and run of G consecutive columns of K (G = 64,
-or 32 where K is not a multiple of 64), 4-bit q in 0..15 with w = (q - 8) * scale + zero.
+or 32 where K is not a multiple of 64 or the build was made with groups of 32), 4-bit q in
+0..15 with w = (q - 8) * scale + zero, i.e. q * scale + min with min = zero - 8 scale.
 Against activations quantised per 64 columns (x ~ xs * a, a int8, int8.c's `qact`),
 one group's share of x . w is
 
@@ -15,9 +16,11 @@ no sign or offset tricks, and the scale and zero are applied once per group and 
 The packed layout, per block of 16 output columns (rows of the weight) and per group: G / 8
 runs of 64 bytes, run u holding columns k = 8u..8u+7 of the group as byte 4c + j = q[c][8u + j]
 (low nibble) | q[c][8u + 4 + j] << 4 (c the row in the block, j < 4); then the group's 16
-scales and 16 zeros as bf16 (64 bytes). A block is one sequential run of memory (the hardware
-prefetcher follows it); one 64-byte load, two masks and a shift feed two `vpdpbusd` per
-activation row.
+scales and 16 mins as fp16 (64 bytes). fp16, not the bf16 torch's kernel takes, because
+llama.cpp's q4_0 and q4_1 blocks hold fp16 scales and mins: an import of those keeps them
+unrounded (`scales_mins`), and an engine-made group loses nothing it had in bf16. A block
+is one sequential run of memory (the hardware prefetcher follows it); one 64-byte load, two
+masks and a shift feed two `vpdpbusd` per activation row.
 
 Without AVX512-VNNI, AVX2 machines run the same layout through `vpmaddubsw` (nibbles times
 signed activations cannot saturate its int16 sums); where the CPU has neither (the x86-64-v2
@@ -28,7 +31,9 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["Sources", "pack_int4", "plain_nibbles"]
+__all__ = ["GROUPS", "Sources", "pack_int4", "plain_nibbles", "scales_mins"]
+
+GROUPS = (64, 32)  # the group sizes the C loop reads
 
 Sources = dict[tuple[int, int], torch.Tensor]
 """(N, K) -> `_packed_sources` of that shape: kept by the caller for one model's weights (its
@@ -98,13 +103,21 @@ def plain_nibbles(weight: torch.Tensor, k: int, packed: bool, sources: Sources |
     return q.view(n, k)
 
 
-def pack_int4(q: torch.Tensor, scales_zeros: torch.Tensor) -> torch.Tensor:
-    """q uint8 [N, K] in 0..15 and quant.py's scales_zeros [K/G, N, 2] -> the packed layout
-    (module docstring), uint8 [ceil(N/16), K/G, G * 8 + 64]; rows past N zero."""
+def scales_mins(scales_zeros: torch.Tensor) -> torch.Tensor:
+    """quant.py's scales_zeros [..., K/G, N, 2] (w = (q - 8) * scale + zero) -> fp16 [..., K/G,
+    N, 2] of (scale, min), w = q * scale + min, computed in fp32."""
+    sz = scales_zeros.float()
+    scale = sz[..., 0]
+    return torch.stack([scale, sz[..., 1] - 8.0 * scale], dim=-1).to(torch.float16)
+
+
+def pack_int4(q: torch.Tensor, mins: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """q uint8 [N, K] in 0..15 and fp16 (scale, min) [K/G, N, 2] (`scales_mins`) -> the packed
+    layout (module docstring), uint8 [ceil(N/16), K/G, G * 8 + 64] with rows past N zero, and G."""
     n, k = q.shape
-    ng = scales_zeros.shape[0]
+    ng = mins.shape[0]
     g = k // ng
-    if g != (64 if k % 64 == 0 else 32) or g * ng != k:  # the C loop's rule (`g4`)
+    if g not in GROUPS or g * ng != k or (k % 64 and g != 32):  # the C loop's rule (`g4`)
         raise ValueError(f"int4 groups of {g} over {k} columns are not the native loop's")
     nb = -(-n // 16)
     qp = torch.zeros(nb * 16, k, dtype=torch.uint8)
@@ -113,8 +126,8 @@ def pack_int4(q: torch.Tensor, scales_zeros: torch.Tensor) -> torch.Tensor:
     parts = qp.view(nb, 16, ng, g // 8, 2, 4)
     runs = (parts[:, :, :, :, 0] | (parts[:, :, :, :, 1] << 4)).permute(0, 2, 3, 1, 4)
     runs = runs.reshape(nb, ng, g * 8)
-    sz = torch.zeros(ng, nb * 16, 2, dtype=torch.bfloat16)
-    sz[:, :n] = scales_zeros.to(torch.bfloat16)
-    sz = sz.view(ng, nb, 16, 2).permute(1, 0, 3, 2).contiguous()  # [block, group, scale|zero, 16]
+    sz = torch.zeros(ng, nb * 16, 2, dtype=torch.float16)
+    sz[:, :n] = mins.to(torch.float16)
+    sz = sz.view(ng, nb, 16, 2).permute(1, 0, 3, 2).contiguous()  # [block, group, scale|min, 16]
     tail = sz.view(torch.uint8).reshape(nb, ng, 64)
-    return torch.cat([runs, tail], dim=-1).contiguous()
+    return torch.cat([runs, tail], dim=-1).contiguous(), g

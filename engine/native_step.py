@@ -43,7 +43,7 @@ import torch
 
 from .errors import CacheCapacityExceeded, InvalidInput
 from .native import NativeKernels, NativeProjection, pack
-from .native_int4 import Sources, pack_int4, plain_nibbles
+from .native_int4 import Sources, pack_int4, plain_nibbles, scales_mins
 from .network import KVCache, Layer, MoEFeedForward, RopeTable, Transformer
 from .projection import Fp8Projection, Int4Projection, Int8Projection
 
@@ -71,6 +71,7 @@ class StepModel(ctypes.Structure):
         *((name + "_p", ctypes.c_void_p) for name in _PACKED),
         *((name + "_ps", ctypes.c_void_p) for name in _PACKED),
         ("head_quantized", ctypes.c_int64),
+        ("int4_group", ctypes.c_int64),
     ]
 
 
@@ -83,12 +84,36 @@ PREFILL_CHUNK = 64  # prompt tokens per native step in `prefill`: the weights ar
 _INT4 = torch.empty(0, dtype=torch.uint8)  # the scales of an int4 `Weights`: inside the packed blocks
 
 
-def _int4(weight: torch.Tensor, scales_zeros: torch.Tensor, packed: bool, sources: Sources) -> Weights:
-    k = 2 * weight.shape[1]
-    return pack_int4(plain_nibbles(weight, k, packed, sources), scales_zeros), _INT4
+class _Int4Packer:
+    """Packs a model's int4 projections (native_int4.py), from the fp16 scales and mins a build
+    carries (`Int4Projection.exact`) or from the scales and zeros quant.py made, and keeps the
+    group size of those whose K is a multiple of 64: the C step takes one (`int4_group`);
+    other K are grouped by 32 always."""
+
+    def __init__(self) -> None:
+        self.sources: Sources = {}  # torch's packed layouts, per shape, while this model is packed
+        self.seen: set[int] = set()
+
+    def pack(self, p: Int4Projection, *, halves: bool = False) -> torch.Tensor:
+        """p's packed blocks; with `halves` (w1 | w3) the first half's blocks, then the second's."""
+        k = 2 * p.weight.shape[-1]
+        q = plain_nibbles(p.weight, k, p.packed, self.sources)
+        mins = p.exact if p.exact is not None else scales_mins(p.scales_zeros)
+        i = q.shape[0] // 2
+        cuts = [(0, i), (i, q.shape[0])] if halves else [(0, q.shape[0])]
+        parts = [pack_int4(q[a:b], mins[:, a:b]) for a, b in cuts]
+        if k % 64 == 0:
+            self.seen.update(g for _, g in parts)
+        return torch.cat([blocks for blocks, _ in parts])
+
+    @property
+    def group(self) -> int:
+        if len(self.seen) > 1:
+            raise ValueError(f"int4 groups of {sorted(self.seen)} in one model: the native step takes one")
+        return next(iter(self.seen), 64)
 
 
-def _weights(p: object, sources: Sources) -> Weights | None:
+def _weights(p: object, int4: _Int4Packer) -> Weights | None:
     if isinstance(p, NativeProjection):
         return p.packed, None
     if isinstance(p, Int8Projection):
@@ -96,23 +121,20 @@ def _weights(p: object, sources: Sources) -> Weights | None:
     if isinstance(p, Fp8Projection):  # the same bytes, read as e4m3 by the C side (`quantized` 3)
         return p.weight.contiguous().view(torch.uint8), p.scales.float().contiguous()
     if isinstance(p, Int4Projection):
-        return _int4(p.weight, p.scales_zeros, p.packed, sources)
+        return int4.pack(p), _INT4
     return None
 
 
-def _experts(moe: MoEFeedForward, int4: bool, sources: Sources) -> list[tuple[Weights, Weights]] | None:
+def _experts(moe: MoEFeedForward, int4_ok: bool, int4: _Int4Packer) -> list[tuple[Weights, Weights]] | None:
     if isinstance(moe.loop.pairs[0][0], Int4Projection):  # w1 | w3 packed as w1's blocks, then w3's
-        if not int4:
+        if not int4_ok:
             return None
         out: list[tuple[Weights, Weights]] = []
         for w13, w2 in moe.loop.pairs:
             assert isinstance(w13, Int4Projection) and isinstance(w2, Int4Projection)
-            i, sz13 = w13.weight.shape[0] // 2, w13.scales_zeros
-            q13 = plain_nibbles(w13.weight, 2 * w13.weight.shape[1], w13.packed, sources)
-            up: Weights = torch.cat([pack_int4(q13[:i], sz13[:, :i]), pack_int4(q13[i:], sz13[:, i:])]), _INT4
-            out.append((up, _int4(w2.weight, w2.scales_zeros, w2.packed, sources)))
+            out.append(((int4.pack(w13, halves=True), _INT4), (int4.pack(w2), _INT4)))
         return out
-    pairs = [(_weights(a, sources), _weights(b, sources)) for a, b in moe.loop.pairs]
+    pairs = [(_weights(a, int4), _weights(b, int4)) for a, b in moe.loop.pairs]
     return None if any(a is None or b is None for a, b in pairs) else pairs  # type: ignore[return-value]
 
 
@@ -161,14 +183,14 @@ def _step_for(network: Transformer, kernels: NativeKernels) -> NativeStep | None
     int4 = isinstance(network.layers[0].attention.wqkv, Int4Projection)
     if (int4 or isinstance(network.head, Int4Projection)) and not kernels.int8_dot:
         return None
-    sources: Sources = {}  # int4: torch's packed layouts, per shape, while this model is packed
-    head = _weights(network.head, sources)
+    packer = _Int4Packer()
+    head = _weights(network.head, packer)
     if head is None:
         return None
     layers = []
     for block in network.layers:
-        qkv, wo = _weights(block.attention.wqkv, sources), _weights(block.attention.wo, sources)
-        experts = _experts(block.moe, int4, sources)
+        qkv, wo = _weights(block.attention.wqkv, packer), _weights(block.attention.wo, packer)
+        experts = _experts(block.moe, int4, packer)
         if qkv is None or wo is None or experts is None:
             return None
         layers.append((block, qkv, wo, experts))
@@ -184,7 +206,7 @@ def _step_for(network: Transformer, kernels: NativeKernels) -> NativeStep | None
     int8_head = kinds == {"int4"} and kind(head) == "int8"  # read with the int8 activations too
     if (kinds != {kind(head)} and not int8_head) or embeddings.dtype != want:
         return None
-    return NativeStep(network, kernels, head, layers)
+    return NativeStep(network, kernels, head, layers, int4_group=packer.group)
 
 
 class NativeStep:
@@ -198,6 +220,8 @@ class NativeStep:
         kernels: NativeKernels,
         head: Weights,
         layers: list[tuple[Layer, Weights, Weights, list[tuple[Weights, Weights]]]],
+        *,
+        int4_group: int = 64,
     ) -> None:
         c = network.config
         quantized, int4 = head[1] is not None, layers[0][1][1] is _INT4
@@ -288,6 +312,7 @@ class NativeStep:
             head_ps=head_ps.data_ptr() if head_ps is not None else 0,
             quantized=2 if int4 else 3 if fp8 else int(quantized),
             head_quantized=1 if int8_head else 0,
+            int4_group=int4_group,
             **{name: array(tensors) for name, tensors in columns.items()},
         )
         self._keep, self._address = keep, ctypes.addressof(self.model)

@@ -567,9 +567,10 @@ def _moe(
         scales = "scales" if "w13_scales" in experts else "scales_zeros"
 
         def one(w: str, e: int) -> Projection:
-            return projection(
-                {"weight": experts[f"{w}_weight"][e], scales: experts[f"{w}_{scales}"][e]}, fmt=fmt
-            )
+            parts = {"weight": experts[f"{w}_weight"][e], scales: experts[f"{w}_{scales}"][e]}
+            if f"{w}_scales_mins" in experts:  # a stored int4 build's exact scales and mins
+                parts["scales_mins"] = experts[f"{w}_scales_mins"][e]
+            return projection(parts, fmt=fmt)
 
         loop = ExpertLoop(tuple((one("w13", e), one("w2", e)) for e in range(E)), D)
         return MoEFeedForward(gate, loop, loop, k)

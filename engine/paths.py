@@ -69,7 +69,9 @@ class EnginePath:
     speedups: Ratios = ()  # (rows, eager time / native time) as measured
     # the native library's loops ("avx512-vnni", "avx512", "avx2", "plain"); eager: "none"
     kernels: str = "none"
-    activations: str = ""  # what the products read: "fp32", "bf16" (eager int8/int4) or "int8"
+    activations: str = (
+        ""  # what the products read: "fp32", "bf16" (eager int8/int4, native fp8 with BF16) or "int8"
+    )
 
     def describe(self) -> str:
         ratios = ", ".join(f"{rows} rows {ratio:.2f}x" for rows, ratio in self.speedups)
@@ -173,7 +175,8 @@ def settle(
     start = time.perf_counter()
     timed: dict[bool, tuple[Ratios, Ratios]] = {}
     try:
-        # fp8 has one native variant too: its bytes decoded in registers against fp32 activations
+        # fp8 has one native variant too: its bytes decoded in registers, against fp32
+        # activations or (builds with AVX512-BF16) bf16 ones
         one = (True,) if step.int4 else (False,) if step.fp8 else None
         for act8 in one or ((False, True) if step.kernels.int8_dot else (False,)):
             step.act8 = act8
@@ -204,7 +207,7 @@ def annotate(path: EnginePath, step: native_step.NativeStep | None, dtype: torch
     """`path` with what it runs on: the native library's loops and the activations' precision
     (int8 where the native step quantises them), for `infersight_engine_path_info`."""
     if path.name == "native" and step is not None:
-        acts = "int8" if step.act8 or step.int4 else "fp32"
+        acts = "int8" if step.act8 or step.int4 else "bf16" if step.fp8 and step.kernels.bf16 else "fp32"
         return dataclasses.replace(path, kernels=step.kernels.isa, activations=acts)
     return dataclasses.replace(
         path,

@@ -138,10 +138,21 @@ class Fp8Projection:
 
 
 class Int4Projection:
-    __slots__ = ("packed", "scales_zeros", "weight")
+    """int4 group-wise (quant.py's layout). `exact`: where a build carries its groups' scales
+    and mins at more precision than `scales_zeros` holds in the activation dtype (a stored
+    build, quantized_store.py), fp16 [K/G, N, 2] of (scale, min): what the native step packs."""
 
-    def __init__(self, weight: torch.Tensor, scales_zeros: torch.Tensor, packed: bool) -> None:
+    __slots__ = ("exact", "packed", "scales_zeros", "weight")
+
+    def __init__(
+        self,
+        weight: torch.Tensor,
+        scales_zeros: torch.Tensor,
+        packed: bool,
+        exact: torch.Tensor | None = None,
+    ) -> None:
         self.weight, self.scales_zeros, self.packed = weight, scales_zeros, packed  # quant.py: layout
+        self.exact = exact
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return int4_matmul(x, self.weight, self.scales_zeros, self.packed)
@@ -198,7 +209,9 @@ def projection(
         return Int8Projection(weight, parts["scales"])
     if "scales_zeros" in parts:
         assert fmt is not None
-        return Int4Projection(weight, parts["scales_zeros"], fmt.packs(weight.shape[0]))
+        return Int4Projection(
+            weight, parts["scales_zeros"], fmt.packs(weight.shape[0]), parts.get("scales_mins")
+        )
     if kernels is not None and weight.dtype == torch.float32 and weight.device.type == "cpu":
         return NativeProjection(weight, kernels)
     return BlockedProjection(weight) if blockable(weight) else DenseProjection(weight)

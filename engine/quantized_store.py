@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 
 from .errors import CheckpointCorrupt
+from .native_int4 import scales_mins
 from .quant import WeightFormat
 
 __all__ = ["META", "TENSORS", "StoredQuantization", "read_stored", "stored_parts"]
@@ -107,7 +108,13 @@ def stored_parts(
             w = p["weight"]
             if fmt.packs(w.shape[-2]):
                 w = _packed_int4(w)
-            out[name] = {"weight": w.to(device), "scales_zeros": p["scales_zeros"].to(device, fmt.dtype)}
+            out[name] = {
+                "weight": w.to(device),
+                "scales_zeros": p["scales_zeros"].to(device, fmt.dtype),
+                # the native step's fp16 scales and mins, from the file's fp32 (the activation
+                # dtype's bf16 above would round a llama.cpp import's fp16 scales again)
+                "scales_mins": scales_mins(p["scales_zeros"]).to(device),
+            }
         elif "scales" in p:
             out[name] = {"weight": p["weight"].to(device), "scales": p["scales"].to(device, fmt.dtype)}
         else:

@@ -4,8 +4,9 @@ Its tensor names (`blk.N.attn_q.weight`, `blk.N.ffn_gate_exps.weight` with the e
 stacked, `ffn_gate_inp` for the router, `output.weight` only when the head is not tied), its
 Q/K row permutation for RoPE (`LlamaModel.permute(weights, n_head, n_head_kv)`, K with the
 KV head count), its metadata keys (`mixtral.block_count`, `mixtral.rope.freq_base`, ...),
-norms kept F32 and 2-D weights in the chosen type (its `--outtype f32|q8_0`), and a small
-byte-level BPE vocabulary under `tokenizer.ggml.*`.
+norms kept F32 and 2-D weights in the chosen type (its `--outtype f32|q8_0`; q4_0 and q4_1 as
+llama-quantize's `Q4_0`/`Q4_1` leave every 2-D weight), and a small byte-level BPE vocabulary
+under `tokenizer.ggml.*`.
 """
 
 from __future__ import annotations
@@ -46,7 +47,8 @@ def write_gguf(model: Any, path: Path, *, outtype: str = "f32", arch: str = "mix
     import gguf
 
     c = model.config
-    qtype = {"f32": gguf.GGMLQuantizationType.F32, "q8_0": gguf.GGMLQuantizationType.Q8_0}[outtype]
+    types = gguf.GGMLQuantizationType
+    qtype = {"f32": types.F32, "q8_0": types.Q8_0, "q4_0": types.Q4_0, "q4_1": types.Q4_1}[outtype]
     w = gguf.GGUFWriter(path, arch)
     w.add_name("tiny mixtral")
     w.add_context_length(c.max_position_embeddings)
@@ -59,7 +61,9 @@ def write_gguf(model: Any, path: Path, *, outtype: str = "f32", arch: str = "mix
     w.add_layer_norm_rms_eps(c.rms_norm_eps)
     w.add_expert_count(c.num_local_experts)
     w.add_expert_used_count(c.num_experts_per_tok)
-    w.add_file_type(gguf.LlamaFileType.MOSTLY_Q8_0 if outtype == "q8_0" else gguf.LlamaFileType.ALL_F32)
+    w.add_file_type(
+        getattr(gguf.LlamaFileType, "ALL_F32" if outtype == "f32" else f"MOSTLY_{outtype.upper()}")
+    )
     w.add_vocab_size(c.vocab_size)
     w.add_rope_dimension_count(c.head_dim)
     vocab, merges, types = byte_vocab(c.vocab_size)

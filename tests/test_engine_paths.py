@@ -316,7 +316,7 @@ def test_every_build_this_cpu_runs_decodes_alike(
         q: _decodes(load(tmp_path / "ckpt", device="cpu", quantize=q, engine_path="eager"), ids)
         for q in (None, "int8")
     }
-    per_mode: dict[str, list[torch.Tensor]] = {mode: [] for mode in modes}
+    per_mode: dict[str, list[torch.Tensor]] = {mode: [] for mode in (*modes, "fp8-bf16")}
     builds = _builds()
     assert builds, "no native library runs on this CPU"
     levels = {level.name: level for level in isa.LEVELS}
@@ -333,7 +333,8 @@ def test_every_build_this_cpu_runs_decodes_alike(
         if build == "x86-64-v3":
             assert not kernels.avx512 and kernels.int8_dot
         if build.startswith("x86-64-v4"):
-            assert kernels.avx512 and kernels.vnni == build.endswith("vnni")
+            assert kernels.avx512 and kernels.vnni == build.endswith(("vnni", "bf16"))
+            assert kernels.bf16 == build.endswith("bf16")
         for mode, (quantize, act8) in modes.items():
             model = load(tmp_path / "ckpt", device="cpu", quantize=quantize, engine_path="native")
             step = model.native_step
@@ -343,18 +344,23 @@ def test_every_build_this_cpu_runs_decodes_alike(
                 continue
             assert step.kernels.path == kernels.path
             assert model.engine_path.kernels == kernels.isa  # what the path-info metric labels
-            assert model.engine_path.activations == ("int8" if step.act8 or step.int4 else "fp32")
+            acts = "int8" if step.act8 or step.int4 else "bf16" if step.fp8 and kernels.bf16 else "fp32"
+            assert model.engine_path.activations == acts
             step.act8 = act8
             if act8 and not kernels.int8_dot:
                 continue  # the setter kept fp32 activations: the "int8" mode again
-            per_mode[mode].append(_decodes(model, ids))
+            per_mode[mode + ("-bf16" if step.fp8 and kernels.bf16 else "")].append(_decodes(model, ids))
     for got in per_mode["fp32"]:
         torch.testing.assert_close(got, eager[None], atol=1e-4, rtol=0)
         assert torch.equal(got.argmax(-1), eager[None].argmax(-1))
     for got in per_mode["int8"]:
         assert (got - eager["int8"]).abs().max().item() < 0.03 * eager["int8"].abs().max().item()
+    for got in per_mode["fp8-bf16"]:  # bf16 activations: as far from fp32 ones as int8's are
+        ref = per_mode["fp8"][0]
+        assert (got - ref).abs().max().item() < 0.03 * ref.abs().max().item()
     for mode, got in per_mode.items():
-        assert got or mode in ("int8-act8", "int4"), mode  # those two need the int8-activation loops
+        # those need the int8-activation loops, or AVX512-BF16
+        assert got or mode in ("int8-act8", "int4", "fp8-bf16"), mode
         for other in got[1:]:
             assert (other - got[0]).abs().max().item() < 1e-3 * got[0].abs().max().item(), mode
 

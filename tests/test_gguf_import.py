@@ -28,6 +28,16 @@ def mixtral() -> object:
     return tiny_mixtral()
 
 
+def _decoded(model: object) -> torch.Tensor:
+    """Logits of the decode path (the native step where the model has one): each prompt
+    prefilled to its 6th token, then its last two decoded. [2, 2, V]."""
+    cache = model.new_cache(max_batch=2, max_seq_len=16)  # type: ignore[attr-defined]
+    for row in range(2):
+        model.prefill(cache, row, PROMPTS[row, :6])  # type: ignore[attr-defined]
+    steps = [model.decode(cache, torch.arange(2), PROMPTS[:, t], torch.full((2,), t)) for t in (6, 7)]  # type: ignore[attr-defined]
+    return torch.stack(steps)
+
+
 def _relative(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).abs().max() / (b.max() - b.min()))
 
@@ -77,6 +87,45 @@ def test_keep_serves_q8_0_as_int8_and_reports_each_rerounded_tensor(mixtral, tmp
     assert all(0 < r.rms_rel <= r.max_rel * 50 and r.max_rel < 0.02 for r in done.rerounded)
     model = load(info.path, quantize="int8")
     assert torch.isfinite(model.logits(PROMPTS)).all()
+
+
+@pytest.mark.parametrize("outtype", ["q4_0", "q4_1"])
+def test_keep_holds_q4_blocks_unrounded_and_the_native_int4_step_serves_them(  # type: ignore[no-untyped-def]
+    outtype: str, mixtral, tmp_path: Path
+) -> None:
+    import gguf
+    from infersight.engine.native_int4 import scales_mins
+    from infersight.engine.quant import int4_dequantize
+    from safetensors.torch import load_file
+
+    path = write_gguf(mixtral, tmp_path / "m.gguf", outtype=outtype)
+    registry = Registry(tmp_path / "r")
+    info, done = import_gguf(registry, "mixtral_tiny_int4-v1.0", path, quantize="keep")
+    assert done.quant == "int4" and info.quantize == "int4"
+    # only the head (int8 rows) and the embedding's bf16 lookup are rounded again: no block
+    assert {r.tensor for r in done.rerounded} == {"output.weight", "token_embd.weight"}
+    # the stored groups are the file's blocks: dequantized, the values gguf's reader gives
+    stored = load_file(str(info.path / "quantized.safetensors"))
+    reader = gguf.GGUFReader(path)
+    t = next(t for t in reader.tensors if t.name == "blk.1.attn_v.weight")
+    want = torch.from_numpy(gguf.quants.dequantize(t.data, t.tensor_type).copy()).reshape(-1, 64)
+    qkv_w, qkv_sz = stored["layers.1.attention.wqkv.weight"], stored["layers.1.attention.wqkv.scales_zeros"]
+    assert qkv_sz.shape[0] == 64 // 32  # groups of 32, as the blocks
+    got = int4_dequantize(qkv_w, qkv_sz, torch.float32)[-want.shape[0] :]
+    assert torch.equal(got, want)
+    # the native step packs the blocks' fp16 scales and minimums as they are
+    mins = scales_mins(qkv_sz)
+    assert torch.equal(mins.float()[..., 0], qkv_sz[..., 0]) and torch.equal(
+        mins.float()[..., 1], qkv_sz[..., 1] - 8 * qkv_sz[..., 0]
+    )
+    fp32, _ = import_gguf(registry, "mixtral_tiny_fp32-v1.0", path)
+    reference = _decoded(load(fp32.path))  # the file's values, dequantized, in fp32
+    kept = load(info.path, quantize="int4", engine_path="native")
+    assert kept.native_step is not None and kept.native_step.model.int4_group == 32
+    again = load(fp32.path, quantize="int4", engine_path="native")  # groups of 64: a second rounding
+    assert again.native_step is not None and again.native_step.model.int4_group == 64
+    err_kept, err_again = _relative(_decoded(kept), reference), _relative(_decoded(again), reference)
+    assert err_kept < 0.5 * err_again
 
 
 def _bad(kind: str, mixtral: object, tmp: Path) -> Path:

@@ -15,12 +15,18 @@ typedef struct { const void *w; const float *s; const int8_t *p; const float *ps
 
 /* out [M][16] = columns n0..n0+nr-1 (n0 a multiple of 16, nr <= 16; packed block `bi`) of
    x [M, K] @ W^T: W packed fp32, or int8 rows when `quantized`, or with int8 activations `qx`
-   (rows r0.. of it) the packed int8 copy. */
-static void block(int64_t quantized, const float *x, int64_t ldx, int64_t M, wref W,
-                  int64_t n0, int64_t bi, int64_t nr, int64_t K, float *out, const qact *qx, int64_t r0) {
+   (rows r0.. of it) the packed int8 copy; int4 blocks grouped as the model's `int4_group` says. */
+static void block(int64_t quantized, const float *x, int64_t ldx, int64_t M, wref W, int64_t n0, int64_t bi,
+                  int64_t nr, int64_t K, float *out, const qact *qx, int64_t r0, int64_t group) {
+#if INFERSIGHT_BF16
+    if (quantized == 3 && qx) { /* fp8 against the bf16 rows of qx */
+        f8_block(qx, r0, M, (const uint8_t *)W.w, W.s, n0, nr, K, out);
+        return;
+    }
+#endif
 #if INFERSIGHT_I8
     if (quantized == 2) { /* int4: always int8 activations */
-        p4_block(qx, r0, M, (const uint8_t *)W.p + bi * p4_block_bytes(K), K, out);
+        p4_block(qx, r0, M, (const uint8_t *)W.p + bi * p4_block_bytes(K, group), K, g4(K, group), out);
         return;
     }
     if (quantized && qx) {
@@ -31,6 +37,7 @@ static void block(int64_t quantized, const float *x, int64_t ldx, int64_t M, wre
     (void)qx;
     (void)r0;
     (void)bi;
+    (void)group;
 #endif
     if (quantized == 3) rowsf8(x, ldx, M, (const uint8_t *)W.w, W.s, n0, nr, K, out); /* fp8 */
     else if (quantized) rows8(x, ldx, M, (const int8_t *)W.w, W.s, n0, nr, K, out);
@@ -40,12 +47,12 @@ static void block(int64_t quantized, const float *x, int64_t ldx, int64_t M, wre
 /* Inside a parallel region: out [M, N] (+)= x [M, K] @ W^T (see `block`); `add`: accumulate into out.
    Work-shared over 16-column blocks; ends with the loop's barrier. acc: this thread's [M][16]. */
 static void linear_for(int64_t quantized, const float *x, int64_t M, wref W, int64_t N, int64_t K,
-                       float *out, int add, float *acc, const qact *qx) {
+                       float *out, int add, float *acc, const qact *qx, int64_t group) {
     int64_t blocks = (N + 15) / 16;
 #pragma omp for schedule(static)
     for (int64_t b = 0; b < blocks; b++) {
         int64_t n0 = b * 16, nr = N - n0 < 16 ? N - n0 : 16;
-        block(quantized, x, K, M, W, n0, b, nr, K, acc, qx, 0);
+        block(quantized, x, K, M, W, n0, b, nr, K, acc, qx, 0, group);
         for (int64_t i = 0; i < M; i++)
             for (int64_t j = 0; j < nr; j++) {
                 float *o = out + i * N + n0 + j;
@@ -106,6 +113,19 @@ static inline wref ref(const float *const *w, const float *const *s, const int8_
 
 static inline float silu_mul(float g, float u) { return g / (1.0f + expf(-g)) * u; }
 
+/* row `row` of the activations the step's loops read: int8 (int8 and int4 models), or bf16 (fp8 models on builds with BF16) */
+static inline void act_row(int bf16, const qact *q, int64_t row, const float *x, int64_t K) {
+#if INFERSIGHT_BF16
+    if (bf16) {
+        bf16_row(q, row, x, K);
+        return;
+    }
+#else
+    (void)bf16;
+#endif
+    quantize_row(q, row, x, K);
+}
+
 /* One decode step: tokens[b] at positions[b] of cache slot slots[b] -> logits [B, V] (with
    `last_only`, [1, V]: row B - 1's), the keys and values written into the cache. One
    parallel region; between its phases only the work-sharing loops' barriers. Rows may share
@@ -120,7 +140,7 @@ int64_t infersight_decode_step(const infersight_model *m, int64_t B, const int64
     const int64_t D = m->D, H = m->H, Hkv = m->Hkv, hd = m->hd, I = m->I, E = m->E, topk = m->topk;
     const int64_t NQ = (H + 2 * Hkv) * hd, bk = B * topk, heads = H + 2 * Hkv, out_rows = last_only ? 1 : B;
     const int64_t per_kv = max_batch * Hkv * S * hd, stride = 2 * B * 16 + 2 * hd;
-    const int64_t q8 = m->quantized, esz = q8 ? 2 : 4; /* cache element: bf16 or fp32 */
+    const int64_t q8 = m->quantized, esz = q8 ? 2 : 4, grp = m->int4_group; /* cache element: bf16 or fp32 */
     /* w1 block j and w3 block I/16 + j cover the same columns (int8 rows: any I) */
     const int fused = q8 || I % 16 == 0;
     const int64_t iblocks = (I + 15) / 16, dblocks = (D + 15) / 16;
@@ -131,6 +151,7 @@ int64_t infersight_decode_step(const infersight_model *m, int64_t B, const int64
     int64_t *order = sel_e + bk, *group = order + bk, *count = group + E + 1, *active = count + E;
     int64_t n_active = 0;
     const int v8 = q8 && q8 != 3 && (m->act8 || q8 == 2) && INFERSIGHT_I8; /* int4 (q8 == 2): always; fp8: never */
+    const int b16 = q8 == 3 && INFERSIGHT_BF16, aq = v8 || b16; /* aq: the loops read qact rows */
     char *qat = (char *)(((uintptr_t)(active + E) + 63) & ~(uintptr_t)63);
     qact qxn = qact_at(&qat, B, D), qattn = qact_at(&qat, B, H * hd);
     qact qxe = qact_at(&qat, bk, D), qa = qact_at(&qat, bk, I);
@@ -157,10 +178,11 @@ int64_t infersight_decode_step(const infersight_model *m, int64_t B, const int64
 #pragma omp single
             {
                 rms_norm_rows(x, m->attn_norm[l], xn, B, D, m->eps);
-                if (v8)
-                    for (int64_t b = 0; b < B; b++) quantize_row(&qxn, b, xn + b * D, D);
+                if (aq)
+                    for (int64_t b = 0; b < B; b++) act_row(b16, &qxn, b, xn + b * D, D);
             }
-            linear_for(q8, xn, B, ref(m->wqkv, m->wqkv_s, m->wqkv_p, m->wqkv_ps, l, q8, v8), NQ, D, qkv, 0, acc, v8 ? &qxn : 0);
+            linear_for(q8, xn, B, ref(m->wqkv, m->wqkv_s, m->wqkv_p, m->wqkv_ps, l, q8, v8), NQ, D, qkv, 0, acc,
+                       aq ? &qxn : 0, grp);
             /* RoPE on the q and k heads; k and v into the cache */
 #pragma omp for schedule(static)
             for (int64_t item = 0; item < B * heads; item++) {
@@ -213,15 +235,15 @@ int64_t infersight_decode_step(const infersight_model *m, int64_t B, const int64
                 }
                 for (int64_t i = 0; i < hd; i++) o[i] /= sum;
             }
-            if (v8) {
+            if (aq) {
 #pragma omp for schedule(static)
-                for (int64_t b = 0; b < B; b++) quantize_row(&qattn, b, attn + b * H * hd, H * hd);
+                for (int64_t b = 0; b < B; b++) act_row(b16, &qattn, b, attn + b * H * hd, H * hd);
             }
             linear_for(q8, attn, B, ref(m->wo, m->wo_s, m->wo_p, m->wo_ps, l, q8, v8), D, H * hd, x, 1, acc,
-                       v8 ? &qattn : 0); /* x += attention */
+                       aq ? &qattn : 0, grp); /* x += attention */
 #pragma omp single
             rms_norm_rows(x, m->ffn_norm[l], xn, B, D, m->eps);
-            linear_for(0, xn, B, (wref){m->gate[l], 0, 0, 0}, E, D, router, 0, acc, 0); /* the router: fp32 always */
+            linear_for(0, xn, B, (wref){m->gate[l], 0, 0, 0}, E, D, router, 0, acc, 0, 0); /* the router: fp32 always */
             /* routing: each row's top-k logits, softmax over them (== softmax over all experts,
                top-k, renormalised); the (row, k) pairs grouped by expert, their x copied in */
 #pragma omp single
@@ -256,8 +278,8 @@ int64_t infersight_decode_step(const infersight_model *m, int64_t B, const int64
                     order[at] = p;
                     memcpy(xe + at * D, xn + (p / topk) * D, D * sizeof(float));
                 }
-                if (v8)
-                    for (int64_t r = 0; r < bk; r++) quantize_row(&qxe, r, xe + r * D, D);
+                if (aq)
+                    for (int64_t r = 0; r < bk; r++) act_row(b16, &qxe, r, xe + r * D, D);
             }
             /* the chosen experts' w1 and w3 (and SiLU(w1 x) * w3 x when the blocks line up) */
             if (fused) {
@@ -267,10 +289,10 @@ int64_t infersight_decode_step(const infersight_model *m, int64_t B, const int64
                     int64_t g0 = group[e], n = group[e + 1] - g0;
                     wref w = ref(m->w13, m->w13_s, m->w13_p, m->w13_ps, l * E + e, q8, v8);
                     int64_t nr = I - j * 16 < 16 ? I - j * 16 : 16;
-                    const qact *qx = v8 ? &qxe : 0;
-                    block(q8, xe + g0 * D, D, n, w, j * 16, j, nr, D, acc, qx, g0);
+                    const qact *qx = aq ? &qxe : 0;
+                    block(q8, xe + g0 * D, D, n, w, j * 16, j, nr, D, acc, qx, g0, grp);
                     block(q8, xe + g0 * D, D, n, w, q8 ? I + j * 16 : (iblocks + j) * 16, iblocks + j, nr, D, acc2,
-                          qx, g0);
+                          qx, g0, grp);
                     for (int64_t i = 0; i < n; i++)
                         for (int64_t c = 0; c < nr; c++)
                             act[(g0 + i) * I + j * 16 + c] = silu_mul(acc[i * 16 + c], acc2[i * 16 + c]);
@@ -289,9 +311,9 @@ int64_t infersight_decode_step(const infersight_model *m, int64_t B, const int64
                 for (int64_t r = 0; r < bk; r++)
                     for (int64_t c = 0; c < I; c++) act[r * I + c] = silu_mul(h[r * 2 * I + c], h[r * 2 * I + I + c]);
             }
-            if (v8) {
+            if (aq) {
 #pragma omp for schedule(static)
-                for (int64_t r = 0; r < bk; r++) quantize_row(&qa, r, act + r * I, I);
+                for (int64_t r = 0; r < bk; r++) act_row(b16, &qa, r, act + r * I, I);
             }
             /* w2, scaled by each pair's routing weight, summed into its row's residual */
 #pragma omp for schedule(static)
@@ -300,7 +322,7 @@ int64_t infersight_decode_step(const infersight_model *m, int64_t B, const int64
                 for (int64_t a = 0; a < n_active; a++) {
                     int64_t e = active[a], g0 = group[e], n = group[e + 1] - g0;
                     block(q8, act + g0 * I, I, n, ref(m->w2, m->w2_s, m->w2_p, m->w2_ps, l * E + e, q8, v8), n0, j,
-                          nr, I, acc, v8 ? &qa : 0, g0);
+                          nr, I, acc, aq ? &qa : 0, g0, grp);
                     for (int64_t i = 0; i < n; i++) {
                         int64_t p = order[g0 + i];
                         float w = sel_w[p], *o = x + (p / topk) * D + n0;
@@ -312,11 +334,11 @@ int64_t infersight_decode_step(const infersight_model *m, int64_t B, const int64
 #pragma omp single
         {
             rms_norm_rows(x + (B - out_rows) * D, m->norm, xn, out_rows, D, m->eps);
-            if (v8)
-                for (int64_t b = 0; b < out_rows; b++) quantize_row(&qxn, b, xn + b * D, D);
+            if (aq)
+                for (int64_t b = 0; b < out_rows; b++) act_row(b16, &qxn, b, xn + b * D, D);
         }
         linear_for(m->head_quantized ? m->head_quantized : q8, xn, out_rows,
-                   (wref){m->head, m->head_s, m->head_p, m->head_ps}, m->V, D, logits, 0, acc, v8 ? &qxn : 0);
+                   (wref){m->head, m->head_s, m->head_p, m->head_ps}, m->V, D, logits, 0, acc, aq ? &qxn : 0, grp);
     }
     return -1;
 }

@@ -1,7 +1,9 @@
 /* int4 against int8 activations (builds with int8-activation loops only; elsewhere int4 models
    stay on the eager path): `p4_block` over the packed int4 layout (README.md; packed by
-   native_int4.py's `pack_int4` at load). Per group of G columns (64, or 32 where K is not a
-   multiple of 64), q in 0..15 and w = (q - 8) * scale + zero, one group's share of x . w is
+   native_int4.py's `pack_int4` at load). Per group of G columns (the model's group size where
+   K is a multiple of 64, else 32), q in 0..15 and w = q * scale + min with scale and min fp16
+   (as llama.cpp's q4_1 blocks hold theirs, so those import unrounded), so w = (q - 8) * scale +
+   zero with zero = min + 8 scale, and one group's share of x . w is
 
        scale * xs * (sum a q - 8 sum a) + zero * sum x
 
@@ -21,14 +23,12 @@ static inline void group_sums(const qact *q, int64_t row, int64_t k0, int64_t G,
 
 
 #if INFERSIGHT_VNNI
-static inline __m512 bf16x16(const uint16_t *p) {
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
-}
+static inline __m512 f16x16(const uint16_t *p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)p)); }
 
 /* out[r][0..15] = x_r . w[c] for r < MR, `wb` one packed int4 block over K */
 static inline __attribute__((always_inline)) void p4_tile(
-        const qact *q, int64_t r0, const uint8_t *wb, int64_t K, const int MR, float *out) {
-    const int64_t G = g4(K), ng = K / G, gbytes = G * 8 + 64;
+        const qact *q, int64_t r0, const uint8_t *wb, int64_t K, int64_t G, const int MR, float *out) {
+    const int64_t ng = K / G, gbytes = G * 8 + 64;
     const __m512i lo = _mm512_set1_epi8(0x0f);
     __m512 acc[4];
     for (int r = 0; r < MR; r++) acc[r] = _mm512_setzero_ps();
@@ -46,8 +46,10 @@ static inline __attribute__((always_inline)) void p4_tile(
                 ib[r] = _mm512_dpbusd_epi32(ib[r], w1, _mm512_set1_epi32(load4(a + 4)));
             }
         }
-        __m512 sc = bf16x16((const uint16_t *)(const void *)(wg + G * 8));
-        __m512 zc = bf16x16((const uint16_t *)(const void *)(wg + G * 8 + 32));
+        __m512 sc = f16x16((const uint16_t *)(const void *)(wg + G * 8));
+        /* the centred form (q - 8) * scale + zero: the activations' rounding errors meet
+           weights of -8..7 rather than 0..15 */
+        __m512 zc = _mm512_fmadd_ps(_mm512_set1_ps(8.0f), sc, f16x16((const uint16_t *)(const void *)(wg + G * 8 + 32)));
         for (int r = 0; r < MR; r++) {
             int64_t row = r0 + r;
             int32_t asum;
@@ -61,8 +63,14 @@ static inline __attribute__((always_inline)) void p4_tile(
     for (int r = 0; r < MR; r++) _mm512_storeu_ps(out + r * 16, acc[r]);
 }
 #elif INFERSIGHT_I8
-static inline __m256 bf16x8(const uint16_t *p) {
-    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(const void *)p)), 16));
+static inline __m256 f16x8(const uint16_t *p) {
+#ifdef __F16C__
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)p));
+#else
+    float f[8];
+    for (int i = 0; i < 8; i++) f[i] = f16_in(p[i]);
+    return _mm256_loadu_ps(f);
+#endif
 }
 
 /* AVX2, the same product: 32 bytes (8 columns) per register; vpmaddubsw of the unsigned
@@ -70,8 +78,8 @@ static inline __m256 bf16x8(const uint16_t *p) {
    the two halves of a run and 4 runs summed in int16 (at most 16 * 15 * 127), then
    vpmaddwd to int32. G (32 or 64) is a multiple of 4 runs of 8. */
 static inline __attribute__((always_inline)) void p4_tile(
-        const qact *q, int64_t r0, const uint8_t *wb, int64_t K, const int MR, float *out) {
-    const int64_t G = g4(K), ng = K / G, gbytes = G * 8 + 64;
+        const qact *q, int64_t r0, const uint8_t *wb, int64_t K, int64_t G, const int MR, float *out) {
+    const int64_t ng = K / G, gbytes = G * 8 + 64;
     const __m256i lo4 = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
     __m256 al[2], ah[2];
     for (int r = 0; r < MR; r++) al[r] = ah[r] = _mm256_setzero_ps();
@@ -101,7 +109,8 @@ static inline __attribute__((always_inline)) void p4_tile(
             }
         }
         const uint16_t *sz = (const uint16_t *)(const void *)(wg + G * 8);
-        __m256 scl = bf16x8(sz), sch = bf16x8(sz + 8), zcl = bf16x8(sz + 16), zch = bf16x8(sz + 24);
+        __m256 scl = f16x8(sz), sch = f16x8(sz + 8), eight = _mm256_set1_ps(8.0f);
+        __m256 zcl = _mm256_fmadd_ps(eight, scl, f16x8(sz + 16)), zch = _mm256_fmadd_ps(eight, sch, f16x8(sz + 24));
         for (int r = 0; r < MR; r++) {
             int64_t row = r0 + r;
             int32_t asum;
@@ -124,7 +133,7 @@ static inline __attribute__((always_inline)) void p4_tile(
 
 #if INFERSIGHT_I8
 /* out [M][16]: packed int4 block `wb` over K for rows r0..r0+M-1 of the quantised activations */
-void p4_block(const qact *q, int64_t r0, int64_t M, const uint8_t *wb, int64_t K, float *out) {
-    I8_PASSES(p4_tile, wb, K) /* kernels.h */
+void p4_block(const qact *q, int64_t r0, int64_t M, const uint8_t *wb, int64_t K, int64_t G, float *out) {
+    I8_PASSES(p4_tile, wb, K, G) /* kernels.h */
 }
 #endif

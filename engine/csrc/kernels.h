@@ -24,6 +24,13 @@
 #else
 #define INFERSIGHT_VNNI 0
 #endif
+/* INFERSIGHT_BF16: fp8 weights are decoded to bf16 by table (AVX512-VBMI's vpermi2b) and
+   multiplied against bf16 activations (AVX512-BF16's vdpbf16ps): the x86-64-v4-bf16 build */
+#if INFERSIGHT_VNNI && defined(__AVX512BF16__) && defined(__AVX512VBMI__)
+#define INFERSIGHT_BF16 1
+#else
+#define INFERSIGHT_BF16 0
+#endif
 /* INFERSIGHT_I8: the int8-activation loops exist (VNNI, or AVX2's multiply-adds) */
 #if INFERSIGHT_VNNI || defined(INFERSIGHT_I8_AVX2)
 #define INFERSIGHT_I8 1
@@ -48,6 +55,18 @@
 static inline float bf16_in(uint16_t h) {
     uint32_t u = (uint32_t)h << 16;
     float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+static inline float f16_in(uint16_t h) { /* IEEE half -> float, exactly */
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 31u, m = h & 0x3ffu, u;
+    float f;
+    if (e == 0) { /* zero or subnormal: m * 2^-24 */
+        f = (float)m * 5.9604644775390625e-8f;
+        return sign ? -f : f;
+    }
+    u = sign | (e == 31 ? 0x7f800000u : (e + 112u) << 23) | (m << 13);
     memcpy(&f, &u, sizeof f);
     return f;
 }
@@ -89,6 +108,14 @@ INFERSIGHT_INTERNAL void rows8(const float *x, int64_t ldx, int64_t M, const int
 /* the same for float8 e4m3 weight bytes [N, K] (fp8 weight-only models) */
 INFERSIGHT_INTERNAL void rowsf8(const float *x, int64_t ldx, int64_t M, const uint8_t *w, const float *s,
                                 int64_t n0, int64_t nr, int64_t K, float *out);
+#if INFERSIGHT_BF16
+/* fp8 weights against bf16 activations: a qact's `a` and `as` together (2 * rows * Kp bytes)
+   hold the rows as bf16, Kp words apart, zero past K (`bf16_row`). out [M][16]: rows n0..n0+nr-1
+   of the e4m3 weight [N, K] with scales [N], for rows r0..r0+M-1 of q. */
+INFERSIGHT_INTERNAL void bf16_row(const qact *q, int64_t row, const float *x, int64_t K);
+INFERSIGHT_INTERNAL void f8_block(const qact *q, int64_t r0, int64_t M, const uint8_t *w, const float *s,
+                                  int64_t n0, int64_t nr, int64_t K, float *out);
+#endif
 /* a qact of `rows` rows over K carved from *at (64-byte aligned), *at moved past it; its size */
 INFERSIGHT_INTERNAL qact qact_at(char **at, int64_t rows, int64_t K);
 INFERSIGHT_INTERNAL int64_t qact_bytes(int64_t rows, int64_t K);
@@ -100,15 +127,16 @@ INFERSIGHT_INTERNAL void quantize_row(const qact *q, int64_t row, const float *x
 INFERSIGHT_INTERNAL void p8_block(const qact *q, int64_t r0, int64_t M, const int8_t *wb, const float *s,
                                   float *out);
 
-/* int4.c: G for a reduction size K, as quant.py's int4_group_size chooses it */
-static inline int64_t g4(int64_t K) { return K % 64 == 0 ? 64 : 32; }
+/* int4.c: G for a reduction size K: the model's `int4_group` (64, as quant.py's int4_group_size
+   chooses, or 32 for a build made with groups of 32) where K is a multiple of 64, else 32 */
+static inline int64_t g4(int64_t K, int64_t group) { return K % 64 == 0 && group != 32 ? 64 : 32; }
 
 /* bytes of one packed int4 block of 16 columns over K */
-static inline int64_t p4_block_bytes(int64_t K) { return (K / g4(K)) * (g4(K) * 8 + 64); }
+static inline int64_t p4_block_bytes(int64_t K, int64_t group) { return (K / g4(K, group)) * (g4(K, group) * 8 + 64); }
 
-/* int4.c: out [M][16]: packed int4 block `wb` over K for rows r0..r0+M-1 of q */
+/* int4.c: out [M][16]: packed int4 block `wb` over K (groups of G) for rows r0..r0+M-1 of q */
 INFERSIGHT_INTERNAL void p4_block(const qact *q, int64_t r0, int64_t M, const uint8_t *wb, int64_t K,
-                                  float *out);
+                                  int64_t G, float *out);
 
 #if I8_ROWS == 4
 #define I8_MIDDLE_ROWS(TILE, ...)                            \
