@@ -5,10 +5,10 @@ standard library) compiles engine/csrc once per level into `libinfersight_<level
 this module, the way ggml builds its CPU variants; at load, native.py takes the best level the
 CPU supports whose library is there and loads. On x86-64 the levels are the psABI's
 microarchitecture levels, plus AVX512-VNNI, which the int8 and int4 loops use where it exists,
-and AVX512-BF16 with AVX512-VBMI, which the fp8 loop uses where they exist:
+and AVX512-BF16, which the fp8 loop uses where it exists:
 
-- `x86-64-v4-bf16`: the level below, plus AVX512-BF16 and AVX512-VBMI: fp8 weights decoded to
-  bf16 by table (`vpermi2b`) against bf16 activations (`vdpbf16ps`) (Sapphire Rapids, Zen 4);
+- `x86-64-v4-bf16`: the level below, plus AVX512-BF16: fp8 weights read bit for bit as bf16
+  against bf16 activations (`vdpbf16ps`) (Cooper Lake, Sapphire Rapids, Zen 4);
 - `x86-64-v4-vnni`: AVX-512 (F, BW, CD, DQ, VL) and AVX512-VNNI: 512-bit FMAs, `vpdpbusd`;
 - `x86-64-v4`: AVX-512 without VNNI: 512-bit FMAs, int8 weights dequantised in registers;
 - `x86-64-v3`: AVX2, FMA (and BMI, F16C, ...): 256-bit loops, AVX2's int8 multiply-adds;
@@ -72,8 +72,8 @@ class Level:
 LEVELS: tuple[Level, ...] = (  # best first
     Level(
         "x86-64-v4-bf16",
-        ("-march=x86-64-v4", "-mavx512vnni", "-mavx512bf16", "-mavx512vbmi"),
-        _V4 | {"avx512_vnni", "avx512_bf16", "avx512vbmi"},
+        ("-march=x86-64-v4", "-mavx512vnni", "-mavx512bf16"),
+        _V4 | {"avx512_vnni", "avx512_bf16"},
     ),
     Level("x86-64-v4-vnni", ("-march=x86-64-v4", "-mavx512vnni"), _V4 | {"avx512_vnni"}),
     Level("x86-64-v4", ("-march=x86-64-v4",), _V4),

@@ -11,7 +11,7 @@ point computes and the data layouts, is engine/csrc (its README.md).
 
 Which library: the package build (setup.py) compiles it once per instruction-set level
 (isa.py: x86-64-v2's plain C loops, v3's AVX2 and FMA, v4's AVX-512, v4 with AVX512-VNNI,
-and with AVX512-BF16 and VBMI too)
+and with AVX512-BF16 too)
 into `libinfersight_<level>.so` next to this module; `kernels` loads the best level this CPU
 runs (its /proc/cpuinfo flags). No compiler is needed on the serving machine. Where
 $INFERSIGHT_ENGINE_MARCH names a gcc `-march` (`native`: this CPU, tuning included) and a C
@@ -116,7 +116,7 @@ class NativeKernels:
     """The loaded library: `linear` (the packed product), `step` and `step_scratch` (the decode
     step: native_step.py); `avx512` and `vnni` say which loops it was built with, `int8_dot`
     whether it has int8-activation loops (VNNI, or AVX2's multiply-adds) for int8 and int4, `bf16`
-    whether its fp8 loop reads bf16 activations (AVX512-BF16 and VBMI);
+    whether its fp8 loop can read bf16 activations (AVX512-BF16);
     `level` the packaged level (isa.py) or `march=...` for a $INFERSIGHT_ENGINE_MARCH build."""
 
     def __init__(self, path: Path, level: str) -> None:

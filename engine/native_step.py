@@ -72,6 +72,7 @@ class StepModel(ctypes.Structure):
         *((name + "_ps", ctypes.c_void_p) for name in _PACKED),
         ("head_quantized", ctypes.c_int64),
         ("int4_group", ctypes.c_int64),
+        ("fp8_bf16", ctypes.c_int64),
     ]
 
 
@@ -136,6 +137,12 @@ def _experts(moe: MoEFeedForward, int4_ok: bool, int4: _Int4Packer) -> list[tupl
         return out
     pairs = [(_weights(a, int4), _weights(b, int4)) for a, b in moe.loop.pairs]
     return None if any(a is None or b is None for a, b in pairs) else pairs  # type: ignore[return-value]
+
+
+def _subnormal(w: torch.Tensor | None) -> bool:
+    """Whether e4m3 bytes hold a subnormal code (exponent 0, mantissa not): the bf16 fp8 loop
+    reads those as 0 (engine/csrc/int8.c), so such weights take the fp32 loop."""
+    return w is not None and bool((((w & 0x78) == 0) & ((w & 7) != 0)).any())
 
 
 def pack_int8(w: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -313,6 +320,14 @@ class NativeStep:
             quantized=2 if int4 else 3 if fp8 else int(quantized),
             head_quantized=1 if int8_head else 0,
             int4_group=int4_group,
+            fp8_bf16=int(
+                fp8
+                and kernels.bf16
+                and not any(
+                    _subnormal(w)
+                    for w in columns["wqkv"] + columns["wo"] + columns["w13"] + columns["w2"] + [head[0]]
+                )
+            ),
             **{name: array(tensors) for name, tensors in columns.items()},
         )
         self._keep, self._address = keep, ctypes.addressof(self.model)

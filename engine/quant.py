@@ -27,10 +27,11 @@ and activation dtype, at the first int4 load, and cached on disk (`int4_choice`)
 
 fp8 (`quantize="fp8"`, weight-only): the rows of int8 (scale s[n] = max|w[n]| / 448, e4m3's
 largest finite value) and one float8 e4m3 byte per weight, stored as torch.float8_e4m3fn,
-rounded to nearest even by torch's own conversion. It reads the bytes int8 reads; what it buys
-is a floating grid: fine near zero, where most weights lie, coarse at the row's extremes. The
-eager CPU path dequantizes per call; the native step decodes the bytes in registers
-(engine/csrc/int8.c); on CUDA devices with fp8 tensor cores `fp8_matmul` runs
+rounded to nearest even by torch's own conversion, without subnormals (`fp8_rows`). It reads
+the bytes int8 reads; what it buys is a floating grid: fine near zero, where most weights lie,
+coarse at the row's extremes. The eager CPU path dequantizes per call; the native step decodes
+the bytes in registers (engine/csrc/int8.c: to fp32, or bit for bit as bf16 against bf16
+activations on CPUs with AVX512-BF16); on CUDA devices with fp8 tensor cores `fp8_matmul` runs
 `torch._scaled_mm` with the activations cast to e4m3 per row.
 """
 
@@ -84,12 +85,21 @@ def int8_rows(w: torch.Tensor, scale_dtype: torch.dtype) -> dict[str, torch.Tens
 FP8_MAX = 448.0  # the largest finite float8 e4m3fn value
 
 
+FP8_MIN_NORMAL = 2.0**-6  # e4m3's smallest normal value
+
+
 def fp8_rows(w: torch.Tensor, scale_dtype: torch.dtype) -> dict[str, torch.Tensor]:
-    """w [..., N, K] -> {"weight": float8_e4m3fn [..., N, K], "scales": [..., N] in `scale_dtype`}."""
+    """w [..., N, K] -> {"weight": float8_e4m3fn [..., N, K], "scales": [..., N] in `scale_dtype`}.
+
+    No subnormal codes: a value under the smallest normal one (2^-6 of the scale, 2^-15 of the
+    row's largest) becomes 0 or +-2^-6, whichever is nearer, so that the native step's bf16
+    loop, which reads codes as bf16 bit patterns, reads every byte exactly."""
     w = w.float()
     scales = (w.abs().amax(dim=-1) / FP8_MAX).clamp_min(torch.finfo(torch.float32).tiny)
-    q = (w / scales.unsqueeze(-1)).clamp_(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
-    return {"weight": q, "scales": scales.to(scale_dtype)}
+    v = (w / scales.unsqueeze(-1)).clamp_(-FP8_MAX, FP8_MAX)
+    small = v.abs() < FP8_MIN_NORMAL
+    v = torch.where(small, torch.where(v.abs() < FP8_MIN_NORMAL / 2, 0.0, v.sign() * FP8_MIN_NORMAL), v)
+    return {"weight": v.to(torch.float8_e4m3fn), "scales": scales.to(scale_dtype)}
 
 
 def fp8_dequantize(weight: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

@@ -40,16 +40,23 @@ def ids() -> torch.Tensor:
     return torch.randint(0, 256, (3, 16), generator=torch.Generator().manual_seed(0))
 
 
-def test_the_fp8_layout_is_torchs_e4m3_of_the_scaled_rows() -> None:
+def test_the_fp8_layout_is_torchs_e4m3_of_the_scaled_rows_without_subnormals() -> None:
     w = torch.randn(3, 40, 96, generator=torch.Generator().manual_seed(1)) * 0.05
     w[0, 0, 5] = 0.0  # an all-but-zero row keeps a usable scale
+    w[1, 2, :4] = torch.tensor([1e-7, -3e-6, 2e-6, 0.0])  # under e4m3's smallest normal, 2^-6 of the scale
     q = fp8_rows(w, torch.float32)
     assert q["weight"].dtype == torch.float8_e4m3fn and q["weight"].shape == w.shape
     scales = q["scales"]
     assert torch.equal(scales, w.abs().amax(-1) / FP8_MAX)
-    assert torch.equal(
-        q["weight"].view(torch.uint8), (w / scales[..., None]).to(torch.float8_e4m3fn).view(torch.uint8)
-    )
+    scaled = w / scales[..., None]
+    normal = scaled.abs() >= 2**-6
+    bytes_ = q["weight"].view(torch.uint8)
+    assert torch.equal(bytes_[normal], scaled.to(torch.float8_e4m3fn).view(torch.uint8)[normal])
+    # the rest is 0 or +-2^-6, whichever is nearer: no subnormal code
+    assert not (((bytes_ & 0x78) == 0) & ((bytes_ & 7) != 0)).any()
+    tiny = q["weight"].float()[~normal]
+    want = torch.where(scaled[~normal].abs() < 2**-7, 0.0, scaled[~normal].sign() * 2**-6)
+    assert torch.equal(tiny, want) and (tiny == 0).any() and (tiny != 0).any()
     # every row's largest weight lands on e4m3's largest value, and no byte is a NaN
     assert torch.equal(q["weight"].float().abs().amax(-1), torch.full(scales.shape, FP8_MAX))
     assert not torch.isnan(q["weight"].float()).any()
@@ -60,24 +67,29 @@ def test_the_fp8_layout_is_torchs_e4m3_of_the_scaled_rows() -> None:
 
 
 def test_every_e4m3_byte_decodes_exactly_in_each_native_build() -> None:
-    """The native loop's decode (bit operations into fp16, then widened) against torch's
-    float8_e4m3fn -> fp32 conversion, subnormals and signed zero included, for every level
-    this CPU runs (the plain C build's scalar decode defines it)."""
-    finite = torch.tensor([b for b in range(256) if b not in (0x7F, 0xFF)], dtype=torch.uint8)
-    w = finite.view(torch.float8_e4m3fn).view(1, -1).repeat(5, 1)  # [5, 254]: K not a multiple of 16
-    scales = torch.tensor([1.0, 0.5, 2.0, 0.25, 3.0])
-    eye = torch.eye(w.shape[1])
+    """The native loops' decode against torch's float8_e4m3fn -> fp32 conversion, signed zero
+    included, for every level this CPU runs (the plain C build's scalar decode defines it):
+    every finite byte through the fp32 loop (the one weights with subnormal codes take), and
+    every byte but the subnormal codes, which the quantizer never writes, through the
+    x86-64-v4-bf16 build's bf16 loop, which reads activations rounded to bf16."""
+    finite = [b for b in range(256) if b not in (0x7F, 0xFF)]
+    normal = [b for b in finite if b & 0x78 or not b & 7]
     levels = isa.supported(isa.cpu_flags())
     built = [lv for lv in levels if (native.LIBRARY_DIR / lv.library).is_file()]
     assert built, "no native library runs on this CPU"
-    for level in built:
-        kernels = native.NativeKernels(native.LIBRARY_DIR / level.library, level.name)
-        got = kernels.rows_fp8(eye, w, scales)
-        assert torch.equal(got, (w.float() * scales[:, None]).t()), level.name
-        x = torch.randn(7, w.shape[1], generator=torch.Generator().manual_seed(2))
-        # the x86-64-v4-bf16 build's loop reads the activations rounded to bf16
-        want = (x.bfloat16().float() if kernels.bf16 else x) @ (w.float() * scales[:, None]).t()
-        torch.testing.assert_close(kernels.rows_fp8(x, w, scales), want, atol=1e-3, rtol=1e-4)
+    for codes, bf16_loop in ((finite, False), (normal, True)):
+        # [5, K] with K not a multiple of 16
+        w = torch.tensor(codes, dtype=torch.uint8).view(torch.float8_e4m3fn).view(1, -1).repeat(5, 1)
+        scales = torch.tensor([1.0, 0.5, 2.0, 0.25, 3.0])
+        eye = torch.eye(w.shape[1])
+        for level in built:
+            kernels = native.NativeKernels(native.LIBRARY_DIR / level.library, level.name)
+            got = kernels.rows_fp8(eye, w, scales)
+            assert torch.equal(got, (w.float() * scales[:, None]).t()), level.name
+            x = torch.randn(7, w.shape[1], generator=torch.Generator().manual_seed(2))
+            rounded = x.bfloat16().float() if bf16_loop and kernels.bf16 else x
+            want = rounded @ (w.float() * scales[:, None]).t()
+            torch.testing.assert_close(kernels.rows_fp8(x, w, scales), want, atol=1e-3, rtol=1e-4)
 
 
 def test_fp8_equals_the_model_with_dequantized_weights(ckpt: Path, ids: torch.Tensor, tmp_path: Path) -> None:

@@ -151,7 +151,7 @@ int64_t infersight_decode_step(const infersight_model *m, int64_t B, const int64
     int64_t *order = sel_e + bk, *group = order + bk, *count = group + E + 1, *active = count + E;
     int64_t n_active = 0;
     const int v8 = q8 && q8 != 3 && (m->act8 || q8 == 2) && INFERSIGHT_I8; /* int4 (q8 == 2): always; fp8: never */
-    const int b16 = q8 == 3 && INFERSIGHT_BF16, aq = v8 || b16; /* aq: the loops read qact rows */
+    const int b16 = q8 == 3 && INFERSIGHT_BF16 && m->fp8_bf16, aq = v8 || b16; /* aq: the loops read qact rows */
     char *qat = (char *)(((uintptr_t)(active + E) + 63) & ~(uintptr_t)63);
     qact qxn = qact_at(&qat, B, D), qattn = qact_at(&qat, B, H * hd);
     qact qxe = qact_at(&qat, bk, D), qa = qact_at(&qat, bk, I);

@@ -45,6 +45,9 @@ typedef struct {
     /* int4: the group size of the projections whose K is a multiple of 64: 64 (0 means 64 too),
        or 32 for a build made with groups of 32 (a llama.cpp q4_0/q4_1 import); other K: 32 */
     int64_t int4_group;
+    /* fp8, builds with AVX512-BF16: 1 when no weight byte is a subnormal e4m3 code (the
+       quantizer writes none), so the bf16 loop reads them exactly; 0: the fp32 loop */
+    int64_t fp8_bf16;
 } infersight_model;
 
 /* linear.c: out [M, N] = residual [M, N] (or 0) + alpha * x [M, K] @ W^T, W packed [N/16][K][16] */
@@ -52,8 +55,8 @@ INFERSIGHT_API void infersight_linear_f32(const float *x, const float *wp, const
                                           int64_t M, int64_t N, int64_t K, float alpha);
 
 /* int8.c: out [M, N] = x [M, K] @ (s [N] * W)^T for float8 e4m3 bytes W [N, K] row-major: the
-   fp8 weight-only product on its own, serial (the decode step's loop, with x rounded to bf16
-   where the build has it; tests hold it to torch) */
+   fp8 weight-only product on its own, serial (the decode step's loop: with x rounded to bf16
+   where the build has AVX512-BF16 and W has no subnormal codes; tests hold it to torch) */
 INFERSIGHT_API void infersight_rows_fp8(const float *x, const uint8_t *w, const float *s, float *out,
                                         int64_t M, int64_t N, int64_t K);
 
@@ -70,6 +73,6 @@ INFERSIGHT_API int64_t infersight_step_scratch(const infersight_model *m, int64_
 INFERSIGHT_API int infersight_has_avx512(void);   /* decode_step.c */
 INFERSIGHT_API int infersight_has_vnni(void);     /* int8.c */
 INFERSIGHT_API int infersight_has_int8_dot(void); /* int8.c: int8-activation loops (VNNI or AVX2) */
-INFERSIGHT_API int infersight_has_bf16(void);     /* int8.c: fp8 against bf16 activations (BF16, VBMI) */
+INFERSIGHT_API int infersight_has_bf16(void);     /* int8.c: fp8 against bf16 activations (AVX512-BF16) */
 
 #endif

@@ -148,76 +148,49 @@ static inline __attribute__((always_inline)) void rows_q8(
 }
 
 #if INFERSIGHT_BF16
-/* The bf16 of each e4m3 code with its sign bit clear, split in bytes: vpermi2b's two 64-byte
-   tables per byte (it reads 7 bits of the code; the sign is put back into the high byte). Every
-   e4m3 value has 3 significant bits, so each is exact in bf16, subnormals included. */
-static const uint8_t F8_BF16_LO[128] __attribute__((aligned(64))) = {
-    0x00, 0x00, 0x80, 0xc0, 0x00, 0x20, 0x40, 0x60, 0x80, 0x90, 0xa0, 0xb0, 0xc0, 0xd0, 0xe0, 0xf0,
-    0x00, 0x10, 0x20, 0x30, 0x40, 0x50, 0x60, 0x70, 0x80, 0x90, 0xa0, 0xb0, 0xc0, 0xd0, 0xe0, 0xf0,
-    0x00, 0x10, 0x20, 0x30, 0x40, 0x50, 0x60, 0x70, 0x80, 0x90, 0xa0, 0xb0, 0xc0, 0xd0, 0xe0, 0xf0,
-    0x00, 0x10, 0x20, 0x30, 0x40, 0x50, 0x60, 0x70, 0x80, 0x90, 0xa0, 0xb0, 0xc0, 0xd0, 0xe0, 0xf0,
-    0x00, 0x10, 0x20, 0x30, 0x40, 0x50, 0x60, 0x70, 0x80, 0x90, 0xa0, 0xb0, 0xc0, 0xd0, 0xe0, 0xf0,
-    0x00, 0x10, 0x20, 0x30, 0x40, 0x50, 0x60, 0x70, 0x80, 0x90, 0xa0, 0xb0, 0xc0, 0xd0, 0xe0, 0xf0,
-    0x00, 0x10, 0x20, 0x30, 0x40, 0x50, 0x60, 0x70, 0x80, 0x90, 0xa0, 0xb0, 0xc0, 0xd0, 0xe0, 0xf0,
-    0x00, 0x10, 0x20, 0x30, 0x40, 0x50, 0x60, 0x70, 0x80, 0x90, 0xa0, 0xb0, 0xc0, 0xd0, 0xe0, 0xf0,
-};
-static const uint8_t F8_BF16_HI[128] __attribute__((aligned(64))) = {
-    0x00, 0x3b, 0x3b, 0x3b, 0x3c, 0x3c, 0x3c, 0x3c, 0x3c, 0x3c, 0x3c, 0x3c, 0x3c, 0x3c, 0x3c, 0x3c,
-    0x3d, 0x3d, 0x3d, 0x3d, 0x3d, 0x3d, 0x3d, 0x3d, 0x3d, 0x3d, 0x3d, 0x3d, 0x3d, 0x3d, 0x3d, 0x3d,
-    0x3e, 0x3e, 0x3e, 0x3e, 0x3e, 0x3e, 0x3e, 0x3e, 0x3e, 0x3e, 0x3e, 0x3e, 0x3e, 0x3e, 0x3e, 0x3e,
-    0x3f, 0x3f, 0x3f, 0x3f, 0x3f, 0x3f, 0x3f, 0x3f, 0x3f, 0x3f, 0x3f, 0x3f, 0x3f, 0x3f, 0x3f, 0x3f,
-    0x40, 0x40, 0x40, 0x40, 0x40, 0x40, 0x40, 0x40, 0x40, 0x40, 0x40, 0x40, 0x40, 0x40, 0x40, 0x40,
-    0x41, 0x41, 0x41, 0x41, 0x41, 0x41, 0x41, 0x41, 0x41, 0x41, 0x41, 0x41, 0x41, 0x41, 0x41, 0x41,
-    0x42, 0x42, 0x42, 0x42, 0x42, 0x42, 0x42, 0x42, 0x42, 0x42, 0x42, 0x42, 0x42, 0x42, 0x42, 0x42,
-    0x43, 0x43, 0x43, 0x43, 0x43, 0x43, 0x43, 0x43, 0x43, 0x43, 0x43, 0x43, 0x43, 0x43, 0x43, 0x43,
-};
-
-/* Byte indices that interleave a low-byte register `l` and a high-byte register `h` (vpermt2b's
-   second table) into bf16 words: words 0..31 (`half` 0) or 32..63 (`half` 1). */
-static inline __m512i interleave(int half) {
-    uint8_t idx[64];
-    for (int j = 0; j < 32; j++) {
-        idx[2 * j] = (uint8_t)(32 * half + j);
-        idx[2 * j + 1] = (uint8_t)(64 + 32 * half + j);
-    }
-    return _mm512_loadu_si512((const void *)idx);
-}
+/* fp8 against bf16 activations. A normal e4m3 byte c is, bit for bit, a bf16 2^-120 times its
+   value: (sign-extended c << 4) & 0x87f0 puts its sign at bit 15, its 4 exponent bits at the
+   bottom of bf16's 8 and its 3 mantissa bits at the top of bf16's 7 (0 stays 0). So one
+   64-byte load gives 32 bf16 weights from the high bytes of its words (an arithmetic shift
+   right by 4) and 32 from the low bytes (shifted up by 8 first): three shifts and two ands per
+   64 weights, no table, and the even/odd order is undone on the activations' side, once per
+   row (`bf16_row`). The 2^-120 is taken back in two halves: 2^64 on the activations (which
+   keeps every product a normal number: vdpbf16ps flushes subnormals) and 2^56 with the scale.
+   Subnormal e4m3 codes (exponent 0, mantissa not 0) would read as bf16 subnormals, i.e. as 0:
+   the quantizer never writes them, and the step takes this loop only for weights without
+   them (`fp8_bf16`), the exact `rowsf8` otherwise. */
+#define F8_X_UP 18446744073709551616.0f  /* 2^64 */
+#define F8_OUT 72057594037927936.0f      /* 2^56 */
 
 /* out[r * 16 + c] = s[c] * x_r . w[c] for r < MR, c < 4: e4m3 rows of `w` (K apart) against
-   rows of bf16 activations (Kp words apart, zero past K). Per 64 weights and row: one load, two
-   table lookups (vpermi2b), the sign put back (vpternlogd), two interleaves into bf16 words,
-   then two `vdpbf16ps` per activation row: two products a lane, summed into fp32. */
+   the rows of `bf16_row` (Kp words apart). */
 static inline __attribute__((always_inline)) void quadf8b(
         const uint16_t *xb, int64_t Kp, const uint8_t *w, const float *s, int64_t nc, int64_t K,
         const int MR, float *out) {
     const uint8_t *rw[4];
     for (int c = 0; c < 4; c++) rw[c] = w + (c < nc ? c : nc - 1) * K;
-    const __m512i lo0 = _mm512_load_si512((const void *)F8_BF16_LO), lo1 = _mm512_load_si512((const void *)(F8_BF16_LO + 64));
-    const __m512i hi0 = _mm512_load_si512((const void *)F8_BF16_HI), hi1 = _mm512_load_si512((const void *)(F8_BF16_HI + 64));
-    const __m512i sign = _mm512_set1_epi8((char)0x80), i0 = interleave(0), i1 = interleave(1);
+    const __m512i keep = _mm512_set1_epi16((short)0x87f0);
     __m512 acc[4][4];
     for (int r = 0; r < MR; r++)
         for (int c = 0; c < 4; c++) acc[r][c] = _mm512_setzero_ps();
     for (int64_t k = 0; k < K; k += 64) {
         __mmask64 km = K - k >= 64 ? ~(__mmask64)0 : (((__mmask64)1 << (K - k)) - 1u);
-        __m512i w0[4], w1[4];
+        __m512i even[4], odd[4];
         for (int c = 0; c < 4; c++) {
             _mm_prefetch((const char *)(rw[c] + k + 16 * K), _MM_HINT_T0);
             __m512i b = _mm512_maskz_loadu_epi8(km, rw[c] + k); /* past K: code 0, the value 0 */
-            __m512i l = _mm512_permutex2var_epi8(lo0, b, lo1);
-            __m512i h = _mm512_ternarylogic_epi32(_mm512_permutex2var_epi8(hi0, b, hi1), b, sign, 0xf8); /* h | (b & 0x80) */
-            w0[c] = _mm512_permutex2var_epi8(l, i0, h);
-            w1[c] = _mm512_permutex2var_epi8(l, i1, h);
+            even[c] = _mm512_and_si512(_mm512_srai_epi16(_mm512_slli_epi16(b, 8), 4), keep);
+            odd[c] = _mm512_and_si512(_mm512_srai_epi16(b, 4), keep);
         }
         for (int r = 0; r < MR; r++) {
-            __m512bh x0 = (__m512bh)_mm512_loadu_si512((const void *)(xb + r * Kp + k));
-            __m512bh x1 = (__m512bh)_mm512_loadu_si512((const void *)(xb + r * Kp + k + 32));
+            __m512bh xe = (__m512bh)_mm512_loadu_si512((const void *)(xb + r * Kp + k));
+            __m512bh xo = (__m512bh)_mm512_loadu_si512((const void *)(xb + r * Kp + k + 32));
             for (int c = 0; c < 4; c++)
-                acc[r][c] = _mm512_dpbf16_ps(_mm512_dpbf16_ps(acc[r][c], x0, (__m512bh)w0[c]), x1, (__m512bh)w1[c]);
+                acc[r][c] = _mm512_dpbf16_ps(_mm512_dpbf16_ps(acc[r][c], xe, (__m512bh)even[c]), xo, (__m512bh)odd[c]);
         }
     }
     for (int r = 0; r < MR; r++)
-        for (int c = 0; c < nc; c++) out[r * 16 + c] = s[c] * _mm512_reduce_add_ps(acc[r][c]);
+        for (int c = 0; c < nc; c++) out[r * 16 + c] = s[c] * F8_OUT * _mm512_reduce_add_ps(acc[r][c]);
 }
 
 void f8_block(const qact *q, int64_t r0, int64_t M, const uint8_t *w, const float *s, int64_t n0, int64_t nr,
@@ -243,12 +216,21 @@ void f8_block(const qact *q, int64_t r0, int64_t M, const uint8_t *w, const floa
 
 void bf16_row(const qact *q, int64_t row, const float *x, int64_t K) {
     uint16_t *dst = (uint16_t *)(void *)q->a + row * q->Kp;
+    const __m512 up = _mm512_set1_ps(F8_X_UP);
+    /* per 64 columns: the even ones, then the odd ones (the weights' low and high bytes) */
+    const __m512i evens = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+    const __m512i odds = _mm512_add_epi32(evens, _mm512_set1_epi32(1));
     for (int64_t k = 0; k < q->Kp; k += 32) {
         int64_t left = K - k;
         __mmask16 m0 = left >= 16 ? (__mmask16)0xffff : left <= 0 ? 0 : (__mmask16)((1u << left) - 1u);
         __mmask16 m1 = left >= 32 ? (__mmask16)0xffff : left <= 16 ? 0 : (__mmask16)((1u << (left - 16)) - 1u);
-        __m512 a = _mm512_maskz_loadu_ps(m0, x + k), b = _mm512_maskz_loadu_ps(m1, x + k + 16);
-        _mm512_storeu_si512((void *)(dst + k), (__m512i)_mm512_cvtne2ps_pbh(b, a)); /* nearest even */
+        __m512 a = _mm512_mul_ps(_mm512_maskz_loadu_ps(m0, x + k), up);
+        __m512 b = _mm512_mul_ps(_mm512_maskz_loadu_ps(m1, x + k + 16), up);
+        __m512 e = _mm512_permutex2var_ps(a, evens, b), o = _mm512_permutex2var_ps(a, odds, b);
+        /* 16 even columns of these 32 go to the chunk's first half, the odd ones to its second */
+        uint16_t *chunk = dst + (k & ~(int64_t)63) + (k & 32) / 2;
+        _mm256_storeu_si256((__m256i *)(void *)chunk, (__m256i)_mm512_cvtneps_pbh(e)); /* nearest even */
+        _mm256_storeu_si256((__m256i *)(void *)(chunk + 32), (__m256i)_mm512_cvtneps_pbh(o));
     }
 }
 #endif
@@ -266,22 +248,24 @@ void rowsf8(const float *x, int64_t ldx, int64_t M, const uint8_t *w, const floa
 void infersight_rows_fp8(const float *x, const uint8_t *w, const float *s, float *out, int64_t M, int64_t N,
                          int64_t K) {
     float tmp[4 * 16];
-#if INFERSIGHT_BF16 /* the decode step's loop: the rows as bf16, four at a time */
+#if INFERSIGHT_BF16 /* the decode step's loop: the rows as bf16, four at a time (weights without subnormals) */
+    int subnormal = 0;
+    for (int64_t i = 0; i < N * K; i++) subnormal |= (w[i] & 0x78) == 0 && (w[i] & 7) != 0;
     uint16_t xb[4 * 64 * ((K + 63) / 64)] __attribute__((aligned(64)));
     qact q = {(uint8_t *)(void *)xb, 0, 0, 0, 0, 64 * ((K + 63) / 64), (K + 63) / 64};
 #endif
     for (int64_t r = 0; r < M; r += 4) {
         int64_t m = M - r < 4 ? M - r : 4;
 #if INFERSIGHT_BF16
-        for (int64_t i = 0; i < m; i++) bf16_row(&q, i, x + (r + i) * K, K);
+        for (int64_t i = 0; i < m && !subnormal; i++) bf16_row(&q, i, x + (r + i) * K, K);
 #endif
         for (int64_t n0 = 0; n0 < N; n0 += 16) {
             int64_t nr = N - n0 < 16 ? N - n0 : 16;
 #if INFERSIGHT_BF16
-            f8_block(&q, 0, m, w, s, n0, nr, K, tmp);
-#else
-            rowsf8(x + r * K, K, m, w, s, n0, nr, K, tmp);
+            if (!subnormal) f8_block(&q, 0, m, w, s, n0, nr, K, tmp);
+            else
 #endif
+                rowsf8(x + r * K, K, m, w, s, n0, nr, K, tmp);
             for (int64_t i = 0; i < m; i++)
                 for (int64_t j = 0; j < nr; j++) out[(r + i) * N + n0 + j] = tmp[i * 16 + j];
         }

@@ -24,9 +24,9 @@
 #else
 #define INFERSIGHT_VNNI 0
 #endif
-/* INFERSIGHT_BF16: fp8 weights are decoded to bf16 by table (AVX512-VBMI's vpermi2b) and
-   multiplied against bf16 activations (AVX512-BF16's vdpbf16ps): the x86-64-v4-bf16 build */
-#if INFERSIGHT_VNNI && defined(__AVX512BF16__) && defined(__AVX512VBMI__)
+/* INFERSIGHT_BF16: fp8 weights are read as bf16 and multiplied against bf16 activations
+   (AVX512-BF16's vdpbf16ps): the x86-64-v4-bf16 build */
+#if INFERSIGHT_VNNI && defined(__AVX512BF16__)
 #define INFERSIGHT_BF16 1
 #else
 #define INFERSIGHT_BF16 0
