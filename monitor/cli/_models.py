@@ -267,9 +267,10 @@ def _import(args: argparse.Namespace) -> int:
     if done.rerounded:
         worst = max(done.rerounded, key=lambda r: r.rms_rel)
         top = max(r.max_rel for r in done.rerounded)
-        print(f"re-rounded to the engine's {worst.scheme} at load: {len(done.rerounded)} tensors, "
-              f"max relative error {top:.2e}, worst RMS relative error {worst.rms_rel:.2e} ({worst.tensor}); "
-              f"per tensor: {done.checkpoint / 'gguf-import.json'}")  # fmt: skip
+        schemes = ", ".join(sorted({r.scheme for r in done.rerounded}))
+        print(f"rounded again (to the engine's {schemes}): {len(done.rerounded)} tensors, "
+              f"max relative error {top:.2e}, worst RMS relative error {worst.rms_rel:.2e} "
+              f"({worst.tensor} to {worst.scheme}); per tensor: {done.checkpoint / 'gguf-import.json'}")  # fmt: skip
     print(f"registered {info.name} sha256 {info.sha256[:12]} from {info.path}")
     return 0
 
