@@ -46,6 +46,9 @@ class DemoModels:
     # how long a release check may take to decide before its step fails: only a stuck step
     # ends there (a loaded 2-core machine answers a 135M model's requests a few a second)
     decide_s: float
+    # no request for this long and a version's drift state is dropped (its PromptDrift
+    # resolves); longer than the embedding of the last requests takes to catch up with them
+    stale_after_s: float
 
 
 _COPY_BACK = DemoModels(
@@ -58,6 +61,7 @@ _COPY_BACK = DemoModels(
     windows=(300, 200, 160),
     fast_windows=(200, 60, 60),
     decide_s=120.0,
+    stale_after_s=5.0,
 )
 _SMOLLM2 = DemoModels(
     kind="smollm2",
@@ -66,9 +70,10 @@ _SMOLLM2 = DemoModels(
     bad_what="converted without undoing llama.cpp's RoPE row permutation",
     next_release="smollm2_instruct_int4-v1.2",
     max_tokens=12,
-    windows=(200, 80, 60),
+    windows=(200, 60, 60),  # the least that the drift windows and the checks need: --fast changes nothing
     fast_windows=(200, 60, 60),
     decide_s=900.0,
+    stale_after_s=30.0,  # the embedding job falls behind while the model takes the CPUs
 )
 
 

@@ -91,7 +91,7 @@ class _Sizes:
 
 def _sizes(fast: bool, models: DemoModels) -> _Sizes:
     reference, window, bad_release = models.fast_windows if fast else models.windows
-    return _Sizes(reference, window, bad_release, stale_after_s=5.0)
+    return _Sizes(reference, window, bad_release, stale_after_s=models.stale_after_s)
 
 
 _DRIFT_TICK_S = 1.0  # the drift job's interval (serve's default is 60 s)
@@ -331,7 +331,7 @@ def _topic_shift(
         f"the scheduled drift job flagged the prompts (p = {report['p_value']:.2g}); report /api/v1/drift/{report['id']}",
     )
     tl.done("drift explained", f"e.g. {examples[0]!r} among the texts that appeared")
-    if not wait_until(lambda: "PromptDrift" in hook.alertnames(), 120):
+    if not wait_until(lambda: "PromptDrift" in hook.alertnames(), m.decide_s):
         raise tl.fail("drift alert", "no signed PromptDrift notification reached the webhook receiver")
     tl.done("drift alert", "PromptDrift fired; signed webhook verified by the receiver")
 
@@ -399,7 +399,7 @@ def _bad_release(
     tl.done("snapshot", f"{snap['request_count']} requests of {snap['model_version']} kept in {snap['path']}")
     from infersight.alerts import CANARY_ALERT
 
-    if not wait_until(lambda: CANARY_ALERT in hook.alertnames(), 120):
+    if not wait_until(lambda: CANARY_ALERT in hook.alertnames(), m.decide_s):
         raise tl.fail("page", f"no signed {CANARY_ALERT} notification reached the webhook receiver")
     tl.done("page", f"{CANARY_ALERT} delivered, signature verified ({len(hook.received)} webhooks received, "
                     f"{hook.rejected} rejected)")  # fmt: skip
@@ -450,7 +450,7 @@ def _bad_deploy(
     )
     from infersight.alerts import REGRESSION_ALERT
 
-    if not wait_until(lambda: REGRESSION_ALERT in hook.alertnames(), 120):
+    if not wait_until(lambda: REGRESSION_ALERT in hook.alertnames(), m.decide_s):
         raise tl.fail(
             "rollback page", f"no signed {REGRESSION_ALERT} notification reached the webhook receiver"
         )
@@ -467,7 +467,9 @@ def _stale_drift_resolved(
     bad = m.bad
     stop, sent, worker = keep_sending(base, traffic, rounds=5, max_tokens=m.max_tokens)
     try:
-        fired = wait_until(lambda: ("PromptDrift", bad, "firing") in hook.alert_states(), 60)
+        fired = wait_until(
+            lambda: ("PromptDrift", bad, "firing") in hook.alert_states(), max(60.0, 4 * sizes.stale_after_s)
+        )
         if not fired:
             raise tl.fail("rolled-back drift resolved", f"PromptDrift never fired for {bad} while it served")
         t0 = time.monotonic()
