@@ -53,7 +53,7 @@ class BuildQuality:
     def describe(self) -> str:
         change = self.perplexity_build / self.perplexity_good - 1.0
         return (
-            f"perplexity {self.perplexity_build:.2f} against the good version's {self.perplexity_good:.2f} "
+            f"perplexity {self.perplexity_build:.4g} against the good version's {self.perplexity_good:.4g} "
             f"({change:+.1%}), top-1 agreement {self.top1_agreement:.1%}, KL {self.kl:.4f} nats, "
             f"on {self.tokens} tokens of {self.texts} held-out utterances"
         )
@@ -164,6 +164,9 @@ def _canary(
         raise tl.fail("next release canary", f"no decision on {name} after {sum(sent)} requests "
                                              f"({status.get('canary_requests')} to the canary)")  # fmt: skip
     promoted = decision["action"] == "promote"
+    # the promotion or rollback swaps replicas: the demo ends (and stops the service) once done
+    serving = name if promoted else models.good
+    wait_until(lambda: client.get("/api/v1/models").json()["serving_version"] == serving, 120, 0.5)
     state["next_promoted"] = promoted
     outcome = "promoted to every user" if promoted else "rolled back"
     state["next_outcome"] = outcome
