@@ -96,6 +96,8 @@ def _the_next_release_was_built_from_the_incident_and_canaried(
     end = records[-1]
     if promoted:
         assert (end.reason, end.to_version) == ("canary-promote", NEXT), records
+        # after the demo's step of 60 canary requests (alerting.canary_step_requests), not serve's 200
+        assert "60 canary requests at 50%, no regression" in canary, canary
     else:
         assert (end.reason, end.outcome, end.from_version) == ("canary", "rolled_back", NEXT), records
     assert f"its canary: {'promoted' if promoted else 'rolled back'}" in text
