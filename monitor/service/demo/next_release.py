@@ -71,11 +71,15 @@ def next_release(
     state: dict[str, Any],
 ) -> None:
     _build(tl, models, registry, dataset, state)
+    from infersight.engine.errors import EngineError
     from infersight.engine.registry import Registry
 
     reg = Registry(registry)
     good, build = reg.get(models.good), reg.get(models.next_release)
-    quality = build_quality(good.path, build.path, build.quantize, held_out)
+    try:
+        quality = build_quality(good.path, build.path, build.quantize, held_out)
+    except (EngineError, ValueError, OSError) as exc:
+        raise tl.fail("next release quality", f"{type(exc).__name__}: {exc}") from exc
     state["next_quality"] = quality
     tl.done("next release quality", f"{models.next_release}: {quality.describe()}")
     _canary(base, client, tl, models, traffic, state)
