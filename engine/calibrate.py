@@ -59,8 +59,9 @@ class QuantizeReport:
 
 def calibration_texts(path: Path, *, limit: int | None = None) -> list[str]:
     """The texts of a JSONL calibration file: each object's `prompt`, followed by its
-    `response` when there is one (`infersight dataset export` writes both). Lines that are
-    not objects with a non-empty string prompt are skipped; none left is an error."""
+    `response` (or `answer`, as `infersight dataset export` names it) when there is one.
+    Lines that are not objects with a non-empty string prompt are skipped; none left is an
+    error."""
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
     except (OSError, UnicodeDecodeError) as exc:
@@ -74,7 +75,7 @@ def calibration_texts(path: Path, *, limit: int | None = None) -> list[str]:
         prompt = item.get("prompt") if isinstance(item, dict) else None
         if not isinstance(prompt, str) or not prompt.strip():
             continue
-        response = item.get("response")
+        response = item.get("response", item.get("answer"))
         texts.append(prompt + ("\n" + response if isinstance(response, str) and response else ""))
         if limit is not None and len(texts) >= limit:
             break

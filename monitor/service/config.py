@@ -197,6 +197,9 @@ class AlertingConfig:
     # the next requests (any version: the previous one now answers the same traffic) kept for
     # `infersight dataset export --kind collected` after an automatic rollback; 0: none
     collect_after_rollback: int = 200
+    # canary requests a canary serves at one step (10% -> 50% -> 100%) with no regression
+    # before it moves on to the next; the last step's count promotes it
+    canary_step_requests: int = 200
 
 
 @dataclass(frozen=True)
@@ -483,6 +486,8 @@ def check_config(config: ServiceConfig, *, source: str | None = None) -> Service
         fail("long_prompt_tokens", "must be a positive number of tokens")
     if not 0 <= config.alerting.collect_after_rollback <= 100_000:
         fail("alerting.collect_after_rollback", "must be between 0 and 100000")
+    if not 1 <= config.alerting.canary_step_requests <= 1_000_000:
+        fail("alerting.canary_step_requests", "must be between 1 and 1000000")
     if config.redact is not None:
         from infersight.monitor.dataset import RedactorInvalid, load_redactor
 

@@ -221,7 +221,9 @@ def engine_release_checks(
     the paired answers configured, the canary's controller (None without canary support), and
     the feed that scores the pairs (None without the runtime's shadow support)."""
     share = _configure_pairs(runtime, config)
-    controller = _canary_controller(runtime, on_canary_decision, on_canary_rollback, share)
+    controller = _canary_controller(
+        runtime, on_canary_decision, on_canary_rollback, share, config.alerting.canary_step_requests
+    )
     if getattr(runtime, "shadow", None) is None:
         return share, controller, None
     # the post-deploy analysis' pairs: their step check at the analysis' own latency ratio
@@ -236,6 +238,7 @@ def _canary_controller(
     on_decision: Callable[[Any], None],
     rollback: Callable[[Any], None] | None,
     pair_share: float,
+    step_requests: int,
 ) -> Any:
     """The controller that analyses and steps canaries (None without the runtime's canary
     support); its quality checks are paired when the runtime pairs requests."""
@@ -243,10 +246,12 @@ def _canary_controller(
     if control is None:
         return None
     from infersight.alerts import CanaryController
+    from infersight.alerts.release.canary import CanaryPolicy
 
     return CanaryController(
-        control, on_decision=on_decision, pairs=pair_policy(pair_share), rollback=rollback
-    )
+        control, CanaryPolicy(requests_per_step=step_requests), on_decision=on_decision,
+        pairs=pair_policy(pair_share), rollback=rollback,
+    )  # fmt: skip
 
 
 def _configure_pairs(runtime: Any, config: ServiceConfig) -> float:

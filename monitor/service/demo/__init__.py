@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
-from .script import DemoFailed, DemoOptions, DemoResult, Step, run_demo
+from .models import MODELS, DemoModels
+from .next_release import BuildQuality
+from .script import DemoOptions, DemoResult, run_demo
 from .stage import WebhookReceiver, new_secret, verify_signature
+from .timeline import DemoFailed, Step
 
 __all__ = [
+    "MODELS",
+    "BuildQuality",
     "DemoFailed",
+    "DemoModels",
     "DemoOptions",
     "DemoResult",
     "Step",

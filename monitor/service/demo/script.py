@@ -1,45 +1,43 @@
-"""The scripted incident of `infersight demo` and the timeline it reports.
+"""The scripted incident of `infersight demo`.
 
-The scripted incident of `infersight demo`.
-
-1. the demo model (the engine's `models init-demo`: a good release and a corrupted one);
+1. the demo's models (models.py: the copy-back demo model by default, SmolLM2-135M-Instruct
+   with `--model smollm2`): a good version and a bad release of it;
 2. the service on SQLite with the embedded runtime, a Banking77 drift reference, rules
    that page a local receiver checking Standard Webhooks signatures;
 3. baseline traffic (Banking77 test utterances through /v1/chat/completions): no drift;
 4. a topic shift (NLU++ hotel utterances mixed in): drift flagged, explained by hotel
    texts, the PromptDrift alert delivered to the receiver signed;
-5. a bad release (the corrupted version, answers unrelated to the questions) started as
-   a 10% canary through the API while the hotel questions go on: a share of requests is
-   answered by both versions and the canary analysis compares the two answers to the same
-   requests, sees them differ and relevance fall (always-valid sequential tests), rolls it back by itself while it has served fewer
-   than 15% of the requests (the demo prints the share), takes a snapshot and pages
-   (CanaryRegression, signed webhook);
+5. the bad release started as a 10% canary through the API while the hotel questions go on:
+   a share of requests is answered by both versions and the canary analysis compares the two
+   answers to the same requests, sees them differ and relevance fall (always-valid sequential
+   tests), rolls it back by itself while it has served fewer than 15% of the requests (the
+   demo prints the share), takes a snapshot and pages (CanaryRegression, signed webhook);
 6. the same release deployed to all traffic anyway (no canary): the previous version stays
    loaded to answer a share of the same requests, the post-deploy analysis sees relevance
    fall on those pairs, rolls back by itself, takes a snapshot and pages (PostDeployRegression,
    signed webhook);
 7. the rolled-back version's PromptDrift resolves once it has had no request for
-   `drift.stale_after_s`: nobody serves it any more.
+   `drift.stale_after_s`: nobody serves it any more;
+8. the requests collected after the rollbacks are exported as JSONL, and (next_release.py)
+   calibrate a GPTQ int4 build of the good version, whose quality against the good version is
+   measured on held-out utterances and which goes out as a canary: promoted or rolled back,
+   whichever the analysis decides.
 Every drift verdict comes from the service's scheduled drift job on the new traffic, as in
 `infersight serve`; the demo only reads the reports. Each step is checked; the first that
-did not happen ends the demo with its name.
-
-The demo's record of what happened: named steps, each passed or failed, with a line of
-detail and the time since the demo started."""
+did not happen ends the demo with its name (timeline.py)."""
 
 from __future__ import annotations
 
 import contextlib
 import datetime as dt
-import io
 import json
 import os
 import secrets
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -54,12 +52,13 @@ from ..config import (
     ScheduleConfig,
     ServiceConfig,
 )
-from .stage import WebhookReceiver, demo_rules, new_secret, sample, send_chats
+from .models import MODELS, DemoModels, prepare_models
+from .next_release import next_release
+from .stage import WebhookReceiver, demo_rules, keep_sending, new_secret, sample, send_chats
+from .timeline import DemoFailed, Step, Timeline, wait_until
 
-__all__ = ["DemoFailed", "DemoOptions", "DemoResult", "Step", "Timeline", "run_demo"]
+__all__ = ["MODELS", "DemoFailed", "DemoOptions", "DemoResult", "Step", "Timeline", "run_demo"]
 
-GOOD = "mixtral_banking_fp32-v1.0"
-BAD = "mixtral_banking_fp32-v1.1"
 CANARY_WEIGHT = 0.1  # the bad release's share of users
 
 
@@ -67,6 +66,7 @@ CANARY_WEIGHT = 0.1  # the bad release's share of users
 class DemoOptions:
     data_dir: Path
     fast: bool = False  # smaller windows (the test's mode); same steps
+    model: str = "demo"  # one of MODELS: "demo" (the copy-back demo model) or "smollm2"
     port: int | None = None
     keep_running: bool = False
     linger_s: float = 0.0  # keep the service up this long after the last step (a scraper's last look)
@@ -89,23 +89,22 @@ class _Sizes:
     stale_after_s: float  # a version without requests this long has its drift state dropped
 
 
-def _sizes(fast: bool) -> _Sizes:
-    return (
-        _Sizes(reference=200, window=60, bad_release=60, stale_after_s=5.0)
-        if fast
-        else _Sizes(300, 200, 160, 5.0)
-    )
+def _sizes(fast: bool, models: DemoModels) -> _Sizes:
+    reference, window, bad_release = models.fast_windows if fast else models.windows
+    return _Sizes(reference, window, bad_release, stale_after_s=models.stale_after_s)
 
 
 _DRIFT_TICK_S = 1.0  # the drift job's interval (serve's default is 60 s)
+# canary requests per step (serve's default is 200): the next release's canary at 50% is
+# promoted after this many without a regression, enough for the paired checks' 10 pairs
+_CANARY_STEP = 60
 
 
 def run_demo(options: DemoOptions, out: TextIO) -> DemoResult:
     timeline = Timeline(out)
     state: dict[str, Any] = {"page": "", "snapshot": None}
-    print(
-        "infersight demo: a customer-service model, a topic shift and a bad release\n", file=out, flush=True
-    )
+    what = "SmolLM2-135M-Instruct" if options.model == "smollm2" else "a customer-service model"
+    print(f"infersight demo: {what}, a topic shift and a bad release\n", file=out, flush=True)
     try:
         _play(options, timeline, state)
         failed = None
@@ -119,25 +118,34 @@ def run_demo(options: DemoOptions, out: TextIO) -> DemoResult:
 def _play(options: DemoOptions, tl: Timeline, state: dict[str, Any]) -> None:
     from infersight.monitor import data
 
-    sizes = _sizes(options.fast)
     root = options.data_dir.resolve()
-    registry = _demo_model(root / "registry", tl)
+    registry = root / "registry"
+    if registry.exists() and not registry.is_dir():
+        raise tl.fail("demo model", f"{registry} exists and is not a directory")
+    m = prepare_models(options.model, registry, tl)
+    state["models"] = m
+    sizes = _sizes(options.fast, m)
     reference = _write_reference(root / "reference.jsonl", sample([u.text for u in data.banking77("train")],
                                                                    sizes.reference, seed=1))  # fmt: skip
     banking_test = sample(
         [u.text for u in data.banking77("test")], 2 * sizes.window + sizes.bad_release, seed=2
     )
-    hotels = sample([u.text for u in data.hotels()], sizes.window + sizes.bad_release, seed=3)
+    all_hotels = [u.text for u in data.hotels()]
+    hotels = sample(all_hotels, sizes.window + sizes.bad_release, seed=3)
+    sent = set(banking_test) | set(hotels)  # the next release's quality is measured on texts never sent
+    held_out = [t for t in sample([u.text for u in data.banking77("test")], 120, seed=4) if t not in sent]
+    held_out = held_out[:32] + [t for t in sample(all_hotels, 120, seed=5) if t not in sent][:32]
     tl.done("data", f"drift reference: {sizes.reference} Banking77 training utterances ({reference.name}); "
                     f"traffic: Banking77 test utterances and {len(hotels)} NLU++ hotel utterances")  # fmt: skip
     secret = new_secret()
     with (
         WebhookReceiver(secret) as hook,
-        _service(options, root, registry, reference, hook.url, secret, sizes) as base,
+        _service(options, root, m, registry, reference, hook.url, secret, sizes) as base,
     ):
         state["page"] = base + "/"
         tl.done(
-            "service", f"serving {GOOD} on {base} (SQLite in {root / 'service'}); webhook receiver {hook.url}"
+            "service",
+            f"serving {m.good} on {base} (SQLite in {root / 'service'}); webhook receiver {hook.url}",
         )
         client = httpx.Client(
             base_url=base,
@@ -145,14 +153,15 @@ def _play(options: DemoOptions, tl: Timeline, state: dict[str, Any]) -> None:
             headers={"Authorization": f"Bearer {state.setdefault('token', _token(root))}"},
         )
         with client:
-            _baseline(base, client, tl, banking_test[: sizes.window])
-            _topic_shift(base, client, tl, banking_test[sizes.window : 2 * sizes.window], hotels[: sizes.window],
-                         hook)  # fmt: skip
+            _baseline(base, client, tl, m, banking_test[: sizes.window])
+            _topic_shift(base, client, tl, m, banking_test[sizes.window : 2 * sizes.window],
+                         hotels[: sizes.window], hook)  # fmt: skip
             bad_traffic = _mix(banking_test[2 * sizes.window :], hotels[sizes.window :])
-            _bad_release(base, client, tl, bad_traffic, hook, state)
-            _bad_deploy(base, client, tl, bad_traffic, hook, state)
-            _stale_drift_resolved(tl, hook, sizes)
-            _incident_data(base, client, tl, root, state)
+            _bad_release(base, client, tl, m, bad_traffic, hook, state)
+            _bad_deploy(base, client, tl, m, bad_traffic, hook, state)
+            _stale_drift_resolved(base, tl, m, hook, sizes, bad_traffic)
+            dataset = _incident_data(base, client, tl, m, root, state)
+            next_release(base, client, tl, m, registry, dataset, held_out, bad_traffic, state)
             time.sleep(options.linger_s)
             if options.keep_running:
                 tl.note(f"the service keeps running at {base}/ (Ctrl-C to stop)")
@@ -163,20 +172,6 @@ def _play(options: DemoOptions, tl: Timeline, state: dict[str, Any]) -> None:
 
 def _token(root: Path) -> str:
     return (root / "service" / "api-token").read_text().strip()
-
-
-def _demo_model(registry: Path, tl: Timeline) -> Path:
-    from infersight.monitor.cli import main
-
-    captured = io.StringIO()
-    with contextlib.redirect_stdout(captured), contextlib.redirect_stderr(captured):
-        rc = main(["models", "init-demo", str(registry)])
-    if rc != 0:
-        raise tl.fail(
-            "demo model", f"`infersight models init-demo` failed: {captured.getvalue().strip()[-300:]}"
-        )
-    tl.done("demo model", f"{GOOD} (good) and {BAD} (corrupted release) in {registry}")
-    return registry
 
 
 def _write_reference(path: Path, texts: list[str]) -> Path:
@@ -195,6 +190,7 @@ def _free_port() -> int:
 def _service(
     options: DemoOptions,
     root: Path,
+    m: DemoModels,
     registry: Path,
     reference: Path,
     hook_url: str,
@@ -217,10 +213,15 @@ def _service(
     port = options.port or _free_port()
     cfg = ServiceConfig(
         data_dir=service_dir, port=port, token=secrets.token_urlsafe(24),
-        engine=EngineConfig(registry=registry, version=GOOD, max_batch_size=8, max_seq_len=512,
-                            max_prompt_tokens=256, max_tokens_limit=32),
+        engine=EngineConfig(registry=registry, version=m.good, max_batch_size=8, max_seq_len=512,
+                            max_prompt_tokens=256, max_tokens_limit=32,
+                            # the system prompt and the chat frame fill a block of 16 that every
+                            # question shares; a block of 64 (serve's default) is only ever shared
+                            # by a long question asked twice, too rare in a few hundred requests
+                            prefix_block_tokens=16),
         alerting=AlertingConfig(rules=rules, analysis_window_s=900, analysis_interval_s=2,
-                                analysis_failed_checks=2, analysis_min_requests=max(10, sizes.bad_release // 4)),
+                                analysis_failed_checks=2, analysis_min_requests=max(10, sizes.bad_release // 4),
+                                canary_step_requests=_CANARY_STEP),
         drift=DriftConfig(reference=reference, alpha=0.01, window=sizes.window, min_window=max(20, sizes.window // 4),
                           stale_after_s=sizes.stale_after_s),
         schedule=ScheduleConfig(timeseries_s=1.0, timeseries_window_s=20.0, embed_s=1.0, drift_s=_DRIFT_TICK_S,
@@ -267,14 +268,14 @@ def _started(report: dict[str, Any]) -> float:
     return dt.datetime.fromisoformat(until).timestamp() - 1.0 if until else 0.0
 
 
-def _scheduled_report(client: httpx.Client, traffic_end: float) -> dict[str, Any]:
+def _scheduled_report(client: httpx.Client, version: str, traffic_end: float) -> dict[str, Any]:
     """The scheduled drift job's verdict on the good version's traffic up to `traffic_end`:
     the first report it starts after then (its pause trigger evaluates whatever came in
     since its last verdict); when none comes, the last one already covered everything."""
     settle = time.time() + 3 * _DRIFT_TICK_S + 5.0
     deadline = time.time() + 120.0
     while time.time() < deadline:
-        report = _newest_report(client, GOOD)
+        report = _newest_report(client, version)
         if report and _started(report) > traffic_end + 0.5:
             return report
         if report and time.time() > settle:
@@ -283,14 +284,14 @@ def _scheduled_report(client: httpx.Client, traffic_end: float) -> dict[str, Any
     return {}
 
 
-def _baseline(base: str, client: httpx.Client, tl: Timeline, utterances: list[str]) -> None:
-    result = send_chats(base, utterances)
+def _baseline(base: str, client: httpx.Client, tl: Timeline, m: DemoModels, utterances: list[str]) -> None:
+    result = send_chats(base, utterances, max_tokens=m.max_tokens)
     if result.ok != result.sent:
         raise tl.fail(
             "baseline traffic", f"{result.sent - result.ok} of {result.sent} requests failed: {result.errors}"
         )
-    tl.done("baseline traffic", f"{result.sent} Banking77 questions answered by {GOOD} (some streamed)")
-    report = _scheduled_report(client, time.time())
+    tl.done("baseline traffic", f"{result.sent} Banking77 questions answered by {m.good} (some streamed)")
+    report = _scheduled_report(client, m.good, time.time())
     if not report:
         raise tl.fail("baseline drift check", "no drift report was produced")
     if report["drift"]:
@@ -305,17 +306,18 @@ def _topic_shift(
     base: str,
     client: httpx.Client,
     tl: Timeline,
+    m: DemoModels,
     banking: list[str],
     hotels: list[str],
     hook: WebhookReceiver,
 ) -> None:
     half = len(banking) // 2
     mixed = _mix(banking[:half], hotels[:half])
-    result = send_chats(base, mixed)
+    result = send_chats(base, mixed, max_tokens=m.max_tokens)
     if result.ok != result.sent:
         raise tl.fail("topic shift traffic", f"{result.sent - result.ok} requests failed: {result.errors}")
     tl.done("topic shift traffic", f"{result.sent} requests, half of them hotel bookings")
-    report = _scheduled_report(client, time.time())
+    report = _scheduled_report(client, m.good, time.time())
     if not report.get("drift"):
         raise tl.fail("drift flagged", f"the topic shift was not flagged: {report.get('p_value')}")
     full = client.get(f"/api/v1/drift/{report['id']}").json()
@@ -329,7 +331,7 @@ def _topic_shift(
         f"the scheduled drift job flagged the prompts (p = {report['p_value']:.2g}); report /api/v1/drift/{report['id']}",
     )
     tl.done("drift explained", f"e.g. {examples[0]!r} among the texts that appeared")
-    if not wait_until(lambda: "PromptDrift" in hook.alertnames(), 120):
+    if not wait_until(lambda: "PromptDrift" in hook.alertnames(), m.decide_s):
         raise tl.fail("drift alert", "no signed PromptDrift notification reached the webhook receiver")
     tl.done("drift alert", "PromptDrift fired; signed webhook verified by the receiver")
 
@@ -346,53 +348,36 @@ def _texts(obj: Any) -> Iterator[str]:
             yield from _texts(item)
 
 
-def _keep_sending(
-    base: str, utterances: list[str], *, rounds: int, with_users: bool
-) -> tuple[threading.Event, list[int], threading.Thread]:
-    """Users keep asking, 20 at a time, while an analysis decides; set the event to stop.
-    With `with_users` each request names its own user (what a canary assigns by)."""
-    stop = threading.Event()
-    sent: list[int] = []
-
-    def keep_sending() -> None:
-        i = 0
-        while not stop.is_set() and i < rounds:
-            chunk = utterances[(i * 20) % len(utterances) :][:20] or utterances[:20]
-            users = [f"user-{i}-{j}" for j in range(len(chunk))] if with_users else None
-            sent.append(send_chats(base, chunk, users=users).sent)
-            i += 1
-
-    worker = threading.Thread(target=keep_sending, daemon=True)
-    worker.start()
-    return stop, sent, worker
-
-
 def _bad_release(
     base: str,
     client: httpx.Client,
     tl: Timeline,
+    m: DemoModels,
     utterances: list[str],
     hook: WebhookReceiver,
     state: dict[str, Any],
 ) -> None:
-    r = client.post("/api/v1/models/canary", json={"version": BAD, "weight": CANARY_WEIGHT})
+    good, bad = m.good, m.bad
+    r = client.post("/api/v1/models/canary", json={"version": bad, "weight": CANARY_WEIGHT})
     if r.status_code != 200:
         raise tl.fail("bad release canary", f"canary answered {r.status_code}: {r.text[:200]}")
-    tl.done("bad release canary", f"{BAD} serves {CANARY_WEIGHT:.0%} of users beside {GOOD} (its answers no "
-                                  "longer match the questions; the hotel questions go on)")  # fmt: skip
-    stop, sent, worker = _keep_sending(base, utterances, rounds=40, with_users=True)
+    tl.done("bad release canary", f"{bad} serves {CANARY_WEIGHT:.0%} of users beside {good} ({m.bad_what}; "
+                                  "the hotel questions go on)")  # fmt: skip
+    stop, sent, worker = keep_sending(
+        base, utterances, rounds=40, user_prefix="user", max_tokens=m.max_tokens
+    )
 
     def rolled_back() -> bool:
         models = client.get("/api/v1/models").json()
-        return any(d["reason"] == "canary" and d["outcome"] == "rolled_back" and d["from_version"] == BAD
+        return any(d["reason"] == "canary" and d["outcome"] == "rolled_back" and d["from_version"] == bad
                    for d in models["deploys"])  # fmt: skip
 
-    done = wait_until(rolled_back, 120, 0.5)
+    done = wait_until(rolled_back, m.decide_s, 0.5)
     stop.set()
     worker.join(120)
     canary = client.get("/api/v1/models/canary").json()
     if not done:
-        raise tl.fail("canary rolled back", f"{BAD} was still a canary after {sum(sent)} requests")
+        raise tl.fail("canary rolled back", f"{bad} was still a canary after {sum(sent)} requests")
     [decision] = [d for d in canary["decisions"] if d["action"] == "rollback"][-1:] or [None]
     if decision is None:
         raise tl.fail("canary rolled back", "the canary ended without a rollback decision")
@@ -400,8 +385,8 @@ def _bad_release(
     share = served / max(1, total)
     state["canary_share"] = share
     if share >= 0.15:
-        raise tl.fail("canary rolled back", f"{BAD} served {share:.1%} of requests before its rollback")
-    tl.done("canary rolled back", f"rolled back to {GOOD} after {BAD} served {served} of {total} requests "
+        raise tl.fail("canary rolled back", f"{bad} served {share:.1%} of requests before its rollback")
+    tl.done("canary rolled back", f"rolled back to {good} after {bad} served {served} of {total} requests "
                                   f"({share:.1%}): {decision['reason']}")  # fmt: skip
     snaps = wait_until(
         lambda: [s for s in client.get("/api/v1/snapshots").json()["snapshots"] if s["trigger"] == "canary"],
@@ -414,7 +399,7 @@ def _bad_release(
     tl.done("snapshot", f"{snap['request_count']} requests of {snap['model_version']} kept in {snap['path']}")
     from infersight.alerts import CANARY_ALERT
 
-    if not wait_until(lambda: CANARY_ALERT in hook.alertnames(), 120):
+    if not wait_until(lambda: CANARY_ALERT in hook.alertnames(), m.decide_s):
         raise tl.fail("page", f"no signed {CANARY_ALERT} notification reached the webhook receiver")
     tl.done("page", f"{CANARY_ALERT} delivered, signature verified ({len(hook.received)} webhooks received, "
                     f"{hook.rejected} rejected)")  # fmt: skip
@@ -424,30 +409,31 @@ def _bad_deploy(
     base: str,
     client: httpx.Client,
     tl: Timeline,
+    m: DemoModels,
     utterances: list[str],
     hook: WebhookReceiver,
     state: dict[str, Any],
 ) -> None:
-    r = client.post("/api/v1/models/deploy", json={"version": BAD})
+    good, bad = m.good, m.bad
+    r = client.post("/api/v1/models/deploy", json={"version": bad})
     if r.status_code != 200:
         raise tl.fail("bad release deployed", f"deploy answered {r.status_code}: {r.text[:200]}")
-    tl.done("bad release deployed", f"{BAD} is serving (its answers no longer match the questions; "
-                                    "the hotel questions go on)")  # fmt: skip
-    stop, sent, worker = _keep_sending(base, utterances, rounds=20, with_users=False)
+    tl.done("bad release deployed", f"{bad} is serving ({m.bad_what}; the hotel questions go on)")
+    stop, sent, worker = keep_sending(base, utterances, rounds=20, max_tokens=m.max_tokens)
 
     def rolled_back() -> bool:
         models = client.get("/api/v1/models").json()
-        return models["serving_version"] == GOOD and any(
-            d["reason"] == "rollback" and d["to_version"] == GOOD for d in models["deploys"]
+        return models["serving_version"] == good and any(
+            d["reason"] == "rollback" and d["to_version"] == good for d in models["deploys"]
         )
 
-    done = wait_until(rolled_back, 120, 0.5)
+    done = wait_until(rolled_back, m.decide_s, 0.5)
     stop.set()
     worker.join(120)
     if not done:
-        raise tl.fail("automatic rollback", f"{BAD} was still serving after {sum(sent)} requests")
+        raise tl.fail("automatic rollback", f"{bad} was still serving after {sum(sent)} requests")
     tl.done(
-        "automatic rollback", f"the post-deploy analysis rolled back to {GOOD} after {sum(sent)} requests"
+        "automatic rollback", f"the post-deploy analysis rolled back to {good} after {sum(sent)} requests"
     )
     snaps = wait_until(
         lambda: [
@@ -464,7 +450,7 @@ def _bad_deploy(
     )
     from infersight.alerts import REGRESSION_ALERT
 
-    if not wait_until(lambda: REGRESSION_ALERT in hook.alertnames(), 120):
+    if not wait_until(lambda: REGRESSION_ALERT in hook.alertnames(), m.decide_s):
         raise tl.fail(
             "rollback page", f"no signed {REGRESSION_ALERT} notification reached the webhook receiver"
         )
@@ -472,40 +458,54 @@ def _bad_deploy(
                     f"{hook.rejected} rejected)")  # fmt: skip
 
 
-def _stale_drift_resolved(tl: Timeline, hook: WebhookReceiver, sizes: _Sizes) -> None:
+def _stale_drift_resolved(
+    base: str, tl: Timeline, m: DemoModels, hook: WebhookReceiver, sizes: _Sizes, traffic: list[str]
+) -> None:
     """The rolled-back version drifted while it served; nobody sends it requests now, so its
-    drift state expires and its PromptDrift resolves."""
-    fired = wait_until(lambda: ("PromptDrift", BAD, "firing") in hook.alert_states(), 60)
-    if not fired:
-        raise tl.fail("rolled-back drift resolved", f"PromptDrift never fired for {BAD} while it served")
-    t0 = time.monotonic()
-    if not wait_until(
-        lambda: ("PromptDrift", BAD, "resolved") in hook.alert_states(), 3 * sizes.stale_after_s + 30
-    ):
-        raise tl.fail(
-            "rolled-back drift resolved", f"PromptDrift of {BAD} still firing though nobody serves it"
+    drift state expires and its PromptDrift resolves. Users go on asking meanwhile, answered
+    by the good version: what the collection opened at the rollback keeps."""
+    bad = m.bad
+    stop, sent, worker = keep_sending(base, traffic, rounds=5, max_tokens=m.max_tokens)
+    try:
+        fired = wait_until(
+            lambda: ("PromptDrift", bad, "firing") in hook.alert_states(), max(60.0, 4 * sizes.stale_after_s)
         )
+        if not fired:
+            raise tl.fail("rolled-back drift resolved", f"PromptDrift never fired for {bad} while it served")
+        t0 = time.monotonic()
+        if not wait_until(
+            lambda: ("PromptDrift", bad, "resolved") in hook.alert_states(), 3 * sizes.stale_after_s + 30
+        ):
+            raise tl.fail(
+                "rolled-back drift resolved", f"PromptDrift of {bad} still firing though nobody serves it"
+            )
+    finally:
+        stop.set()
+        worker.join(120)
     tl.done(
         "rolled-back drift resolved",
-        f"PromptDrift of {BAD} resolved {time.monotonic() - t0:.0f} s after it fired: no request reached it for "
-        f"{sizes.stale_after_s:g} s, so its drift state expired",
+        f"PromptDrift of {bad} resolved {time.monotonic() - t0:.0f} s after it fired: no request reached it for "
+        f"{sizes.stale_after_s:g} s, so its drift state expired ({sum(sent)} more questions to {m.good} meanwhile)",
     )
 
 
-def _incident_data(base: str, client: httpx.Client, tl: Timeline, root: Path, state: dict[str, Any]) -> None:
+def _incident_data(
+    base: str, client: httpx.Client, tl: Timeline, m: DemoModels, root: Path, state: dict[str, Any]
+) -> Path:
     """What the incident leaves for the next release: the requests collected after the
     rollback, exported as JSONL through the API, and what the prefix KV cache saved."""
-    r = client.get("/api/v1/dataset", params={"version": GOOD, "kind": "collected"})
+    r = client.get("/api/v1/dataset", params={"version": m.good, "kind": "collected"})
     if r.status_code != 200:
         raise tl.fail("incident data", f"the dataset export answered {r.status_code}: {r.text[:200]}")
     rows = [line for line in r.text.splitlines() if line.strip()]
     if not rows:
-        raise tl.fail("incident data", f"no request of {GOOD} was collected after the rollback")
+        raise tl.fail("incident data", f"no request of {m.good} was collected after the rollback")
     path = root / "incident-data.jsonl"
     path.write_text("\n".join(rows) + "\n", encoding="utf-8")
     state["dataset"] = str(path)
     tl.done("incident data", f"{len(rows)} requests collected after the rollback, exported to {path}")
     prefix_cache_step(httpx.get(f"{base}/metrics", timeout=30).text, tl)
+    return path
 
 
 def prefix_cache_step(metrics: str, tl: Timeline) -> None:
@@ -533,64 +533,18 @@ def _summary(out: TextIO, tl: Timeline, state: dict[str, Any], failed: str | Non
         print(
             f"  the bad canary served {state['canary_share']:.1%} of requests before its rollback", file=out
         )
-    if state.get("snapshot"):
+    m: DemoModels | None = state.get("models")
+    if state.get("snapshot") and m is not None:
         print(f"  snapshot of the bad release: {state['snapshot']}", file=out)
         service_dir = Path(state["snapshot"]).parent.parent  # <data_dir>/snapshots/<id>.html
         print(f"  its requests as a data set: infersight dataset export --data-dir {service_dir} "
-              f"--version {BAD} --kind snapshot bad-release.jsonl", file=out)  # fmt: skip
+              f"--version {m.bad} --kind snapshot bad-release.jsonl", file=out)  # fmt: skip
     if state.get("dataset"):
         print(f"  the traffic after the rollback, as a data set: {state['dataset']}", file=out)
+    if state.get("next_quality") is not None and m is not None:
+        print(f"  the next release, {m.next_release} (GPTQ int4 calibrated on that data set): "
+              f"{state['next_quality'].describe()}", file=out)  # fmt: skip
+    if state.get("next_outcome"):
+        print(f"  its canary: {state['next_outcome']}", file=out)
     print("  to watch it on the page: infersight demo --keep-running, then open the URL it prints", file=out)
     out.flush()
-
-
-@dataclass(frozen=True)
-class Step:
-    name: str
-    ok: bool
-    detail: str
-    at_s: float
-
-
-class DemoFailed(Exception):
-    """A step did not happen; `step` names it."""
-
-    def __init__(self, step: str, detail: str) -> None:
-        super().__init__(f"{step}: {detail}")
-        self.step = step
-        self.detail = detail
-
-
-@dataclass
-class Timeline:
-    out: TextIO
-    t0: float = field(default_factory=time.monotonic)
-    steps: list[Step] = field(default_factory=list)
-
-    def done(self, name: str, detail: str) -> None:
-        self._add(Step(name, True, detail, time.monotonic() - self.t0))
-
-    def fail(self, name: str, detail: str) -> DemoFailed:
-        self._add(Step(name, False, detail, time.monotonic() - self.t0))
-        return DemoFailed(name, detail)
-
-    def note(self, text: str) -> None:
-        print(f"  {'':>7}  {text}", file=self.out, flush=True)
-
-    def _add(self, step: Step) -> None:
-        self.steps.append(step)
-        mark = "ok " if step.ok else "FAILED"
-        print(f"  {step.at_s:6.1f}s  [{mark:>6}] {step.name}: {step.detail}", file=self.out, flush=True)
-
-
-def wait_until(predicate: Callable[[], object], timeout_s: float, interval_s: float = 0.25) -> object:
-    """`predicate()`'s first true value, or None after `timeout_s`: the timeouts only end a stuck
-    step (a loaded 2-core machine took over 30 s to deliver an alert the drift job had flagged)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            return None
-        time.sleep(interval_s)

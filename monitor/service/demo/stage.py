@@ -35,6 +35,7 @@ __all__ = [
     "TrafficResult",
     "WebhookReceiver",
     "demo_rules",
+    "keep_sending",
     "new_secret",
     "send_chats",
     "verify_signature",
@@ -132,6 +133,32 @@ def send_chats(
             else:
                 errors.append(info)
     return TrafficResult(len(utterances), ok, tuple(errors[:5]), frozenset(versions))
+
+
+def keep_sending(
+    base_url: str,
+    utterances: Sequence[str],
+    *,
+    rounds: int,
+    user_prefix: str | None = None,
+    max_tokens: int = 16,
+) -> tuple[threading.Event, list[int], threading.Thread]:
+    """Users keep asking, 20 at a time, while an analysis decides; set the event to stop.
+    With `user_prefix` each request names its own user (what a canary assigns by)."""
+    stop = threading.Event()
+    sent: list[int] = []
+
+    def run() -> None:
+        i = 0
+        while not stop.is_set() and i < rounds:
+            chunk = utterances[(i * 20) % len(utterances) :][:20] or utterances[:20]
+            users = [f"{user_prefix}-{i}-{j}" for j in range(len(chunk))] if user_prefix else None
+            sent.append(send_chats(base_url, chunk, users=users, max_tokens=max_tokens).sent)
+            i += 1
+
+    worker = threading.Thread(target=run, name="demo-traffic", daemon=True)
+    worker.start()
+    return stop, sent, worker
 
 
 def sample(texts: Sequence[str], n: int, seed: int) -> list[str]:
