@@ -3,7 +3,6 @@ path as `make demo`): every step of the incident must happen and be reported."""
 
 from __future__ import annotations
 
-import contextlib
 import io
 import json
 import shlex
@@ -129,30 +128,38 @@ def test_the_demo_names_the_step_that_did_not_happen(tmp_path: Path) -> None:
     assert "demo FAILED at step 'demo model'" in out.getvalue()
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(2400)  # a real 135M model on a loaded 2-core machine
-def test_the_smollm2_demo_plays_the_incident_on_a_real_model(
+def test_the_smollm2_switch_registers_the_real_model_and_a_release_that_loses_the_question(
     tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
-    """`infersight demo --model smollm2 --fast`: the same incident on SmolLM2-135M-Instruct,
-    its bad release (Q/K rows in llama.cpp's order) rolled back by the canary and by the
-    post-deploy analysis, and its GPTQ build calibrated on the incident and canaried."""
+    """`infersight demo --model smollm2`'s models: SmolLM2-135M-Instruct imported from its GGUF
+    as the good version, and as its bad release the same weights with the Q/K rows left in
+    llama.cpp's order, registered with the good one as parent. The bad release loads and
+    answers, but loses the question: what the canary and the post-deploy analysis catch.
+    The whole smollm2 incident takes minutes on two cores: docs/benchmarks/releases.md has
+    its run, command and timings."""
+    import torch
     from _smollm2 import FP32, smollm2_registry
+    from infersight.engine import load
+    from infersight.monitor.service.chat_template import render_template
+    from infersight.monitor.service.demo.models import prepare_models
+    from infersight.monitor.service.demo.timeline import Timeline
 
-    # the session's import of the GGUF (the demo's own command, same bytes) saves importing it
-    # again; the copy's version record points at that import's checkpoint
-    shared = smollm2_registry(tmp_path_factory)
-    shutil.copytree(shared, tmp_path / "registry", ignore=shutil.ignore_patterns("imports", "deploys.json"))
+    shared = smollm2_registry(tmp_path_factory)  # the demo's own import command, run once a session
+    shutil.copytree(shared, tmp_path / "registry", ignore=shutil.ignore_patterns("deploys.json"))
     out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        rc = main(["demo", "--model", "smollm2", "--fast", "--data-dir", str(tmp_path)])
-    text = out.getvalue()
-    assert rc == 0, text
-    assert "infersight demo: SmolLM2-135M-Instruct" in text
-    assert "demo complete: every step happened" in text
+    models = prepare_models("smollm2", tmp_path / "registry", Timeline(out))
+    assert (models.good, models.bad) == (FP32, "smollm2_instruct_fp32-v1.1")
     registry = Registry(tmp_path / "registry")
-    assert registry.get("smollm2_instruct_fp32-v1.1").parent == FP32
-    assert registry.get("smollm2_instruct_int4-v1.2").parent == FP32
-    assert "rolled back to smollm2_instruct_fp32-v1.0 after smollm2_instruct_fp32-v1.1 served" in text
-    assert "the post-deploy analysis rolled back to smollm2_instruct_fp32-v1.0" in text
-    assert "its canary: " in text
+    assert registry.get(models.bad).parent == FP32
+    assert "ok ] demo model" in out.getvalue()
+
+    def answer(version: str) -> str:
+        model = load(registry.get(version).path, device="cpu")
+        assert model.chat_template is not None and model.tokenizer is not None
+        question = [{"role": "user", "content": "What is the capital of France?"}]
+        prompt = render_template(model.chat_template, question, model.special_tokens)
+        ids = torch.tensor([model.tokenizer.encode(prompt, add_special_tokens=False).ids])
+        return str(model.tokenizer.decode(model.generate(ids, 12)[0].tolist()))
+
+    assert "Paris" in answer(models.good)
+    assert "Paris" not in answer(models.bad)

