@@ -584,4 +584,8 @@ def _moe(
         return MoEFeedForward(gate, loop, loop, k)  # the copies replace the stacks, which are dropped
     loop = ExpertLoop(tuple((DenseProjection(w13[e]), DenseProjection(w2[e])) for e in range(E)), D)
     grouped = grouped_mm_supported(D, c.intermediate_size, w13.dtype, w13.device)
+    if not grouped and w13.device.type == "cpu":
+        # fp16 (no CPU _grouped_mm) and odd sizes: the gather fallback would copy each token's
+        # experts' weights ([tokens, 2I, D] a layer); the host loop reads each active one once
+        return MoEFeedForward(gate, loop, loop, k)
     return MoEFeedForward(gate, GroupedExperts(w13, w2, grouped=grouped), loop, k)
