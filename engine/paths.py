@@ -67,7 +67,7 @@ class EnginePath:
     reason: str  # "measured", "cached", "requested", "not applicable", or why the native path failed
     setup_s: float  # time this load spent building and measuring (0 when nothing was done)
     speedups: Ratios = ()  # (rows, eager time / native time) as measured
-    # the native library's loops ("avx512-vnni", "avx512", "avx2", "plain"); eager: "none"
+    # the native library's loops ("avx512-bf16", "avx512-vnni", "avx512", "avx2", "plain"); eager: "none"
     kernels: str = "none"
     activations: str = (
         ""  # what the products read: "fp32", "bf16" (eager int8/int4, native fp8 with BF16) or "int8"

@@ -117,12 +117,15 @@ def test_every_panel_query_returns_data_after_the_demo(demo: Demo) -> None:
             demo.range(annotation["expr"])
 
 
-def test_serving_version_is_an_instant_query_showing_the_rolled_back_to_version(demo: Demo) -> None:
+def test_serving_version_is_an_instant_query_showing_the_version_the_demo_ended_on(demo: Demo) -> None:
     (panel,) = [p for p in build_dashboard()["panels"] if p["title"] == "Serving version"]
     (target,) = panel["targets"]
     assert target["instant"] is True and target["range"] is False
     series = demo.instant(target["expr"])
-    assert [s["metric"]["model_version"] for s in series] == [GOOD]  # not the rolled-back BAD
+    # the demo ends with its next release's canary decided: promoted (then it serves) or
+    # rolled back to GOOD; never the rolled-back BAD, and exactly one version
+    promoted = re.search(r"(mixtral_banking_\w+-v1\.2)\b.*promoted to every user", demo.text)
+    assert [s["metric"]["model_version"] for s in series] == [promoted.group(1) if promoted else GOOD]
 
 
 def test_the_rollback_appears_in_the_deploys_panel_and_annotation(demo: Demo) -> None:

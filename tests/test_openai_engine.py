@@ -184,7 +184,7 @@ def test_metrics_name_the_decode_path_the_serving_version_runs_on(served) -> Non
         f'kernels="{path.kernels}",model="mixtral_banking",model_version="{GOOD}",'
         f'path="{path.name}",reason="{path.reason.split(":")[0]}"}} 1.0'
     ) in metrics
-    assert path.kernels in ("none", "plain", "avx2", "avx512", "avx512-vnni") and path.activations
+    assert path.kernels in ("none", "plain", "avx2", "avx512", "avx512-vnni", "avx512-bf16") and path.activations
     assert path.name in ("eager", "native") and path.reason in ("measured", "cached")
 
 
