@@ -240,6 +240,98 @@ def measure(kind: str, rate: float, *, items: int, calls: int, slow_calls: int, 
     )  # fmt: skip
 
 
+def _ladder(fn: Callable[..., Any], monitor: Monitor) -> dict[str, Callable[..., Any]]:
+    """Async-generator wrappers of `fn`, each doing what the one before it does and one thing
+    more, up to the least a Python wrapper must do to record a stream as @track does: an
+    empty wrapper; `start`: the start's clock read and in-flight count; `items`: an item count
+    and the first item's clock read; `end`: the end's clock read and one `extend` of the
+    stream buffer (emptied once it fills); `fold`: the buffer folded instead (into histograms
+    and sketches), as @track's is. Each step has its own label set."""
+    clock = monitor.clock
+
+    async def empty(*args: Any, **kwargs: Any) -> AsyncIterator[Any]:
+        async for value in fn(*args, **kwargs) if kwargs else fn(*args):
+            yield value
+
+    entered_start = monitor.stats.series("bench", "ladder-start").entered.incr
+
+    async def start(*args: Any, **kwargs: Any) -> AsyncIterator[Any]:
+        _begin = clock()
+        entered_start()
+        async for value in fn(*args, **kwargs) if kwargs else fn(*args):
+            yield value
+
+    entered_items = monitor.stats.series("bench", "ladder-items").entered.incr
+
+    async def items(*args: Any, **kwargs: Any) -> AsyncIterator[Any]:
+        _begin = clock()
+        entered_items()
+        n = 0
+        _first = 0.0
+        async for value in fn(*args, **kwargs) if kwargs else fn(*args):
+            if not n:
+                _first = clock()
+            n += 1
+            yield value
+
+    ended = monitor.stats.series("bench", "ladder-end")
+    entered_end, buffer, mask = ended.entered.incr, ended.streamed, ended.fold_mask
+    streamed_end = buffer.extend
+
+    async def end(*args: Any, **kwargs: Any) -> AsyncIterator[Any]:
+        begin = clock()
+        k = entered_end()
+        n = 0
+        first = 0.0
+        async for value in fn(*args, **kwargs) if kwargs else fn(*args):
+            if not n:
+                first = clock()
+            n += 1
+            yield value
+        streamed_end((begin, first, clock(), n))
+        if k & mask == mask:
+            del buffer[:]  # dropped where `fold` folds it
+
+    series = monitor.stats.series("bench", "ladder-fold")
+    entered, streamed = series.entered.incr, series.streamed.extend
+
+    async def fold(*args: Any, **kwargs: Any) -> AsyncIterator[Any]:
+        begin = clock()
+        k = entered()
+        n = 0
+        first = 0.0
+        async for value in fn(*args, **kwargs) if kwargs else fn(*args):
+            if not n:
+                first = clock()
+            n += 1
+            yield value
+        streamed((begin, first, clock(), n))
+        if k & mask == mask:
+            series.fold()
+
+    return {"empty": empty, "+start": start, "+items": items, "+end": end, "+fold": fold}
+
+
+def ladder(*, items: int, calls: int, rounds: int) -> None:
+    """`--ladder`: the added ns of each step of `_ladder`, then of @track, on an async
+    generator of `items` items, alternated in the same rounds as `measure`'s."""
+    monitor = Monitor(sample_rate=0.0)
+    try:
+        fast = _functions(items, 0.0)["async-generator"]
+        sides = {"bare": fast, **_ladder(fast, monitor)}
+        sides["@track"] = monitor.track(model="bench", model_version="ladder-track")(fast)
+        f = _alternated(_drive_agen, sides, calls, rounds, each=False)
+    finally:
+        monitor.close(timeout=5.0)
+    print(f"async generator, {items} items a call, 0% sampling: bare call {f['bare'] * 1e9:.0f} ns")
+    print(f"{'step':10} {'added ns':>8} {'step ns':>8}")
+    previous = f["bare"]
+    for key, seconds in f.items():
+        if key != "bare":
+            print(f"{key:10} {(seconds - f['bare']) * 1e9:8.0f} {(seconds - previous) * 1e9:+8.0f}")
+            previous = seconds
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=20_000, help="calls per round, no-op functions")
@@ -248,6 +340,11 @@ def main() -> None:
     parser.add_argument("--items", type=int, default=8, help="items per generator call")
     parser.add_argument("--kinds", default=",".join(KINDS))
     parser.add_argument("--rates", default="0,1", help="payload sampling rates (the target is at 0)")
+    parser.add_argument(
+        "--ladder",
+        action="store_true",
+        help="instead: where an async generator's added time goes, step by step (see _ladder)",
+    )
     args = parser.parse_args()
     kinds = args.kinds.split(",")
     unknown = sorted(set(kinds) - set(KINDS))
@@ -261,6 +358,9 @@ def main() -> None:
         f" {args.slow_calls} 1 ms calls x {args.rounds} rounds, alternated; {args.items} items per"
         " generator call; medians of rounds"
     )
+    if args.ladder:
+        ladder(items=args.items, calls=args.calls, rounds=args.rounds)
+        return
     print(
         f"{'kind':16} {'sampling':>8} | {'bare ns':>8} {'added ns':>8} {'empty':>6} | {'1ms bare us':>11}"
         f" {'added us':>8} {'share':>7} | target"
