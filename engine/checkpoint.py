@@ -219,12 +219,14 @@ def build_state(
     device: torch.device,
     dtype: torch.dtype,
     quantizer: Quantizer | None = None,
+    head_quantizer: Quantizer | None = None,
     stored: Mapping[str, dict[str, torch.Tensor]] | None = None,
 ) -> dict[str, torch.Tensor]:
     """The engine's state dict (the names network.py's `build` reads) from a checked
     checkpoint. Tied embeddings in full precision: the head is the embedding tensor itself.
     `stored`: projections already quantized (quantized_store.py), by engine name, taken as
-    they are instead of being quantized here."""
+    they are instead of being quantized here. `head_quantizer`: the output head's, where the
+    scheme keeps it at another precision (default: `quantizer`)."""
     stored = stored or {}
     stacked = stacked_experts(ckpt.infos)
 
@@ -247,13 +249,13 @@ def build_state(
         t = ckpt.tensor(key)
         return t if (t.device, t.dtype) == (device, dtype) else t.to(device=device, dtype=dtype)
 
-    def linear(name: str, keys: list[str]) -> dict[str, torch.Tensor]:
-        if quantizer is not None and name in stored:
+    def linear(name: str, keys: list[str], how: Quantizer | None = quantizer) -> dict[str, torch.Tensor]:
+        if how is not None and name in stored:
             return {f"{name}.{k}": v for k, v in stored[name].items()}
-        if quantizer is None:
+        if how is None:
             w = plain(keys[0]) if len(keys) == 1 else _fused(ckpt, [keys], device, dtype)[0]
             return {f"{name}.weight": w}
-        parts = quantizer(_fused(ckpt, [keys], device, torch.float32)[0])
+        parts = how(_fused(ckpt, [keys], device, torch.float32)[0])
         return {f"{name}.{k}": v for k, v in parts.items()}
 
     state: dict[str, torch.Tensor] = {
@@ -264,7 +266,9 @@ def build_state(
         state["output.weight"] = state["tok_embeddings.weight"]  # one tensor, as in the checkpoint
     else:
         state |= linear(
-            "output", ["model.embed_tokens.weight" if c.tie_word_embeddings else "lm_head.weight"]
+            "output",
+            ["model.embed_tokens.weight" if c.tie_word_embeddings else "lm_head.weight"],
+            head_quantizer or quantizer,
         )
     for n in range(c.num_hidden_layers):
         p, m = f"model.layers.{n}.", f"layers.{n}."

@@ -76,7 +76,13 @@ def load(
         else None
     )
     state = build_state(
-        ckpt, config, device=target, dtype=dtype, quantizer=fmt.quantize if fmt else None, stored=stored
+        ckpt,
+        config,
+        device=target,
+        dtype=dtype,
+        quantizer=fmt.quantize if fmt else None,
+        head_quantizer=fmt.quantize_head if fmt else None,
+        stored=stored,
     )
     network = build(config, state, kernels=kernels, fmt=fmt)
     del state  # what the network did not keep (stacks replaced by blocked copies) is released

@@ -210,7 +210,8 @@ def _step_for(network: Transformer, kernels: NativeKernels) -> NativeStep | None
 
     kinds = {kind(w) for _, qkv, wo, experts in layers for w in (qkv, wo, *(x for e in experts for x in e))}
     want = torch.bfloat16 if quantized else torch.float32
-    int8_head = kinds == {"int4"} and kind(head) == "int8"  # read with the int8 activations too
+    # an int4 build's head kept at int8 (read with the int8 activations too); fp8's always is
+    int8_head = kinds in ({"int4"}, {"fp8"}) and kind(head) == "int8"
     if (kinds != {kind(head)} and not int8_head) or embeddings.dtype != want:
         return None
     return NativeStep(network, kernels, head, layers, int4_group=packer.group)
@@ -232,8 +233,9 @@ class NativeStep:
     ) -> None:
         c = network.config
         quantized, int4 = head[1] is not None, layers[0][1][1] is _INT4
-        int8_head = int4 and head[1] is not _INT4  # an int4 build's head kept at int8
-        fp8 = quantized and not int4 and head[0].dtype == torch.uint8
+        fp8 = quantized and not int4 and layers[0][1][0].dtype == torch.uint8
+        # the head kept at int8: an int4 build's (int8 activations), an fp8 model's (its rows)
+        int8_head = (int4 or fp8) and head[1] is not _INT4 and head[0].dtype == torch.int8
         self.kernels = kernels
         # int8 models compute in bf16 on the eager path; here activations are fp32, RoPE too
         self.rope = RopeTable(network.rope.inv_freq, torch.float32) if quantized else network.rope
@@ -325,7 +327,8 @@ class NativeStep:
                 and kernels.bf16
                 and not any(
                     _subnormal(w)
-                    for w in columns["wqkv"] + columns["wo"] + columns["w13"] + columns["w2"] + [head[0]]
+                    for w in columns["wqkv"] + columns["wo"] + columns["w13"] + columns["w2"]
+                    + ([] if int8_head else [head[0]])
                 )
             ),
             **{name: array(tensors) for name, tensors in columns.items()},

@@ -29,7 +29,8 @@ fp8 (`quantize="fp8"`, weight-only): the rows of int8 (scale s[n] = max|w[n]| / 
 largest finite value) and one float8 e4m3 byte per weight, stored as torch.float8_e4m3fn,
 rounded to nearest even by torch's own conversion, without subnormals (`fp8_rows`). It reads
 the bytes int8 reads; what it buys is a floating grid: fine near zero, where most weights lie,
-coarse at the row's extremes. The eager CPU path dequantizes per call; the native step decodes
+coarse at the row's extremes. The output head stays int8 (`WeightFormat.quantize_head`), the
+same bytes on a grid its logits lose less on. The eager CPU path dequantizes per call; the native step decodes
 the bytes in registers (engine/csrc/int8.c: to fp32, or bit for bit as bf16 against bf16
 activations on CPUs with AVX512-BF16); on CUDA devices with fp8 tensor cores `fp8_matmul` runs
 `torch._scaled_mm` with the activations cast to e4m3 per row.
@@ -312,6 +313,15 @@ class WeightFormat:
         if self.scheme == "fp8":
             return fp8_rows(w, self.dtype)
         return int8_rows(w, self.dtype)
+
+    def quantize_head(self, w: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The output head [V, D] (a tied embedding's copy): fp8 keeps it at int8, as int4
+        builds do. A logit is one long dot product whose error the softmax reads directly, and
+        e4m3's three mantissa bits cost it far more than int8's uniform grid at the same bytes;
+        the body's projections feed a normalized residual stream, which forgives them."""
+        if self.scheme == "fp8":
+            return int8_rows(w, self.dtype)
+        return self.quantize(w)
 
 
 def weight_format(scheme: str, dtype: torch.dtype, device: torch.device) -> WeightFormat:

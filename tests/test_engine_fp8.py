@@ -2,8 +2,9 @@
 
 Claims: (1) the layout is torch's own e4m3 conversion of w / s, and every e4m3 byte decodes
 in the native library's loop (each ISA level) to exactly torch's value; (2) the eager fp8
-kernels compute exactly the model whose weights are the dequantized ones; (3) the native
-decode step reads the same bytes and agrees with the eager decode.
+kernels compute exactly the model whose weights are the dequantized ones, its output head
+kept at int8 rows; (3) the native decode step reads the same bytes and agrees with the eager
+decode.
 """
 
 from __future__ import annotations
@@ -14,8 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 from infersight.engine import isa, load, native
-from infersight.engine.projection import Fp8Projection
-from infersight.engine.quant import FP8_MAX, fp8_dequantize, fp8_rows
+from infersight.engine.projection import Fp8Projection, Int8Projection
+from infersight.engine.quant import FP8_MAX, fp8_dequantize, fp8_rows, int8_rows
 from infersight.engine.registry import Registry
 from safetensors.torch import load_file, save_file
 
@@ -95,14 +96,18 @@ def test_every_e4m3_byte_decodes_exactly_in_each_native_build() -> None:
 def test_fp8_equals_the_model_with_dequantized_weights(ckpt: Path, ids: torch.Tensor, tmp_path: Path) -> None:
     tensors = load_file(ckpt / "model.safetensors")
     for key, w in tensors.items():
-        if _quantized_keys(key):
+        if key == "lm_head.weight":  # the head stays int8 rows
+            q = int8_rows(w, torch.float32)
+            tensors[key] = (q["weight"].float() * q["scales"][:, None]).contiguous()
+        elif _quantized_keys(key):
             q = fp8_rows(w, torch.float32)
             tensors[key] = fp8_dequantize(q["weight"], q["scales"], torch.float32).contiguous()
     dequantized = Path(shutil.copytree(ckpt, tmp_path / "dq"))
     save_file(tensors, dequantized / "model.safetensors", {"format": "pt"})
     reference = load(dequantized, device="cpu").logits(ids)
     fp8 = load(ckpt, device="cpu", quantize="fp8", dtype=torch.float32)
-    assert all(isinstance(p, Fp8Projection) for p in fp8.network.projections())
+    *body, head = fp8.network.projections()
+    assert all(isinstance(p, Fp8Projection) for p in body) and isinstance(head, Int8Projection)
     assert fp8.network.layers[0].moe.gate.dtype == torch.float32  # the router stays full precision
     assert (fp8.logits(ids) - reference).abs().max().item() < 1e-4
 

@@ -337,8 +337,11 @@ int64_t infersight_decode_step(const infersight_model *m, int64_t B, const int64
             if (aq)
                 for (int64_t b = 0; b < out_rows; b++) act_row(b16, &qxn, b, xn + b * D, D);
         }
+        /* an int4 build's int8 head reads the int8 activations (its packed copy); an fp8 model's
+           its int8 rows against the fp32 ones (rows8: no packed copy, no activation rounding) */
         linear_for(m->head_quantized ? m->head_quantized : q8, xn, out_rows,
-                   (wref){m->head, m->head_s, m->head_p, m->head_ps}, m->V, D, logits, 0, acc, aq ? &qxn : 0, grp);
+                   (wref){m->head, m->head_s, m->head_p, m->head_ps}, m->V, D, logits, 0, acc,
+                   aq && !(q8 == 3 && m->head_quantized) ? &qxn : 0, grp);
     }
     return -1;
 }

@@ -39,8 +39,9 @@ typedef struct {
     const int8_t *head_p;
     const float *const *wqkv_ps, *const *wo_ps, *const *w13_ps, *const *w2_ps;
     const float *head_ps;
-    /* the head's own kind where it differs from `quantized`: 1, an int4 model's int8 head (its
-       `head_p`/`head_ps` packed as int8's, read with the int8 activations); 0: as the model */
+    /* the head's own kind where it differs from `quantized`: 1, int8 rows: an int4 model's (its
+       `head_p`/`head_ps` packed as int8's, read with the int8 activations) or an fp8 model's
+       (`head`/`head_s` read by rows8 against the fp32 activations); 0: as the model */
     int64_t head_quantized;
     /* int4: the group size of the projections whose K is a multiple of 64: 64 (0 means 64 too),
        or 32 for a build made with groups of 32 (a llama.cpp q4_0/q4_1 import); other K: 32 */
