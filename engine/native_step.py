@@ -325,11 +325,8 @@ class NativeStep:
             fp8_bf16=int(
                 fp8
                 and kernels.bf16
-                and not any(
-                    _subnormal(w)
-                    for w in columns["wqkv"] + columns["wo"] + columns["w13"] + columns["w2"]
-                    + ([] if int8_head else [head[0]])
-                )
+                and not any(_subnormal(w) for name in ("wqkv", "wo", "w13", "w2") for w in columns[name])
+                and (int8_head or not _subnormal(head[0]))
             ),
             **{name: array(tensors) for name, tensors in columns.items()},
         )
