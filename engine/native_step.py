@@ -169,6 +169,24 @@ def _pack_w13(w: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Tensor, torc
     return torch.cat([a, b]), torch.cat([sa, sb])
 
 
+def pack_fp8(w: torch.Tensor) -> torch.Tensor:
+    """e4m3 bytes [N, K] -> the bf16 loop's layout (engine/csrc/int8.c, `f8_block`): rows padded
+    to whole 16-row blocks and K to whole 64 columns with zero bytes (the value 0); per quad of 4
+    rows, per 64 columns, the 4 rows' 64 bytes. A block's quads follow each other, so the loop
+    reads each block as one stream."""
+    n, k = w.shape
+    nb, ng = -(-n // 16), -(-k // 64)
+    padded = torch.zeros(nb * 16, ng * 64, dtype=torch.uint8)
+    padded[:n, :k] = w
+    return padded.view(nb * 4, 4, ng, 64).permute(0, 2, 1, 3).contiguous()  # [quad, chunk, row, 64]
+
+
+def _pack_fp8_w13(w: torch.Tensor) -> torch.Tensor:
+    """w1 | w3 rows [2I, K] packed as w1's blocks, then w3's (the step's block indices)."""
+    i = w.shape[0] // 2
+    return torch.cat([pack_fp8(w[:i]), pack_fp8(w[i:])])
+
+
 def step_for(network: Transformer, kernels: NativeKernels) -> NativeStep | None:
     """The native step over a CPU network: fp32 on the native path's packed weights
     (`build(..., kernels=)`), or int8 or int4 weight-only (bf16 activations; int4 only
@@ -298,6 +316,26 @@ class NativeStep:
             assert head[1] is not None
             head_p, head_ps = pack_int8(head[0], head[1])
             keep.extend((head_p, head_ps))
+        # fp8 on builds with AVX512-BF16: the bf16 loop, over the bytes packed for it (one stream a
+        # block; the row-major rows, which the fp32 loop reads, cost it half its speed on some
+        # CPUs), where no byte is a subnormal code; the int8 head packed for the int8 loops
+        fp8_bf16 = (
+            fp8
+            and kernels.bf16
+            and not any(_subnormal(w) for name in ("wqkv", "wo", "w13", "w2") for w in columns[name])
+            and (int8_head or not _subnormal(head[0]))
+        )
+        if fp8_bf16:
+            for name in _PACKED[:4]:
+                packer = _pack_fp8_w13 if name == "w13" else pack_fp8
+                columns[name + "_p"] = [packer(w) for w in columns[name]]  # type: ignore[arg-type]
+            if not int8_head:
+                head_p = pack_fp8(head[0])
+                keep.append(head_p)
+        if fp8 and int8_head and kernels.int8_dot:
+            assert head[1] is not None
+            head_p, head_ps = pack_int8(head[0], head[1])
+            keep.extend((head_p, head_ps))
         embed, norm = network.embeddings.contiguous(), fp32(network.norm)
         keep.extend((embed, norm, *head))
         self.model = StepModel(
@@ -322,12 +360,7 @@ class NativeStep:
             quantized=2 if int4 else 3 if fp8 else int(quantized),
             head_quantized=1 if int8_head else 0,
             int4_group=int4_group,
-            fp8_bf16=int(
-                fp8
-                and kernels.bf16
-                and not any(_subnormal(w) for name in ("wqkv", "wo", "w13", "w2") for w in columns[name])
-                and (int8_head or not _subnormal(head[0]))
-            ),
+            fp8_bf16=int(fp8_bf16),
             **{name: array(tensors) for name, tensors in columns.items()},
         )
         self._keep, self._address = keep, ctypes.addressof(self.model)

@@ -19,8 +19,8 @@ typedef struct { const void *w; const float *s; const int8_t *p; const float *ps
 static void block(int64_t quantized, const float *x, int64_t ldx, int64_t M, wref W, int64_t n0, int64_t bi,
                   int64_t nr, int64_t K, float *out, const qact *qx, int64_t r0, int64_t group) {
 #if INFERSIGHT_BF16
-    if (quantized == 3 && qx) { /* fp8 against the bf16 rows of qx */
-        f8_block(qx, r0, M, (const uint8_t *)W.w, W.s, n0, nr, K, out);
+    if (quantized == 3 && qx) { /* fp8 against the bf16 rows of qx: block bi of the packed copy */
+        f8_block(qx, r0, M, (const uint8_t *)W.p + bi * 16 * qx->Kp, W.s, n0, nr, out);
         return;
     }
 #endif
@@ -106,8 +106,8 @@ INFERSIGHT_API int64_t infersight_step_scratch(const infersight_model *m, int64_
 
 /* projection i of a per-layer (or per-expert) array, with its scales and packed copy where used */
 static inline wref ref(const float *const *w, const float *const *s, const int8_t *const *p,
-                       const float *const *ps, int64_t i, int64_t q8, int v8) {
-    wref r = {w[i], q8 && s ? s[i] : 0, v8 && p ? p[i] : 0, v8 && ps ? ps[i] : 0};
+                       const float *const *ps, int64_t i, int64_t q8, int packed) {
+    wref r = {w[i], q8 && s ? s[i] : 0, packed && p ? p[i] : 0, packed && ps ? ps[i] : 0};
     return r;
 }
 
@@ -152,6 +152,7 @@ int64_t infersight_decode_step(const infersight_model *m, int64_t B, const int64
     int64_t n_active = 0;
     const int v8 = q8 && q8 != 3 && (m->act8 || q8 == 2) && INFERSIGHT_I8; /* int4 (q8 == 2): always; fp8: never */
     const int b16 = q8 == 3 && INFERSIGHT_BF16 && m->fp8_bf16, aq = v8 || b16; /* aq: the loops read qact rows */
+    const int head8 = q8 == 3 && m->head_quantized && m->head_p && INFERSIGHT_I8; /* fp8's int8 head, packed */
     char *qat = (char *)(((uintptr_t)(active + E) + 63) & ~(uintptr_t)63);
     qact qxn = qact_at(&qat, B, D), qattn = qact_at(&qat, B, H * hd);
     qact qxe = qact_at(&qat, bk, D), qa = qact_at(&qat, bk, I);
@@ -181,7 +182,7 @@ int64_t infersight_decode_step(const infersight_model *m, int64_t B, const int64
                 if (aq)
                     for (int64_t b = 0; b < B; b++) act_row(b16, &qxn, b, xn + b * D, D);
             }
-            linear_for(q8, xn, B, ref(m->wqkv, m->wqkv_s, m->wqkv_p, m->wqkv_ps, l, q8, v8), NQ, D, qkv, 0, acc,
+            linear_for(q8, xn, B, ref(m->wqkv, m->wqkv_s, m->wqkv_p, m->wqkv_ps, l, q8, aq), NQ, D, qkv, 0, acc,
                        aq ? &qxn : 0, grp);
             /* RoPE on the q and k heads; k and v into the cache */
 #pragma omp for schedule(static)
@@ -239,7 +240,7 @@ int64_t infersight_decode_step(const infersight_model *m, int64_t B, const int64
 #pragma omp for schedule(static)
                 for (int64_t b = 0; b < B; b++) act_row(b16, &qattn, b, attn + b * H * hd, H * hd);
             }
-            linear_for(q8, attn, B, ref(m->wo, m->wo_s, m->wo_p, m->wo_ps, l, q8, v8), D, H * hd, x, 1, acc,
+            linear_for(q8, attn, B, ref(m->wo, m->wo_s, m->wo_p, m->wo_ps, l, q8, aq), D, H * hd, x, 1, acc,
                        aq ? &qattn : 0, grp); /* x += attention */
 #pragma omp single
             rms_norm_rows(x, m->ffn_norm[l], xn, B, D, m->eps);
@@ -287,7 +288,7 @@ int64_t infersight_decode_step(const infersight_model *m, int64_t B, const int64
                 for (int64_t item = 0; item < n_active * iblocks; item++) {
                     int64_t e = active[item / iblocks], j = item % iblocks;
                     int64_t g0 = group[e], n = group[e + 1] - g0;
-                    wref w = ref(m->w13, m->w13_s, m->w13_p, m->w13_ps, l * E + e, q8, v8);
+                    wref w = ref(m->w13, m->w13_s, m->w13_p, m->w13_ps, l * E + e, q8, aq);
                     int64_t nr = I - j * 16 < 16 ? I - j * 16 : 16;
                     const qact *qx = aq ? &qxe : 0;
                     block(q8, xe + g0 * D, D, n, w, j * 16, j, nr, D, acc, qx, g0, grp);
@@ -321,7 +322,7 @@ int64_t infersight_decode_step(const infersight_model *m, int64_t B, const int64
                 int64_t n0 = j * 16, nr = D - n0 < 16 ? D - n0 : 16;
                 for (int64_t a = 0; a < n_active; a++) {
                     int64_t e = active[a], g0 = group[e], n = group[e + 1] - g0;
-                    block(q8, act + g0 * I, I, n, ref(m->w2, m->w2_s, m->w2_p, m->w2_ps, l * E + e, q8, v8), n0, j,
+                    block(q8, act + g0 * I, I, n, ref(m->w2, m->w2_s, m->w2_p, m->w2_ps, l * E + e, q8, aq), n0, j,
                           nr, I, acc, aq ? &qa : 0, g0, grp);
                     for (int64_t i = 0; i < n; i++) {
                         int64_t p = order[g0 + i];
@@ -334,14 +335,14 @@ int64_t infersight_decode_step(const infersight_model *m, int64_t B, const int64
 #pragma omp single
         {
             rms_norm_rows(x + (B - out_rows) * D, m->norm, xn, out_rows, D, m->eps);
-            if (aq)
-                for (int64_t b = 0; b < out_rows; b++) act_row(b16, &qxn, b, xn + b * D, D);
+            if (aq || head8)
+                for (int64_t b = 0; b < out_rows; b++) act_row(b16 && !head8, &qxn, b, xn + b * D, D);
         }
-        /* an int4 build's int8 head reads the int8 activations (its packed copy); an fp8 model's
-           its int8 rows against the fp32 ones (rows8: no packed copy, no activation rounding) */
+        /* an int8 head kept beside int4 or fp8 weights reads its packed copy against the int8
+           activations; an fp8 model's without one (no int8 loops) its rows against the fp32 ones */
         linear_for(m->head_quantized ? m->head_quantized : q8, xn, out_rows,
                    (wref){m->head, m->head_s, m->head_p, m->head_ps}, m->V, D, logits, 0, acc,
-                   aq && !(q8 == 3 && m->head_quantized) ? &qxn : 0, grp);
+                   head8 || (aq && !(q8 == 3 && m->head_quantized)) ? &qxn : 0, grp);
     }
     return -1;
 }

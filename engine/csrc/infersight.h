@@ -27,7 +27,8 @@ typedef struct {
     /* quantized 1 (int8 weight-only models): the projections' pointers above are int8 [N, K]
        row-major, with per-row scales here; 2 (int4, builds with int8-activation loops only):
        they and the `_p` ones below are int4.c's packed blocks, scales inside; 3 (fp8 weight-only):
-       as 1 with float8 e4m3 bytes, never int8 activations. All: embedding and KV cache bf16;
+       as 1 with float8 e4m3 bytes, never int8 activations (with `fp8_bf16`, the `_p` ones are
+       the bytes packed for the bf16 loop: int8.c's `f8_block`). All: embedding and KV cache bf16;
        norms, router, RoPE fp32 */
     int64_t quantized;
     const float *const *wqkv_s, *const *wo_s, *const *w13_s, *const *w2_s;

@@ -12,6 +12,7 @@
    loop decodes through `fp8_in`, the definition the vector loops are tested against. The
    NaN bytes (0x7f, 0xff) are not decoded as NaN: the quantizer never writes them. */
 #include <math.h>
+#include <stdlib.h>
 
 #include "kernels.h"
 
@@ -162,53 +163,66 @@ static inline __attribute__((always_inline)) void rows_q8(
 #define F8_X_UP 18446744073709551616.0f  /* 2^64 */
 #define F8_OUT 72057594037927936.0f      /* 2^56 */
 
-/* out[r * 16 + c] = s[c] * x_r . w[c] for r < MR, c < 4: e4m3 rows of `w` (K apart) against
-   the rows of `bf16_row` (Kp words apart). */
+/* out[r * 16 + c] = s[c] * x_r . w[c] for r < MR, c < nc: one quad of the packed e4m3 layout
+   (`wq`: per 64 columns of K, the quad's 4 rows' 64 bytes, 256 bytes a chunk, one stream)
+   against the rows of `bf16_row` (Kp words apart). Rows and columns past the weight's are
+   zero bytes, the value 0. */
 static inline __attribute__((always_inline)) void quadf8b(
-        const uint16_t *xb, int64_t Kp, const uint8_t *w, const float *s, int64_t nc, int64_t K,
-        const int MR, float *out) {
-    const uint8_t *rw[4];
-    for (int c = 0; c < 4; c++) rw[c] = w + (c < nc ? c : nc - 1) * K;
+        const uint16_t *xb, int64_t Kp, const uint8_t *wq, const float *s, int64_t nc, const int MR,
+        float *out) {
     const __m512i keep = _mm512_set1_epi16((short)0x87f0);
-    __m512 acc[4][4];
+    /* up to two rows, the odd columns' products go to sums of their own: twice the independent
+       chains of vdpbf16ps, whose latency is what a one-row decode waits on */
+    __m512 acc[4][4], odd_acc[2][4];
     for (int r = 0; r < MR; r++)
         for (int c = 0; c < 4; c++) acc[r][c] = _mm512_setzero_ps();
-    for (int64_t k = 0; k < K; k += 64) {
-        __mmask64 km = K - k >= 64 ? ~(__mmask64)0 : (((__mmask64)1 << (K - k)) - 1u);
+    for (int r = 0; r < MR && MR <= 2; r++)
+        for (int c = 0; c < 4; c++) odd_acc[r][c] = _mm512_setzero_ps();
+    for (int64_t k = 0; k < Kp; k += 64) {
+        const uint8_t *chunk = wq + 4 * k;
         __m512i even[4], odd[4];
         for (int c = 0; c < 4; c++) {
-            _mm_prefetch((const char *)(rw[c] + k + 16 * K), _MM_HINT_T0);
-            __m512i b = _mm512_maskz_loadu_epi8(km, rw[c] + k); /* past K: code 0, the value 0 */
+            _mm_prefetch((const char *)(chunk + 1024 + 64 * c), _MM_HINT_T0);
+            __m512i b = _mm512_loadu_si512((const void *)(chunk + 64 * c));
             even[c] = _mm512_and_si512(_mm512_srai_epi16(_mm512_slli_epi16(b, 8), 4), keep);
             odd[c] = _mm512_and_si512(_mm512_srai_epi16(b, 4), keep);
         }
         for (int r = 0; r < MR; r++) {
             __m512bh xe = (__m512bh)_mm512_loadu_si512((const void *)(xb + r * Kp + k));
             __m512bh xo = (__m512bh)_mm512_loadu_si512((const void *)(xb + r * Kp + k + 32));
-            for (int c = 0; c < 4; c++)
-                acc[r][c] = _mm512_dpbf16_ps(_mm512_dpbf16_ps(acc[r][c], xe, (__m512bh)even[c]), xo, (__m512bh)odd[c]);
+            for (int c = 0; c < 4; c++) {
+                if (MR <= 2) {
+                    acc[r][c] = _mm512_dpbf16_ps(acc[r][c], xe, (__m512bh)even[c]);
+                    odd_acc[r & 1][c] = _mm512_dpbf16_ps(odd_acc[r & 1][c], xo, (__m512bh)odd[c]);
+                } else {
+                    acc[r][c] = _mm512_dpbf16_ps(_mm512_dpbf16_ps(acc[r][c], xe, (__m512bh)even[c]), xo,
+                                                 (__m512bh)odd[c]);
+                }
+            }
         }
     }
+    for (int r = 0; r < MR && MR <= 2; r++)
+        for (int c = 0; c < 4; c++) acc[r][c] = _mm512_add_ps(acc[r][c], odd_acc[r][c]);
     for (int r = 0; r < MR; r++)
         for (int c = 0; c < nc; c++) out[r * 16 + c] = s[c] * F8_OUT * _mm512_reduce_add_ps(acc[r][c]);
 }
 
-void f8_block(const qact *q, int64_t r0, int64_t M, const uint8_t *w, const float *s, int64_t n0, int64_t nr,
-              int64_t K, float *out) {
+void f8_block(const qact *q, int64_t r0, int64_t M, const uint8_t *wb, const float *s, int64_t n0, int64_t nr,
+              float *out) {
     const uint16_t *xb = (const uint16_t *)(const void *)q->a + r0 * q->Kp;
     for (int64_t r = 0; r < M; r += 4) {
         int64_t n = M - r < 4 ? M - r : 4;
         for (int64_t c = 0; c < nr; c += 4) {
-            const uint8_t *wc = w + (n0 + c) * K;
+            const uint8_t *wq = wb + c * q->Kp; /* the block's quads, 4 * Kp bytes each */
             const float *sc = s + n0 + c;
             const uint16_t *xr = xb + r * q->Kp;
             int64_t nc = nr - c < 4 ? nr - c : 4;
             float *o = out + r * 16 + c;
             switch (n) {
-                case 1: quadf8b(xr, q->Kp, wc, sc, nc, K, 1, o); break;
-                case 2: quadf8b(xr, q->Kp, wc, sc, nc, K, 2, o); break;
-                case 3: quadf8b(xr, q->Kp, wc, sc, nc, K, 3, o); break;
-                default: quadf8b(xr, q->Kp, wc, sc, nc, K, 4, o); break;
+                case 1: quadf8b(xr, q->Kp, wq, sc, nc, 1, o); break;
+                case 2: quadf8b(xr, q->Kp, wq, sc, nc, 2, o); break;
+                case 3: quadf8b(xr, q->Kp, wq, sc, nc, 3, o); break;
+                default: quadf8b(xr, q->Kp, wq, sc, nc, 4, o); break;
             }
         }
     }
@@ -251,8 +265,14 @@ void infersight_rows_fp8(const float *x, const uint8_t *w, const float *s, float
 #if INFERSIGHT_BF16 /* the decode step's loop: the rows as bf16, four at a time (weights without subnormals) */
     int subnormal = 0;
     for (int64_t i = 0; i < N * K; i++) subnormal |= (w[i] & 0x78) == 0 && (w[i] & 7) != 0;
-    uint16_t xb[4 * 64 * ((K + 63) / 64)] __attribute__((aligned(64)));
-    qact q = {(uint8_t *)(void *)xb, 0, 0, 0, 0, 64 * ((K + 63) / 64), (K + 63) / 64};
+    const int64_t Kp = 64 * ((K + 63) / 64);
+    uint16_t xb[4 * Kp] __attribute__((aligned(64)));
+    qact q = {(uint8_t *)(void *)xb, 0, 0, 0, 0, Kp, Kp / 64};
+    uint8_t *packed = subnormal ? 0 : calloc((size_t)((N + 15) / 16 * 16 * Kp), 1); /* the step's layout */
+    if (!subnormal && !packed) subnormal = 1; /* no memory: the fp32 loop, which needs none */
+    for (int64_t n = 0; packed && n < N; n++)
+        for (int64_t k = 0; k < K; k++)
+            packed[(n / 4) * 4 * Kp + (k / 64) * 256 + (n % 4) * 64 + k % 64] = w[n * K + k];
 #endif
     for (int64_t r = 0; r < M; r += 4) {
         int64_t m = M - r < 4 ? M - r : 4;
@@ -262,7 +282,7 @@ void infersight_rows_fp8(const float *x, const uint8_t *w, const float *s, float
         for (int64_t n0 = 0; n0 < N; n0 += 16) {
             int64_t nr = N - n0 < 16 ? N - n0 : 16;
 #if INFERSIGHT_BF16
-            if (!subnormal) f8_block(&q, 0, m, w, s, n0, nr, K, tmp);
+            if (!subnormal) f8_block(&q, 0, m, packed + n0 * Kp, s, n0, nr, tmp);
             else
 #endif
                 rowsf8(x + r * K, K, m, w, s, n0, nr, K, tmp);
@@ -270,6 +290,9 @@ void infersight_rows_fp8(const float *x, const uint8_t *w, const float *s, float
                 for (int64_t j = 0; j < nr; j++) out[(r + i) * N + n0 + j] = tmp[i * 16 + j];
         }
     }
+#if INFERSIGHT_BF16
+    free(packed);
+#endif
 }
 
 qact qact_at(char **at, int64_t rows, int64_t K) {

@@ -111,10 +111,11 @@ INFERSIGHT_INTERNAL void rowsf8(const float *x, int64_t ldx, int64_t M, const ui
 #if INFERSIGHT_BF16
 /* fp8 weights against bf16 activations: a qact's `a` and `as` together (2 * rows * Kp bytes)
    hold the rows as bf16, Kp words apart, zero past K (`bf16_row`). out [M][16]: rows n0..n0+nr-1
-   of the e4m3 weight [N, K] with scales [N], for rows r0..r0+M-1 of q. */
+   of an e4m3 weight with scales [N], for rows r0..r0+M-1 of q; `wb`: that 16-row block of the
+   packed layout (native_step.py `pack_fp8`: per quad of rows, per 64 columns, 4 x 64 bytes). */
 INFERSIGHT_INTERNAL void bf16_row(const qact *q, int64_t row, const float *x, int64_t K);
-INFERSIGHT_INTERNAL void f8_block(const qact *q, int64_t r0, int64_t M, const uint8_t *w, const float *s,
-                                  int64_t n0, int64_t nr, int64_t K, float *out);
+INFERSIGHT_INTERNAL void f8_block(const qact *q, int64_t r0, int64_t M, const uint8_t *wb, const float *s,
+                                  int64_t n0, int64_t nr, float *out);
 #endif
 /* a qact of `rows` rows over K carved from *at (64-byte aligned), *at moved past it; its size */
 INFERSIGHT_INTERNAL qact qact_at(char **at, int64_t rows, int64_t K);
