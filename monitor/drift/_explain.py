@@ -17,7 +17,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from ._mmd import kernel_from_gram, median_widths
-from ._stat_tests import DetectorConfig, holm_adjust, nearest, split_reference
+from ._novelty import fit_novelty
+from ._stat_tests import DetectorConfig, holm_adjust, nearest
 
 __all__ = [
     "NOVEL_CLUSTER",
@@ -371,11 +372,11 @@ def _novelty(
     cur_rows: np.ndarray,
     config: DetectorConfig,
 ) -> tuple[Novelty, np.ndarray, tuple[int, int]]:
-    options = config.options
-    bank_rows, cal_rows = split_reference(ref_rows.shape[0], options.calibration_fraction, seed=options.seed)
-    bank = ref_rows[bank_rows]
-    cal_dist, _ = nearest(ref_rows[cal_rows], bank)
-    cur_dist, cur_near = nearest(cur_rows, bank)
+    # the scan's own per-item scores and calibration, so the examples are the texts it counts
+    calibration = fit_novelty(ref_rows, config.options)
+    bank_rows = calibration.bank_rows
+    cal_dist = calibration.calibration
+    cur_dist, cur_near = nearest(cur_rows, calibration.bank)
     tail = float(np.quantile(cal_dist, config.novelty_quantile))
     novel = cur_dist > tail
     examples: list[NoveltyExample] = []

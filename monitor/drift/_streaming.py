@@ -1,9 +1,10 @@
 """Streaming drift for the service: per-request novelty and relevance into CUSUM charts.
 
 Novelty of a request is its prompt's distance (1 - cosine) to the nearest text of the
-reference's bank half: the batch novelty scan's per-item score, from the same
-`NoveltyCalibration`; the chart's in-control scores are the held-out half's distances to
-the bank. Relevance (when the reference has
+reference's bank: the batch novelty scan's per-item score, from the same
+`NoveltyCalibration` (with the default jackknife calibration the bank is the whole
+reference); the chart's in-control scores are the scan's calibration scores (each
+reference text's distance to the rest of the reference). Relevance (when the reference has
 responses) is charted on its negative, so a drop is the anomalous side. Both charts are
 designed for the upper `reference_confidence` bound of their in-control exceedance rate
 (`design_cusum`), so the run length between false alarms holds for the reference in use,
