@@ -304,12 +304,12 @@ def streaming(corpus: Corpus, args: argparse.Namespace) -> dict[str, Any]:
 # --- (e) cost ---------------------------------------------------------------------------
 
 
-def cost_once(ref_size: int, window: int) -> dict[str, float]:
+def cost_once(ref_size: int, window: int, embedder_kind: str) -> dict[str, float]:
     """One process's timings of a `ref_size` vs `window` evaluation (printed as JSON)."""
     from infersight.monitor.drift import DriftDetector, TextWindow, default_embedder
     from infersight.monitor.drift._windows import EmbeddedWindow
 
-    corpus = load_corpus()
+    corpus = load_corpus(embedder_kind)  # the cached embeddings: the texts are only picked here
     rng = np.random.default_rng(5)
     order = rng.permutation(len(corpus.banking_texts))
     ref_idx, cur_idx = order[:ref_size], order[ref_size : ref_size + window]
@@ -362,6 +362,8 @@ def cost(args: argparse.Namespace) -> dict[str, Any]:
         str(args.ref_size),
         "--window",
         str(args.window),
+        "--embedder",
+        args.embedder,
     ]
     runs: dict[str, list[dict[str, float]]] = {"before": [], "now": []}
     for _ in range(args.cost_rounds):
@@ -479,7 +481,7 @@ def main() -> None:
     ap.add_argument("--cost-once", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.cost_once:
-        print(json.dumps(cost_once(args.ref_size, args.window)))
+        print(json.dumps(cost_once(args.ref_size, args.window, args.embedder)))
         return
     only = set(args.only or ["batch", "relevance", "streaming", "cost"])
     if args.skip_cost:

@@ -55,10 +55,10 @@ class NoveltyExample:
 @dataclass(frozen=True)
 class Novelty:
     """Share of current texts farther from every (bank) reference text than the reference's
-    own `1 - quantile` tail (measured on its held-out part)."""
+    own `1 - quantile` tail (measured on its calibration scores, the novelty scan's)."""
 
     rate: float
-    reference_rate: float  # the same share among held-out reference texts (about 1 - quantile)
+    reference_rate: float  # the same share among the reference's calibration scores (about 1 - quantile)
     quantile: float
     tail_distance: float
     count: int
@@ -71,7 +71,7 @@ class ClusterShare:
     two-sided test of equal shares, Holm-adjusted across the clusters.
 
     Cluster -1 holds the current texts beyond the novelty tail (not forced into the nearest
-    reference cluster); its reference share is measured on the held-out reference."""
+    reference cluster); its reference share is measured on the reference's calibration scores."""
 
     cluster: int
     label: str  # the reference text nearest the centroid
@@ -245,7 +245,7 @@ def cluster_shares(
 
     Current texts flagged `current_novel` form their own row (cluster -1) instead of being
     forced into the nearest reference cluster; that row's reference share is
-    `reference_novel = (count, n)` measured on the held-out part of the reference.
+    `reference_novel = (count, n)` measured on the reference's calibration scores.
     `current_witness` orders each cluster's current examples (highest first). Each row
     gets Fisher's exact two-sided test; Holm across the rows."""
     from scipy.stats import fisher_exact  # slow to import: only when explaining

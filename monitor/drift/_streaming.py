@@ -67,7 +67,7 @@ def design_cusum(
     """Design the chart for scores where larger means more anomalous.
 
     `reference_confidence=None`: the scores *are* the in-control law (streams resample
-    them). With a confidence, they are a sample from it (the reference's held-out scores):
+    them). With a confidence, they are a sample from it (the reference's calibration scores):
     the cut is their `k`-th largest and the chart is designed for `β⁺`, the upper
     `reference_confidence` bound of the chance a new score exceeds that cut (`exceedance_upper`),
     so its run length between false alarms is at least the target for all but a share
@@ -189,7 +189,7 @@ class StreamingDetector:
         min_responses: int = 20,
     ) -> None:
         opts = options or TestOptions()
-        # the batch test's per-item scores: the same bank, the same held-out scores
+        # the batch test's per-item scores: the same bank, the same calibration scores
         self.calibration = fit_novelty(as_unit_rows(reference.prompt_embeddings, "reference"), opts)
         cal_scores = self.calibration.calibration
         charts = 2 if len(reference.relevance) >= min_responses else 1
