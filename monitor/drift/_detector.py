@@ -171,7 +171,7 @@ def family_tests(
 
 
 def correction_label(tests: tuple[TestResult, ...], config: DetectorConfig) -> str:
-    """`holm(n)` with equal shares of alpha, else `holm(n; novelty 3, mmd 1, ...)`: the
+    """`holm(n)` with equal shares of alpha, else `holm(n; mmd 1, novelty 3, ...)`: the
     relative weights, so a report says how its tests share alpha."""
     weights = {t.test: config.weight(t.test) for t in tests}
     if len(set(weights.values())) <= 1:

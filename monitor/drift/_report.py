@@ -108,7 +108,7 @@ class DriftReport:
     )
     threshold: float  # alpha
     method: str  # the deciding test's method
-    correction: str  # e.g. "holm(5)"
+    correction: str  # e.g. "holm(5)", or "holm(2; mmd 1, novelty 3)" with unequal shares of alpha
     n_reference: int
     n_current: int
     tests: tuple[TestResult, ...]
