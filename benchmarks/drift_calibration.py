@@ -22,7 +22,8 @@ all-MiniLM-L6-v2 and kept in `.bench/`):
     the new reference-conditional rank test against the plain Mann-Whitney test before it.
 (c) Streaming: per reference, the novelty chart's mean run length between false alarms on
     in-control streams resampled from the texts the reference never saw, against its
-    target; the chart before (cross-fitted tail, designed for the empirical rate) beside it.
+    target: today's chart (jackknife scores), the chart on a held-out half's scores
+    ("split") and the older chart (cross-fitted tail, designed for the empirical rate).
 (d) Power: `--drifted` windows per reference with 5%, 10% and 20% NLU++ hotel utterances.
 (e) Cost of one evaluation of `--ref-size` against `--window` texts, this tree against the
     tree before that change (`git archive` of `--old-commit` in build/old_tree), alternated in
@@ -256,6 +257,8 @@ def relevance_calibration(corpus: Corpus, args: argparse.Namespace) -> dict[str,
 
 
 def streaming(corpus: Corpus, args: argparse.Namespace) -> dict[str, Any]:
+    from dataclasses import replace
+
     from infersight.monitor.drift import TestOptions
     from infersight.monitor.drift._novelty import fit_novelty
     from infersight.monitor.drift._stat_tests import nearest, split_reference
@@ -263,31 +266,51 @@ def streaming(corpus: Corpus, args: argparse.Namespace) -> dict[str, Any]:
 
     target = args.target_arl
     options = TestOptions()
-    out: dict[str, Any] = {"target": target, "now": [], "before": []}
+    out: dict[str, Any] = {"target": target, "now": [], "split": [], "before": []}
+    split_options = replace(options, novelty_calibration="split")
     for r in range(args.references):
         rng = np.random.default_rng(3000 + r)
         order = rng.permutation(len(corpus.banking_texts))
         rows = corpus.banking[order[: args.ref_size]]
         unseen = corpus.banking[order[args.ref_size :]]
-        fitted = fit_novelty(rows, options)  # the chart's per-item scores are the batch scan's
-        unseen_scores = fitted.score(unseen)
+        now = fit_novelty(rows, options)  # the chart's per-item scores are the batch scan's
+        split = fit_novelty(rows, split_options)
         bank_rows, cal_rows = split_reference(rows.shape[0], options.calibration_fraction, seed=options.seed)
+        # per chart: its design and the unseen texts' scores as that chart computes them
         designs = {
-            "now": design_cusum(
-                fitted.calibration,
-                target_arl=target,
-                seed=options.seed,
-                reference_confidence=options.reference_confidence,
-            ),
-            "before": design_cusum(
-                np.concatenate(
-                    [nearest(rows[cal_rows], rows[bank_rows])[0], nearest(rows[bank_rows], rows[cal_rows])[0]]
+            "now": (
+                design_cusum(
+                    now.calibration,
+                    target_arl=target,
+                    seed=options.seed,
+                    reference_confidence=options.reference_confidence,
                 ),
-                target_arl=target,
-                seed=options.seed,
+                now.score(unseen),
+            ),
+            "split": (
+                design_cusum(
+                    split.calibration,
+                    target_arl=target,
+                    seed=options.seed,
+                    reference_confidence=options.reference_confidence,
+                ),
+                split.score(unseen),
+            ),
+            "before": (
+                design_cusum(
+                    np.concatenate(
+                        [
+                            nearest(rows[cal_rows], rows[bank_rows])[0],
+                            nearest(rows[bank_rows], rows[cal_rows])[0],
+                        ]
+                    ),
+                    target_arl=target,
+                    seed=options.seed,
+                ),
+                split.score(unseen),
             ),
         }
-        for name, d in designs.items():
+        for name, (d, unseen_scores) in designs.items():
             bits = unseen_scores > d.cut
 
             def draw(g: np.random.Generator, shape: tuple[int, int], bits: np.ndarray = bits) -> np.ndarray:
@@ -512,7 +535,7 @@ def main() -> None:
             f"\n(c) novelty chart: mean run length between false alarms per reference (target {s['target']:g})"
         )
         print("| | min | median | p10 | max | refs at or over target |\n|---|---|---|---|---|---|")
-        for name in ("now", "before"):
+        for name in ("now", "split", "before"):
             v = np.asarray(s[name])
             print(
                 f"| {name} | {v.min():.0f} | {np.median(v):.0f} | {np.quantile(v, 0.1):.0f} | {v.max():.0f} | "
