@@ -134,6 +134,18 @@ def test_weighted_holm_gives_each_test_its_share_of_alpha_and_equal_weights_are_
     p = rng.random((20_000, len(weights)))
     any_rejects = np.mean([min(holm_adjust(row, weights)) < 0.05 for row in p])
     assert any_rejects <= 0.05 + 2 * np.sqrt(0.05 * 0.95 / 20_000), any_rejects
+    # a report adjusts with its configuration's weights, and says so
+    rng = np.random.default_rng(12)
+    ref = EmbeddedWindow.from_arrays(_around(rng, 400, axis=0))
+    cur = EmbeddedWindow.from_arrays(np.concatenate([_around(rng, 180, axis=0), _around(rng, 20, axis=1)]))
+    options = TestOptions(permutations=100)
+    for weights in ({"mmd": 1.0, "novelty": 3.0}, {"mmd": 1.0, "novelty": 1.0}):
+        tests = run_tests(ref, cur, DetectorConfig(options=options, test_weights=weights))
+        raw = [t.p_value for t in tests]
+        expected = holm_adjust(raw, [weights[t.test] for t in tests])
+        assert [t.p_adjusted for t in tests] == pytest.approx(expected)
+    with pytest.raises(ValueError):
+        DetectorConfig(test_weights={"mmd": 0.0})
     config = DetectorConfig()
     family = ("mmd", "novelty")
     assert config.first_step_level("novelty", family) == pytest.approx(0.05 * 3 / 4)
