@@ -244,7 +244,7 @@ DEFAULT_EFFECT_FLOORS: Mapping[str, float] = MappingProxyType(
 # come first); MMD's permutation p-value holds it only on average over references, and a
 # reference that happens to sit off its own population's centre makes MMD alarm on
 # same-distribution windows more often than its level, window after window. Giving MMD
-# the smaller share keeps that excess small for every reference and leaves the novelty
+# the smaller share shrinks that excess (without bounding it) and leaves the novelty
 # scan, which carries small shares of new texts, most of alpha; MMD still decides on
 # broad shifts of the mix, where its p-value is far below any of these shares.
 DEFAULT_TEST_WEIGHTS: Mapping[str, float] = MappingProxyType(
