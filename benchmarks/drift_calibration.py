@@ -10,16 +10,20 @@ references. On Banking77 (all distinct train and test texts, each embedded once 
 all-MiniLM-L6-v2 and kept in `.bench/`):
 
 (a) `--references` references of `--ref-size` texts, each with `--null` windows of
-    `--window` other Banking77 texts: per reference, the share of windows on which each
-    test (MMD, novelty on prompts; their Holm verdict) and the explanation's cluster-share
-    rows flag drift; printed as min / median / p90 / max over references, next to the
-    novelty test as it was before it bounded the reference's error (hypergeometric on the pooled tail) on the same windows.
+    `--window` other Banking77 texts and `--doubled` windows with one home intent twice as
+    likely: per reference, the share of windows on which each test (MMD, the novelty scan
+    on prompts; their Holm verdict) flags drift, the verdict before (the scan calibrated
+    on a held-out half, Holm with equal shares) and after (the scan calibrated by jackknife
+    on the whole reference, weighted Holm: today's default) on the same windows, which
+    side runs first alternating window by window; with each side's reported smallest
+    detectable share.
 (b) Relevance drop on the same references: a request's "response" is another Banking77 text
     of the same intent (a related answer), so relevance is a real cosine with a real spread;
     the new reference-conditional rank test against the plain Mann-Whitney test before it.
 (c) Streaming: per reference, the novelty chart's mean run length between false alarms on
     in-control streams resampled from the texts the reference never saw, against its
-    target; the chart before (cross-fitted tail, designed for the empirical rate) beside it.
+    target: today's chart (jackknife scores), the chart on a held-out half's scores
+    ("split") and the older chart (cross-fitted tail, designed for the empirical rate).
 (d) Power: `--drifted` windows per reference with 5%, 10% and 20% NLU++ hotel utterances.
 (e) Cost of one evaluation of `--ref-size` against `--window` texts, this tree against the
     tree before that change (`git archive` of `--old-commit` in build/old_tree), alternated in
@@ -63,43 +67,56 @@ def cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
-# --- (a), (d): batch tests, before and after the novelty scan, on the same windows ---------
+# --- (a), (d): batch tests, before and after, on the same windows ---------------------
 
 
-SIDES = ("before", "after")  # before: MMD + the single-cut novelty test (the tree before the scan)
+# before: MMD + the novelty scan on a held-out half, Holm with equal shares (the tree at
+# --old-commit's default); after: MMD + the scan with jackknife calibration, weighted Holm
+# (today's default).
+SIDES = ("before", "after")
 
 
-def _verdicts(mmd: Any, novelty: dict[str, Any], config: Any) -> dict[str, bool]:
-    """Per side, Holm over MMD and that side's novelty test, effect floors applied."""
+def side_configs(permutations: int) -> dict[str, Any]:
+    from dataclasses import replace
+
+    from infersight.monitor.drift import DetectorConfig, TestOptions
+
+    after = DetectorConfig(alpha=ALPHA, options=TestOptions(permutations=permutations))
+    before = replace(
+        after,
+        options=replace(after.options, novelty_calibration="split"),
+        test_weights={"mmd": 1.0, "novelty": 1.0},
+    )
+    return {"before": before, "after": after}
+
+
+def _verdicts(mmd: Any, novelty: dict[str, Any], configs: dict[str, Any]) -> dict[str, bool]:
+    """Per side, its Holm over MMD and that side's novelty scan, effect floors applied."""
     from infersight.monitor.drift._stat_tests import holm_adjust
 
     out = {}
     for side in SIDES:
-        nov = novelty[side]
-        adj = holm_adjust([mmd.p_value, nov.p_value])
+        config, nov = configs[side], novelty[side]
+        adj = holm_adjust([mmd.p_value, nov.p_value], [config.weight("mmd"), config.weight(nov.test)])
         m = adj[0] < ALPHA and mmd.score >= config.floor("mmd")
         n = adj[1] < ALPHA and nov.score >= config.floor(nov.test)
         out[f"verdict_{side}"] = bool(m or n)
         out[f"novelty_{side}"] = bool(n)
-        out["mmd"] = bool(m)
+        out[f"mmd_{side}"] = bool(m)
     return out
 
 
 def _window_flags(
-    ref_rows: np.ndarray, calibration: Any, cur: np.ndarray, config: Any, turn: int
+    ref_rows: np.ndarray, calibrations: dict[str, Any], cur: np.ndarray, configs: dict[str, Any], turn: int
 ) -> dict[str, bool]:
-    """Both sides on one window; which side runs first alternates with `turn`."""
+    """Both sides on one window (one MMD test, shared); which side runs first alternates with `turn`."""
     from infersight.monitor.drift._mmd import mmd_test
-    from infersight.monitor.drift._novelty import novelty_single_test, scan_splits
+    from infersight.monitor.drift._novelty import scan_splits
 
-    mmd = mmd_test(ref_rows, cur, config.options)
-    runs = {
-        "before": lambda: novelty_single_test(ref_rows, cur, config.options),
-        "after": lambda: scan_splits(calibration, cur),
-    }
+    mmd = mmd_test(ref_rows, cur, configs["after"].options)
     order = SIDES if turn % 2 == 0 else SIDES[::-1]
-    novelty = {side: runs[side]() for side in order}
-    return _verdicts(mmd, novelty, config)
+    novelty = {side: scan_splits(calibrations[side], cur) for side in order}
+    return _verdicts(mmd, novelty, configs)
 
 
 def _doubled(rng: np.random.Generator, rest: np.ndarray, labels: np.ndarray, size: int) -> np.ndarray:
@@ -110,23 +127,28 @@ def _doubled(rng: np.random.Generator, rest: np.ndarray, labels: np.ndarray, siz
 
 
 def batch(corpus: Corpus, args: argparse.Namespace) -> dict[str, Any]:
-    from infersight.monitor.drift import DetectorConfig, TestOptions
     from infersight.monitor.drift._detector import detectable_share_for
     from infersight.monitor.drift._novelty import fit_splits
 
-    config = DetectorConfig(alpha=ALPHA, options=TestOptions(permutations=args.permutations))
+    configs = side_configs(args.permutations)
     home = _home_rows(corpus, args.home)
     labels = _labels(corpus)
     per_ref: list[dict[str, Any]] = []
     seconds = []
+    wanted = set(args.only_references) if args.only_references else None
     for r in range(args.references):
         rng = np.random.default_rng(1000 + r)
         order = home[rng.permutation(home.size)]
+        if wanted is not None and r not in wanted:
+            continue
         ref_idx, rest = order[: args.ref_size], order[args.ref_size :]
         ref_rows = corpus.banking[ref_idx]
-        calibration = fit_splits(ref_rows, config.options)
-        share = detectable_share_for(ref_rows, args.window, 2, config)
-        row: dict[str, Any] = {"reference": r, "detectable_share": share}
+        calibrations = {side: fit_splits(ref_rows, configs[side].options) for side in SIDES}
+        shares = {
+            side: detectable_share_for(ref_rows, args.window, ("mmd", "novelty"), configs[side])
+            for side in SIDES
+        }
+        row: dict[str, Any] = {"reference": r, "detectable_share": shares}
         counts: dict[str, list[int]] = {}
         turn = 0
         start = time.perf_counter()
@@ -146,7 +168,7 @@ def batch(corpus: Corpus, args: argparse.Namespace) -> dict[str, Any]:
                             corpus.hotels[rng.choice(len(corpus.hotel_texts), n_new, replace=False)],
                         ]
                     )
-                for name, flag in _window_flags(ref_rows, calibration, cur, config, turn).items():
+                for name, flag in _window_flags(ref_rows, calibrations, cur, configs, turn).items():
                     c = counts.setdefault(f"{arm}|{name}", [0, 0])
                     c[0] += int(flag)
                     c[1] += 1
@@ -156,10 +178,11 @@ def batch(corpus: Corpus, args: argparse.Namespace) -> dict[str, Any]:
         per_ref.append(row)
         null_b = counts.get("null|verdict_before", [0, 0])
         null_a = counts.get("null|verdict_after", [0, 0])
+        p5b = counts.get("share 0.05|verdict_before", [0, 1])
         p5 = counts.get("share 0.05|verdict_after", [0, 1])
         print(
             f"reference {r}: null {null_b[0]}/{null_b[1]} -> {null_a[0]}/{null_a[1]}, "
-            f"5% after {p5[0]}/{p5[1]}, detectable share {share}",
+            f"5% {p5b[0]}/{p5b[1]} -> {p5[0]}/{p5[1]}, detectable share {shares['before']} -> {shares['after']}",
             flush=True,
         )
     return {"per_reference": per_ref, "seconds_per_window": statistics.median(seconds)}
@@ -234,31 +257,60 @@ def relevance_calibration(corpus: Corpus, args: argparse.Namespace) -> dict[str,
 
 
 def streaming(corpus: Corpus, args: argparse.Namespace) -> dict[str, Any]:
+    from dataclasses import replace
+
     from infersight.monitor.drift import TestOptions
+    from infersight.monitor.drift._novelty import fit_novelty
     from infersight.monitor.drift._stat_tests import nearest, split_reference
     from infersight.monitor.drift._streaming import _simulate, design_cusum
 
     target = args.target_arl
     options = TestOptions()
-    out: dict[str, Any] = {"target": target, "now": [], "before": []}
+    out: dict[str, Any] = {"target": target, "now": [], "split": [], "before": []}
+    split_options = replace(options, novelty_calibration="split")
     for r in range(args.references):
         rng = np.random.default_rng(3000 + r)
         order = rng.permutation(len(corpus.banking_texts))
         rows = corpus.banking[order[: args.ref_size]]
         unseen = corpus.banking[order[args.ref_size :]]
+        now = fit_novelty(rows, options)  # the chart's per-item scores are the batch scan's
+        split = fit_novelty(rows, split_options)
         bank_rows, cal_rows = split_reference(rows.shape[0], options.calibration_fraction, seed=options.seed)
-        bank = rows[bank_rows]
-        cal = nearest(rows[cal_rows], bank)[0]
-        unseen_scores = nearest(unseen, bank)[0]
+        # per chart: its design and the unseen texts' scores as that chart computes them
         designs = {
-            "now": design_cusum(
-                cal, target_arl=target, seed=options.seed, reference_confidence=options.reference_confidence
+            "now": (
+                design_cusum(
+                    now.calibration,
+                    target_arl=target,
+                    seed=options.seed,
+                    reference_confidence=options.reference_confidence,
+                ),
+                now.score(unseen),
             ),
-            "before": design_cusum(
-                np.concatenate([cal, nearest(bank, rows[cal_rows])[0]]), target_arl=target, seed=options.seed
+            "split": (
+                design_cusum(
+                    split.calibration,
+                    target_arl=target,
+                    seed=options.seed,
+                    reference_confidence=options.reference_confidence,
+                ),
+                split.score(unseen),
+            ),
+            "before": (
+                design_cusum(
+                    np.concatenate(
+                        [
+                            nearest(rows[cal_rows], rows[bank_rows])[0],
+                            nearest(rows[bank_rows], rows[cal_rows])[0],
+                        ]
+                    ),
+                    target_arl=target,
+                    seed=options.seed,
+                ),
+                split.score(unseen),
             ),
         }
-        for name, d in designs.items():
+        for name, (d, unseen_scores) in designs.items():
             bits = unseen_scores > d.cut
 
             def draw(g: np.random.Generator, shape: tuple[int, int], bits: np.ndarray = bits) -> np.ndarray:
@@ -275,12 +327,12 @@ def streaming(corpus: Corpus, args: argparse.Namespace) -> dict[str, Any]:
 # --- (e) cost ---------------------------------------------------------------------------
 
 
-def cost_once(ref_size: int, window: int) -> dict[str, float]:
+def cost_once(ref_size: int, window: int, embedder_kind: str) -> dict[str, float]:
     """One process's timings of a `ref_size` vs `window` evaluation (printed as JSON)."""
     from infersight.monitor.drift import DriftDetector, TextWindow, default_embedder
     from infersight.monitor.drift._windows import EmbeddedWindow
 
-    corpus = load_corpus()
+    corpus = load_corpus(embedder_kind)  # the cached embeddings: the texts are only picked here
     rng = np.random.default_rng(5)
     order = rng.permutation(len(corpus.banking_texts))
     ref_idx, cur_idx = order[:ref_size], order[ref_size : ref_size + window]
@@ -333,6 +385,8 @@ def cost(args: argparse.Namespace) -> dict[str, Any]:
         str(args.ref_size),
         "--window",
         str(args.window),
+        "--embedder",
+        args.embedder,
     ]
     runs: dict[str, list[dict[str, float]]] = {"before": [], "now": []}
     for _ in range(args.cost_rounds):
@@ -365,10 +419,16 @@ def _rate(counts: dict[str, list[int]], key: str) -> float:
     return hit / n if n else float("nan")
 
 
+def _share(value: float | None) -> str:
+    return "none" if value is None else f"{100 * value:.1f}%"
+
+
 def print_batch(b: dict[str, Any], args: argparse.Namespace) -> None:
     refs = b["per_reference"]
     arms = ["null", "doubled"] + [f"share {s:g}" for s in args.shares]
-    arms = [a for a in arms if f"{a}|mmd" in refs[0]["counts"]]  # arms run with no window are left out
+    arms = [
+        a for a in arms if f"{a}|verdict_after" in refs[0]["counts"]
+    ]  # arms run with no window are left out
     print(
         f"\n(a, d) per reference: the verdict's alarm rate, before -> after "
         f"({args.null} null, {args.doubled} doubled-intent, {args.drifted} windows per share)"
@@ -381,14 +441,15 @@ def print_batch(b: dict[str, Any], args: argparse.Namespace) -> None:
             f"{_rate(row['counts'], f'{a}|verdict_before'):.2f} -> {_rate(row['counts'], f'{a}|verdict_after'):.2f}"
             for a in arms
         ]
-        shown = "none" if share is None else f"{100 * share:.1f}%"
+        shown = f"{_share(share['before'])} -> {_share(share['after'])}"
         print(f"| {row['reference']} | {shown} | " + " | ".join(cells) + " |")
     print("\n(a, d) over references: pooled, min, p10 | refs at or under alpha, over 2 alpha (null)")
     print(
         "| arm | test | pooled | min | p10 | max | refs <= alpha | refs > 2 alpha |\n|---|---|---|---|---|---|---|---|"
     )
+    names = [f"{t}_{side}" for t in ("verdict", "novelty", "mmd") for side in SIDES]
     for a in arms:
-        for name in ("verdict_before", "verdict_after", "novelty_before", "novelty_after", "mmd"):
+        for name in names:
             v = np.asarray([_rate(r["counts"], f"{a}|{name}") for r in refs])
             hit = sum(r["counts"].get(f"{a}|{name}", [0, 0])[0] for r in refs)
             n = sum(r["counts"].get(f"{a}|{name}", [0, 0])[1] for r in refs)
@@ -398,13 +459,14 @@ def print_batch(b: dict[str, Any], args: argparse.Namespace) -> None:
                 f"| {a} | {name} | {hit}/{n} ({hit / n:.3f}) | {v.min():.2f} | {np.quantile(v, 0.1):.2f} | "
                 f"{v.max():.2f} | {int(np.sum(v <= ALPHA))}/{v.size} | {int(np.sum(v > 2 * ALPHA))}/{v.size} |"
             )
-    shares = [r["detectable_share"] for r in refs if r["detectable_share"] is not None]
-    if shares:
-        print(
-            f"detectable share (reported, window {args.window}): min {100 * min(shares):.1f}%, "
-            f"median {100 * statistics.median(shares):.1f}%, max {100 * max(shares):.1f}%"
-        )
-    print(f"median seconds per window (MMD and both novelty tests): {b['seconds_per_window']:.3f}")
+    for side in SIDES:
+        shares = [r["detectable_share"][side] for r in refs if r["detectable_share"][side] is not None]
+        if shares:
+            print(
+                f"detectable share {side} (reported, window {args.window}): min {100 * min(shares):.1f}%, "
+                f"median {100 * statistics.median(shares):.1f}%, max {100 * max(shares):.1f}%"
+            )
+    print(f"median seconds per window (MMD and both scans): {b['seconds_per_window']:.3f}")
 
 
 def main() -> None:
@@ -425,18 +487,24 @@ def main() -> None:
         help="home texts: all of Banking77, or its test split only",
     )
     ap.add_argument("--shares", type=float, nargs="+", default=[0.05, 0.1, 0.2])
+    ap.add_argument(
+        "--only-references",
+        type=int,
+        nargs="+",
+        help="run only these of the --references references (same seeds and windows as in a full run)",
+    )
     ap.add_argument("--ref-size", type=int, default=1000)
     ap.add_argument("--window", type=int, default=300)
     ap.add_argument("--target-arl", type=float, default=500.0)
     ap.add_argument("--cost-rounds", type=int, default=3)
-    ap.add_argument("--old-commit", default="937e36d")
+    ap.add_argument("--old-commit", default="29b2153")
     ap.add_argument("--skip-cost", action="store_true")
     ap.add_argument("--embedder", choices=EMBEDDERS, default="fp32", help="whose embeddings (a)-(d) use")
     ap.add_argument("--only", choices=["batch", "relevance", "streaming", "cost"], nargs="*")
     ap.add_argument("--cost-once", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.cost_once:
-        print(json.dumps(cost_once(args.ref_size, args.window)))
+        print(json.dumps(cost_once(args.ref_size, args.window, args.embedder)))
         return
     only = set(args.only or ["batch", "relevance", "streaming", "cost"])
     if args.skip_cost:
@@ -467,7 +535,7 @@ def main() -> None:
             f"\n(c) novelty chart: mean run length between false alarms per reference (target {s['target']:g})"
         )
         print("| | min | median | p10 | max | refs at or over target |\n|---|---|---|---|---|---|")
-        for name in ("now", "before"):
+        for name in ("now", "split", "before"):
             v = np.asarray(s[name])
             print(
                 f"| {name} | {v.min():.0f} | {np.median(v):.0f} | {np.quantile(v, 0.1):.0f} | {v.max():.0f} | "

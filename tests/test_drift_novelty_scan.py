@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from infersight.monitor.cli import main
 from infersight.monitor.data import banking77
-from infersight.monitor.drift import DetectorConfig, TestOptions
+from infersight.monitor.drift import DetectorConfig, StreamingDetector, TestOptions
 from infersight.monitor.drift._detector import detectable_share_for, run_tests
 from infersight.monitor.drift._novelty import (
     fit_novelty,
@@ -59,8 +59,8 @@ def _sphere_clusters(rng: np.random.Generator, centres: np.ndarray, n: int, spre
 
 def test_the_reported_detectable_share_is_the_share_detected_with_90_percent_power() -> None:
     """Synthetic embeddings: a home mix of 12 topics and a new topic far from all of them.
-    The report's share models the scan on the reference's first split at its Bonferroni
-    share of alpha over the Holm family of two, the effect floor applied: measured over many
+    The report's share models the scan at its first-step level in the weighted Holm over
+    MMD and novelty, the effect floor applied: measured over many
     windows of the same reference, the count with 90% power is the reported one within the
     measurement's interval; and the whole test (every split) detects at least that often."""
     rng = np.random.default_rng(20261204)
@@ -71,13 +71,13 @@ def test_the_reported_detectable_share_is_the_share_detected_with_90_percent_pow
     away /= np.linalg.norm(away, axis=1, keepdims=True)
     reference = _sphere_clusters(rng, home, 1000, 0.06)
     config = DetectorConfig()
-    window, family = 300, 2  # mmd and novelty on prompts
+    window, family = 300, ("mmd", "novelty")  # on prompts
     share = detectable_share_for(reference, window, family, config)
     assert share is not None and 0.0 < share < 0.2
     reported = round(share * window)
     calibration = fit_novelty(reference, config.options)
     splits = fit_splits(reference, config.options)
-    level, floor = config.alpha / family, config.floor("novelty")
+    level, floor = config.first_step_level("novelty", family), config.floor("novelty")
     one_split = level / len(splits)
     powers: dict[int, tuple[int, int]] = {}
     draws = 120
@@ -122,10 +122,64 @@ def test_a_report_states_its_detectable_share_in_its_json() -> None:
     config = DetectorConfig(options=TestOptions(permutations=100))
     tests = run_tests(ref, cur, config)
     assert {t.test for t in tests} == {"mmd", "novelty"}
-    small = detectable_share_for(ref.prompt_embeddings, 200, len(tests), config)
-    large = detectable_share_for(ref.prompt_embeddings, 2000, len(tests), config)
+    family = tuple(t.test for t in tests)
+    small = detectable_share_for(ref.prompt_embeddings, 200, family, config)
+    large = detectable_share_for(ref.prompt_embeddings, 2000, family, config)
     assert small is not None and large is not None and large < small  # a larger window sees a thinner trickle
-    assert detectable_share_for(ref.prompt_embeddings, 200, 2, DetectorConfig(tests=("mmd",))) is None
+    assert detectable_share_for(ref.prompt_embeddings, 200, ("mmd",), DetectorConfig(tests=("mmd",))) is None
+
+
+def _home_with_odd_texts(rng: np.random.Generator, centres: np.ndarray, n: int) -> np.ndarray:
+    """A home law like real traffic's: tight topics, and a few texts (3%) that belong to
+    none of them (anywhere on the sphere), which are what sits at the top of the tail."""
+    x = _sphere_clusters(rng, centres, n, 0.08)
+    odd = rng.random(n) < 0.03
+    anywhere = rng.standard_normal((int(odd.sum()), centres.shape[1]))
+    x[odd] = anywhere / np.linalg.norm(anywhere, axis=1, keepdims=True)
+    return x
+
+
+def test_jackknife_cuts_keep_their_bounds_for_nearly_every_reference() -> None:
+    """The jackknife calibration (the bank is the whole reference, each reference text
+    scored against the rest) under the bounds the scan applies: over many references, the
+    chance that a new text from the same law lands beyond each cut (estimated on fresh
+    texts) is within its simultaneous bound for all cuts at once on at least the
+    `reference_confidence` share of references (less the estimate's noise), and on average
+    at most the cut's rank over `n + 1`."""
+    rng = np.random.default_rng(20261206)
+    d, n, references, fresh = 16, 400, 150, 8000
+    centres = rng.standard_normal((10, d))
+    centres /= np.linalg.norm(centres, axis=1, keepdims=True)
+    options = TestOptions(reference_confidence=0.95)
+    covered, q_top = 0, []
+    for _ in range(references):
+        calibration = fit_novelty(_home_with_odd_texts(rng, centres, n), options)
+        assert calibration.bank.shape[0] == n == calibration.n  # every text is bank and calibration
+        new = calibration.score(_home_with_odd_texts(rng, centres, fresh))
+        q = np.asarray([np.mean(new > c) for c in calibration.cuts])
+        upper = np.asarray(calibration.upper)
+        covered += bool((q <= upper + 2 * np.sqrt(upper / fresh)).all())  # q is itself an estimate
+        q_top.append(q[-1])
+    share = covered / references
+    noise = 2 * math.sqrt(0.95 * 0.05 / references)
+    assert share >= 0.95 - noise, share
+    k = calibration.ranks[-1]
+    assert float(np.mean(q_top)) <= k / (n + 1) * 1.1, (np.mean(q_top), k / (n + 1))
+
+
+def test_the_streaming_chart_scores_requests_with_the_batch_scans_calibration() -> None:
+    rng = np.random.default_rng(3)
+    home = rng.standard_normal((6, 16))
+    home /= np.linalg.norm(home, axis=1, keepdims=True)
+    reference = _sphere_clusters(rng, home, 300, 0.1)
+    options = TestOptions()
+    detector = StreamingDetector(EmbeddedWindow.from_arrays(reference), target_arl=200, options=options)
+    batch = fit_novelty(reference, options)
+    assert np.array_equal(detector.calibration.calibration, batch.calibration)
+    assert detector.calibration.cuts == batch.cuts
+    rows = _sphere_clusters(rng, home, 20, 0.1)
+    streamed = [u.novelty for u in detector.observe_many(rows)]
+    assert np.allclose(streamed, batch.score(rows))
 
 
 @pytest.fixture(scope="module")

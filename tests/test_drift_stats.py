@@ -121,6 +121,37 @@ def test_holm_adjusts_step_down_and_keeps_input_order() -> None:
     assert holm_adjust([]) == ()
 
 
+def test_weighted_holm_gives_each_test_its_share_of_alpha_and_equal_weights_are_holms() -> None:
+    assert holm_adjust([0.01, 0.04, 0.03], [2, 2, 2]) == pytest.approx(holm_adjust([0.01, 0.04, 0.03]))
+    # novelty (weight 3) first: 0.02 * 4/3; then MMD alone with the whole alpha
+    assert holm_adjust([0.01, 0.02], [1, 3]) == pytest.approx((4 * 0.02 / 3, 4 * 0.02 / 3))
+    assert holm_adjust([0.001, 0.5], [1, 3]) == pytest.approx((0.004, 0.5))
+    with pytest.raises(ValueError):
+        holm_adjust([0.1, 0.2], [1, 0])
+    # every null true, independent uniforms: "any rejects" at most alpha
+    rng = np.random.default_rng(11)
+    weights = [1, 3, 1, 3, 2]
+    p = rng.random((20_000, len(weights)))
+    any_rejects = np.mean([min(holm_adjust(row, weights)) < 0.05 for row in p])
+    assert any_rejects <= 0.05 + 2 * np.sqrt(0.05 * 0.95 / 20_000), any_rejects
+    # a report adjusts with its configuration's weights, and says so
+    rng = np.random.default_rng(12)
+    ref = EmbeddedWindow.from_arrays(_around(rng, 400, axis=0))
+    cur = EmbeddedWindow.from_arrays(np.concatenate([_around(rng, 180, axis=0), _around(rng, 20, axis=1)]))
+    options = TestOptions(permutations=100)
+    for weights in ({"mmd": 1.0, "novelty": 3.0}, {"mmd": 1.0, "novelty": 1.0}):
+        tests = run_tests(ref, cur, DetectorConfig(options=options, test_weights=weights))
+        raw = [t.p_value for t in tests]
+        expected = holm_adjust(raw, [weights[t.test] for t in tests])
+        assert [t.p_adjusted for t in tests] == pytest.approx(expected)
+    with pytest.raises(ValueError):
+        DetectorConfig(test_weights={"mmd": 0.0})
+    config = DetectorConfig()
+    family = ("mmd", "novelty")
+    assert config.first_step_level("novelty", family) == pytest.approx(0.05 * 3 / 4)
+    assert config.first_step_level("mmd", family) == pytest.approx(0.05 / 4)
+
+
 def test_relevance_drop_is_one_sided() -> None:
     rng = np.random.default_rng(8)
     ref = rng.normal(0.6, 0.1, 200)

@@ -165,7 +165,7 @@ def _plan_windows(args: argparse.Namespace) -> int:
         return 0
     print(
         f"reference of {len(reference.prompts)} texts, alpha={args.alpha:g}: the smallest share of "
-        "new-topic texts (farther from the reference than its own held-out texts) detected with 90% power"
+        "new-topic texts (farther from the reference than its own texts are from one another) detected with 90% power"
     )
     for n, share in zip(sizes, shares, strict=True):
         shown = (

@@ -9,7 +9,7 @@ kernel, or random Fourier features on large windows) and a nearest-neighbour nov
 over several tail cuts with a split-conformal p-value that holds for the reference in use
 (the reference's own error bounded first for every cut at once, see `_novelty`); a
 one-sided relevance-drop test, conditional in the same way, when responses exist. Each
-report states the smallest share of new-topic texts its window detects with 90% power. Holm's correction across every test keeps the report's
+report states the smallest share of new-topic texts its window detects with 90% power. A weighted Holm correction across every test keeps the report's
 false-alarm rate at alpha; effect floors keep large windows from alarming on trivial
 shifts. The explanation (witness texts, reference clusters, novelty, a 2-D projection)
 never changes the verdict. Request lengths (prompt and output tokens) get their own section

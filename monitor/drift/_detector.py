@@ -1,6 +1,7 @@
 """The detector: embed once, test, explain. `score(reference, current) -> DriftReport`.
 
-The verdict: every test on every field, Holm across all of them, effect floors applied.
+The verdict: every test on every field, weighted Holm across all of them (each test's share
+of alpha from `DetectorConfig.test_weights`), effect floors applied.
 
 This is the whole decision; the explanation never changes it.
 
@@ -60,6 +61,7 @@ __all__ = [
     "detectable_share_for",
     "evaluate_window",
     "family_size",
+    "family_tests",
     "fit_stored",
     "run_tests",
     "tested_fields",
@@ -105,7 +107,7 @@ def run_tests(
             raw.append((name, get_test(test)(ref_rows, cur_rows, config.options)))
     if config.relevance_test and "response" in tested_fields(reference, current, config):
         raw.append(("relevance", relevance_drop_test(reference.relevance, current.relevance, config.options)))
-    adjusted = holm_adjust([r.p_value for _, r in raw])
+    adjusted = holm_adjust([r.p_value for _, r in raw], [config.weight(r.test) for _, r in raw])
     out = []
     for (field, r), p_adj in zip(raw, adjusted, strict=True):
         floor = config.floor(r.test)
@@ -130,31 +132,51 @@ def run_tests(
 
 
 def detectable_share_for(
-    reference_rows: np.ndarray, window: int, family: int, config: DetectorConfig
+    reference_rows: np.ndarray, window: int, family: tuple[str, ...], config: DetectorConfig
 ) -> float | None:
     """The smallest share of a `window`-text window, texts beyond every novelty cut of this
-    reference, that the verdict detects with 90% power: the novelty scan at `alpha / family`
-    (Holm's first step never asks less of the smallest p-value) on its first split at that
-    split's Bonferroni share, the effect floor applied.
+    reference, that the verdict detects with 90% power: the novelty scan at its first-step
+    level in the weighted Holm over `family` (the names of the report's tests; the first
+    step never asks less of the smallest p-value), on its first calibration at that
+    calibration's Bonferroni share when there are several splits, the effect floor applied.
     None when the configuration runs no novelty scan or no share would do."""
     if "novelty" not in config.tests:
         return None
-    calibration = fit_novelty(as_unit_rows(reference_rows, "reference"), config.options)
+    options = config.options
+    calibration = fit_novelty(as_unit_rows(reference_rows, "reference"), options)
+    splits = 1 if options.novelty_calibration == "jackknife" else options.novelty_splits
     return detectable_share(
         calibration,
         window,
-        level=config.alpha / max(family, 1) / config.options.novelty_splits,
+        level=config.first_step_level("novelty", family) / splits,
         floor=config.floor("novelty"),
-        seed=config.options.seed,
+        seed=options.seed,
     )
 
 
 def family_size(reference: EmbeddedWindow, config: DetectorConfig, *, with_responses: bool) -> int:
     """How many tests a report on this reference runs (the Holm family), when the current
     window has responses too (`with_responses`) or not."""
+    return len(family_tests(reference, config, with_responses=with_responses))
+
+
+def family_tests(
+    reference: EmbeddedWindow, config: DetectorConfig, *, with_responses: bool
+) -> tuple[str, ...]:
+    """The names of the tests a report on this reference runs (the Holm family, one entry
+    per test and field), when the current window has responses too or not."""
     fields = 2 if with_responses and len(reference.responses) >= config.min_reference else 1
-    relevance = int(config.relevance_test and fields == 2)
-    return fields * len(config.tests) + relevance
+    relevance = ("relevance_drop",) if config.relevance_test and fields == 2 else ()
+    return tuple(config.tests) * fields + relevance
+
+
+def correction_label(tests: tuple[TestResult, ...], config: DetectorConfig) -> str:
+    """`holm(n)` with equal shares of alpha, else `holm(n; mmd 1, novelty 3, ...)`: the
+    relative weights, so a report says how its tests share alpha."""
+    weights = {t.test: config.weight(t.test) for t in tests}
+    if len(set(weights.values())) <= 1:
+        return f"holm({len(tests)})"
+    return f"holm({len(tests)}; " + ", ".join(f"{name} {w:g}" for name, w in weights.items()) + ")"
 
 
 def deciding_test(tests: tuple[TestResult, ...]) -> TestResult:
@@ -281,7 +303,7 @@ class DriftDetector:
         ref = self.embed(reference)[0] if isinstance(reference, TextWindow) else reference
         if len(ref.prompts) < self.config.min_reference:
             raise WindowTooSmall("reference", len(ref.prompts), self.config.min_reference)
-        family = family_size(ref, self.config, with_responses=ref.has_responses)
+        family = family_tests(ref, self.config, with_responses=ref.has_responses)
         return tuple(detectable_share_for(ref.prompt_embeddings, w, family, self.config) for w in windows)
 
     def compare(
@@ -300,6 +322,7 @@ class DriftDetector:
                 summarize_relevance(ref.relevance), summarize_relevance(current.relevance)
             )
         decider = deciding_test(tests)
+        family = tuple(t.test for t in tests)
         given = context or ReportContext(created_at=_now())
         context = replace(  # what the caller did not say comes from the detector and the reference
             given,
@@ -316,7 +339,7 @@ class DriftDetector:
             score=decider.score,
             threshold=cfg.alpha,
             method=decider.method,
-            correction=f"holm({len(tests)})",
+            correction=correction_label(tests, cfg),
             n_reference=len(ref.prompts),
             n_current=len(current.prompts),
             tests=tests,
@@ -324,7 +347,7 @@ class DriftDetector:
                 replace(
                     _verdict(f, tests, explanations),
                     detectable_share=detectable_share_for(
-                        ref.field(f)[1], len(current.field(f)[1]), len(tests), cfg
+                        ref.field(f)[1], len(current.field(f)[1]), family, cfg
                     ),
                 )
                 for f in fields

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from ._mmd import kernel_from_gram, median_widths
-from ._stat_tests import DetectorConfig, holm_adjust, nearest, split_reference
+from ._novelty import fit_novelty
+from ._stat_tests import DetectorConfig, holm_adjust, nearest
 
 __all__ = [
     "NOVEL_CLUSTER",
@@ -54,10 +55,10 @@ class NoveltyExample:
 @dataclass(frozen=True)
 class Novelty:
     """Share of current texts farther from every (bank) reference text than the reference's
-    own `1 - quantile` tail (measured on its held-out part)."""
+    own `1 - quantile` tail (measured on its calibration scores, the novelty scan's)."""
 
     rate: float
-    reference_rate: float  # the same share among held-out reference texts (about 1 - quantile)
+    reference_rate: float  # the same share among the reference's calibration scores (about 1 - quantile)
     quantile: float
     tail_distance: float
     count: int
@@ -70,7 +71,7 @@ class ClusterShare:
     two-sided test of equal shares, Holm-adjusted across the clusters.
 
     Cluster -1 holds the current texts beyond the novelty tail (not forced into the nearest
-    reference cluster); its reference share is measured on the held-out reference."""
+    reference cluster); its reference share is measured on the reference's calibration scores."""
 
     cluster: int
     label: str  # the reference text nearest the centroid
@@ -244,7 +245,7 @@ def cluster_shares(
 
     Current texts flagged `current_novel` form their own row (cluster -1) instead of being
     forced into the nearest reference cluster; that row's reference share is
-    `reference_novel = (count, n)` measured on the held-out part of the reference.
+    `reference_novel = (count, n)` measured on the reference's calibration scores.
     `current_witness` orders each cluster's current examples (highest first). Each row
     gets Fisher's exact two-sided test; Holm across the rows."""
     from scipy.stats import fisher_exact  # slow to import: only when explaining
@@ -371,11 +372,11 @@ def _novelty(
     cur_rows: np.ndarray,
     config: DetectorConfig,
 ) -> tuple[Novelty, np.ndarray, tuple[int, int]]:
-    options = config.options
-    bank_rows, cal_rows = split_reference(ref_rows.shape[0], options.calibration_fraction, seed=options.seed)
-    bank = ref_rows[bank_rows]
-    cal_dist, _ = nearest(ref_rows[cal_rows], bank)
-    cur_dist, cur_near = nearest(cur_rows, bank)
+    # the scan's own per-item scores and calibration, so the examples are the texts it counts
+    calibration = fit_novelty(ref_rows, config.options)
+    bank_rows = calibration.bank_rows
+    cal_dist = calibration.calibration
+    cur_dist, cur_near = nearest(cur_rows, calibration.bank)
     tail = float(np.quantile(cal_dist, config.novelty_quantile))
     novel = cur_dist > tail
     examples: list[NoveltyExample] = []

@@ -146,15 +146,19 @@ class TestOptions:
     exact_max_pool: int = 4000
     rff_frequencies: int = 128
     permutation_chunk: int = 128  # permutations per matrix product (bounds memory)
-    # Nearest-neighbour novelty: share of the reference held out for calibration, and the
-    # upper tail of the held-out scores beyond which current texts are counted.
+    # Nearest-neighbour novelty: how the reference calibrates the per-item scores.
+    # "jackknife": every reference text is both bank and calibration (each scored against
+    # the rest of the reference), so the tail is read off the whole reference and a few odd
+    # texts weigh half as much as in a held-out half; "split": a seeded share
+    # (`calibration_fraction`) held out and scored against the rest (the bank).
+    novelty_calibration: str = "jackknife"
     calibration_fraction: float = 0.5
     novelty_tail: float = 0.01  # the single cut of `novelty_single`
     # The novelty scan counts beyond several cuts at once, from the largest held-out score
     # out to this tail (see _novelty).
     novelty_scan_tail: float = 0.01
-    # Splits of the reference the scan runs on (seeds seed, seed + 1, ...), Bonferroni across
-    # them: more than one keeps an unlucky held-out part (a few odd texts at its top) from
+    # With "split" calibration, the splits of the reference the scan runs on (seeds seed,
+    # seed + 1, ...), Bonferroni across them: more than one keeps an unlucky held-out part (a few odd texts at its top) from
     # deciding alone, but costs the other references more than it gains on real utterances
     # (docs/benchmarks/drift-power.md), so one is the default.
     novelty_splits: int = 1
@@ -171,6 +175,8 @@ class TestOptions:
             raise ValueError("novelty_tail must be in (0, 0.5)")
         if not 0.0 < self.novelty_scan_tail < 0.5:
             raise ValueError("novelty_scan_tail must be in (0, 0.5)")
+        if self.novelty_calibration not in ("jackknife", "split"):
+            raise ValueError("novelty_calibration must be 'jackknife' or 'split'")
         if not 1 <= self.novelty_splits <= 8:
             raise ValueError("novelty_splits must be between 1 and 8")
         if not 0.5 <= self.reference_confidence < 1.0:

@@ -1,42 +1,63 @@
 """Per-item novelty: one score per text, its calibration on the reference, and the tests on it.
 
 The score of a text is its distance (1 - cosine) to the nearest text of the reference's
-bank (a seeded share of the reference); the rest of the reference, held out, gives the
-calibration scores. The batch tests, the streaming chart and the explanation all score
-texts this one way (`NoveltyCalibration.score`).
+bank. The calibration scores are the reference's own texts' scores, the same way. The batch
+tests, the streaming chart and the explanation all score texts this one way
+(`NoveltyCalibration.score`).
 
 Why per item: a new topic arriving as a trickle (a few percent of a window) barely moves
 a window-level distance such as MMD² (which shrinks with the square of the share), but
 each of its texts lands in the reference's far tail, so counting the window's texts beyond
 the tail sees it in proportion to the share.
 
+Calibration (`TestOptions.novelty_calibration`).
+- "jackknife" (the default): the bank is the whole reference and each reference text's
+  calibration score is its distance to the rest of the reference (leave one out). Every
+  text of the reference serves both as bank and as calibration, so the tail cuts are read
+  off twice as many scores as with a held-out half, and a handful of odd texts (a shouted
+  question, a typo) no longer pushes every cut out on its own: they are ranks 1 to a few
+  of the whole reference instead of the top of a half. Validity: put a new text with the
+  reference and score each of the `n + 1` texts against the other `n`. Those scores are
+  exchangeable when the new text comes from the reference's law, so the new text's score
+  exceeds the `k`-th largest of the others with chance at most `k / (n + 1)`. The new
+  text's score is exactly what the test computes (its distance to the reference); each
+  reference text's leave-one-out score can only be larger than its score in that pool
+  (one candidate neighbour fewer), so the cuts the test uses are at least as far out and
+  the exceedance chance only smaller. Each score moves only when its own nearest
+  neighbour is left out, so the cuts behave as order statistics of nearly independent
+  scores, and the scan applies to them the bounds it uses for a held-out part (below); the
+  per-reference false-alarm rates in docs/benchmarks/drift-power.md check that on real
+  utterances.
+- "split": a seeded share of the reference held out and scored against the rest (the
+  bank), exactly as the bounds below assume; several splits (`novelty_splits`) are
+  combined with Bonferroni.
+
 The scan (the default `novelty` test). Which tail to count in is unknown: a topic far from
-everything lands beyond the most extreme held-out score, one that borders the reference
+everything lands beyond the most extreme calibration score, one that borders the reference
 only in its outer percent. So the test looks at several cuts at once, from the largest
-held-out score out to the `novelty_scan_tail` tail (ranks `1, 2, 3, 5, ...`; wider tails
-cost more in the joint bound than they gain on real utterances, docs/benchmarks/drift-power.md),
-and takes the smallest of their binomial tail p-values: Higher Criticism's idea (Donoho
-and Jin 2004, adaptive to an unknown share and strength) in its exact, Berk-Jones-like
-form, whose null law is computed exactly rather than from a normal approximation that
-fails in the far tail.
+calibration score out to the `novelty_scan_tail` tail (ranks `1, 2, 3, 5, ...`; wider
+tails cost more in the joint bound than they gain on real utterances,
+docs/benchmarks/drift-power.md), and takes the smallest of their binomial tail p-values:
+Higher Criticism's idea (Donoho and Jin 2004, adaptive to an unknown share and strength)
+in its exact, Berk-Jones-like form, whose null law is computed exactly rather than from a
+normal approximation that fails in the far tail.
 
 Valid for the reference in use (the PAC bound of `_stat_tests`, for all cuts at once).
-Given the bank, the held-out scores are iid, so the true exceedance chances `q_j` of the
+Given the bank, held-out scores are iid, so the true exceedance chances `q_j` of the
 `k_j`-th largest ones are the `k_j`-th smallest of `n` uniforms, jointly, whatever the
 scores' law. `simultaneous_upper` finds bounds `b_j` (each a Beta quantile at one common
 level, that level set by simulating uniform order statistics) with `P(q_j ≤ b_j for all j)
 ≥ reference_confidence`. On that event each count beyond cut `j` is at most the count of
 uniforms below `b_j`; the statistic only grows with the counts, so its p-value under the
 fixed `b_j` (`scan_p_value`, an exact recursion over the nested counts) is valid
-conditional on the reference. Cost: one `[window, bank]` product and a recursion over a
-few dozen counts.
+conditional on the reference. Cost: one `[window, bank]` product, with jackknife one
+`[reference, reference]` product to calibrate, and a recursion over a few dozen counts.
 
 The smallest detectable share (`detectable_share`): for a window of `m` texts, the smallest
-share of texts beyond every cut (a topic farther from the reference than its own held-out
-texts) that the scan detects with probability `power` at a given level, the other texts
-exceeding each cut at the reference's expected rate `k_j / (n + 1)`, with the effect floor
-applied. It comes from the reference's calibration alone, so a quiet verdict says what it
-rules out.
+share of texts beyond every cut (a topic farther from the reference than its own texts)
+that the scan detects with probability `power` at a given level, the other texts exceeding
+each cut at the reference's expected rate `k_j / (n + 1)`, with the effect floor applied.
+It comes from the reference's calibration alone, so a quiet verdict says what it rules out.
 """
 
 from __future__ import annotations
@@ -60,6 +81,7 @@ __all__ = [
     "fit_novelty",
     "fit_splits",
     "nearest",
+    "nearest_other",
     "novelty_scores",
     "novelty_single_test",
     "novelty_test",
@@ -89,6 +111,19 @@ def nearest(queries: np.ndarray, bank: np.ndarray, *, block: int = 2048) -> tupl
         index[start : start + block] = best
         dist[start : start + block] = 1.0 - sims[np.arange(sims.shape[0]), best]
     return np.maximum(dist, 0.0), index
+
+
+def nearest_other(rows: np.ndarray, *, block: int = 2048) -> np.ndarray:
+    """For each row its smallest `1 - cos` to another row of `rows` (a duplicate scores 0):
+    the leave-one-out score of a reference text against the rest of its reference."""
+    n = rows.shape[0]
+    dist = np.empty(n, dtype=np.float32)
+    for start in range(0, n, block):
+        sims = rows[start : start + block] @ rows.T  # [b, n]
+        b = sims.shape[0]
+        sims[np.arange(b), np.arange(start, start + b)] = -np.inf  # not itself
+        dist[start : start + block] = 1.0 - sims.max(axis=1)
+    return np.maximum(dist, 0.0)
 
 
 def split_reference(n: int, calibration_fraction: float, *, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -220,14 +255,15 @@ def scan_p_value(counts: np.ndarray, size: int, upper: tuple[float, ...]) -> tup
 
 @dataclass(frozen=True, eq=False)
 class NoveltyCalibration:
-    """A reference's bank and its held-out scores, with the scan's cuts and bounds."""
+    """A reference's bank and its calibration scores, with the scan's cuts and bounds."""
 
     bank: np.ndarray  # [n_bank, D] unit rows
     bank_rows: np.ndarray  # the bank's row indices in the reference
-    calibration: np.ndarray  # [n_cal] held-out scores, descending
+    calibration: np.ndarray  # [n_cal] held-out (or leave-one-out) scores, descending
     ranks: tuple[int, ...]  # k_j
-    cuts: tuple[float, ...]  # the k_j-th largest held-out score (decreasing in j)
+    cuts: tuple[float, ...]  # the k_j-th largest calibration score (decreasing in j)
     upper: tuple[float, ...]  # b_j: simultaneous upper bounds of the exceedance chances
+    n_reference: int  # texts in the reference (bank and held-out, or the whole with jackknife)
 
     def score(self, rows: np.ndarray) -> np.ndarray:
         """Each row's distance to the nearest bank text `[N]`."""
@@ -243,24 +279,38 @@ class NoveltyCalibration:
 
 
 def fit_novelty(reference: np.ndarray, options: TestOptions, *, split: int = 0) -> NoveltyCalibration:
-    """Split unit-row `reference` (seed `options.seed + split`), score the held-out part
-    against the bank, place the cuts; the bounds hold jointly over every split at
-    `reference_confidence` (each split gets its share of `1 - reference_confidence`)."""
+    """Calibrate the scan on unit-row `reference`, as `options.novelty_calibration` says.
+
+    "jackknife": the bank is the whole reference and each reference text's score is its
+    distance to the rest of it. "split": split the reference (seed `options.seed + split`),
+    score the held-out part against the bank; the bounds then hold jointly over every split
+    at `reference_confidence` (each split gets its share of `1 - reference_confidence`).
+    Either way the cuts are the held-out (or leave-one-out) scores' largest and the bounds
+    `simultaneous_upper`'s."""
     if reference.shape[0] < MIN_REFERENCE:
         raise WindowTooSmall("reference", reference.shape[0], MIN_REFERENCE)
-    seed = options.seed + split
-    bank_rows, cal_rows = split_reference(reference.shape[0], options.calibration_fraction, seed=seed)
-    bank = reference[bank_rows]
-    cal = np.sort(nearest(reference[cal_rows], bank)[0].astype(np.float64))[::-1]
+    if options.novelty_calibration == "jackknife":
+        bank_rows = np.arange(reference.shape[0])
+        bank = reference
+        scores = nearest_other(reference)
+        confidence = options.reference_confidence
+    else:
+        seed = options.seed + split
+        bank_rows, cal_rows = split_reference(reference.shape[0], options.calibration_fraction, seed=seed)
+        bank = reference[bank_rows]
+        scores = nearest(reference[cal_rows], bank)[0]
+        confidence = 1.0 - (1.0 - options.reference_confidence) / options.novelty_splits
+    cal = np.sort(scores.astype(np.float64))[::-1]
     ranks = scan_ranks(cal.size, options.novelty_scan_tail)
-    confidence = 1.0 - (1.0 - options.reference_confidence) / options.novelty_splits
     upper = simultaneous_upper(cal.size, ranks, confidence, seed=options.seed)
     cuts = tuple(float(cal[k - 1]) for k in ranks)
-    return NoveltyCalibration(bank, bank_rows, cal, ranks, cuts, upper)
+    return NoveltyCalibration(bank, bank_rows, cal, ranks, cuts, upper, reference.shape[0])
 
 
 def fit_splits(reference: np.ndarray, options: TestOptions) -> tuple[NoveltyCalibration, ...]:
-    """One calibration per split (`options.novelty_splits`)."""
+    """One calibration per split (`options.novelty_splits`; one with jackknife calibration)."""
+    if options.novelty_calibration == "jackknife":
+        return (fit_novelty(reference, options),)
     return tuple(fit_novelty(reference, options, split=i) for i in range(options.novelty_splits))
 
 
@@ -308,8 +358,9 @@ def scan_test(calibration: NoveltyCalibration, current: np.ndarray) -> StatResul
     m = current.shape[0]
     p, j = scan_p_value(counts, m, calibration.upper)
     score = float((counts / m - np.asarray(calibration.ranks) / (calibration.n + 1)).max())
-    n_ref = calibration.n + calibration.bank.shape[0]
-    return StatResult("novelty", NOVELTY_METHOD, float(counts[j]), float(score), p, n_ref, m, 0)
+    return StatResult(
+        "novelty", NOVELTY_METHOD, float(counts[j]), float(score), p, calibration.n_reference, m, 0
+    )
 
 
 def novelty_single_test(reference: np.ndarray, current: np.ndarray, options: TestOptions) -> StatResult:

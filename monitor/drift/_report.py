@@ -82,7 +82,7 @@ class FieldVerdict:
     score: float  # the field's MMD² (its drift score gauge)
     novelty_rate: float | None
     # The smallest share of this window's texts, farther from the reference than its own
-    # held-out texts, that the verdict detects with 90% power (None without a novelty test).
+    # texts, that the verdict detects with 90% power (None without a novelty test).
     detectable_share: float | None = None
 
 
@@ -108,7 +108,7 @@ class DriftReport:
     )
     threshold: float  # alpha
     method: str  # the deciding test's method
-    correction: str  # e.g. "holm(5)"
+    correction: str  # e.g. "holm(5)", or "holm(2; mmd 1, novelty 3)" with unequal shares of alpha
     n_reference: int
     n_current: int
     tests: tuple[TestResult, ...]
@@ -474,7 +474,7 @@ def _detectable(share: float | None) -> str:
         return ""
     return (
         f"<p>This window detects, with 90% power, a new topic at <strong>{100 * share:.1f}%</strong> of its "
-        "texts or more (texts farther from the reference than its own held-out texts); a quiet verdict "
+        "texts or more (texts farther from the reference than its own texts are from one another); a quiet verdict "
         "rules out such a topic at that share, not a smaller one.</p>"
     )
 

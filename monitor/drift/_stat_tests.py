@@ -37,7 +37,8 @@ current cosine (1/2 without a change); the reference's own sampling error is bou
 (at `reference_confidence`), so the level holds for the reference in use, not only on
 average over references as a plain Mann-Whitney test's does. Effect size (`score`) is the
 drop of the mean cosine, reference minus current.
-- Holm's step-down adjustment: family-wise error at alpha under any dependence.
+- Holm's step-down adjustment, weighted by each test's share of alpha: family-wise error at
+  alpha under any dependence.
 - The registry: the tests a detector can run on an embedded field, by name (an explicit
   dict); an unknown name lists the valid ones.
 """
@@ -66,6 +67,7 @@ from .errors import UnknownTest, WindowTooSmall
 
 __all__ = [
     "DEFAULT_EFFECT_FLOORS",
+    "DEFAULT_TEST_WEIGHTS",
     "RELEVANCE_BUCKETS",
     "STAT_TESTS",
     "DetectorConfig",
@@ -179,17 +181,24 @@ def relevance_drop_test(
     )
 
 
-def holm_adjust(p_values: Sequence[float]) -> tuple[float, ...]:
+def holm_adjust(p_values: Sequence[float], weights: Sequence[float] | None = None) -> tuple[float, ...]:
     """Adjusted p-values in the input order: reject test i at level alpha iff adjusted[i] < alpha.
 
-    The smallest adjusted value is `m · min p` (Bonferroni's), so "any test rejects"
-    has false-alarm probability at most alpha when every null holds."""
+    Holm's step-down procedure, weighted (Holm 1979) when `weights` are given: test `i`
+    gets the share `w_i / Σ w` of alpha at the first step, and what a rejected test held
+    passes on to the rest. The smallest adjusted value is `min p_i · Σ w / w_i` (weighted
+    Bonferroni), so "any test rejects" has false-alarm probability at most alpha when
+    every null holds, under any dependence between the tests. Equal weights are Holm's."""
     p = np.asarray(p_values, dtype=np.float64)
     m = p.size
     if m == 0:
         return ()
-    order = np.argsort(p, kind="stable")
-    stepped = np.maximum.accumulate((m - np.arange(m)) * p[order])
+    w = np.ones(m) if weights is None else np.asarray(weights, dtype=np.float64)
+    if w.shape != (m,) or not (w > 0).all():
+        raise ValueError("one positive weight per p-value")
+    order = np.lexsort((np.arange(m), p / w))  # by p / w, ties in input order
+    remaining = np.cumsum(w[order][::-1])[::-1]  # the weight still in play at each step
+    stepped = np.maximum.accumulate(remaining * p[order] / w[order])
     adjusted = np.empty(m)
     adjusted[order] = np.minimum(stepped, 1.0)
     return tuple(float(v) for v in adjusted)
@@ -230,12 +239,33 @@ DEFAULT_EFFECT_FLOORS: Mapping[str, float] = MappingProxyType(
 )
 
 
+# Each test's share of alpha in the report's weighted Holm (relative weights). The novelty
+# scan and the relevance test hold their level for the reference in use (their bounds
+# come first); MMD's permutation p-value holds it only on average over references, and a
+# reference that happens to sit off its own population's centre makes MMD alarm on
+# same-distribution windows more often than its level, window after window. Giving MMD
+# the smaller share shrinks that excess (without bounding it) and leaves the novelty
+# scan, which carries small shares of new texts, most of alpha; MMD still decides on
+# broad shifts of the mix, where its p-value is far below any of these shares.
+DEFAULT_TEST_WEIGHTS: Mapping[str, float] = MappingProxyType(
+    {
+        "mmd": 1.0,
+        "mmd_exact": 1.0,
+        "mmd_rff": 1.0,
+        "novelty": 3.0,
+        "novelty_single": 3.0,
+        "relevance_drop": 2.0,
+    }
+)
+
+
 @dataclass(frozen=True)
 class DetectorConfig:
-    alpha: float = 0.05  # family-wise: Holm across every test and field of a report
+    alpha: float = 0.05  # family-wise: weighted Holm across every test and field of a report
     tests: tuple[str, ...] = ("mmd", "novelty")  # run on prompts and on responses
     relevance_test: bool = True  # one-sided relevance drop when both windows have responses
     effect_floors: Mapping[str, float] = field(default_factory=lambda: DEFAULT_EFFECT_FLOORS)
+    test_weights: Mapping[str, float] = field(default_factory=lambda: DEFAULT_TEST_WEIGHTS)
     options: TestOptions = field(default_factory=TestOptions)
     min_reference: int = 20
     min_current: int = 5
@@ -255,8 +285,19 @@ class DetectorConfig:
                 raise UnknownTest(name, tuple(sorted(STAT_TESTS)))
         if not 0.5 < self.novelty_quantile < 1.0:
             raise ValueError("novelty_quantile must be in (0.5, 1)")
+        if any(w <= 0 for w in self.test_weights.values()):
+            raise ValueError("test_weights must be positive")
         if self.min_reference < 4 or self.min_current < 2:
             raise ValueError("min_reference must be at least 4 and min_current at least 2")
 
     def floor(self, test: str) -> float:
         return float(self.effect_floors.get(test, 0.0))
+
+    def weight(self, test: str) -> float:
+        """The test's relative share of alpha in the report's weighted Holm (1 if unnamed)."""
+        return float(self.test_weights.get(test, 1.0))
+
+    def first_step_level(self, test: str, family: Sequence[str]) -> float:
+        """The level the weighted Holm holds `test` to at its first step in `family` (the
+        names of every test in the report): the least it asks of that test's p-value."""
+        return self.alpha * self.weight(test) / sum(self.weight(t) for t in family)

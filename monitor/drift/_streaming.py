@@ -1,9 +1,10 @@
 """Streaming drift for the service: per-request novelty and relevance into CUSUM charts.
 
 Novelty of a request is its prompt's distance (1 - cosine) to the nearest text of the
-reference's bank half: the batch novelty scan's per-item score, from the same
-`NoveltyCalibration`; the chart's in-control scores are the held-out half's distances to
-the bank. Relevance (when the reference has
+reference's bank: the batch novelty scan's per-item score, from the same
+`NoveltyCalibration` (with the default jackknife calibration the bank is the whole
+reference); the chart's in-control scores are the scan's calibration scores (each
+reference text's distance to the rest of the reference). Relevance (when the reference has
 responses) is charted on its negative, so a drop is the anomalous side. Both charts are
 designed for the upper `reference_confidence` bound of their in-control exceedance rate
 (`design_cusum`), so the run length between false alarms holds for the reference in use,
@@ -66,7 +67,7 @@ def design_cusum(
     """Design the chart for scores where larger means more anomalous.
 
     `reference_confidence=None`: the scores *are* the in-control law (streams resample
-    them). With a confidence, they are a sample from it (the reference's held-out scores):
+    them). With a confidence, they are a sample from it (the reference's calibration scores):
     the cut is their `k`-th largest and the chart is designed for `β⁺`, the upper
     `reference_confidence` bound of the chance a new score exceeds that cut (`exceedance_upper`),
     so its run length between false alarms is at least the target for all but a share
@@ -188,7 +189,7 @@ class StreamingDetector:
         min_responses: int = 20,
     ) -> None:
         opts = options or TestOptions()
-        # the batch test's per-item scores: the same bank, the same held-out scores
+        # the batch test's per-item scores: the same bank, the same calibration scores
         self.calibration = fit_novelty(as_unit_rows(reference.prompt_embeddings, "reference"), opts)
         cal_scores = self.calibration.calibration
         charts = 2 if len(reference.relevance) >= min_responses else 1
