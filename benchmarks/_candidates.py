@@ -243,6 +243,21 @@ class RealModel:
     names: tuple[str, ...]
     runs: int
     seed: int = 0
+    until: str | None = None  # "HH:MM" UTC: no round starts after it (the table says how many ran)
+
+    def round_may_start(self, nth: int, first_of_round: bool) -> bool:
+        """False once `until` has passed at the start of a round: the runs stop there, so
+        every candidate has had the same number of runs."""
+        import datetime as dt
+
+        if not first_of_round or self.until is None or nth == 0:
+            return True
+        now = dt.datetime.now(dt.UTC)
+        hour, minute = (int(x) for x in self.until.split(":"))
+        if now < now.replace(hour=hour, minute=minute, second=0, microsecond=0):
+            return True
+        print(f"stopping after {nth} rounds: {self.until} UTC has passed", flush=True)
+        return False
 
     def plan(self) -> tuple[list[tuple[str, str, int]], list[int]]:
         """(candidate, version, nth run) in a random order within each round of one run per

@@ -220,8 +220,10 @@ def paired_canaries(
         encode = real.encoder(runtime) if real is not None else (lambda q, version: tok.encode(q).ids)
         rng = random.Random(0)
         try:
-            for run, ((kind, candidate, _nth), seed) in enumerate(zip(plan, seeds, strict=True)):
+            for run, ((kind, candidate, nth), seed) in enumerate(zip(plan, seeds, strict=True)):
                 if real is not None:  # the users, hence which requests each arm serves, differ per run
+                    if not real.round_may_start(nth, run % len(real.names) == 0):
+                        break
                     rng = random.Random(seed)
                 order = (run % 2 == 0, run % 2 == 1) if len(modes) == 2 else modes
                 for paired in order:  # both modes, the order alternated
@@ -375,6 +377,7 @@ def main() -> None:
         help="(d) with smollm2: a,b,c of " + ", ".join(CANDIDATES),
     )
     ap.add_argument("--runs", type=int, default=20, help="(d) with smollm2: runs per candidate")
+    ap.add_argument("--until", default=None, help="(d) with smollm2: HH:MM UTC after which no round starts")
     ap.add_argument(
         "--work", type=Path, default=Path(".bench/relcheck"), help="where the candidates are built (kept)"
     )
@@ -405,7 +408,7 @@ def main() -> None:
         share = EngineConfig().pair_share if args.pair_share is None else args.pair_share
         print(f"smollm2: {args.runs} runs of each of {', '.join(names)} (order and users drawn from seed "
               f"{args.seed}), pair share {share:g}, noise sigma {built.noise_sigma:g}", flush=True)  # fmt: skip
-        real = RealModel(built, names, args.runs, args.seed)
+        real = RealModel(built, names, args.runs, args.seed, args.until)
         paired_canaries(0, 0, args.per_step, args.max_tokens, args.steer, share, args.mix_change, modes, real)
     elif args.paired or args.paired_bad:
         paired_canaries(

@@ -289,6 +289,7 @@ def main() -> None:
         "--noise-sigma", type=float, default=None, help="the noise candidate's sigma (x each tensor's RMS)"
     )
     ap.add_argument("--seed", type=int, default=0, help="with smollm2: the candidates' order and the clients")
+    ap.add_argument("--until", default=None, help="with smollm2: HH:MM UTC after which no round starts")
     ap.add_argument("--window", type=float, default=30.0, help="analysis window (s)")
     ap.add_argument("--interval", type=float, default=3.0, help="between checks (s)")
     ap.add_argument("--failed-checks", type=int, default=2, help="failed checks before the rollback")
@@ -302,7 +303,7 @@ def main() -> None:
 
         names = tuple(n for n in args.candidates.split(",") if n)
         built = build(args.work, names, noise_sigma=args.noise_sigma or DEFAULT_NOISE_SIGMA)
-        args.real = RealModel(built, names, args.runs, args.seed)
+        args.real = RealModel(built, names, args.runs, args.seed, args.until)
         if args.pair_share is None:
             args.pair_share = EngineConfig().pair_share
         print(f"smollm2: {args.runs} deploys of each of {', '.join(names)} (order and clients drawn from seed "
@@ -321,9 +322,14 @@ def main() -> None:
         if args.real is not None:
             runs, seeds = args.real.plan()
             plan = [(version, name) for name, version, _ in runs]
+            rounds = [nth for _, _, nth in runs]
         else:
             plan, seeds = [(GOOD, None)] * args.good + [(BAD, None)] * args.bad, [0] * (args.good + args.bad)
         for i, ((candidate, name), seed) in enumerate(zip(plan, seeds, strict=True)):
+            if args.real is not None and not args.real.round_may_start(
+                rounds[i], i % len(args.real.names) == 0
+            ):
+                break
             order = (i % 2 == 0, i % 2 == 1) if modes is None else (modes,)
             for paired in order:
                 if args.real is not None:  # which requests are shadowed, and what is asked, per run
