@@ -391,3 +391,12 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+
+
+def shipped_pair_share() -> float:
+    """The pair share `infersight serve` ships with (engine.pair_share's default)."""
+    import dataclasses
+
+    from infersight.monitor.service.config import EngineConfig
+
+    return float(next(f.default for f in dataclasses.fields(EngineConfig) if f.name == "pair_share"))  # type: ignore[arg-type]

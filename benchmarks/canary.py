@@ -400,12 +400,11 @@ def main() -> None:
         real_canaries(args.real, args.real_bad, args.per_step, args.good_version, args.max_tokens)
     modes = {"both": (True, False), "paired": (True,), "unpaired": (False,)}[args.modes]
     if args.model == "smollm2":
-        from _candidates import DEFAULT_NOISE_SIGMA, build
-        from infersight.monitor.service.config import EngineConfig
+        from _candidates import DEFAULT_NOISE_SIGMA, build, shipped_pair_share
 
         names = tuple(n for n in args.candidates.split(",") if n)
         built = build(args.work, names, noise_sigma=args.noise_sigma or DEFAULT_NOISE_SIGMA)
-        share = EngineConfig().pair_share if args.pair_share is None else args.pair_share
+        share = shipped_pair_share() if args.pair_share is None else args.pair_share
         print(f"smollm2: {args.runs} runs of each of {', '.join(names)} (order and users drawn from seed "
               f"{args.seed}), pair share {share:g}, noise sigma {built.noise_sigma:g}", flush=True)  # fmt: skip
         real = RealModel(built, names, args.runs, args.seed, args.until)

@@ -298,14 +298,13 @@ def main() -> None:
     args = ap.parse_args()
     args.real = None
     if args.model == "smollm2":
-        from _candidates import DEFAULT_NOISE_SIGMA, RealModel, build
-        from infersight.monitor.service.config import EngineConfig
+        from _candidates import DEFAULT_NOISE_SIGMA, RealModel, build, shipped_pair_share
 
         names = tuple(n for n in args.candidates.split(",") if n)
         built = build(args.work, names, noise_sigma=args.noise_sigma or DEFAULT_NOISE_SIGMA)
         args.real = RealModel(built, names, args.runs, args.seed, args.until)
         if args.pair_share is None:
-            args.pair_share = EngineConfig().pair_share
+            args.pair_share = shipped_pair_share()
         print(f"smollm2: {args.runs} deploys of each of {', '.join(names)} (order and clients drawn from seed "
               f"{args.seed}), noise sigma {built.noise_sigma:g}", flush=True)  # fmt: skip
     elif args.pair_share is None:
