@@ -279,6 +279,9 @@ def paired_canaries(
                                                first_check(last.reason), time.perf_counter() - started))  # fmt: skip
                     print(f"    {'paired' if paired else 'unpaired'} {kind} canary {run + 1}: {last.action} after "
                           f"{total} requests ({last.canary_requests} on the canary): {last.reason[:150]}", flush=True)  # fmt: skip
+                    if real is not None and last.action == "promote" and "pairs: " in last.reason:
+                        print("      " + last.reason[last.reason.rindex("; ", 0, last.reason.index("pairs: ")) + 2 :],
+                              flush=True)  # fmt: skip  # the paired checks' figures when they passed
                     if runtime.serving_version != stable:
                         runtime.deploy(stable, reason="deploy")
         finally:
