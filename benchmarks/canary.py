@@ -25,6 +25,11 @@
     Reported per mode: good canaries rolled back, requests until the corrupted one is rolled
     back (median, max) and the share it served; the shadow's cost: process CPU seconds per
     live request and the live p99 (arrival to last token), paired against unpaired.
+    With `--model smollm2` the stable version is SmolLM2-135M-Instruct's fp32 import and the
+    canaries are its `--candidates` (benchmarks/_candidates.py builds them under `--work`),
+    `--runs` each, the order drawn anew for each round and each run's users from its own
+    seed, the pair share the shipped one unless `--pair-share` says otherwise; each request
+    is a one-turn chat rendered with the chat template of the version its arm serves.
 (b) False rollbacks: `--good` canaries of a release as good as the stable one, each taken
     through every step (10% -> 50% -> 100%, `requests_per_step` canary requests at each).
     This part is a SIMULATED request stream fed to the same analysis functions
@@ -36,6 +41,7 @@
     .venv/bin/python benchmarks/canary.py --demo-runs 1 --good 20 --real 20 --real-bad 5 --per-step 100
     .venv/bin/python benchmarks/canary.py --demo-runs 0 --good 0 --paired 4 --paired-bad 3 --steer
     .venv/bin/python benchmarks/canary.py --demo-runs 0 --good 0 --paired 20 --paired-bad 5 --per-step 30 --mix-change
+    .venv/bin/python benchmarks/canary.py --demo-runs 0 --good 0 --model smollm2 --modes paired --runs 20 --per-step 30 --max-tokens 16
 """
 
 from __future__ import annotations
