@@ -25,6 +25,11 @@
     Reported per mode: good canaries rolled back, requests until the corrupted one is rolled
     back (median, max) and the share it served; the shadow's cost: process CPU seconds per
     live request and the live p99 (arrival to last token), paired against unpaired.
+    With `--model smollm2` the stable version is SmolLM2-135M-Instruct's fp32 import and the
+    canaries are its `--candidates` (benchmarks/_candidates.py builds them under `--work`),
+    `--runs` each, the order drawn anew for each round and each run's users from its own
+    seed, the pair share the shipped one unless `--pair-share` says otherwise; each request
+    is a one-turn chat rendered with the chat template of the version its arm serves.
 (b) False rollbacks: `--good` canaries of a release as good as the stable one, each taken
     through every step (10% -> 50% -> 100%, `requests_per_step` canary requests at each).
     This part is a SIMULATED request stream fed to the same analysis functions
@@ -36,6 +41,7 @@
     .venv/bin/python benchmarks/canary.py --demo-runs 1 --good 20 --real 20 --real-bad 5 --per-step 100
     .venv/bin/python benchmarks/canary.py --demo-runs 0 --good 0 --paired 4 --paired-bad 3 --steer
     .venv/bin/python benchmarks/canary.py --demo-runs 0 --good 0 --paired 20 --paired-bad 5 --per-step 30 --mix-change
+    .venv/bin/python benchmarks/canary.py --demo-runs 0 --good 0 --model smollm2 --modes paired --runs 20 --per-step 30 --max-tokens 16
 """
 
 from __future__ import annotations
@@ -49,6 +55,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from _candidates import CANDIDATES, RealModel, RunOutcome, first_check
 from infersight.alerts.release.canary import CanaryAnalysis, CanaryPolicy
 
 
@@ -179,8 +186,10 @@ def paired_canaries(
     share: float,
     mix_change: bool = False,
     modes: tuple[bool, ...] = (True, False),
+    real: RealModel | None = None,
 ) -> None:
-    """(d): the same canaries decided with and without pairs, alternated, on the real runtime."""
+    """(d): the same canaries decided with and without pairs, alternated, on the real runtime.
+    With `real` (`--model smollm2`): its candidates instead of the demo's two releases."""
     from infersight.alerts.release.canary import CanaryController
     from infersight.alerts.release.paired_checks import PairedEvidence, PairPolicy
     from infersight.engine import Registry, Runtime
@@ -198,17 +207,30 @@ def paired_canaries(
     rows: dict[tuple[bool, str], list[tuple[str, int, float]]] = {}
     cost: dict[bool, list[float]] = {True: [], False: []}  # CPU seconds per live request
     durations: dict[bool, list[float]] = {True: [], False: []}
+    outcomes: list[RunOutcome] = []
     with tempfile.TemporaryDirectory() as tmp:
-        root = Path(tmp) / "registry"
-        with contextlib.redirect_stdout(io.StringIO()):
-            assert cli(["models", "init-demo", str(root)]) == 0
+        if real is None:
+            root = Path(tmp) / "registry"
+            with contextlib.redirect_stdout(io.StringIO()):
+                assert cli(["models", "init-demo", str(root)]) == 0
+            plan = [("good", good, run) for run in range(n_good)] + [
+                ("bad", bad, run) for run in range(n_bad)
+            ]
+            seeds = [0] * len(plan)
+        else:
+            root, stable = real.candidates.registry, real.candidates.stable
+            plan, seeds = real.plan()
         runtime = Runtime(Registry(root), max_batch_size=8, max_prompt_tokens=128, max_seq_len=192)
         runtime.start(stable)
         tok = runtime.tokenizer
+        encode = real.encoder(runtime) if real is not None else (lambda q, version: tok.encode(q).ids)
         rng = random.Random(0)
         try:
-            plan = [("good", good)] * n_good + [("bad", bad)] * n_bad
-            for run, (kind, candidate) in enumerate(plan):
+            for run, ((kind, candidate, nth), seed) in enumerate(zip(plan, seeds, strict=True)):
+                if real is not None:  # the users, hence which requests each arm serves, differ per run
+                    if not real.round_may_start(nth, run % len(real.names) == 0):
+                        break
+                    rng = random.Random(seed)
                 order = (run % 2 == 0, run % 2 == 1) if len(modes) == 2 else modes
                 for paired in order:  # both modes, the order alternated
                     runtime.shadow.configure(share=share if paired else 0.0)
@@ -220,18 +242,22 @@ def paired_canaries(
                     controller.begin(candidate, stable, policy.steps[0])
                     unsubscribe = [runtime.subscribe(controller.on_event), runtime.subscribe(feed.on_event)]
                     runtime.canary.start(candidate, policy.steps[0])
+                    started = time.perf_counter()
                     while runtime.canary.status is not None:
                         users = [f"r{run}{paired}-{rng.getrandbits(48)}" for _ in range(8)]
                         batch = [rng.choice(new_mix if mix_change else questions) for _ in users]
+                        weight = runtime.canary.status.weight
+                        arms = [user_bucket(u, candidate) < weight for u in users]  # the runtime's own split
                         budget = [
-                            1
-                            if steer and user_bucket(u, candidate) < runtime.canary.status.weight
-                            else (rng.randint(2, 32) if mix_change else max_tokens)
-                            for u in users
+                            1 if steer and arm else (rng.randint(2, 32) if mix_change else max_tokens)
+                            for arm in arms
                         ]
                         c0 = time.process_time()
-                        handles = [runtime.submit(tok.encode(q).ids, max_new_tokens=b, temperature=1.0, user=u)
-                                   for q, b, u in zip(batch, budget, users, strict=True)]  # fmt: skip
+                        handles = [
+                            runtime.submit(encode(q, candidate if arm else stable), max_new_tokens=b,
+                                           temperature=1.0, user=u)
+                            for q, b, u, arm in zip(batch, budget, users, arms, strict=True)
+                        ]  # fmt: skip
                         done = [h.result(timeout=120) for h in handles]
                         cost[paired].append((time.process_time() - c0) / len(done))
                         durations[paired].extend(x.duration_s for x in done)
@@ -255,12 +281,20 @@ def paired_canaries(
                     rows.setdefault((paired, kind), []).append(
                         (last.action, total, last.canary_requests / total)
                     )
+                    outcomes.append(RunOutcome(kind, paired, last.action, total, last.canary_requests / total,
+                                               first_check(last.reason), time.perf_counter() - started))  # fmt: skip
                     print(f"    {'paired' if paired else 'unpaired'} {kind} canary {run + 1}: {last.action} after "
                           f"{total} requests ({last.canary_requests} on the canary): {last.reason[:150]}", flush=True)  # fmt: skip
+                    if real is not None and last.action == "promote" and "pairs: " in last.reason:
+                        print("      " + last.reason[last.reason.rindex("; ", 0, last.reason.index("pairs: ")) + 2 :],
+                              flush=True)  # fmt: skip  # the paired checks' figures when they passed
                     if runtime.serving_version != stable:
                         runtime.deploy(stable, reason="deploy")
         finally:
             runtime.stop(drain=False)
+    if real is not None:
+        real.report(outcomes, share, policy, max_tokens)
+        return
     for paired in (True, False):
         mode = f"paired (share {share:g})" if paired else "unpaired"
         goods, bads = rows.get((paired, "good"), []), rows.get((paired, "bad"), [])
@@ -334,7 +368,34 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=12)
     ap.add_argument("--paired", type=int, default=0, help="good canaries, paired and unpaired (d)")
     ap.add_argument("--paired-bad", type=int, default=0, help="corrupted canaries, paired and unpaired (d)")
-    ap.add_argument("--pair-share", type=float, default=0.5)
+    ap.add_argument(
+        "--pair-share",
+        type=float,
+        default=None,
+        help="(d): default 0.5 with the demo model, the shipped engine.pair_share with smollm2",
+    )
+    ap.add_argument(
+        "--model",
+        choices=("demo", "smollm2"),
+        default="demo",
+        help="(d): smollm2 canaries its --candidates (real-model releases) against its fp32 import",
+    )
+    ap.add_argument(
+        "--candidates",
+        default=",".join(CANDIDATES),
+        help="(d) with smollm2: a,b,c of " + ", ".join(CANDIDATES),
+    )
+    ap.add_argument("--runs", type=int, default=20, help="(d) with smollm2: runs per candidate")
+    ap.add_argument("--until", default=None, help="(d) with smollm2: HH:MM UTC after which no round starts")
+    ap.add_argument(
+        "--work", type=Path, default=Path(".bench/relcheck"), help="where the candidates are built (kept)"
+    )
+    ap.add_argument(
+        "--noise-sigma", type=float, default=None, help="the noise candidate's sigma (x each tensor's RMS)"
+    )
+    ap.add_argument(
+        "--seed", type=int, default=0, help="(d) with smollm2: the candidates' order and the users"
+    )
     ap.add_argument("--steer", action="store_true", help="clients ask the canary for 1 token (d)")
     ap.add_argument(
         "--mix-change",
@@ -346,11 +407,21 @@ def main() -> None:
     print(f"CPU: {_cpu()}  load average: {' '.join(Path('/proc/loadavg').read_text().split()[:3])}")
     if args.real or args.real_bad:
         real_canaries(args.real, args.real_bad, args.per_step, args.good_version, args.max_tokens)
-    if args.paired or args.paired_bad:
-        modes = {"both": (True, False), "paired": (True,), "unpaired": (False,)}[args.modes]
+    modes = {"both": (True, False), "paired": (True,), "unpaired": (False,)}[args.modes]
+    if args.model == "smollm2":
+        from _candidates import DEFAULT_NOISE_SIGMA, build, shipped_pair_share
+
+        names = tuple(n for n in args.candidates.split(",") if n)
+        built = build(args.work, names, noise_sigma=args.noise_sigma or DEFAULT_NOISE_SIGMA)
+        share = shipped_pair_share() if args.pair_share is None else args.pair_share
+        print(f"smollm2: {args.runs} runs of each of {', '.join(names)} (order and users drawn from seed "
+              f"{args.seed}), pair share {share:g}, noise sigma {built.noise_sigma:g}", flush=True)  # fmt: skip
+        real = RealModel(built, names, args.runs, args.seed, args.until)
+        paired_canaries(0, 0, args.per_step, args.max_tokens, args.steer, share, args.mix_change, modes, real)
+    elif args.paired or args.paired_bad:
         paired_canaries(
-            args.paired, args.paired_bad, args.per_step, args.max_tokens, args.steer, args.pair_share,
-            args.mix_change, modes,
+            args.paired, args.paired_bad, args.per_step, args.max_tokens, args.steer,
+            0.5 if args.pair_share is None else args.pair_share, args.mix_change, modes,
         )  # fmt: skip
     if args.good:
         simulated(args.good)

@@ -21,7 +21,15 @@ Reported per mode and kind: releases rolled back, requests after the deploy unti
 rollback (median, max), the requests the release served and their share of the run's
 requests (before + after), and the verdict's failed checks.
 
+With `--model smollm2` the service serves SmolLM2-135M-Instruct's fp32 import instead, and
+the releases deployed are `--candidates` (benchmarks/_candidates.py builds them under
+`--work`), `--runs` each, in an order drawn anew for every round, each run's clients (which
+requests the runtime shadows) from its own seed; chats carry no system message, so the
+model's template supplies its default one. The pair share is the shipped one
+(`engine.pair_share`) unless `--pair-share` says otherwise.
+
     .venv/bin/python benchmarks/post_deploy.py --good 20 --bad 5 --mix-change
+    .venv/bin/python benchmarks/post_deploy.py --model smollm2 --candidates int8,noise --runs 2 --modes paired
 """
 
 from __future__ import annotations
@@ -43,6 +51,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from _candidates import CANDIDATES, RunOutcome, table
 
 STABLE, GOOD, BAD = "mixtral_banking_fp32-v1.0", "mixtral_banking_int8-v1.0", "mixtral_banking_fp32-v1.1"
 TOKEN = "post-deploy-bench-token-0123456789"
@@ -83,7 +92,8 @@ class Bench:
         from infersight.monitor.service.demo.stage import SYSTEM
 
         self.base, self.service, self.args = base, service, args
-        self.system = SYSTEM
+        self.system: str | None = None if args.real is not None else SYSTEM
+        self.stable = args.real.candidates.stable if args.real is not None else STABLE
         self.banking = [u.text for u in data.banking77("test")]
         self.hotels = [u.text for u in data.hotels()]
         self.rng = random.Random(0)
@@ -103,7 +113,8 @@ class Bench:
                                 .order_by(deploy_analyses.c.id.desc())).first()  # fmt: skip
 
     def _one(self, text: str, max_tokens: int) -> str | None:
-        body = {"messages": [{"role": "system", "content": self.system}, {"role": "user", "content": text}],
+        system = [{"role": "system", "content": self.system}] if self.system is not None else []
+        body = {"messages": [*system, {"role": "user", "content": text}],
                 "max_tokens": max_tokens, "temperature": 1.0, "user": f"u{self.rng.getrandbits(48)}"}  # fmt: skip
         try:
             r = self.client.post("/v1/chat/completions", json=body)
@@ -119,7 +130,7 @@ class Bench:
             work = [(self.rng.choice(self.banking), self.args.max_tokens) for _ in range(n)]
         return list(self.pool.map(lambda w: self._one(*w), work))
 
-    def run(self, candidate: str, paired: bool) -> dict[str, Any]:
+    def run(self, candidate: str, paired: bool, kind: str | None = None) -> dict[str, Any]:
         runtime, feed = self.backend.runtime, self.backend.pair_feed
         runtime.shadow.configure(share=self.args.pair_share if paired else 0.0)
         feed.evidence.enabled = paired
@@ -150,15 +161,25 @@ class Bench:
         last = evidence[-1] if evidence else {}
         served = sum(v == candidate for v in after)
         result = {
-            "kind": "good" if candidate == GOOD else "bad", "paired": paired, "state": row.state,
+            "kind": kind or ("good" if candidate == GOOD else "bad"), "paired": paired, "state": row.state,
             "seconds": time.monotonic() - t0, "after": len(after),
             "until_rollback": rolled_at, "served": served, "share": served / max(1, before + len(after)),
             "failures": last.get("failures", []), "pairs": last.get("pairs", 0), "paired_text": last.get("paired", ""),
+            "failed_checks": [c.get("check", "") for c in _first_failed(evidence)],
             "errors": sum(v is None for v in after),
         }  # fmt: skip
-        if runtime.serving_version != STABLE:  # back to the stable version, no analysis started
-            runtime.deploy(STABLE, reason="reset")
+        if runtime.serving_version != self.stable:  # back to the stable version, no analysis started
+            runtime.deploy(self.stable, reason="reset")
         return result
+
+
+def _first_failed(evidence: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The checks of the analysis' first failed verdict: the ones that fired first."""
+    return next((e.get("failed_checks", []) for e in evidence if e.get("verdict") == "failed"), [])
+
+
+def check_names(checks: list[str]) -> str:
+    return "+".join(sorted(set(checks))) or "?"
 
 
 def serve(args: argparse.Namespace, tmp: Path, body: Callable[[Bench], None]) -> None:
@@ -175,9 +196,12 @@ def serve(args: argparse.Namespace, tmp: Path, body: Callable[[Bench], None]) ->
     )
     from infersight.monitor.service.demo.stage import WebhookReceiver, new_secret
 
-    registry = tmp / "registry"
-    with contextlib.redirect_stdout(io.StringIO()):
-        assert cli(["models", "init-demo", str(registry)]) == 0
+    registry, stable = tmp / "registry", STABLE
+    if args.real is not None:
+        registry, stable = args.real.candidates.registry, args.real.candidates.stable
+    else:
+        with contextlib.redirect_stdout(io.StringIO()):
+            assert cli(["models", "init-demo", str(registry)]) == 0
     reference = tmp / "reference.jsonl"
     texts = random.Random(1).sample([u.text for u in data.banking77("train")], 200)
     reference.write_text("".join(json.dumps({"prompt": t}) + "\n" for t in texts))
@@ -190,7 +214,7 @@ def serve(args: argparse.Namespace, tmp: Path, body: Callable[[Bench], None]) ->
             port = s.getsockname()[1]
         cfg = ServiceConfig(
             data_dir=tmp / "service", port=port, token=TOKEN,
-            engine=EngineConfig(registry=registry, version=STABLE, max_batch_size=8, max_seq_len=512,
+            engine=EngineConfig(registry=registry, version=stable, max_batch_size=8, max_seq_len=512,
                                 max_prompt_tokens=256, max_tokens_limit=64, pair_share=args.pair_share),
             alerting=AlertingConfig(rules=rules, analysis_window_s=args.window, analysis_interval_s=args.interval,
                                     analysis_failed_checks=args.failed_checks, analysis_min_requests=15,
@@ -247,26 +271,69 @@ def main() -> None:
     )
     ap.add_argument("--before", type=int, default=40, help="requests before each deploy")
     ap.add_argument("--max-tokens", type=int, default=12)
-    ap.add_argument("--pair-share", type=float, default=0.5)
+    ap.add_argument(
+        "--pair-share",
+        type=float,
+        default=None,
+        help="default 0.5 with the demo model, the shipped engine.pair_share with smollm2",
+    )
+    ap.add_argument("--model", choices=("demo", "smollm2"), default="demo")
+    ap.add_argument(
+        "--candidates", default=",".join(CANDIDATES), help="with smollm2: a,b,c of " + ", ".join(CANDIDATES)
+    )
+    ap.add_argument("--runs", type=int, default=20, help="with smollm2: deploys of each candidate (per mode)")
+    ap.add_argument(
+        "--work", type=Path, default=Path(".bench/relcheck"), help="where the candidates are built (kept)"
+    )
+    ap.add_argument(
+        "--noise-sigma", type=float, default=None, help="the noise candidate's sigma (x each tensor's RMS)"
+    )
+    ap.add_argument("--seed", type=int, default=0, help="with smollm2: the candidates' order and the clients")
+    ap.add_argument("--until", default=None, help="with smollm2: HH:MM UTC after which no round starts")
     ap.add_argument("--window", type=float, default=30.0, help="analysis window (s)")
     ap.add_argument("--interval", type=float, default=3.0, help="between checks (s)")
     ap.add_argument("--failed-checks", type=int, default=2, help="failed checks before the rollback")
     ap.add_argument("--p99-ratio", type=float, default=100.0, help="latency check (100: off, shared machine)")
     ap.add_argument("--workers", type=int, default=4)
     args = ap.parse_args()
+    args.real = None
+    if args.model == "smollm2":
+        from _candidates import DEFAULT_NOISE_SIGMA, RealModel, build, shipped_pair_share
+
+        names = tuple(n for n in args.candidates.split(",") if n)
+        built = build(args.work, names, noise_sigma=args.noise_sigma or DEFAULT_NOISE_SIGMA)
+        args.real = RealModel(built, names, args.runs, args.seed, args.until)
+        if args.pair_share is None:
+            args.pair_share = shipped_pair_share()
+        print(f"smollm2: {args.runs} deploys of each of {', '.join(names)} (order and clients drawn from seed "
+              f"{args.seed}), noise sigma {built.noise_sigma:g}", flush=True)  # fmt: skip
+    elif args.pair_share is None:
+        args.pair_share = 0.5
     logging.getLogger("apscheduler").setLevel(logging.ERROR)  # "skipped: already running" on a loaded machine
     print(f"CPU: {_cpu()}  load average: {' '.join(Path('/proc/loadavg').read_text().split()[:3])}")
     print(f"window {args.window:g} s, checks every {args.interval:g} s, rollback after {args.failed_checks} failed, "
-          f"p99 ratio {args.p99_ratio:g}, {args.before} requests before each deploy", flush=True)  # fmt: skip
+          f"p99 ratio {args.p99_ratio:g}, {args.before} requests before each deploy, pair share "
+          f"{args.pair_share:g}, max_tokens {args.max_tokens}", flush=True)  # fmt: skip
     modes = {"both": None, "paired": True, "unpaired": False}[args.modes]
     rows: list[dict[str, Any]] = []
 
     def body(bench: Bench) -> None:
-        plan = [GOOD] * args.good + [BAD] * args.bad
-        for i, candidate in enumerate(plan):
+        if args.real is not None:
+            runs, seeds = args.real.plan()
+            plan = [(version, name) for name, version, _ in runs]
+            rounds = [nth for _, _, nth in runs]
+        else:
+            plan, seeds = [(GOOD, None)] * args.good + [(BAD, None)] * args.bad, [0] * (args.good + args.bad)
+        for i, ((candidate, name), seed) in enumerate(zip(plan, seeds, strict=True)):
+            if args.real is not None and not args.real.round_may_start(
+                rounds[i], i % len(args.real.names) == 0
+            ):
+                break
             order = (i % 2 == 0, i % 2 == 1) if modes is None else (modes,)
             for paired in order:
-                r = bench.run(candidate, paired)
+                if args.real is not None:  # which requests are shadowed, and what is asked, per run
+                    bench.rng = random.Random(seed + paired)
+                r = bench.run(candidate, paired, name)
                 rows.append(r)
                 why = "; ".join(r["failures"])[:200] or r["paired_text"][:160]
                 print(f"    {'paired' if paired else 'unpaired'} {r['kind']} deploy {i + 1}: {r['state']} "
@@ -280,6 +347,13 @@ def main() -> None:
             serve(args, Path(tmp), body)
         finally:
             report(rows, args)
+            if args.real is not None:
+                print(
+                    f"\nper candidate (window {args.window:g} s, rollback after {args.failed_checks} failed checks):"
+                )
+                table([RunOutcome(r["kind"], r["paired"], r["state"], r["until_rollback"] or r["after"], r["share"],
+                                  check_names(r["failed_checks"]) if r["state"] != "passed" else "", r["seconds"])
+                       for r in rows], args.real.names)  # fmt: skip
             print(f"({time.perf_counter() - t0:.0f} s)")
 
 
