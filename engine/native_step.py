@@ -327,8 +327,8 @@ class NativeStep:
         )
         if fp8_bf16:
             for name in _PACKED[:4]:
-                packer = _pack_fp8_w13 if name == "w13" else pack_fp8
-                columns[name + "_p"] = [packer(w) for w in columns[name]]  # type: ignore[arg-type]
+                pack_bytes = _pack_fp8_w13 if name == "w13" else pack_fp8
+                columns[name + "_p"] = [pack_bytes(w) for w in columns[name] if w is not None]
             if not int8_head:
                 head_p = pack_fp8(head[0])
                 keep.append(head_p)
