@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import shlex
 import shutil
 from pathlib import Path
@@ -95,8 +96,10 @@ def _the_next_release_was_built_from_the_incident_and_canaried(
     end = records[-1]
     if promoted:
         assert (end.reason, end.to_version) == ("canary-promote", NEXT), records
-        # after the demo's step of 60 canary requests (alerting.canary_step_requests), not serve's 200
-        assert "60 canary requests at 50%, no regression" in canary, canary
+        # after the demo's step of 60 canary requests (alerting.canary_step_requests), not serve's
+        # 200; more where the step waited for its paired checks' minimum of pairs
+        served = re.search(r"(\d+) canary requests at 50%, no regression", canary)
+        assert served is not None and 60 <= int(served.group(1)) < 200, canary
     else:
         assert (end.reason, end.outcome, end.from_version) == ("canary", "rolled_back", NEXT), records
     assert f"its canary: {'promoted' if promoted else 'rolled back'}" in text
