@@ -134,14 +134,17 @@ class BreakerChanged:
 @dataclass(frozen=True, slots=True)
 class PairCompleted:
     """A live request and its shadow on the other version (engine/runtime_shadow.py) both
-    finished: the same prompt, budget, sampling parameters and seed, two answers. Only
-    `live_tokens` went to the client. Finish reasons are "stop" or "length"."""
+    finished: the same chat (each side's prompt rendered in its own version's template:
+    `prompt_ids` the live one's, `other_prompt_ids` the shadow's, equal when the templates
+    are), budget, sampling parameters and seed, two answers. Only `live_tokens` went to the
+    client. Finish reasons are "stop" or "length"."""
 
     request_id: str  # the live request's
     live_version: str
     other_version: str
     at: float
     prompt_ids: tuple[int, ...]
+    other_prompt_ids: tuple[int, ...]
     max_new_tokens: int
     live_tokens: tuple[int, ...]
     other_tokens: tuple[int, ...]

@@ -19,7 +19,7 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal, NoReturn
 
 import torch
@@ -189,6 +189,7 @@ class Runtime:
         request_id: str | None = None,
         user: str | None = None,
         text: str | None = None,
+        prompts_by_version: Mapping[str, Sequence[int]] | None = None,
     ) -> RequestHandle:
         """Queue a request; returns at once. Raises PromptTooLong (over max_prompt_tokens,
         or prompt + max_new_tokens over max_seq_len) and InvalidRequest before the model
@@ -197,7 +198,14 @@ class Runtime:
         routing on, the router picks the fast or the standard path (`handle.path`; `text`,
         the prompt's text, is what a user classifier reads) and raises PathOverloaded when
         that path's length breaker sheds the request. Raises QueueFull when the request's
-        queue is full or its predicted wait too long (`admission`)."""
+        queue is full or its predicted wait too long (`admission`).
+
+        `prompts_by_version`: the prompt each loaded version should see, when they differ (a
+        chat rendered in each version's own template): the version the request is routed to
+        answers its own entry, a shadow on the other version that one's; a version without an
+        entry answers `prompt_ids`. The live prompt is checked against the limits as
+        `prompt_ids` is; a shadow's prompt that does not fit is not answered (counted
+        dropped), since a shadow never changes what the client gets."""
         state = self._state
         current = state.current
         if not state.accepting or current is None:
@@ -227,6 +235,14 @@ class Runtime:
             else state.queue
         )
         path = "fast" if fast is not None else "canary" if canary is not None else "standard"
+        prompts = _prompts_of(prompts_by_version)
+        live_ids = prompts.get(target.version, ids)
+        if live_ids is not ids:
+            try:
+                self._check(live_ids, max_new_tokens, temperature, top_p, target.vocab_size)
+            except (PromptTooLong, InvalidRequest) as exc:
+                state.post(RequestFailed(rid, target.version, time.time(), type(exc).__name__, str(exc)))
+                raise
         try:
             self.admission.check(queue, target, priority=int(priority), path=path, user=user)
         except QueueFull as exc:
@@ -239,7 +255,7 @@ class Runtime:
             handle.path, handle.route_reason = decision.path, decision.reason
         request = Request(
             request_id=rid,
-            prompt_ids=ids,
+            prompt_ids=live_ids,
             max_new_tokens=int(max_new_tokens),
             temperature=float(temperature),
             top_p=float(top_p),
@@ -253,11 +269,22 @@ class Runtime:
         with state.submit_lock:
             if not state.accepting:
                 raise RuntimeNotRunning("runtime is stopping: no new requests")
-            state.post(RequestQueued(rid, target.version, time.time(), len(ids), request.priority))
-            self.shadow.pair(request, target)  # maybe also answered by the other version
+            state.post(RequestQueued(rid, target.version, time.time(), len(live_ids), request.priority))
+            # maybe also answered by the other version, with its own prompt when it fits
+            self.shadow.pair(
+                request, target, lambda other: self._fitting(prompts.get(other.version, ids), request, other)
+            )
             queue.push(request)
         state.wake.set()
         return handle
+
+    def _fitting(self, ids: list[int], request: Request, replica: Replica) -> list[int] | None:
+        """`ids` when `request` may run with them on `replica` (`_check`), else None."""
+        try:
+            self._check(ids, request.max_new_tokens, request.temperature, request.top_p, replica.vocab_size)
+        except (PromptTooLong, InvalidRequest):
+            return None
+        return ids
 
     def _check(
         self, ids: list[int], max_new_tokens: int, temperature: float, top_p: float, vocab: int
@@ -485,10 +512,16 @@ class Runtime:
     def chat_format(self) -> tuple[str | None, dict[str, str]]:
         """The serving version's chat template (None: none) and the special tokens it may name."""
         current = self._state.current
-        if current is None:
-            return None, {}
-        model = current.model
-        return getattr(model, "chat_template", None), dict(getattr(model, "special_tokens", {}))
+        return _chat_format(current) if current is not None else (None, {})
+
+    @property
+    def chat_formats(self) -> dict[str, tuple[str | None, dict[str, str]]]:
+        """`chat_format` of every loaded version a chat may be answered by, live or as a
+        shadow: the serving version, the canary and the previous version kept for pairs (not
+        SLA routing's fast path: it answers the serving version's rendering, as it always did)."""
+        state = self._state
+        replicas = [r for r in (state.current, state.canary, state.shadow) if r is not None]
+        return {r.version: _chat_format(r) for r in replicas}
 
     @property
     def eos_token_ids(self) -> frozenset[int]:
@@ -510,6 +543,15 @@ class Runtime:
     @property
     def is_running(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
+
+
+def _chat_format(replica: Replica) -> tuple[str | None, dict[str, str]]:
+    model = replica.model
+    return getattr(model, "chat_template", None), dict(getattr(model, "special_tokens", {}))
+
+
+def _prompts_of(by_version: Mapping[str, Sequence[int]] | None) -> dict[str, list[int]]:
+    return {v: [int(t) for t in ids] for v, ids in by_version.items()} if by_version else {}
 
 
 def _token_lists(replica: Replica, prompts: Sequence[Sequence[int] | str]) -> list[list[int]]:

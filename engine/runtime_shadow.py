@@ -2,8 +2,11 @@
 
 While two versions are worth comparing (a canary beside the stable version, or the previous
 version kept loaded for a while after a deploy), a share of the live requests (`share`,
-chosen by a hash of the request id) is also run on the other version with the same prompt,
-token budget, sampling parameters and seed. Only the live answer goes to the client; when
+chosen by a hash of the request id) is also run on the other version with the same chat,
+rendered in its own version's template (`Runtime.submit`'s `prompts_by_version`; the same
+prompt ids when the two templates agree or the caller gave one prompt), and the same token
+budget, sampling parameters and seed: a release that changes only its template answers
+differently in its pairs too. Only the live answer goes to the client; when
 both have finished the runtime tells its subscribers a `PairCompleted` with both answers,
 so a release check can compare the two versions on the same requests: nothing a client
 chooses (its parameters, its prompts, when it asks) can differ between the two sides.
@@ -30,6 +33,7 @@ import contextlib
 import random
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -51,8 +55,9 @@ _STEP_FRESH = 100  # a batch size a replica ran within this many of its steps is
 @dataclass(frozen=True)
 class ShadowStats:
     """Counts since the runtime was made: live requests given a shadow (`paired`), pairs
-    told to subscribers (`completed`), shadows dropped for want of room or time (`dropped`)
-    and shadows let go because their live request failed or was cancelled (`discarded`)."""
+    told to subscribers (`completed`), shadows dropped for want of room or time or because
+    their prompt does not fit the other version (`dropped`) and shadows let go because
+    their live request failed or was cancelled (`discarded`)."""
 
     paired: int
     completed: int
@@ -145,10 +150,15 @@ class ShadowControl:
 
     # -- pairing (the submitting thread) --------------------------------------------------
 
-    def pair(self, request: Request, live: Replica) -> None:
+    def pair(
+        self, request: Request, live: Replica, prompt_for: Callable[[Replica], list[int] | None] | None = None
+    ) -> None:
         """Called by `Runtime.submit` before `request` is queued on `live`: maybe queue its
-        shadow on the other version. Sets a seed on a sampled request that has none, the
-        same on both sides (the client's answer is drawn from the same distribution)."""
+        shadow on the other version, with the prompt `prompt_for(other)` gives (the same chat
+        in that version's own template; default: the live prompt), not at all when that is
+        None (it does not fit the other version: dropped). Sets a seed on a sampled request
+        that has none, the same on both sides (the client's answer is drawn from the same
+        distribution)."""
         other = self._other(live)
         if other is None or self.share <= 0.0:
             return
@@ -159,15 +169,16 @@ class ShadowControl:
         pending = self.max_pending if self.max_pending is not None else other.max_batch
         self._expire(now)
         waiting = len(state.queue) + len(state.canary_queue)
-        if waiting >= pending or len(other.shadow_queue) >= pending:
+        prompt = prompt_for(other) if prompt_for is not None else request.prompt_ids
+        if prompt is None or waiting >= pending or len(other.shadow_queue) >= pending:
             with self._lock:
-                self._dropped += 1  # no room: live requests first, always
+                self._dropped += 1  # no room (live requests first, always), or no prompt it takes
             return
         if request.temperature > 0.0 and request.seed is None:
             request.seed = random.getrandbits(62)
         sid = request.request_id + PAIR_SUFFIX
         shadow = Request(
-            request_id=sid, prompt_ids=list(request.prompt_ids), max_new_tokens=request.max_new_tokens,
+            request_id=sid, prompt_ids=list(prompt), max_new_tokens=request.max_new_tokens,
             temperature=request.temperature, top_p=request.top_p, seed=request.seed, priority=request.priority,
             handle=RequestHandle(sid, other.version, lambda _h: None), arrival=now, shadow=True,
         )  # fmt: skip
@@ -256,6 +267,7 @@ class ShadowControl:
         return PairCompleted(
             request_id=live.request_id, live_version=live.version or live.handle.model_version,
             other_version=entry.other, at=time.time(), prompt_ids=tuple(live.prompt_ids),
+            other_prompt_ids=tuple(shadow.prompt_ids),
             max_new_tokens=live.max_new_tokens, live_tokens=tuple(live.tokens),
             other_tokens=tuple(shadow.tokens), live_finish=entry.live_finish,
             other_finish=entry.shadow_finish, seed=live.seed if live.temperature > 0.0 else None,

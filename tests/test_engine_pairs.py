@@ -1,7 +1,8 @@
 """Paired answers in the real runtime: while a canary runs, or for a while after a deploy, a
-share of live requests is also answered by the other version with the same prompt, budget
-and seed; only the live answer reaches the client; shadows never delay live requests (they
-are dropped, counted, when live requests wait) and never show up as traffic."""
+share of live requests is also answered by the other version with the same prompt (or that
+version's own, given per version), budget and seed; only the live answer reaches the client;
+shadows never delay live requests (they are dropped, counted, when live requests wait) and
+never show up as traffic."""
 
 from __future__ import annotations
 
@@ -9,8 +10,16 @@ import time
 from collections.abc import Callable
 
 import _engine_serving_support as support
-from _engine_serving_support import V1, V2, Recorder, prompt
-from infersight.engine.events import PairCompleted, RequestFinished, RequestQueued, TokenEmitted
+import pytest
+from _engine_serving_support import V1, V2, VOCAB, Recorder, prompt
+from infersight.engine.errors import InvalidRequest, PromptTooLong
+from infersight.engine.events import (
+    PairCompleted,
+    RequestFailed,
+    RequestFinished,
+    RequestQueued,
+    TokenEmitted,
+)
 from infersight.engine.runtime import Runtime
 from infersight.engine.runtime_shadow import PAIR_SUFFIX
 
@@ -60,7 +69,7 @@ def test_canary_pairs_hold_both_versions_answers_to_the_same_request(
             == tuple(greedy(completion.model_version, prompt(i, 6), 5))
         )
         assert pair.other_tokens == tuple(greedy(other, prompt(i, 6), 5))
-        assert pair.prompt_ids == tuple(prompt(i, 6)) and pair.max_new_tokens == 5
+        assert pair.prompt_ids == pair.other_prompt_ids == tuple(prompt(i, 6)) and pair.max_new_tokens == 5
         assert pair.live_finish == pair.other_finish == "length"
     # shadows are not traffic: no subscriber saw a request of theirs
     assert not [e for e in recorder.events if getattr(e, "request_id", "").endswith(PAIR_SUFFIX)]
@@ -146,3 +155,58 @@ def test_a_hung_up_live_request_takes_its_shadow_with_it(runtime: Runtime) -> No
     stats = runtime.shadow.stats()
     assert (stats.completed, stats.discarded, stats.waiting) == (1, 1, 0)
     assert [p.request_id for p in recorder.of(PairCompleted)] != [handle.request_id]
+
+
+def _user_on(runtime: Runtime, canary: bool) -> str:
+    return next(u for u in (f"u{i}" for i in range(100)) if runtime.canary.route(u, "x") == canary)
+
+
+def test_each_version_answers_its_own_prompt_live_and_as_shadow(runtime: Runtime, greedy: Greedy) -> None:
+    recorder = Recorder()
+    runtime.subscribe(recorder)
+    runtime.shadow.configure(share=1.0)
+    runtime.canary.start(V2, 0.5)
+    assert set(runtime.chat_formats) == {V1, V2}  # both may answer a chat: both render it
+    prompts = {V1: prompt(7, 6), V2: prompt(8, 9)}  # one chat, as each version's template renders it
+    done = [
+        runtime.submit(prompts[V1], max_new_tokens=4, user=_user_on(runtime, canary), prompts_by_version=prompts)
+        .result(timeout=60)
+        for canary in (False, True)
+    ]  # fmt: skip
+    assert [c.model_version for c in done] == [V1, V2]
+    pairs = {p.request_id: p for p in _pairs(recorder, 2)}
+    for completion in done:
+        live = completion.model_version
+        other = V1 if live == V2 else V2
+        assert completion.token_ids == tuple(greedy(live, prompts[live], 4))  # its own rendering
+        (queued,) = recorder.of(RequestQueued, completion.request_id)
+        assert queued.prompt_tokens == len(prompts[live])
+        pair = pairs[completion.request_id]
+        assert pair.prompt_ids == tuple(prompts[live]) and pair.other_prompt_ids == tuple(prompts[other])
+        assert pair.other_tokens == tuple(greedy(other, prompts[other], 4))
+
+
+def test_a_prompt_too_long_for_its_version_is_refused_live_and_not_asked_of_a_shadow(
+    runtime: Runtime,
+) -> None:
+    recorder = Recorder()
+    runtime.subscribe(recorder)
+    runtime.shadow.configure(share=1.0)
+    runtime.canary.start(V2, 0.5)
+    short, long = prompt(1, 6), prompt(2, 40)  # max_prompt_tokens is 32
+    with pytest.raises(PromptTooLong):
+        runtime.submit(short, max_new_tokens=4, user=_user_on(runtime, True), prompts_by_version={V2: long})
+    with pytest.raises(InvalidRequest):  # out of the vocabulary: checked as prompt_ids is
+        runtime.submit(
+            short, max_new_tokens=4, user=_user_on(runtime, True), prompts_by_version={V2: [VOCAB]}
+        )
+    assert runtime.shadow.stats().paired == 0
+    # served on V1 with its own prompt; its shadow on V2 would not fit: dropped, counted
+    served = runtime.submit(
+        short, max_new_tokens=4, user=_user_on(runtime, False), prompts_by_version={V2: long}
+    )
+    assert served.result(timeout=60).model_version == V1
+    stats = runtime.shadow.stats()
+    assert (stats.paired, stats.dropped) == (0, 1)
+    failed = [e for e in recorder.of(RequestFailed) if e.error_type in ("PromptTooLong", "InvalidRequest")]
+    assert [e.model_version for e in failed] == [V2, V2]

@@ -275,19 +275,28 @@ class EngineBackend:
     async def chat(
         self, req: ChatRequest, raw: bytes, headers: Any, *, reveal_version: bool = False
     ) -> Response:
-        template, special = self.runtime.chat_format
-        if template is None:
-            prompt = render_chat(req.messages)
-        else:  # the model's own format (chat_template.py); its failure is the client's 400
-            messages = [{"role": m.role, "content": m.text()} | ({"name": m.name} if m.name else {})
-                        for m in req.messages]  # fmt: skip
-            try:
-                prompt = render_template(template, messages, special)
-            except ChatTemplateFailed as exc:
-                return JSONResponse(fmt_error(400, str(exc), "body.messages", "invalid_messages"), status_code=400)
+        """The messages rendered in the template of each loaded version that may answer them
+        (`Runtime.chat_formats`: the serving version, a canary, the previous version kept for
+        pairs), once per distinct template, so that each version answers, live or as a
+        shadow, the chat as its own release renders it; with one template, one rendering.
+        A template that fails for any of them is the client's 400, as the serving one's is."""
+        rendered: dict[tuple[str | None, tuple[tuple[str, str], ...]], str] = {}
+        by_version: dict[str, str] = {}
+        for version, (template, special) in _chat_formats(self.runtime).items():
+            key = (template, tuple(sorted(special.items())))
+            if key not in rendered:
+                try:
+                    rendered[key] = _render(req, template, special)
+                except ChatTemplateFailed as exc:
+                    body = fmt_error(400, str(exc), "body.messages", "invalid_messages")
+                    return JSONResponse(body, status_code=400)
+            by_version[version] = rendered[key]
+        texts = list(by_version.values())
+        prompt = texts[0] if texts else render_chat(req.messages)  # the serving version's, listed first
         return await self._serve(
             req, prompt, req.last_user_text(), req.token_budget(), chat=True,
             user=self._user(req, headers), system=req.system_text(), reveal=reveal_version,
+            texts_by_version=by_version if len(rendered) > 1 else None,
         )  # fmt: skip
 
     def _user(self, req: CompletionRequest | ChatRequest, headers: Any) -> str | None:
@@ -309,7 +318,11 @@ class EngineBackend:
         user: str | None = None,
         system: str | None = None,  # a chat's system messages, kept in its record
         reveal: bool = False,  # the caller has the token: tell it which version answered
+        texts_by_version: dict[str, str] | None = None,  # a chat's renderings, when they differ
     ) -> Response:
+        """Tokenize `text` (and each of `texts_by_version`: the version it is routed to answers
+        its own) and serve it. Every rendering is tokenized with the serving version's
+        tokenizer: the versions of one model share it, only their templates may differ."""
         from infersight.engine.errors import (
             InvalidRequest,
             PathOverloaded,
@@ -343,16 +356,27 @@ class EngineBackend:
         asked = (max_tokens, bool(req.stream))  # the request's shape, kept in its record
         try:
             prompt_ids = await self.encoder.encode(tokenizer, text)
+            encoded = {text: prompt_ids}
+            for other in (texts_by_version or {}).values():
+                if other not in encoded:
+                    encoded[other] = await self.encoder.encode(tokenizer, other)
         except PromptOverCharacters as exc:  # refused before tokenizing: a 7 MB prompt costs a len()
             self._record(f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}", serving, CallTimer(), None, 0,
                          None, CLIENT_ERROR, observed_prompt, None, system=system, asked=asked)  # fmt: skip
             return JSONResponse(fmt_error(400, str(exc), field, "context_length_exceeded"), status_code=400)
-        if not prompt_ids:
+        if not all(encoded.values()):
             raise HTTPException(
                 422, {"field": "body.messages" if chat else "body.prompt", "reason": "the prompt is empty"}
             )
+        prompts_by_version = (
+            {version: encoded[t] for version, t in texts_by_version.items()}
+            if texts_by_version and len(encoded) > 1
+            else None
+        )
         budget = max_tokens if max_tokens is not None else self.max_tokens_limit
-        budget = max(1, min(budget, self.runtime.max_seq_len - len(prompt_ids)))
+        # one budget for every rendering (a pair's two sides ask for the same), so the longest fits
+        longest = max(len(ids) for ids in encoded.values())
+        budget = max(1, min(budget, self.runtime.max_seq_len - longest))
         timer = CallTimer()
         request_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
         controller = getattr(self, "canary_controller", None)
@@ -362,7 +386,7 @@ class EngineBackend:
             handle = self.runtime.submit(
                 prompt_ids, max_new_tokens=budget, temperature=_temperature(req.temperature),
                 top_p=max(req.top_p, _MIN_TOP_P), seed=req.seed, request_id=request_id, user=user,
-                text=observed_prompt,
+                text=observed_prompt, prompts_by_version=prompts_by_version,
             )  # fmt: skip
         except PromptTooLong as exc:
             self._record(request_id, serving, timer, len(prompt_ids), 0, None, CLIENT_ERROR, observed_prompt, None,
@@ -384,11 +408,12 @@ class EngineBackend:
             raise HTTPException(422, {"field": "body", "reason": str(exc)}) from None
         except RuntimeNotRunning as exc:
             raise BackendUnavailable(str(exc)) from None
+        n_prompt = len((prompts_by_version or {}).get(handle.model_version, prompt_ids))  # the live prompt's
         stream = TextStream(lambda ids: tokenizer.decode(ids, skip_special_tokens=True), req.stop_list())
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
             version = {VERSION_HEADER: handle.model_version} if reveal else {}
-            chunks = self._sse(handle, stream, timer, chat, include_usage, observed_prompt, len(prompt_ids),
+            chunks = self._sse(handle, stream, timer, chat, include_usage, observed_prompt, n_prompt,
                                system, reveal, asked=asked)  # fmt: skip
             return StreamingResponse(
                 chunks,
@@ -401,7 +426,7 @@ class EngineBackend:
             timer,
             chat,
             observed_prompt,
-            len(prompt_ids),
+            n_prompt,
             system,
             reveal,
             tokenizer=tokenizer,
@@ -542,6 +567,25 @@ class EngineBackend:
         if route_metrics is not None:
             route_metrics.observe(path, record.duration_s, error)
         self.pipeline.submit_one(record, observe=False)  # the EngineAdapter fed the statistics
+
+
+def _chat_formats(runtime: Any) -> dict[str, tuple[str | None, dict[str, str]]]:
+    """Each loaded version's (chat template, special tokens), the serving version's first."""
+    formats = getattr(runtime, "chat_formats", None)
+    serving = runtime.serving_version
+    if not formats:  # a runtime that tells only the serving version's
+        return {serving: runtime.chat_format} if serving is not None else {}
+    return dict(sorted(formats.items(), key=lambda item: item[0] != serving))
+
+
+def _render(req: ChatRequest, template: str | None, special: dict[str, str]) -> str:
+    """`req`'s messages as a prompt: in `template` (chat_template.py; raises
+    ChatTemplateFailed), or the documented lines of openai_api.py where there is none."""
+    if template is None:
+        return render_chat(req.messages)
+    messages = [{"role": m.role, "content": m.text()} | ({"name": m.name} if m.name else {})
+                for m in req.messages]  # fmt: skip
+    return render_template(template, messages, special)
 
 
 def _stored_since(db: Engine, status: Any) -> list[Any]:
