@@ -156,6 +156,18 @@ class PairCompleted:
     # machine, so their ratio is the release's and not the load's (None: no common size)
     live_step_s: float | None = None
     other_step_s: float | None = None
+    # log-probabilities (natural log, of the raw logits' softmax: temperature 1 whatever the
+    # request sampled at), each summed over one answer's tokens. `live_logprob`: the live
+    # answer under the live version, as it was generated; `other_logprob`: the shadow's
+    # answer under the other version. `live_under_other`: the live answer read by the other
+    # version (one teacher-forced pass on its replica, after that side's own prompt);
+    # `other_under_live`: the shadow's answer read by the live version. The cross sums are
+    # computed only when the loop is idle (runtime_shadow.py): None when the pair was posted
+    # without them (too many waiting, a replica gone, a pass that failed)
+    live_logprob: float | None = None
+    other_logprob: float | None = None
+    live_under_other: float | None = None
+    other_under_live: float | None = None
 
 
 EngineEvent = (

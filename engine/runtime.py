@@ -107,6 +107,7 @@ class Runtime:
         self.routing = RouteControl(self)  # SLA routing, off until routing.start(spec)
         self.admission = Admission(admission)
         self.shadow = ShadowControl(self)  # paired answers while two versions are loaded
+        self._state.idle_work = self.shadow  # it reads each pair's answers by the other version when idle
 
     # -- lifecycle -----------------------------------------------------------------------
 

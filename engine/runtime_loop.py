@@ -15,7 +15,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
@@ -36,7 +36,7 @@ from .step_times import StepTimes
 if TYPE_CHECKING:
     from .requests import RequestHandle
 
-__all__ = ["LoopState", "PendingQueue", "Replica", "Request", "Swap", "apply_swap", "run_loop"]
+__all__ = ["IdleWork", "LoopState", "PendingQueue", "Replica", "Request", "Swap", "apply_swap", "run_loop"]
 
 
 # ==============================================================================================
@@ -70,6 +70,9 @@ class Request:
     replica: Replica | None = None
     finished: bool = False
     shadow: bool = False  # a pair's other answer, never sent to a client (runtime_shadow.py)
+    # a pair's side (runtime_shadow.py): the sum of its tokens' log-probabilities at temperature
+    # 1 so far; None for every other request, which then pays nothing for it
+    logprob: float | None = None
 
     @property
     def position(self) -> int:
@@ -268,6 +271,19 @@ class Replica:
 _IDLE_WAIT_S = 1.0
 
 
+class IdleWork(Protocol):
+    """Work the loop does only in a step where no live request waits (runtime_shadow.py
+    scores pairs with it)."""
+
+    def run_one(self) -> bool:
+        """Do at most one job -> whether there was one."""
+        ...
+
+    def give_up(self) -> None:
+        """The loop ends: finish every job left without doing it."""
+        ...
+
+
 @dataclass(eq=False)
 class Swap:
     """A validated replica waiting to become the serving one."""
@@ -293,6 +309,7 @@ class LoopState:
     # called with each finished request and its arrival-to-last-token seconds (SLA routing)
     on_finished: Callable[[Request, float], None] | None = None
     hold: Callable[[], Replica | None] | None = None  # before each step: a replica to sit it out
+    idle_work: IdleWork | None = None  # one job per step with no live request waiting
     draining: list[Replica] = field(default_factory=list)
     wake: threading.Event = field(default_factory=threading.Event)
     submit_lock: threading.Lock = field(default_factory=threading.Lock)
@@ -364,6 +381,8 @@ def run_loop(state: LoopState) -> None:
             _cancel_everything(state)
             while state.swaps:
                 state.swaps.popleft().done.set()  # not applied: the deploy raises
+            if state.idle_work is not None:
+                state.idle_work.give_up()
             _flush(state)
 
 
@@ -402,10 +421,12 @@ def _step(state: LoopState) -> bool:
     for replica, queue in paths:
         if replica is not None and replica is not held:
             _admit(state, replica, queue, groups)
+    idle = False
     if not (len(state.queue) or len(state.canary_queue)):  # shadows only with no live request waiting
         for replica in (r for r in (current, state.canary, state.shadow) if r is not None and r is not held):
             limit = state.shadow_slots or max(1, replica.max_batch // 4)
             _admit(state, replica, replica.shadow_queue, groups, limit)
+        idle = state.idle_work is not None and state.idle_work.run_one()
     for replica in _replicas(state):  # one batch per replica: versions never share one
         batch = [r for r in replica.running.values() if r.tokens]
         if not batch or replica is held:
@@ -416,21 +437,46 @@ def _step(state: LoopState) -> bool:
             for request in batch:
                 _fail(state, request, exc)
     if not groups:
-        return False
+        return idle
     requests = [r for batch, _ in groups for r in batch]
     try:
         sampled = [
             sample_requests(logits, batch, state.shared_generator(logits.device)) for batch, logits in groups
         ]
         tokens = torch.cat(sampled).tolist()  # the one device-to-host read of the step
+        logprobs = _pair_logprobs(groups, sampled)  # and a second only when a pair's side ran
     except Exception as exc:
         for request in requests:
             _fail(state, request, exc)
         return True
+    for i, logprob in logprobs.items():  # summed before a finish below settles the pair
+        tracked = requests[i]
+        if tracked.logprob is not None and not tracked.finished:
+            tracked.logprob += logprob
     now, wall = time.monotonic(), time.time()
     for request, token in zip(requests, tokens, strict=True):
         _deliver(state, request, int(token), now, wall)
     return True
+
+
+def _pair_logprobs(
+    groups: list[tuple[list[Request], torch.Tensor]], sampled: list[torch.Tensor]
+) -> dict[int, float]:
+    """Each tracked request's (`Request.logprob` not None) sampled token's log-probability at
+    temperature 1, by its index in the step's requests: one gather per group that has one."""
+    index: list[int] = []
+    parts: list[torch.Tensor] = []
+    offset = 0
+    for (batch, logits), tokens in zip(groups, sampled, strict=True):
+        rows = [i for i, r in enumerate(batch) if r.logprob is not None]
+        if rows:
+            at = torch.tensor(rows, dtype=torch.long, device=logits.device)
+            picked = tokens.index_select(0, at).to(torch.long)[:, None]  # [R, 1]
+            lsm = torch.log_softmax(logits.index_select(0, at).float(), dim=-1)  # [R, V]
+            parts.append(lsm.gather(1, picked)[:, 0])
+            index += [offset + i for i in rows]
+        offset += len(batch)
+    return dict(zip(index, torch.cat(parts).tolist(), strict=True)) if parts else {}
 
 
 def _admit(

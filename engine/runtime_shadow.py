@@ -23,19 +23,37 @@ The shadow work is bounded and never delays a live request:
 A pair also carries each version's decode step time at a batch size both ran in their
 last steps (`PairCompleted.live_step_s`, `other_step_s`): one loop steps both replicas in
 turn, so the two are timed under the same load, which a before-against-after latency
-comparison cannot say. The shadow's own events never reach subscribers: it is not traffic. The engine knows
+comparison cannot say.
+
+A pair also carries how likely each version finds both answers, for the release's
+`divergence` check (alerts/release/paired_checks.py): the loop sums the log-probability
+(temperature 1, of the raw logits) of every token each side samples (`Request.logprob`, kept
+only for a pair's two sides: one gather per batch that has one), and once both have finished
+each answer is read by the other version: one teacher-forced forward pass on the other
+side's replica, after that side's own prompt (`live_under_other`, `other_under_live`). Those
+two passes per pair are bounded like the shadows: the completed pair waits in a queue of
+`max_scoring`, and the loop reads at most one pair per step, only in a step where no live
+request waits (`run_one`, the loop's `IdleWork`); the pair is told when read, or without the
+cross sums (`ShadowStats.unread`) when the queue is full, it waited `max_age_s`, a replica
+went away or a pass failed: a pair is never lost for them.
+
+The shadow's own events never reach subscribers: it is not traffic. The engine knows
 nothing of what the pairs are checked for (alerts/release/paired_checks.py does that).
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
+import dataclasses
 import random
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+import torch
 
 from .errors import InvalidArgument, RuntimeNotRunning
 from .events import EngineEvent, PairCompleted, RequestFinished
@@ -56,8 +74,10 @@ _STEP_FRESH = 100  # a batch size a replica ran within this many of its steps is
 class ShadowStats:
     """Counts since the runtime was made: live requests given a shadow (`paired`), pairs
     told to subscribers (`completed`), shadows dropped for want of room or time or because
-    their prompt does not fit the other version (`dropped`) and shadows let go because
-    their live request failed or was cancelled (`discarded`)."""
+    their prompt does not fit the other version (`dropped`), shadows let go because their
+    live request failed or was cancelled (`discarded`), and completed pairs told without
+    their cross log-probabilities (`unread`: the scoring queue was full, a job waited past
+    `max_age_s`, a replica went away or a pass failed)."""
 
     paired: int
     completed: int
@@ -65,6 +85,7 @@ class ShadowStats:
     discarded: int
     waiting: int  # pairs not finished yet
     kept_version: str | None  # the previous version kept loaded after a deploy, if any
+    unread: int = 0
 
 
 @dataclass(eq=False, slots=True)
@@ -75,6 +96,16 @@ class _Pair:
     asked: float  # time.monotonic()
     live_finish: str | None = None  # a FinishReason, or "failed"
     shadow_finish: str | None = None
+
+
+@dataclass(eq=False, slots=True)
+class _Scoring:
+    """A completed pair waiting for each answer to be read by the other version."""
+
+    event: PairCompleted  # told as it is when it cannot be scored
+    live: Request
+    shadow: Request
+    asked: float  # time.monotonic() when it was queued
 
 
 class ShadowControl:
@@ -88,16 +119,21 @@ class ShadowControl:
         keep_previous_s: float = 0.0,
         max_pending: int | None = None,
         max_age_s: float = 120.0,
+        max_scoring: int = 64,
     ) -> None:
         """`share`: of live requests paired while two versions are loaded (0 turns pairs off);
         `keep_previous_s`: after a deploy, how long the previous version stays loaded beside
-        the new one to answer shadows (0: dropped at once, as before); `max_pending`: shadows waiting at once (default the batch size)."""
+        the new one to answer shadows (0: dropped at once, as before); `max_pending`: shadows waiting at once (default the batch size);
+        `max_scoring`: completed pairs waiting for their cross log-probabilities (more are told without them)."""
         self._runtime = runtime
         self.share = float(share)
         self.keep_previous_s = float(keep_previous_s)
         self.max_pending = max_pending
         self.max_age_s = float(max_age_s)
+        self.max_scoring = int(max_scoring)
         self._lock = threading.Lock()
+        self._scoring: collections.deque[_Scoring] = collections.deque()
+        self._unread = 0
         self._pairs: dict[str, _Pair] = {}  # by the live request id
         self._shadows: dict[str, _Pair] = {}  # by the shadow's request id
         self._kept_until: float | None = None
@@ -121,7 +157,7 @@ class ShadowControl:
         kept = self._runtime._state.shadow
         with self._lock:
             return ShadowStats(self._paired, self._completed, self._dropped, self._discarded, len(self._pairs),
-                               kept.version if kept is not None else None)  # fmt: skip
+                               kept.version if kept is not None else None, self._unread)  # fmt: skip
 
     # -- the previous version, kept beside after a deploy ---------------------------------
 
@@ -183,6 +219,7 @@ class ShadowControl:
             handle=RequestHandle(sid, other.version, lambda _h: None), arrival=now, shadow=True,
         )  # fmt: skip
         entry = _Pair(request, shadow, other.version, now)
+        request.logprob = shadow.logprob = 0.0  # both sides' tokens' log-probabilities are summed
         with self._lock:
             self._pairs[request.request_id] = entry
             self._shadows[sid] = entry
@@ -241,7 +278,7 @@ class ShadowControl:
                 entry.live_finish = finish
             done = self._settle(entry)
         if done is not None:
-            self._runtime._state.post(done)
+            self._score_later(_Scoring(done, entry.live, entry.shadow, time.monotonic()))
         return own
 
     def _settle(self, entry: _Pair) -> PairCompleted | None:
@@ -271,8 +308,96 @@ class ShadowControl:
             max_new_tokens=live.max_new_tokens, live_tokens=tuple(live.tokens),
             other_tokens=tuple(shadow.tokens), live_finish=entry.live_finish,
             other_finish=entry.shadow_finish, seed=live.seed if live.temperature > 0.0 else None,
-            **_step_times(live.replica, shadow.replica),
+            live_logprob=live.logprob, other_logprob=shadow.logprob, **_step_times(live.replica, shadow.replica),
         )  # fmt: skip
+
+    # -- reading each answer by the other version (the loop thread, when idle) --------------
+
+    def _score_later(self, job: _Scoring) -> None:
+        """Queue a completed pair for its cross log-probabilities; told without them at once when
+        `max_scoring` wait already (never lost, never waited for)."""
+        with self._lock:
+            stale = self._stale(job.asked)
+            full = len(self._scoring) >= self.max_scoring
+            if full:
+                self._unread += 1
+            else:
+                self._scoring.append(job)
+        for event in [*stale, *([job.event] if full else [])]:
+            self._runtime._state.post(event)
+        self._runtime._state.wake.set()
+
+    def _stale(self, now: float) -> list[PairCompleted]:
+        # with self._lock held: jobs that waited past max_age_s (the loop was never idle), told without them
+        out: list[PairCompleted] = []
+        while self._scoring and now - self._scoring[0].asked > self.max_age_s:
+            out.append(self._scoring.popleft().event)
+            self._unread += 1
+        return out
+
+    def run_one(self) -> bool:
+        """`IdleWork`: called by the loop in a step where no live request waits. Reads one
+        pair's answers by the other version (two teacher-forced passes) and tells the pair."""
+        if not self._scoring:  # every idle step asks: the common answer without the lock
+            return False
+        with self._lock:
+            stale = self._stale(time.monotonic())
+            job = self._scoring.popleft() if self._scoring else None
+        for event in stale:
+            self._runtime._state.post(event)
+        if job is None:
+            return bool(stale)
+        scored = self._scored(job)
+        if scored is None:
+            with self._lock:
+                self._unread += 1
+        self._runtime._state.post(scored or job.event)
+        return True
+
+    def give_up(self) -> None:
+        """`IdleWork`: the loop ends: every pair still waiting is told without them."""
+        with self._lock:
+            jobs, self._scoring = list(self._scoring), collections.deque()
+            self._unread += len(jobs)
+        for job in jobs:
+            self._runtime._state.post(job.event)
+
+    def _scored(self, job: _Scoring) -> PairCompleted | None:
+        """The pair with `live_under_other` and `other_under_live`, or None when a replica
+        went away, a sequence does not fit, or a pass failed."""
+        live, other = job.live.replica, job.shadow.replica
+        state = self._runtime._state
+        serving = [state.current, state.canary, state.shadow, state.fast, *state.draining]
+        if (
+            live is None
+            or other is None
+            or not any(r is live for r in serving)
+            or not any(r is other for r in serving)
+        ):
+            return None
+        try:  # each side's replica reads the other's answer after its own prompt
+            live_under_other = _read(other, job.shadow.prompt_ids, job.live.tokens)
+            other_under_live = _read(live, job.live.prompt_ids, job.shadow.tokens)
+        except Exception:  # a failed pass costs the pair its scores, never serving
+            return None
+        if live_under_other is None or other_under_live is None:
+            return None
+        return dataclasses.replace(
+            job.event, live_under_other=live_under_other, other_under_live=other_under_live
+        )
+
+
+def _read(replica: Replica, prompt: Sequence[int], answer: Sequence[int]) -> float | None:
+    """Sum of log-probabilities (temperature 1) of `answer` after `prompt` under `replica`'s
+    model, by one full forward (None: empty prompt, or longer than its `max_seq_len`)."""
+    if not answer:
+        return 0.0
+    if not prompt or len(prompt) + len(answer) > replica.max_seq_len:
+        return None
+    ids = torch.tensor([[*prompt, *answer]], dtype=torch.long, device=replica.device)  # [1, P+N]
+    logits = replica.model.logits(ids)[0, len(prompt) - 1 : -1]  # [N, V]: each predicts the next token
+    lsm = torch.log_softmax(logits.float(), dim=-1)
+    return float(lsm.gather(1, ids[0, len(prompt) :, None]).sum().item())
 
 
 def _step_times(live: Replica | None, other: Replica | None) -> dict[str, float]:

@@ -10,6 +10,7 @@ import json
 import math
 import random
 from pathlib import Path
+from types import SimpleNamespace
 
 from infersight.alerts.actions.runner import ActionRunner
 from infersight.alerts.release.canary import CanaryAnalysis, CanaryPolicy
@@ -20,6 +21,8 @@ from infersight.alerts.release.post_deploy import (
     DeployAnalyzer,
     VersionStats,
 )
+from infersight.engine.events import PairCompleted
+from infersight.monitor.service.pair_feed import PairFeed, TextPair
 from infersight.monitor.store import connect, sqlite_url, upgrade
 from infersight.monitor.store.tables import alerts, deploy_analyses
 from sqlalchemy import select
@@ -291,3 +294,93 @@ def test_with_timed_pairs_the_post_deploy_latency_rests_on_them_not_on_before_ag
         (result,) = analyzer.tick()
         assert any(f.check == "p99_latency" for f in result.failed_checks) is failed, result.failures
         assert "decode steps slower than 1.5x in 0 of 20 pairs" in result.paired, result.paired
+
+
+def _read_pair(rng: random.Random, divergence: float, *, logprobs: bool = True) -> PairOutcome:
+    """A pair whose answers each version reads `divergence` nats per token worse than their own
+    version did on average, with the per-token scatter of sampled text (a token's log-ratio
+    varies about as much as its mean is large, and never by less than a tenth of a nat)."""
+    sides = []
+    for _ in range(2):
+        n = rng.randint(4, 24)
+        own = sum(-abs(rng.gauss(2.0, 1.0)) for _ in range(n))
+        spread = max(0.1, 2.0 * divergence)
+        cross = own - sum(rng.gauss(divergence, spread) for _ in range(n))
+        sides.append((n, own, cross))
+    (c_n, c_own, c_cross), (b_n, b_own, b_cross) = sides
+    if not logprobs:
+        return PairOutcome(NEW, OLD, c_n, b_n, "length", "length")
+    return PairOutcome(NEW, OLD, c_n, b_n, "length", "length", candidate_logprob=c_own,
+                       baseline_logprob=b_own, candidate_under_baseline=c_cross,
+                       baseline_under_candidate=b_cross)  # fmt: skip
+
+
+def test_divergence_is_the_mean_per_token_log_perplexity_increase_of_the_two_answers() -> None:
+    pair = PairOutcome(NEW, OLD, 4, 2, "length", "stop", candidate_logprob=-8.0, baseline_logprob=-3.0,
+                       candidate_under_baseline=-10.0, baseline_under_candidate=-4.0)  # fmt: skip
+    assert pair.divergence() == 0.5 * (2.0 / 4 + 1.0 / 2)
+    # an answer of no tokens says nothing: the other answer alone
+    empty = dataclasses.replace(pair, baseline_tokens=0, baseline_logprob=0.0, baseline_under_candidate=0.0)
+    assert empty.divergence() == 0.5
+    assert dataclasses.replace(pair, candidate_under_baseline=None).divergence() is None
+
+
+def test_a_release_that_reads_the_other_answers_worse_fails_on_divergence_within_few_pairs() -> None:
+    for seed in range(10):
+        rng = random.Random(seed)
+        analysis = PairedAnalysis(PairPolicy())
+        n = 0
+        while analysis.first_regression is None and n < 200:
+            analysis.observe(_read_pair(rng, 0.2))
+            n += 1
+        first = analysis.first_regression
+        assert first is not None and first.name == "divergence" and n <= 20, (seed, n)
+        text = first.describe()
+        assert "nats/token worse" in text and "in perplexity" in text
+        assert f"in {first.above} of {first.pairs} pairs" in text
+
+
+def test_a_release_within_the_divergence_line_never_fails_it() -> None:
+    failed = 0
+    for seed in range(40):
+        rng = random.Random(seed)
+        analysis = PairedAnalysis(PairPolicy())
+        for _ in range(400):
+            analysis.observe(_read_pair(rng, 0.005))
+        failed += any(c.name == "divergence" for c in analysis.regressions())
+    assert failed == 0
+
+
+def test_pairs_without_log_probabilities_leave_the_divergence_check_waiting() -> None:
+    rng = random.Random(3)
+    analysis = PairedAnalysis(PairPolicy())
+    for _ in range(30):
+        analysis.observe(_read_pair(rng, 0.5, logprobs=False))
+    (divergence,) = [c for c in analysis.checks() if c.name == "divergence"]
+    assert divergence.pairs == 0 and not divergence.regressed and analysis.pairs == 30
+    assert divergence.describe() == "divergence: no pairs yet"
+
+
+def test_the_pair_feed_reads_the_canary_as_the_candidate_whichever_side_it_answered() -> None:
+    tokenizer = SimpleNamespace(decode=lambda ids, skip_special_tokens: " ".join(map(str, ids)))
+    runtime = SimpleNamespace(
+        tokenizer=tokenizer, canary=SimpleNamespace(status=SimpleNamespace(version=NEW))
+    )
+    evidence = PairedEvidence(PairPolicy())
+    feed = PairFeed(runtime, evidence)
+    # the stable version answered live, the canary the shadow: 2 tokens against 4
+    feed.on_event(
+        PairCompleted("r1", OLD, NEW, 0.0, (1, 2), (1, 2), 4, (5, 6), (7, 8, 9, 10), "length", "length",
+                      live_logprob=-3.0, other_logprob=-8.0, live_under_other=-4.0, other_under_live=-10.0)
+    )  # fmt: skip
+    assert feed.score() == 1
+    ((candidate, baseline, pairs, checks),) = evidence.comparisons()
+    (divergence,) = [c for c in checks if c.name == "divergence"]
+    assert (candidate, baseline, pairs) == (NEW, OLD, 1)
+    # the canary's answer (4 tokens) read 2 nats worse, the stable's (2 tokens) 1 nat worse
+    assert divergence.pairs == 1 and divergence.mean == 0.5 * (2.0 / 4 + 1.0 / 2)
+    # a proxy pair has no log-probabilities: the check waits
+    feed.on_event(TextPair("p", "a b", "a c", NEW, OLD, 2, 2, "stop", "stop"))
+    assert feed.score() == 1
+    ((_, _, pairs, checks),) = evidence.comparisons()
+    assert pairs == 2 and [c.pairs for c in checks if c.name == "divergence"] == [1]

@@ -37,7 +37,8 @@ With pairs (the runtime answers a share of requests with both versions: engine/
 runtime_shadow.py) the three quality checks above (relevance, output drift, output length)
 are replaced by the paired checks of alerts/release/paired_checks.py on the same requests, which no
 client can steer by what it asks of its arm; server errors and latency stay arm against arm,
-and the six checks share alpha.
+and they all share alpha (a sixth each to server errors and latency, the rest split over
+the paired checks).
 """
 
 from __future__ import annotations
@@ -177,7 +178,7 @@ class CanaryAnalysis:
         self._latency = StratifiedExceedance(quantile=p.latency_quantile, baseline=p.latency_baseline,
                                              tau=p.tau_rate, min_n=p.min_requests)  # fmt: skip
         self.pairs: PairedAnalysis | None = None
-        if pairs is not None:  # one error budget: alpha over the two unpaired and four paired checks
+        if pairs is not None:  # one budget: a sixth to each unpaired check, the rest to the paired ones
             self.pairs = PairedAnalysis(pairs, alpha=p.alpha * 4 / 6)
         else:
             self._checks["relevance"] = _Check("relevance", Evidence("lower_is_worse", p.tau_relevance))
@@ -321,7 +322,7 @@ class CanaryAnalysis:
             if paired.pairs < need:
                 return f"{paired.pairs} of {need} pairs so far"
             for check in paired.checks():
-                if check.name in ("relevance", "similarity") and 0 < check.pairs < need:
+                if check.name in ("relevance", "similarity", "divergence") and 0 < check.pairs < need:
                     return f"{check.pairs} of {need} pairs scored for {check.name}"
             return ""
         need = self.policy.min_requests

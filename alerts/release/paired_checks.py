@@ -6,7 +6,7 @@ client). Each pair is one observation of the difference the release makes, and n
 client chooses (its parameters, its prompts, when it asks or hangs up) can differ between
 the two sides of a pair, so a client cannot make a good release look bad.
 
-Five sequential checks per pair, each a one-sample mixture SPRT (always valid, like the
+Six sequential checks per pair, each a one-sample mixture SPRT (always valid, like the
 canary's: sequential.py) on a per-pair figure:
 - `relevance`: candidate's relevance to the prompt minus the baseline's (a drop regresses);
 - `similarity`: cosine between the two answers' embeddings, against `min_similarity` (answers
@@ -17,10 +17,22 @@ canary's: sequential.py) on a per-pair figure:
 - `step_time`: log(candidate's decode step / baseline's) at the same batch size, both timed
   by the runtime in the same seconds (engine/runtime_shadow.py), against log(`max_step_ratio`):
   the latency check of a pair, which no load on the machine and no client can tilt, since
-  both versions step under the same load (proxy pairs carry no step times: not checked).
+  both versions step under the same load (proxy pairs carry no step times: not checked);
+- `divergence`: how much worse each version predicts the other's answers, in nats per token:
+  0.5 * [(c_own - c_under_b) / n_c + (b_own - b_under_c) / n_b], where c_own is the sum of the
+  log-probabilities of the candidate's answer (n_c tokens) under the candidate as it was
+  sampled and c_under_b the same answer read by the baseline (and so for the baseline's
+  answer; an answer of 0 tokens is left out of the mean). With answers sampled at temperature
+  1 this estimates the symmetric KL divergence per token between the two versions on the live
+  traffic: one number per pair of low variance, where two sampled answers' embeddings differ
+  by chance even when the versions are equal. One-sided against `max_divergence` (0.05 nats per
+  token: the candidate reads the baseline's answers at most about 5% worse in perplexity,
+  exp(0.05) = 1.05). The runtime computes the cross sums with two teacher-forced forward
+  passes per pair, only when no live request waits (engine/runtime_shadow.py); pairs without
+  them (proxy pairs, or a pair the runtime had no time to score) leave the check waiting.
 `relevance` and `similarity` need the answers embedded (the monitor scores them later);
-`output_length`, `finish_agreement` and `step_time` are known when the pair completes. The checks share
-the caller's error budget (`alpha`, split Bonferroni-style over the checks).
+`output_length`, `finish_agreement`, `step_time` and `divergence` are known when the pair completes.
+The checks share the caller's error budget (`alpha`, split Bonferroni-style over the checks).
 
 A verdict explains itself: `PairedCheck.describe()` says how many pairs went which way
 ("relevance fell in 17 of 20 pairs, mean -0.41").
@@ -45,14 +57,14 @@ __all__ = [
     "msprt_lambda",
 ]
 
-PAIRED_CHECKS = ("relevance", "similarity", "output_length", "finish_agreement", "step_time")
+PAIRED_CHECKS = ("relevance", "similarity", "output_length", "finish_agreement", "step_time", "divergence")
 
 
 @dataclass(frozen=True)
 class PairPolicy:
     """What pairs must pass. `min_pairs` before any check may decide."""
 
-    alpha: float = 0.01  # the whole budget of the paired checks (each gets alpha / 4)
+    alpha: float = 0.01  # the whole budget of the paired checks (each gets alpha / 6)
     min_pairs: int = 10
     tau_relevance: float = 0.1  # prior sd of the mean relevance difference
     min_similarity: float = 0.6  # mean cosine between the two answers below this: a regression
@@ -62,6 +74,10 @@ class PairPolicy:
     tau_finish: float = 0.1
     max_step_ratio: float = 1.5  # the candidate's decode step over this times the baseline's regresses
     tau_step: float = 0.3  # prior sd of the mean log step ratio
+    # nats per token each version reads the other's answers worse, on average, above which the
+    # candidate regresses: 0.05 is about 5% in perplexity (exp(0.05) = 1.05)
+    max_divergence: float = 0.05
+    tau_divergence: float = 0.05  # prior sd of the mean divergence
     # the smallest per-pair sd a check assumes: a few pairs that all moved by the same tiny
     # amount (a shared rounding) are not certainty of a difference (see canary.py's pooled note)
     min_sd: float = 0.02
@@ -83,6 +99,22 @@ class PairOutcome:
     similarity: float | None = None
     candidate_step_s: float | None = None  # decode step seconds, both at one batch size, timed together
     baseline_step_s: float | None = None
+    # sums of log-probabilities (nats, temperature 1) over an answer's tokens: each answer under
+    # its own version as sampled, and read by the other version (engine's PairCompleted)
+    candidate_logprob: float | None = None
+    baseline_logprob: float | None = None
+    candidate_under_baseline: float | None = None
+    baseline_under_candidate: float | None = None
+
+    def divergence(self) -> float | None:
+        """Nats per token each version reads the other's answer worse, averaged over the two
+        answers (one of 0 tokens left out); None without the four sums or with no tokens."""
+        sides = ((self.candidate_logprob, self.candidate_under_baseline, self.candidate_tokens),
+                 (self.baseline_logprob, self.baseline_under_candidate, self.baseline_tokens))  # fmt: skip
+        if any(own is None or cross is None for own, cross, _ in sides):
+            return None
+        per_token = [(own - cross) / n for own, cross, n in sides if n > 0]  # type: ignore[operator]
+        return sum(per_token) / len(per_token) if per_token else None
 
 
 @dataclass(frozen=True)
@@ -117,6 +149,12 @@ class PairedCheck:
             return (
                 f"output shorter in {low} and longer in {high} of {n} pairs, "
                 f"mean length ratio {math.exp(self.mean):.2f}, {p}"
+            )
+        if self.name == "divergence":
+            return (
+                f"each version read the other's answers {self.mean:.2f} nats/token worse "
+                f"(about {math.expm1(self.mean):.0%} in perplexity) on average, more than "
+                f"{self.null:g} in {high} of {n} pairs, {p}"
             )
         if self.name == "step_time":
             return (
@@ -179,6 +217,8 @@ class PairedAnalysis:
                                            null=p.max_finish_disagreement, bernoulli=True),
             "step_time": _OneSample("step_time", Evidence("higher_is_worse", p.tau_step),
                                     null=math.log(p.max_step_ratio)),
+            "divergence": _OneSample("divergence", Evidence("higher_is_worse", p.tau_divergence),
+                                     null=p.max_divergence),
         }  # fmt: skip
         self.pairs = 0
         self.first_regression: PairedCheck | None = None
@@ -196,6 +236,9 @@ class PairedAnalysis:
         c_step, b_step = pair.candidate_step_s, pair.baseline_step_s
         if c_step is not None and b_step is not None and c_step > 0.0 and b_step > 0.0:
             self._add("step_time", math.log(c_step / b_step))
+        divergence = pair.divergence()
+        if divergence is not None:
+            self._add("divergence", divergence)
 
     def _add(self, name: str, x: float) -> None:
         check = self._checks[name]

@@ -8,7 +8,10 @@ a job (`pairs`, every `schedule.embed_s`) decodes both answers, embeds them with
 module's embedder (relevance of each answer to the prompt, and the cosine between the two
 answers) and hands a `PairOutcome` to the running canary's controller and to the
 post-deploy analysis' `PairedEvidence`. Without the drift module, pairs still carry their
-lengths and finish reasons (the relevance and similarity checks then wait).
+lengths and finish reasons (the relevance and similarity checks then wait). An engine pair
+also carries each answer's log-probabilities under its own version and read by the other
+(the runtime reads them with two forward passes per pair when it is idle), mapped here to the
+candidate and the baseline for the `divergence` check; proxy pairs have none (it waits).
 
 The side under test (`candidate`) is the canary while one runs, else the live version (a
 deploy's new version; the other side is the previous one).
@@ -157,19 +160,26 @@ class PairFeed:
                  (event.other_version, counts[1], event.other_finish)]  # fmt: skip
         relevance = [score[0], score[1]] if score is not None else [None, None]
         steps = [getattr(event, "live_step_s", None), getattr(event, "other_step_s", None)]  # engine pairs
+        # (own, read by the other version) per answer, live first: engine pairs only
+        logprobs = [(getattr(event, "live_logprob", None), getattr(event, "live_under_other", None)),
+                    (getattr(event, "other_logprob", None), getattr(event, "other_under_live", None))]  # fmt: skip
         if not live_first:  # the canary answered the shadow: it is the candidate
             sides.reverse()
             relevance.reverse()
             steps.reverse()
+            logprobs.reverse()
         (cand, c_n, c_fin), (base, b_n, b_fin) = sides
         similarity = score[2] if score is not None else None
         return PairOutcome(cand, base, c_n, b_n, c_fin, b_fin, relevance[0], relevance[1], similarity,
-                           candidate_step_s=steps[0], baseline_step_s=steps[1])  # fmt: skip
+                           candidate_step_s=steps[0], baseline_step_s=steps[1],
+                           candidate_logprob=logprobs[0][0], candidate_under_baseline=logprobs[0][1],
+                           baseline_logprob=logprobs[1][0], baseline_under_candidate=logprobs[1][1])  # fmt: skip
 
 
 class ShadowCollector(Collector):
     """The runtime's paired work at scrape time (`ShadowStats`): pairs asked for, completed,
-    dropped for want of room and discarded with their hung-up live request."""
+    dropped for want of room, discarded with their hung-up live request, and told without
+    their answers read by the other version (`unread`)."""
 
     def __init__(self, runtime: Any, feed: PairFeed, *, model: str) -> None:
         self.runtime = runtime
@@ -182,7 +192,7 @@ class ShadowCollector(Collector):
             "infersight_shadow_requests", "Live requests also answered by the other version, by outcome",
             labels=["model", "outcome"],
         )  # fmt: skip
-        for outcome in ("paired", "completed", "dropped", "discarded"):
+        for outcome in ("paired", "completed", "dropped", "discarded", "unread"):
             shadows.add_metric([self.model, outcome], float(getattr(stats, outcome)))
         shadows.add_metric([self.model, "not_scored"], float(self.feed.overflow))
         yield shadows

@@ -46,6 +46,7 @@ _NOT_MEASURED = {
     "step_time": "the pairs carry no decode step times",
     "relevance": "no answers embedded (the drift module's embedder scores them)",
     "similarity": "no answers embedded (the drift module's embedder scores them)",
+    "divergence": "the pairs carry no log-probabilities (proxy pairs, or not read by the other version)",
 }
 
 
