@@ -253,9 +253,13 @@ def paired_canaries(
                             for arm in arms
                         ]
                         c0 = time.process_time()
+                        # each version (the live arm, and the shadow on the other) answers the chat
+                        # rendered in its own template, as the service renders it
                         handles = [
                             runtime.submit(encode(q, candidate if arm else stable), max_new_tokens=b,
-                                           temperature=1.0, user=u)
+                                           temperature=1.0, user=u,
+                                           prompts_by_version={v: encode(q, v) for v in (stable, candidate)}
+                                           if real is not None else None)
                             for q, b, u, arm in zip(batch, budget, users, arms, strict=True)
                         ]  # fmt: skip
                         done = [h.result(timeout=120) for h in handles]

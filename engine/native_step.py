@@ -42,7 +42,7 @@ import math
 import torch
 
 from .errors import CacheCapacityExceeded, InvalidInput
-from .native import NativeKernels, NativeProjection, pack
+from .native import HugePageArena, NativeKernels, NativeProjection, pack
 from .native_int4 import Sources, pack_int4, plain_nibbles, scales_mins
 from .network import KVCache, Layer, MoEFeedForward, RopeTable, Transformer
 from .projection import Fp8Projection, Int4Projection, Int8Projection
@@ -91,7 +91,8 @@ class _Int4Packer:
     group size of those whose K is a multiple of 64: the C step takes one (`int4_group`);
     other K are grouped by 32 always."""
 
-    def __init__(self) -> None:
+    def __init__(self, arena: HugePageArena | None = None) -> None:
+        self.arena = arena  # where the packed blocks go (huge pages: native.py)
         self.sources: Sources = {}  # torch's packed layouts, per shape, while this model is packed
         self.seen: set[int] = set()
 
@@ -105,7 +106,11 @@ class _Int4Packer:
         parts = [pack_int4(q[a:b], mins[:, a:b]) for a, b in cuts]
         if k % 64 == 0:
             self.seen.update(g for _, g in parts)
-        return torch.cat([blocks for blocks, _ in parts])
+        blocks = [b for b, _ in parts]
+        if self.arena is None:
+            return torch.cat(blocks)
+        out = self.arena.empty((sum(b.shape[0] for b in blocks), *blocks[0].shape[1:]), blocks[0].dtype)
+        return torch.cat(blocks, out=out)
 
     @property
     def group(self) -> int:
@@ -208,7 +213,7 @@ def _step_for(network: Transformer, kernels: NativeKernels) -> NativeStep | None
     int4 = isinstance(network.layers[0].attention.wqkv, Int4Projection)
     if (int4 or isinstance(network.head, Int4Projection)) and not kernels.int8_dot:
         return None
-    packer = _Int4Packer()
+    packer = _Int4Packer(kernels.arena)
     head = _weights(network.head, packer)
     if head is None:
         return None
@@ -269,6 +274,12 @@ class NativeStep:
         def fp32(t: torch.Tensor) -> torch.Tensor:
             return t.float().contiguous()
 
+        def resident(t: torch.Tensor) -> torch.Tensor:
+            """A copy the step alone reads, moved into the kernels' huge-page arena (native.py)."""
+            out = kernels.arena.empty(tuple(t.shape), t.dtype)
+            out.copy_(t)
+            return out
+
         columns: dict[str, list[torch.Tensor | None]] = {
             k: []
             for k in (
@@ -305,16 +316,16 @@ class NativeStep:
             head_p = head[0]
             if int8_head:
                 assert head[1] is not None
-                head_p, head_ps = pack_int8(head[0], head[1])
+                head_p, head_ps = (resident(t) for t in pack_int8(head[0], head[1]))
                 keep.extend((head_p, head_ps))
         elif quantized and kernels.int8_dot and not fp8:  # int8 activations: packed copies, made here
             for name in _PACKED[:4]:
                 packer = _pack_w13 if name == "w13" else pack_int8
                 pairs = [packer(w, sc) for w, sc in zip(columns[name], columns[name + "_s"], strict=True)]  # type: ignore[arg-type]
-                columns[name + "_p"] = [p for p, _ in pairs]
-                columns[name + "_ps"] = [p for _, p in pairs]
+                columns[name + "_p"] = [resident(p) for p, _ in pairs]
+                columns[name + "_ps"] = [resident(p) for _, p in pairs]
             assert head[1] is not None
-            head_p, head_ps = pack_int8(head[0], head[1])
+            head_p, head_ps = (resident(t) for t in pack_int8(head[0], head[1]))
             keep.extend((head_p, head_ps))
         # fp8 on builds with AVX512-BF16: the bf16 loop, over the bytes packed for it (one stream a
         # block; the row-major rows, which the fp32 loop reads, cost it half its speed on some
@@ -328,13 +339,13 @@ class NativeStep:
         if fp8_bf16:
             for name in _PACKED[:4]:
                 pack_bytes = _pack_fp8_w13 if name == "w13" else pack_fp8
-                columns[name + "_p"] = [pack_bytes(w) for w in columns[name] if w is not None]
+                columns[name + "_p"] = [resident(pack_bytes(w)) for w in columns[name] if w is not None]
             if not int8_head:
-                head_p = pack_fp8(head[0])
+                head_p = resident(pack_fp8(head[0]))
                 keep.append(head_p)
         if fp8 and int8_head and kernels.int8_dot:
             assert head[1] is not None
-            head_p, head_ps = pack_int8(head[0], head[1])
+            head_p, head_ps = (resident(t) for t in pack_int8(head[0], head[1]))
             keep.extend((head_p, head_ps))
         embed, norm = network.embeddings.contiguous(), fp32(network.norm)
         keep.extend((embed, norm, *head))
