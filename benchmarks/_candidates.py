@@ -220,6 +220,7 @@ _PAIRED = (  # how each paired check's description begins
     ("output shorter", "length"),
     ("finish reasons", "finish"),
     ("decode steps", "step time"),
+    ("each version read", "divergence"),
 )
 
 

@@ -384,3 +384,66 @@ def test_the_pair_feed_reads_the_canary_as_the_candidate_whichever_side_it_answe
     assert feed.score() == 1
     ((_, _, pairs, checks),) = evidence.comparisons()
     assert pairs == 2 and [c.pairs for c in checks if c.name == "divergence"] == [1]
+
+
+def test_the_always_valid_interval_ends_where_the_mixture_ratio_reaches_one_over_alpha() -> None:
+    from infersight.alerts.release.sequential import msprt_lambda, msprt_radius
+
+    for variance, tau, alpha in ((0.01, 0.2, 0.001), (0.0004, 0.05, 0.01), (0.5, 0.3, 0.05)):
+        r = msprt_radius(variance, tau, alpha)
+        assert math.isclose(msprt_lambda(r, variance, tau), 1.0 / alpha, rel_tol=1e-9)
+        assert msprt_lambda(0.99 * r, variance, tau) < 1.0 / alpha
+
+
+def test_a_faithful_release_is_cleared_on_divergence_and_a_terse_one_never_is() -> None:
+    cleared_at = []
+    for seed in range(20):
+        rng = random.Random(seed)
+        good, bad = PairedAnalysis(PairPolicy()), PairedAnalysis(PairPolicy())
+        for n in range(1, 201):
+            good.observe(_read_pair(rng, 0.003))
+            bad.observe(_read_pair(rng, 0.4))
+            (g,) = [c for c in good.checks() if c.name == "divergence"]
+            if g.cleared and len(cleared_at) == seed:
+                cleared_at.append(n)
+        (g,) = [c for c in good.checks() if c.name == "divergence"]
+        (b,) = [c for c in bad.checks() if c.name == "divergence"]
+        assert g.cleared and not g.regressed
+        assert b.regressed and not b.cleared
+    assert max(cleared_at) <= 60, cleared_at
+
+
+def test_a_canary_step_waits_until_divergence_is_decided_not_just_for_min_pairs() -> None:
+    rng = random.Random(7)
+    # a step needs only 5 canary requests: what holds it is the paired evidence
+    analysis = CanaryAnalysis(CanaryPolicy(steps=(0.5, 1.0), requests_per_step=5), pairs=PairPolicy())
+    for _ in range(20):
+        analysis.observe(True, error_type=None, latency_s=0.1, output_tokens=8)
+        analysis.observe(False, error_type=None, latency_s=0.1, output_tokens=8)
+    for _ in range(PairPolicy().min_pairs):  # min_pairs of a borderline release: not decided yet
+        analysis.observe_pair(_read_pair(rng, 0.05))
+    verdict = analysis.verdict()
+    assert verdict.action == "continue" and "divergence not decided after 10 pairs" in verdict.reason
+    # the step is left once the cap of pairs is reached, whatever the check says by then
+    capped = CanaryAnalysis(CanaryPolicy(steps=(0.5, 1.0), requests_per_step=5),
+                            pairs=PairPolicy(max_pairs=12))  # fmt: skip
+    for _ in range(20):
+        capped.observe(True, error_type=None, latency_s=0.1, output_tokens=8)
+        capped.observe(False, error_type=None, latency_s=0.1, output_tokens=8)
+    for _ in range(12):
+        capped.observe_pair(_read_pair(rng, 0.05))
+    assert capped.verdict().action in ("promote", "rollback")
+
+
+def test_a_canary_step_is_left_once_a_faithful_release_is_cleared() -> None:
+    rng = random.Random(8)
+    analysis = CanaryAnalysis(CanaryPolicy(steps=(0.5, 1.0), requests_per_step=5), pairs=PairPolicy())
+    for _ in range(20):
+        analysis.observe(True, error_type=None, latency_s=0.1, output_tokens=8)
+        analysis.observe(False, error_type=None, latency_s=0.1, output_tokens=8)
+    n = 0
+    while analysis.verdict().action == "continue" and n < 100:
+        analysis.observe_pair(_read_pair(rng, 0.002))
+        n += 1
+    verdict = analysis.verdict()
+    assert verdict.action == "promote" and n < 100, (n, verdict.reason)

@@ -324,6 +324,15 @@ class CanaryAnalysis:
             for check in paired.checks():
                 if check.name in ("relevance", "similarity", "divergence") and 0 < check.pairs < need:
                     return f"{check.pairs} of {need} pairs scored for {check.name}"
+            for check in paired.checks():  # a check without figures (no log-probs) holds nothing
+                decided = check.regressed or check.cleared or check.pairs == 0
+                if (
+                    check.name in paired.policy.decide
+                    and not decided
+                    and paired.pairs < paired.policy.max_pairs
+                ):
+                    return (f"{check.name} not decided after {check.pairs} pairs "
+                            f"(mean {check.mean:.3g} against {check.null:g})")  # fmt: skip
             return ""
         need = self.policy.min_requests
         for c in checks:

@@ -45,7 +45,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from .sequential import Evidence, Moments, msprt_lambda
+from .sequential import Evidence, Moments, msprt_lambda, msprt_radius
 
 __all__ = [
     "PAIRED_CHECKS",
@@ -77,7 +77,17 @@ class PairPolicy:
     # nats per token each version reads the other's answers worse, on average, above which the
     # candidate regresses: 0.05 is about 5% in perplexity (exp(0.05) = 1.05)
     max_divergence: float = 0.05
-    tau_divergence: float = 0.05  # prior sd of the mean divergence
+    # prior sd of the mean divergence: the releases worth stopping read each other's answers
+    # 0.1-0.5 nats/token worse, and a mixture much narrower than the effects it should find
+    # needs many more pairs to find them
+    tau_divergence: float = 0.2
+    # the checks a canary step must have DECIDED before it is left: regressed, or cleared (the
+    # always-valid interval of the mean wholly on the good side of the null) -- not merely
+    # undecided after `min_pairs`, which lets a quietly bad release through on a few noisy
+    # pairs; after `max_pairs` pairs an undecided check no longer holds the step (the verdict
+    # says so)
+    decide: tuple[str, ...] = ("divergence",)
+    max_pairs: int = 100
     # the smallest per-pair sd a check assumes: a few pairs that all moved by the same tiny
     # amount (a shared rounding) are not certainty of a difference (see canary.py's pooled note)
     min_sd: float = 0.02
@@ -131,6 +141,7 @@ class PairedCheck:
     null: float
     p_value: float
     regressed: bool
+    cleared: bool = False  # shown not to regress at the check's alpha (its interval on the good side)
 
     def describe(self) -> str:
         """The figures in words: what a page, the deploy history and the alert say."""
@@ -176,6 +187,7 @@ class _OneSample:
     below: int = 0
     above: int = 0
     tie: float = 1e-6  # a per-pair figure this close to the null counts neither way
+    cleared: bool = False  # once shown, at alpha, not to regress (stays so: a stopping rule)
 
     def add(self, x: float, *, alpha: float, min_n: int, min_sd: float) -> None:
         m = self.moments
@@ -189,6 +201,11 @@ class _OneSample:
         else:
             variance = max(m.var, min_sd * min_sd) / m.n
         self.evidence.update(m.mean - self.null, variance, alpha=alpha)
+        direction = self.evidence.direction
+        if not self.cleared and not self.bernoulli and direction != "either":
+            r = msprt_radius(variance, self.evidence.tau, alpha)
+            good = m.mean + r < self.null if direction == "higher_is_worse" else m.mean - r > self.null
+            self.cleared = good and not self.evidence.regressed
 
     @property
     def regressed(self) -> bool:
@@ -197,7 +214,7 @@ class _OneSample:
     def state(self) -> PairedCheck:
         m = self.moments
         return PairedCheck(self.name, m.n, m.mean if m.n else None, self.below, self.above, self.null,
-                           self.evidence.p_value, self.evidence.regressed)  # fmt: skip
+                           self.evidence.p_value, self.evidence.regressed, self.cleared)  # fmt: skip
 
 
 class PairedAnalysis:

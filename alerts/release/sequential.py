@@ -9,7 +9,8 @@ no effect, however often, and whenever, anyone looks. The always-valid p-value i
 1 / max(1, that maximum).
 
 Three parts, each written once here:
-- `msprt_lambda`: the mixture likelihood ratio of an observed difference;
+- `msprt_lambda`: the mixture likelihood ratio of an observed difference, and `msprt_radius`
+  the always-valid confidence interval it implies;
 - `Moments`: running count, mean and sum of squared deviations (Welford);
 - `Evidence`: the running maximum in the bad `Direction` only, and the regression it marks.
 """
@@ -20,7 +21,7 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
-__all__ = ["Direction", "Evidence", "Moments", "msprt_lambda", "wrong_way"]
+__all__ = ["Direction", "Evidence", "Moments", "msprt_lambda", "msprt_radius", "wrong_way"]
 
 # which way of a difference is a regression ("either": any difference)
 Direction = Literal["higher_is_worse", "lower_is_worse", "either"]
@@ -34,6 +35,18 @@ def msprt_lambda(delta: float, variance: float, tau: float) -> float:
     t2 = tau * tau
     log = 0.5 * math.log(variance / (variance + t2)) + (t2 * delta * delta) / (2 * variance * (variance + t2))
     return math.exp(min(log, 700.0))
+
+
+def msprt_radius(variance: float, tau: float, alpha: float) -> float:
+    """Half the width of the always-valid confidence interval the same mixture gives for the
+    true difference: every difference within it of the observed one has a likelihood ratio
+    under 1/alpha. A check whose whole interval lies on the good side of its null has shown,
+    at level alpha, that the candidate does not regress by it (`cleared`)."""
+    if variance <= 0.0:
+        return 0.0
+    t2 = tau * tau
+    bound = math.log(1.0 / alpha) + 0.5 * math.log((variance + t2) / variance)
+    return math.sqrt(2.0 * variance * (variance + t2) / t2 * bound)
 
 
 def wrong_way(direction: Direction, delta: float) -> bool:
