@@ -240,6 +240,7 @@ def paired_canaries(
                     feed = PairFeed(runtime, PairedEvidence(), canary=controller)
                     feed.detector = detector
                     controller.begin(candidate, stable, policy.steps[0])
+                    analysis = controller.analysis  # kept: the controller lets it go at the end
                     unsubscribe = [runtime.subscribe(controller.on_event), runtime.subscribe(feed.on_event)]
                     runtime.canary.start(candidate, policy.steps[0])
                     started = time.perf_counter()
@@ -289,11 +290,9 @@ def paired_canaries(
                                                first_check(last.reason), time.perf_counter() - started))  # fmt: skip
                     print(f"    {'paired' if paired else 'unpaired'} {kind} canary {run + 1}: {last.action} after "
                           f"{total} requests ({last.canary_requests} on the canary): {last.reason[:150]}", flush=True)  # fmt: skip
-                    if real is not None and last.action == "rollback" and controller.pairs is not None:
+                    if real is not None and last.action == "rollback" and analysis and analysis.pairs:
                         # every paired check at the decision, not only the one that fired first
-                        print(
-                            "      " + "; ".join(c.describe() for c in controller.pairs.checks()), flush=True
-                        )
+                        print("      " + "; ".join(c.describe() for c in analysis.pairs.checks()), flush=True)
                     if real is not None and last.action == "promote" and "pairs: " in last.reason:
                         print("      " + last.reason[last.reason.rindex("; ", 0, last.reason.index("pairs: ")) + 2 :],
                               flush=True)  # fmt: skip  # the paired checks' figures when they passed

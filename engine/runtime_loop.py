@@ -272,11 +272,12 @@ _IDLE_WAIT_S = 1.0
 
 
 class IdleWork(Protocol):
-    """Work the loop does only in a step where no live request waits (runtime_shadow.py
-    scores pairs with it)."""
+    """Work the loop does in a step where no live request waits, and, while they keep
+    waiting, only what is overdue (runtime_shadow.py scores pairs with it)."""
 
-    def run_one(self) -> bool:
-        """Do at most one job -> whether there was one."""
+    def run_one(self, *, overdue_only: bool = False) -> bool:
+        """Do at most one job -> whether there was one; with `overdue_only` (live requests
+        wait) only one that has waited too long already."""
         ...
 
     def give_up(self) -> None:
@@ -309,7 +310,7 @@ class LoopState:
     # called with each finished request and its arrival-to-last-token seconds (SLA routing)
     on_finished: Callable[[Request, float], None] | None = None
     hold: Callable[[], Replica | None] | None = None  # before each step: a replica to sit it out
-    idle_work: IdleWork | None = None  # one job per step with no live request waiting
+    idle_work: IdleWork | None = None  # one job a step: when no live request waits, or overdue
     draining: list[Replica] = field(default_factory=list)
     wake: threading.Event = field(default_factory=threading.Event)
     submit_lock: threading.Lock = field(default_factory=threading.Lock)
@@ -427,6 +428,8 @@ def _step(state: LoopState) -> bool:
             limit = state.shadow_slots or max(1, replica.max_batch // 4)
             _admit(state, replica, replica.shadow_queue, groups, limit)
         idle = state.idle_work is not None and state.idle_work.run_one()
+    elif state.idle_work is not None:  # busy: only work that waited too long, one job
+        idle = state.idle_work.run_one(overdue_only=True)
     for replica in _replicas(state):  # one batch per replica: versions never share one
         batch = [r for r in replica.running.values() if r.tokens]
         if not batch or replica is held:

@@ -32,9 +32,13 @@ only for a pair's two sides: one gather per batch that has one), and once both h
 each answer is read by the other version: one teacher-forced forward pass on the other
 side's replica, after that side's own prompt (`live_under_other`, `other_under_live`). Those
 two passes per pair are bounded like the shadows: the completed pair waits in a queue of
-`max_scoring`, and the loop reads at most one pair per step, only in a step where no live
-request waits (`run_one`, the loop's `IdleWork`); the pair is told when read, or without the
-cross sums (`ShadowStats.unread`) when the queue is full, it waited `max_age_s`, a replica
+`max_scoring`, and the loop reads at most one pair per step, in a step where no live
+request waits, or, while live requests keep waiting, one that has waited `overdue_s` (a
+second) already (`run_one`, the loop's `IdleWork`): a busy loop pays at most about one
+pair's two passes a second for them. The pair is told when read, or without the
+cross sums (`ShadowStats.unread`) when the queue is full, it waited `read_wait_s` (5 s: the
+release checks read a pair's other figures now rather than wait on a loop too busy to read
+it), a replica
 went away or a pass failed: a pair is never lost for them.
 
 The shadow's own events never reach subscribers: it is not traffic. The engine knows
@@ -77,7 +81,7 @@ class ShadowStats:
     their prompt does not fit the other version (`dropped`), shadows let go because their
     live request failed or was cancelled (`discarded`), and completed pairs told without
     their cross log-probabilities (`unread`: the scoring queue was full, a job waited past
-    `max_age_s`, a replica went away or a pass failed)."""
+    `read_wait_s`, a replica went away or a pass failed)."""
 
     paired: int
     completed: int
@@ -120,17 +124,24 @@ class ShadowControl:
         max_pending: int | None = None,
         max_age_s: float = 120.0,
         max_scoring: int = 64,
+        overdue_s: float = 1.0,
+        read_wait_s: float = 5.0,
     ) -> None:
         """`share`: of live requests paired while two versions are loaded (0 turns pairs off);
         `keep_previous_s`: after a deploy, how long the previous version stays loaded beside
         the new one to answer shadows (0: dropped at once, as before); `max_pending`: shadows waiting at once (default the batch size);
-        `max_scoring`: completed pairs waiting for their cross log-probabilities (more are told without them)."""
+        `max_scoring`: completed pairs waiting for their cross log-probabilities (more are told without them);
+        `overdue_s`: a pair waiting longer than this is read in the next step even while live
+        requests wait (one a step), so a steadily busy loop still tells its pairs within about
+        that long: the release checks decide on them, and a pair held back is evidence lost."""
         self._runtime = runtime
         self.share = float(share)
         self.keep_previous_s = float(keep_previous_s)
         self.max_pending = max_pending
         self.max_age_s = float(max_age_s)
         self.max_scoring = int(max_scoring)
+        self.overdue_s = float(overdue_s)
+        self.read_wait_s = float(read_wait_s)  # a pair not read by then is told without the cross sums
         self._lock = threading.Lock()
         self._scoring: collections.deque[_Scoring] = collections.deque()
         self._unread = 0
@@ -328,17 +339,20 @@ class ShadowControl:
         self._runtime._state.wake.set()
 
     def _stale(self, now: float) -> list[PairCompleted]:
-        # with self._lock held: jobs that waited past max_age_s (the loop was never idle), told without them
+        # with self._lock held: jobs that waited past read_wait_s (the loop read slower than pairs came), told without them
         out: list[PairCompleted] = []
-        while self._scoring and now - self._scoring[0].asked > self.max_age_s:
+        while self._scoring and now - self._scoring[0].asked > self.read_wait_s:
             out.append(self._scoring.popleft().event)
             self._unread += 1
         return out
 
-    def run_one(self) -> bool:
-        """`IdleWork`: called by the loop in a step where no live request waits. Reads one
-        pair's answers by the other version (two teacher-forced passes) and tells the pair."""
-        if not self._scoring:  # every idle step asks: the common answer without the lock
+    def run_one(self, *, overdue_only: bool = False) -> bool:
+        """`IdleWork`: called by the loop in every step, with `overdue_only` when live requests
+        wait. Reads one pair's answers by the other version (two teacher-forced passes) and
+        tells the pair; with `overdue_only`, only a pair that waited `overdue_s` already."""
+        if not self._scoring:  # every step asks: the common answer without the lock
+            return False
+        if overdue_only and time.monotonic() - self._scoring[0].asked < self.overdue_s:
             return False
         with self._lock:
             stale = self._stale(time.monotonic())

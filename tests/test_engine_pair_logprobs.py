@@ -133,31 +133,26 @@ def test_two_identical_versions_diverge_by_nothing_and_a_perturbed_one_clearly(r
 
 
 class _Watch:
-    """The loop's idle work, watched: how many live requests waited each time a pair was read."""
+    """The loop's idle work, watched: for each pair read, 1 if live requests waited then, else 0."""
 
     def __init__(self, runtime: Runtime, shadow: ShadowControl) -> None:
         self.state = runtime._state
         self.shadow = shadow
         self.waiting_at_jobs: list[int] = []
 
-    def run_one(self) -> bool:
-        waiting = len(self.state.queue) + len(self.state.canary_queue)
-        did = self.shadow.run_one()
+    def run_one(self, *, overdue_only: bool = False) -> bool:
+        # the loop asks with overdue_only exactly when live requests wait (its own reading
+        # of the queues, in the same step: a count taken here could race a new submit)
+        did = self.shadow.run_one(overdue_only=overdue_only)
         if did:
-            self.waiting_at_jobs.append(waiting)
+            self.waiting_at_jobs.append(int(overdue_only))
         return did
 
     def give_up(self) -> None:
         self.shadow.give_up()
 
 
-def test_pairs_are_read_only_in_steps_where_no_live_request_waits(runtime: Runtime) -> None:
-    watch = _Watch(runtime, runtime.shadow)
-    runtime._state.idle_work = watch
-    recorder = Recorder()
-    runtime.subscribe(recorder)
-    runtime.shadow.configure(share=1.0)
-    runtime.canary.start(NOISY, 0.5)
+def _waves(runtime: Runtime) -> None:
     # 4 slots per replica and waves of 6: live requests wait while earlier pairs complete
     for wave in range(3):
         handles = [
@@ -166,6 +161,17 @@ def test_pairs_are_read_only_in_steps_where_no_live_request_waits(runtime: Runti
         ]
         for h in handles:
             h.result(timeout=60)
+
+
+def test_pairs_are_read_only_in_steps_where_no_live_request_waits(runtime: Runtime) -> None:
+    runtime.shadow.overdue_s = 1e9  # never overdue: the idle steps alone read pairs
+    watch = _Watch(runtime, runtime.shadow)
+    runtime._state.idle_work = watch
+    recorder = Recorder()
+    runtime.subscribe(recorder)
+    runtime.shadow.configure(share=1.0)
+    runtime.canary.start(NOISY, 0.5)
+    _waves(runtime)
     stats = runtime.shadow.stats()
     pairs = _pairs(recorder, stats.paired)
     assert watch.waiting_at_jobs and set(watch.waiting_at_jobs) == {0}
@@ -182,3 +188,60 @@ def test_a_full_scoring_queue_tells_the_pair_without_the_cross_sums_and_counts_i
         assert _divergence(pair) is None
     stats = runtime.shadow.stats()
     assert stats.unread == 3 and stats.completed == 3
+
+
+class _Held:
+    """The loop's idle work, held: pairs pile up unread until the test reads them itself."""
+
+    def run_one(self, *, overdue_only: bool = False) -> bool:
+        return False
+
+    def give_up(self) -> None:
+        pass
+
+
+def test_a_busy_loop_reads_a_pair_only_once_it_is_overdue(runtime: Runtime) -> None:
+    # while live requests keep waiting, the loop asks with overdue_only: a pair younger than
+    # overdue_s stays queued, an older one is read (one a step), so a steadily busy service
+    # still tells its pairs with their cross sums
+    shadow = runtime.shadow
+    runtime._state.idle_work = _Held()
+    recorder = Recorder()
+    runtime.subscribe(recorder)
+    shadow.configure(share=1.0)
+    runtime.canary.start(NOISY, 0.5)
+    for h in [runtime.submit(prompt(i, 6), max_new_tokens=6, user=f"u{i}") for i in range(2)]:
+        h.result(timeout=60)
+    deadline = time.monotonic() + 30
+    while len(shadow._scoring) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert len(shadow._scoring) == 2
+    shadow.overdue_s = 1e9
+    assert shadow.run_one(overdue_only=True) is False and len(shadow._scoring) == 2
+    shadow.overdue_s = 0.0
+    assert shadow.run_one(overdue_only=True) is True and len(shadow._scoring) == 1
+    assert shadow.run_one() is True and not shadow._scoring
+    runtime._state.wake.set()
+    pairs = _pairs(recorder, 2)
+    assert all(p.live_under_other is not None for p in pairs) and shadow.stats().unread == 0
+
+
+def test_a_pair_not_read_within_read_wait_s_is_told_without_the_cross_sums(runtime: Runtime) -> None:
+    shadow = runtime.shadow
+    runtime._state.idle_work = _Held()
+    recorder = Recorder()
+    runtime.subscribe(recorder)
+    shadow.configure(share=1.0)
+    shadow.read_wait_s = 0.0  # any wait is too long
+    runtime.canary.start(NOISY, 0.5)
+    for h in [runtime.submit(prompt(i, 6), max_new_tokens=6, user=f"u{i}") for i in range(2)]:
+        h.result(timeout=60)
+    deadline = time.monotonic() + 30
+    while shadow.stats().completed < 2 and time.monotonic() < deadline:  # both sides of both pairs done
+        time.sleep(0.01)
+    time.sleep(0.01)
+    shadow.run_one()  # finds what is still queued stale: told as it is
+    runtime._state.wake.set()
+    pairs = _pairs(recorder, 2)
+    assert all(p.live_under_other is None and p.live_logprob is not None for p in pairs)
+    assert shadow.stats().unread == 2

@@ -28,7 +28,8 @@ canary's: sequential.py) on a per-pair figure:
   by chance even when the versions are equal. One-sided against `max_divergence` (0.05 nats per
   token: the candidate reads the baseline's answers at most about 5% worse in perplexity,
   exp(0.05) = 1.05). The runtime computes the cross sums with two teacher-forced forward
-  passes per pair, only when no live request waits (engine/runtime_shadow.py); pairs without
+  passes per pair, when no live request waits or once the pair has waited a second
+  (engine/runtime_shadow.py); pairs without
   them (proxy pairs, or a pair the runtime had no time to score) leave the check waiting.
 `relevance` and `similarity` need the answers embedded (the monitor scores them later);
 `output_length`, `finish_agreement`, `step_time` and `divergence` are known when the pair completes.
