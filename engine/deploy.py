@@ -21,7 +21,8 @@ import torch
 from .errors import CheckpointRejected, ChecksumMismatch, DeployRefused, WarmupFailed
 from .prefix_cache import PrefixCache
 from .registry import VersionInfo, hash_weight_files
-from .runtime_loop import LoopState, Replica
+from .replica import Replica
+from .runtime_loop import LoopState
 
 if TYPE_CHECKING:
     from .registry import Registry

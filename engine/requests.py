@@ -190,7 +190,7 @@ def _resolve(future: asyncio.Future[None]) -> None:
 
 
 class Sampled(Protocol):
-    """What `sample_requests` reads of a running request (runtime_loop.Request)."""
+    """What `sample_requests` reads of a running request (replica.Request)."""
 
     temperature: float
     top_p: float

@@ -51,7 +51,7 @@ from .runtime_loop import Swap, apply_swap
 from .step_times import BATCH_LADDER, StepTimesSnapshot, batch_cap
 
 if TYPE_CHECKING:
-    from .runtime_loop import PendingQueue, Replica, Request
+    from .replica import PendingQueue, Replica, Request
 
 __all__ = [
     "PATHS",

@@ -39,10 +39,11 @@ from .errors import (
 from .events import DeployFailed, EngineEvent, RequestFailed, RequestQueued, VersionDeployed
 from .prefix_cache import PrefixCache, PrefixCacheStats
 from .registry import DeployRecord, Registry
+from .replica import PendingQueue, Replica, Request
 from .requests import RequestHandle
 from .routing import RouteControl
 from .runtime_canary import CanaryControl, open_canary
-from .runtime_loop import LoopState, PendingQueue, Replica, Request, Swap, run_loop
+from .runtime_loop import LoopState, Swap, run_loop
 from .runtime_shadow import ShadowControl
 from .step_times import StepTimes
 

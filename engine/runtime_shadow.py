@@ -61,9 +61,10 @@ import torch
 
 from .errors import InvalidArgument, RuntimeNotRunning
 from .events import EngineEvent, PairCompleted, RequestFinished
+from .replica import Replica, Request
 from .requests import RequestHandle
 from .runtime_canary import user_bucket
-from .runtime_loop import Replica, Request, Swap, apply_swap
+from .runtime_loop import Swap, apply_swap
 
 if TYPE_CHECKING:
     from .deploy import RuntimeHost

@@ -35,7 +35,7 @@ def render_configuration() -> str:
         "your editor the schema from `infersight config schema`.",
         "",
         "This page is generated from the configuration dataclasses "
-        "(`monitor/service/config.py`) each time the site is built.",
+        "(`monitor/service/config_sections.py`) each time the site is built.",
         "",
     ]
     for section in sections():

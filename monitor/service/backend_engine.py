@@ -11,12 +11,14 @@ the limits (answered 400) is `client_error`, a client that hangs up is `cancelle
 Answers name the stable model (`model_name`), never the version that served them, so a
 canary's clients cannot tell (or steer) their arm; a caller with the bearer token
 (`reveal_version`) is told the version in the `x-infersight-version` header.
+
+The runtime it serves with is started from `engine:`, and its canary resumed after a restart,
+in wiring_engine.py.
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
 import math
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -35,6 +37,7 @@ from .openai_api import ChatRequest, CompletionRequest, TextStream, render_chat
 from .overload import PromptEncoder, PromptOverCharacters
 from .pair_feed import engine_release_checks
 from .pipeline import CallTimer, make_record
+from .wiring_engine import model_of, resume_canary, start_runtime
 
 if TYPE_CHECKING:
     from infersight.collectors import InferenceStats
@@ -45,7 +48,6 @@ if TYPE_CHECKING:
 
 __all__ = ["EngineBackend"]
 
-log = logging.getLogger(__name__)
 _FINISH = {"stop": "stop", "length": "length", "cancelled": "stop"}
 VERSION_HEADER = "x-infersight-version"  # which version answered: only to callers with the token
 # Below these the sampling distribution is a point mass at float precision; dividing logits
@@ -114,45 +116,7 @@ class EngineBackend:
 
         if runtime is not None:
             return backend(runtime, owned=False)
-        from infersight.engine.admission import AdmissionLimits
-        from infersight.engine.errors import EngineError
-        from infersight.engine.registry import Registry
-        from infersight.engine.runtime import Runtime
-
-        from .runtime_store import FrequentPrompts, build_prefix_cache
-
-        cfg = config.engine
-        assert cfg is not None
-        try:
-            registry = Registry(cfg.registry)
-            fixed = config.model
-            frequent = FrequentPrompts(db, model=lambda version: fixed or model_of(version))
-            runtime = Runtime(
-                registry, max_batch_size=cfg.max_batch_size, max_prompt_tokens=cfg.max_prompt_tokens,
-                max_seq_len=cfg.max_seq_len, device=cfg.device, prefix_cache=build_prefix_cache(cfg),
-                preload_source=frequent, preload_top=cfg.preload_prompts, prefill_block=cfg.prefix_block_tokens,
-                admission=AdmissionLimits(cfg.max_queue, cfg.max_queue_wait_s),
-            )  # fmt: skip
-            routing = config.routing
-            version = routing.standard.version if routing is not None else None
-            version = version or cfg.version or registry.history.last_good()
-            if version is None:
-                versions = registry.versions()
-                if not versions:
-                    raise BackendUnavailable(f"no model version registered in {registry.root}")
-                version = versions[-1].name
-            runtime.start(version, resume_canary=False)  # resumed once the deploy log listens
-        except EngineError as exc:
-            raise BackendUnavailable(f"the embedded runtime did not start: {exc}") from exc
-        if config.routing is not None:
-            from .sla_routing import start_routing
-
-            try:
-                start_routing(runtime, config.routing)
-            except Exception:
-                runtime.stop(drain=False)
-                raise
-        return backend(runtime, owned=True)
+        return backend(start_runtime(config, db), owned=True)
 
     def observe_events(self, stats: InferenceStats | None) -> None:
         """Feed the live statistics from the runtime's events (queue, in flight, timings),
@@ -194,30 +158,11 @@ class EngineBackend:
 
     def resume_canary(self) -> None:
         """After a restart: the canary the registry's deploy history left running serves
-        again beside the stable version (`CanaryControl.resume`), and its analysis goes on
-        from the requests the store recorded since it started, not from zero."""
-        control, controller = getattr(self.runtime, "canary", None), self.canary_controller
-        if control is None or controller is None or not self._owned:
+        again beside the stable version, and its analysis goes on from the requests the
+        store recorded since it started (wiring_engine.py); only for a runtime started here."""
+        if self.canary_controller is None or not self._owned:
             return
-        from infersight.engine.runtime_canary import open_canary
-
-        try:
-            pending = open_canary(self.runtime.registry.history.records())
-        except Exception:  # an unreadable history: serve the stable version, as started
-            log.exception("the deploy history could not be read: no canary resumed")
-            return
-        if pending is None or pending.stable_version != self.runtime.serving_version:
-            control.resume(pending)  # records why it was not resumed
-            return
-        controller.begin(pending.version, pending.stable_version, pending.weight)  # before its first request
-        status = control.resume(pending)
-        if status is None:
-            controller.end()
-            return
-        try:
-            controller.replay(_stored_since(self.db, status))
-        except Exception:  # the store is down: the analysis starts from now; serving goes on
-            log.exception("canary %s: its stored requests could not be replayed", status.version)
+        resume_canary(self.runtime, self.canary_controller, self.db)
 
     def _hang_up(self, handle: Any) -> None:
         """The client went away: stop generating for it, counted as `cancelled`."""
@@ -586,36 +531,6 @@ def _render(req: ChatRequest, template: str | None, special: dict[str, str]) -> 
     messages = [{"role": m.role, "content": m.text()} | ({"name": m.name} if m.name else {})
                 for m in req.messages]  # fmt: skip
     return render_template(template, messages, special)
-
-
-def _stored_since(db: Engine, status: Any) -> list[Any]:
-    """The two versions' stored requests since the canary started, oldest first."""
-    import datetime as dt
-
-    from infersight.monitor.records import StoredRequest
-    from infersight.monitor.store.tables import by_start, requests, started_in
-    from sqlalchemy import select
-
-    c = requests.c
-    query = (
-        select(c.model_version, c.error_type, c.output_tokens, c.relevance, c.max_tokens, c.stream)
-        .where(
-            c.model_version.in_([status.version, status.stable_version]),
-            *started_in(dt.datetime.fromtimestamp(status.started_at, dt.UTC)),
-        )
-        .order_by(*by_start())
-    )
-    with db.connect() as conn:
-        return [StoredRequest(*row) for row in conn.execute(query)]
-
-
-def model_of(version: str | None) -> str:
-    """The model a version belongs to: `mixtral_banking_int8-v1.2` -> `mixtral_banking`."""
-    if not version:
-        return "unknown"
-    base = version.split("-v", 1)[0]
-    parts = base.split("_")
-    return "_".join(parts[:-1]) if len(parts) >= 3 else base
 
 
 def routed(path: str) -> bool:

@@ -1,9 +1,9 @@
 """The configuration described from the code: every key of `infersight.yaml`, a JSON Schema
 of it, and a file check that names the bad key with its line.
 
-The keys, types and defaults come from the dataclasses of `config.py`; each key's one-line
-description is the comment on its line or the first line of the `#` comment block directly
-above it, so a new field documents itself where it is declared. The configuration page of
+The keys, types and defaults come from the dataclasses of `config_sections.py`; each key's
+one-line description is the comment on its line or the first line of the `#` comment block
+directly above it, so a new field documents itself where it is declared. The configuration page of
 the docs site (docs/_hooks/generate.py) and `infersight config schema` are rendered from
 `config_keys()`; `check_file` runs the service's own `load_config` and maps the dotted key
 it rejects to the line of the YAML node that holds it, raising the typed error of its kind
