@@ -26,7 +26,7 @@ canary's: sequential.py) on a per-pair figure:
   1 this estimates the symmetric KL divergence per token between the two versions on the live
   traffic: one number per pair of low variance, where two sampled answers' embeddings differ
   by chance even when the versions are equal. One-sided against `max_divergence` (0.05 nats per
-  token: the candidate reads the baseline's answers at most about 5% worse in perplexity,
+  token: the candidate reads the baseline's answers worse by a perplexity ratio of at most
   exp(0.05) = 1.05). The runtime computes the cross sums with two teacher-forced forward
   passes per pair, when no live request waits or once the pair has waited a second
   (engine/runtime_shadow.py); pairs without
@@ -76,7 +76,7 @@ class PairPolicy:
     max_step_ratio: float = 1.5  # the candidate's decode step over this times the baseline's regresses
     tau_step: float = 0.3  # prior sd of the mean log step ratio
     # nats per token each version reads the other's answers worse, on average, above which the
-    # candidate regresses: 0.05 is about 5% in perplexity (exp(0.05) = 1.05)
+    # candidate regresses: 0.05 nats is a perplexity ratio of exp(0.05)
     max_divergence: float = 0.05
     # prior sd of the mean divergence: the releases worth stopping read each other's answers
     # 0.1-0.5 nats/token worse, and a mixture much narrower than the effects it should find
