@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import shutil
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -13,7 +14,7 @@ import pytest
 import torch
 from _engine_checkpoints import save_checkpoint
 from infersight.engine import load
-from infersight.engine.events import EngineEvent
+from infersight.engine.events import EngineEvent, PairCompleted
 from infersight.engine.registry import Registry
 from infersight.engine.runtime import Runtime
 from safetensors.torch import load_file, save_file
@@ -106,3 +107,14 @@ def runtime(registry: Registry) -> Iterator[Runtime]:
 def prompt(seed: int, length: int) -> list[int]:
     g = torch.Generator().manual_seed(seed)
     return torch.randint(0, VOCAB, (length,), generator=g).tolist()
+
+
+def completed_pairs(recorder: Recorder, n: int, timeout: float = 60.0) -> list[PairCompleted]:
+    """The first `n` (or more) `PairCompleted` events `recorder` saw, waited for up to `timeout` s."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = recorder.of(PairCompleted)
+        if len(found) >= n:
+            return found
+        time.sleep(0.02)
+    raise AssertionError(f"{len(recorder.of(PairCompleted))} pairs, not {n}, within {timeout:g} s")

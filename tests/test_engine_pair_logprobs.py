@@ -68,13 +68,7 @@ def _read(model: MoEModel, prompt_ids: tuple[int, ...], answer: tuple[int, ...])
 
 
 def _pairs(recorder: Recorder, n: int, timeout: float = 60.0) -> list[PairCompleted]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = recorder.of(PairCompleted)
-        if len(found) >= n:
-            return found
-        time.sleep(0.02)
-    raise AssertionError(f"{len(recorder.of(PairCompleted))} pairs, not {n}, within {timeout:g} s")
+    return support.completed_pairs(recorder, n, timeout)
 
 
 def _sampled_pairs(

@@ -33,13 +33,7 @@ tiny_checkpoints, registry, greedy, runtime = (
 
 
 def _pairs(recorder: Recorder, n: int, timeout: float = 60.0) -> list[PairCompleted]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = recorder.of(PairCompleted)
-        if len(found) >= n:
-            return found
-        time.sleep(0.02)
-    raise AssertionError(f"{len(recorder.of(PairCompleted))} pairs, not {n}, within {timeout:g} s")
+    return support.completed_pairs(recorder, n, timeout)
 
 
 def test_canary_pairs_hold_both_versions_answers_to_the_same_request(
