@@ -42,7 +42,7 @@ __all__ = [
 ]
 
 CSRC = "csrc"  # next to this module: the library's C
-SOURCES = ("linear.c", "int8.c", "int4.c", "decode_step.c")
+SOURCES = ("linear.c", "int8.c", "fp8.c", "int4.c", "decode_step.c")
 # every build's flags besides its level's (setup.py's and native.py's $INFERSIGHT_ENGINE_MARCH
 # ones): OpenMP linked by soname (libgomp.so.1, which torch has loaded: one thread pool), only
 # the entry points of infersight.h exported

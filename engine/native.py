@@ -117,8 +117,9 @@ def sources() -> list[Path]:
 class NativeKernels:
     """The loaded library: `linear` (the packed product), `step` and `step_scratch` (the decode
     step: native_step.py); `avx512` and `vnni` say which loops it was built with, `int8_dot`
-    whether it has int8-activation loops (VNNI, or AVX2's multiply-adds) for int8 and int4, `bf16`
-    whether its fp8 loop can read bf16 activations (AVX512-BF16);
+    whether it has int8-activation loops (VNNI, or AVX2's multiply-adds) for int8 and int4,
+    `fp8_packed` whether it has the fp8 loop over a packed copy of the bytes (AVX2, AVX512-BF16)
+    and `bf16` whether that loop reads bf16 activations (AVX512-BF16) rather than fp32 ones;
     `level` the packaged level (isa.py) or `march=...` for a $INFERSIGHT_ENGINE_MARCH build."""
 
     def __init__(self, path: Path, level: str) -> None:
@@ -129,6 +130,7 @@ class NativeKernels:
             vnni = bool(lib.infersight_has_vnni())
             int8_dot = bool(lib.infersight_has_int8_dot())
             bf16 = bool(lib.infersight_has_bf16())
+            fp8_packed = bool(lib.infersight_has_fp8_packed())
             step, step_scratch = lib.infersight_decode_step, lib.infersight_step_scratch
             rows_fp8 = lib.infersight_rows_fp8
         except (OSError, AttributeError) as exc:
@@ -147,7 +149,7 @@ class NativeKernels:
         rows_fp8.restype = None
         self._rows_fp8 = rows_fp8
         self.path, self.avx512, self.vnni, self._fn = path, avx512, vnni, fn
-        self.int8_dot, self.bf16, self.level = int8_dot, bf16, level
+        self.int8_dot, self.bf16, self.fp8_packed, self.level = int8_dot, bf16, fp8_packed, level
         # what a measured verdict holds for (paths.py): this build of the library, by its bytes
         self.key = f"{path.stem}-{hashlib.sha256(path.read_bytes()).hexdigest()[:12]}"
         self.step, self.step_scratch = step, step_scratch

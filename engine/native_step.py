@@ -72,7 +72,7 @@ class StepModel(ctypes.Structure):
         *((name + "_ps", ctypes.c_void_p) for name in _PACKED),
         ("head_quantized", ctypes.c_int64),
         ("int4_group", ctypes.c_int64),
-        ("fp8_bf16", ctypes.c_int64),
+        ("fp8_packed", ctypes.c_int64),
     ]
 
 
@@ -145,8 +145,9 @@ def _experts(moe: MoEFeedForward, int4_ok: bool, int4: _Int4Packer) -> list[tupl
 
 
 def _subnormal(w: torch.Tensor | None) -> bool:
-    """Whether e4m3 bytes hold a subnormal code (exponent 0, mantissa not): the bf16 fp8 loop
-    reads those as 0 (engine/csrc/int8.c), so such weights take the fp32 loop."""
+    """Whether e4m3 bytes hold a subnormal code (exponent 0, mantissa not): the packed fp8 loop
+    of the AVX512-BF16 build reads those as 0 (engine/csrc/fp8.c), so such weights take the
+    row-major loop."""
     return w is not None and bool((((w & 0x78) == 0) & ((w & 7) != 0)).any())
 
 
@@ -175,7 +176,7 @@ def _pack_w13(w: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Tensor, torc
 
 
 def pack_fp8(w: torch.Tensor) -> torch.Tensor:
-    """e4m3 bytes [N, K] -> the bf16 loop's layout (engine/csrc/int8.c, `f8_block`): rows padded
+    """e4m3 bytes [N, K] -> the packed fp8 loop's layout (engine/csrc/fp8.c, `f8_block`): rows padded
     to whole 16-row blocks and K to whole 64 columns with zero bytes (the value 0); per quad of 4
     rows, per 64 columns, the 4 rows' 64 bytes. A block's quads follow each other, so the loop
     reads each block as one stream."""
@@ -327,16 +328,17 @@ class NativeStep:
             assert head[1] is not None
             head_p, head_ps = (resident(t) for t in pack_int8(head[0], head[1]))
             keep.extend((head_p, head_ps))
-        # fp8 on builds with AVX512-BF16: the bf16 loop, over the bytes packed for it (one stream a
-        # block; the row-major rows, which the fp32 loop reads, cost it half its speed on some
-        # CPUs), where no byte is a subnormal code; the int8 head packed for the int8 loops
-        fp8_bf16 = (
+        # fp8 on builds with the packed loop (AVX2: fp32 activations; AVX512-BF16: bf16 ones), over
+        # the bytes packed for it (one stream a block; the row-major rows cost a loop much of its
+        # speed on some CPUs), where no byte is a subnormal code; the int8 head packed for the
+        # int8 loops
+        fp8_packed = (
             fp8
-            and kernels.bf16
+            and kernels.fp8_packed
             and not any(_subnormal(w) for name in ("wqkv", "wo", "w13", "w2") for w in columns[name])
             and (int8_head or not _subnormal(head[0]))
         )
-        if fp8_bf16:
+        if fp8_packed:
             for name in _PACKED[:4]:
                 pack_bytes = _pack_fp8_w13 if name == "w13" else pack_fp8
                 columns[name + "_p"] = [resident(pack_bytes(w)) for w in columns[name] if w is not None]
@@ -371,7 +373,7 @@ class NativeStep:
             quantized=2 if int4 else 3 if fp8 else int(quantized),
             head_quantized=1 if int8_head else 0,
             int4_group=int4_group,
-            fp8_bf16=int(fp8_bf16),
+            fp8_packed=int(fp8_packed),
             **{name: array(tensors) for name, tensors in columns.items()},
         )
         self._keep, self._address = keep, ctypes.addressof(self.model)

@@ -207,7 +207,7 @@ def annotate(path: EnginePath, step: native_step.NativeStep | None, dtype: torch
     """`path` with what it runs on: the native library's loops and the activations' precision
     (int8 where the native step quantises them), for `infersight_engine_path_info`."""
     if path.name == "native" and step is not None:
-        acts = "int8" if step.act8 or step.int4 else "bf16" if step.model.fp8_bf16 else "fp32"
+        acts = "int8" if step.act8 or step.int4 else "bf16" if step.model.fp8_packed and step.kernels.bf16 else "fp32"
         return dataclasses.replace(path, kernels=step.kernels.isa, activations=acts)
     return dataclasses.replace(
         path,

@@ -345,8 +345,8 @@ def test_every_build_this_cpu_runs_decodes_alike(
             assert step.kernels.path == kernels.path
             assert model.engine_path.kernels == kernels.isa  # what the path-info metric labels
             acts = "int8" if step.act8 or step.int4 else "bf16" if step.fp8 and kernels.bf16 else "fp32"
-            assert bool(step.model.fp8_bf16) == (
-                step.fp8 and kernels.bf16
+            assert bool(step.model.fp8_packed) == (
+                step.fp8 and kernels.fp8_packed
             )  # the quantizer writes no subnormals
             assert model.engine_path.activations == acts
             step.act8 = act8

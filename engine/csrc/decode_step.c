@@ -2,7 +2,8 @@
    says what it computes and why; README.md lists the phases). fp32 models read the packed
    weights (linear.c's tiles); int8 weight-only ones the engine's int8 [N, K] rows and per-row
    scales (int8.c's rows8), or with int8 activations a packed copy (p8_block); int4 ones their
-   packed blocks against int8 activations (int4.c's p4_block); fp8 weight-only ones their e4m3
+   packed blocks against int8 activations (int4.c's p4_block); fp8 weight-only ones a packed copy
+   of their e4m3 bytes (fp8.c's f8_block) or, where the build or the bytes do not allow it, their
    [N, K] bytes and per-row scales (int8.c's rowsf8), like int8's rows. */
 #include <math.h>
 #include <omp.h>
@@ -18,8 +19,8 @@ typedef struct { const void *w; const float *s; const int8_t *p; const float *ps
    (rows r0.. of it) the packed int8 copy; int4 blocks grouped as the model's `int4_group` says. */
 static void block(int64_t quantized, const float *x, int64_t ldx, int64_t M, wref W, int64_t n0, int64_t bi,
                   int64_t nr, int64_t K, float *out, const qact *qx, int64_t r0, int64_t group) {
-#if INFERSIGHT_BF16
-    if (quantized == 3 && qx) { /* fp8 against the bf16 rows of qx: block bi of the packed copy */
+#if INFERSIGHT_F8P
+    if (quantized == 3 && qx) { /* fp8 against the rows of qx (fp8.c): block bi of the packed copy */
         f8_block(qx, r0, M, (const uint8_t *)W.p + bi * 16 * qx->Kp, W.s, n0, nr, out);
         return;
     }
@@ -113,15 +114,16 @@ static inline wref ref(const float *const *w, const float *const *s, const int8_
 
 static inline float silu_mul(float g, float u) { return g / (1.0f + expf(-g)) * u; }
 
-/* row `row` of the activations the step's loops read: int8 (int8 and int4 models), or bf16 (fp8 models on builds with BF16) */
-static inline void act_row(int bf16, const qact *q, int64_t row, const float *x, int64_t K) {
-#if INFERSIGHT_BF16
-    if (bf16) {
-        bf16_row(q, row, x, K);
+/* row `row` of the activations the step's loops read: int8 (int8 and int4 models), or the packed
+   fp8 loop's (fp8 models on builds that have it: bf16 or fp32, fp8.c) */
+static inline void act_row(int f8, const qact *q, int64_t row, const float *x, int64_t K) {
+#if INFERSIGHT_F8P
+    if (f8) {
+        f8_row(q, row, x, K);
         return;
     }
 #else
-    (void)bf16;
+    (void)f8;
 #endif
     quantize_row(q, row, x, K);
 }
@@ -151,7 +153,7 @@ int64_t infersight_decode_step(const infersight_model *m, int64_t B, const int64
     int64_t *order = sel_e + bk, *group = order + bk, *count = group + E + 1, *active = count + E;
     int64_t n_active = 0;
     const int v8 = q8 && q8 != 3 && (m->act8 || q8 == 2) && INFERSIGHT_I8; /* int4 (q8 == 2): always; fp8: never */
-    const int b16 = q8 == 3 && INFERSIGHT_BF16 && m->fp8_bf16, aq = v8 || b16; /* aq: the loops read qact rows */
+    const int f8p = q8 == 3 && INFERSIGHT_F8P && m->fp8_packed, aq = v8 || f8p; /* aq: the loops read qact rows */
     const int head8 = q8 == 3 && m->head_quantized && m->head_p && INFERSIGHT_I8; /* fp8's int8 head, packed */
     char *qat = (char *)(((uintptr_t)(active + E) + 63) & ~(uintptr_t)63);
     qact qxn = qact_at(&qat, B, D), qattn = qact_at(&qat, B, H * hd);
@@ -180,7 +182,7 @@ int64_t infersight_decode_step(const infersight_model *m, int64_t B, const int64
             {
                 rms_norm_rows(x, m->attn_norm[l], xn, B, D, m->eps);
                 if (aq)
-                    for (int64_t b = 0; b < B; b++) act_row(b16, &qxn, b, xn + b * D, D);
+                    for (int64_t b = 0; b < B; b++) act_row(f8p, &qxn, b, xn + b * D, D);
             }
             linear_for(q8, xn, B, ref(m->wqkv, m->wqkv_s, m->wqkv_p, m->wqkv_ps, l, q8, aq), NQ, D, qkv, 0, acc,
                        aq ? &qxn : 0, grp);
@@ -238,7 +240,7 @@ int64_t infersight_decode_step(const infersight_model *m, int64_t B, const int64
             }
             if (aq) {
 #pragma omp for schedule(static)
-                for (int64_t b = 0; b < B; b++) act_row(b16, &qattn, b, attn + b * H * hd, H * hd);
+                for (int64_t b = 0; b < B; b++) act_row(f8p, &qattn, b, attn + b * H * hd, H * hd);
             }
             linear_for(q8, attn, B, ref(m->wo, m->wo_s, m->wo_p, m->wo_ps, l, q8, aq), D, H * hd, x, 1, acc,
                        aq ? &qattn : 0, grp); /* x += attention */
@@ -280,7 +282,7 @@ int64_t infersight_decode_step(const infersight_model *m, int64_t B, const int64
                     memcpy(xe + at * D, xn + (p / topk) * D, D * sizeof(float));
                 }
                 if (aq)
-                    for (int64_t r = 0; r < bk; r++) act_row(b16, &qxe, r, xe + r * D, D);
+                    for (int64_t r = 0; r < bk; r++) act_row(f8p, &qxe, r, xe + r * D, D);
             }
             /* the chosen experts' w1 and w3 (and SiLU(w1 x) * w3 x when the blocks line up) */
             if (fused) {
@@ -314,7 +316,7 @@ int64_t infersight_decode_step(const infersight_model *m, int64_t B, const int64
             }
             if (aq) {
 #pragma omp for schedule(static)
-                for (int64_t r = 0; r < bk; r++) act_row(b16, &qa, r, act + r * I, I);
+                for (int64_t r = 0; r < bk; r++) act_row(f8p, &qa, r, act + r * I, I);
             }
             /* w2, scaled by each pair's routing weight, summed into its row's residual */
 #pragma omp for schedule(static)
@@ -336,7 +338,7 @@ int64_t infersight_decode_step(const infersight_model *m, int64_t B, const int64
         {
             rms_norm_rows(x + (B - out_rows) * D, m->norm, xn, out_rows, D, m->eps);
             if (aq || head8)
-                for (int64_t b = 0; b < out_rows; b++) act_row(b16 && !head8, &qxn, b, xn + b * D, D);
+                for (int64_t b = 0; b < out_rows; b++) act_row(f8p && !head8, &qxn, b, xn + b * D, D);
         }
         /* an int8 head kept beside int4 or fp8 weights reads its packed copy against the int8
            activations; an fp8 model's without one (no int8 loops) its rows against the fp32 ones */

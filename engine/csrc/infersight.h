@@ -27,8 +27,8 @@ typedef struct {
     /* quantized 1 (int8 weight-only models): the projections' pointers above are int8 [N, K]
        row-major, with per-row scales here; 2 (int4, builds with int8-activation loops only):
        they and the `_p` ones below are int4.c's packed blocks, scales inside; 3 (fp8 weight-only):
-       as 1 with float8 e4m3 bytes, never int8 activations (with `fp8_bf16`, the `_p` ones are
-       the bytes packed for the bf16 loop: int8.c's `f8_block`). All: embedding and KV cache bf16;
+       as 1 with float8 e4m3 bytes, never int8 activations (with `fp8_packed`, the `_p` ones are
+       the bytes packed for fp8.c's `f8_block`). All: embedding and KV cache bf16;
        norms, router, RoPE fp32 */
     int64_t quantized;
     const float *const *wqkv_s, *const *wo_s, *const *w13_s, *const *w2_s;
@@ -47,16 +47,17 @@ typedef struct {
     /* int4: the group size of the projections whose K is a multiple of 64: 64 (0 means 64 too),
        or 32 for a build made with groups of 32 (a llama.cpp q4_0/q4_1 import); other K: 32 */
     int64_t int4_group;
-    /* fp8, builds with AVX512-BF16: 1 when no weight byte is a subnormal e4m3 code (the
-       quantizer writes none), so the bf16 loop reads them exactly; 0: the fp32 loop */
-    int64_t fp8_bf16;
+    /* fp8, builds with the packed fp8 loop (AVX2, AVX512-BF16): 1 when no weight byte is a
+       subnormal e4m3 code (the quantizer writes none) and the `_p` copies are made; 0: the
+       row-major loop */
+    int64_t fp8_packed;
 } infersight_model;
 
 /* linear.c: out [M, N] = residual [M, N] (or 0) + alpha * x [M, K] @ W^T, W packed [N/16][K][16] */
 INFERSIGHT_API void infersight_linear_f32(const float *x, const float *wp, const float *residual, float *out,
                                           int64_t M, int64_t N, int64_t K, float alpha);
 
-/* int8.c: out [M, N] = x [M, K] @ (s [N] * W)^T for float8 e4m3 bytes W [N, K] row-major: the
+/* fp8.c: out [M, N] = x [M, K] @ (s [N] * W)^T for float8 e4m3 bytes W [N, K] row-major: the
    fp8 weight-only product on its own, serial (the decode step's loop: with x rounded to bf16
    where the build has AVX512-BF16 and W has no subnormal codes; tests hold it to torch) */
 INFERSIGHT_API void infersight_rows_fp8(const float *x, const uint8_t *w, const float *s, float *out,
@@ -75,6 +76,7 @@ INFERSIGHT_API int64_t infersight_step_scratch(const infersight_model *m, int64_
 INFERSIGHT_API int infersight_has_avx512(void);   /* decode_step.c */
 INFERSIGHT_API int infersight_has_vnni(void);     /* int8.c */
 INFERSIGHT_API int infersight_has_int8_dot(void); /* int8.c: int8-activation loops (VNNI or AVX2) */
-INFERSIGHT_API int infersight_has_bf16(void);     /* int8.c: fp8 against bf16 activations (AVX512-BF16) */
+INFERSIGHT_API int infersight_has_bf16(void);     /* fp8.c: fp8 against bf16 activations (AVX512-BF16) */
+INFERSIGHT_API int infersight_has_fp8_packed(void); /* fp8.c: the packed fp8 loop (AVX2 or AVX512-BF16) */
 
 #endif

@@ -10,19 +10,13 @@
    exactly 2^-8 times its e4m3 value, subnormals included (fp16's exponent bias is 8 more than
    e4m3's; `vcvtph2ps` widens it), and the 2^8 is folded into the row's scale. The plain C
    loop decodes through `fp8_in`, the definition the vector loops are tested against. The
-   NaN bytes (0x7f, 0xff) are not decoded as NaN: the quantizer never writes them. */
+   NaN bytes (0x7f, 0xff) are not decoded as NaN: the quantizer never writes them. fp8.c has
+   the faster loop over a packed copy of the same bytes, which builds with AVX2 or AVX512-BF16
+   take where a model's bytes allow it. */
 #include <math.h>
 #include <stdlib.h>
 
 #include "kernels.h"
-
-/* The e4m3 value of byte b (sign, 4 exponent bits of bias 7, 3 mantissa bits; exponent 0:
-   subnormal, m * 2^-9). */
-static inline float fp8_in(uint8_t b) {
-    int e = (b >> 3) & 15, m = b & 7;
-    float v = e ? ldexpf(1.0f + (float)m / 8.0f, e - 7) : ldexpf((float)m, -9);
-    return b & 0x80 ? -v : v;
-}
 
 #if defined(__AVX2__) && defined(__FMA__) && !(defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__))
 /* 8 weight bytes as floats: int8, or e4m3 times 2^-8 (`F8`) */
@@ -148,107 +142,6 @@ static inline __attribute__((always_inline)) void rows_q8(
     }
 }
 
-#if INFERSIGHT_BF16
-/* fp8 against bf16 activations. A normal e4m3 byte c is, bit for bit, a bf16 2^-120 times its
-   value: (sign-extended c << 4) & 0x87f0 puts its sign at bit 15, its 4 exponent bits at the
-   bottom of bf16's 8 and its 3 mantissa bits at the top of bf16's 7 (0 stays 0). So one
-   64-byte load gives 32 bf16 weights from the high bytes of its words (an arithmetic shift
-   right by 4) and 32 from the low bytes (shifted up by 8 first): three shifts and two ands per
-   64 weights, no table, and the even/odd order is undone on the activations' side, once per
-   row (`bf16_row`). The 2^-120 is taken back in two halves: 2^64 on the activations (which
-   keeps every product a normal number: vdpbf16ps flushes subnormals) and 2^56 with the scale.
-   Subnormal e4m3 codes (exponent 0, mantissa not 0) would read as bf16 subnormals, i.e. as 0:
-   the quantizer never writes them, and the step takes this loop only for weights without
-   them (`fp8_bf16`), the exact `rowsf8` otherwise. */
-#define F8_X_UP 18446744073709551616.0f  /* 2^64 */
-#define F8_OUT 72057594037927936.0f      /* 2^56 */
-
-/* out[r * 16 + c] = s[c] * x_r . w[c] for r < MR, c < nc: one quad of the packed e4m3 layout
-   (`wq`: per 64 columns of K, the quad's 4 rows' 64 bytes, 256 bytes a chunk, one stream)
-   against the rows of `bf16_row` (Kp words apart). Rows and columns past the weight's are
-   zero bytes, the value 0. */
-static inline __attribute__((always_inline)) void quadf8b(
-        const uint16_t *xb, int64_t Kp, const uint8_t *wq, const float *s, int64_t nc, const int MR,
-        float *out) {
-    const __m512i keep = _mm512_set1_epi16((short)0x87f0);
-    /* up to two rows, the odd columns' products go to sums of their own: twice the independent
-       chains of vdpbf16ps, whose latency is what a one-row decode waits on */
-    __m512 acc[4][4], odd_acc[2][4];
-    for (int r = 0; r < MR; r++)
-        for (int c = 0; c < 4; c++) acc[r][c] = _mm512_setzero_ps();
-    for (int r = 0; r < MR && MR <= 2; r++)
-        for (int c = 0; c < 4; c++) odd_acc[r][c] = _mm512_setzero_ps();
-    for (int64_t k = 0; k < Kp; k += 64) {
-        const uint8_t *chunk = wq + 4 * k;
-        __m512i even[4], odd[4];
-        for (int c = 0; c < 4; c++) {
-            _mm_prefetch((const char *)(chunk + 1024 + 64 * c), _MM_HINT_T0);
-            __m512i b = _mm512_loadu_si512((const void *)(chunk + 64 * c));
-            even[c] = _mm512_and_si512(_mm512_srai_epi16(_mm512_slli_epi16(b, 8), 4), keep);
-            odd[c] = _mm512_and_si512(_mm512_srai_epi16(b, 4), keep);
-        }
-        for (int r = 0; r < MR; r++) {
-            __m512bh xe = (__m512bh)_mm512_loadu_si512((const void *)(xb + r * Kp + k));
-            __m512bh xo = (__m512bh)_mm512_loadu_si512((const void *)(xb + r * Kp + k + 32));
-            for (int c = 0; c < 4; c++) {
-                if (MR <= 2) {
-                    acc[r][c] = _mm512_dpbf16_ps(acc[r][c], xe, (__m512bh)even[c]);
-                    odd_acc[r & 1][c] = _mm512_dpbf16_ps(odd_acc[r & 1][c], xo, (__m512bh)odd[c]);
-                } else {
-                    acc[r][c] = _mm512_dpbf16_ps(_mm512_dpbf16_ps(acc[r][c], xe, (__m512bh)even[c]), xo,
-                                                 (__m512bh)odd[c]);
-                }
-            }
-        }
-    }
-    for (int r = 0; r < MR && MR <= 2; r++)
-        for (int c = 0; c < 4; c++) acc[r][c] = _mm512_add_ps(acc[r][c], odd_acc[r][c]);
-    for (int r = 0; r < MR; r++)
-        for (int c = 0; c < nc; c++) out[r * 16 + c] = s[c] * F8_OUT * _mm512_reduce_add_ps(acc[r][c]);
-}
-
-void f8_block(const qact *q, int64_t r0, int64_t M, const uint8_t *wb, const float *s, int64_t n0, int64_t nr,
-              float *out) {
-    const uint16_t *xb = (const uint16_t *)(const void *)q->a + r0 * q->Kp;
-    for (int64_t r = 0; r < M; r += 4) {
-        int64_t n = M - r < 4 ? M - r : 4;
-        for (int64_t c = 0; c < nr; c += 4) {
-            const uint8_t *wq = wb + c * q->Kp; /* the block's quads, 4 * Kp bytes each */
-            const float *sc = s + n0 + c;
-            const uint16_t *xr = xb + r * q->Kp;
-            int64_t nc = nr - c < 4 ? nr - c : 4;
-            float *o = out + r * 16 + c;
-            switch (n) {
-                case 1: quadf8b(xr, q->Kp, wq, sc, nc, 1, o); break;
-                case 2: quadf8b(xr, q->Kp, wq, sc, nc, 2, o); break;
-                case 3: quadf8b(xr, q->Kp, wq, sc, nc, 3, o); break;
-                default: quadf8b(xr, q->Kp, wq, sc, nc, 4, o); break;
-            }
-        }
-    }
-}
-
-void bf16_row(const qact *q, int64_t row, const float *x, int64_t K) {
-    uint16_t *dst = (uint16_t *)(void *)q->a + row * q->Kp;
-    const __m512 up = _mm512_set1_ps(F8_X_UP);
-    /* per 64 columns: the even ones, then the odd ones (the weights' low and high bytes) */
-    const __m512i evens = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
-    const __m512i odds = _mm512_add_epi32(evens, _mm512_set1_epi32(1));
-    for (int64_t k = 0; k < q->Kp; k += 32) {
-        int64_t left = K - k;
-        __mmask16 m0 = left >= 16 ? (__mmask16)0xffff : left <= 0 ? 0 : (__mmask16)((1u << left) - 1u);
-        __mmask16 m1 = left >= 32 ? (__mmask16)0xffff : left <= 16 ? 0 : (__mmask16)((1u << (left - 16)) - 1u);
-        __m512 a = _mm512_mul_ps(_mm512_maskz_loadu_ps(m0, x + k), up);
-        __m512 b = _mm512_mul_ps(_mm512_maskz_loadu_ps(m1, x + k + 16), up);
-        __m512 e = _mm512_permutex2var_ps(a, evens, b), o = _mm512_permutex2var_ps(a, odds, b);
-        /* 16 even columns of these 32 go to the chunk's first half, the odd ones to its second */
-        uint16_t *chunk = dst + (k & ~(int64_t)63) + (k & 32) / 2;
-        _mm256_storeu_si256((__m256i *)(void *)chunk, (__m256i)_mm512_cvtneps_pbh(e)); /* nearest even */
-        _mm256_storeu_si256((__m256i *)(void *)(chunk + 32), (__m256i)_mm512_cvtneps_pbh(o));
-    }
-}
-#endif
-
 void rows8(const float *x, int64_t ldx, int64_t M, const int8_t *w, const float *s,
            int64_t n0, int64_t nr, int64_t K, float *out) {
     rows_q8(x, ldx, M, w, s, n0, nr, K, 0, out);
@@ -259,58 +152,23 @@ void rowsf8(const float *x, int64_t ldx, int64_t M, const uint8_t *w, const floa
     rows_q8(x, ldx, M, (const int8_t *)w, s, n0, nr, K, 1, out);
 }
 
-void infersight_rows_fp8(const float *x, const uint8_t *w, const float *s, float *out, int64_t M, int64_t N,
-                         int64_t K) {
-    float tmp[4 * 16];
-#if INFERSIGHT_BF16 /* the decode step's loop: the rows as bf16, four at a time (weights without subnormals) */
-    int subnormal = 0;
-    for (int64_t i = 0; i < N * K; i++) subnormal |= (w[i] & 0x78) == 0 && (w[i] & 7) != 0;
-    const int64_t Kp = 64 * ((K + 63) / 64);
-    uint16_t xb[4 * Kp] __attribute__((aligned(64)));
-    qact q = {(uint8_t *)(void *)xb, 0, 0, 0, 0, Kp, Kp / 64};
-    uint8_t *packed = subnormal ? 0 : calloc((size_t)((N + 15) / 16 * 16 * Kp), 1); /* the step's layout */
-    if (!subnormal && !packed) subnormal = 1; /* no memory: the fp32 loop, which needs none */
-    for (int64_t n = 0; packed && n < N; n++)
-        for (int64_t k = 0; k < K; k++)
-            packed[(n / 4) * 4 * Kp + (k / 64) * 256 + (n % 4) * 64 + k % 64] = w[n * K + k];
-#endif
-    for (int64_t r = 0; r < M; r += 4) {
-        int64_t m = M - r < 4 ? M - r : 4;
-#if INFERSIGHT_BF16
-        for (int64_t i = 0; i < m && !subnormal; i++) bf16_row(&q, i, x + (r + i) * K, K);
-#endif
-        for (int64_t n0 = 0; n0 < N; n0 += 16) {
-            int64_t nr = N - n0 < 16 ? N - n0 : 16;
-#if INFERSIGHT_BF16
-            if (!subnormal) f8_block(&q, 0, m, packed + n0 * Kp, s, n0, nr, tmp);
-            else
-#endif
-                rowsf8(x + r * K, K, m, w, s, n0, nr, K, tmp);
-            for (int64_t i = 0; i < m; i++)
-                for (int64_t j = 0; j < nr; j++) out[(r + i) * N + n0 + j] = tmp[i * 16 + j];
-        }
-    }
-#if INFERSIGHT_BF16
-    free(packed);
-#endif
-}
-
 qact qact_at(char **at, int64_t rows, int64_t K) {
     qact q;
     q.nb = (K + 63) / 64;
     q.Kp = q.nb * 64;
+    const int64_t area = QACT_AREA * rows * q.Kp; /* a and as, or the fp8 loop's rows (fp8.c) */
     q.a = (uint8_t *)*at;
     q.as = (int8_t *)(*at + rows * q.Kp);
-    q.s = (float *)(void *)(*at + 2 * rows * q.Kp);
-    q.asum = (int32_t *)(void *)(*at + 2 * rows * q.Kp + 4 * rows * q.nb);
-    q.xsum = (float *)(void *)(*at + 2 * rows * q.Kp + 12 * rows * q.nb);
-    *at += ((2 * rows * q.Kp + 20 * rows * q.nb) + 63) / 64 * 64;
+    q.s = (float *)(void *)(*at + area);
+    q.asum = (int32_t *)(void *)(*at + area + 4 * rows * q.nb);
+    q.xsum = (float *)(void *)(*at + area + 12 * rows * q.nb);
+    *at += ((area + 20 * rows * q.nb) + 63) / 64 * 64;
     return q;
 }
 
 int64_t qact_bytes(int64_t rows, int64_t K) {
     int64_t nb = (K + 63) / 64;
-    return ((2 * rows * nb * 64 + 20 * rows * nb) + 63) / 64 * 64;
+    return ((QACT_AREA * rows * nb * 64 + 20 * rows * nb) + 63) / 64 * 64;
 }
 
 void quantize_row(const qact *q, int64_t row, const float *x, int64_t K) {
@@ -492,6 +350,5 @@ void p8_block(const qact *q, int64_t r0, int64_t M, const int8_t *wb, const floa
 #endif
 
 int infersight_has_vnni(void) { return INFERSIGHT_VNNI; }
-int infersight_has_bf16(void) { return INFERSIGHT_BF16; }
 
 int infersight_has_int8_dot(void) { return INFERSIGHT_I8; }

@@ -5,6 +5,7 @@
 #ifndef INFERSIGHT_KERNELS_H
 #define INFERSIGHT_KERNELS_H
 
+#include <math.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
@@ -30,6 +31,19 @@
 #define INFERSIGHT_BF16 1
 #else
 #define INFERSIGHT_BF16 0
+#endif
+/* INFERSIGHT_F8P: the fp8 loop over a packed copy of the e4m3 bytes exists (fp8.c): against
+   bf16 activations (INFERSIGHT_BF16), or against fp32 ones on the AVX2 build, whose qact rows
+   then hold 4 bytes a column (QACT_AREA) */
+#if INFERSIGHT_BF16
+#define INFERSIGHT_F8P 1
+#define QACT_AREA 2
+#elif defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
+#define INFERSIGHT_F8P 1
+#define QACT_AREA 4
+#else
+#define INFERSIGHT_F8P 0
+#define QACT_AREA 2
 #endif
 /* INFERSIGHT_I8: the int8-activation loops exist (VNNI, or AVX2's multiply-adds) */
 #if INFERSIGHT_VNNI || defined(INFERSIGHT_I8_AVX2)
@@ -71,6 +85,14 @@ static inline float f16_in(uint16_t h) { /* IEEE half -> float, exactly */
     return f;
 }
 
+/* The e4m3 value of byte b (sign, 4 exponent bits of bias 7, 3 mantissa bits; exponent 0:
+   subnormal, m * 2^-9): the definition every vector decode is tested against. */
+static inline float fp8_in(uint8_t b) {
+    int e = (b >> 3) & 15, m = b & 7;
+    float v = e ? ldexpf(1.0f + (float)m / 8.0f, e - 7) : ldexpf((float)m, -9);
+    return b & 0x80 ? -v : v;
+}
+
 static inline int32_t load4(const void *p) { /* 4 activation bytes, to broadcast */
     int32_t v;
     memcpy(&v, p, 4);
@@ -108,12 +130,12 @@ INFERSIGHT_INTERNAL void rows8(const float *x, int64_t ldx, int64_t M, const int
 /* the same for float8 e4m3 weight bytes [N, K] (fp8 weight-only models) */
 INFERSIGHT_INTERNAL void rowsf8(const float *x, int64_t ldx, int64_t M, const uint8_t *w, const float *s,
                                 int64_t n0, int64_t nr, int64_t K, float *out);
-#if INFERSIGHT_BF16
-/* fp8 weights against bf16 activations: a qact's `a` and `as` together (2 * rows * Kp bytes)
-   hold the rows as bf16, Kp words apart, zero past K (`bf16_row`). out [M][16]: rows n0..n0+nr-1
-   of an e4m3 weight with scales [N], for rows r0..r0+M-1 of q; `wb`: that 16-row block of the
-   packed layout (native_step.py `pack_fp8`: per quad of rows, per 64 columns, 4 x 64 bytes). */
-INFERSIGHT_INTERNAL void bf16_row(const qact *q, int64_t row, const float *x, int64_t K);
+#if INFERSIGHT_F8P
+/* fp8.c, the packed fp8 loop: `f8_row` writes row `row` of q's byte area as that loop reads it
+   (bf16, or fp32 on the AVX2 build; zero past K); `f8_block`: out [M][16] = rows n0..n0+nr-1 of
+   an e4m3 weight with scales [N] for rows r0..r0+M-1 of q, `wb` that 16-row block of the packed
+   layout (native_step.py `pack_fp8`: per quad of rows, per 64 columns, 4 x 64 bytes) */
+INFERSIGHT_INTERNAL void f8_row(const qact *q, int64_t row, const float *x, int64_t K);
 INFERSIGHT_INTERNAL void f8_block(const qact *q, int64_t r0, int64_t M, const uint8_t *wb, const float *s,
                                   int64_t n0, int64_t nr, float *out);
 #endif
