@@ -318,3 +318,60 @@ def test_a_stable_pod_whose_shadow_is_its_own_release_stops_shadowing(stable: St
     assert len(stable.vllm.seen) - seen == 7  # 6 requests and the one shadow that found it out
     feed = stable.app.state.service.parts.backend.pair_feed  # no pair of a release with itself
     assert feed.score() == 0 and feed.scored == 0
+
+
+def _pairs_with_divergence(per_pair: list[float]) -> tuple[int, tuple[Any, ...]]:
+    """A real PairedAnalysis fed pairs whose answers agree in length and finish reason and whose
+    cross log-probabilities put each pair's divergence at the given nats per token."""
+    from infersight.alerts.release.paired_checks import PairedAnalysis, PairOutcome
+
+    analysis = PairedAnalysis()
+    for d in per_pair:
+        tokens = 16
+        analysis.observe(PairOutcome(
+            "v2", "v1", tokens, tokens, "length", "length",
+            candidate_logprob=-20.0, baseline_logprob=-20.0,
+            candidate_under_baseline=-20.0 - d * tokens, baseline_under_candidate=-20.0 - d * tokens,
+        ))  # fmt: skip
+    return analysis.pairs, analysis.checks()
+
+
+def test_the_verdict_waits_for_divergence_to_be_decided_as_a_canary_step_does() -> None:
+    """Past min_pairs with every other check quiet, a release whose divergence is neither
+    regressed nor cleared is inconclusive (naming it), not passed on a few noisy pairs; once the
+    check clears the verdict passes; a bad one fails on it; after max_pairs an undecided check
+    no longer holds the verdict, which says so."""
+    from infersight.alerts.release.paired_checks import PairPolicy
+    from infersight.monitor.service.release_verdicts import ReleaseVerdicts, judge
+
+    policy = PairPolicy()
+    decide, max_pairs = policy.decide, policy.max_pairs
+    # noisy pairs around the line: undecided
+    noisy = [0.0, 0.1, 0.02, 0.09, 0.0, 0.08, 0.03, 0.1, 0.01, 0.07, 0.04, 0.06]
+    pairs, checks = _pairs_with_divergence(noisy)
+    div = next(c for c in checks if c.name == "divergence")
+    assert not div.cleared and not div.regressed
+    verdict = judge("v2", "v1", pairs, checks, policy.min_pairs, decide, max_pairs)
+    assert verdict.verdict == "inconclusive" and "divergence not decided after 12 pairs" in verdict.reason
+    assert next(c for c in verdict.checks if c.name == "divergence").passed is None
+    # without the policy's `decide` the same state would have passed: what this rule changes
+    assert judge("v2", "v1", pairs, checks, policy.min_pairs).verdict == "pass"
+    # a good release: both sides read each other's answers as well as their own
+    pairs, checks = _pairs_with_divergence([0.0, 0.01] * 15)
+    assert next(c for c in checks if c.name == "divergence").cleared
+    verdict = judge("v2", "v1", pairs, checks, policy.min_pairs, decide, max_pairs)
+    assert verdict.verdict == "pass" and "undecided" not in verdict.reason
+    # a quietly bad one: 0.3 nats/token worse
+    pairs, checks = _pairs_with_divergence([0.3, 0.35] * 6)
+    verdict = judge("v2", "v1", pairs, checks, policy.min_pairs, decide, max_pairs)
+    assert verdict.verdict == "fail" and "nats/token" in verdict.reason
+    # out of pairs while undecided: passes, saying divergence stayed undecided
+    pairs, checks = _pairs_with_divergence(noisy * 9)
+    assert pairs >= max_pairs and not next(c for c in checks if c.name == "divergence").cleared
+    verdict = judge("v2", "v1", pairs, checks, policy.min_pairs, decide, max_pairs)
+    assert verdict.verdict == "pass" and "divergence still undecided after 108 pairs" in verdict.reason
+    # the service's store judges with the policy it is given
+    store = ReleaseVerdicts(min_pairs=policy.min_pairs, source="test", decide=decide, max_pairs=max_pairs)
+    store.update("v2", "v1", *_pairs_with_divergence(noisy))
+    assert store.lookup("v2", "v1").verdict == "inconclusive"
+    assert store.lookup("v2", "v1", min_pairs=11).verdict == "inconclusive"

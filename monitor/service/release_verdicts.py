@@ -15,7 +15,12 @@ The judgement (`judge`), in this order:
 - `fail` when any check regressed (its figure and always-valid p-value in `reason`);
 - `inconclusive` while a measured check has fewer than `min_pairs` pairs of its own (the
   relevance and similarity checks count only pairs whose answers were embedded);
-- `pass` otherwise: every measured check had `min_pairs` pairs and none regressed. A check no
+- `inconclusive` while a check the policy requires to be decided (`decide`: divergence, the
+  one that sees a quiet loss of quality) has neither regressed nor cleared (its always-valid
+  interval wholly on the good side of its line), up to `max_pairs` pairs, as a canary step is
+  held: a few noisy pairs past `min_pairs` are not evidence that a release is good;
+- `pass` otherwise: every measured check had `min_pairs` pairs, none regressed, and each
+  decisive one cleared or ran out of pairs (the reason says which). A check no
   pair of this source can measure (step times, which a shadow upstream's answers do not
   carry; relevance and similarity without the drift module's embedder) is named as not
   checked, never counted as passed.
@@ -89,16 +94,23 @@ def _figure(check: Any) -> float | None:
 
 
 def judge(
-    candidate: str, baseline: str, pairs: int, checks: tuple[Any, ...], min_pairs: int
-) -> ReleaseVerdict:
+    candidate: str, baseline: str, pairs: int, checks: tuple[Any, ...], min_pairs: int,
+    decide: tuple[str, ...] = (), max_pairs: int = 0,
+) -> ReleaseVerdict:  # fmt: skip
     """The verdict of `pairs` pairs whose checks stand at `checks` (`PairedCheck`s), as the
-    module's docstring orders it."""
+    module's docstring orders it; `decide` and `max_pairs` as the paired policy's."""
     measured = [c for c in checks if c.pairs > 0]
+
+    def passed(c: Any) -> bool | None:
+        if c.regressed:
+            return False
+        if c.name in decide:  # cleared, or out of pairs while undecided
+            return True if c.cleared or pairs >= max_pairs else None
+        return True if c.pairs >= min_pairs else None
+
     verdicts = tuple(
-        CheckVerdict(c.name, c.pairs, _figure(c), c.p_value,
-                     False if c.regressed else True if c.pairs >= min_pairs else None, c.describe())
-        for c in measured
-    )  # fmt: skip
+        CheckVerdict(c.name, c.pairs, _figure(c), c.p_value, passed(c), c.describe()) for c in measured
+    )
     failed = [c for c in measured if c.regressed]
     unchecked = [c.name for c in checks if c.pairs == 0]
     if pairs < min_pairs:
@@ -111,9 +123,15 @@ def judge(
     elif short := [c for c in measured if c.pairs < min_pairs]:
         outcome = "inconclusive"
         reason = "; ".join(f"{c.name}: {c.pairs} of {min_pairs} pairs scored" for c in short)
+    elif open_ := [c for c in measured if c.name in decide and not c.cleared and pairs < max_pairs]:
+        outcome = "inconclusive"
+        reason = "; ".join(f"{c.name} not decided after {c.pairs} pairs (mean {c.mean:.3g} against "
+                           f"{c.null:g}, at most {max_pairs} pairs asked for)" for c in open_)  # fmt: skip
     else:
         outcome = "pass"
         reason = f"{pairs} pairs, no regression: " + "; ".join(c.describe() for c in measured)
+        if undecided := [c.name for c in measured if c.name in decide and not c.cleared]:
+            reason += f"; {', '.join(undecided)} still undecided after {pairs} pairs (the most asked for)"
     if unchecked and pairs:
         reason += "; not checked: " + ", ".join(
             f"{name} ({_NOT_MEASURED.get(name, 'no pairs measure it')})" for name in unchecked
@@ -130,8 +148,12 @@ class ReleaseVerdicts:
     def __init__(
         self, *, min_pairs: int, source: str, enabled: bool = True,
         known: Callable[[str], bool] = lambda version: False,
+        decide: tuple[str, ...] = (), max_pairs: int = 0,
     ) -> None:  # fmt: skip
         self.min_pairs = min_pairs  # the paired checks' own minimum: the least a caller may ask for
+        # the checks that must be decided before a pass, and the pairs after which they need not
+        # be: the paired policy's, so that a controller's step is held as a canary's is
+        self.decide, self.max_pairs = decide, max_pairs
         self.source = source
         self.enabled = enabled
         self.known = known
@@ -140,7 +162,7 @@ class ReleaseVerdicts:
 
     def update(self, candidate: str, baseline: str, pairs: int, checks: tuple[Any, ...]) -> None:
         """The comparison's figures now (0 pairs: forgotten, as a new analysis starts afresh)."""
-        verdict = judge(candidate, baseline, pairs, checks, self.min_pairs)
+        verdict = judge(candidate, baseline, pairs, checks, self.min_pairs, self.decide, self.max_pairs)
         with self._lock:
             self._by[(candidate, baseline)] = (pairs, checks, verdict)
 
@@ -158,11 +180,11 @@ class ReleaseVerdicts:
                 if others and not self._seen(baseline):
                     raise UnknownRelease("baseline", f"no version {baseline!r} has been seen here; pairs of "
                                          f"{candidate} compare it with {', '.join(others)}")  # fmt: skip
-                kept = (0, (), judge(candidate, baseline, 0, (), self.min_pairs))
+                kept = (0, (), judge(candidate, baseline, 0, (), self.min_pairs, self.decide, self.max_pairs))
         pairs, checks, verdict = kept
         if min_pairs is None or min_pairs == self.min_pairs:
             return verdict
-        return judge(candidate, baseline, pairs, checks, min_pairs)
+        return judge(candidate, baseline, pairs, checks, min_pairs, self.decide, max(self.max_pairs, min_pairs))
 
     def snapshot(self) -> list[ReleaseVerdict]:
         """Every comparison with pairs, at the default `min_pairs`."""

@@ -422,8 +422,9 @@ def _wire_verdicts(service: Service) -> None:
             source = f"the embedded runtime's paired answers (engine.pair_share {share:g})"
             registry = getattr(getattr(backend, "runtime", None), "registry", None)
             known = lambda version: registry is not None and version in registry  # noqa: E731
-        verdicts = ReleaseVerdicts(min_pairs=evidence.policy.min_pairs, source=source,
-                                   enabled=evidence.enabled, known=known)  # fmt: skip
+        policy = evidence.policy
+        verdicts = ReleaseVerdicts(min_pairs=policy.min_pairs, source=source, enabled=evidence.enabled,
+                                   known=known, decide=policy.decide, max_pairs=policy.max_pairs)  # fmt: skip
         if not evidence.enabled:
             verdicts.source = evidence.off_reason
         evidence.listeners.append(verdicts.update)
