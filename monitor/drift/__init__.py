@@ -35,7 +35,8 @@ from ._mmd import TestOptions
 from ._openvino_embed import default_embedder
 from ._policy import ReferencePolicy, VersionPolicy
 from ._references import list_references, load_reference, save_reference, traffic_window
-from ._report import DriftMetrics, DriftReport, list_reports, load_report, render_html
+from ._report import DriftMetrics, DriftReport, list_reports, load_report
+from ._report_html import render_html
 from ._stat_tests import DetectorConfig
 from ._streaming import StreamingDetector, StreamUpdate
 from ._windows import CachedEmbedder, Embedder, SentenceTransformerEmbedder, TextWindow, read_window
