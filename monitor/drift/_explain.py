@@ -3,7 +3,7 @@
 Computed on at most `config.explain_max_points` texts per window (a seeded subsample);
 it describes the verdict and never changes it.
 
-What it holds are frozen dataclasses (no rendering: `_report.py` draws them). The
+What it holds are frozen dataclasses (no rendering: `_report_html.py` draws them). The
 pieces: the MMD witness function (where the current window has more or less mass than
 the reference), reference clusters fitted once with cosine k-means (k-means++ seeding,
 deterministic for a seed) and their shares in the two windows, and a 2-D PCA view of
