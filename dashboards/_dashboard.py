@@ -13,18 +13,8 @@ import re
 from typing import Any
 
 from ._panels import DATASOURCE, lay_out
-from ._rows import (
-    drift_row,
-    gpu_rows,
-    headline,
-    latency,
-    pipeline_row,
-    process_row,
-    routing,
-    satisfaction,
-    slo_cost,
-    traffic,
-)
+from ._rows import headline, latency, routing, satisfaction, slo_cost, traffic
+from ._system_rows import drift_row, gpu_rows, pipeline_row, process_row
 
 __all__ = ["DASHBOARD_UID", "SCHEMA_VERSION", "build_dashboard", "metric_names"]
 
