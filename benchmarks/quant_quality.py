@@ -43,6 +43,7 @@ import platform
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -179,7 +180,7 @@ def main() -> None:
         flush=True,
     )
 
-    rows = {  # name -> (directory, load arguments)
+    rows: dict[str, tuple[Path, dict[str, Any]]] = {  # name -> (directory, load arguments)
         "fp32": (source, {"dtype": torch.float32}),
         "bf16": (source, {"dtype": torch.bfloat16}),
         "fp16": (source, {"dtype": torch.float16}),
@@ -188,10 +189,9 @@ def main() -> None:
         f"int4 RTN g{args.group_size}, head int8": (builds["rtn"], {"quantize": "int4"}),
         f"int4 GPTQ g{args.group_size}, head int8": (builds["gptq"], {"quantize": "int4"}),
         "int4 load-time (RTN, head int4)": (source, {"quantize": "int4"}),
-        "int4 keep (the file's q4_1 blocks, g32, head int8)": (kept, {"quantize": "int4"}),
     }
-    if kept is None:
-        del rows["int4 keep (the file's q4_1 blocks, g32, head int8)"]
+    if kept is not None:
+        rows["int4 keep (the file's q4_1 blocks, g32, head int8)"] = (kept, {"quantize": "int4"})
     if not args.fp16:
         del rows["fp16"]
         print("fp16: not measured (--fp16 adds it; torch's fp16 products on CPU are very slow)")
@@ -206,7 +206,7 @@ def main() -> None:
     for name, (directory, kwargs) in rows.items():
         full = kwargs.get("dtype", torch.float32) == torch.float32  # bf16, fp16: no native step
         path = "native" if native and full else "eager"
-        model = load(directory, device="cpu", engine_path=path, **kwargs)  # type: ignore[arg-type]
+        model = load(directory, device="cpu", engine_path=path, **kwargs)
         results[name] = _scores(_logits(model, windows), reference, windows)
         r = results[name]
         how = f"{model.engine_path.name}, {model.engine_path.activations} activations"

@@ -33,6 +33,7 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
+from typing import Any, cast
 
 import torch
 
@@ -66,52 +67,51 @@ def _tokenizer_dir(work: Path) -> Path:
     return Path(registry.get(SMOLLM2).path)
 
 
-def _config(args: argparse.Namespace, vocab: int, special: dict[str, int]) -> object:
+def _config(args: argparse.Namespace, vocab: int, special: dict[str, Any]) -> Any:
     from transformers import MixtralConfig
 
-    return MixtralConfig(
-        vocab_size=vocab,
-        hidden_size=args.hidden,
-        intermediate_size=args.intermediate,
-        num_hidden_layers=args.layers,
-        num_attention_heads=args.heads,
-        num_key_value_heads=args.kv_heads,
-        num_local_experts=args.experts,
-        num_experts_per_tok=args.top_k,
-        max_position_embeddings=max(1024, args.seq_len),
-        sliding_window=None,
-        rope_theta=10000.0,
-        tie_word_embeddings=True,
-        output_router_logits=True,
-        router_aux_loss_coef=args.aux_coef,
-        **special,
-    )
+    # A plain dict: transformers v4 takes rope_theta as a keyword, v5 folds it into rope_parameters.
+    fields: dict[str, Any] = {
+        "vocab_size": vocab,
+        "hidden_size": args.hidden,
+        "intermediate_size": args.intermediate,
+        "num_hidden_layers": args.layers,
+        "num_attention_heads": args.heads,
+        "num_key_value_heads": args.kv_heads,
+        "num_local_experts": args.experts,
+        "num_experts_per_tok": args.top_k,
+        "max_position_embeddings": max(1024, args.seq_len),
+        "sliding_window": None,
+        "rope_theta": 10000.0,
+        "tie_word_embeddings": True,
+        "output_router_logits": True,
+        "router_aux_loss_coef": args.aux_coef,
+    }
+    return MixtralConfig(**fields, **special)
 
 
-def _router_inputs(model: torch.nn.Module) -> tuple[torch.nn.Module, list[torch.Tensor]]:
-    """Layer 0's router and a list its inputs are appended to (a forward pre-hook): the choices
-    are recomputed from them, so this reads the same in transformers v4 and v5."""
-    layer = model.model.layers[0]  # type: ignore[union-attr,index]
+def _router_inputs(model: Any) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """Layer 0's router weight and a list its inputs are appended to (a forward pre-hook): the
+    choices are recomputed from them, so this reads the same in transformers v4 and v5."""
+    layer = model.model.layers[0]
     gate = next(m for name, m in layer.named_modules() if name.endswith("gate") and hasattr(m, "weight"))
     seen: list[torch.Tensor] = []
     gate.register_forward_pre_hook(
         lambda _m, inputs: seen.append(inputs[0].detach().reshape(-1, inputs[0].shape[-1]))
     )
-    return gate, seen
+    return cast(torch.Tensor, gate.weight), seen
 
 
 @torch.no_grad()
-def _held_out(
-    model: torch.nn.Module, ids: torch.Tensor, seq_len: int, top_k: int
-) -> tuple[float, torch.Tensor]:
+def _held_out(model: Any, ids: torch.Tensor, seq_len: int, top_k: int) -> tuple[float, torch.Tensor]:
     """Mean next-token loss over held-out blocks, and layer 0's routing share per expert."""
     model.eval()
     gate, seen = _router_inputs(model)
     blocks = ids[: ids.numel() // seq_len * seq_len].view(-1, seq_len)
-    losses = [float(model(input_ids=b[None], labels=b[None]).loss) for b in blocks]  # type: ignore[operator]
+    losses = [float(model(input_ids=b[None], labels=b[None]).loss) for b in blocks]
     hidden = torch.cat(seen)
-    chosen = torch.topk(hidden @ gate.weight.t(), top_k, dim=-1).indices  # type: ignore[operator]
-    counts = torch.bincount(chosen.flatten(), minlength=gate.weight.shape[0]).float()  # type: ignore[union-attr]
+    chosen = torch.topk(hidden @ gate.t(), top_k, dim=-1).indices
+    counts = torch.bincount(chosen.flatten(), minlength=gate.shape[0]).float()
     model.train()
     return sum(losses) / len(losses), counts / counts.sum()
 
@@ -174,7 +174,7 @@ def main() -> None:
 
     torch.manual_seed(args.seed)
     config = _config(args, tokenizer.get_vocab_size(), special)
-    model = MixtralForCausalLM(config).float().train()  # type: ignore[arg-type]
+    model = MixtralForCausalLM(config).float().train()
     params = sum(p.numel() for p in model.parameters())
     print(
         f"config: {json.dumps({k: getattr(config, k) for k in ('hidden_size', 'intermediate_size', 'num_hidden_layers', 'num_attention_heads', 'num_key_value_heads', 'num_local_experts', 'num_experts_per_tok', 'vocab_size')})}; "
