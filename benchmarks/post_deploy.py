@@ -153,7 +153,7 @@ class Bench:
                 _wait(lambda: self.analysis(candidate).state not in ("running", "rolling_back"), 60,
                       "the analysis' final state")  # fmt: skip
                 break
-            if time.monotonic() - t0 > self.args.window + 120:
+            if time.monotonic() - t0 > self.args.window + self.args.max_hold + 120:
                 raise TimeoutError(f"analysis of {candidate} still {row.state if row else None}")
             after.extend(self.batch(8, mixed=self.args.mix_change))
         row = self.analysis(candidate)
@@ -218,7 +218,7 @@ def serve(args: argparse.Namespace, tmp: Path, body: Callable[[Bench], None]) ->
                                 max_prompt_tokens=256, max_tokens_limit=64, pair_share=args.pair_share),
             alerting=AlertingConfig(rules=rules, analysis_window_s=args.window, analysis_interval_s=args.interval,
                                     analysis_failed_checks=args.failed_checks, analysis_min_requests=15,
-                                    analysis_p99_ratio=args.p99_ratio),
+                                    analysis_p99_ratio=args.p99_ratio, analysis_max_hold_s=args.max_hold),
             drift=DriftConfig(reference=reference, alpha=0.01, window=60, min_window=30),
             schedule=ScheduleConfig(timeseries_s=1.0, timeseries_window_s=20.0, embed_s=1.0, drift_s=3600.0,
                                     rules_s=0.5, outbox_s=0.5, post_deploy_s=1.0),
@@ -292,6 +292,10 @@ def main() -> None:
     ap.add_argument("--until", default=None, help="with smollm2: HH:MM UTC after which no round starts")
     ap.add_argument("--window", type=float, default=30.0, help="analysis window (s)")
     ap.add_argument("--interval", type=float, default=3.0, help="between checks (s)")
+    ap.add_argument(
+        "--max-hold", type=float, default=600.0,
+        help="how long past the window an undecided divergence check may hold the verdict (s)",
+    )  # fmt: skip
     ap.add_argument("--failed-checks", type=int, default=2, help="failed checks before the rollback")
     ap.add_argument("--p99-ratio", type=float, default=100.0, help="latency check (100: off, shared machine)")
     ap.add_argument("--workers", type=int, default=4)

@@ -11,6 +11,7 @@ import math
 import random
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 from infersight.alerts.actions.runner import ActionRunner
 from infersight.alerts.release.canary import CanaryAnalysis, CanaryPolicy
@@ -447,3 +448,64 @@ def test_a_canary_step_is_left_once_a_faithful_release_is_cleared() -> None:
         n += 1
     verdict = analysis.verdict()
     assert verdict.action == "promote" and n < 100, (n, verdict.reason)
+
+
+def test_post_deploy_holds_its_verdict_past_the_window_until_divergence_is_decided(tmp_path: Path) -> None:
+    """A short window that ends with divergence undecided (a borderline release's first pairs)
+    keeps the analysis running, saying why, instead of passing it; more pairs of a quietly
+    worse release then fail it and roll it back. A faithful release passes at the window's end
+    once cleared, and an undecided one passes after `max_hold_s`, saying it stayed undecided."""
+    now = [1_000_000.0]
+    evidence = PairedEvidence()
+    analyzer = _analyzer(tmp_path, evidence, now)  # window 100 s, checks every 10 s, rollback after 2
+    rng = random.Random(11)
+
+    def state(analysis_id: int) -> tuple[str, dict[str, Any]]:
+        with analyzer.engine.connect() as conn:
+            row = conn.execute(select(deploy_analyses).where(deploy_analyses.c.id == analysis_id)).one()
+        return row.state, json.loads(row.evidence)[-1]
+
+    worse = analyzer.on_deploy(NEW, OLD, dt.datetime.fromtimestamp(now[0], dt.UTC))
+    for _ in range(PairPolicy().min_pairs):  # a few pairs near the line: neither regressed nor cleared
+        evidence.observe(_read_pair(rng, 0.05))
+    for _ in range(11):
+        now[0] += 10.0
+        analyzer.tick()
+    held, last = state(worse)
+    assert held == "running" and last["verdict"] == "passed"
+    assert last["held"].startswith("divergence not decided after 10 pairs: held past the window")
+    for _ in range(40):  # the release is worse than the line: more pairs show it
+        evidence.observe(_read_pair(rng, 0.3))
+    results = []
+    while state(worse)[0] == "running" and len(results) < 10:
+        now[0] += 10.0
+        results += analyzer.tick()
+    # the rollback was asked for (this test's runner has no deployer to carry it out)
+    assert results[-1].verdict == "failed" and results[-1].rollback is not None
+    assert state(worse)[0] not in ("running", "passed")
+    assert any("nats/token" in f for f in results[-1].failures)
+
+    # a faithful release: cleared within the window, passed at its end with nothing held
+    now[0] += 100.0
+    good = analyzer.on_deploy("m_fp32-v1.2", OLD, dt.datetime.fromtimestamp(now[0], dt.UTC))
+    for _ in range(60):
+        evidence.observe(dataclasses.replace(_read_pair(rng, 0.0), candidate="m_fp32-v1.2"))
+    for _ in range(11):
+        now[0] += 10.0
+        analyzer.tick()
+    passed, last = state(good)
+    assert passed == "passed" and "held" not in last
+
+    # undecided to the end of the hold: passed, saying so
+    short = DeployAnalyzer(analyzer.engine, _Metrics(), analyzer.runner, clock=lambda: now[0], pairs=evidence,
+                           policy=AnalysisPolicy(window_s=100.0, interval_s=10.0, max_failed_checks=2,
+                                                 max_hold_s=50.0))  # fmt: skip
+    now[0] += 100.0
+    borderline = short.on_deploy("m_fp32-v1.3", OLD, dt.datetime.fromtimestamp(now[0], dt.UTC))
+    for _ in range(12):
+        evidence.observe(dataclasses.replace(_read_pair(rng, 0.05), candidate="m_fp32-v1.3"))
+    for _ in range(17):
+        now[0] += 10.0
+        short.tick()
+    ended, last = state(borderline)
+    assert ended == "passed" and last["held"] == "divergence still undecided after 12 pairs: passed"

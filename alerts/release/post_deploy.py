@@ -21,6 +21,10 @@ within strata of what the requests asked (max_tokens bucket, stream flag: `_like
 Mantel-Haenszel weighted, so a client changing `max_tokens` or streaming at the moment of a
 deploy cannot create a difference.
 
+At the window's end an analysis on pairs is held while a check the pair policy wants decided
+(`PairPolicy.decide`: divergence) has neither regressed nor cleared, up to `max_pairs` pairs
+or `max_hold_s` past the window (the evidence says so), as a canary step is held.
+
 Replicas on one database share the analyses: a deploy of the version an analysis already
 watches (the same release rolled out to another replica) joins it instead of superseding
 it, and a due check is claimed with a lease, so one replica runs each check over the
@@ -146,6 +150,7 @@ class AnalysisPolicy:
     relevance_drop: float = 0.1
     drift_p_value: float = 0.01
     max_rollbacks_per_day: int = 3
+    max_hold_s: float = 1800.0  # how long past the window an undecided paired check holds the verdict
 
 
 @dataclass(frozen=True)
@@ -363,7 +368,20 @@ class DeployAnalyzer:
             rollback = self._roll_back(row, failed_checks, evidence, now, n_pairs, paired_on, paired)
             state = _AFTER_ROLLBACK.get(rollback.state, "running")
         elif now >= row.ends_at:
-            state = "passed"
+            held = self._undecided(paired_checks, n_pairs) if paired_on else ()
+            # a check failing now is not passed either: the next one may confirm it
+            if (held or verdict == "failed") and now < row.ends_at + dt.timedelta(seconds=p.max_hold_s):
+                evidence[-1]["held"] = (
+                    "a check failed: held past the window for the next one"
+                    if not held
+                    else f"{', '.join(held)} not decided after {n_pairs} pairs: held past the window until it "
+                    f"is, or {self.pairs.policy.max_pairs if self.pairs else 0} pairs, or {p.max_hold_s:g} s "
+                    "past the window's end"
+                )
+            else:
+                state = "passed"
+                if held:
+                    evidence[-1]["held"] = f"{', '.join(held)} still undecided after {n_pairs} pairs: passed"
         with self.engine.begin() as conn:
             conn.execute(
                 update(deploy_analyses)
@@ -380,6 +398,16 @@ class DeployAnalyzer:
             )
         return CheckResult(
             row.id, now, verdict, failures, new, old, drift, rollback, failed_checks, n_pairs, paired
+        )
+
+    def _undecided(self, checks: tuple[PairedCheck, ...], n_pairs: int) -> tuple[str, ...]:
+        """The checks the pair policy wants decided that measured pairs and neither regressed
+        nor cleared, while the comparison is under the policy's pair limit."""
+        if self.pairs is None or n_pairs >= self.pairs.policy.max_pairs:
+            return ()
+        decide = self.pairs.policy.decide
+        return tuple(
+            c.name for c in checks if c.name in decide and c.pairs > 0 and not c.regressed and not c.cleared
         )
 
     def _roll_back(

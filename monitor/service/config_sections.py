@@ -171,6 +171,9 @@ class AlertingConfig:
     analysis_failed_checks: int = 3  # failed checks before the automatic rollback
     analysis_min_requests: int = 20  # fewer on either side: inconclusive
     analysis_p99_ratio: float = 1.5  # the new version's p99 over this times the previous one fails a check
+    # past the window, how long a paired check that must be decided (divergence) may hold the
+    # verdict while undecided; the previous version stays loaded that much longer to answer shadows
+    analysis_max_hold_s: float = 1800.0
     snapshot_requests: int = 100  # requests kept in the snapshot taken at an automatic rollback
     # requests kept for `dataset export --kind collected` after an automatic rollback (0: none)
     # the next requests (any version: the previous one now answers the same traffic) kept for

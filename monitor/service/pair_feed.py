@@ -273,6 +273,7 @@ def _configure_pairs(runtime: Any, config: ServiceConfig) -> float:
         return 0.0
     cfg = config.engine
     share = cfg.pair_share if cfg is not None else 0.1
-    keep = config.alerting.analysis_window_s if config.alerting.enabled else 0.0
+    alerting = config.alerting  # kept through a verdict held past the window, too
+    keep = alerting.analysis_window_s + alerting.analysis_max_hold_s if alerting.enabled else 0.0
     shadow.configure(share=share, keep_previous_s=keep, slots=cfg.pair_slots if cfg is not None else None)
     return float(share)

@@ -175,7 +175,7 @@ class AlertsWiring:
         policy = a.AnalysisPolicy(
             window_s=cfg.analysis_window_s, interval_s=cfg.analysis_interval_s,
             max_failed_checks=cfg.analysis_failed_checks, min_requests=cfg.analysis_min_requests,
-            p99_ratio=cfg.analysis_p99_ratio,
+            p99_ratio=cfg.analysis_p99_ratio, max_hold_s=cfg.analysis_max_hold_s,
         )  # fmt: skip
         metrics = a.StoreVersionMetrics(db, output_drift=getattr(drift, "output_drift_p_value", None))
         self.analyzer = a.DeployAnalyzer(db, metrics, self.runner, policy=policy, owner=self.runner.owner,
