@@ -113,9 +113,11 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
             data_dir=tmp / "service", port=port, token=TOKEN,
             engine=EngineConfig(registry=registry, version=GOOD, max_batch_size=8, max_seq_len=512,
                                 max_prompt_tokens=256, max_tokens_limit=32),
+            # no hold past the window: this test is about what fails a check, and its traffic stops
+            # with the window (holding for undecided divergence: tests/test_paired_checks.py)
             alerting=AlertingConfig(rules=rules, analysis_window_s=ANALYSIS_WINDOW_S, analysis_interval_s=3.0,
                                     analysis_failed_checks=2, analysis_min_requests=15,
-                                    analysis_p99_ratio=P99_RATIO),
+                                    analysis_p99_ratio=P99_RATIO, analysis_max_hold_s=0.0),
             drift=DriftConfig(reference=reference, alpha=0.01, window=60, min_window=30),
             schedule=ScheduleConfig(timeseries_s=1.0, timeseries_window_s=20.0, embed_s=1.0, drift_s=3600.0,
                                     rules_s=0.5, outbox_s=0.5, post_deploy_s=1.0),
