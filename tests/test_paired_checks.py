@@ -465,12 +465,15 @@ def test_post_deploy_holds_its_verdict_past_the_window_until_divergence_is_decid
             row = conn.execute(select(deploy_analyses).where(deploy_analyses.c.id == analysis_id)).one()
         return row.state, json.loads(row.evidence)[-1]
 
+    def ticks(runner: DeployAnalyzer, n: int) -> None:
+        for _ in range(n):
+            now[0] += 10.0
+            runner.tick()
+
     worse = analyzer.on_deploy(NEW, OLD, dt.datetime.fromtimestamp(now[0], dt.UTC))
     for _ in range(PairPolicy().min_pairs):  # a few pairs near the line: neither regressed nor cleared
         evidence.observe(_read_pair(rng, 0.05))
-    for _ in range(11):
-        now[0] += 10.0
-        analyzer.tick()
+    ticks(analyzer, 11)
     held, last = state(worse)
     assert held == "running" and last["verdict"] == "passed"
     assert last["held"].startswith("divergence not decided after 10 pairs: held past the window")
@@ -490,9 +493,7 @@ def test_post_deploy_holds_its_verdict_past_the_window_until_divergence_is_decid
     good = analyzer.on_deploy("m_fp32-v1.2", OLD, dt.datetime.fromtimestamp(now[0], dt.UTC))
     for _ in range(60):
         evidence.observe(dataclasses.replace(_read_pair(rng, 0.0), candidate="m_fp32-v1.2"))
-    for _ in range(11):
-        now[0] += 10.0
-        analyzer.tick()
+    ticks(analyzer, 11)
     passed, last = state(good)
     assert passed == "passed" and "held" not in last
 
@@ -504,8 +505,6 @@ def test_post_deploy_holds_its_verdict_past_the_window_until_divergence_is_decid
     borderline = short.on_deploy("m_fp32-v1.3", OLD, dt.datetime.fromtimestamp(now[0], dt.UTC))
     for _ in range(12):
         evidence.observe(dataclasses.replace(_read_pair(rng, 0.05), candidate="m_fp32-v1.3"))
-    for _ in range(17):
-        now[0] += 10.0
-        short.tick()
+    ticks(short, 17)
     ended, last = state(borderline)
     assert ended == "passed" and last["held"] == "divergence still undecided after 12 pairs: passed"

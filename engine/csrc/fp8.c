@@ -27,8 +27,10 @@
    (`wq`: per 64 columns of K, the quad's 4 rows' 64 bytes, 256 bytes a chunk, one stream)
    against the rows of `f8_row` (Kp words apart). Rows and columns past the weight's are
    zero bytes, the value 0. */
-static inline __attribute__((always_inline)) void quadf8b(
-        const uint16_t *xb, int64_t Kp, const uint8_t *wq, const float *s, int64_t nc, const int MR,
+typedef uint16_t f8x; /* an activation as f8_row lays it out */
+
+static inline __attribute__((always_inline)) void quadf8(
+        const f8x *xb, int64_t Kp, const uint8_t *wq, const float *s, int64_t nc, const int MR,
         float *out) {
     const __m512i keep = _mm512_set1_epi16((short)0x87f0);
     /* up to two rows, the odd columns' products go to sums of their own: twice the independent
@@ -67,27 +69,6 @@ static inline __attribute__((always_inline)) void quadf8b(
         for (int c = 0; c < nc; c++) out[r * 16 + c] = s[c] * F8_OUT * _mm512_reduce_add_ps(acc[r][c]);
 }
 
-void f8_block(const qact *q, int64_t r0, int64_t M, const uint8_t *wb, const float *s, int64_t n0, int64_t nr,
-              float *out) {
-    const uint16_t *xb = (const uint16_t *)(const void *)q->a + r0 * q->Kp;
-    for (int64_t r = 0; r < M; r += 4) {
-        int64_t n = M - r < 4 ? M - r : 4;
-        for (int64_t c = 0; c < nr; c += 4) {
-            const uint8_t *wq = wb + c * q->Kp; /* the block's quads, 4 * Kp bytes each */
-            const float *sc = s + n0 + c;
-            const uint16_t *xr = xb + r * q->Kp;
-            int64_t nc = nr - c < 4 ? nr - c : 4;
-            float *o = out + r * 16 + c;
-            switch (n) {
-                case 1: quadf8b(xr, q->Kp, wq, sc, nc, 1, o); break;
-                case 2: quadf8b(xr, q->Kp, wq, sc, nc, 2, o); break;
-                case 3: quadf8b(xr, q->Kp, wq, sc, nc, 3, o); break;
-                default: quadf8b(xr, q->Kp, wq, sc, nc, 4, o); break;
-            }
-        }
-    }
-}
-
 void f8_row(const qact *q, int64_t row, const float *x, int64_t K) {
     uint16_t *dst = (uint16_t *)(void *)q->a + row * q->Kp;
     const __m512 up = _mm512_set1_ps(F8_X_UP);
@@ -123,8 +104,10 @@ void f8_row(const qact *q, int64_t row, const float *x, int64_t K) {
    activation rows, 2 beyond: the sums and the decoded weights fit the 16 registers). One
    activation row keeps two sums per weight row: the FMA latency is what a one-row decode
    waits on. */
-static inline __attribute__((always_inline)) void quadf8a(
-        const float *xp, int64_t Kp, const uint8_t *wq, const float *s, int64_t nc, const int MR,
+typedef float f8x;
+
+static inline __attribute__((always_inline)) void quadf8(
+        const f8x *xp, int64_t Kp, const uint8_t *wq, const float *s, int64_t nc, const int MR,
         float *out) {
     const int CW = MR <= 2 ? 4 : 2, P = MR == 1 ? 2 : 1;
     const __m256i keep = _mm256_set1_epi32((int)0x87f00000u);
@@ -162,26 +145,6 @@ static inline __attribute__((always_inline)) void quadf8a(
     }
 }
 
-void f8_block(const qact *q, int64_t r0, int64_t M, const uint8_t *wb, const float *s, int64_t n0, int64_t nr,
-              float *out) {
-    const float *xp = (const float *)(const void *)q->a + r0 * q->Kp;
-    for (int64_t r = 0; r < M; r += 4) {
-        int64_t n = M - r < 4 ? M - r : 4;
-        for (int64_t c = 0; c < nr; c += 4) {
-            const uint8_t *wq = wb + c * q->Kp; /* the block's quads, 4 * Kp bytes each */
-            const float *sc = s + n0 + c, *xr = xp + r * q->Kp;
-            int64_t nc = nr - c < 4 ? nr - c : 4;
-            float *o = out + r * 16 + c;
-            switch (n) {
-                case 1: quadf8a(xr, q->Kp, wq, sc, nc, 1, o); break;
-                case 2: quadf8a(xr, q->Kp, wq, sc, nc, 2, o); break;
-                case 3: quadf8a(xr, q->Kp, wq, sc, nc, 3, o); break;
-                default: quadf8a(xr, q->Kp, wq, sc, nc, 4, o); break;
-            }
-        }
-    }
-}
-
 void f8_row(const qact *q, int64_t row, const float *x, int64_t K) {
     float *dst = (float *)(void *)q->a + row * q->Kp;
     /* per 32 columns: every fourth from the first, from the second, the third, the fourth */
@@ -191,6 +154,31 @@ void f8_row(const qact *q, int64_t row, const float *x, int64_t K) {
                 int64_t col = k + 4 * d + j;
                 dst[k + 8 * j + d] = col < K ? x[col] * F8_X_UP : 0.0f;
             }
+}
+#endif
+
+#if INFERSIGHT_F8P
+/* The M activation rows of `f8_row` (from row r0) against one block of nr <= 16 weight rows,
+   a quad of rows at a time: out[r * 16 + c]. */
+void f8_block(const qact *q, int64_t r0, int64_t M, const uint8_t *wb, const float *s, int64_t n0, int64_t nr,
+              float *out) {
+    const f8x *xa = (const f8x *)(const void *)q->a + r0 * q->Kp;
+    for (int64_t r = 0; r < M; r += 4) {
+        int64_t n = M - r < 4 ? M - r : 4;
+        for (int64_t c = 0; c < nr; c += 4) {
+            const uint8_t *wq = wb + c * q->Kp; /* the block's quads, 4 * Kp bytes each */
+            const float *sc = s + n0 + c;
+            const f8x *xr = xa + r * q->Kp;
+            int64_t nc = nr - c < 4 ? nr - c : 4;
+            float *o = out + r * 16 + c;
+            switch (n) {
+                case 1: quadf8(xr, q->Kp, wq, sc, nc, 1, o); break;
+                case 2: quadf8(xr, q->Kp, wq, sc, nc, 2, o); break;
+                case 3: quadf8(xr, q->Kp, wq, sc, nc, 3, o); break;
+                default: quadf8(xr, q->Kp, wq, sc, nc, 4, o); break;
+            }
+        }
+    }
 }
 #endif
 
