@@ -470,6 +470,17 @@ def test_post_deploy_holds_its_verdict_past_the_window_until_divergence_is_decid
             now[0] += 10.0
             runner.tick()
 
+    def deployed(
+        runner: DeployAnalyzer, version: str, worse_by: float, pairs: int, n: int
+    ) -> tuple[str, dict[str, Any]]:
+        """A deploy 100 s later, `pairs` pairs of it `worse_by` nats/token, `n` ticks: its state."""
+        now[0] += 100.0
+        analysis = runner.on_deploy(version, OLD, dt.datetime.fromtimestamp(now[0], dt.UTC))
+        for _ in range(pairs):
+            evidence.observe(dataclasses.replace(_read_pair(rng, worse_by), candidate=version))
+        ticks(runner, n)
+        return state(analysis)
+
     worse = analyzer.on_deploy(NEW, OLD, dt.datetime.fromtimestamp(now[0], dt.UTC))
     for _ in range(PairPolicy().min_pairs):  # a few pairs near the line: neither regressed nor cleared
         evidence.observe(_read_pair(rng, 0.05))
@@ -489,22 +500,12 @@ def test_post_deploy_holds_its_verdict_past_the_window_until_divergence_is_decid
     assert any("nats/token" in f for f in results[-1].failures)
 
     # a faithful release: cleared within the window, passed at its end with nothing held
-    now[0] += 100.0
-    good = analyzer.on_deploy("m_fp32-v1.2", OLD, dt.datetime.fromtimestamp(now[0], dt.UTC))
-    for _ in range(60):
-        evidence.observe(dataclasses.replace(_read_pair(rng, 0.0), candidate="m_fp32-v1.2"))
-    ticks(analyzer, 11)
-    passed, last = state(good)
+    passed, last = deployed(analyzer, "m_fp32-v1.2", 0.0, pairs=60, n=11)
     assert passed == "passed" and "held" not in last
 
     # undecided to the end of the hold: passed, saying so
     short = DeployAnalyzer(analyzer.engine, _Metrics(), analyzer.runner, clock=lambda: now[0], pairs=evidence,
                            policy=AnalysisPolicy(window_s=100.0, interval_s=10.0, max_failed_checks=2,
                                                  max_hold_s=50.0))  # fmt: skip
-    now[0] += 100.0
-    borderline = short.on_deploy("m_fp32-v1.3", OLD, dt.datetime.fromtimestamp(now[0], dt.UTC))
-    for _ in range(12):
-        evidence.observe(dataclasses.replace(_read_pair(rng, 0.05), candidate="m_fp32-v1.3"))
-    ticks(short, 17)
-    ended, last = state(borderline)
+    ended, last = deployed(short, "m_fp32-v1.3", 0.05, pairs=12, n=17)
     assert ended == "passed" and last["held"] == "divergence still undecided after 12 pairs: passed"
