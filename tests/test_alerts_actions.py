@@ -18,7 +18,9 @@ from infersight.alerts.actions.runner import FAILURE_ALERT
 from infersight.alerts.rules.config import parse_config
 from infersight.alerts.rules.rules import ActionSpec
 from infersight.alerts.rules.signals import StaticSignals
-from infersight.monitor.store.tables import action_runs, alerts, outbox, requests, snapshots
+from infersight.monitor.service.runtime_store import DeployLog
+from infersight.monitor.store.tables import action_runs, alerts, deploys, outbox, requests, snapshots
+from prometheus_client import CollectorRegistry
 from sqlalchemy import Engine, insert, select
 from test_alerts_support import WHSEC, Clock, database
 
@@ -292,18 +294,28 @@ def test_regressed_deploy_on_real_runtime_is_rolled_back_with_evidence(
     unsubscribe = runtime.subscribe(events.append)
     runtime.deploy(V1)
     unsubscribe()
-    [deployed] = [e for e in events if type(e).__name__ == "VersionDeployed"]
+    # the runtime's own start may reach a new subscriber late: the deploy is the one asked for
+    [deployed] = [e for e in events if type(e).__name__ == "VersionDeployed" and e.reason == "deploy"]
     clock = Clock(deployed.at)
     at = dt.datetime.fromtimestamp(deployed.at, dt.UTC)
     analyzer = _analyzer(sqlite_db, tmp_path, runtime, clock)
     _traffic(sqlite_db, V0, at - dt.timedelta(seconds=300), 60, errors=0, duration_s=0.1)
     analyzer.observe(deployed)  # the engine's VersionDeployed starts the analysis
     _traffic(sqlite_db, V1, at + dt.timedelta(seconds=1), 60, errors=15, duration_s=0.4)
+    deploy_log = DeployLog(sqlite_db, runtime, CollectorRegistry(), model="tiny")
     verdicts = []
     for _ in range(3):
         clock.advance(61)
         verdicts += analyzer.tick()
     assert [v.verdict for v in verdicts] == ["failed"] * 3
+    # the deploy history says why, found by the analysed deploy's time: the check's own time
+    # may be later than the rollback (here by the clock; in service, when an earlier check's
+    # rollback was run by another thread and this check read its outcome by key)
+    assert verdicts[-1].deployed_at == at
+    assert deploy_log.annotate(from_version=V1, to_version=V0, reason="rollback", since=at, detail="why")
+    [row] = _history(sqlite_db, "rollback")
+    assert row.detail == "why" and row.at < verdicts[-1].at - dt.timedelta(seconds=1)
+    deploy_log.close()
     assert any("error rate 25.0%" in f for f in verdicts[0].failures)
     assert any("p99 latency" in f for f in verdicts[0].failures)
     rollback = verdicts[-1].rollback
@@ -321,6 +333,34 @@ def test_regressed_deploy_on_real_runtime_is_rolled_back_with_evidence(
     [check] = [c for c in verdicts[-1].failed_checks if c.check == "error_rate"]
     assert (check.value, check.limit, check.previous) == (0.25, 0.02, 0.0)
     assert analyzer.tick() == []  # the analysis is over
+
+
+def _history(db: Engine, reason: str) -> list[Any]:
+    with db.connect() as conn:
+        return list(conn.execute(select(deploys).where(deploys.c.reason == reason).order_by(deploys.c.id)))
+
+
+def test_a_reason_said_before_the_rollback_reaches_the_deploy_log_is_written_with_it(
+    runtime: Any, sqlite_db: Engine
+) -> None:
+    """The runtime posts its events off the caller's thread: whoever rolled back may say why
+    before the change is in the history. The reason waits for the change (no polling) and
+    goes on that one row only."""
+    serve(runtime, V0)
+    runtime.deploy(V1)
+    deploy_log = DeployLog(sqlite_db, runtime, CollectorRegistry(), model="tiny")
+    since = dt.datetime.now(dt.UTC)
+    assert not deploy_log.annotate(from_version=V1, to_version=V0, reason="rollback", since=since,
+                                   detail="post-deploy analysis 7 failed")  # fmt: skip
+    assert _history(sqlite_db, "rollback") == []
+    runtime.rollback()
+    deploy_log.flush()
+    [row] = _history(sqlite_db, "rollback")
+    assert (row.from_version, row.to_version, row.detail) == (V1, V0, "post-deploy analysis 7 failed")
+    runtime.deploy(V1)
+    runtime.rollback()  # the same change again, later: nobody said why this time
+    deploy_log.close()
+    assert [r.detail for r in _history(sqlite_db, "rollback")] == ["post-deploy analysis 7 failed", None]
 
 
 def test_healthy_deploy_passes_and_thin_traffic_is_inconclusive(

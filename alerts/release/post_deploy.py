@@ -178,6 +178,7 @@ class CheckResult:
     failed_checks: tuple[FailedCheck, ...] = ()
     pairs: int = 0  # pairs of the two versions behind the paired checks
     paired: str = ""  # the paired checks' figures, or why they are off
+    deployed_at: dt.datetime | None = None  # the analysed deploy's time: its rollback comes after it
 
 
 def _compare(
@@ -397,8 +398,9 @@ class DeployAnalyzer:
                 )
             )
         return CheckResult(
-            row.id, now, verdict, failures, new, old, drift, rollback, failed_checks, n_pairs, paired
-        )
+            row.id, now, verdict, failures, new, old, drift, rollback, failed_checks, n_pairs, paired,
+            row.deployed_at,
+        )  # fmt: skip
 
     def _undecided(self, checks: tuple[PairedCheck, ...], n_pairs: int) -> tuple[str, ...]:
         """The checks the pair policy wants decided that measured pairs and neither regressed

@@ -31,6 +31,7 @@ import logging
 import threading
 from collections import deque
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from infersight.engine.events import CanaryChanged, DeployFailed, EngineEvent, VersionDeployed
@@ -60,6 +61,22 @@ def _at(ts: float) -> dt.datetime:
     return dt.datetime.fromtimestamp(ts, dt.UTC)
 
 
+@dataclass(frozen=True)
+class _Reason:
+    """Why a version change was made, said by whoever asked for it."""
+
+    from_version: str
+    to_version: str
+    reason: str
+    since: dt.datetime
+    detail: str
+
+    def matches(self, row: dict[str, Any]) -> bool:
+        return (row["from_version"], row["to_version"], row["reason"]) == (
+            self.from_version, self.to_version, self.reason
+        ) and row["outcome"] != "refused" and row["at"] >= self.since  # fmt: skip
+
+
 class DeployLog:
     def __init__(
         self, db: Engine, runtime: Any, registry: CollectorRegistry, *, model: str, replica: str | None = None
@@ -70,6 +87,8 @@ class DeployLog:
         self.replica = replica  # recorded with each row: one release on N replicas is N rows, one deploy
         self._events: deque[VersionDeployed | DeployFailed | CanaryChanged] = deque(maxlen=10_000)
         self._lock = threading.Lock()
+        # reasons said before their change reached the log: written with its row when it arrives
+        self._reasons: deque[_Reason] = deque(maxlen=64)
         self.listeners: list[Callable[[VersionDeployed | DeployFailed | CanaryChanged], None]] = []
         self.deploys_total = Counter(
             "infersight_deploys", "Version changes of the embedded runtime", ["outcome"], registry=registry
@@ -115,6 +134,11 @@ class DeployLog:
                     rows.append({"at": _at(event.at), "from_version": event.serving_version,
                                  "to_version": event.version, "reason": "deploy", "outcome": "refused",
                                  "detail": event.reason[:4000], "replica": self.replica})  # fmt: skip
+            for row in rows:
+                reason = next((r for r in self._reasons if r.matches(row)), None)
+                if reason is not None:
+                    row["detail"] = reason.detail[:4000]
+                    self._reasons.remove(reason)
             if rows:
                 with self.db.begin() as conn:
                     conn.execute(insert(deploys), rows)
@@ -138,11 +162,13 @@ class DeployLog:
         self, *, from_version: str, to_version: str, reason: str, since: dt.datetime, detail: str
     ) -> bool:
         """Say why on the latest recorded change `from_version` -> `to_version` made for
-        `reason` at or after `since` (flushed first: the runtime's event may still be
-        queued). False when no such change is recorded."""
+        `reason` at or after `since`. The runtime posts its events off the caller's thread,
+        so a change not recorded yet gets `detail` when it arrives: True when written now,
+        False when kept for the change's arrival (never waited for here)."""
         self.flush()
+        said = _Reason(from_version, to_version, reason, since, detail)
         d = deploys.c
-        with self.db.begin() as conn:
+        with self._lock, self.db.begin() as conn:
             row_id = conn.execute(
                 select(d.id)
                 .where(d.from_version == from_version, d.to_version == to_version, d.reason == reason,
@@ -151,6 +177,7 @@ class DeployLog:
                 .limit(1)
             ).scalar()  # fmt: skip
             if row_id is None:
+                self._reasons.append(said)
                 return False
             conn.execute(update(deploys).where(d.id == row_id).values(detail=detail[:4000]))
         return True

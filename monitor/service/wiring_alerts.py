@@ -28,7 +28,6 @@ import datetime as dt
 import json
 import logging
 import os
-import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -216,15 +215,13 @@ class AlertsWiring:
         if deploy_log is None or before is None or after is None:
             return
         detail = f"post-deploy analysis {check.analysis_id} failed: {'; '.join(check.failures)}"
-        # the runtime posts the rollback's event from its loop thread: on a busy machine it can
-        # reach the deploy log a moment after the rollback returned, so the row is waited for
-        for _ in range(100):
-            if deploy_log.annotate(from_version=before, to_version=after, reason="rollback",
-                                   since=check.at - dt.timedelta(seconds=1), detail=detail):  # fmt: skip
-                return
-            time.sleep(0.1)
-        log.warning("the rollback %s -> %s is not in the deploy history after 10 s: its reason is not "
-                    "recorded there", before, after)  # fmt: skip
+        # after the analysed deploy, not after this check: the rollback may have been run by an
+        # earlier check's key on another thread, and this check only read its outcome
+        since = check.deployed_at or check.at - dt.timedelta(minutes=10)
+        if not deploy_log.annotate(from_version=before, to_version=after, reason="rollback", since=since,
+                                   detail=detail):  # fmt: skip
+            log.info("the rollback %s -> %s is not in the deploy history yet: its reason is written "
+                     "when it arrives", before, after)  # fmt: skip
 
     def _snapshot_after_rollback(self, check: Any) -> None:
         """The evidence of an automatic rollback, kept for whoever is paged, and a collection
