@@ -32,8 +32,8 @@ the bytes int8 reads; what it buys is a floating grid: fine near zero, where mos
 coarse at the row's extremes. The output head stays int8 (`WeightFormat.quantize_head`), the
 same bytes on a grid its logits lose less on. The eager CPU path dequantizes per call; the native step decodes
 the bytes in registers (engine/csrc/int8.c: to fp32, or bit for bit as bf16 against bf16
-activations on CPUs with AVX512-BF16); on CUDA devices with fp8 tensor cores `fp8_matmul` runs
-`torch._scaled_mm` with the activations cast to e4m3 per row.
+activations on CPUs with AVX512-BF16); on CUDA devices with fp8 tensor cores `fp8_matmul`
+runs `fp8_scaled_matmul`: `torch._scaled_mm` with the activations cast to e4m3 per row.
 """
 
 from __future__ import annotations
@@ -63,6 +63,7 @@ __all__ = [
     "fp8_dequantize",
     "fp8_matmul",
     "fp8_rows",
+    "fp8_scaled_matmul",
     "int4_choice",
     "int4_dequantize",
     "int4_group_size",
@@ -120,21 +121,31 @@ def _scaled_mm_ok(x: torch.Tensor) -> bool:
 
 
 def fp8_matmul(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
-    """x [M, K] @ dequant(weight [N, K] e4m3, scales [N]).T -> [M, N] in x's dtype.
-
-    On fp8 tensor cores the activations are cast to e4m3 with a scale per row (row-wise
-    scaling, `torch._scaled_mm`); elsewhere the weight is dequantized into x's dtype."""
+    """x [M, K] @ dequant(weight [N, K] e4m3, scales [N]).T -> [M, N] in x's dtype: on fp8
+    tensor cores `fp8_scaled_matmul`; elsewhere the weight is dequantized into x's dtype."""
     if _scaled_mm_ok(x) and weight.shape[0] % 16 == 0:
-        xs = (x.float().abs().amax(dim=1, keepdim=True) / FP8_MAX).clamp_min(1e-12)  # [M, 1]
-        xq = (x.float() / xs).clamp_(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
-        return torch._scaled_mm(
-            xq,
-            weight.t(),  # column-major [K, N], what the kernel wants for its second operand
-            scale_a=xs,
-            scale_b=scales.float().view(1, -1),
-            out_dtype=x.dtype if x.dtype in (torch.bfloat16, torch.float16) else torch.bfloat16,
-        ).to(x.dtype)
+        return fp8_scaled_matmul(x, weight, scales)
     return F.linear(x, weight.to(x.dtype)) * scales.to(x.dtype)
+
+
+def fp8_scaled_matmul(
+    x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor, out_dtype: torch.dtype | None = None
+) -> torch.Tensor:
+    """`torch._scaled_mm` with row-wise scaling: the activations cast to e4m3 with a scale per
+    row, the weight's per-channel scales as the column scales. The product is that of the
+    e4m3 activations and weights, accumulated in fp32 and rounded once to `out_dtype`
+    (default: x's dtype when bf16 or fp16, else bf16, what the fp8 kernels write)."""
+    xs = (x.float().abs().amax(dim=1, keepdim=True) / FP8_MAX).clamp_min(1e-12)  # [M, 1]
+    xq = (x.float() / xs).clamp_(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+    if out_dtype is None:
+        out_dtype = x.dtype if x.dtype in (torch.bfloat16, torch.float16) else torch.bfloat16
+    return torch._scaled_mm(
+        xq,
+        weight.t(),  # column-major [K, N], what the kernel wants for its second operand
+        scale_a=xs,
+        scale_b=scales.float().view(1, -1),
+        out_dtype=out_dtype,
+    ).to(x.dtype)
 
 
 INT4_GROUPS = (64, 32)  # preferred group sizes, largest first; both are kernel sizes

@@ -4,7 +4,9 @@ Claims: (1) the layout is torch's own e4m3 conversion of w / s, and every e4m3 b
 in the native library's loop (each ISA level) to exactly torch's value; (2) the eager fp8
 kernels compute exactly the model whose weights are the dequantized ones, its output head
 kept at int8 rows; (3) the native decode step reads the same bytes and agrees with the eager
-decode.
+decode; (4) the tensor-core path's call (`torch._scaled_mm`, row-wise scales) computes the
+product of the e4m3 activations and weights: checked on the CPU's implementation of the same
+op, since no GPU runs here (the operands' order, layout and scales are what it checks).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import pytest
 import torch
 from infersight.engine import isa, load, native
 from infersight.engine.projection import Fp8Projection, Int8Projection
-from infersight.engine.quant import FP8_MAX, fp8_dequantize, fp8_rows, int8_rows
+from infersight.engine.quant import FP8_MAX, fp8_dequantize, fp8_rows, fp8_scaled_matmul, int8_rows
 from infersight.engine.registry import Registry
 from safetensors.torch import load_file, save_file
 
@@ -91,6 +93,35 @@ def test_every_e4m3_byte_decodes_exactly_in_each_native_build() -> None:
             rounded = x.bfloat16().float() if bf16_loop and kernels.bf16 else x
             want = rounded @ (w.float() * scales[:, None]).t()
             torch.testing.assert_close(kernels.rows_fp8(x, w, scales), want, atol=1e-3, rtol=1e-4)
+
+
+def test_the_tensor_core_call_is_the_product_of_the_e4m3_activations_and_weights() -> None:
+    if not hasattr(torch, "_scaled_mm"):
+        pytest.fail("this torch has no _scaled_mm: the fp8 tensor-core path cannot run on it")
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(5, 64, generator=g) * torch.logspace(-2, 1, 5).unsqueeze(1)  # rows far apart
+    rows = fp8_rows(torch.randn(48, 64, generator=g), torch.float32)
+    weight, scales = rows["weight"], rows["scales"]
+    dense = fp8_dequantize(weight, scales, torch.float32)
+
+    def product(x: torch.Tensor, scales_of_rows: torch.Tensor) -> torch.Tensor:
+        x = x.float()
+        xs = x.abs().amax(dim=1, keepdim=True) / FP8_MAX
+        xq = (x / xs).to(torch.float8_e4m3fn).float() * xs  # the activations as the call casts them
+        return xq @ (weight.float() * scales_of_rows.unsqueeze(-1)).T
+
+    expected = product(x, scales)
+    got = fp8_scaled_matmul(x, weight, scales, out_dtype=torch.float32)
+    assert got.shape == (5, 48)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
+    # a swapped or transposed scale would put one row's scale on another's products
+    assert not torch.allclose(got, product(x, scales.flip(0)), rtol=1e-3)
+    assert (got - x @ dense.T).abs().max() > 0  # and the activations are e4m3, not x itself
+    # the kernels' bf16 output: the same product rounded once
+    xb = x.bfloat16()
+    bf16 = fp8_scaled_matmul(xb, weight, scales)
+    assert bf16.dtype == torch.bfloat16
+    torch.testing.assert_close(bf16.float(), product(xb, scales), rtol=8e-3, atol=1e-5)
 
 
 def test_fp8_equals_the_model_with_dequantized_weights(ckpt: Path, ids: torch.Tensor, tmp_path: Path) -> None:
