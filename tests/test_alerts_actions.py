@@ -164,6 +164,29 @@ def test_same_key_from_two_threads_on_real_runtime_runs_once(
     assert len(runtime.history()) == deploys + 1 and runtime.serving_version == V1
 
 
+def test_a_run_asked_for_here_is_not_taken_by_another_threads_queue(
+    runtime: Any, sqlite_db: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The post-deploy analysis runs its rollback itself, by key, while the rules job's thread
+    runs the queued actions: the analysis' run, once inserted, is not queued work for that
+    thread, so the analysis learns its outcome at once and not a check later."""
+    serve(runtime, V0)
+    mine, other = runner(sqlite_db, tmp_path, runtime), runner(sqlite_db, tmp_path, runtime)
+    taken: list[Any] = []
+    insert = mine._insert
+
+    def insert_then_the_queue_is_polled(*args: Any, **kwargs: Any) -> int:
+        row_id = insert(*args, **kwargs)
+        taken.extend(other.run_pending())  # the other thread, between the insert and the run
+        return row_id
+
+    monkeypatch.setattr(mine, "_insert", insert_then_the_queue_is_polled)
+    out = mine.run(ActionSpec("hot_reload", (("version", V1),), cooldown_s=0), key="analysis-1")
+    assert taken == []
+    assert (out.state, out.duplicate, out.after_version) == ("succeeded", False, V1)
+    assert runtime.serving_version == V1
+
+
 class Source:
     """The service's side of a snapshot, as the service would wire it."""
 

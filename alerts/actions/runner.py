@@ -220,14 +220,13 @@ class ActionRunner:
         """Run `spec` now. `key` makes it idempotent (default: a fresh key, i.e. always
         runs); a key seen before returns that run's outcome with `duplicate=True`."""
         run_key = f"{spec.type}:{key or 'manual-' + uuid.uuid4().hex}"
-        row_id, _created = self._submit(spec, run_key, trigger, alertname, labels or {})
+        row_id, created = self._submit(spec, run_key, trigger, alertname, labels or {})
+        if created:  # inserted under this runner's lease: another thread's run_pending cannot take it
+            return self._execute(self._row(row_id))
         claimed = self._claim(and_(action_runs.c.id == row_id))
         if not claimed:
-            with self.engine.connect() as conn:
-                return _outcome(
-                    conn.execute(select(action_runs).where(action_runs.c.id == row_id)).one(), duplicate=True
-                )
-        return self._execute(claimed[0])  # this call ran it (whoever inserted the row)
+            return _outcome(self._row(row_id), duplicate=True)
+        return self._execute(claimed[0])  # a run left pending (its runner crashed): this call ran it
 
     def run_pending(self, limit: int = 10, *, own_only: bool = False) -> list[ActionOutcome]:
         """Run the actions the evaluator queued (oldest first); `own_only`: only the runs
@@ -236,6 +235,10 @@ class ActionRunner:
         return [self._execute(row) for row in self._claim(extra, limit=limit)]
 
     # -- rows -------------------------------------------------------------------------
+    def _row(self, row_id: int) -> Any:
+        with self.engine.connect() as conn:
+            return conn.execute(select(action_runs).where(action_runs.c.id == row_id)).one()
+
     def _submit(
         self, spec: ActionSpec, run_key: str, trigger: str, alertname: str | None, labels: Mapping[str, str]
     ) -> tuple[int, bool]:
@@ -249,6 +252,7 @@ class ActionRunner:
     def _insert(
         self, spec: ActionSpec, run_key: str, trigger: str, alertname: str | None, labels: Mapping[str, str]
     ) -> int:
+        now = self._now()
         with self.engine.begin() as conn:
             result = conn.execute(
                 insert(action_runs).values(
@@ -259,8 +263,10 @@ class ActionRunner:
                     alertname=alertname,
                     labels=json.dumps(dict(labels), sort_keys=True),
                     state="pending",
-                    created_at=self._now(),
+                    created_at=now,
                     detail="{}",
+                    lease_owner=self.owner,  # the caller runs it next
+                    lease_until=now + dt.timedelta(seconds=self.lease_s),
                 )
             )
             pk = result.inserted_primary_key
