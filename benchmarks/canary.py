@@ -187,6 +187,7 @@ def paired_canaries(
     mix_change: bool = False,
     modes: tuple[bool, ...] = (True, False),
     real: RealModel | None = None,
+    similarity: str = "without_divergence",
 ) -> None:
     """(d): the same canaries decided with and without pairs, alternated, on the real runtime.
     With `real` (`--model smollm2`): its candidates instead of the demo's two releases."""
@@ -235,7 +236,9 @@ def paired_canaries(
                 for paired in order:  # both modes, the order alternated
                     runtime.shadow.configure(share=share if paired else 0.0)
                     controller = CanaryController(
-                        runtime.canary, policy, pairs=PairPolicy() if paired else None
+                        runtime.canary,
+                        policy,
+                        pairs=PairPolicy(similarity_decides=similarity) if paired else None,
                     )
                     feed = PairFeed(runtime, PairedEvidence(), canary=controller)
                     feed.detector = detector
@@ -364,6 +367,8 @@ def demo_run() -> tuple[float, float, str]:
 
 
 def main() -> None:
+    from infersight.alerts.release.paired_checks import SIMILARITY_MODES
+
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--demo-runs", type=int, default=1)
     ap.add_argument("--good", type=int, default=20)
@@ -411,8 +416,11 @@ def main() -> None:
         help="from the canary's start the clients ask hotel questions, max_tokens 2..32 (d)",
     )
     ap.add_argument("--modes", choices=("both", "paired", "unpaired"), default="both", help="(d)")
+    ap.add_argument("--pair-similarity", choices=SIMILARITY_MODES, default=SIMILARITY_MODES[0],
+                    help="(d) when the similarity check may fail a release (alerting.pair_similarity)")  # fmt: skip
     args = ap.parse_args()
-    print(f"CPU: {_cpu()}  load average: {' '.join(Path('/proc/loadavg').read_text().split()[:3])}")
+    print(f"CPU: {_cpu()}  load average: {' '.join(Path('/proc/loadavg').read_text().split()[:3])}; "
+          f"similarity decides: {args.pair_similarity}")  # fmt: skip
     if args.real or args.real_bad:
         real_canaries(args.real, args.real_bad, args.per_step, args.good_version, args.max_tokens)
     modes = {"both": (True, False), "paired": (True,), "unpaired": (False,)}[args.modes]
@@ -425,11 +433,13 @@ def main() -> None:
         print(f"smollm2: {args.runs} runs of each of {', '.join(names)} (order and users drawn from seed "
               f"{args.seed}), pair share {share:g}, noise sigma {built.noise_sigma:g}", flush=True)  # fmt: skip
         real = RealModel(built, names, args.runs, args.seed, args.until)
-        paired_canaries(0, 0, args.per_step, args.max_tokens, args.steer, share, args.mix_change, modes, real)
+        paired_canaries(0, 0, args.per_step, args.max_tokens, args.steer, share, args.mix_change, modes, real,
+                        args.pair_similarity)  # fmt: skip
     elif args.paired or args.paired_bad:
         paired_canaries(
             args.paired, args.paired_bad, args.per_step, args.max_tokens, args.steer,
             0.5 if args.pair_share is None else args.pair_share, args.mix_change, modes,
+            similarity=args.pair_similarity,
         )  # fmt: skip
     if args.good:
         simulated(args.good)

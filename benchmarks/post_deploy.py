@@ -218,7 +218,8 @@ def serve(args: argparse.Namespace, tmp: Path, body: Callable[[Bench], None]) ->
                                 max_prompt_tokens=256, max_tokens_limit=64, pair_share=args.pair_share),
             alerting=AlertingConfig(rules=rules, analysis_window_s=args.window, analysis_interval_s=args.interval,
                                     analysis_failed_checks=args.failed_checks, analysis_min_requests=15,
-                                    analysis_p99_ratio=args.p99_ratio, analysis_max_hold_s=args.max_hold),
+                                    analysis_p99_ratio=args.p99_ratio, analysis_max_hold_s=args.max_hold,
+                                    pair_similarity=args.pair_similarity),
             drift=DriftConfig(reference=reference, alpha=0.01, window=60, min_window=30),
             schedule=ScheduleConfig(timeseries_s=1.0, timeseries_window_s=20.0, embed_s=1.0, drift_s=3600.0,
                                     rules_s=0.5, outbox_s=0.5, post_deploy_s=1.0),
@@ -262,6 +263,8 @@ def report(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
 
 
 def main() -> None:
+    from infersight.alerts.release.paired_checks import SIMILARITY_MODES
+
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--good", type=int, default=4, help="deploys of the int8 build, each paired and unpaired")
     ap.add_argument("--bad", type=int, default=2, help="deploys of the corrupted release, each in both modes")
@@ -299,6 +302,8 @@ def main() -> None:
     ap.add_argument("--failed-checks", type=int, default=2, help="failed checks before the rollback")
     ap.add_argument("--p99-ratio", type=float, default=100.0, help="latency check (100: off, shared machine)")
     ap.add_argument("--workers", type=int, default=4)
+    ap.add_argument("--pair-similarity", choices=SIMILARITY_MODES, default=SIMILARITY_MODES[0],
+                    help="when the similarity check may fail a release (alerting.pair_similarity)")  # fmt: skip
     args = ap.parse_args()
     args.real = None
     if args.model == "smollm2":
@@ -317,7 +322,8 @@ def main() -> None:
     print(f"CPU: {_cpu()}  load average: {' '.join(Path('/proc/loadavg').read_text().split()[:3])}")
     print(f"window {args.window:g} s, checks every {args.interval:g} s, rollback after {args.failed_checks} failed, "
           f"p99 ratio {args.p99_ratio:g}, {args.before} requests before each deploy, pair share "
-          f"{args.pair_share:g}, max_tokens {args.max_tokens}", flush=True)  # fmt: skip
+          f"{args.pair_share:g}, max_tokens {args.max_tokens}, similarity decides: {args.pair_similarity}",
+          flush=True)  # fmt: skip
     modes = {"both": None, "paired": True, "unpaired": False}[args.modes]
     rows: list[dict[str, Any]] = []
 

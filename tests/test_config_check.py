@@ -37,6 +37,7 @@ def _write(tmp_path: Path, text: str) -> Path:
         ("\n\nupstream:\n  model: x\n", errors.ConfigKeyMissing, "upstream.url", 3),
         ("port: [8000\n", errors.ConfigNotYAML, "config", 2),
         ("port: 8000\ntoken: abcdefghijklmnopq\n", errors.ConfigValueBad, "token", 2),
+        ("alerting:\n  pair_similarity: sometimes\n", errors.ConfigValueBad, "alerting.pair_similarity", 2),
     ],
 )
 def test_each_kind_of_bad_file_is_a_typed_error_with_its_key_and_line(

@@ -13,6 +13,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import pytest
 from infersight.alerts.actions.runner import ActionRunner
 from infersight.alerts.release.canary import CanaryAnalysis, CanaryPolicy
 from infersight.alerts.release.paired_checks import PairedAnalysis, PairedEvidence, PairOutcome, PairPolicy
@@ -360,6 +361,53 @@ def test_pairs_without_log_probabilities_leave_the_divergence_check_waiting() ->
     (divergence,) = [c for c in analysis.checks() if c.name == "divergence"]
     assert divergence.pairs == 0 and not divergence.regressed and analysis.pairs == 30
     assert divergence.describe() == "divergence: no pairs yet"
+
+
+def _sampled_pair(
+    rng: random.Random, divergence: float, similarity: float, *, logprobs: bool = True
+) -> PairOutcome:
+    """A pair of answers sampled at temperature 1 with one seed: the two versions read each
+    other's answers `divergence` worse, and the answers are `similarity` alike on average
+    (coupled until the two distributions first part, unrelated after)."""
+    pair = _read_pair(rng, divergence, logprobs=logprobs)
+    sim = 1.0 if rng.random() < similarity - 0.2 else max(0.0, rng.gauss(0.2, 0.15))
+    return dataclasses.replace(pair, similarity=sim)
+
+
+def test_with_similarity_deciding_only_without_divergence_a_faithful_release_passes_a_bad_one_not() -> None:
+    """A faithful quantization parts from the baseline's tokens often enough that its sampled
+    answers average under the similarity line, while both versions read each other's answers
+    well within the divergence line: the "always" mode rolls it back on similarity, and
+    "without_divergence" (the default) leaves the verdict to divergence on the runtime's pairs."""
+    always, without = PairPolicy(similarity_decides="always"), PairPolicy()
+    assert without.similarity_decides == "without_divergence"
+    failed_always = failed_without = 0
+    for seed in range(10):
+        a, w = PairedAnalysis(always), PairedAnalysis(without)
+        rng_a, rng_w = random.Random(seed), random.Random(seed)
+        for _ in range(300):
+            a.observe(_sampled_pair(rng_a, 0.02, 0.5))
+            w.observe(_sampled_pair(rng_w, 0.02, 0.5))
+        failed_always += [c.name for c in a.regressions()] == ["similarity"]
+        failed_without += bool(w.regressions())
+        (similarity,) = [c for c in w.checks() if c.name == "similarity"]
+        assert similarity.reported_only and similarity.mean is not None and similarity.mean < 0.6
+        assert similarity.describe().endswith("(reported only: divergence decides on these pairs)")
+    assert failed_always >= 8 and failed_without == 0
+    # a quietly bad release still fails, on divergence
+    rng = random.Random(11)
+    bad = PairedAnalysis(without)
+    for _ in range(40):
+        bad.observe(_sampled_pair(rng, 0.3, 0.3))
+    assert bad.first_regression is not None and bad.first_regression.name == "divergence"
+    # pairs without the runtime's log-probabilities (a proxy's): similarity decides as before
+    rng = random.Random(12)
+    proxy = PairedAnalysis(without)
+    for _ in range(60):
+        proxy.observe(_sampled_pair(rng, 0.3, 0.2, logprobs=False))
+    assert [c.name for c in proxy.regressions()] == ["similarity"]
+    with pytest.raises(ValueError, match="similarity_decides"):
+        PairPolicy(similarity_decides="sometimes")
 
 
 def test_the_pair_feed_reads_the_canary_as_the_candidate_whichever_side_it_answered() -> None:

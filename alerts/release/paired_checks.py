@@ -44,12 +44,13 @@ from __future__ import annotations
 import math
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from .sequential import Evidence, Moments, msprt_lambda, msprt_radius
 
 __all__ = [
     "PAIRED_CHECKS",
+    "SIMILARITY_MODES",
     "PairOutcome",
     "PairPolicy",
     "PairedAnalysis",
@@ -59,6 +60,7 @@ __all__ = [
 ]
 
 PAIRED_CHECKS = ("relevance", "similarity", "output_length", "finish_agreement", "step_time", "divergence")
+SIMILARITY_MODES = ("without_divergence", "always")
 
 
 @dataclass(frozen=True)
@@ -92,6 +94,19 @@ class PairPolicy:
     # the smallest per-pair sd a check assumes: a few pairs that all moved by the same tiny
     # amount (a shared rounding) are not certainty of a difference (see canary.py's pooled note)
     min_sd: float = 0.02
+    # when `similarity` may fail a release (SIMILARITY_MODES): "without_divergence": only on
+    # pairs that carry no divergence (a proxy's), while on the runtime's pairs it is reported
+    # and divergence decides; or "always". Both sides of a runtime pair sample with one seed, so
+    # two faithful versions give the same tokens until their distributions first part, and two
+    # unrelated continuations after: the mean similarity of sampled answers is then a noisy
+    # reading of the distance that divergence measures directly, with a line of its own that
+    # a faithful fp8 build falls under (benchmarks/pair_similarity.py)
+    similarity_decides: str = "without_divergence"
+
+    def __post_init__(self) -> None:
+        if self.similarity_decides not in SIMILARITY_MODES:
+            raise ValueError(f"similarity_decides must be one of {', '.join(SIMILARITY_MODES)}, "
+                             f"not {self.similarity_decides!r}")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -143,6 +158,7 @@ class PairedCheck:
     p_value: float
     regressed: bool
     cleared: bool = False  # shown not to regress at the check's alpha (its interval on the good side)
+    reported_only: bool = False  # measured, not deciding (`PairPolicy.similarity_decides`)
 
     def describe(self) -> str:
         """The figures in words: what a page, the deploy history and the alert say."""
@@ -156,6 +172,7 @@ class PairedCheck:
             return (
                 f"the two answers less alike than {self.null:g} in {low} of {n} pairs, "
                 f"mean similarity {self.mean:.2f}, {p}"
+                + (" (reported only: divergence decides on these pairs)" if self.reported_only else "")
             )
         if self.name == "output_length":
             return (
@@ -260,13 +277,25 @@ class PairedAnalysis:
 
     def _add(self, name: str, x: float) -> None:
         check = self._checks[name]
-        was = check.regressed
+        was = self._state(check).regressed
         check.add(x, alpha=self.alpha, min_n=self.policy.min_pairs, min_sd=self.policy.min_sd)
-        if check.regressed and not was and self.first_regression is None:
-            self.first_regression = check.state()
+        if self.first_regression is None:
+            state = self._state(check)
+            if state.regressed and not was:
+                self.first_regression = state
+
+    def _state(self, check: _OneSample) -> PairedCheck:
+        state = check.state()
+        if (
+            check.name == "similarity"
+            and self.policy.similarity_decides == "without_divergence"
+            and self._checks["divergence"].moments.n > 0
+        ):
+            return replace(state, regressed=False, reported_only=True)
+        return state
 
     def checks(self) -> tuple[PairedCheck, ...]:
-        return tuple(c.state() for c in self._checks.values())
+        return tuple(self._state(c) for c in self._checks.values())
 
     def regressions(self) -> tuple[PairedCheck, ...]:
         return tuple(c for c in self.checks() if c.regressed)

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from infersight.alerts.release.paired_checks import SIMILARITY_MODES
 from infersight.monitor.store.retention import RetentionPolicy
 
 from .config_sections import (
@@ -204,6 +205,8 @@ def check_config(config: ServiceConfig, *, source: str | None = None) -> Service
         fail("alerting.collect_after_rollback", "must be between 0 and 100000")
     if not 1 <= config.alerting.canary_step_requests <= 1_000_000:
         fail("alerting.canary_step_requests", "must be between 1 and 1000000")
+    if config.alerting.pair_similarity not in SIMILARITY_MODES:
+        fail("alerting.pair_similarity", f"must be one of {', '.join(SIMILARITY_MODES)}")
     if config.redact is not None:
         from infersight.monitor.dataset import RedactorInvalid, load_redactor
 

@@ -182,6 +182,10 @@ class AlertingConfig:
     # canary requests a canary serves at one step (10% -> 50% -> 100%) with no regression
     # before it moves on to the next; the last step's count promotes it
     canary_step_requests: int = 200
+    # when the paired similarity check may fail a release (canary and post-deploy):
+    # "without_divergence" (only on pairs without the runtime's divergence, a proxy's; on the
+    # runtime's own pairs it is reported and divergence decides) or "always". docs/releases.md
+    pair_similarity: str = "without_divergence"
 
 
 @dataclass(frozen=True)

@@ -218,9 +218,10 @@ def pairs_overview(feed: PairFeed | None, *, proxy: bool) -> dict[str, Any]:
     }
 
 
-def pair_policy(share: float) -> PairPolicy | None:
-    """The canary's paired checks when the runtime pairs requests (`share` > 0), else None."""
-    return PairPolicy() if share > 0.0 else None
+def pair_policy(share: float, similarity: str = "without_divergence") -> PairPolicy | None:
+    """The canary's paired checks when the runtime pairs requests (`share` > 0), else None;
+    `similarity`: `alerting.pair_similarity`."""
+    return PairPolicy(similarity_decides=similarity) if share > 0.0 else None
 
 
 def engine_release_checks(
@@ -232,12 +233,14 @@ def engine_release_checks(
     the feed that scores the pairs (None without the runtime's shadow support)."""
     share = _configure_pairs(runtime, config)
     controller = _canary_controller(
-        runtime, on_canary_decision, on_canary_rollback, share, config.alerting.canary_step_requests
-    )
+        runtime, on_canary_decision, on_canary_rollback, share, config.alerting.canary_step_requests,
+        config.alerting.pair_similarity,
+    )  # fmt: skip
     if getattr(runtime, "shadow", None) is None:
         return share, controller, None
     # the post-deploy analysis' pairs: their step check at the analysis' own latency ratio
-    policy = PairPolicy(max_step_ratio=config.alerting.analysis_p99_ratio)
+    policy = PairPolicy(max_step_ratio=config.alerting.analysis_p99_ratio,
+                        similarity_decides=config.alerting.pair_similarity)  # fmt: skip
     off = "paired checks off: engine.pair_share is 0"
     evidence = PairedEvidence(policy, enabled=share > 0.0, off_reason=off, step_times=True)
     return share, controller, PairFeed(runtime, evidence, canary=controller)
@@ -249,6 +252,7 @@ def _canary_controller(
     rollback: Callable[[Any], None] | None,
     pair_share: float,
     step_requests: int,
+    similarity: str = "without_divergence",
 ) -> Any:
     """The controller that analyses and steps canaries (None without the runtime's canary
     support); its quality checks are paired when the runtime pairs requests."""
@@ -260,7 +264,7 @@ def _canary_controller(
 
     return CanaryController(
         control, CanaryPolicy(requests_per_step=step_requests), on_decision=on_decision,
-        pairs=pair_policy(pair_share), rollback=rollback,
+        pairs=pair_policy(pair_share, similarity), rollback=rollback,
     )  # fmt: skip
 
 
