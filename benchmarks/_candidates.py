@@ -23,8 +23,13 @@ from __future__ import annotations
 import json
 import shutil
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from infersight.engine.registry import Registry
 
 BENCH = Path(__file__).resolve().parent
 if str(BENCH) not in sys.path:
@@ -99,7 +104,25 @@ def build(work: Path, names: tuple[str, ...], *, noise_sigma: float = DEFAULT_NO
         else:
             raise ValueError(f"unknown candidate {name!r}; choose from {', '.join(CANDIDATES)}")
         registry.register(version, target, parent=FP32)
+    _close_open_canary(registry)
     return Candidates(work / "registry", FP32, {n: VERSIONS[n] for n in names}, noise_sigma)
+
+
+def _close_open_canary(registry: Registry) -> None:
+    """A canary benchmark stopped mid-run leaves its canary open in the deploy history, and a
+    runtime started on this registry resumes it (and refuses deploys beside it): every run
+    here starts from the stable version alone, so it is recorded as rolled back first."""
+    from infersight.engine.registry import DeployRecord
+    from infersight.engine.runtime_canary import open_canary
+
+    pending = open_canary(registry.history.records())
+    if pending is None:
+        return
+    why = "closed by the release benchmarks: an interrupted run left it open"
+    registry.history.record(
+        DeployRecord(time.time(), pending.version, pending.stable_version, "canary", "rolled_back", why, 0.0)
+    )
+    print(f"(the canary of {pending.version} an interrupted run left open is recorded as rolled back)")
 
 
 def _gptq(source: Path, target: Path) -> None:

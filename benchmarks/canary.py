@@ -221,7 +221,11 @@ def paired_canaries(
         else:
             root, stable = real.candidates.registry, real.candidates.stable
             plan, seeds = real.plan()
-        runtime = Runtime(Registry(root), max_batch_size=8, max_prompt_tokens=128, max_seq_len=192)
+        # a real model's chat template wraps every question in its default system message: a
+        # longer one (the terse candidate's) takes the longest Banking77 questions past 128 tokens
+        prompt_limit = 128 if real is None else 256
+        runtime = Runtime(Registry(root), max_batch_size=8, max_prompt_tokens=prompt_limit,
+                          max_seq_len=prompt_limit + 64)  # fmt: skip
         runtime.start(stable)
         tok = runtime.tokenizer
         encode = real.encoder(runtime) if real is not None else (lambda q, version: tok.encode(q).ids)
