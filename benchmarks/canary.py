@@ -42,6 +42,7 @@
     .venv/bin/python benchmarks/canary.py --demo-runs 0 --good 0 --paired 4 --paired-bad 3 --steer
     .venv/bin/python benchmarks/canary.py --demo-runs 0 --good 0 --paired 20 --paired-bad 5 --per-step 30 --mix-change
     .venv/bin/python benchmarks/canary.py --demo-runs 0 --good 0 --model smollm2 --modes paired --runs 20 --per-step 30 --max-tokens 16
+    .venv/bin/python benchmarks/canary.py --demo-runs 0 --good 0 --model smollm2 --modes paired --candidates int8,fp8 --canary-latency own
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ import time
 from pathlib import Path
 
 from _candidates import CANDIDATES, RealModel, RunOutcome, first_check
-from infersight.alerts.release.canary import CanaryAnalysis, CanaryPolicy
+from infersight.alerts.release.canary import LATENCY_MODES, CanaryAnalysis, CanaryPolicy
 
 
 def _cpu() -> str:
@@ -188,6 +189,7 @@ def paired_canaries(
     modes: tuple[bool, ...] = (True, False),
     real: RealModel | None = None,
     similarity: str = "without_divergence",
+    latency: str = "whole",
 ) -> None:
     """(d): the same canaries decided with and without pairs, alternated, on the real runtime.
     With `real` (`--model smollm2`): its candidates instead of the demo's two releases."""
@@ -204,7 +206,7 @@ def paired_canaries(
     questions = [u.text for u in banking77()]
     new_mix = [u.text for u in hotels()]  # --mix-change: what the clients ask once the canary starts
     detector = d.DriftDetector(d.SentenceTransformerEmbedder())
-    policy = CanaryPolicy(steps=(0.5, 1.0), requests_per_step=per_step)
+    policy = CanaryPolicy(steps=(0.5, 1.0), requests_per_step=per_step, latency=latency)
     rows: dict[tuple[bool, str], list[tuple[str, int, float]]] = {}
     cost: dict[bool, list[float]] = {True: [], False: []}  # CPU seconds per live request
     durations: dict[bool, list[float]] = {True: [], False: []}
@@ -422,9 +424,11 @@ def main() -> None:
     ap.add_argument("--modes", choices=("both", "paired", "unpaired"), default="both", help="(d)")
     ap.add_argument("--pair-similarity", choices=SIMILARITY_MODES, default=SIMILARITY_MODES[0],
                     help="(d) when the similarity check may fail a release (alerting.pair_similarity)")  # fmt: skip
+    ap.add_argument("--canary-latency", choices=LATENCY_MODES, default=LATENCY_MODES[0],
+                    help="(d) what the latency check compares (alerting.canary_latency)")  # fmt: skip
     args = ap.parse_args()
     print(f"CPU: {_cpu()}  load average: {' '.join(Path('/proc/loadavg').read_text().split()[:3])}; "
-          f"similarity decides: {args.pair_similarity}")  # fmt: skip
+          f"similarity decides: {args.pair_similarity}; latency: {args.canary_latency}")  # fmt: skip
     if args.real or args.real_bad:
         real_canaries(args.real, args.real_bad, args.per_step, args.good_version, args.max_tokens)
     modes = {"both": (True, False), "paired": (True,), "unpaired": (False,)}[args.modes]
@@ -438,12 +442,12 @@ def main() -> None:
               f"{args.seed}), pair share {share:g}, noise sigma {built.noise_sigma:g}", flush=True)  # fmt: skip
         real = RealModel(built, names, args.runs, args.seed, args.until)
         paired_canaries(0, 0, args.per_step, args.max_tokens, args.steer, share, args.mix_change, modes, real,
-                        args.pair_similarity)  # fmt: skip
+                        args.pair_similarity, args.canary_latency)  # fmt: skip
     elif args.paired or args.paired_bad:
         paired_canaries(
             args.paired, args.paired_bad, args.per_step, args.max_tokens, args.steer,
             0.5 if args.pair_share is None else args.pair_share, args.mix_change, modes,
-            similarity=args.pair_similarity,
+            similarity=args.pair_similarity, latency=args.canary_latency,
         )  # fmt: skip
     if args.good:
         simulated(args.good)

@@ -76,6 +76,9 @@ class RequestFinished:
     ttft_s: float | None  # None when no token was produced (cancelled before the first)
     duration_s: float  # arrival to last token
     finish_reason: FinishReason
+    # of duration_s, the seconds the loop spent on other versions' forwards while this request
+    # ran (a canary's or a shadow's): its version's own latency is duration_s - others_s
+    others_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -61,6 +61,7 @@ class Request:
     # a pair's side (runtime_shadow.py): the sum of its tokens' log-probabilities at temperature
     # 1 so far; None for every other request, which then pays nothing for it
     logprob: float | None = None
+    others_s: float = 0.0  # of its life, the seconds spent on other versions' forwards
 
     @property
     def position(self) -> int:

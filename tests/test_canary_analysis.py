@@ -115,7 +115,7 @@ class _FakeControl:
 
 
 class _Finished:
-    def __init__(self, version: str, duration: float, request_id: str = "") -> None:
+    def __init__(self, version: str, duration: float, request_id: str = "", others: float | None = None) -> None:
         self.model_version, self.duration_s, self.output_tokens, self.finish_reason = (
             version,
             duration,
@@ -123,6 +123,8 @@ class _Finished:
             "stop",
         )
         self.request_id = request_id
+        if others is not None:  # the engine's own field; an event without it counts whole
+            self.others_s = others
 
 
 class _Started:
@@ -153,6 +155,39 @@ def test_latency_compares_only_requests_that_ran_beside_the_other_arm() -> None:
         controller.on_event(RequestFinished("m_d_fp32-v1.1", 0.1, f"c-{i}"))
     latency = next(c for c in controller.analysis.checks() if c.name == "latency")
     assert (latency.canary_n, latency.stable_n) == (10, 10)
+
+
+@pytest.mark.parametrize("latency", ["own", "whole", "own-unreported"])
+def test_latency_own_compares_each_arm_net_of_the_other_arms_forwards(latency: str) -> None:
+    # A faster canary (own forwards 0.1 s) beside a slower stable (0.3 s): every step runs both
+    # arms in turn, so a canary request pays the stable's forwards nearly always and a stable
+    # request the canary's only while one runs. Whole, the faster canary looks the slower.
+    # An event without `others_s` (not the runtime's) counts whole in either mode.
+    net = latency == "own"
+    policy = CanaryPolicy(requests_per_step=10_000, latency_baseline=20, latency=latency.split("-")[0])
+    control = _FakeControl()
+    controller = CanaryController(control, policy)
+    controller.begin("m_d_fp32-v1.1", "m_d_fp32-v1.0", 0.1)
+    rng = random.Random(7)
+    for i in range(300):
+        if control.done.is_set():
+            break
+        stable_own, canary_own = rng.uniform(0.28, 0.32), rng.uniform(0.09, 0.11)
+        stable_others, canary_others = rng.uniform(0.0, 0.1), rng.uniform(0.27, 0.33)
+        controller.on_event(RequestStarted("m_d_fp32-v1.0", f"s-{i}"))
+        controller.on_event(RequestStarted("m_d_fp32-v1.1", f"c-{i}"))
+        controller.on_event(RequestFinished("m_d_fp32-v1.0", stable_own + stable_others, f"s-{i}",
+                                            None if latency.endswith("unreported") else stable_others))  # fmt: skip
+        controller.on_event(RequestFinished("m_d_fp32-v1.1", canary_own + canary_others, f"c-{i}",
+                                            None if latency.endswith("unreported") else canary_others))  # fmt: skip
+    if net:  # its own latency is a third of the stable's: never over the stable's p90
+        assert controller.analysis is not None and not control.calls
+        check = next(c for c in controller.analysis.checks() if c.name == "latency")
+        assert (check.canary_n, check.stable_n) == (300, 300)
+        assert check.canary == 0.0 and not check.regressed
+    else:  # the faster canary rolled back on latency
+        assert control.done.wait(10)
+        assert control.calls[0][0] == "abort" and "latency" in control.calls[0][1]
 
 
 @pytest.mark.parametrize("bad", [True, False])

@@ -38,6 +38,7 @@ def _write(tmp_path: Path, text: str) -> Path:
         ("port: [8000\n", errors.ConfigNotYAML, "config", 2),
         ("port: 8000\ntoken: abcdefghijklmnopq\n", errors.ConfigValueBad, "token", 2),
         ("alerting:\n  pair_similarity: sometimes\n", errors.ConfigValueBad, "alerting.pair_similarity", 2),
+        ("alerting:\n  canary_latency: net\n", errors.ConfigValueBad, "alerting.canary_latency", 2),
     ],
 )
 def test_each_kind_of_bad_file_is_a_typed_error_with_its_key_and_line(
@@ -104,3 +105,16 @@ def test_schema_validates_what_check_accepts_and_refuses_an_unknown_key() -> Non
     assert not list(validator.iter_errors(good))
     assert list(validator.iter_errors({"limits": {"bogus": 1}}))
     assert list(validator.iter_errors({"drift": {"window": "many"}}))
+
+
+@pytest.mark.parametrize("latency", ["whole", "own"])
+def test_the_canary_controller_compares_latency_as_configured(latency: str) -> None:
+    from types import SimpleNamespace
+
+    from infersight.monitor.service.config import config_from_mapping
+    from infersight.monitor.service.pair_feed import engine_release_checks
+
+    config = config_from_mapping({"alerting": {"canary_latency": latency}}, env={})
+    runtime = SimpleNamespace(canary=object())  # canary support, no pairs
+    share, controller, feed = engine_release_checks(runtime, config, lambda decision: None)
+    assert (share, feed) == (0.0, None) and controller.policy.latency == latency

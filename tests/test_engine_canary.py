@@ -3,12 +3,15 @@ promotion, rollback that never moves a running request, and refused bad input.""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
+from typing import Any
 
 import _engine_serving_support as support
 import pytest
 from _engine_serving_support import V1, V2, prompt
 from infersight.engine.errors import CanaryRunning, InvalidCanaryWeight, NoCanary, VersionNotFound
+from infersight.engine.events import RequestFinished
 from infersight.engine.registry import Registry
 from infersight.engine.runtime import Runtime
 from infersight.engine.runtime_canary import user_bucket
@@ -170,3 +173,36 @@ def test_a_canary_is_not_resumed_beside_another_version(registry: Registry) -> N
         assert "not resumed after a restart" in last.message
     finally:
         again.stop()
+
+
+def test_each_request_reports_the_time_it_waited_on_the_other_versions_forwards(runtime: Runtime) -> None:
+    # The loop runs every version's forwards in turn before a token goes out; a release check
+    # compares versions net of that. The canary's decode is slowed by a sleep of at least
+    # SLOW seconds, so the figures below are lower bounds whatever the machine.
+    slow = 0.05
+    recorder = support.Recorder()
+    runtime.subscribe(recorder)
+    alone = runtime.submit(prompt(1, 5), max_new_tokens=4).result(timeout=60)
+    runtime.canary.start(V2, 0.5)
+    replica = runtime._state.canary
+    assert replica is not None
+    decode = replica.decode
+
+    def slowed(batch: list[Any]) -> Any:
+        time.sleep(slow)
+        return decode(batch)
+
+    replica.decode = slowed  # type: ignore[method-assign]
+    on_canary = runtime.submit(prompt(2, 5), max_new_tokens=12, user=_users(0.5, True, 1)[0])
+    next(iter(on_canary))  # running on the canary: every later step runs its slowed decode
+    on_stable = runtime.submit(prompt(3, 5), max_new_tokens=4, user=_users(0.5, False, 1)[0])
+    stable, canary = on_stable.result(timeout=60), on_canary.result(timeout=60)
+    assert (stable.model_version, canary.model_version) == (V1, V2)
+    finished = {e.request_id: e for e in recorder.of(RequestFinished)}
+    assert finished[alone.request_id].others_s == 0.0  # no other version ran
+    # its four steps each ran the canary's slowed decode: that wait is the canary's, not V1's
+    s = finished[stable.request_id]
+    assert s.others_s >= 4 * slow and s.others_s <= s.duration_s
+    # the canary's own forwards (eleven slowed decodes) stay in its own latency
+    c = finished[canary.request_id]
+    assert c.others_s > 0.0 and c.duration_s - c.others_s >= 11 * slow

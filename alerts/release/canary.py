@@ -18,10 +18,11 @@ Checks (a regression is a significant difference in the bad direction only):
   compared only between requests of the same shape (output- and prompt-length buckets),
   strata combined Mantel-Haenszel style (alerts/release/strata.py): a client asking one arm
   for longer answers does not make it look slow.
-  Only requests that ran at some point while the other arm had one running are compared: the
-  isolated canary replica adds its own forward to every step it is busy, which a canary
-  request always pays and a stable request only when a canary request runs beside it
-  (measured: without this, equal canaries were rolled back on latency; docs/benchmarks/releases.md);
+  Only requests that ran at some point while the other arm had one running are compared. The
+  runtime runs both arms' forwards in turn every step: a canary request pays the stable's in
+  nearly every step, a stable request the canary's only while one runs, so beside a slower
+  stable version a faster canary looks the slower. `latency="own"` compares each request net
+  of the other arm's forwards it waited on (engine RequestFinished `others_s`);
 - `relevance`: mean relevance of answer to prompt (a drop is a regression);
 - `output_drift`: how close each answer's embedding lies to what the stable version
   answers: the cosine to the mean (unit-norm) embedding of the stable's first
@@ -58,6 +59,7 @@ from .strata import StratifiedExceedance, StratifiedRate, request_shape, shape
 
 __all__ = [
     "CANARY_ALERT",
+    "LATENCY_MODES",
     "CanaryAnalysis",
     "CanaryController",
     "CanaryDecision",
@@ -70,6 +72,7 @@ __all__ = [
 ]
 
 CANARY_ALERT = "CanaryRegression"
+LATENCY_MODES = ("whole", "own")  # CanaryPolicy.latency
 
 
 @dataclass(frozen=True)
@@ -83,6 +86,7 @@ class CanaryPolicy:
     min_requests: int = 20  # per arm before any check may decide
     latency_quantile: float = 0.9
     latency_baseline: int = 50  # stable requests that fix the latency threshold
+    latency: str = "whole"  # "whole": arrival to last token; "own": less the other arm's forwards
     tau_rate: float = 0.05  # prior sd of an error-rate / exceedance difference
     tau_relevance: float = 0.1  # prior sd of a mean relevance difference
     tau_length: float = 8.0  # prior sd of a mean output-length difference (tokens)
@@ -481,7 +485,8 @@ class CanaryController:
             max_tokens, stream = self._shapes.pop(rid, (None, None))
             if kind == "RequestFinished":
                 error = "cancelled" if event.finish_reason == "cancelled" else None
-                self.analysis.observe(arm, error_type=error, latency_s=event.duration_s if beside else None,
+                others = getattr(event, "others_s", 0.0) if self.policy.latency == "own" else 0.0
+                self.analysis.observe(arm, error_type=error, latency_s=event.duration_s - others if beside else None,
                                       output_tokens=event.output_tokens, prompt_tokens=getattr(event, "prompt_tokens", None),
                                       max_tokens=max_tokens, stream=stream)  # fmt: skip
             else:

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from infersight.alerts.release.canary import LATENCY_MODES
 from infersight.alerts.release.paired_checks import SIMILARITY_MODES
 from infersight.monitor.store.retention import RetentionPolicy
 
@@ -207,6 +208,8 @@ def check_config(config: ServiceConfig, *, source: str | None = None) -> Service
         fail("alerting.canary_step_requests", "must be between 1 and 1000000")
     if config.alerting.pair_similarity not in SIMILARITY_MODES:
         fail("alerting.pair_similarity", f"must be one of {', '.join(SIMILARITY_MODES)}")
+    if config.alerting.canary_latency not in LATENCY_MODES:
+        fail("alerting.canary_latency", f"must be one of {', '.join(LATENCY_MODES)}")
     if config.redact is not None:
         from infersight.monitor.dataset import RedactorInvalid, load_redactor
 

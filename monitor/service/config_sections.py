@@ -186,6 +186,9 @@ class AlertingConfig:
     # "without_divergence" (only on pairs without the runtime's divergence, a proxy's; on the
     # runtime's own pairs it is reported and divergence decides) or "always". docs/releases.md
     pair_similarity: str = "without_divergence"
+    # the canary's latency check: "whole" (arrival to last token) or "own" (less the seconds a
+    # request waited on the other arm's forwards in the runtime's shared steps). docs/releases.md
+    canary_latency: str = "whole"
 
 
 @dataclass(frozen=True)

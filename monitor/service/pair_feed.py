@@ -234,7 +234,7 @@ def engine_release_checks(
     share = _configure_pairs(runtime, config)
     controller = _canary_controller(
         runtime, on_canary_decision, on_canary_rollback, share, config.alerting.canary_step_requests,
-        config.alerting.pair_similarity,
+        config.alerting.pair_similarity, config.alerting.canary_latency,
     )  # fmt: skip
     if getattr(runtime, "shadow", None) is None:
         return share, controller, None
@@ -253,6 +253,7 @@ def _canary_controller(
     pair_share: float,
     step_requests: int,
     similarity: str = "without_divergence",
+    latency: str = "whole",
 ) -> Any:
     """The controller that analyses and steps canaries (None without the runtime's canary
     support); its quality checks are paired when the runtime pairs requests."""
@@ -263,7 +264,7 @@ def _canary_controller(
     from infersight.alerts.release.canary import CanaryPolicy
 
     return CanaryController(
-        control, CanaryPolicy(requests_per_step=step_requests), on_decision=on_decision,
+        control, CanaryPolicy(requests_per_step=step_requests, latency=latency), on_decision=on_decision,
         pairs=pair_policy(pair_share, similarity), rollback=rollback,
     )  # fmt: skip
 
