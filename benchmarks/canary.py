@@ -305,6 +305,9 @@ def paired_canaries(
                     if real is not None and last.action == "promote" and "pairs: " in last.reason:
                         print("      " + last.reason[last.reason.rindex("; ", 0, last.reason.index("pairs: ")) + 2 :],
                               flush=True)  # fmt: skip  # the paired checks' figures when they passed
+                    if real is not None and analysis is not None:  # the arm latency check, whatever decided
+                        print("      " + next(c for c in analysis.checks() if c.name == "latency").describe(),
+                              flush=True)  # fmt: skip
                     if runtime.serving_version != stable:
                         runtime.deploy(stable, reason="deploy")
         finally:
