@@ -157,6 +157,7 @@ class Replica:
         self.max_batch = max_batch
         self.cap = max_batch  # requests it runs at once; SLA routing lowers it to hold a path's SLA
         self.step_times = StepTimes()  # measured decode/prefill costs, read by the router
+        self.busy_s = 0.0  # seconds of prefill and decode so far: the loop charges it per step
         self.max_seq_len = max_seq_len
         self.cache = model.new_cache(max_batch, max_seq_len)
         self.running: dict[int, Request] = {}  # slot -> request, in admission order
@@ -185,7 +186,9 @@ class Replica:
         """logits[V] after the prompt, written into the request's slot."""
         t0 = time.perf_counter()
         logits = self._prefill(self.cache, request.slot, request.prompt_ids)
-        self.step_times.observe_prefill(len(request.prompt_ids), time.perf_counter() - t0)
+        took = time.perf_counter() - t0
+        self.step_times.observe_prefill(len(request.prompt_ids), took)
+        self.busy_s += took
         return logits
 
     def prefill_uncached(self, slot: int, prompt: Sequence[int]) -> torch.Tensor:
@@ -242,7 +245,9 @@ class Replica:
         positions = torch.tensor([r.position for r in requests], dtype=torch.long, device=self.device)
         t0 = time.perf_counter()
         logits = self.model.decode(self.cache, slots, inputs, positions)
-        self.step_times.observe_decode(len(requests), time.perf_counter() - t0)
+        took = time.perf_counter() - t0
+        self.step_times.observe_decode(len(requests), took)
+        self.busy_s += took
         return logits
 
     def __repr__(self) -> str:

@@ -193,16 +193,16 @@ def _step(state: LoopState) -> bool:
         for request in state.fast_queue.drain():
             state.queue.push(request)
     held = state.hold() if state.hold is not None else None  # SLA routing: the fast path first
-    spent: dict[str, float] = {}  # seconds of each version's forwards in this step
+    busy = {id(r): r.busy_s for r in _replicas(state)}  # to charge this step's forwards
     paths = ((state.fast, state.fast_queue), (current, state.queue), (state.canary, state.canary_queue))
     for replica, queue in paths:
         if replica is not None and replica is not held:
-            _admit(state, replica, queue, groups, spent)
+            _admit(state, replica, queue, groups)
     idle = False
     if not (len(state.queue) or len(state.canary_queue)):  # shadows only with no live request waiting
         for replica in (r for r in (current, state.canary, state.shadow) if r is not None and r is not held):
             limit = state.shadow_slots or max(1, replica.max_batch // 4)
-            _admit(state, replica, replica.shadow_queue, groups, spent, limit)
+            _admit(state, replica, replica.shadow_queue, groups, limit)
         idle = state.idle_work is not None and state.idle_work.run_one()
     elif state.idle_work is not None:  # busy: only work that waited too long, one job
         idle = state.idle_work.run_one(overdue_only=True)
@@ -210,16 +210,14 @@ def _step(state: LoopState) -> bool:
         batch = [r for r in replica.running.values() if r.tokens]
         if not batch or replica is held:
             continue
-        began = time.monotonic()
         try:
             groups.append((batch, replica.decode(batch)))
         except Exception as exc:
             for request in batch:
                 _fail(state, request, exc)
-        _charge(spent, replica.version, began)
     if not groups:
         return idle
-    _charge_others(state, spent)
+    _charge_others(state, busy)
     requests = [r for batch, _ in groups for r in batch]
     try:
         sampled = [
@@ -261,16 +259,17 @@ def _pair_logprobs(
     return dict(zip(index, torch.cat(parts).tolist(), strict=True)) if parts else {}
 
 
-def _charge(spent: dict[str, float], version: str, began: float) -> None:
-    spent[version] = spent.get(version, 0.0) + time.monotonic() - began
-
-
-def _charge_others(state: LoopState, spent: dict[str, float]) -> None:
+def _charge_others(state: LoopState, busy: dict[int, float]) -> None:
     """Each running request waited, this step, on the forwards of every other version (the
     loop runs them in turn before any token goes out). Summed per request so that a release
     check compares two versions net of each other's load: beside a slow stable version a
     faster canary's requests would otherwise look the slower. On an asynchronous device the
-    forwards return before they finish and little is charged."""
+    forwards return before they finish and little is charged. `busy`: each replica's
+    `busy_s` (its own timing of its forwards) when the step began."""
+    spent: dict[str, float] = {}
+    for replica in _replicas(state):
+        step = replica.busy_s - busy.get(id(replica), replica.busy_s)
+        spent[replica.version] = spent.get(replica.version, 0.0) + step
     total = sum(spent.values())
     for replica in _replicas(state):
         others = total - spent.get(replica.version, 0.0)
@@ -281,7 +280,6 @@ def _charge_others(state: LoopState, spent: dict[str, float]) -> None:
 
 def _admit(
     state: LoopState, replica: Replica, queue: PendingQueue, groups: list[tuple[list[Request], torch.Tensor]],
-    spent: dict[str, float],
     shadows: int | None = None,  # `queue` holds shadows: at most this many running on `replica`
 ) -> None:  # fmt: skip
     admitted: list[Request] = []
@@ -296,14 +294,11 @@ def _admit(
         if request.finished:
             continue
         _start(state, replica, request)
-        began = time.monotonic()
         try:
             prefilled.append(replica.prefill(request))
         except Exception as exc:
             _fail(state, request, exc)
             continue
-        finally:
-            _charge(spent, replica.version, began)
         admitted.append(request)
     if admitted:
         groups.append((admitted, torch.stack(prefilled)))

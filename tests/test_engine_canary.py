@@ -195,11 +195,16 @@ def test_each_request_reports_the_time_it_waited_on_the_other_versions_forwards(
 
 
 def test_a_step_charges_each_running_request_with_the_other_versions_forwards() -> None:
+    # each replica's busy_s is its own timing of its forwards; here given, not measured
     requests = [SimpleNamespace(others_s=0.0) for _ in range(4)]
-    stable = SimpleNamespace(version=V1, running={0: requests[0], 1: requests[1]})
-    canary = SimpleNamespace(version=V2, running={0: requests[2]})
-    draining = SimpleNamespace(version="old", running={0: requests[3]})  # its step had no forward
+    stable = SimpleNamespace(version=V1, busy_s=10.0, running={0: requests[0], 1: requests[1]})
+    canary = SimpleNamespace(version=V2, busy_s=5.0, running={0: requests[2]})
+    draining = SimpleNamespace(version="old", busy_s=1.0, running={0: requests[3]})  # no forward
     state = SimpleNamespace(draining=[draining], current=stable, canary=canary, fast=None, shadow=None)
-    _charge_others(state, {V1: 0.25, V2: 0.125})  # type: ignore[arg-type]
-    _charge_others(state, {V1: 0.25})  # a step where only the stable version ran
+    began = {id(r): r.busy_s for r in (stable, canary, draining)}
+    stable.busy_s, canary.busy_s = 10.25, 5.125
+    _charge_others(state, began)  # type: ignore[arg-type]
+    began = {id(r): r.busy_s for r in (stable, canary, draining)}
+    stable.busy_s = 10.5  # a step where only the stable version ran
+    _charge_others(state, began)  # type: ignore[arg-type]
     assert [r.others_s for r in requests] == [0.125, 0.125, 0.25 + 0.25, 0.375 + 0.25]
