@@ -196,9 +196,16 @@ class MoEModel:
             raise InvalidInput(f"start must be a multiple of block={block} in [0, {T}), got {start}")
         rows = slice(slot, slot + 1)
         logits = None
+        native = self.native_step
         for offset in range(start, T, block):
             chunk = ids[offset : offset + block][None]  # [1, t]
             t = chunk.shape[1]
+            if native is not None and native.prefills(t):
+                # the C step over the chunk's tokens as rows of the slot, attending to the
+                # positions before them through the cache (the eager forward would rebuild
+                # every quantized weight per chunk); split the same way whatever `start` is
+                logits = native.prefill_rows(cache, slot, ids, offset, offset + t)[None]
+                continue
             positions = torch.arange(offset, offset + t, device=self.device)[None]
             step = AttentionStep(cache=cache, rows=rows, offset=offset, mask=self._chunk_mask(offset, t))
             logits = self.network(chunk, positions, step, span=offset + t, last_only=True)

@@ -466,10 +466,16 @@ class NativeStep:
         """A prompt ids [T] (int64, CPU) into cache slot `slot` from position 0 -> fp32 logits [V]
         of its last token: the step over the prompt's tokens as rows of one slot, in chunks of
         PREFILL_CHUNK (each chunk's rows attend to the chunks before it through the cache)."""
-        T = ids.shape[0]
+        return self.prefill_rows(cache, slot, ids, 0, ids.shape[0])
+
+    def prefill_rows(self, cache: KVCache, slot: int, ids: torch.Tensor, begin: int, end: int) -> torch.Tensor:
+        """Positions begin..end-1 of prompt ids [T] into slot `slot`, whose positions before
+        `begin` already hold the prompt's keys and values -> fp32 logits [V] of position end-1.
+        Chunks of PREFILL_CHUNK from `begin`, so a span is computed the same way wherever the
+        positions before it came from (the prefix cache's exactness rests on that)."""
         logits = None
-        for start in range(0, T, PREFILL_CHUNK):
-            n = min(PREFILL_CHUNK, T - start)
+        for start in range(begin, end, PREFILL_CHUNK):
+            n = min(PREFILL_CHUNK, end - start)
             slots = torch.full((n,), slot, dtype=torch.long)
             positions = torch.arange(start, start + n)
             logits = self(cache, slots, ids[start : start + n], positions, last_only=True)

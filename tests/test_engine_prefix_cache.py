@@ -97,6 +97,30 @@ def test_suffix_prefill_on_cached_blocks_gives_the_same_logit_bits(tiny_checkpoi
     assert int(plain.argmax()) == int(full.argmax())
 
 
+def test_block_prefill_on_the_native_step_is_exact_across_starts_and_is_the_plain_prefill(
+    tiny_checkpoints: dict,
+) -> None:
+    # the block prefill runs on the C step where the model has one: the same bits whichever
+    # blocks came from a cache, and, for a prompt in one block, the plain prefill's bits
+    model = load(tiny_checkpoints[V1], device="cpu", engine_path="native")
+    assert model.native_step is not None
+    ids = torch.tensor(chat(1, 7))
+    cold = model.new_cache(1, 64)
+    full = model.prefill_blocks(cold, 0, ids, start=0, block=BLOCK)
+    for start in (BLOCK, 2 * BLOCK, 5 * BLOCK):
+        warm = model.new_cache(2, 64)
+        k, v = model.read_kv(cold, 0, 0, start)
+        model.write_kv(warm, 1, 0, k, v)
+        assert torch.equal(model.prefill_blocks(warm, 1, ids, start=start, block=BLOCK), full)
+        assert torch.equal(warm.k[:, 1, :, : len(ids)], cold.k[:, 0, :, : len(ids)])
+    whole = model.prefill_blocks(model.new_cache(1, 64), 0, ids, start=0, block=64)
+    assert torch.equal(whole, model.prefill(model.new_cache(1, 64), 0, ids))
+    eager = load(tiny_checkpoints[V1], device="cpu", engine_path="eager")
+    reference = eager.prefill_blocks(eager.new_cache(1, 64), 0, ids, start=0, block=BLOCK)
+    assert torch.allclose(full, reference, atol=1e-4, rtol=1e-4)
+    assert int(full.argmax()) == int(reference.argmax())
+
+
 def test_outputs_are_bit_identical_with_and_without_the_cache_across_batch_compositions(
     registry: Registry,
 ) -> None:
