@@ -14,25 +14,30 @@ cache slot is written again from position 0 each time.
 from __future__ import annotations
 
 import argparse
-import platform
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
+def prefills(model: Any, cache: Any, ids: Any, blocks: list[int]) -> dict[str, Callable[[], object]]:
+    """The plain prefill and the block prefill at each size, of `ids` into slot 0."""
+
+    def plain() -> object:
+        return model.prefill(cache, 0, ids)
+
+    def in_blocks(block: int) -> Callable[[], object]:
+        return lambda: model.prefill_blocks(cache, 0, ids, start=0, block=block)
+
+    return {"prefill": plain, **{f"blocks {b}": in_blocks(b) for b in blocks}}
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--lengths", default="32,128", help="prompt tokens, comma-separated")
     parser.add_argument("--blocks", default="16,64", help="block sizes, comma-separated")
     parser.add_argument("--formats", default="fp32,fp8,int8")
@@ -43,6 +48,7 @@ def main() -> None:
     import torch
     from infersight.engine import load
     from infersight.engine.gguf import import_gguf, packaged_gguf
+    from infersight.engine.native import cpu_model
     from infersight.engine.registry import Registry
 
     if args.threads:
@@ -61,9 +67,7 @@ def main() -> None:
             cache = model.new_cache(1, max(lengths) + 1)
             for length in lengths:
                 ids = torch.tensor([(7 * i + 3) % vocab for i in range(length)])
-                runs = {"prefill": lambda: model.prefill(cache, 0, ids)}
-                for b in blocks:
-                    runs[f"blocks {b}"] = lambda b=b: model.prefill_blocks(cache, 0, ids, start=0, block=b)
+                runs = prefills(model, cache, ids, blocks)
                 times: dict[str, list[float]] = {name: [] for name in runs}
                 for fn in runs.values():
                     fn()  # warm

@@ -468,7 +468,9 @@ class NativeStep:
         PREFILL_CHUNK (each chunk's rows attend to the chunks before it through the cache)."""
         return self.prefill_rows(cache, slot, ids, 0, ids.shape[0])
 
-    def prefill_rows(self, cache: KVCache, slot: int, ids: torch.Tensor, begin: int, end: int) -> torch.Tensor:
+    def prefill_rows(
+        self, cache: KVCache, slot: int, ids: torch.Tensor, begin: int, end: int
+    ) -> torch.Tensor:
         """Positions begin..end-1 of prompt ids [T] into slot `slot`, whose positions before
         `begin` already hold the prompt's keys and values -> fp32 logits [V] of position end-1.
         Chunks of PREFILL_CHUNK from `begin`, so a span is computed the same way wherever the

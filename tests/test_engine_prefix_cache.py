@@ -16,6 +16,7 @@ from _engine_serving_support import V1, V2, prompt
 from conftest import free_port, missing_service
 from infersight.engine import load
 from infersight.engine.errors import SealKeyInvalid
+from infersight.engine.model import MoEModel
 from infersight.engine.prefix_cache import (
     _MAGIC,
     REJECTED,
@@ -80,9 +81,9 @@ def redis_tier(registry: Registry) -> Iterator[RedisTier]:
         tier.clear()
 
 
-def test_suffix_prefill_on_cached_blocks_gives_the_same_logit_bits(tiny_checkpoints: dict) -> None:
-    model = load(tiny_checkpoints[V1])
-    ids = torch.tensor(chat(1, 7))
+def _same_bits_from_every_cached_start(model: MoEModel, ids: torch.Tensor) -> torch.Tensor:
+    """The block prefill of `ids` from scratch, checked to give the same logit and cache bits
+    when its first blocks are copied in instead of computed -> its logits."""
     cold = model.new_cache(1, 64)
     full = model.prefill_blocks(cold, 0, ids, start=0, block=BLOCK)
     for start in (BLOCK, 2 * BLOCK, 5 * BLOCK):
@@ -91,6 +92,13 @@ def test_suffix_prefill_on_cached_blocks_gives_the_same_logit_bits(tiny_checkpoi
         model.write_kv(warm, 1, 0, k, v)
         assert torch.equal(model.prefill_blocks(warm, 1, ids, start=start, block=BLOCK), full)
         assert torch.equal(warm.k[:, 1, :, : len(ids)], cold.k[:, 0, :, : len(ids)])
+    return full
+
+
+def test_suffix_prefill_on_cached_blocks_gives_the_same_logit_bits(tiny_checkpoints: dict) -> None:
+    model = load(tiny_checkpoints[V1])
+    ids = torch.tensor(chat(1, 7))
+    full = _same_bits_from_every_cached_start(model, ids)
     # and the block path agrees with the plain prefill on what a user sees: the next token
     plain = model.prefill(model.new_cache(1, 64), 0, ids)
     assert torch.allclose(plain, full, atol=1e-5, rtol=1e-5)
@@ -105,14 +113,7 @@ def test_block_prefill_on_the_native_step_is_exact_across_starts_and_is_the_plai
     model = load(tiny_checkpoints[V1], device="cpu", engine_path="native")
     assert model.native_step is not None
     ids = torch.tensor(chat(1, 7))
-    cold = model.new_cache(1, 64)
-    full = model.prefill_blocks(cold, 0, ids, start=0, block=BLOCK)
-    for start in (BLOCK, 2 * BLOCK, 5 * BLOCK):
-        warm = model.new_cache(2, 64)
-        k, v = model.read_kv(cold, 0, 0, start)
-        model.write_kv(warm, 1, 0, k, v)
-        assert torch.equal(model.prefill_blocks(warm, 1, ids, start=start, block=BLOCK), full)
-        assert torch.equal(warm.k[:, 1, :, : len(ids)], cold.k[:, 0, :, : len(ids)])
+    full = _same_bits_from_every_cached_start(model, ids)
     whole = model.prefill_blocks(model.new_cache(1, 64), 0, ids, start=0, block=64)
     assert torch.equal(whole, model.prefill(model.new_cache(1, 64), 0, ids))
     eager = load(tiny_checkpoints[V1], device="cpu", engine_path="eager")
