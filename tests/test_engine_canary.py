@@ -3,6 +3,7 @@ promotion, rollback that never moves a running request, and refused bad input.""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from types import SimpleNamespace
 
@@ -10,7 +11,7 @@ import _engine_serving_support as support
 import pytest
 from _engine_serving_support import V1, V2, prompt
 from infersight.engine.errors import CanaryRunning, InvalidCanaryWeight, NoCanary, VersionNotFound
-from infersight.engine.events import RequestFinished
+from infersight.engine.events import RequestFinished, RequestStarted
 from infersight.engine.registry import Registry
 from infersight.engine.runtime import Runtime
 from infersight.engine.runtime_canary import user_bucket
@@ -182,16 +183,26 @@ def test_each_request_reports_the_time_it_waited_on_the_other_versions_forwards(
     runtime.subscribe(recorder)
     alone = runtime.submit(prompt(1, 5), max_new_tokens=4).result(timeout=60)
     runtime.canary.start(V2, 0.5)
-    on_canary = runtime.submit(prompt(2, 5), max_new_tokens=12, user=_users(0.5, True, 1)[0])
-    next(iter(on_canary))  # running on the canary: the stable request below runs beside it
+    queued = threading.Event()
+
+    def hold(event: object) -> None:  # on the loop thread: the canary request cannot get ahead
+        if isinstance(event, RequestStarted) and event.request_id == "on-canary":
+            queued.wait(timeout=60)  # of the stable one, however busy the machine
+
+    runtime.subscribe(hold)
+    on_canary = runtime.submit(
+        prompt(2, 5), max_new_tokens=12, user=_users(0.5, True, 1)[0], request_id="on-canary"
+    )
     on_stable = runtime.submit(prompt(3, 5), max_new_tokens=4, user=_users(0.5, False, 1)[0])
+    queued.set()  # the stable request joins while the canary one has most of its tokens to go
     stable, canary = on_stable.result(timeout=60), on_canary.result(timeout=60)
     assert (stable.model_version, canary.model_version) == (V1, V2)
     finished = {e.request_id: e for e in recorder.of(RequestFinished)}
     assert finished[alone.request_id].others_s == 0.0  # no other version ran
     for done in (stable, canary):  # each waited on the other's forwards, within its own life
         event = finished[done.request_id]
-        assert 0.0 < event.others_s <= event.duration_s
+        assert event.others_s > 0.0
+        assert event.others_s <= event.duration_s  # _finish clamps it to the request's life
 
 
 def test_a_step_charges_each_running_request_with_the_other_versions_forwards() -> None:
